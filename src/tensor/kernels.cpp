@@ -1,0 +1,104 @@
+// Kernel table selection: CPUID decides which per-ISA tables exist; MOESH_ISA can force one.
+#include "moesh/kernels.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace moesh {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+    case Isa::kCOUNT: break;
+  }
+  return "unknown";
+}
+
+bool cpu_has(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+#if defined(MOESH_X86)
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    case Isa::kAvx512:
+      return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#endif
+    default: return false;
+  }
+}
+
+namespace {
+
+struct Tables {
+  KernelTable t[static_cast<int>(Isa::kCOUNT)];
+  bool present[static_cast<int>(Isa::kCOUNT)] = {};
+  Isa best = Isa::kScalar;
+};
+
+const Tables& tables() {
+  static const Tables tabs = [] {
+    Tables r;
+    auto& s = r.t[static_cast<int>(Isa::kScalar)];
+    s.isa = Isa::kScalar;
+    fill_kernels_scalar(&s);
+    r.present[static_cast<int>(Isa::kScalar)] = true;
+#if defined(MOESH_X86)
+    if (cpu_has(Isa::kAvx2)) {
+      auto& a = r.t[static_cast<int>(Isa::kAvx2)];
+      a = s;
+      a.isa = Isa::kAvx2;
+      fill_kernels_avx2(&a);
+      r.present[static_cast<int>(Isa::kAvx2)] = true;
+      r.best = Isa::kAvx2;
+    }
+    if (cpu_has(Isa::kAvx512)) {
+      auto& a = r.t[static_cast<int>(Isa::kAvx512)];
+      a = r.t[static_cast<int>(Isa::kAvx2)];
+      a.isa = Isa::kAvx512;
+      fill_kernels_avx512(&a);
+      r.present[static_cast<int>(Isa::kAvx512)] = true;
+      r.best = Isa::kAvx512;
+    }
+#endif
+    if (const char* env = std::getenv("MOESH_ISA")) {
+      bool found = false;
+      for (int i = 0; i < static_cast<int>(Isa::kCOUNT); ++i) {
+        if (std::strcmp(env, isa_name(static_cast<Isa>(i))) == 0) {
+          found = true;
+          if (r.present[i]) {
+            r.best = static_cast<Isa>(i);
+          } else {
+            spdlog::warn("MOESH_ISA={} not supported by this CPU; using {}", env, isa_name(r.best));
+          }
+        }
+      }
+      if (!found) spdlog::warn("MOESH_ISA={} unknown (scalar|avx2|avx512)", env);
+    }
+    return r;
+  }();
+  return tabs;
+}
+
+}  // namespace
+
+const KernelTable& kernels() {
+  const Tables& t = tables();
+  return t.t[static_cast<int>(t.best)];
+}
+
+const KernelTable* kernels_for(Isa isa) {
+  const Tables& t = tables();
+  const int i = static_cast<int>(isa);
+  if (i < 0 || i >= static_cast<int>(Isa::kCOUNT) || !t.present[i]) return nullptr;
+  return &t.t[i];
+}
+
+}  // namespace moesh
