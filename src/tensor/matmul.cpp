@@ -1,0 +1,162 @@
+// matmul: y[n][m] = vec_dot(K, W row m, quantized x row n) for every (n, m).
+//
+// Determinism: each output element is exactly one vec_dot (or the bit-identical vec_dot_tile)
+// over the whole row, and every activation row is quantized on its own, so the result does not
+// depend on the thread count, the chunking or which other tokens share the batch.
+//
+// Work layout: the output is cut into tasks of k_rows_per_task weight rows x k_tokens_per_task
+// tokens, numbered row-block-major, and the pool gives each thread a contiguous run of tasks.
+// For decode (1 token) this is a split of the weight rows into one contiguous range per
+// thread, so each core streams its own part of the matrix. For batches, a task's weight rows
+// (at most 16 x 4 KiB for the widest rows here) stay in L1/L2 while all its tokens go past them.
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+#include "moesh/kernels.h"
+#include "moesh/ops.h"
+#include "moesh/quant.h"
+
+namespace moesh {
+namespace {
+
+constexpr int64_t k_rows_per_task = 16;
+constexpr int64_t k_tokens_per_task = 64;
+
+void run(ThreadPool* pool, int64_t n, int64_t grain,
+         const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (pool != nullptr) {
+    pool->parallel_for(n, fn, grain);
+  } else if (n > 0) {
+    fn(0, n, 0);
+  }
+}
+
+// y rows are ldy floats apart; x rows (already in vec_dot_type) are x_stride bytes apart.
+void matmul_impl(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y,
+                 size_t ldy, ThreadPool* pool) {
+  const int64_t k = w.ne[0];
+  const int64_t m = w.ne[1];
+  if (n_tok <= 0 || m <= 0) return;
+  const TypeKernels& tk = kernels()[w.type];
+  assert(tk.vec_dot != nullptr);
+  const VecDotFn vec_dot = tk.vec_dot;
+  const VecDotTileFn tile = tk.vec_dot_tile;
+  const size_t w_stride = w.nb[1];
+  const uint8_t* w_data = w.data;
+
+  const int64_t n_rb = (m + k_rows_per_task - 1) / k_rows_per_task;
+  const int64_t n_tb = (n_tok + k_tokens_per_task - 1) / k_tokens_per_task;
+  run(pool, n_rb * n_tb, 1, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = (t / n_tb) * k_rows_per_task;
+      const int64_t c0 = (t % n_tb) * k_tokens_per_task;
+      const int64_t nr = std::min(k_rows_per_task, m - r0);
+      const int64_t nc = std::min(k_tokens_per_task, n_tok - c0);
+      const uint8_t* wr = w_data + static_cast<size_t>(r0) * w_stride;
+      const uint8_t* xc = x + static_cast<size_t>(c0) * x_stride;
+      float* yc = y + static_cast<size_t>(c0) * ldy + r0;
+      if (tile != nullptr) {
+        tile(k, wr, w_stride, static_cast<int>(nr), xc, x_stride, static_cast<int>(nc), yc, ldy);
+        continue;
+      }
+      // Tokens outer, rows inner: the task's weight rows are reused from cache for each token.
+      for (int64_t c = 0; c < nc; ++c) {
+        const uint8_t* xr = xc + static_cast<size_t>(c) * x_stride;
+        float* yr = yc + static_cast<size_t>(c) * ldy;
+        for (int64_t r = 0; r < nr; ++r) {
+          yr[r] = vec_dot(k, wr + static_cast<size_t>(r) * w_stride, xr);
+        }
+      }
+    }
+  });
+}
+
+// Per-calling-thread scratch for quantized activations, so steady-state matmuls do not allocate.
+QuantizedRows& scratch_rows() {
+  thread_local QuantizedRows rows;
+  return rows;
+}
+
+}  // namespace
+
+void quantize_rows(GgmlType type, const float* x, int64_t n_rows, int64_t k, QuantizedRows* out,
+                   ThreadPool* pool) {
+  const FromFloatFn from_float = kernels()[type].from_float;
+  assert(from_float != nullptr && k % type_block_size(type) == 0);
+  out->type = type;
+  out->n_cols = k;
+  out->n_rows = n_rows;
+  out->row_bytes = type_row_bytes(type, k);
+  out->data.resize(out->row_bytes * static_cast<size_t>(std::max<int64_t>(0, n_rows)));
+  uint8_t* dst = out->data.data();
+  const size_t rb = out->row_bytes;
+  // Quantizing a row costs about as much as one or two vec_dots: only batches are worth
+  // spreading over threads.
+  run(pool, n_rows, 4, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      from_float(x + static_cast<size_t>(r) * static_cast<size_t>(k), dst + static_cast<size_t>(r) * rb, k);
+    }
+  });
+}
+
+void matmul(const TensorView& w, const float* x, int64_t n_rows, float* y, ThreadPool* pool) {
+  matmul(w, x, n_rows, y, static_cast<size_t>(w.ne[1]), pool);
+}
+
+void matmul(const TensorView& w, const float* x, int64_t n_rows, float* y, size_t ldy,
+            ThreadPool* pool) {
+  const int64_t k = w.ne[0];
+  const GgmlType vt = quant::vec_dot_type(w.type);
+  if (vt == GgmlType::F32) {
+    // F32 activations are already in the dot type: no copy.
+    matmul_impl(w, reinterpret_cast<const uint8_t*>(x), static_cast<size_t>(k) * sizeof(float),
+                n_rows, y, ldy, pool);
+    return;
+  }
+  QuantizedRows& xq = scratch_rows();
+  quantize_rows(vt, x, n_rows, k, &xq, pool);
+  matmul_q(w, xq, y, ldy, pool);
+}
+
+void matmul_q(const TensorView& w, const QuantizedRows& xq, float* y, size_t ldy,
+              ThreadPool* pool) {
+  assert(xq.type == quant::vec_dot_type(w.type) && xq.n_cols == w.ne[0]);
+  assert(ldy >= static_cast<size_t>(w.ne[1]));
+  matmul_impl(w, xq.data.data(), xq.row_bytes, xq.n_rows, y, ldy, pool);
+}
+
+void matmul_q_rows(const TensorView& w, const QuantizedRows& xq, const int32_t* rows,
+                   int64_t n_sel, float* y, size_t ldy, ThreadPool* pool) {
+  assert(xq.type == quant::vec_dot_type(w.type) && xq.n_cols == w.ne[0]);
+  if (n_sel <= 0) return;
+  // Gather the selected rows so the kernel sees a plain strided batch (tiles need one stride).
+  // A gathered row holds the same bytes, so results equal the full matmul's rows.
+  thread_local std::vector<uint8_t> gathered;
+  const size_t rb = xq.row_bytes;
+  gathered.resize(rb * static_cast<size_t>(n_sel));
+  for (int64_t j = 0; j < n_sel; ++j) {
+    assert(rows[j] >= 0 && rows[j] < xq.n_rows);
+    std::memcpy(gathered.data() + static_cast<size_t>(j) * rb, xq.row(rows[j]), rb);
+  }
+  matmul_impl(w, gathered.data(), rb, n_sel, y, ldy, pool);
+}
+
+void get_row_f32(const TensorView& w, int64_t i, float* out) {
+  const int64_t k = w.ne[0];
+  const uint8_t* src = w.data + static_cast<size_t>(i) * w.nb[1];
+  if (w.type == GgmlType::F32) {
+    std::memcpy(out, src, static_cast<size_t>(k) * sizeof(float));
+    return;
+  }
+  const ToFloatFn to_float = kernels()[w.type].to_float;
+  if (to_float != nullptr) {
+    to_float(src, out, k);
+  } else {
+    const bool ok = quant::dequantize_row_ref(w.type, src, out, k);
+    assert(ok);
+    (void)ok;
+  }
+}
+
+}  // namespace moesh

@@ -1,0 +1,124 @@
+// Private to src/tensor: the per-type scalar reference routines behind quant.h's dispatchers,
+// and the small numeric helpers that the canonical order (quant.h) is written in.
+//
+// Every routine here has one of the three KernelTable signatures (kernels.h), so the scalar
+// kernel table can point straight at them and SIMD files can fall back to them per type.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "moesh/fp16.h"
+#include "moesh/kernels.h"
+#include "moesh/quant.h"
+#include "moesh/types.h"
+
+namespace moesh::quant::ref {
+
+// ---- numeric helpers shared by the reference files ----
+
+// Round to nearest, ties to even, independent of the FPU rounding mode's *configuration* only in
+// the sense that it uses the default mode: adding 1.5*2^23 pushes every fraction bit out of the
+// mantissa, so the add itself performs the RNE rounding (the ggml `nearest_int` idea). Exact for
+// |v| < 2^22; larger magnitudes are already integers (or inf/NaN) and pass through.
+inline float round_half_even(float v) {
+  if (!(std::fabs(v) < 4194304.0f)) return v;
+  constexpr float k_magic = 12582912.0f;  // 1.5 * 2^23
+  volatile float t = v + k_magic;         // volatile: keep the add/sub pair from being folded
+  return t - k_magic;
+}
+
+// RNE of v, clamped to [lo, hi] before the integer conversion (NaN -> lo), so no input can make
+// the float->int cast undefined.
+inline int nearest_int_clamped(float v, int lo, int hi) {
+  const float r = round_half_even(v);
+  if (!(r >= static_cast<float>(lo))) return lo;
+  if (r > static_cast<float>(hi)) return hi;
+  return static_cast<int>(r);
+}
+
+// The canonical 8-lane reduction of quant.h.
+inline float reduce8(const float a[8]) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+// The canonical 32-lane halving reduction of quant.h (modifies a).
+inline float reduce32(float a[32]) {
+  for (int h = 16; h >= 1; h /= 2) {
+    for (int l = 0; l < h; ++l) a[l] += a[l + h];
+  }
+  return a[0];
+}
+
+inline float h2f(uint16_t h) { return fp16_to_fp32(h); }
+
+// Q4_K/Q5_K 6-bit scale and min of sub-block s (get_scale_min_k4, quant-formats.md §3).
+inline void get_scale_min_k4(int s, const uint8_t* b, int* sc, int* m) {
+  if (s < 4) {
+    *sc = b[s] & 63;
+    *m = b[s + 4] & 63;
+  } else {
+    *sc = (b[s + 4] & 15) | ((b[s - 4] >> 6) << 4);
+    *m = (b[s + 4] >> 4) | ((b[s] >> 6) << 4);
+  }
+}
+
+// Q3_K: the sixteen 6-bit scale codes (0..63, the stored value; the scale is code-32).
+inline void unpack_q3k_scales(const uint8_t* b, int out[16]) {
+  for (int s = 0; s < 16; ++s) {
+    const int lo = (b[s % 8] >> (4 * (s / 8))) & 15;
+    const int hi = (b[8 + s % 4] >> (2 * (s / 4))) & 3;
+    out[s] = lo | (hi << 4);
+  }
+}
+
+// IQ4_XS: the 6-bit scale code of 32-element block ib (scale = code-32).
+inline int iq4xs_scale_code(const BlockIQ4_XS& b, int ib) {
+  return ((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | (((b.scales_h >> (2 * ib)) & 3) << 4);
+}
+
+// ---- per-type routines (n is a multiple of the block size; checked by the dispatchers) ----
+// to_float_X: dequantize; from_float_X: quantize (the canonical activation quantizer for the
+// activation types); vec_dot_X: weight row of X times activation row of vec_dot_type(X).
+#define MOESH_QUANT_REF_DECL(name)                                 \
+  void to_float_##name(const void* x, float* y, int64_t n);        \
+  void from_float_##name(const float* x, void* y, int64_t n);      \
+  float vec_dot_##name(int64_t n, const void* w, const void* x);
+
+MOESH_QUANT_REF_DECL(f32)
+MOESH_QUANT_REF_DECL(f16)
+MOESH_QUANT_REF_DECL(bf16)
+MOESH_QUANT_REF_DECL(q4_0)
+MOESH_QUANT_REF_DECL(q4_1)
+MOESH_QUANT_REF_DECL(q5_0)
+MOESH_QUANT_REF_DECL(q5_1)
+MOESH_QUANT_REF_DECL(q8_0)
+MOESH_QUANT_REF_DECL(q8_1)
+MOESH_QUANT_REF_DECL(iq4_nl)
+MOESH_QUANT_REF_DECL(mxfp4)
+MOESH_QUANT_REF_DECL(q2_k)
+MOESH_QUANT_REF_DECL(q3_k)
+MOESH_QUANT_REF_DECL(q4_k)
+MOESH_QUANT_REF_DECL(q5_k)
+MOESH_QUANT_REF_DECL(q6_k)
+MOESH_QUANT_REF_DECL(q8_k)
+MOESH_QUANT_REF_DECL(iq4_xs)
+
+#undef MOESH_QUANT_REF_DECL
+
+// IQ4_NL/IQ4_XS share the non-uniform grid search: the scale s (sign included) that best fits
+// n values to s*k_values_iq4nl[idx], minimising squared error. Returns 0 for an all-zero input.
+float iq4_fit_scale(const float* x, int n);
+// Index of the grid value nearest to v (first wins on a tie).
+int iq4_nearest_index(float v);
+
+// The reference routines of one type (null where the type lacks the operation).
+struct RefKernels {
+  ToFloatFn to_float = nullptr;
+  FromFloatFn from_float = nullptr;
+  VecDotFn vec_dot = nullptr;
+};
+const RefKernels& ref_kernels(GgmlType t);
+
+}  // namespace moesh::quant::ref
