@@ -10,20 +10,34 @@ namespace moesh::gguf {
 
 const char* value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::UINT8: return "UINT8";
-    case ValueType::INT8: return "INT8";
-    case ValueType::UINT16: return "UINT16";
-    case ValueType::INT16: return "INT16";
-    case ValueType::UINT32: return "UINT32";
-    case ValueType::INT32: return "INT32";
-    case ValueType::FLOAT32: return "FLOAT32";
-    case ValueType::BOOL: return "BOOL";
-    case ValueType::STRING: return "STRING";
-    case ValueType::ARRAY: return "ARRAY";
-    case ValueType::UINT64: return "UINT64";
-    case ValueType::INT64: return "INT64";
-    case ValueType::FLOAT64: return "FLOAT64";
-    case ValueType::kCOUNT: break;
+    case ValueType::UINT8:
+      return "UINT8";
+    case ValueType::INT8:
+      return "INT8";
+    case ValueType::UINT16:
+      return "UINT16";
+    case ValueType::INT16:
+      return "INT16";
+    case ValueType::UINT32:
+      return "UINT32";
+    case ValueType::INT32:
+      return "INT32";
+    case ValueType::FLOAT32:
+      return "FLOAT32";
+    case ValueType::BOOL:
+      return "BOOL";
+    case ValueType::STRING:
+      return "STRING";
+    case ValueType::ARRAY:
+      return "ARRAY";
+    case ValueType::UINT64:
+      return "UINT64";
+    case ValueType::INT64:
+      return "INT64";
+    case ValueType::FLOAT64:
+      return "FLOAT64";
+    case ValueType::kCOUNT:
+      break;
   }
   return "UNKNOWN";
 }
@@ -58,11 +72,21 @@ std::string quote(const std::string& s) {
   out.push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           out += fmt::format("\\x{:02x}", c);
@@ -106,7 +130,8 @@ std::string Value::to_string(size_t max_items) const {
       break;
     case ValueType::ARRAY:
       if (const auto* a = std::get_if<Array>(&v)) {
-        std::string out = fmt::format("[{} x {}] [", a->items.size(), value_type_name(a->elem_type));
+        std::string out =
+            fmt::format("[{} x {}] [", a->items.size(), value_type_name(a->elem_type));
         const size_t n = std::min(a->items.size(), max_items);
         for (size_t i = 0; i < n; ++i) {
           if (i) out += ", ";

@@ -7,8 +7,9 @@
 // Work layout: the output is cut into tasks of k_rows_per_task weight rows x k_tokens_per_task
 // tokens, numbered row-block-major, and the pool gives each thread a contiguous run of tasks.
 // For decode (1 token) this is a split of the weight rows into one contiguous range per
-// thread, so each core streams its own part of the matrix. For batches, a task's weight rows
-// (at most 16 x 4 KiB for the widest rows here) stay in L1/L2 while all its tokens go past them.
+// thread, so each core streams its own part of the matrix. For batches, a task's 16 weight rows
+// (64 KiB of Q4_K at K=7168, 224 KiB of F16) stay in L2 while all its tokens go past them, and
+// the kernel's vec_dot_tile (when it has one) reuses each unpacked weight block across tokens.
 #include <algorithm>
 #include <cassert>
 #include <cstring>
@@ -22,6 +23,10 @@ namespace {
 
 constexpr int64_t k_rows_per_task = 16;
 constexpr int64_t k_tokens_per_task = 64;
+// Below this many tokens the tile kernels' per-call weight unpacking does not pay off: measured
+// with the AVX2 tiles (bench_kernels, CPU time, Q4_K 2048x7168), one token took 1.9 ms through
+// the tile against 1.1 ms through vec_dot, while 64 tokens took 51 ms against 66 ms.
+constexpr int64_t k_tile_min_tokens = 4;
 
 void run(ThreadPool* pool, int64_t n, int64_t grain,
          const std::function<void(int64_t, int64_t, int)>& fn) {
@@ -56,7 +61,7 @@ void matmul_impl(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t
       const uint8_t* wr = w_data + static_cast<size_t>(r0) * w_stride;
       const uint8_t* xc = x + static_cast<size_t>(c0) * x_stride;
       float* yc = y + static_cast<size_t>(c0) * ldy + r0;
-      if (tile != nullptr) {
+      if (tile != nullptr && nc >= k_tile_min_tokens) {
         tile(k, wr, w_stride, static_cast<int>(nr), xc, x_stride, static_cast<int>(nc), yc, ldy);
         continue;
       }

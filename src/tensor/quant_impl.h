@@ -18,15 +18,14 @@ namespace moesh::quant::ref {
 
 // ---- numeric helpers shared by the reference files ----
 
-// Round to nearest, ties to even, independent of the FPU rounding mode's *configuration* only in
-// the sense that it uses the default mode: adding 1.5*2^23 pushes every fraction bit out of the
-// mantissa, so the add itself performs the RNE rounding (the ggml `nearest_int` idea). Exact for
-// |v| < 2^22; larger magnitudes are already integers (or inf/NaN) and pass through.
+// Round to nearest, ties to even (under the default FP environment): adding 1.5*2^23 pushes every
+// fraction bit out of the mantissa, so the add itself performs the RNE rounding (the idea behind
+// ggml's `nearest_int`). Exact for |v| < 2^22; larger magnitudes are already integers (or
+// inf/NaN) and pass through. Without -ffast-math the compiler may not fold the add/sub pair.
 inline float round_half_even(float v) {
   if (!(std::fabs(v) < 4194304.0f)) return v;
   constexpr float k_magic = 12582912.0f;  // 1.5 * 2^23
-  volatile float t = v + k_magic;         // volatile: keep the add/sub pair from being folded
-  return t - k_magic;
+  return (v + k_magic) - k_magic;
 }
 
 // RNE of v, clamped to [lo, hi] before the integer conversion (NaN -> lo), so no input can make

@@ -58,12 +58,15 @@ bool spin_until(Pred pred) {
   if (budget <= 0) return pred();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(budget);
   for (;;) {
-    // Check the clock only every 64 polls: reading it costs more than a poll.
+    // Check the clock only every 64 polls: reading it costs more than a poll. The yield lets a
+    // thread that is runnable on this core (an oversubscribed machine) go first; on an idle
+    // core it returns at once.
     for (int i = 0; i < 64; ++i) {
       if (pred()) return true;
       cpu_relax();
     }
     if (std::chrono::steady_clock::now() >= deadline) return pred();
+    std::this_thread::yield();
   }
 }
 

@@ -1,0 +1,45 @@
+// MoE routing: from router logits to (expert ids, mixing weights) per token, following
+// moe-architectures.md §1 steps 2-9 exactly (llama.cpp build_moe_ffn).
+//
+//   probs = softmax(logits) | sigmoid(logits) | logits        (gating)
+//   sel   = probs + sel_bias                                   (bias picks, never weighs)
+//   group-limited: keep the n_group_used groups with the best (sum of 2 best sel), others -inf
+//   ids   = top-k of sel, descending, ties -> lower expert id
+//   w     = probs[ids]; softmax(w) for kSoftmaxWeight; w /= max(sum w, 6.103515625e-5) if norm;
+//   w    *= scale if scale not in {0, 1}
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moesh/status.h"
+
+namespace moesh {
+
+// GGUF `expert_gating_func` values.
+enum class GatingFunc : int { kSoftmax = 1, kSigmoid = 2, kSoftmaxWeight = 3 };
+const char* gating_func_name(GatingFunc g);
+
+struct RouterConfig {
+  GatingFunc gating = GatingFunc::kSoftmax;
+  int n_expert = 0;
+  int k = 0;                          // experts per token
+  const float* sel_bias = nullptr;    // exp_probs_b [n_expert] or null
+  int n_group = 0;                    // <= 1: no group-limited routing
+  int n_group_used = 0;
+  bool norm_w = false;
+  float w_scale = 0.0f;               // 0 or 1: no scaling
+
+  // n_expert divisible by n_group, k <= experts in kept groups, 1 <= k <= n_expert, ...
+  Status validate() const;
+};
+
+// The norm floor llama.cpp clamps Σw to (the smallest normal f16).
+constexpr float kMoeWeightSumFloor = 6.103515625e-5f;
+
+// Per-token routing for logits[n_tokens][n_expert] -> ids/weights [n_tokens][k] (rank order).
+// `scratch` is grown as needed (3 * n_expert floats). cfg must be valid.
+void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32_t* ids,
+           float* weights, std::vector<float>* scratch);
+
+}  // namespace moesh

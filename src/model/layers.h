@@ -1,0 +1,116 @@
+// Internal building blocks of the forward pass, shared by every architecture file:
+// row-wise RMSNorm, projections that quantize a shared input once, the attention core over the
+// KV cache, the dense SwiGLU FFN and THE MoE FFN (router -> plan -> executor -> + shared).
+// Per-architecture code (tensor binding, attention variant) lives in qwen3moe.cpp, llama.cpp
+// and deepseek2.cpp.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "moesh/executor.h"
+#include "moesh/model.h"
+
+namespace moesh {
+
+// Forward-pass buffers, grown on demand and reused across layers and steps.
+struct Context::Scratch {
+  std::vector<float> h, xn, attn_out, ffn_out;            // [T][n_embd]
+  std::vector<float> q, k, v, o, o2, qa, tmp;             // attention projections
+  std::vector<float> scores;                              // [n_threads][n_cells]
+  std::vector<float> router_logits, route_scratch, moe_w, shexp;
+  std::vector<float> ffn_g, ffn_u, ffn_h;
+  std::vector<int32_t> moe_ids;
+  std::vector<int64_t> pos;
+  RoutingPlan plan;
+  QuantizedRows xq[3];                                    // one per distinct vec_dot_type
+  std::vector<float> out_rows;                            // normed rows for the output head
+};
+
+namespace detail {
+
+template <typename T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// One batch of tokens of one sequence, its positions, and where its cells start in the cache.
+struct Batch {
+  int32_t seq = 0;
+  int64_t n = 0;
+  const int64_t* pos = nullptr;
+  int64_t first_cell = 0;
+};
+
+// Everything a layer function needs.
+struct Fwd {
+  const Model& model;
+  const HParams& hp;
+  ThreadPool* pool;
+  KvCache& kv;
+  Context::Scratch& s;
+  ExpertExecutor& executor;
+  ForwardObserver* observer;
+  Batch batch;
+};
+
+inline const float* f32(const TensorView& t) { return reinterpret_cast<const float*>(t.data); }
+
+// y[i] = rmsnorm(x[i]) * w for n_rows rows of width n.
+void rms_norm_rows(const float* x, const TensorView& w, float* y, int64_t n_rows, int64_t n,
+                   float eps);
+
+// One output of a projection: y[n_rows][w.ne[1]] with row stride ldy (0: w.ne[1]).
+struct Proj {
+  const TensorView* w;
+  float* y;
+  size_t ldy = 0;
+};
+// Runs several matmuls over the same input x[n_rows][k], quantizing x once per distinct
+// vec_dot_type (the bits equal separate matmul() calls).
+void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer_list<Proj> outs);
+
+// Attention over the cache of layer `il` for the batch's queries.
+// q: [T][n_head][dk] (head stride dk, token stride n_head*dk); K rows of dk and V rows of dv per
+// KV head in the cache; o: [T][n_head][dv]. Query head h reads KV head h / (n_head / n_head_kv).
+// Each (token, head) row is computed alone in a fixed order (cells in cache order), so a row's
+// bits do not depend on the other rows of the batch.
+void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk,
+                    int64_t dv, float kq_scale, float* o);
+
+// Standard GQA attention (qwen3moe with per-head QK RMSNorm before RoPE; llama without).
+void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+
+// Dense SwiGLU FFN: out = down(silu(gate x) * (up x)).
+void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down,
+               const float* x, float* out);
+
+// The MoE FFN of moe-architectures.md §1 for every architecture: router (f32), routing, plan,
+// executor submit, shared experts while it runs, wait, out = routed (+ shared).
+Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+
+// ---- per-architecture hooks (one file each) ----
+
+// Looks up tensors by name, checks their shape, and in dequant-f32 mode returns F32 copies.
+class TensorBinder {
+ public:
+  virtual ~TensorBinder() = default;
+  // `ne` lists the expected dims (ne0 first). Missing + !required gives an invalid view.
+  virtual Result<TensorView> take(const std::string& name, std::vector<int64_t> ne,
+                                  bool required = true) = 0;
+};
+
+Status bind_layer_qwen3moe(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
+Status bind_layer_llama(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
+Status bind_layer_deepseek2(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
+// Shared by all: MoE tensors (router, bias, stacked experts, shared expert) or the dense FFN.
+Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeights* lw);
+
+// MLA attention (deepseek2.cpp).
+void attention_mla(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+
+}  // namespace detail
+}  // namespace moesh

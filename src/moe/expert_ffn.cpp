@@ -1,0 +1,131 @@
+// The routed expert FFN (one definition for the local executor and, later, workers) and the
+// routing plan.
+#include <algorithm>
+#include <cmath>
+
+#include "moe/expert_stages.h"
+#include "moesh/executor.h"
+#include "moesh/quant.h"
+
+namespace moesh {
+
+Status ExpertWeights::validate() const {
+  if (!valid()) return make_error(StatusCode::kInvalidArgument, "expert tensors missing");
+  const TensorView* ts[3] = {&gate, &up, &down};
+  for (const TensorView* t : ts) {
+    if (t->n_dims != 3) {
+      return make_error(StatusCode::kCorrupt, "tensor '{}' has {} dims, expected 3", t->name, t->n_dims);
+    }
+    if (!quant::type_is_supported(t->type)) {
+      return make_error(StatusCode::kUnsupported, "tensor '{}' has unsupported type {}", t->name,
+                        type_name(t->type));
+    }
+  }
+  const int64_t e = gate.ne[2], d = gate.ne[0], f = gate.ne[1];
+  if (up.ne[0] != d || up.ne[1] != f || up.ne[2] != e || down.ne[0] != f || down.ne[1] != d ||
+      down.ne[2] != e) {
+    return make_error(StatusCode::kCorrupt,
+                      "expert tensors '{}' [{},{},{}], '{}' [{},{},{}], '{}' [{},{},{}] disagree",
+                      gate.name, gate.ne[0], gate.ne[1], gate.ne[2], up.name, up.ne[0], up.ne[1],
+                      up.ne[2], down.name, down.ne[0], down.ne[1], down.ne[2]);
+  }
+  return Status::ok();
+}
+
+TensorView weight_rows(const TensorView& w, int64_t r0, int64_t r1) {
+  TensorView v = w;
+  v.ne[1] = r1 - r0;
+  v.data = w.data + static_cast<size_t>(r0) * w.nb[1];
+  v.nb[2] = v.nb[1] * static_cast<size_t>(v.ne[1]);
+  v.nb[3] = v.nb[2];
+  return v;
+}
+
+void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n) {
+  switch (act) {
+    case ExpertActivation::kSilu: swiglu(g, u, h, n); break;
+    case ExpertActivation::kSwigluOai: swiglu_oai(g, u, h, n); break;
+    default: break;
+  }
+}
+
+void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, const float* x_f32,
+                const int32_t* rows, int64_t n_sel, float* y, size_t ldy, ExpertScratch* s,
+                ThreadPool* pool) {
+  if (n_sel <= 0) return;
+  const int64_t n_ff = w.n_ff();
+  const int64_t n_embd = w.n_embd();
+  const size_t n = static_cast<size_t>(n_sel * n_ff);
+  if (s->g.size() < n) { s->g.resize(n); s->u.resize(n); s->h.resize(n); }
+  const TensorView gate = w.gate.expert(e), up = w.up.expert(e), down = w.down.expert(e);
+
+  matmul_q_rows(gate, xq, rows, n_sel, s->g.data(), static_cast<size_t>(n_ff), pool);
+  if (quant::vec_dot_type(up.type) == xq.type) {
+    matmul_q_rows(up, xq, rows, n_sel, s->u.data(), static_cast<size_t>(n_ff), pool);
+  } else {
+    // `up` consumes another activation format: quantize the selected rows for it.
+    std::vector<float>& gathered = s->h;
+    if (gathered.size() < static_cast<size_t>(n_sel * n_embd)) gathered.resize(n_sel * n_embd);
+    for (int64_t j = 0; j < n_sel; ++j) {
+      std::copy_n(x_f32 + rows[j] * n_embd, n_embd, gathered.data() + j * n_embd);
+    }
+    quantize_rows(quant::vec_dot_type(up.type), gathered.data(), n_sel, n_embd, &s->xq_up, pool);
+    matmul_q(up, s->xq_up, s->u.data(), static_cast<size_t>(n_ff), pool);
+  }
+  for (int64_t j = 0; j < n_sel; ++j) {
+    expert_activation(w.act, s->g.data() + j * n_ff, s->u.data() + j * n_ff, s->h.data() + j * n_ff,
+                      n_ff);
+  }
+  quantize_rows(quant::vec_dot_type(down.type), s->h.data(), n_sel, n_ff, &s->hq, pool);
+  matmul_q(down, s->hq, y, ldy, pool);
+}
+
+Status make_plan(int layer, const int32_t* ids, const float* weights, int64_t n_tokens, int k,
+                 int64_t n_expert, RoutingPlan* plan) {
+  if (k <= 0 || n_tokens < 0) {
+    return make_error(StatusCode::kInvalidArgument, "plan: bad k {} or n_tokens {}", k, n_tokens);
+  }
+  const size_t n_slots = static_cast<size_t>(n_tokens) * static_cast<size_t>(k);
+  plan->layer = layer;
+  plan->n_tokens = n_tokens;
+  plan->k = k;
+  plan->ids.assign(ids, ids + n_slots);
+  plan->weights.assign(weights, weights + n_slots);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int r = 0; r < k; ++r) {
+      const int32_t e = ids[t * k + r];
+      if (e < 0 || e >= n_expert) {
+        return make_error(StatusCode::kOutOfRange, "plan: token {} rank {} expert {} not in [0, {})",
+                          t, r, e, n_expert);
+      }
+      for (int q = 0; q < r; ++q) {
+        if (ids[t * k + q] == e) {
+          return make_error(StatusCode::kInvalidArgument, "plan: token {} uses expert {} twice", t, e);
+        }
+      }
+    }
+  }
+  // Counting sort of slots by expert; within an expert, slots stay in token order.
+  // work = [start offsets (n_expert + 1) | cursors (n_expert)], reused across calls.
+  std::vector<int32_t>& work = plan->work;
+  work.assign(static_cast<size_t>(2 * n_expert + 1), 0);
+  int32_t* start = work.data();
+  int32_t* cursor = start + n_expert + 1;
+  for (size_t s = 0; s < n_slots; ++s) start[ids[s] + 1]++;
+  for (int64_t e = 0; e < n_expert; ++e) start[e + 1] += start[e];
+  std::copy(start, start + n_expert, cursor);
+  plan->slots.resize(n_slots);
+  for (size_t s = 0; s < n_slots; ++s) plan->slots[static_cast<size_t>(cursor[ids[s]]++)] = static_cast<int32_t>(s);
+  plan->experts.clear();
+  plan->offsets.clear();
+  for (int64_t e = 0; e < n_expert; ++e) {
+    if (start[e + 1] > start[e]) {
+      plan->experts.push_back(static_cast<int32_t>(e));
+      plan->offsets.push_back(start[e]);
+    }
+  }
+  plan->offsets.push_back(static_cast<int32_t>(n_slots));
+  return Status::ok();
+}
+
+}  // namespace moesh

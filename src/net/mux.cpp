@@ -1,0 +1,186 @@
+// RequestMux (many requests in flight per connection), the HELLO handshake, and PING.
+#include "moesh/transport.h"
+
+namespace moesh::net {
+
+Status RequestMux::start(uint64_t request_id, std::span<const uint8_t> frame, Deadline send_deadline) {
+  if (request_id == 0) return make_error(StatusCode::kInvalidArgument, "request id 0 is reserved");
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!conn_error_.is_ok()) return conn_error_;
+    // Registered before sending, so a reply that beats send() back is not discarded.
+    if (!slots_.emplace(request_id, Slot{}).second)
+      return make_error(StatusCode::kInvalidArgument, "request id {} already in flight", request_id);
+  }
+  Status st = conn_->send_frame(frame, send_deadline);
+  if (!st.is_ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    slots_.erase(request_id);
+    if (st.code() != StatusCode::kTimeout && conn_error_.is_ok()) conn_error_ = st;
+    cv_.notify_all();
+  }
+  return st;
+}
+
+void RequestMux::route_locked(wire::Frame frame) {
+  const uint64_t id = frame.request_id();
+  if (id == 0) {
+    // Connection-level news: everything pending on this connection is lost.
+    if (frame.type() == wire::MsgType::kError) {
+      auto e = wire::decode_error(frame);
+      conn_error_ = e.is_ok() ? e->to_status() : e.status();
+    } else if (frame.type() == wire::MsgType::kGoodbye) {
+      auto g = wire::decode_goodbye(frame);
+      conn_error_ = make_error(StatusCode::kUnavailable, "{} said goodbye: {}", conn_->describe(),
+                               g.is_ok() ? g->text : g.status().message());
+    } else {
+      n_discarded_.fetch_add(1);
+    }
+    return;
+  }
+  auto it = slots_.find(id);
+  if (it == slots_.end() || it->second.done) {
+    n_discarded_.fetch_add(1);  // late reply to a request that timed out or was cancelled
+    return;
+  }
+  it->second.done = true;
+  if (frame.type() == wire::MsgType::kError) {
+    auto e = wire::decode_error(frame);
+    it->second.reply = e.is_ok() ? e->to_status() : e.status();
+  } else {
+    it->second.reply = std::move(frame);
+  }
+}
+
+Result<wire::Frame> RequestMux::wait(uint64_t request_id, Deadline deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    auto it = slots_.find(request_id);
+    if (it == slots_.end())
+      return make_error(StatusCode::kInvalidArgument, "request {} is not in flight", request_id);
+    if (it->second.done) {
+      Result<wire::Frame> out = std::move(it->second.reply);
+      slots_.erase(it);
+      return out;
+    }
+    if (!conn_error_.is_ok()) {
+      slots_.erase(it);
+      return conn_error_;
+    }
+    if (Clock::now() >= deadline) {
+      slots_.erase(it);
+      return make_error(StatusCode::kTimeout, "request {} on {}: no reply before its deadline", request_id,
+                        conn_->describe());
+    }
+    if (!reader_active_) {
+      // Become the reader until a frame arrives or our own deadline passes; other waiters
+      // sleep on the condition variable with their own deadlines.
+      reader_active_ = true;
+      lk.unlock();
+      Result<wire::Frame> f = conn_->recv_frame(deadline);
+      lk.lock();
+      reader_active_ = false;
+      if (f.is_ok()) {
+        route_locked(std::move(f).value());
+      } else if (f.status().code() != StatusCode::kTimeout && conn_error_.is_ok()) {
+        conn_error_ = f.status();
+      }
+      cv_.notify_all();
+    } else {
+      cv_.wait_until(lk, deadline);
+    }
+  }
+}
+
+void RequestMux::cancel(uint64_t request_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  slots_.erase(request_id);
+}
+
+size_t RequestMux::n_in_flight() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return slots_.size();
+}
+
+Result<std::chrono::nanoseconds> ping(RequestMux& mux, uint32_t pad_bytes, uint32_t reply_pad_bytes,
+                                      Deadline deadline) {
+  wire::PingMsg p;
+  p.request_id = mux.next_request_id();
+  p.send_time_ns = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  p.pad_bytes = pad_bytes;
+  p.reply_pad_bytes = reply_pad_bytes;
+  MOESH_ASSIGN_OR_RETURN(auto frame, wire::encode_ping(p));
+  MOESH_RETURN_IF_ERROR(mux.start(p.request_id, frame, deadline));
+  MOESH_ASSIGN_OR_RETURN(wire::Frame reply, mux.wait(p.request_id, deadline));
+  MOESH_ASSIGN_OR_RETURN(wire::PongMsg pong, wire::decode_pong(reply));
+  if (pong.ping_time_ns != p.send_time_ns)
+    return make_error(StatusCode::kCorrupt, "PONG echoed timestamp {} for PING {}", pong.ping_time_ns, p.send_time_ns);
+  if (pong.pad_bytes != reply_pad_bytes)
+    return make_error(StatusCode::kCorrupt, "PONG carried {} pad bytes, {} requested", pong.pad_bytes, reply_pad_bytes);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()) -
+         std::chrono::nanoseconds(p.send_time_ns);
+}
+
+void send_error(Connection& conn, uint64_t request_id, wire::WireError code, const std::string& text,
+                Deadline deadline) {
+  wire::ErrorMsg e;
+  e.request_id = request_id;
+  e.code = static_cast<uint16_t>(code);
+  e.text = text.size() > wire::kMaxTextBytes ? text.substr(0, wire::kMaxTextBytes) : text;
+  auto frame = wire::encode_error(e);
+  if (frame.is_ok()) (void)conn.send_frame(*frame, deadline);
+}
+
+namespace {
+
+wire::WireError handshake_error_code(StatusCode c) {
+  switch (c) {
+    case StatusCode::kUnsupported: return wire::WireError::kVersionMismatch;
+    case StatusCode::kInvalidArgument: return wire::WireError::kModelMismatch;
+    default: return wire::WireError::kMalformed;
+  }
+}
+
+// Receives the peer's HELLO: an ERROR becomes its status; anything else is a protocol error.
+Result<wire::Hello> recv_hello(Connection& conn, Deadline deadline) {
+  auto fr = conn.recv_frame(deadline);
+  if (!fr.is_ok()) {
+    const StatusCode c = fr.status().code();
+    if (c == StatusCode::kUnsupported)
+      send_error(conn, 0, wire::WireError::kVersionMismatch, fr.status().message(), deadline);
+    else if (c == StatusCode::kCorrupt || c == StatusCode::kOutOfRange)
+      send_error(conn, 0, wire::WireError::kMalformed, fr.status().message(), deadline);
+    return fr.status();
+  }
+  wire::Frame f = std::move(fr).value();
+  if (f.type() == wire::MsgType::kError) {
+    auto e = wire::decode_error(f);
+    return e.is_ok() ? e->to_status().with_context("handshake rejected") : e.status();
+  }
+  if (f.type() != wire::MsgType::kHello) {
+    Status st = make_error(StatusCode::kCorrupt, "expected HELLO first, got {}", wire::msg_type_name(f.type()));
+    send_error(conn, 0, wire::WireError::kProtocol, st.message(), deadline);
+    return st;
+  }
+  auto h = wire::decode_hello(f);
+  if (!h.is_ok()) send_error(conn, 0, wire::WireError::kMalformed, h.status().message(), deadline);
+  return h;
+}
+
+}  // namespace
+
+Result<wire::Session> handshake(Connection& conn, const wire::Hello& local, bool initiator, Deadline deadline) {
+  MOESH_ASSIGN_OR_RETURN(auto hello_frame, wire::encode_hello(local));
+  if (initiator) MOESH_RETURN_IF_ERROR(conn.send_frame(hello_frame, deadline));
+  auto peer = recv_hello(conn, deadline);
+  if (!peer.is_ok()) return peer.status().with_context("handshake with " + conn.describe());
+  auto session = wire::negotiate(local, *peer);
+  if (!session.is_ok()) {
+    send_error(conn, 0, handshake_error_code(session.status().code()), session.status().message(), deadline);
+    return session.status().with_context("handshake with " + conn.describe());
+  }
+  if (!initiator) MOESH_RETURN_IF_ERROR(conn.send_frame(hello_frame, deadline));
+  return session;
+}
+
+}  // namespace moesh::net

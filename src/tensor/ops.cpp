@@ -1,0 +1,148 @@
+// Per-row transformer ops with llama.cpp's (ggml CPU) float order, see quant-formats.md §6.5
+// and moe-architectures.md §2-3. Everything is scalar and row-local: these ops are a small part
+// of a step's time next to the matmuls, and a fixed scalar order keeps every ISA bit-identical.
+// The build uses -ffp-contract=off, so each expression below rounds exactly where written.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "moesh/ops.h"
+
+namespace moesh {
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  // Squares in f32, summed in double (as ggml does).
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+  if (w != nullptr) {
+    // A separate pass, as ggml applies the weight with its own multiply op.
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] * w[i];
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float e = std::exp(x[i] - mx);
+    x[i] = e;
+    sum += static_cast<double>(e);
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+float gelu(float x) {
+  constexpr float k_coef_a = 0.044715f;
+  constexpr float k_sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+  return 0.5f * x * (1.0f + std::tanh(k_sqrt_2_over_pi * x * (1.0f + k_coef_a * x * x)));
+}
+
+void swiglu(const float* g, const float* u, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = silu(g[i]) * u[i];
+}
+
+void swiglu_oai(const float* g, const float* u, float* y, int64_t n, float alpha, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::min(g[i], limit);
+    const float b = std::clamp(u[i], -limit, limit);
+    const float glu = a / (1.0f + std::exp(alpha * (-a)));
+    y[i] = glu * (b + 1.0f);
+  }
+}
+
+namespace {
+
+// YaRN correction dimension: the pair index whose wavelength spans n_ctx_orig/(2*pi*beta) turns.
+float yarn_corr_dim(int n_rot, int n_ctx_orig, float beta, float base) {
+  return static_cast<float>(n_rot) *
+         std::log(static_cast<float>(n_ctx_orig) / (beta * 2.0f * std::numbers::pi_v<float>)) /
+         (2.0f * std::log(base));
+}
+
+// cos/sin (times mscale) of every rotated pair for one position; cs[2i], cs[2i+1].
+void rope_cache(int64_t pos, const RopeParams& p, float* cs) {
+  const int n_pairs = p.n_rot / 2;
+  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
+  float lo = 0.0f, hi = 0.0f;
+  float mscale = p.attn_factor;
+  if (p.ext_factor != 0.0f) {
+    lo = std::max(0.0f, std::floor(yarn_corr_dim(p.n_rot, p.n_ctx_orig, p.beta_fast, p.freq_base)));
+    hi = std::min(static_cast<float>(p.n_rot - 1),
+                  std::ceil(yarn_corr_dim(p.n_rot, p.n_ctx_orig, p.beta_slow, p.freq_base)));
+    mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+  }
+  // theta_i = pos * base^(-2i/n_rot), built by repeated f32 multiplication as ggml does, so
+  // positions far into the context round the same way llama.cpp's do.
+  float theta = static_cast<float>(pos);
+  for (int i = 0; i < n_pairs; ++i) {
+    const float ff = p.freq_factors != nullptr ? p.freq_factors[i] : 1.0f;
+    const float theta_extrap = theta / ff;
+    const float theta_interp = p.freq_scale * theta_extrap;
+    float t = theta_interp;
+    if (p.ext_factor != 0.0f) {
+      const float r = (static_cast<float>(i) - lo) / std::max(0.001f, hi - lo);
+      const float ramp = 1.0f - std::min(1.0f, std::max(0.0f, r));
+      const float mix = ramp * p.ext_factor;
+      t = theta_interp * (1.0f - mix) + theta_extrap * mix;
+    }
+    cs[2 * i] = std::cos(t) * mscale;
+    cs[2 * i + 1] = std::sin(t) * mscale;
+    theta *= theta_scale;
+  }
+}
+
+}  // namespace
+
+void rope(float* x, int n_heads, int head_dim, size_t head_stride, int64_t pos,
+          const RopeParams& p) {
+  assert(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= head_dim);
+  thread_local std::vector<float> cs;
+  cs.resize(static_cast<size_t>(p.n_rot));
+  rope_cache(pos, p, cs.data());
+  const int n_pairs = p.n_rot / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<size_t>(h) * head_stride;
+    for (int i = 0; i < n_pairs; ++i) {
+      // NORM rotates adjacent pairs; NEOX pairs element i with i + n_rot/2.
+      const int i0 = p.mode == RopeMode::kNorm ? 2 * i : i;
+      const int i1 = p.mode == RopeMode::kNorm ? 2 * i + 1 : i + n_pairs;
+      const float c = cs[2 * i];
+      const float s = cs[2 * i + 1];
+      const float x0 = v[i0];
+      const float x1 = v[i1];
+      v[i0] = x0 * c - x1 * s;
+      v[i1] = x0 * s + x1 * c;
+    }
+  }
+}
+
+void top_k(const float* v, int n, int k, int32_t* out_idx) {
+  k = std::clamp(k, 0, n);
+  if (k == 0) return;
+  thread_local std::vector<int32_t> idx;
+  idx.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = i;
+  // NaN ranks below everything so the order stays a strict weak ordering.
+  auto key = [&](int32_t i) { return std::isnan(v[i]) ? -INFINITY : v[i]; };
+  auto before = [&](int32_t a, int32_t b) {
+    const float ka = key(a), kb = key(b);
+    if (ka != kb) return ka > kb;
+    return a < b;
+  };
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
+  std::copy(idx.begin(), idx.begin() + k, out_idx);
+}
+
+}  // namespace moesh

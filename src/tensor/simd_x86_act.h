@@ -1,0 +1,236 @@
+// x86 SIMD activation converters (from_float), row wideners (to_float) and the F32/F16/BF16
+// dot products, bit-identical to the scalar reference (canonical order in quant.h).
+// Included only by kernels_avx2.cpp / kernels_avx512.cpp (see simd_x86.h).
+#pragma once
+
+#include "simd_x86.h"
+
+namespace moesh::simd {
+namespace {
+
+// ---------------------------------------------------------------- from_float
+
+// Q8_0 block: amax, d = amax/127 (stored f16), id = 127/amax, q = RNE(x*id).
+// Writes qs/d, leaves the int32 q in q[4] and returns the unrounded f32 d (Q8_1 needs both).
+inline float quantize_q8_0_block(const float* x, uint16_t* d_out, int8_t* qs, __m256i q[4]) {
+  __m256 v[4];
+  __m256 vmax = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_loadu_ps(x + 8 * k);
+    vmax = _mm256_max_ps(abs_ps(v[k]), vmax);
+  }
+  const float amax = hmax_ps(vmax);
+  const float d = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  *d_out = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+  const __m256 vid = _mm256_set1_ps(id);
+  for (int k = 0; k < 4; ++k) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q[k] = _mm256_cvtps_epi32(r);
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), pack_i32x32_to_i8(q[0], q[1], q[2], q[3]));
+  return d;
+}
+
+void from_float_q8_0(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8_0*>(vy);
+  __m256i q[4];
+  for (int64_t b = 0; b < n / kQK; ++b) quantize_q8_0_block(x + b * kQK, &y[b].d, y[b].qs, q);
+}
+
+void from_float_q8_1(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8_1*>(vy);
+  __m256i q[4];
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    // s = f16(d * sum q) with the unrounded f32 d.
+    const float d = quantize_q8_0_block(x + b * kQK, &y[b].d, y[b].qs, q);
+    const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    y[b].s = _cvtss_sh(d * static_cast<float>(sum), _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+
+void from_float_q8_k(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8_K*>(vy);
+  for (int64_t b = 0; b < n / kQKK; ++b, x += kQKK) {
+    __m256 vmax = _mm256_setzero_ps();
+    for (int k = 0; k < 32; ++k) vmax = _mm256_max_ps(abs_ps(_mm256_loadu_ps(x + 8 * k)), vmax);
+    const float amax = hmax_ps(vmax);
+    if (amax == 0.0f) {
+      std::memset(&y[b], 0, sizeof(BlockQ8_K));
+      continue;
+    }
+    // The signed value of the first element whose |x| is the maximum (strict '>' in the scan).
+    float max = 0.0f;
+    const __m256 vam = _mm256_set1_ps(amax);
+    for (int k = 0; k < 32; ++k) {
+      const int m = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + 8 * k)), vam, _CMP_EQ_OQ));
+      if (m != 0) {
+        max = x[8 * k + __builtin_ctz(static_cast<unsigned>(m))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 vis = _mm256_set1_ps(iscale);
+    const __m256i v127 = _mm256_set1_epi32(127);
+    for (int c = 0; c < 8; ++c) {  // 32 values = two bsum groups per step
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * c + 8 * k), vis),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(r), v127);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + 32 * c), pack_i32x32_to_i8(q[0], q[1], q[2], q[3]));
+      y[b].bsums[2 * c] = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(q[0], q[1])));
+      y[b].bsums[2 * c + 1] = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(q[2], q[3])));
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+
+void from_float_f16(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<uint16_t*>(vy);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+      // F16C keeps NaN payload bits; the reference canonicalises NaN to 0x7E00|sign.
+      for (int k = 0; k < 8; ++k) y[i + k] = fp32_to_fp16(x[i + k]);
+      continue;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+void from_float_bf16(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<uint16_t*>(vy);
+  int64_t i = 0;
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i bias = _mm256_set1_epi32(0x7fff);
+  for (; i + 16 <= n; i += 16) {
+    __m256i r[2];
+    for (int k = 0; k < 2; ++k) {
+      const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8 * k));
+      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+      const __m256i rounded = _mm256_srli_epi32(
+          _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one)), 16);
+      const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+      r[k] = _mm256_blendv_epi8(rounded, quiet, nan);
+    }
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), p);
+  }
+  for (; i < n; ++i) y[i] = fp32_to_bf16(x[i]);
+}
+
+// ---------------------------------------------------------------- to_float
+
+void to_float_f16(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(vx);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(loadu128(x + i)));
+  for (; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
+}
+
+void to_float_bf16(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(vx);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(loadu128(x + i)), 16);
+    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(w));
+  }
+  for (; i < n; ++i) y[i] = bf16_to_fp32(x[i]);
+}
+
+// x[j] = d * q[j]: one f32 multiply per element, as the reference.
+void to_float_q8_0(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256 d = _mm256_set1_ps(h2f(x[b].d));
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x[b].qs + 8 * k)));
+      _mm256_storeu_ps(y + b * kQK + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- F32 / F16 / BF16 dots
+// 32 lanes (element i -> lane i % 32) held as four __m256; tail elements go to their lane in
+// scalar; then the canonical halving reduce32.
+
+template <class Load>
+inline float dot_f32_lanes(int64_t n, const Load& load) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int j = 0; j < 4; ++j) {
+      __m256 w, x;
+      load(i + 8 * j, &w, &x);
+      acc[j] = _mm256_fmadd_ps(w, x, acc[j]);
+    }
+  }
+  if (i < n) {
+    alignas(32) float a[32];
+    for (int j = 0; j < 4; ++j) _mm256_store_ps(a + 8 * j, acc[j]);
+    alignas(32) float wt[32], xt[32];
+    const int rem = static_cast<int>(n - i);
+    load.tail(i, rem, wt, xt);
+    for (int l = 0; l < rem; ++l) a[l] = std::fmaf(wt[l], xt[l], a[l]);
+    for (int j = 0; j < 4; ++j) acc[j] = _mm256_load_ps(a + 8 * j);
+  }
+  return reduce32(acc[0], acc[1], acc[2], acc[3]);
+}
+
+struct LoadF32 {
+  const float* w;
+  const float* x;
+  void operator()(int64_t i, __m256* vw, __m256* vx) const {
+    *vw = _mm256_loadu_ps(w + i);
+    *vx = _mm256_loadu_ps(x + i);
+  }
+  void tail(int64_t i, int rem, float* wt, float* xt) const {
+    for (int l = 0; l < rem; ++l) wt[l] = w[i + l], xt[l] = x[i + l];
+  }
+};
+
+struct LoadF16 {
+  const uint16_t* w;
+  const uint16_t* x;
+  void operator()(int64_t i, __m256* vw, __m256* vx) const {
+    *vw = _mm256_cvtph_ps(loadu128(w + i));
+    *vx = _mm256_cvtph_ps(loadu128(x + i));
+  }
+  void tail(int64_t i, int rem, float* wt, float* xt) const {
+    for (int l = 0; l < rem; ++l) wt[l] = h2f(w[i + l]), xt[l] = h2f(x[i + l]);
+  }
+};
+
+struct LoadBF16 {
+  const uint16_t* w;
+  const uint16_t* x;
+  static __m256 widen(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(loadu128(p)), 16));
+  }
+  void operator()(int64_t i, __m256* vw, __m256* vx) const {
+    *vw = widen(w + i);
+    *vx = widen(x + i);
+  }
+  void tail(int64_t i, int rem, float* wt, float* xt) const {
+    for (int l = 0; l < rem; ++l) wt[l] = bf16_to_fp32(w[i + l]), xt[l] = bf16_to_fp32(x[i + l]);
+  }
+};
+
+float vec_dot_f32(int64_t n, const void* w, const void* x) {
+  return dot_f32_lanes(n, LoadF32{static_cast<const float*>(w), static_cast<const float*>(x)});
+}
+float vec_dot_f16(int64_t n, const void* w, const void* x) {
+  return dot_f32_lanes(n, LoadF16{static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(x)});
+}
+float vec_dot_bf16(int64_t n, const void* w, const void* x) {
+  return dot_f32_lanes(n, LoadBF16{static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(x)});
+}
+
+}  // namespace
+}  // namespace moesh::simd

@@ -1,0 +1,294 @@
+// x86 SIMD dot products for the 256-element super-block types against Q8_K activations
+// (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_K), bit-identical to the scalar reference.
+//
+// Each super-block's integer part (isum = sum over sub-blocks of scale * sum(q*q8), and for
+// Q2_K/Q4_K/Q5_K mins = sum_g bsums[g]*m(g)) is computed exactly with integer SIMD; the float part
+// then follows quant.h: super-block b fuses into lane b % 8. Eight super-blocks at a time fill
+// one __m256 (hsum_8x8 gathers their sums), leftovers go to their lanes in scalar, then reduce8.
+// Included only by kernels_avx2.cpp / kernels_avx512.cpp (see simd_x86.h).
+#pragma once
+
+#include "simd_x86.h"
+
+namespace moesh::simd {
+namespace {
+
+// Per-type policy: isum(w, y) -> 8 int32 partial sums of the exact integer part; scale(w, y) the
+// f32 factor; kHasMin types also return mins(w, y) (exact int) and min_scale(w, y) and add
+// fma(-(float)mins, min_scale, acc) after the main term.
+template <class P>
+float dot_superblocks(int64_t n, const void* vw, const void* vy) {
+  const auto* w = static_cast<const typename P::BW*>(vw);
+  const auto* y = static_cast<const BlockQ8_K*>(vy);
+  const int64_t nb = n / kQKK;
+  __m256 acc = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256i s[8];
+    alignas(32) float sc[8];
+    alignas(32) int32_t mins[8];
+    alignas(32) float msc[8];
+    for (int k = 0; k < 8; ++k) {
+      s[k] = P::isum(w[b + k], y[b + k]);
+      sc[k] = P::scale(w[b + k], y[b + k]);
+      if constexpr (P::kHasMin) {
+        mins[k] = -P::mins(w[b + k], y[b + k]);
+        msc[k] = P::min_scale(w[b + k], y[b + k]);
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8(s)), _mm256_load_ps(sc), acc);
+    if constexpr (P::kHasMin) {
+      // -(float)m == (float)(-m) exactly (int->float rounding is sign-symmetric).
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mins))),
+                            _mm256_load_ps(msc), acc);
+    }
+  }
+  alignas(32) float a[8];
+  _mm256_store_ps(a, acc);
+  for (; b < nb; ++b) {
+    float& l = a[b & 7];
+    l = std::fmaf(static_cast<float>(hsum_i32(P::isum(w[b], y[b]))), P::scale(w[b], y[b]), l);
+    if constexpr (P::kHasMin) {
+      l = std::fmaf(-static_cast<float>(P::mins(w[b], y[b])), P::min_scale(w[b], y[b]), l);
+    }
+  }
+  return reduce8(_mm256_load_ps(a));
+}
+
+// Q4_K/Q5_K: eight 6-bit scales and mins from the 12 packed bytes (get_scale_min_k4), as
+// {sc0..sc7} and {m0..m7} in two u64 each.
+inline void unpack_k4_scales(const uint8_t* b12, uint64_t* sc, uint64_t* m) {
+  uint32_t w0, w1, w2;
+  std::memcpy(&w0, b12, 4);
+  std::memcpy(&w1, b12 + 4, 4);
+  std::memcpy(&w2, b12 + 8, 4);
+  const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
+  const uint32_t m_lo = w1 & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+  const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+  *sc = sc_lo | (static_cast<uint64_t>(sc_hi) << 32);
+  *m = m_lo | (static_cast<uint64_t>(m_hi) << 32);
+}
+
+// sum_g bsums[g] * m[g/2] for eight u8 mins packed in a u64.
+inline int k4_mins(uint64_t m, const BlockQ8_K& y) {
+  const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m)));
+  const __m128i bs = _mm_hadd_epi16(loadu128(y.bsums), loadu128(y.bsums + 8));  // pairs: |.| <= 4064
+  return hsum_i32(_mm_madd_epi16(bs, m16));
+}
+
+// 32 unsigned values (<= 63) x 32 activations, times one scale broadcast as int16.
+inline __m256i scaled_u8s8(__m256i q, const int8_t* y, __m256i scale16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, loadu256(y)), scale16);
+}
+
+struct PolicyQ4_K {
+  using BW = BlockQ4_K;
+  static constexpr bool kHasMin = true;
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    uint64_t sc, m;
+    unpack_k4_scales(w.scales, &sc, &m);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = loadu256(w.qs + 32 * c);
+      const __m256i s_lo = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c)) & 0xFF));
+      const __m256i s_hi = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF));
+      acc = _mm256_add_epi32(acc, scaled_u8s8(_mm256_and_si256(q, m4), y.qs + 64 * c, s_lo));
+      acc = _mm256_add_epi32(acc, scaled_u8s8(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), y.qs + 64 * c + 32, s_hi));
+    }
+    return acc;
+  }
+  static int mins(const BW& w, const BlockQ8_K& y) {
+    uint64_t sc, m;
+    unpack_k4_scales(w.scales, &sc, &m);
+    return k4_mins(m, y);
+  }
+  static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
+  static float min_scale(const BW& w, const BlockQ8_K& y) { return h2f(w.dmin) * y.d; }
+};
+
+struct PolicyQ5_K {
+  using BW = BlockQ5_K;
+  static constexpr bool kHasMin = true;
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    uint64_t sc, m;
+    unpack_k4_scales(w.scales, &sc, &m);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = loadu256(w.qh);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = loadu256(w.qs + 32 * c);
+      // bit 2c of qh[l] -> 16 for the low nibble, bit 2c+1 -> 16 for the high nibble.
+      const __m256i h_lo = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c), 4), bit4);
+      const __m256i h_hi = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c + 1), 4), bit4);
+      const __m256i q_lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
+      const __m256i q_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h_hi);
+      const __m256i s_lo = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c)) & 0xFF));
+      const __m256i s_hi = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF));
+      acc = _mm256_add_epi32(acc, scaled_u8s8(q_lo, y.qs + 64 * c, s_lo));
+      acc = _mm256_add_epi32(acc, scaled_u8s8(q_hi, y.qs + 64 * c + 32, s_hi));
+    }
+    return acc;
+  }
+  static int mins(const BW& w, const BlockQ8_K& y) {
+    uint64_t sc, m;
+    unpack_k4_scales(w.scales, &sc, &m);
+    return k4_mins(m, y);
+  }
+  static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
+  static float min_scale(const BW& w, const BlockQ8_K& y) { return h2f(w.dmin) * y.d; }
+};
+
+// Scale vector for a 32-element run whose first 16 values use s0 and last 16 use s1: maddubs
+// leaves elements 0..15 in the low 128-bit lane and 16..31 in the high one.
+inline __m256i scale_pair16(int s0, int s1) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(s1)), _mm_set1_epi16(static_cast<int16_t>(s0)));
+}
+
+// (q - off) . y for unsigned q (<= 63): maddubs(q, y) - maddubs(off, y), both exact in int16.
+inline __m256i offset_u8s8(__m256i q, __m256i off, __m256i yv, __m256i scale16) {
+  const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, yv), _mm256_maddubs_epi16(off, yv));
+  return _mm256_madd_epi16(p, scale16);
+}
+
+struct PolicyQ6_K {
+  using BW = BlockQ6_K;
+  static constexpr bool kHasMin = false;
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m256i off = _mm256_set1_epi8(32);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = loadu256(w.ql + 64 * h);
+      const __m256i l1 = loadu256(w.ql + 64 * h + 32);
+      const __m256i hb = loadu256(w.qh + 32 * h);
+      const int8_t* s = w.scales + 8 * h;
+      const int8_t* yq = y.qs + 128 * h;
+      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+      acc = _mm256_add_epi32(acc, offset_u8s8(q0, off, loadu256(yq), scale_pair16(s[0], s[1])));
+      acc = _mm256_add_epi32(acc, offset_u8s8(q1, off, loadu256(yq + 32), scale_pair16(s[2], s[3])));
+      acc = _mm256_add_epi32(acc, offset_u8s8(q2, off, loadu256(yq + 64), scale_pair16(s[4], s[5])));
+      acc = _mm256_add_epi32(acc, offset_u8s8(q3, off, loadu256(yq + 96), scale_pair16(s[6], s[7])));
+    }
+    return acc;
+  }
+  static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
+};
+
+struct PolicyQ3_K {
+  using BW = BlockQ3_K;
+  static constexpr bool kHasMin = false;
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    // Sixteen 6-bit scale codes (quant-formats.md §3), four per u32.
+    uint32_t w0, w1, w2;
+    std::memcpy(&w0, w.scales, 4);
+    std::memcpy(&w1, w.scales + 4, 4);
+    std::memcpy(&w2, w.scales + 8, 4);
+    uint32_t sv[4];
+    sv[0] = (w0 & 0x0f0f0f0fu) | ((w2 & 0x03030303u) << 4);
+    sv[1] = (w1 & 0x0f0f0f0fu) | (((w2 >> 2) & 0x03030303u) << 4);
+    sv[2] = ((w0 >> 4) & 0x0f0f0f0fu) | (((w2 >> 4) & 0x03030303u) << 4);
+    sv[3] = ((w1 >> 4) & 0x0f0f0f0fu) | (((w2 >> 6) & 0x03030303u) << 4);
+    uint8_t S[16];
+    std::memcpy(S, sv, 16);
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i off = _mm256_set1_epi8(4);
+    const __m256i hm = loadu256(w.hmask);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = loadu256(w.qs + 32 * h);
+      for (int j = 0; j < 4; ++j) {
+        const int bit = 4 * h + j;
+        // v = q2 + 4*hbit in 0..7; the value is v - 4.
+        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m3);
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, bit), _mm256_set1_epi8(1));
+        const __m256i v = _mm256_or_si256(q2, _mm256_slli_epi16(hb, 2));
+        const int s = 8 * h + 2 * j;
+        acc = _mm256_add_epi32(acc, offset_u8s8(v, off, loadu256(y.qs + 128 * h + 32 * j),
+                                                scale_pair16(S[s] - 32, S[s + 1] - 32)));
+      }
+    }
+    return acc;
+  }
+  static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
+};
+
+struct PolicyQ2_K {
+  using BW = BlockQ2_K;
+  static constexpr bool kHasMin = true;
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = loadu256(w.qs + 32 * h);
+      for (int j = 0; j < 4; ++j) {
+        const int s = 8 * h + 2 * j;
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m3);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, loadu256(y.qs + 128 * h + 32 * j)),
+                                                      scale_pair16(w.scales[s] & 15, w.scales[s + 1] & 15)));
+      }
+    }
+    return acc;
+  }
+  static int mins(const BW& w, const BlockQ8_K& y) {
+    const __m128i sc = loadu128(w.scales);
+    const __m128i m = _mm_srli_epi16(_mm_and_si128(sc, _mm_set1_epi8(static_cast<char>(0xF0))), 4);
+    const __m128i m_lo = _mm_cvtepu8_epi16(m);
+    const __m128i m_hi = _mm_cvtepu8_epi16(_mm_srli_si128(m, 8));
+    return hsum_i32(_mm_add_epi32(_mm_madd_epi16(loadu128(y.bsums), m_lo), _mm_madd_epi16(loadu128(y.bsums + 8), m_hi)));
+  }
+  static float scale(const BW& w, const BlockQ8_K& y) { return y.d * h2f(w.d); }
+  static float min_scale(const BW& w, const BlockQ8_K& y) { return y.d * h2f(w.dmin); }
+};
+
+struct PolicyIQ4_XS {
+  using BW = BlockIQ4_XS;
+  static constexpr bool kHasMin = false;
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    const __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_iq4nl));
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((w.scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | (((w.scales_h >> (2 * ib)) & 3) << 4);
+      const __m256i q = _mm256_shuffle_epi8(table, unpack_nibbles16(w.qs + 16 * ib));
+      const __m256i yv = loadu256(y.qs + 32 * ib);
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(static_cast<int16_t>(ls - 32))));
+    }
+    return acc;
+  }
+  static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
+};
+
+struct PolicyQ8_K {
+  using BW = BlockQ8_K;
+  static constexpr bool kHasMin = false;
+  // Widen to int16 first: Q8_K weights may hold -128, which the sign trick cannot take.
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int k = 0; k < 16; ++k) {
+      const __m256i a = _mm256_cvtepi8_epi16(loadu128(w.qs + 16 * k));
+      const __m256i b = _mm256_cvtepi8_epi16(loadu128(y.qs + 16 * k));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+    }
+    return acc;
+  }
+  static float scale(const BW& w, const BlockQ8_K& y) { return w.d * y.d; }
+};
+
+float vec_dot_q2_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ2_K>(n, w, y); }
+float vec_dot_q3_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ3_K>(n, w, y); }
+float vec_dot_q4_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ4_K>(n, w, y); }
+float vec_dot_q5_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ5_K>(n, w, y); }
+float vec_dot_q6_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ6_K>(n, w, y); }
+float vec_dot_iq4_xs(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyIQ4_XS>(n, w, y); }
+float vec_dot_q8_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ8_K>(n, w, y); }
+
+}  // namespace
+}  // namespace moesh::simd

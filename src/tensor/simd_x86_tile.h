@@ -1,0 +1,183 @@
+// x86 SIMD vec_dot_tile kernels (kernels.h): nr weight rows x nc activation rows in one pass,
+// so each weight block is loaded and unpacked once per tile column group instead of once per
+// output. Every output follows exactly the per-lane sequence of the matching vec_dot (block b
+// -> lane b % 8, same fused ops, same reduce8), so tile == vec_dot bit for bit.
+// Included only by kernels_avx2.cpp / kernels_avx512.cpp (see simd_x86.h).
+#pragma once
+
+#include <algorithm>
+
+#include "simd_x86_kquant.h"
+#include "simd_x86_legacy.h"
+
+namespace moesh::simd {
+namespace {
+
+constexpr int kTileR = 4;  // weight rows per register tile
+constexpr int kTileC = 4;  // activation rows per register tile
+
+// ---- 32-element block types with a prep/dot split (weights unpacked once, reused nc times)
+
+template <class P>
+void tile_blocks32(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx,
+                   size_t x_stride, int nc, float* out, size_t ldo) {
+  using BW = typename P::BW;
+  using BY = typename P::BY;
+  const P p;
+  const int64_t nb = n / kQK;
+  auto wrow = [&](int r) { return reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride); };
+  auto xrow = [&](int c) { return reinterpret_cast<const BY*>(static_cast<const uint8_t*>(vx) + c * x_stride); };
+  for (int r0 = 0; r0 < nr; r0 += kTileR) {
+    const int rn = std::min(kTileR, nr - r0);
+    for (int c0 = 0; c0 < nc; c0 += kTileC) {
+      const int cn = std::min(kTileC, nc - c0);
+      __m256 acc[kTileR][kTileC];
+      for (int r = 0; r < rn; ++r)
+        for (int c = 0; c < cn; ++c) acc[r][c] = _mm256_setzero_ps();
+      int64_t b = 0;
+      for (; b + 8 <= nb; b += 8) {
+        for (int r = 0; r < rn; ++r) {
+          const BW* w = wrow(r0 + r) + b;
+          __m256i q[8];
+          alignas(32) float dw[8];
+          for (int k = 0; k < 8; ++k) q[k] = p.prep(w[k]);
+          for (int k = 0; k < 8; ++k) dw[k] = h2f(w[k].d);
+          for (int c = 0; c < cn; ++c) {
+            const BY* y = xrow(c0 + c) + b;
+            __m256i s[8];
+            alignas(32) float sc[8];
+            for (int k = 0; k < 8; ++k) {
+              s[k] = p.dot(q[k], y[k]);
+              sc[k] = dw[k] * h2f(y[k].d);  // == P::scale(w, y): dx*dy
+            }
+            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8(s)), _mm256_load_ps(sc), acc[r][c]);
+          }
+        }
+      }
+      for (int r = 0; r < rn; ++r) {
+        for (int c = 0; c < cn; ++c) {
+          alignas(32) float a[8];
+          _mm256_store_ps(a, acc[r][c]);
+          const BW* w = wrow(r0 + r);
+          const BY* y = xrow(c0 + c);
+          for (int64_t bb = b; bb < nb; ++bb) {
+            float& l = a[bb & 7];
+            l = std::fmaf(static_cast<float>(hsum_i32(p.isum(w[bb], y[bb]))), P::scale(w[bb], y[bb]), l);
+          }
+          out[static_cast<size_t>(c0 + c) * ldo + static_cast<size_t>(r0 + r)] = reduce8(_mm256_load_ps(a));
+        }
+      }
+    }
+  }
+}
+
+// ---- super-block types: per-type unpacked weights (Prep) and the exact isum against one Q8_K
+
+struct TileQ4_K {
+  using BW = BlockQ4_K;
+  static constexpr bool kHasMin = true;
+  struct Prep {
+    __m256i q[8];
+    __m256i s16[8];
+    uint64_t m;
+  };
+  static void prep(const BW& w, Prep* p) {
+    uint64_t sc;
+    unpack_k4_scales(w.scales, &sc, &p->m);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = loadu256(w.qs + 32 * c);
+      p->q[2 * c] = _mm256_and_si256(q, m4);
+      p->q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      p->s16[2 * c] = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c)) & 0xFF));
+      p->s16[2 * c + 1] = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF));
+    }
+  }
+  static __m256i dot(const Prep& p, const BlockQ8_K& y) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) acc = _mm256_add_epi32(acc, scaled_u8s8(p.q[k], y.qs + 32 * k, p.s16[k]));
+    return acc;
+  }
+  static int mins(const Prep& p, const BlockQ8_K& y) { return k4_mins(p.m, y); }
+  static float scale(const BW& w, const BlockQ8_K& y) { return PolicyQ4_K::scale(w, y); }
+  static float min_scale(const BW& w, const BlockQ8_K& y) { return PolicyQ4_K::min_scale(w, y); }
+};
+
+struct TileQ6_K {
+  using BW = BlockQ6_K;
+  static constexpr bool kHasMin = false;
+  struct Prep {
+    __m256i q[8];
+    __m256i s16[8];
+  };
+  static void prep(const BW& w, Prep* p) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = loadu256(w.ql + 64 * h);
+      const __m256i l1 = loadu256(w.ql + 64 * h + 32);
+      const __m256i hb = loadu256(w.qh + 32 * h);
+      const int8_t* s = w.scales + 8 * h;
+      __m256i* q = p->q + 4 * h;
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+      for (int j = 0; j < 4; ++j) p->s16[4 * h + j] = scale_pair16(s[2 * j], s[2 * j + 1]);
+    }
+  }
+  static __m256i dot(const Prep& p, const BlockQ8_K& y) {
+    const __m256i off = _mm256_set1_epi8(32);
+    __m256i acc = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) acc = _mm256_add_epi32(acc, offset_u8s8(p.q[k], off, loadu256(y.qs + 32 * k), p.s16[k]));
+    return acc;
+  }
+  static int mins(const Prep&, const BlockQ8_K&) { return 0; }
+  static float scale(const BW& w, const BlockQ8_K& y) { return PolicyQ6_K::scale(w, y); }
+  static float min_scale(const BW&, const BlockQ8_K&) { return 0.0f; }
+};
+
+template <class T>
+void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx,
+                      size_t x_stride, int nc, float* out, size_t ldo) {
+  using BW = typename T::BW;
+  const int64_t nb = n / kQKK;
+  auto wrow = [&](int r) { return reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride); };
+  auto xrow = [&](int c) {
+    return reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(vx) + c * x_stride);
+  };
+  for (int r0 = 0; r0 < nr; r0 += kTileR) {
+    const int rn = std::min(kTileR, nr - r0);
+    for (int c0 = 0; c0 < nc; c0 += kTileC) {
+      const int cn = std::min(kTileC, nc - c0);
+      alignas(32) float acc[kTileR][kTileC][8] = {};
+      for (int64_t b = 0; b < nb; ++b) {
+        for (int r = 0; r < rn; ++r) {
+          const BW& w = wrow(r0 + r)[b];
+          typename T::Prep p;
+          T::prep(w, &p);
+          for (int c = 0; c < cn; ++c) {
+            const BlockQ8_K& y = xrow(c0 + c)[b];
+            float& l = acc[r][c][b & 7];
+            l = std::fmaf(static_cast<float>(hsum_i32(T::dot(p, y))), T::scale(w, y), l);
+            if constexpr (T::kHasMin) l = std::fmaf(-static_cast<float>(T::mins(p, y)), T::min_scale(w, y), l);
+          }
+        }
+      }
+      for (int r = 0; r < rn; ++r)
+        for (int c = 0; c < cn; ++c)
+          out[static_cast<size_t>(c0 + c) * ldo + static_cast<size_t>(r0 + r)] = reduce8(_mm256_load_ps(acc[r][c]));
+    }
+  }
+}
+
+inline void fill_tiles(KernelTable* t) {
+  t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_blocks32<PolicyQ8_0>;
+  t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile = tile_blocks32<PolicyQ4_0>;
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_superblocks<TileQ4_K>;
+  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_superblocks<TileQ6_K>;
+}
+
+}  // namespace
+}  // namespace moesh::simd

@@ -1,0 +1,151 @@
+// HELLO codec and version/capability negotiation (PROTOCOL.md §3).
+#include <algorithm>
+#include <cstring>
+
+#include "moesh/wire.h"
+#include "wire/bytes.h"
+
+namespace moesh::wire {
+
+namespace {
+
+using detail::ByteReader;
+using detail::ByteWriter;
+
+constexpr size_t kHelloFixedBytes = 68;
+constexpr size_t kRangeBytes = 12;
+constexpr uint32_t kAllDtypes = (1u << static_cast<uint32_t>(WireDType::kCOUNT)) - 1;
+constexpr uint32_t kAllModes = (1u << static_cast<uint32_t>(CombineMode::kCOUNT)) - 1;
+
+Status validate_hello(const Hello& m, StatusCode code) {
+  if (m.min_version == 0 || m.min_version > m.max_version)
+    return make_error(code, "HELLO: version range {}..{} invalid", m.min_version, m.max_version);
+  if (m.role != PeerRole::kBackbone && m.role != PeerRole::kWorker)
+    return make_error(code, "HELLO: unknown role {}", static_cast<int>(m.role));
+  if (m.model_id_bytes != 16 && m.model_id_bytes != 32)
+    return make_error(code, "HELLO: model id of {} bytes (16 or 32 allowed)", m.model_id_bytes);
+  for (size_t i = m.model_id_bytes; i < m.model_id.size(); ++i)
+    if (m.model_id[i] != 0) return make_error(code, "HELLO: model id bytes past {} not zero", m.model_id_bytes);
+  if ((m.dtypes & ~kAllDtypes) != 0 || (m.modes & ~kAllModes) != 0)
+    return make_error(code, "HELLO: unknown capability bits (dtypes 0x{:x}, modes 0x{:x})", m.dtypes, m.modes);
+  if (m.experts.size() > kMaxExpertRanges)
+    return make_error(code, "HELLO: {} expert ranges (max {})", m.experts.size(), kMaxExpertRanges);
+  if (m.name.size() > kMaxNameBytes)
+    return make_error(code, "HELLO: name of {} bytes (max {})", m.name.size(), kMaxNameBytes);
+  if (m.max_frame_bytes < 4096)
+    return make_error(code, "HELLO: max frame of {} bytes is below the 4096 minimum", m.max_frame_bytes);
+  for (const ExpertRange& r : m.experts) {
+    if (r.count == 0) return make_error(code, "HELLO: empty expert range in layer {}", r.layer);
+    if (m.n_layer != 0 && r.layer >= m.n_layer)
+      return make_error(code, "HELLO: expert range layer {} past n_layer {}", r.layer, m.n_layer);
+    if (uint64_t{r.first} + r.count > (m.n_expert != 0 ? m.n_expert : 65536u))
+      return make_error(code, "HELLO: experts {}..{} of layer {} out of range", r.first,
+                        uint64_t{r.first} + r.count - 1, r.layer);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_hello(const Hello& m) {
+  MOESH_RETURN_IF_ERROR(validate_hello(m, StatusCode::kInvalidArgument));
+  std::vector<uint8_t> payload;
+  payload.reserve(kHelloFixedBytes + kRangeBytes * m.experts.size() + m.name.size());
+  ByteWriter w(&payload);
+  w.u16(m.min_version);
+  w.u16(m.max_version);
+  w.u8(static_cast<uint8_t>(m.role));
+  w.u8(m.model_id_bytes);
+  w.u16(0);
+  w.raw(m.model_id.data(), m.model_id.size());
+  w.u32(m.n_layer);
+  w.u32(m.n_expert);
+  w.u32(m.n_embd);
+  w.u32(m.dtypes);
+  w.u32(m.modes);
+  w.u32(m.max_frame_bytes);
+  w.u16(static_cast<uint16_t>(m.experts.size()));
+  w.u16(static_cast<uint16_t>(m.name.size()));
+  for (const ExpertRange& r : m.experts) {
+    w.u32(r.layer);
+    w.u32(r.first);
+    w.u32(r.count);
+  }
+  w.raw(m.name.data(), m.name.size());
+  // The frame header carries our highest version: a newer peer reads our HELLO that way.
+  return build_frame(MsgType::kHello, 0, payload, m.max_version);
+}
+
+Result<Hello> decode_hello(const Frame& f) {
+  if (f.type() != MsgType::kHello)
+    return make_error(StatusCode::kInvalidArgument, "expected a HELLO frame, got {}", msg_type_name(f.type()));
+  if (f.request_id() != 0)
+    return make_error(StatusCode::kCorrupt, "HELLO with request id {} (must be 0)", f.request_id());
+  ByteReader r(f.payload);
+  Hello m;
+  uint8_t role = 0;
+  uint16_t reserved = 0, n_ranges = 0, name_len = 0;
+  if (!r.u16(&m.min_version) || !r.u16(&m.max_version) || !r.u8(&role))
+    return make_error(StatusCode::kCorrupt, "HELLO payload of {} bytes too short for its version prefix",
+                      f.payload.size());
+  m.role = static_cast<PeerRole>(role);
+  if (!r.u8(&m.model_id_bytes) || !r.u16(&reserved) || !r.raw(m.model_id.data(), m.model_id.size()) ||
+      !r.u32(&m.n_layer) || !r.u32(&m.n_expert) || !r.u32(&m.n_embd) || !r.u32(&m.dtypes) ||
+      !r.u32(&m.modes) || !r.u32(&m.max_frame_bytes) || !r.u16(&n_ranges) || !r.u16(&name_len))
+    return make_error(StatusCode::kCorrupt, "HELLO payload of {} bytes shorter than its {}-byte fixed part",
+                      f.payload.size(), kHelloFixedBytes);
+  if (reserved != 0) return make_error(StatusCode::kCorrupt, "HELLO: reserved field is {}", reserved);
+  // The header of a HELLO carries the sender's highest version (that is how a newer layout is
+  // recognised before the payload is read), so the two must agree.
+  if (f.header.version != m.max_version)
+    return make_error(StatusCode::kCorrupt, "HELLO header version {} but payload max_version {}",
+                      f.header.version, m.max_version);
+  if (n_ranges > kMaxExpertRanges)
+    return make_error(StatusCode::kCorrupt, "HELLO: {} expert ranges (max {})", n_ranges, kMaxExpertRanges);
+  if (name_len > kMaxNameBytes)
+    return make_error(StatusCode::kCorrupt, "HELLO: name of {} bytes (max {})", name_len, kMaxNameBytes);
+  const size_t need = size_t{kRangeBytes} * n_ranges + name_len;
+  if (r.remaining() < need)
+    return make_error(StatusCode::kCorrupt, "HELLO: {} ranges and a {}-byte name need {} bytes, {} left",
+                      n_ranges, name_len, need, r.remaining());
+  // A newer version may append fields; in our own version the size is exact.
+  if (f.header.version <= kVersion && r.remaining() != need)
+    return make_error(StatusCode::kCorrupt, "HELLO: {} unexpected trailing bytes", r.remaining() - need);
+  m.experts.resize(n_ranges);
+  for (ExpertRange& e : m.experts) (void)(r.u32(&e.layer) && r.u32(&e.first) && r.u32(&e.count));
+  m.name.resize(name_len);
+  (void)r.raw(m.name.data(), name_len);
+  Status st = validate_hello(m, StatusCode::kCorrupt);
+  if (!st.is_ok()) return st;
+  return m;
+}
+
+Result<Session> negotiate(const Hello& local, const Hello& peer) {
+  const uint16_t lo = std::max(local.min_version, peer.min_version);
+  const uint16_t hi = std::min(local.max_version, peer.max_version);
+  if (lo > hi)
+    return make_error(StatusCode::kUnsupported, "no common protocol version: we speak {}..{}, peer '{}' {}..{}",
+                      local.min_version, local.max_version, peer.name, peer.min_version, peer.max_version);
+  if (local.model_id_bytes != peer.model_id_bytes ||
+      std::memcmp(local.model_id.data(), peer.model_id.data(), local.model_id_bytes) != 0)
+    return make_error(StatusCode::kInvalidArgument, "peer '{}' serves a different model (identity hash differs)",
+                      peer.name);
+  if (local.n_layer != peer.n_layer || local.n_expert != peer.n_expert || local.n_embd != peer.n_embd)
+    return make_error(StatusCode::kInvalidArgument,
+                      "peer '{}' model shape {} layers x {} experts x {} embd, ours {} x {} x {}", peer.name,
+                      peer.n_layer, peer.n_expert, peer.n_embd, local.n_layer, local.n_expert, local.n_embd);
+  if (local.role == peer.role)
+    return make_error(StatusCode::kInvalidArgument, "peer '{}' has the same role as we do", peer.name);
+  Session s;
+  s.version = hi;
+  s.dtypes = local.dtypes & peer.dtypes;
+  s.modes = local.modes & peer.modes;
+  if (s.dtypes == 0 || s.modes == 0)
+    return make_error(StatusCode::kUnsupported, "no common wire dtype/combine mode with peer '{}' (dtypes 0x{:x}/0x{:x}, modes 0x{:x}/0x{:x})",
+                      peer.name, local.dtypes, peer.dtypes, local.modes, peer.modes);
+  s.max_send_bytes = peer.max_frame_bytes;
+  s.peer = peer;
+  return s;
+}
+
+}  // namespace moesh::wire

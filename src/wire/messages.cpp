@@ -1,0 +1,438 @@
+// DISPATCH / COMBINE / PING / PONG / GOODBYE / ERROR payload codecs (PROTOCOL.md §4).
+//
+// Each message has one validate_* routine shared by its encoder (a bad message is the caller's
+// bug: kInvalidArgument) and its decoder (a bad frame is the peer's: kCorrupt), so what we send
+// and what we accept can never drift apart.
+#include <cmath>
+#include <cstring>
+
+#include "moesh/wire.h"
+#include "wire/bytes.h"
+
+namespace moesh::wire {
+
+namespace {
+
+using detail::ByteReader;
+using detail::ByteWriter;
+
+constexpr size_t kDispatchFixedBytes = 24;
+constexpr size_t kCombineFixedBytes = 24;
+constexpr size_t kPairBytes = 8;
+
+size_t align4(size_t n) { return (n + 3) & ~size_t{3}; }
+
+bool dtype_ok(uint8_t v) { return v < static_cast<uint8_t>(WireDType::kCOUNT); }
+bool mode_ok(uint8_t v) { return v < static_cast<uint8_t>(CombineMode::kCOUNT); }
+
+Status check_type(const Frame& f, MsgType want) {
+  if (f.type() != want)
+    return make_error(StatusCode::kInvalidArgument, "expected a {} frame, got {}",
+                      msg_type_name(want), msg_type_name(f.type()));
+  return Status::ok();
+}
+
+Status check_shape(StatusCode code, const char* what, uint32_t n_tokens, uint32_t n_embd,
+                   const DecodeLimits& lim) {
+  if (n_tokens == 0) return make_error(code, "{}: n_tokens is 0", what);
+  if (n_embd == 0 || n_embd > lim.max_n_embd)
+    return make_error(code, "{}: n_embd {} outside 1..{}", what, n_embd, lim.max_n_embd);
+  return Status::ok();
+}
+
+Status check_layer(StatusCode code, const char* what, uint32_t layer, const DecodeLimits& lim) {
+  if (lim.n_layer != 0 && layer >= lim.n_layer)
+    return make_error(code, "{}: layer {} out of range (model has {})", what, layer, lim.n_layer);
+  return Status::ok();
+}
+
+Status check_rows(StatusCode code, const char* what, const WireRows& rows, const DecodeLimits& lim) {
+  if (!dtype_ok(static_cast<uint8_t>(rows.dtype)))
+    return make_error(code, "{}: unknown wire dtype {}", what, static_cast<int>(rows.dtype));
+  const size_t want = wire_row_bytes(rows.dtype, rows.n_cols) * rows.n_rows;
+  if (rows.bytes.size() != want)
+    return make_error(code, "{}: rows hold {} bytes, {}x{} {} needs {}", what, rows.bytes.size(),
+                      rows.n_rows, rows.n_cols, wire_dtype_name(rows.dtype), want);
+  if (!lim.allow_non_finite) {
+    Status st = check_rows_finite(rows);
+    if (!st.is_ok()) return Status(code, fmt::format("{}: {}", what, st.message()));
+  }
+  return Status::ok();
+}
+
+// Everything about a DISPATCH except the byte count of the frame itself.
+Status validate_dispatch(const DispatchMsg& m, const DecodeLimits& lim, StatusCode code) {
+  if (m.request_id == 0) return make_error(code, "DISPATCH: request id 0 is reserved");
+  if (!mode_ok(static_cast<uint8_t>(m.mode)))
+    return make_error(code, "DISPATCH: unknown combine mode {}", static_cast<int>(m.mode));
+  if (!dtype_ok(static_cast<uint8_t>(m.return_dtype)))
+    return make_error(code, "DISPATCH: unknown return dtype {}", static_cast<int>(m.return_dtype));
+  MOESH_RETURN_IF_ERROR(check_layer(code, "DISPATCH", m.layer, lim));
+  MOESH_RETURN_IF_ERROR(check_shape(code, "DISPATCH", m.n_tokens(), m.n_embd(), lim));
+  if (m.pair_counts.size() != m.n_tokens())
+    return make_error(code, "DISPATCH: {} pair counts for {} tokens", m.pair_counts.size(), m.n_tokens());
+  size_t total = 0;
+  for (uint32_t t = 0; t < m.n_tokens(); ++t) {
+    if (m.pair_counts[t] == 0) return make_error(code, "DISPATCH: token {} has no expert pairs", t);
+    total += m.pair_counts[t];
+  }
+  if (total != m.pairs.size())
+    return make_error(code, "DISPATCH: pair counts sum to {} but {} pairs sent", total, m.pairs.size());
+  size_t at = 0;
+  for (uint32_t t = 0; t < m.n_tokens(); ++t) {
+    const uint32_t k = m.pair_counts[t];
+    for (uint32_t i = 0; i < k; ++i) {
+      const ExpertPair& p = m.pairs[at + i];
+      if (lim.n_expert != 0 && p.expert >= lim.n_expert)
+        return make_error(code, "DISPATCH: token {} expert id {} out of range (layer has {})", t,
+                          p.expert, lim.n_expert);
+      if (!lim.allow_non_finite && !std::isfinite(p.weight))
+        return make_error(code, "DISPATCH: token {} expert {} has non-finite weight", t, p.expert);
+      for (uint32_t j = 0; j < i; ++j) {
+        const ExpertPair& q = m.pairs[at + j];
+        if (q.expert == p.expert)
+          return make_error(code, "DISPATCH: token {} lists expert {} twice", t, p.expert);
+      }
+      // Ranks strictly increase within a token: the partial sum and the backbone's exact sum
+      // both run in rank order, and a duplicate rank would make that order ambiguous.
+      if (i > 0 && p.rank <= m.pairs[at + i - 1].rank)
+        return make_error(code, "DISPATCH: token {} ranks not strictly increasing ({} after {})", t,
+                          p.rank, m.pairs[at + i - 1].rank);
+    }
+    at += k;
+  }
+  return check_rows(code, "DISPATCH hidden", m.hidden, lim);
+}
+
+Status validate_combine(const CombineMsg& m, const DecodeLimits& lim, StatusCode code) {
+  if (m.request_id == 0) return make_error(code, "COMBINE: request id 0 is reserved");
+  if (!mode_ok(static_cast<uint8_t>(m.mode)))
+    return make_error(code, "COMBINE: unknown combine mode {}", static_cast<int>(m.mode));
+  MOESH_RETURN_IF_ERROR(check_layer(code, "COMBINE", m.layer, lim));
+  MOESH_RETURN_IF_ERROR(check_shape(code, "COMBINE", m.n_tokens, m.rows.n_cols, lim));
+  const uint64_t n_rows = m.rows.n_rows;
+  if (m.mode == CombineMode::kPartial && n_rows != m.n_tokens)
+    return make_error(code, "COMBINE partial: {} rows for {} tokens", n_rows, m.n_tokens);
+  if (m.mode == CombineMode::kExact &&
+      (n_rows < m.n_tokens || n_rows > uint64_t{m.n_tokens} * kMaxPairsPerToken))
+    return make_error(code, "COMBINE exact: {} rows impossible for {} tokens", n_rows, m.n_tokens);
+  return check_rows(code, "COMBINE rows", m.rows, lim);
+}
+
+Status check_text(StatusCode code, const char* what, const std::string& s, size_t max) {
+  if (s.size() > max) return make_error(code, "{}: text of {} bytes exceeds {}", what, s.size(), max);
+  return Status::ok();
+}
+
+// Reads a u16-length-prefixed text (the length already read into n).
+bool read_text(ByteReader& r, size_t n, std::string* out) {
+  std::span<const uint8_t> v;
+  if (!r.view(n, &v)) return false;
+  out->assign(reinterpret_cast<const char*>(v.data()), v.size());
+  return true;
+}
+
+Status trailing(const char* what, const ByteReader& r) {
+  if (r.remaining() != 0)
+    return make_error(StatusCode::kCorrupt, "{}: {} unexpected trailing bytes", what, r.remaining());
+  return Status::ok();
+}
+
+// Padding is zero so every accepted frame is the canonical encoding of its message.
+Status check_zero_pad(const char* what, ByteReader& r) {
+  std::span<const uint8_t> pad;
+  (void)r.view(r.remaining(), &pad);
+  for (uint8_t b : pad)
+    if (b != 0) return make_error(StatusCode::kCorrupt, "{}: nonzero padding byte", what);
+  return Status::ok();
+}
+
+}  // namespace
+
+uint32_t DispatchMsg::n_result_rows() const {
+  return mode == CombineMode::kPartial ? n_tokens() : static_cast<uint32_t>(pairs.size());
+}
+
+size_t dispatch_payload_bytes(uint32_t n_tokens, uint32_t n_pairs, uint32_t n_embd, WireDType t) {
+  return kDispatchFixedBytes + align4(n_tokens) + kPairBytes * n_pairs +
+         wire_row_bytes(t, n_embd) * n_tokens;
+}
+
+size_t combine_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireDType t) {
+  return kCombineFixedBytes + wire_row_bytes(t, n_embd) * n_rows;
+}
+
+// ---- DISPATCH ----
+
+Result<std::vector<uint8_t>> encode_dispatch(const DispatchMsg& m) {
+  MOESH_RETURN_IF_ERROR(validate_dispatch(m, DecodeLimits{.max_frame_bytes = UINT32_MAX,
+                                                          .max_n_embd = UINT32_MAX,
+                                                          .allow_non_finite = true},
+                                          StatusCode::kInvalidArgument));
+  const uint32_t n_tokens = m.n_tokens();
+  const size_t bytes = dispatch_payload_bytes(n_tokens, static_cast<uint32_t>(m.pairs.size()),
+                                              m.n_embd(), m.hidden.dtype);
+  if (bytes > UINT32_MAX)
+    return make_error(StatusCode::kOutOfRange, "DISPATCH payload of {} bytes is too large", bytes);
+  std::vector<uint8_t> payload;
+  payload.reserve(bytes);
+  ByteWriter w(&payload);
+  w.u32(m.layer);
+  w.u32(n_tokens);
+  w.u32(m.n_embd());
+  w.u32(static_cast<uint32_t>(m.pairs.size()));
+  w.u8(static_cast<uint8_t>(m.hidden.dtype));
+  w.u8(static_cast<uint8_t>(m.mode));
+  w.u8(static_cast<uint8_t>(m.return_dtype));
+  w.u8(0);
+  w.u32(m.deadline_ms);
+  w.raw(m.pair_counts.data(), n_tokens);
+  w.zeros(align4(n_tokens) - n_tokens);
+  for (const ExpertPair& p : m.pairs) {
+    w.u16(p.expert);
+    w.u8(p.rank);
+    w.u8(0);
+    w.f32(p.weight);
+  }
+  w.raw(m.hidden.bytes.data(), m.hidden.bytes.size());
+  return build_frame(MsgType::kDispatch, m.request_id, payload);
+}
+
+Result<DispatchMsg> decode_dispatch(const Frame& f, const DecodeLimits& lim) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kDispatch));
+  ByteReader r(f.payload);
+  DispatchMsg m;
+  m.request_id = f.request_id();
+  uint32_t n_tokens = 0, n_embd = 0, n_pairs = 0;
+  uint8_t dtype = 0, mode = 0, rdtype = 0, reserved = 0;
+  if (!r.u32(&m.layer) || !r.u32(&n_tokens) || !r.u32(&n_embd) || !r.u32(&n_pairs) || !r.u8(&dtype) ||
+      !r.u8(&mode) || !r.u8(&rdtype) || !r.u8(&reserved) || !r.u32(&m.deadline_ms))
+    return make_error(StatusCode::kCorrupt, "DISPATCH payload of {} bytes shorter than its {}-byte fixed part",
+                      f.payload.size(), kDispatchFixedBytes);
+  if (!dtype_ok(dtype)) return make_error(StatusCode::kCorrupt, "DISPATCH: unknown wire dtype {}", dtype);
+  if (!mode_ok(mode)) return make_error(StatusCode::kCorrupt, "DISPATCH: unknown combine mode {}", mode);
+  if (!dtype_ok(rdtype)) return make_error(StatusCode::kCorrupt, "DISPATCH: unknown return dtype {}", rdtype);
+  if (reserved != 0) return make_error(StatusCode::kCorrupt, "DISPATCH: reserved byte is {}", reserved);
+  MOESH_RETURN_IF_ERROR(check_shape(StatusCode::kCorrupt, "DISPATCH", n_tokens, n_embd, lim));
+  if (n_pairs < n_tokens || uint64_t{n_pairs} > uint64_t{n_tokens} * kMaxPairsPerToken)
+    return make_error(StatusCode::kCorrupt, "DISPATCH: {} pairs impossible for {} tokens", n_pairs, n_tokens);
+  // The exact size follows from the counts; check it before allocating anything.
+  const size_t want = dispatch_payload_bytes(n_tokens, n_pairs, n_embd, static_cast<WireDType>(dtype));
+  if (f.payload.size() != want)
+    return make_error(StatusCode::kCorrupt,
+                      "DISPATCH payload is {} bytes but {} tokens, {} pairs, n_embd {} {} need {}",
+                      f.payload.size(), n_tokens, n_pairs, n_embd, wire_dtype_name(static_cast<WireDType>(dtype)), want);
+  m.mode = static_cast<CombineMode>(mode);
+  m.return_dtype = static_cast<WireDType>(rdtype);
+  m.pair_counts.resize(n_tokens);
+  (void)r.raw(m.pair_counts.data(), n_tokens);
+  for (size_t i = n_tokens; i < align4(n_tokens); ++i) {
+    uint8_t pad = 0;
+    (void)r.u8(&pad);
+    if (pad != 0) return make_error(StatusCode::kCorrupt, "DISPATCH: nonzero padding after pair counts");
+  }
+  m.pairs.resize(n_pairs);
+  for (ExpertPair& p : m.pairs) {
+    uint8_t pad = 0;
+    (void)r.u16(&p.expert);
+    (void)r.u8(&p.rank);
+    (void)r.u8(&pad);
+    (void)r.f32(&p.weight);
+    if (pad != 0) return make_error(StatusCode::kCorrupt, "DISPATCH: nonzero reserved byte in a pair");
+  }
+  m.hidden.dtype = static_cast<WireDType>(dtype);
+  m.hidden.n_rows = n_tokens;
+  m.hidden.n_cols = n_embd;
+  std::span<const uint8_t> rows;
+  (void)r.view(r.remaining(), &rows);
+  m.hidden.bytes.assign(rows.begin(), rows.end());
+  MOESH_RETURN_IF_ERROR(validate_dispatch(m, lim, StatusCode::kCorrupt));
+  return m;
+}
+
+// ---- COMBINE ----
+
+Result<std::vector<uint8_t>> encode_combine(const CombineMsg& m) {
+  MOESH_RETURN_IF_ERROR(validate_combine(m, DecodeLimits{.max_frame_bytes = UINT32_MAX,
+                                                         .max_n_embd = UINT32_MAX,
+                                                         .allow_non_finite = true},
+                                         StatusCode::kInvalidArgument));
+  const size_t bytes = combine_payload_bytes(m.rows.n_rows, m.rows.n_cols, m.rows.dtype);
+  if (bytes > UINT32_MAX)
+    return make_error(StatusCode::kOutOfRange, "COMBINE payload of {} bytes is too large", bytes);
+  std::vector<uint8_t> payload;
+  payload.reserve(bytes);
+  ByteWriter w(&payload);
+  w.u32(m.layer);
+  w.u32(m.n_tokens);
+  w.u32(m.rows.n_cols);
+  w.u32(m.rows.n_rows);
+  w.u8(static_cast<uint8_t>(m.mode));
+  w.u8(static_cast<uint8_t>(m.rows.dtype));
+  w.u16(0);
+  w.u32(m.compute_us);
+  w.raw(m.rows.bytes.data(), m.rows.bytes.size());
+  return build_frame(MsgType::kCombine, m.request_id, payload);
+}
+
+Result<CombineMsg> decode_combine(const Frame& f, const DecodeLimits& lim) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kCombine));
+  ByteReader r(f.payload);
+  CombineMsg m;
+  m.request_id = f.request_id();
+  uint32_t n_embd = 0, n_rows = 0;
+  uint8_t mode = 0, dtype = 0;
+  uint16_t reserved = 0;
+  if (!r.u32(&m.layer) || !r.u32(&m.n_tokens) || !r.u32(&n_embd) || !r.u32(&n_rows) || !r.u8(&mode) ||
+      !r.u8(&dtype) || !r.u16(&reserved) || !r.u32(&m.compute_us))
+    return make_error(StatusCode::kCorrupt, "COMBINE payload of {} bytes shorter than its {}-byte fixed part",
+                      f.payload.size(), kCombineFixedBytes);
+  if (!mode_ok(mode)) return make_error(StatusCode::kCorrupt, "COMBINE: unknown combine mode {}", mode);
+  if (!dtype_ok(dtype)) return make_error(StatusCode::kCorrupt, "COMBINE: unknown wire dtype {}", dtype);
+  if (reserved != 0) return make_error(StatusCode::kCorrupt, "COMBINE: reserved field is {}", reserved);
+  MOESH_RETURN_IF_ERROR(check_shape(StatusCode::kCorrupt, "COMBINE", m.n_tokens, n_embd, lim));
+  const size_t want = combine_payload_bytes(n_rows, n_embd, static_cast<WireDType>(dtype));
+  if (f.payload.size() != want)
+    return make_error(StatusCode::kCorrupt, "COMBINE payload is {} bytes but {} rows of n_embd {} {} need {}",
+                      f.payload.size(), n_rows, n_embd, wire_dtype_name(static_cast<WireDType>(dtype)), want);
+  m.mode = static_cast<CombineMode>(mode);
+  m.rows.dtype = static_cast<WireDType>(dtype);
+  m.rows.n_rows = n_rows;
+  m.rows.n_cols = n_embd;
+  std::span<const uint8_t> rows;
+  (void)r.view(r.remaining(), &rows);
+  m.rows.bytes.assign(rows.begin(), rows.end());
+  MOESH_RETURN_IF_ERROR(validate_combine(m, lim, StatusCode::kCorrupt));
+  return m;
+}
+
+Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply) {
+  auto bad = [&](const std::string& what) {
+    return make_error(StatusCode::kCorrupt, "COMBINE for request {} does not match its DISPATCH: {}",
+                      req.request_id, what);
+  };
+  if (reply.request_id != req.request_id) return bad(fmt::format("request id {}", reply.request_id));
+  if (reply.layer != req.layer) return bad(fmt::format("layer {} vs {}", reply.layer, req.layer));
+  if (reply.mode != req.mode) return bad(fmt::format("mode {}", combine_mode_name(reply.mode)));
+  if (reply.rows.dtype != req.return_dtype)
+    return bad(fmt::format("dtype {} vs {}", wire_dtype_name(reply.rows.dtype), wire_dtype_name(req.return_dtype)));
+  if (reply.n_tokens != req.n_tokens()) return bad(fmt::format("n_tokens {} vs {}", reply.n_tokens, req.n_tokens()));
+  if (reply.rows.n_cols != req.n_embd()) return bad(fmt::format("n_embd {} vs {}", reply.rows.n_cols, req.n_embd()));
+  if (reply.rows.n_rows != req.n_result_rows())
+    return bad(fmt::format("{} rows vs {}", reply.rows.n_rows, req.n_result_rows()));
+  return Status::ok();
+}
+
+// ---- PING / PONG ----
+
+Result<std::vector<uint8_t>> encode_ping(const PingMsg& m) {
+  if (m.pad_bytes > kMaxPingPadBytes || m.reply_pad_bytes > kMaxPingPadBytes)
+    return make_error(StatusCode::kInvalidArgument, "PING padding over {} bytes", kMaxPingPadBytes);
+  std::vector<uint8_t> payload;
+  ByteWriter w(&payload);
+  w.u64(m.send_time_ns);
+  w.u32(m.pad_bytes);
+  w.u32(m.reply_pad_bytes);
+  w.zeros(m.pad_bytes);
+  return build_frame(MsgType::kPing, m.request_id, payload);
+}
+
+Result<PingMsg> decode_ping(const Frame& f) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kPing));
+  ByteReader r(f.payload);
+  PingMsg m;
+  m.request_id = f.request_id();
+  if (!r.u64(&m.send_time_ns) || !r.u32(&m.pad_bytes) || !r.u32(&m.reply_pad_bytes))
+    return make_error(StatusCode::kCorrupt, "PING payload of {} bytes shorter than 16", f.payload.size());
+  if (m.pad_bytes > kMaxPingPadBytes || m.reply_pad_bytes > kMaxPingPadBytes)
+    return make_error(StatusCode::kCorrupt, "PING padding over {} bytes", kMaxPingPadBytes);
+  if (r.remaining() != m.pad_bytes)
+    return make_error(StatusCode::kCorrupt, "PING declares {} pad bytes but carries {}", m.pad_bytes, r.remaining());
+  MOESH_RETURN_IF_ERROR(check_zero_pad("PING", r));
+  return m;
+}
+
+Result<std::vector<uint8_t>> encode_pong(const PongMsg& m) {
+  if (m.pad_bytes > kMaxPingPadBytes)
+    return make_error(StatusCode::kInvalidArgument, "PONG padding over {} bytes", kMaxPingPadBytes);
+  std::vector<uint8_t> payload;
+  ByteWriter w(&payload);
+  w.u64(m.ping_time_ns);
+  w.u64(m.reply_time_ns);
+  w.u32(m.pad_bytes);
+  w.u32(0);
+  w.zeros(m.pad_bytes);
+  return build_frame(MsgType::kPong, m.request_id, payload);
+}
+
+Result<PongMsg> decode_pong(const Frame& f) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kPong));
+  ByteReader r(f.payload);
+  PongMsg m;
+  m.request_id = f.request_id();
+  uint32_t reserved = 0;
+  if (!r.u64(&m.ping_time_ns) || !r.u64(&m.reply_time_ns) || !r.u32(&m.pad_bytes) || !r.u32(&reserved))
+    return make_error(StatusCode::kCorrupt, "PONG payload of {} bytes shorter than 24", f.payload.size());
+  if (reserved != 0) return make_error(StatusCode::kCorrupt, "PONG: reserved field is {}", reserved);
+  if (m.pad_bytes > kMaxPingPadBytes || r.remaining() != m.pad_bytes)
+    return make_error(StatusCode::kCorrupt, "PONG declares {} pad bytes but carries {}", m.pad_bytes, r.remaining());
+  MOESH_RETURN_IF_ERROR(check_zero_pad("PONG", r));
+  return m;
+}
+
+// ---- GOODBYE / ERROR ----
+
+namespace {
+
+std::vector<uint8_t> code_and_text(uint16_t code, const std::string& text) {
+  std::vector<uint8_t> payload;
+  ByteWriter w(&payload);
+  w.u16(code);
+  w.u16(static_cast<uint16_t>(text.size()));
+  w.raw(text.data(), text.size());
+  return payload;
+}
+
+Status read_code_and_text(const char* what, const Frame& f, uint16_t* code, std::string* text) {
+  ByteReader r(f.payload);
+  uint16_t len = 0;
+  if (!r.u16(code) || !r.u16(&len))
+    return make_error(StatusCode::kCorrupt, "{} payload of {} bytes shorter than 4", what, f.payload.size());
+  if (len > kMaxTextBytes) return make_error(StatusCode::kCorrupt, "{}: text length {} over {}", what, len, kMaxTextBytes);
+  if (!read_text(r, len, text))
+    return make_error(StatusCode::kCorrupt, "{}: text of {} bytes truncated to {}", what, len, r.remaining());
+  return trailing(what, r);
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_goodbye(const GoodbyeMsg& m) {
+  MOESH_RETURN_IF_ERROR(check_text(StatusCode::kInvalidArgument, "GOODBYE", m.text, kMaxTextBytes));
+  return build_frame(MsgType::kGoodbye, 0, code_and_text(m.reason, m.text));
+}
+
+Result<GoodbyeMsg> decode_goodbye(const Frame& f) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kGoodbye));
+  if (f.request_id() != 0)
+    return make_error(StatusCode::kCorrupt, "GOODBYE with request id {} (must be 0)", f.request_id());
+  GoodbyeMsg m;
+  MOESH_RETURN_IF_ERROR(read_code_and_text("GOODBYE", f, &m.reason, &m.text));
+  return m;
+}
+
+Result<std::vector<uint8_t>> encode_error(const ErrorMsg& m) {
+  MOESH_RETURN_IF_ERROR(check_text(StatusCode::kInvalidArgument, "ERROR", m.text, kMaxTextBytes));
+  if (m.code == 0) return make_error(StatusCode::kInvalidArgument, "ERROR: code 0 is not an error");
+  return build_frame(MsgType::kError, m.request_id, code_and_text(m.code, m.text));
+}
+
+Result<ErrorMsg> decode_error(const Frame& f) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kError));
+  ErrorMsg m;
+  m.request_id = f.request_id();
+  MOESH_RETURN_IF_ERROR(read_code_and_text("ERROR", f, &m.code, &m.text));
+  if (m.code == 0) return make_error(StatusCode::kCorrupt, "ERROR: code 0");
+  return m;
+}
+
+}  // namespace moesh::wire

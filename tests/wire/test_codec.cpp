@@ -1,0 +1,225 @@
+// Encode -> parse_frame -> decode round trips for every message type, dtype and combine mode.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "moesh/wire.h"
+#include "wire/wire_test_util.h"
+
+namespace moesh::wire {
+namespace {
+
+using testing::make_combine_for;
+using testing::make_dispatch;
+
+Frame reparse(const std::vector<uint8_t>& bytes) {
+  auto f = parse_frame(bytes, kDefaultMaxFrameBytes);
+  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
+  return f.is_ok() ? std::move(f).value() : Frame{};
+}
+
+TEST(WireCodec, HeaderLayoutIsLittleEndianAndFrozen) {
+  const uint8_t payload[3] = {1, 2, 3};
+  auto bytes = build_frame(MsgType::kPing, 0x0102030405060708ull, payload);
+  ASSERT_EQ(bytes.size(), kHeaderBytes + 3);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(bytes.data()), 4), "MOSH");
+  EXPECT_EQ(bytes[4], kVersion);
+  EXPECT_EQ(bytes[5], 0);
+  EXPECT_EQ(bytes[6], static_cast<uint8_t>(MsgType::kPing));
+  EXPECT_EQ(bytes[8], 0x08);
+  EXPECT_EQ(bytes[15], 0x01);
+  EXPECT_EQ(bytes[16], 3);
+  for (int i = 20; i < 24; ++i) EXPECT_EQ(bytes[i], 0);
+  Frame f = reparse(bytes);
+  EXPECT_EQ(f.request_id(), 0x0102030405060708ull);
+  EXPECT_EQ(f.payload, std::vector<uint8_t>(payload, payload + 3));
+}
+
+TEST(WireCodec, DispatchRoundTripsEveryDtypeAndMode) {
+  for (uint8_t d = 0; d < static_cast<uint8_t>(WireDType::kCOUNT); ++d)
+    for (uint8_t mo = 0; mo < static_cast<uint8_t>(CombineMode::kCOUNT); ++mo)
+      for (uint32_t n_tokens : {1u, 5u}) {
+        const auto dtype = static_cast<WireDType>(d);
+        const auto mode = static_cast<CombineMode>(mo);
+        DispatchMsg m = make_dispatch(40 + d * 7 + mo, 3, n_tokens, 96, 1 + n_tokens % 4, dtype, mode,
+                                      static_cast<WireDType>((d + 1) % 4));
+        auto bytes = encode_dispatch(m);
+        ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+        EXPECT_EQ(bytes->size(), kHeaderBytes + dispatch_payload_bytes(n_tokens, m.pairs.size(), 96, dtype));
+        Frame f = reparse(*bytes);
+        EXPECT_EQ(f.type(), MsgType::kDispatch);
+        auto got = decode_dispatch(f, DecodeLimits{.n_expert = 64, .n_layer = 8});
+        ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+        EXPECT_EQ(got->request_id, m.request_id);
+        EXPECT_EQ(got->layer, 3u);
+        EXPECT_EQ(got->deadline_ms, 250u);
+        EXPECT_EQ(got->mode, mode);
+        EXPECT_EQ(got->return_dtype, m.return_dtype);
+        EXPECT_EQ(got->pair_counts, m.pair_counts);
+        EXPECT_EQ(got->pairs, m.pairs);
+        EXPECT_EQ(got->hidden.dtype, dtype);
+        EXPECT_EQ(got->n_tokens(), n_tokens);
+        EXPECT_EQ(got->n_embd(), 96u);
+        EXPECT_EQ(got->hidden.bytes, m.hidden.bytes);
+        // The rows still carry their tags: token t of request r decodes near tagged_value(r, t, c).
+        std::vector<float> x(size_t{n_tokens} * 96);
+        decode_rows(got->hidden, x.data());
+        for (uint32_t t = 0; t < n_tokens; ++t)
+          for (uint32_t c = 0; c < 96; c += 17)
+            ASSERT_NEAR(x[t * 96 + c], testing::tagged_value(m.request_id, t, c), 1.0f) << t << " " << c;
+        // Re-encoding the decoded message gives the same bytes (canonical encoding).
+        EXPECT_EQ(encode_dispatch(*got).value(), *bytes);
+      }
+}
+
+TEST(WireCodec, CombineRoundTripsAndMatchesItsRequest) {
+  for (uint8_t d = 0; d < static_cast<uint8_t>(WireDType::kCOUNT); ++d)
+    for (uint8_t mo = 0; mo < static_cast<uint8_t>(CombineMode::kCOUNT); ++mo) {
+      const auto dtype = static_cast<WireDType>(d);
+      DispatchMsg req = make_dispatch(900 + d * 2 + mo, 1, 4, 64, 3, WireDType::kF32,
+                                      static_cast<CombineMode>(mo), dtype);
+      CombineMsg c = make_combine_for(req);
+      ASSERT_EQ(c.rows.n_rows, mo == 0 ? 12u : 4u);
+      auto bytes = encode_combine(c);
+      ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+      EXPECT_EQ(bytes->size(), kHeaderBytes + combine_payload_bytes(c.rows.n_rows, 64, dtype));
+      auto got = decode_combine(reparse(*bytes), DecodeLimits{});
+      ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+      EXPECT_EQ(got->request_id, req.request_id);
+      EXPECT_EQ(got->compute_us, 1234u);
+      EXPECT_EQ(got->rows.bytes, c.rows.bytes);
+      EXPECT_TRUE(check_combine_matches(req, *got).is_ok());
+      // A reply for a different request, layer or shape is refused.
+      CombineMsg wrong = *got;
+      wrong.layer = 2;
+      EXPECT_EQ(check_combine_matches(req, wrong).code(), StatusCode::kCorrupt);
+      wrong = *got;
+      wrong.rows.n_rows -= 1;
+      EXPECT_EQ(check_combine_matches(req, wrong).code(), StatusCode::kCorrupt);
+    }
+}
+
+Hello sample_hello(PeerRole role, uint8_t id_bytes) {
+  Hello h;
+  h.role = role;
+  h.model_id_bytes = id_bytes;
+  for (uint8_t i = 0; i < id_bytes; ++i) h.model_id[i] = static_cast<uint8_t>(0xA0 + i * 3);
+  h.n_layer = 48;
+  h.n_expert = 128;
+  h.n_embd = 2048;
+  h.dtypes = 0xF;
+  h.modes = 0x3;
+  h.max_frame_bytes = 1u << 24;
+  if (role == PeerRole::kWorker) h.experts = {{0, 0, 64}, {1, 64, 64}, {47, 5, 1}};
+  h.name = role == PeerRole::kWorker ? "worker-α" : "backbone";
+  return h;
+}
+
+TEST(WireCodec, HelloRoundTripsAndNegotiates) {
+  for (uint8_t id_bytes : {16, 32}) {
+    Hello w = sample_hello(PeerRole::kWorker, id_bytes);
+    auto got = decode_hello(reparse(encode_hello(w).value()));
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(got->model_id, w.model_id);
+    EXPECT_EQ(got->model_id_bytes, id_bytes);
+    EXPECT_EQ(got->experts, w.experts);
+    EXPECT_EQ(got->name, w.name);
+    EXPECT_EQ(got->max_frame_bytes, 1u << 24);
+    Hello b = sample_hello(PeerRole::kBackbone, id_bytes);
+    b.dtypes = 0x5;  // f32 + bf16
+    auto s = negotiate(b, *got);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    EXPECT_EQ(s->version, kVersion);
+    EXPECT_EQ(s->dtypes, 0x5u);
+    EXPECT_EQ(s->modes, 0x3u);
+    EXPECT_EQ(s->peer.experts.size(), 3u);
+    // Different model identity, different shape, no common version, no common dtype.
+    Hello other = *got;
+    other.model_id[id_bytes - 1] ^= 1;
+    EXPECT_EQ(negotiate(b, other).status().code(), StatusCode::kInvalidArgument);
+    other = *got;
+    other.n_expert = 64;
+    EXPECT_EQ(negotiate(b, other).status().code(), StatusCode::kInvalidArgument);
+    other = *got;
+    other.min_version = 2;
+    other.max_version = 3;
+    EXPECT_EQ(negotiate(b, other).status().code(), StatusCode::kUnsupported);
+    other = *got;
+    other.dtypes = 0x2;
+    EXPECT_EQ(negotiate(b, other).status().code(), StatusCode::kUnsupported);
+  }
+}
+
+TEST(WireCodec, NewerHelloIsReadableThroughItsFrozenPrefix) {
+  // A version-2 peer may append HELLO fields; we still read its version range and reject it
+  // cleanly (or talk v1 when its range includes 1).
+  Hello w = sample_hello(PeerRole::kWorker, 32);
+  w.max_version = 2;
+  auto bytes = encode_hello(w).value();
+  Frame f = reparse(bytes);
+  f.payload.insert(f.payload.end(), {9, 9, 9, 9});
+  f.header.version = 2;
+  auto got = decode_hello(f);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->max_version, 2);
+  auto s = negotiate(sample_hello(PeerRole::kBackbone, 32), *got);
+  ASSERT_TRUE(s.is_ok());
+  EXPECT_EQ(s->version, 1);
+}
+
+TEST(WireCodec, PingPongGoodbyeErrorRoundTrip) {
+  PingMsg p{.request_id = 77, .send_time_ns = 123456789012345ull, .pad_bytes = 1000, .reply_pad_bytes = 5000};
+  auto pb = encode_ping(p).value();
+  EXPECT_EQ(pb.size(), kHeaderBytes + 16 + 1000);
+  auto pg = decode_ping(reparse(pb));
+  ASSERT_TRUE(pg.is_ok());
+  EXPECT_EQ(pg->request_id, 77u);
+  EXPECT_EQ(pg->send_time_ns, p.send_time_ns);
+  EXPECT_EQ(pg->reply_pad_bytes, 5000u);
+
+  PongMsg q{.request_id = 77, .ping_time_ns = p.send_time_ns, .reply_time_ns = 42, .pad_bytes = 5000};
+  auto qg = decode_pong(reparse(encode_pong(q).value()));
+  ASSERT_TRUE(qg.is_ok());
+  EXPECT_EQ(qg->ping_time_ns, p.send_time_ns);
+  EXPECT_EQ(qg->reply_time_ns, 42u);
+  EXPECT_EQ(qg->pad_bytes, 5000u);
+
+  auto gg = decode_goodbye(reparse(encode_goodbye({.reason = 8, .text = "draining"}).value()));
+  ASSERT_TRUE(gg.is_ok());
+  EXPECT_EQ(gg->reason, 8);
+  EXPECT_EQ(gg->text, "draining");
+
+  ErrorMsg e{.request_id = 5, .code = static_cast<uint16_t>(WireError::kNotHeld), .text = "expert 9 of layer 2"};
+  auto eg = decode_error(reparse(encode_error(e).value()));
+  ASSERT_TRUE(eg.is_ok());
+  EXPECT_EQ(eg->request_id, 5u);
+  EXPECT_EQ(eg->text, e.text);
+  EXPECT_EQ(eg->to_status().code(), StatusCode::kNotFound);
+  EXPECT_NE(eg->to_status().message().find("expert 9 of layer 2"), std::string::npos);
+  // Unknown future error codes still read as failures.
+  EXPECT_EQ(wire_error_to_status_code(999), StatusCode::kUnavailable);
+  // Text over the limit is refused by the encoder.
+  EXPECT_FALSE(encode_error({.request_id = 1, .code = 1, .text = std::string(kMaxTextBytes + 1, 'x')}).is_ok());
+}
+
+TEST(WireCodec, EncodersRejectInvalidMessages) {
+  DispatchMsg m = make_dispatch(1, 0, 2, 32, 2, WireDType::kF32, CombineMode::kExact, WireDType::kF32);
+  DispatchMsg bad = m;
+  bad.request_id = 0;
+  EXPECT_EQ(encode_dispatch(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = m;
+  bad.pairs[1].rank = bad.pairs[0].rank;
+  EXPECT_EQ(encode_dispatch(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = m;
+  bad.pair_counts[0] = 0;
+  EXPECT_EQ(encode_dispatch(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = m;
+  bad.hidden.bytes.pop_back();
+  EXPECT_EQ(encode_dispatch(bad).status().code(), StatusCode::kInvalidArgument);
+  CombineMsg c = make_combine_for(m);
+  c.mode = CombineMode::kPartial;  // 4 rows but partial needs 2
+  EXPECT_EQ(encode_combine(c).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moesh::wire

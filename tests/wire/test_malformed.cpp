@@ -1,0 +1,329 @@
+// Malformed-frame suite: every way a frame can be wrong is rejected with a Status naming the
+// problem, and 10k randomly mutated frames never crash and are only accepted when they are the
+// canonical encoding of a valid message.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "moesh/wire.h"
+#include "wire/wire_test_util.h"
+
+namespace moesh::wire {
+namespace {
+
+using testing::make_combine_for;
+using testing::make_dispatch;
+
+// Rebuilds a frame around an edited payload with a correct checksum, so the semantic checks
+// behind the checksum are what gets tested.
+std::vector<uint8_t> reseal(const std::vector<uint8_t>& bytes) {
+  uint16_t version, type;
+  uint64_t id;
+  std::memcpy(&version, bytes.data() + 4, 2);
+  std::memcpy(&type, bytes.data() + 6, 2);
+  std::memcpy(&id, bytes.data() + 8, 8);
+  std::span<const uint8_t> payload(bytes.data() + kHeaderBytes, bytes.size() - kHeaderBytes);
+  return build_frame(static_cast<MsgType>(type), id, payload, version);
+}
+
+template <typename T>
+void put(std::vector<uint8_t>& b, size_t payload_offset, T v) {
+  std::memcpy(b.data() + kHeaderBytes + payload_offset, &v, sizeof(T));
+}
+
+Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
+  auto f = parse_frame(bytes, lim.max_frame_bytes);
+  if (!f.is_ok()) return f.status();
+  switch (f->type()) {
+    case MsgType::kHello: return decode_hello(*f).status();
+    case MsgType::kDispatch: return decode_dispatch(*f, lim).status();
+    case MsgType::kCombine: return decode_combine(*f, lim).status();
+    case MsgType::kPing: return decode_ping(*f).status();
+    case MsgType::kPong: return decode_pong(*f).status();
+    case MsgType::kGoodbye: return decode_goodbye(*f).status();
+    case MsgType::kError: return decode_error(*f).status();
+    case MsgType::kCOUNT: break;
+  }
+  return Status(StatusCode::kInternal, "unreachable");
+}
+
+// Re-encodes whatever decode accepted.
+std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
+  Frame f = parse_frame(bytes, lim.max_frame_bytes).value();
+  switch (f.type()) {
+    case MsgType::kHello: return encode_hello(decode_hello(f).value()).value();
+    case MsgType::kDispatch: return encode_dispatch(decode_dispatch(f, lim).value()).value();
+    case MsgType::kCombine: return encode_combine(decode_combine(f, lim).value()).value();
+    case MsgType::kPing: return encode_ping(decode_ping(f).value()).value();
+    case MsgType::kPong: return encode_pong(decode_pong(f).value()).value();
+    case MsgType::kGoodbye: return encode_goodbye(decode_goodbye(f).value()).value();
+    case MsgType::kError: return encode_error(decode_error(f).value()).value();
+    case MsgType::kCOUNT: break;
+  }
+  return {};
+}
+
+const DecodeLimits kLim{.max_frame_bytes = 1u << 20, .max_n_embd = 4096, .n_expert = 64, .n_layer = 8};
+
+std::vector<uint8_t> good_dispatch() {
+  // 3 tokens x 2 pairs, n_embd 32, f32: counts at 24 (pad to 28), pairs at 28, rows at 76.
+  return encode_dispatch(make_dispatch(11, 2, 3, 32, 2, WireDType::kF32, CombineMode::kExact, WireDType::kF32))
+      .value();
+}
+
+void expect_code(const std::vector<uint8_t>& bytes, StatusCode code, const char* needle) {
+  Status st = decode_any(bytes, kLim);
+  EXPECT_EQ(st.code(), code) << st.to_string();
+  EXPECT_NE(st.message().find(needle), std::string::npos) << "message '" << st.message() << "' lacks '" << needle << "'";
+}
+
+TEST(WireMalformed, BaselineIsValid) { EXPECT_TRUE(decode_any(good_dispatch(), kLim).is_ok()); }
+
+TEST(WireMalformed, HeaderDamage) {
+  auto b = good_dispatch();
+  b[0] ^= 0xff;
+  expect_code(b, StatusCode::kCorrupt, "magic");
+  b = good_dispatch();
+  b[4] = 2;  // DISPATCH in a version we do not speak
+  expect_code(b, StatusCode::kUnsupported, "version 2");
+  b = good_dispatch();
+  b[4] = 0;
+  expect_code(b, StatusCode::kCorrupt, "version 0");
+  b = good_dispatch();
+  b[6] = 99;
+  expect_code(b, StatusCode::kCorrupt, "unknown message type 99");
+  b = good_dispatch();
+  b[6] = 0;
+  expect_code(b, StatusCode::kCorrupt, "unknown message type 0");
+  b = good_dispatch();
+  b[21] = 1;
+  expect_code(b, StatusCode::kCorrupt, "flags");
+  b = good_dispatch();
+  b.resize(20);
+  expect_code(b, StatusCode::kCorrupt, "header truncated");
+  b = good_dispatch();
+  b.resize(b.size() - 5);
+  expect_code(b, StatusCode::kCorrupt, "payload truncated");
+  b = good_dispatch();
+  b.push_back(0);
+  expect_code(b, StatusCode::kCorrupt, "after the");
+  b = good_dispatch();
+  b[kHeaderBytes + 100] ^= 0x10;  // not resealed
+  expect_code(b, StatusCode::kCorrupt, "checksum");
+  b = good_dispatch();
+  b[8] ^= 1;  // the request id is covered by the checksum too
+  expect_code(b, StatusCode::kCorrupt, "checksum");
+  // A length over the configured maximum is refused from the header alone (nothing allocated).
+  b = good_dispatch();
+  const uint32_t huge = 0xfffffff0u;
+  std::memcpy(b.data() + 16, &huge, 4);
+  auto h = parse_header(b, kLim.max_frame_bytes);
+  ASSERT_FALSE(h.is_ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kOutOfRange);
+  EXPECT_FALSE(parse_header(good_dispatch(), 64).is_ok());
+}
+
+TEST(WireMalformed, DispatchFields) {
+  auto edit = [](auto fn) {
+    auto b = good_dispatch();
+    fn(b);
+    return reseal(b);
+  };
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 4, 0); }), StatusCode::kCorrupt, "n_tokens is 0");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 8, 0); }), StatusCode::kCorrupt, "n_embd 0");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 8, 5000); }), StatusCode::kCorrupt, "n_embd 5000");
+  // Counts inconsistent with the payload length.
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 4, 4); }), StatusCode::kCorrupt, "payload is");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 12, 7); }), StatusCode::kCorrupt, "payload is");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 12, 2); }), StatusCode::kCorrupt, "impossible");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 4, 0xffffffffu); }), StatusCode::kCorrupt, "impossible");
+  expect_code(edit([](auto& b) { b.resize(b.size() - 4); }), StatusCode::kCorrupt, "payload is");
+  expect_code(edit([](auto& b) { b.resize(kHeaderBytes + 10); }), StatusCode::kCorrupt, "fixed part");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 16, 9); }), StatusCode::kCorrupt, "wire dtype 9");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 17, 2); }), StatusCode::kCorrupt, "combine mode 2");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 18, 4); }), StatusCode::kCorrupt, "return dtype 4");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 19, 1); }), StatusCode::kCorrupt, "reserved");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 0, 8); }), StatusCode::kCorrupt, "layer 8");
+  // Pair counts: a zero count, or counts that do not sum to n_pairs.
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 24, 0); put<uint8_t>(b, 25, 4); }), StatusCode::kCorrupt,
+              "no expert pairs");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 24, 1); }), StatusCode::kCorrupt, "sum to 5");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 24, 5); }), StatusCode::kCorrupt, "sum to 9");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 27, 1); }), StatusCode::kCorrupt, "padding");
+  // Pairs at 28: (u16 expert, u8 rank, u8 reserved, f32 weight).
+  expect_code(edit([](auto& b) { put<uint16_t>(b, 28, 64); }), StatusCode::kCorrupt, "expert id 64 out of range");
+  expect_code(edit([](auto& b) { put<uint16_t>(b, 36, b[kHeaderBytes + 28]); put<uint8_t>(b, 37, 0); }),
+              StatusCode::kCorrupt, "twice");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 38, b[kHeaderBytes + 30]); }), StatusCode::kCorrupt,
+              "not strictly increasing");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 31, 1); }), StatusCode::kCorrupt, "reserved byte");
+  expect_code(edit([](auto& b) { put<float>(b, 32, std::numeric_limits<float>::quiet_NaN()); }),
+              StatusCode::kCorrupt, "non-finite weight");
+  expect_code(edit([](auto& b) { put<float>(b, 76 + 4 * 40, std::numeric_limits<float>::infinity()); }),
+              StatusCode::kCorrupt, "non-finite f32 at row 1 column 8");
+}
+
+TEST(WireMalformed, NonFiniteAcceptedOnlyWhenAllowed) {
+  auto b = good_dispatch();
+  put<float>(b, 76, std::numeric_limits<float>::quiet_NaN());
+  b = reseal(b);
+  EXPECT_EQ(decode_any(b, kLim).code(), StatusCode::kCorrupt);
+  DecodeLimits lax = kLim;
+  lax.allow_non_finite = true;
+  auto m = decode_dispatch(parse_frame(b, lax.max_frame_bytes).value(), lax);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  float x[32];
+  decode_row(m->hidden, 0, x);
+  EXPECT_TRUE(std::isnan(x[0]));
+}
+
+TEST(WireMalformed, OtherMessages) {
+  DispatchMsg req = make_dispatch(12, 1, 2, 32, 3, WireDType::kF16, CombineMode::kPartial, WireDType::kBF16);
+  auto c = encode_combine(make_combine_for(req)).value();
+  ASSERT_TRUE(decode_any(c, kLim).is_ok());
+  auto b = c;
+  put<uint32_t>(b, 12, 3);  // partial with 3 rows for 2 tokens
+  expect_code(reseal(b), StatusCode::kCorrupt, "payload is");
+  b = c;
+  put<uint32_t>(b, 4, 0);
+  expect_code(reseal(b), StatusCode::kCorrupt, "n_tokens is 0");
+  b = c;
+  put<uint8_t>(b, 16, 0);  // exact with 2 rows for 2 tokens is fine; 1 token would not be
+  put<uint32_t>(b, 4, 3);
+  expect_code(reseal(b), StatusCode::kCorrupt, "impossible");
+
+  Hello h;
+  h.role = PeerRole::kWorker;
+  h.dtypes = 1;
+  h.modes = 1;
+  h.name = "w";
+  h.experts = {{0, 0, 4}};
+  auto hb = encode_hello(h).value();
+  ASSERT_TRUE(decode_any(hb, kLim).is_ok());
+  b = hb;
+  put<uint8_t>(b, 5, 20);
+  expect_code(reseal(b), StatusCode::kCorrupt, "model id of 20 bytes");
+  b = hb;
+  put<uint16_t>(b, 64, 60000);
+  expect_code(reseal(b), StatusCode::kCorrupt, "expert ranges");
+  b = hb;
+  put<uint16_t>(b, 66, 200);
+  expect_code(reseal(b), StatusCode::kCorrupt, "left");
+  b = hb;
+  put<uint8_t>(b, 4, 7);
+  expect_code(reseal(b), StatusCode::kCorrupt, "role");
+  b = hb;
+  put<uint32_t>(b, 76, 0);  // empty range
+  expect_code(reseal(b), StatusCode::kCorrupt, "empty expert range");
+
+  auto e = encode_error({.request_id = 3, .code = 4, .text = "boom"}).value();
+  b = e;
+  put<uint16_t>(b, 2, 50);
+  expect_code(reseal(b), StatusCode::kCorrupt, "truncated");
+  b = e;
+  put<uint16_t>(b, 0, 0);
+  expect_code(reseal(b), StatusCode::kCorrupt, "code 0");
+  auto p = encode_ping({.request_id = 1, .send_time_ns = 5, .pad_bytes = 8}).value();
+  b = p;
+  put<uint32_t>(b, 8, 2000000);
+  expect_code(reseal(b), StatusCode::kCorrupt, "padding");
+  b = p;
+  b.back() = 1;
+  expect_code(reseal(b), StatusCode::kCorrupt, "nonzero padding");
+}
+
+// Mutations: bit flips, byte overwrites, truncation, extension, header field edits; half of
+// them resealed so they get past the checksum to the field checks.
+TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
+  std::vector<std::vector<uint8_t>> seeds;
+  for (uint8_t d = 0; d < 4; ++d) {
+    auto req = make_dispatch(100 + d, d, 1 + d, 64, 1 + d, static_cast<WireDType>(d),
+                             static_cast<CombineMode>(d % 2), static_cast<WireDType>(3 - d));
+    seeds.push_back(encode_dispatch(req).value());
+    seeds.push_back(encode_combine(make_combine_for(req)).value());
+  }
+  Hello h;
+  h.role = PeerRole::kWorker;
+  h.dtypes = 0xf;
+  h.modes = 3;
+  h.n_layer = 8;
+  h.n_expert = 64;
+  h.name = "fuzz";
+  h.experts = {{1, 0, 8}, {2, 8, 8}};
+  seeds.push_back(encode_hello(h).value());
+  seeds.push_back(encode_ping({.request_id = 9, .send_time_ns = 1, .pad_bytes = 16, .reply_pad_bytes = 4}).value());
+  seeds.push_back(encode_pong({.request_id = 9, .ping_time_ns = 1, .reply_time_ns = 2, .pad_bytes = 8}).value());
+  seeds.push_back(encode_goodbye({.reason = 0, .text = "bye"}).value());
+  seeds.push_back(encode_error({.request_id = 4, .code = 2, .text = "nope"}).value());
+  for (const auto& s : seeds) ASSERT_TRUE(decode_any(s, kLim).is_ok());
+
+  std::mt19937_64 rng(20240611);
+  int rejected = 0, accepted = 0, unsealed_rejected = 0, unsealed = 0;
+  for (int iter = 0; iter < 10000; ++iter) {
+    const std::vector<uint8_t>& original = seeds[rng() % seeds.size()];
+    std::vector<uint8_t> b = original;
+    const bool do_reseal = iter % 2 == 0;
+    const int op = static_cast<int>(rng() % 6);
+    std::uniform_int_distribution<size_t> any(0, b.size() - 1);
+    switch (op) {
+      case 0:  // 1..4 random bit flips
+        for (int k = 0, n = 1 + rng() % 4; k < n; ++k) b[any(rng)] ^= static_cast<uint8_t>(1u << (rng() % 8));
+        break;
+      case 1:  // overwrite a byte in the first 96 (header + fixed fields) with a random value
+        b[std::min<size_t>(rng() % 96, b.size() - 1)] = static_cast<uint8_t>(rng());
+        break;
+      case 2:  // truncate
+        b.resize(rng() % b.size());
+        break;
+      case 3:  // extend with junk
+        for (int k = 0, n = 1 + rng() % 16; k < n; ++k) b.push_back(static_cast<uint8_t>(rng()));
+        break;
+      case 4: {  // a random u32 written over a payload count/offset field
+        const size_t at = kHeaderBytes + 4 * (rng() % 8);
+        if (at + 4 <= b.size()) {
+          const uint32_t v = rng() % 3 == 0 ? static_cast<uint32_t>(rng()) : static_cast<uint32_t>(rng() % 70);
+          std::memcpy(b.data() + at, &v, 4);
+        }
+        break;
+      }
+      case 5: {  // a wrong type or version in the header
+        const uint16_t v = static_cast<uint16_t>(rng() % 10);
+        std::memcpy(b.data() + (rng() % 2 ? 4 : 6), &v, 2);
+        break;
+      }
+    }
+    // A reseal needs a whole header, and the payload-length field must describe the new size.
+    if (do_reseal && b.size() >= kHeaderBytes) {
+      const uint32_t len = static_cast<uint32_t>(b.size() - kHeaderBytes);
+      std::memcpy(b.data() + 16, &len, 4);
+      uint16_t type;
+      std::memcpy(&type, b.data() + 6, 2);
+      if (msg_type_is_known(type)) b = reseal(b);
+    }
+    Status st = decode_any(b, kLim);
+    if (st.is_ok()) {
+      ++accepted;
+      // Anything accepted is exactly the canonical encoding of the message it decodes to.
+      ASSERT_EQ(reencode(b, kLim), b) << "iteration " << iter;
+    } else {
+      ++rejected;
+      ASSERT_FALSE(st.message().empty());
+    }
+    if (!do_reseal && b != original) {
+      ++unsealed;
+      unsealed_rejected += !st.is_ok();
+    }
+  }
+  // Damage that was not resealed never gets through: the checksum or the length catches it.
+  EXPECT_EQ(unsealed_rejected, unsealed);
+  EXPECT_GT(rejected, 5000);
+  EXPECT_GT(accepted, 100);  // resealed flips inside row data are valid messages
+  std::printf("fuzz: %d rejected, %d accepted (canonical), %d/%d unsealed rejected\n", rejected, accepted,
+              unsealed_rejected, unsealed);
+}
+
+}  // namespace
+}  // namespace moesh::wire

@@ -1,0 +1,121 @@
+// `moesh bench -m MODEL [-p 512] [-n 128] [-t N] [-r reps]`: llama-bench-style throughput
+// (docs/bench.md). ppN: one batch of N prompt tokens into an empty cache; tgN: N tokens decoded
+// one at a time from an empty cache. Tokens are drawn with a fixed seed. Mean ± std over reps.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "command.h"
+#include "model_cli.h"
+
+namespace moesh::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model;
+  int n_prompt = 512;
+  int n_gen = 128;
+  int threads = 0;
+  int reps = 3;
+};
+
+struct Stat {
+  double mean = 0, std = 0;
+};
+
+Stat stats(const std::vector<double>& v) {
+  Stat s;
+  for (double x : v) s.mean += x;
+  s.mean /= static_cast<double>(v.size());
+  if (v.size() > 1) {
+    for (double x : v) s.std += (x - s.mean) * (x - s.mean);
+    s.std = std::sqrt(s.std / static_cast<double>(v.size() - 1));
+  }
+  return s;
+}
+
+int run_bench(const BenchArgs& a) {
+  if (a.n_prompt < 0 || a.n_gen < 0 || a.reps < 1) {
+    std::fprintf(stderr, "moesh bench: error: -p and -n must be >= 0 and -r >= 1\n");
+    return 2;
+  }
+  auto model = load_model_or_report(a.model, false, "bench");
+  if (!model) return 1;
+  const HParams& hp = model->hparams();
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(hp.n_vocab - 1));
+  std::vector<int32_t> toks(static_cast<size_t>(std::max(a.n_prompt, a.n_gen)));
+  for (auto& t : toks) t = dist(rng);
+
+  ContextParams cp;
+  cp.n_threads = a.threads;
+  cp.n_ctx = std::max(a.n_prompt, a.n_gen) + 1;
+  Context ctx(*model, cp);
+  std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
+  using clock = std::chrono::steady_clock;
+
+  auto time_pp = [&]() -> Result<double> {
+    ctx.kv().clear();
+    const auto t0 = clock::now();
+    MOESH_RETURN_IF_ERROR(ctx.decode(0, toks.data(), a.n_prompt, logits.data(), false));
+    return a.n_prompt / std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  auto time_tg = [&]() -> Result<double> {
+    ctx.kv().clear();
+    const auto t0 = clock::now();
+    for (int i = 0; i < a.n_gen; ++i) {
+      MOESH_RETURN_IF_ERROR(ctx.decode(0, &toks[i], 1, logits.data(), false));
+    }
+    return a.n_gen / std::chrono::duration<double>(clock::now() - t0).count();
+  };
+
+  std::printf("| %-40s | %10s | %7s | %8s | %20s |\n", "model", "size", "threads", "test", "t/s");
+  std::printf("| %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(),
+              std::string(10, '-').c_str(), std::string(7, '-').c_str(),
+              std::string(8, '-').c_str(), std::string(20, '-').c_str());
+  const double mib = static_cast<double>(model->file().size()) / (1024.0 * 1024.0);
+  std::string shown = model->file().path();
+  if (shown.size() > 40) shown = "..." + shown.substr(shown.size() - 37);
+  for (int which = 0; which < 2; ++which) {
+    const int n = which == 0 ? a.n_prompt : a.n_gen;
+    if (n == 0) continue;
+    // One untimed warm-up run (page faults of the mapped weights, buffer growth).
+    auto warm = which == 0 ? time_pp() : time_tg();
+    if (!warm) {
+      std::fprintf(stderr, "moesh bench: error: %s\n", warm.status().to_string().c_str());
+      return 1;
+    }
+    std::vector<double> tps;
+    for (int r = 0; r < a.reps; ++r) {
+      auto x = which == 0 ? time_pp() : time_tg();
+      if (!x) {
+        std::fprintf(stderr, "moesh bench: error: %s\n", x.status().to_string().c_str());
+        return 1;
+      }
+      tps.push_back(*x);
+    }
+    const Stat s = stats(tps);
+    std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib,
+                ctx.pool().n_threads(), fmt::format("{}{}", which == 0 ? "pp" : "tg", n).c_str(),
+                fmt::format("{:.2f} ± {:.2f}", s.mean, s.std).c_str());
+  }
+  return 0;
+}
+
+const CommandRegistrar k_reg{Command{
+    "bench", "Prompt-processing and generation throughput (llama-bench style)",
+    [](CLI::App* sub) -> std::function<int()> {
+      auto a = std::make_shared<BenchArgs>();
+      sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+      sub->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens (pp test; 0: skip)")->capture_default_str();
+      sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
+      sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
+      sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
+      return [a] { return run_bench(*a); };
+    }}};
+
+}  // namespace
+}  // namespace moesh::cli

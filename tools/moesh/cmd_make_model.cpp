@@ -1,0 +1,183 @@
+// `moesh make-model`: writes a random-weight MoE GGUF (see include/moesh/make_model.h and
+// docs/make-model.md).
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "command.h"
+#include "moesh/make_model.h"
+
+namespace moesh::cli {
+namespace {
+
+struct MakeModelArgs {
+  std::string arch = "qwen3moe";
+  std::string out;
+  std::string type;  // empty: the preset's type, else f32
+  std::string preset;
+  std::string name;
+  uint64_t seed = 0;
+  int threads = 0;
+  bool dry_run = false;
+  // Shape overrides; applied only when given on the command line.
+  std::map<std::string, int64_t> ints;
+  double rope_base = 0, rms_eps = 0;
+};
+
+// Flag name -> spec field; one table so the options and the overrides cannot drift apart.
+struct IntFlag {
+  const char* flag;
+  const char* help;
+  int64_t MakeModelSpec::*field;
+};
+const IntFlag kIntFlags[] = {
+    {"--n-vocab", "vocabulary size", &MakeModelSpec::n_vocab},
+    {"--n-ctx", "context length", &MakeModelSpec::n_ctx},
+    {"--n-embd", "hidden size", &MakeModelSpec::n_embd},
+    {"--n-layer", "number of blocks", &MakeModelSpec::n_layer},
+    {"--n-head", "query heads", &MakeModelSpec::n_head},
+    {"--n-head-kv", "KV heads (qwen3moe, llama)", &MakeModelSpec::n_head_kv},
+    {"--head-dim", "head size (qwen3moe, llama)", &MakeModelSpec::head_dim},
+    {"--n-expert", "routed experts", &MakeModelSpec::n_expert},
+    {"--n-expert-used", "experts per token (top-k)", &MakeModelSpec::n_expert_used},
+    {"--n-ff-exp", "expert FFN width", &MakeModelSpec::n_ff_exp},
+    {"--n-ff", "dense FFN width (deepseek2 leading dense layers)", &MakeModelSpec::n_ff},
+    {"--q-lora-rank", "deepseek2 q_lora_rank", &MakeModelSpec::q_lora_rank},
+    {"--kv-lora-rank", "deepseek2 kv_lora_rank", &MakeModelSpec::kv_lora_rank},
+    {"--qk-nope", "deepseek2 non-rotary q/k head dims", &MakeModelSpec::qk_nope},
+    {"--qk-rope", "deepseek2 rotary q/k head dims", &MakeModelSpec::qk_rope},
+    {"--v-head", "deepseek2 value head dims", &MakeModelSpec::v_head},
+    {"--n-expert-shared", "deepseek2 shared experts", &MakeModelSpec::n_expert_shared},
+    {"--n-group", "deepseek2 expert groups", &MakeModelSpec::n_group},
+    {"--n-group-used", "deepseek2 groups kept per token", &MakeModelSpec::n_group_used},
+    {"--n-leading-dense", "deepseek2 leading dense blocks", &MakeModelSpec::n_leading_dense},
+};
+
+std::string human_bytes(uint64_t b) {
+  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
+  if (b >= (1ull << 10)) return fmt::format("{:.1f} KiB", b / double(1ull << 10));
+  return fmt::format("{} B", b);
+}
+
+std::string shape_str(const PlannedTensor& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.n_dims; ++d) s += (d ? ", " : "") + std::to_string(t.ne[d]);
+  return s + "]";
+}
+
+void print_summary(const MakeModelSpec& spec, const ModelPlan& plan) {
+  std::map<std::string, std::pair<int, uint64_t>> by_type;
+  for (const auto& t : plan.tensors) {
+    auto& e = by_type[type_name(t.type)];
+    e.first += 1;
+    e.second += t.n_bytes;
+  }
+  std::printf("model: %s, type %s, seed %llu\n", make_arch_name(spec.arch),
+              make_file_type_name(spec.type), static_cast<unsigned long long>(spec.seed));
+  std::printf("  n_vocab %lld  n_embd %lld  n_layer %lld  n_head %lld  n_expert %lld (top-%lld)  n_ff_exp %lld\n",
+              (long long)spec.n_vocab, (long long)spec.n_embd, (long long)spec.n_layer,
+              (long long)spec.n_head, (long long)spec.n_expert, (long long)spec.n_expert_used,
+              (long long)spec.n_ff_exp);
+  std::printf("  %zu metadata keys, %zu tensors, %s of tensor data\n", plan.kvs.size(),
+              plan.tensors.size(), human_bytes(plan.data_bytes).c_str());
+  for (const auto& [name, e] : by_type) {
+    std::printf("    %-5s x%-3d %s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
+  }
+  for (int il = 0; il < spec.n_layer; ++il) {
+    const uint64_t eb = plan.expert_bytes(il);
+    if (eb == 0) continue;
+    std::printf("  blk.%d experts: %s (%s per expert)\n", il, human_bytes(eb).c_str(),
+                human_bytes(eb / static_cast<uint64_t>(spec.n_expert)).c_str());
+  }
+}
+
+int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
+  MakeModelSpec spec;
+  if (!a.preset.empty()) {
+    if (a.preset != "perf-30b-a3b") {
+      std::fprintf(stderr, "make-model: unknown preset '%s' (known: perf-30b-a3b)\n", a.preset.c_str());
+      return 2;
+    }
+    spec = MakeModelSpec::perf_30b_a3b();
+  } else {
+    MakeArch arch;
+    if (!make_arch_from_name(a.arch, &arch)) {
+      std::fprintf(stderr, "make-model: unknown --arch '%s' (qwen3moe, llama, deepseek2)\n", a.arch.c_str());
+      return 2;
+    }
+    spec = MakeModelSpec::defaults_for(arch);
+  }
+  if (!a.type.empty() && !make_file_type_from_name(a.type, &spec.type)) {
+    std::fprintf(stderr, "make-model: unknown --type '%s' (f32, f16, q8_0, q4_k_m)\n", a.type.c_str());
+    return 2;
+  }
+  if (sub->count("--seed")) spec.seed = a.seed;
+  if (!a.name.empty()) spec.name = a.name;
+  for (const auto& f : kIntFlags) {
+    auto it = a.ints.find(f.flag);
+    if (sub->count(f.flag) && it != a.ints.end()) spec.*(f.field) = it->second;
+  }
+  if (sub->count("--rope-base")) spec.rope_base = static_cast<float>(a.rope_base);
+  if (sub->count("--rms-eps")) spec.rms_eps = static_cast<float>(a.rms_eps);
+  // Mixtral has a single FFN width; let either flag set it.
+  if (spec.arch == MakeArch::kLlama) {
+    if (sub->count("--n-ff") && !sub->count("--n-ff-exp")) spec.n_ff_exp = spec.n_ff;
+    if (sub->count("--n-ff-exp") && !sub->count("--n-ff")) spec.n_ff = spec.n_ff_exp;
+  }
+
+  auto plan = plan_model(spec);
+  if (!plan) {
+    std::fprintf(stderr, "make-model: %s\n", plan.status().to_string().c_str());
+    return 2;
+  }
+  print_summary(spec, *plan);
+  if (a.dry_run) return 0;
+  if (a.out.empty()) {
+    std::fprintf(stderr, "make-model: --out is required (or use --dry-run)\n");
+    return 2;
+  }
+
+  MakeModelOptions opts;
+  opts.n_threads = a.threads;
+  opts.on_progress = [](const MakeModelProgress& p) {
+    const auto& t = *p.tensor;
+    std::fprintf(stderr, "[%3zu/%zu] %-32s %-5s %-18s %10s  %5.1f%%  %.1fs\n", p.tensor_index + 1,
+                 p.n_tensors, t.name.c_str(), type_name(t.type), shape_str(t).c_str(),
+                 human_bytes(t.n_bytes).c_str(),
+                 p.bytes_total ? 100.0 * double(p.bytes_done) / double(p.bytes_total) : 100.0,
+                 p.seconds);
+  };
+  const Status st = make_model(spec, a.out, opts);
+  if (!st) {
+    std::fprintf(stderr, "make-model: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  std::printf("wrote %s\n", a.out.c_str());
+  return 0;
+}
+
+CommandRegistrar reg{Command{
+    "make-model", "Write a random-weight MoE model (GGUF) that llama.cpp also loads",
+    [](CLI::App* sub) -> std::function<int()> {
+      auto a = std::make_shared<MakeModelArgs>();
+      sub->add_option("--arch", a->arch, "qwen3moe | llama (Mixtral) | deepseek2")
+          ->capture_default_str();
+      sub->add_option("--out", a->out, "output .gguf path");
+      sub->add_option("--type", a->type, "f32 | f16 | q8_0 | q4_k_m (default f32; preset: q4_k_m)");
+      sub->add_option("--seed", a->seed, "weight seed (default: the reference model's seed)");
+      sub->add_option("--preset", a->preset, "perf-30b-a3b: the Qwen3-30B-A3B-shaped perf model");
+      sub->add_option("--name", a->name, "general.name");
+      sub->add_option("--threads", a->threads, "quantization threads (default: all cores)");
+      sub->add_option("--rope-base", a->rope_base, "rope.freq_base");
+      sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");
+      sub->add_flag("--dry-run", a->dry_run, "print the summary, write nothing");
+      for (const auto& f : kIntFlags) {
+        // CLI11 needs a stable target per option; the map node lives as long as `a`.
+        sub->add_option(f.flag, a->ints[f.flag], f.help);
+      }
+      return [a, sub] { return run_make_model(*a, sub); };
+    }}};
+
+}  // namespace
+}  // namespace moesh::cli

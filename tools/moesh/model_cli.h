@@ -1,0 +1,50 @@
+// Helpers shared by the model-running commands (logits, run, bench).
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moesh/model.h"
+
+namespace moesh::cli {
+
+// "1,2, 3" -> {1, 2, 3}; rejects empty lists and anything that is not a non-negative integer.
+inline Result<std::vector<int32_t>> parse_token_list(std::string_view s) {
+  std::vector<int32_t> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string_view::npos) j = s.size();
+    std::string_view item = s.substr(i, j - i);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    int32_t v = -1;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || p != item.data() + item.size() || v < 0) {
+      return make_error(StatusCode::kInvalidArgument, "--tokens: '{}' is not a token id",
+                        std::string(item));
+    }
+    out.push_back(v);
+    i = j + 1;
+  }
+  return out;
+}
+
+// Loads a model, printing the error and returning null on failure.
+inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool dequant_f32,
+                                                   const char* cmd) {
+  LoadOptions o;
+  o.dequant_f32 = dequant_f32;
+  auto m = Model::load(path, o);
+  if (!m) {
+    std::fprintf(stderr, "moesh %s: error: %s\n", cmd, m.status().to_string().c_str());
+    return nullptr;
+  }
+  return std::move(*m);
+}
+
+}  // namespace moesh::cli
