@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "moesh/tensor.h"
@@ -38,6 +39,16 @@ void matmul(const TensorView& w, const float* x, int64_t n_rows, float* y, size_
 // Same with activations already quantized to vec_dot_type(W.type) (reused across experts).
 void matmul_q(const TensorView& w, const QuantizedRows& xq, float* y, size_t ldy,
               ThreadPool* pool);
+// Several matmul_q at once, as one pool job (the projections that share an input: q/k/v,
+// gate/up). Results are bit-identical to calling matmul_q on each. ldy 0 means W.ne[1].
+// At most 8 jobs.
+struct MatmulQ {
+  const TensorView* w = nullptr;
+  const QuantizedRows* xq = nullptr;
+  float* y = nullptr;
+  size_t ldy = 0;
+};
+void matmul_q_multi(std::span<const MatmulQ> jobs, ThreadPool* pool);
 // Subset of token rows: y[j] for rows[j] of xq (used by MoE: the tokens routed to one expert).
 void matmul_q_rows(const TensorView& w, const QuantizedRows& xq, const int32_t* rows,
                    int64_t n_sel, float* y, size_t ldy, ThreadPool* pool);
@@ -49,12 +60,16 @@ void get_row_f32(const TensorView& w, int64_t i, float* out);
 // RMSNorm: sum of squares in double, mean=(float)(sum/n), y = x * (1/sqrtf(mean+eps)), then y*w
 // (w may be null). In-place allowed (y == x).
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
-// Softmax in place: max, expf, sum in double, multiply by 1/sum.
+// Softmax in place with ggml's AVX-512 float order (ggml_vec_soft_max_f32): max; groups of 16
+// through ggml's vector exp (v_expf) with each group's f32 halving-tree sum added to a double;
+// the n % 16 tail through expf; then multiply by (float)(1/sum). To reproduce a padded ggml row
+// (attention over a KV window), pass the padded length with -inf in the padding.
 void softmax(float* x, int64_t n);
-float silu(float x);
+float silu(float x);          // x/(1+expf(-x)) (ggml_silu_f32)
+float silu_v(float x);        // x/(1+v_expf(-x)) (ggml_v_silu, one lane)
 float sigmoid(float x);      // 1/(1+expf(-x))
 float gelu(float x);         // tanh approximation
-// y[i] = silu(g[i]) * u[i]
+// y[i] = silu_v(g[i]) * u[i] (ggml_vec_swiglu_f32's vector path)
 void swiglu(const float* g, const float* u, float* y, int64_t n);
 // gpt-oss: a=min(g,limit), b=clamp(u,-limit,limit), y = a*sigmoid(alpha*a)*(b+1)
 void swiglu_oai(const float* g, const float* u, float* y, int64_t n, float alpha = 1.702f,

@@ -6,18 +6,31 @@
 // here, AVX2, AVX-512, NEON) must produce the same bits as the reference below, so a backbone
 // and a worker on different CPUs agree exactly:
 //
-//  * Block types: for each block b (32-element block for legacy types, 256-element super-block
-//    for K-quants) the integer part is an exact int32 sum; the float part is then accumulated
-//    into 8 lanes, lane = b % 8, with fused multiply-adds, in this order per type:
-//      Q8_0/Q4_0/Q5_0/IQ4_NL x Q8_0 : acc = fmaf((float)isum, dx*dy, acc)
+//  * Per-lane block types (llama.cpp's x86 AVX2/AVX-512 vec_dot and tinyBLAS order, so our
+//    activation-quantized matmuls reproduce llama.cpp's CPU bits): 8 float lanes; for each
+//    block, int32 lane l is the exact sum over the elements n with (n % 32) / 4 == l (for
+//    K-quants times each element's sub-block scale), and acc[l] = fmaf((float)lane[l], d, acc[l]):
+//      Q8_0/Q4_0/Q5_0/IQ4_NL x Q8_0 : d = dx*dy (per 32-element block)
+//      Q6_K x Q8_K                  : d = dx*dy8 (per super-block), value q-32, 16-element scales
+//      Q4_K/Q5_K x Q8_K             : d = dx*dy8; plus mins, per super-block, as 4 int lanes
+//                                     mlane[i] = m(2i)*s(2i) + m(2i+1)*s(2i+1) with
+//                                     s(k) = bsums[2k]+bsums[2k+1] and dm = -(dminx*dy8):
+//                                     Q4_K: accm[i] = fmaf((float)mlane[i], dm, accm[i]), result
+//                                       reduce8(acc) + ((accm0+accm2) + (accm1+accm3));
+//                                     Q5_K: summs = fmaf((float)(sum of mlane), dm, summs),
+//                                       result reduce8(acc) + summs.
+//  * Other block types: for each block b (32-element block for legacy types, 256-element
+//    super-block for K-quants) the integer part is an exact int32 sum; the float part is then
+//    accumulated into 8 lanes, lane = b % 8, with fused multiply-adds, in this order per type:
 //      MXFP4 x Q8_0                 : acc = fmaf((float)isum, dy*E(e), acc), isum = sum F[q]*q8
 //      Q4_1/Q5_1 x Q8_1             : acc = fmaf((float)isum, dx*dy, acc); acc = fmaf(mx, sy, acc)
-//      Q4_K/Q5_K/Q2_K x Q8_K        : isum = sum_sub sc_sub * sum(q*q8); mins = sum_g bsums[g]*m(g)
+//      Q2_K x Q8_K                  : isum = sum_sub sc_sub * sum(q*q8); mins = sum_g bsums[g]*m(g)
 //                                     acc = fmaf((float)isum, dx*dy8, acc);
 //                                     acc = fmaf(-(float)mins, dminx*dy8, acc)
-//      Q3_K/Q6_K x Q8_K             : isum = sum_sub sc_sub * sum(q*q8); acc = fmaf(isum, dx*dy8, acc)
+//      Q3_K x Q8_K                  : isum = sum_sub sc_sub * sum(q*q8); acc = fmaf(isum, dx*dy8, acc)
 //      IQ4_XS x Q8_K                : isum = sum_ib (ls_ib-32) * sum(T[q]*q8); acc = fmaf(isum, dx*dy8, acc)
-//      Q8_K x Q8_K                  : acc = fmaf((float)isum, dx*dy, acc)
+//      Q8_K x Q8_K (and Q8_1 x Q8_1 : per-lane as Q8_0)
+//                                   : acc = fmaf((float)isum, dx*dy, acc)
 //    (products like dx*dy are single f32 multiplies of the f32-converted scales), then
 //      result = ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))     -- `reduce8`
 //  * F32/F16/BF16 (activations converted to the weight's type, then both widened to f32):

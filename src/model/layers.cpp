@@ -17,6 +17,8 @@ void rms_norm_rows(const float* x, const TensorView& w, float* y, int64_t n_rows
 void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer_list<Proj> outs) {
   GgmlType have[3];
   int n_have = 0;
+  MatmulQ jobs[3];
+  int n_jobs = 0;
   for (const Proj& p : outs) {
     const GgmlType t = quant::vec_dot_type(p.w->type);
     int slot = -1;
@@ -28,24 +30,36 @@ void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer
       have[slot] = t;
       quantize_rows(t, x, n_rows, k, &f.s.xq[slot], f.pool);
     }
-    const size_t ldy = p.ldy != 0 ? p.ldy : static_cast<size_t>(p.w->ne[1]);
-    matmul_q(*p.w, f.s.xq[slot], p.y, ldy, f.pool);
+    jobs[n_jobs++] = MatmulQ{p.w, &f.s.xq[slot], p.y, p.ldy};
   }
+  // All outputs in one pool job (decode: q/k/v cost one synchronisation, not three).
+  matmul_q_multi(std::span<const MatmulQ>(jobs, static_cast<size_t>(n_jobs)), f.pool);
 }
 
 namespace {
 
-// Dot product with 8 interleaved f32 lanes and a fixed reduction tree: deterministic, and
-// written so the compiler can keep the lanes in one vector register.
-float dot_f32(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+// KQ[c] = K_c . q as llama.cpp computes it without flash attention: mul_mat(K, Q) with the
+// permuted (non-contiguous) Q of a batch goes to ggml_vec_dot_f32, which on AVX-512 keeps 64
+// lanes (element i -> lane i % 64, fused multiply-add), reduces them by a halving tree (32, 16,
+// then _mm512_reduce_add_ps: 8, 4, 2, 1) and adds the n % 64 leftovers one by one (contracted
+// to fma by the compiler).
+float kq_dot(const float* k, const float* q, int64_t n) {
+  float acc[64] = {};
+  const int64_t np = n & ~static_cast<int64_t>(63);
+  for (int64_t i = 0; i < np; i += 64) {
+    for (int l = 0; l < 64; ++l) acc[l] = std::fmaf(k[i + l], q[i + l], acc[l]);
   }
-  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  for (int h = 32; h >= 1; h /= 2) {
+    for (int l = 0; l < h; ++l) acc[l] += acc[l + h];
+  }
+  float sum = acc[0];
+  for (int64_t i = np; i < n; ++i) sum = std::fmaf(k[i], q[i], sum);
+  return sum;
 }
+
+// The softmax row length llama.cpp uses: the KV window padded to whole 16-lane groups (the
+// padding is masked, i.e. -inf -> probability 0), so the v_expf/expf split matches.
+int64_t padded16(int64_t n) { return (n + 15) & ~static_cast<int64_t>(15); }
 
 }  // namespace
 
@@ -53,16 +67,18 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
                     int64_t dv, float kq_scale, float* o) {
   const Batch& b = f.batch;
   const int64_t n_cells = f.kv.seq_len(b.seq);
+  const int64_t n_pad = padded16(n_cells);
   const int64_t* cell_pos = f.kv.positions(b.seq);
   const int n_threads = f.pool != nullptr ? f.pool->n_threads() : 1;
-  float* scores_all = grow(f.s.scores, static_cast<size_t>(n_threads * n_cells));
+  float* scores_all = grow(f.s.scores, static_cast<size_t>(n_threads * (n_pad + 16 * dv)));
   const float* k0 = f.kv.k(b.seq, il, 0);
   const float* v0 = f.kv.v(b.seq, il, 0);
   const size_t stride = f.kv.cell_stride();
   const int64_t group = n_head / n_head_kv;
 
   auto body = [&](int64_t i0, int64_t i1, int thread) {
-    float* sc = scores_all + static_cast<size_t>(thread) * n_cells;
+    float* sc = scores_all + static_cast<size_t>(thread) * (n_pad + 16 * dv);
+    float* lanes = sc + n_pad;  // [dv][16] accumulators of the KQV product
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t t = item / n_head, h = item % n_head;
       const int64_t g = h / group;
@@ -72,15 +88,28 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       int64_t n_vis = 0;
       while (n_vis < n_cells && cell_pos[n_vis] <= pos) ++n_vis;
       for (int64_t c = 0; c < n_vis; ++c) {
-        sc[c] = dot_f32(k0 + c * stride + g * dk, qh, dk) * kq_scale;
+        sc[c] = kq_dot(k0 + c * stride + g * dk, qh, dk) * kq_scale;
       }
-      softmax(sc, n_vis);
+      const int64_t n_row = padded16(n_vis);
+      std::fill(sc + n_vis, sc + n_row, -INFINITY);
+      softmax(sc, n_row);
+      // KQV = mul_mat(V^T, P): tinyBLAS (F32, AVX-512) gives each output 16 lanes over the cells
+      // (cell c -> lane c % 16, fused multiply-add in cell order) and a halving-tree sum. The
+      // masked cells have p = 0 and add nothing.
       float* oh = o + (t * n_head + h) * dv;
-      std::fill(oh, oh + dv, 0.0f);
+      std::fill(lanes, lanes + 16 * dv, 0.0f);
       for (int64_t c = 0; c < n_vis; ++c) {
         const float p = sc[c];
         const float* vc = v0 + c * stride + g * dv;
-        for (int64_t d = 0; d < dv; ++d) oh[d] += p * vc[d];
+        float* lc = lanes + (c & 15);
+        for (int64_t d = 0; d < dv; ++d) lc[16 * d] = std::fmaf(vc[d], p, lc[16 * d]);
+      }
+      for (int64_t d = 0; d < dv; ++d) {
+        float* a = lanes + 16 * d;
+        for (int hh = 8; hh >= 1; hh /= 2) {
+          for (int l = 0; l < hh; ++l) a[l] += a[l + hh];
+        }
+        oh[d] = a[0];
       }
     }
   };

@@ -12,13 +12,19 @@ namespace {
 class FileBinder final : public detail::TensorBinder {
  public:
   FileBinder(const gguf::File& f, bool dequant, std::vector<std::vector<float>>* owned)
-      : f_(f), dequant_(dequant), owned_(owned) {}
+      : f_(f), dequant_(dequant), owned_(owned) {
+    // A backbone slice (`moesh slice --backbone`) has no routed-expert tensors: those experts
+    // are served by workers (RemoteExecutor), so their absence is expected there.
+    auto kind = f.get_or<std::string>("moesh.slice.kind", "");
+    no_routed_experts_ = kind.is_ok() && *kind == "backbone";
+  }
 
   Result<TensorView> take(const std::string& name, std::vector<int64_t> ne,
                           bool required = true) override {
     const gguf::TensorInfo* info = f_.find_tensor(name);
     if (info == nullptr) {
-      if (!required) return TensorView{};
+      const bool routed = name.ends_with("_exps.weight");
+      if (!required || (routed && no_routed_experts_)) return TensorView{};
       return make_error(StatusCode::kNotFound, "tensor '{}' missing", name);
     }
     bool ok = info->n_dims >= 1 && static_cast<size_t>(info->n_dims) <= 4;
@@ -55,6 +61,7 @@ class FileBinder final : public detail::TensorBinder {
  private:
   const gguf::File& f_;
   bool dequant_;
+  bool no_routed_experts_ = false;
   std::vector<std::vector<float>>* owned_;
 };
 
@@ -87,7 +94,10 @@ Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeigh
   MOESH_ASSIGN_OR_RETURN(lw->experts.gate, b.take(p + "ffn_gate_exps.weight", {d, fe, e}));
   MOESH_ASSIGN_OR_RETURN(lw->experts.up, b.take(p + "ffn_up_exps.weight", {d, fe, e}));
   MOESH_ASSIGN_OR_RETURN(lw->experts.down, b.take(p + "ffn_down_exps.weight", {fe, d, e}));
-  MOESH_RETURN_IF_ERROR(lw->experts.validate());
+  // All three absent = a backbone slice's layer (experts served remotely).
+  const bool has_experts =
+      lw->experts.gate.valid() || lw->experts.up.valid() || lw->experts.down.valid();
+  if (has_experts) MOESH_RETURN_IF_ERROR(lw->experts.validate());
   if (hp.n_expert_shared > 0) {
     const int64_t fs = hp.n_ff_exp * hp.n_expert_shared;
     MOESH_ASSIGN_OR_RETURN(lw->gate_shexp, b.take(p + "ffn_gate_shexp.weight", {d, fs}));

@@ -4,7 +4,7 @@
 // (k experts x 3 matvecs) costs three pool synchronisations per layer rather than 3k:
 //   A. gate/up: items = (active expert, chunk of n_ff rows), each a serial matmul_q_rows over
 //      that expert's tokens;
-//   B. activation + quantization of h, per (token, expert) slot;
+//   B. activation + quantization of h, per (token, expert) slot, in one job;
 //   C. down: items = (active expert, chunk of n_embd rows);
 //   D. combine per token in router rank order: out = w0*y0; out += w1*y1; ...
 // Every output element is one vec_dot over a whole row, exactly as in expert_ffn(), so the
@@ -14,6 +14,7 @@
 
 #include "moe/expert_stages.h"
 #include "moesh/executor.h"
+#include "moesh/kernels.h"
 #include "moesh/quant.h"
 
 namespace moesh {
@@ -160,11 +161,20 @@ Status LocalExecutor::Impl::run(Job& job) {
     matmul_q_rows(weight_rows(w.up.expert(e), r0, r1), xq_for_up, tok_of_pos.data() + p0, n_sel,
                   u.data() + p0 * n_ff + r0, static_cast<size_t>(n_ff), nullptr);
   });
-  // B. activation, then h rows quantized for down
+  // B. activation, then each h row quantized for down, in the same pool job (one slot's row is
+  // a few microseconds of work: a separate quantize pass would cost a pool round trip more).
+  const GgmlType down_vdt = quant::vec_dot_type(w.down.type);
+  const FromFloatFn down_from_float = kernels()[down_vdt].from_float;
+  hq.type = down_vdt;
+  hq.n_cols = n_ff;
+  hq.n_rows = n_slots;
+  hq.row_bytes = type_row_bytes(down_vdt, n_ff);
+  hq.data.resize(hq.row_bytes * static_cast<size_t>(n_slots));
   run_items(pool, n_slots, [&](int64_t p) {
-    expert_activation(w.act, g.data() + p * n_ff, u.data() + p * n_ff, h.data() + p * n_ff, n_ff);
+    float* hp = h.data() + p * n_ff;
+    expert_activation(w.act, g.data() + p * n_ff, u.data() + p * n_ff, hp, n_ff);
+    down_from_float(hp, hq.data.data() + static_cast<size_t>(p) * hq.row_bytes, n_ff);
   });
-  quantize_rows(quant::vec_dot_type(w.down.type), h.data(), n_slots, n_ff, &hq, pool);
   // C. down
   const int64_t cc = chunks_per_expert(n_embd, n_active, n_threads);
   const int64_t rows_c = (n_embd + cc - 1) / cc;

@@ -5,12 +5,13 @@
 // depend on the thread count, the chunking or which other tokens share the batch.
 //
 // Work layout: the output is cut into tasks of k_rows_per_task weight rows x k_tokens_per_task
-// tokens, numbered row-block-major, and the pool gives each thread a contiguous run of tasks.
-// For decode (1 token) this is a split of the weight rows into one contiguous range per
-// thread, so each core streams its own part of the matrix. For batches, a task's 16 weight rows
+// tokens, numbered row-block-major; the task list is cut into a few contiguous chunks per
+// thread, which threads take in turn. For decode (1 token) a chunk is a run of contiguous
+// weight rows, so each core streams its own part of the matrix. For batches, a task's 16 weight rows
 // (64 KiB of Q4_K at K=7168, 224 KiB of F16) stay in L2 while all its tokens go past them, and
 // the kernel's vec_dot_tile (when it has one) reuses each unpacked weight block across tokens.
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cstring>
 
@@ -27,6 +28,8 @@ constexpr int64_t k_tokens_per_task = 64;
 // with the AVX2 tiles (bench_kernels, CPU time, Q4_K 2048x7168), one token took 1.9 ms through
 // the tile against 1.1 ms through vec_dot, while 64 tokens took 51 ms against 66 ms.
 constexpr int64_t k_tile_min_tokens = 4;
+// Chunks per thread for the dynamic schedule of run_plans (see there).
+constexpr int k_chunks_per_thread = 4;
 
 void run(ThreadPool* pool, int64_t n, int64_t grain,
          const std::function<void(int64_t, int64_t, int)>& fn) {
@@ -37,44 +40,101 @@ void run(ThreadPool* pool, int64_t n, int64_t grain,
   }
 }
 
-// y rows are ldy floats apart; x rows (already in vec_dot_type) are x_stride bytes apart.
-void matmul_impl(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y,
-                 size_t ldy, ThreadPool* pool) {
+// One weight matrix's share of a (possibly fused) matmul: its tasks are numbered
+// row-block-major, n_tb token blocks per row block.
+struct Plan {
+  const TensorView* w;
+  const uint8_t* x;
+  size_t x_stride;
+  int64_t n_tok;
+  float* y;
+  size_t ldy;
+  int64_t n_tb;
+  int64_t n_tasks;
+};
+
+Plan make_plan(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y,
+               size_t ldy) {
+  const int64_t m = w.ne[1];
+  const int64_t n_rb = (m + k_rows_per_task - 1) / k_rows_per_task;
+  const int64_t n_tb = (n_tok + k_tokens_per_task - 1) / k_tokens_per_task;
+  const int64_t n_tasks = n_tok > 0 && m > 0 ? n_rb * n_tb : 0;
+  return Plan{&w, x, x_stride, n_tok, y, ldy, n_tb, n_tasks};
+}
+
+// Runs task t of plan p: nr weight rows x nc tokens.
+void run_task(const Plan& p, int64_t t) {
+  const TensorView& w = *p.w;
   const int64_t k = w.ne[0];
   const int64_t m = w.ne[1];
-  if (n_tok <= 0 || m <= 0) return;
   const TypeKernels& tk = kernels()[w.type];
   assert(tk.vec_dot != nullptr);
   const VecDotFn vec_dot = tk.vec_dot;
   const VecDotTileFn tile = tk.vec_dot_tile;
   const size_t w_stride = w.nb[1];
-  const uint8_t* w_data = w.data;
+  const int64_t r0 = (t / p.n_tb) * k_rows_per_task;
+  const int64_t c0 = (t % p.n_tb) * k_tokens_per_task;
+  const int64_t nr = std::min(k_rows_per_task, m - r0);
+  const int64_t nc = std::min(k_tokens_per_task, p.n_tok - c0);
+  const uint8_t* wr = w.data + static_cast<size_t>(r0) * w_stride;
+  const uint8_t* xc = p.x + static_cast<size_t>(c0) * p.x_stride;
+  float* yc = p.y + static_cast<size_t>(c0) * p.ldy + r0;
+  if (tile != nullptr && nc >= k_tile_min_tokens) {
+    tile(k, wr, w_stride, static_cast<int>(nr), xc, p.x_stride, static_cast<int>(nc), yc, p.ldy);
+    return;
+  }
+  // Tokens outer, rows inner: the task's weight rows are reused from cache for each token.
+  for (int64_t c = 0; c < nc; ++c) {
+    const uint8_t* xr = xc + static_cast<size_t>(c) * p.x_stride;
+    float* yr = yc + static_cast<size_t>(c) * p.ldy;
+    for (int64_t r = 0; r < nr; ++r) {
+      yr[r] = vec_dot(k, wr + static_cast<size_t>(r) * w_stride, xr);
+    }
+  }
+}
 
-  const int64_t n_rb = (m + k_rows_per_task - 1) / k_rows_per_task;
-  const int64_t n_tb = (n_tok + k_tokens_per_task - 1) / k_tokens_per_task;
-  run(pool, n_rb * n_tb, 1, [&](int64_t t0, int64_t t1, int) {
+// Runs the tasks of all plans as one parallel_for: the task lists are concatenated, so each
+// thread gets one contiguous run that may cross from one matrix into the next. Fusing the
+// projections that read the same input (q/k/v, gate/up) saves a pool round trip per matrix,
+// which is a visible share of a batch-1 decode step.
+void run_plans(const Plan* plans, int n_plans, ThreadPool* pool) {
+  int64_t total = 0;
+  for (int i = 0; i < n_plans; ++i) total += plans[i].n_tasks;
+  if (total <= 0) return;
+  auto run_range = [&](int64_t t0, int64_t t1) {
+    int i = 0;
+    int64_t base = 0;  // first global task number of plan i
+    while (t0 >= base + plans[i].n_tasks) base += plans[i++].n_tasks;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = (t / n_tb) * k_rows_per_task;
-      const int64_t c0 = (t % n_tb) * k_tokens_per_task;
-      const int64_t nr = std::min(k_rows_per_task, m - r0);
-      const int64_t nc = std::min(k_tokens_per_task, n_tok - c0);
-      const uint8_t* wr = w_data + static_cast<size_t>(r0) * w_stride;
-      const uint8_t* xc = x + static_cast<size_t>(c0) * x_stride;
-      float* yc = y + static_cast<size_t>(c0) * ldy + r0;
-      if (tile != nullptr && nc >= k_tile_min_tokens) {
-        tile(k, wr, w_stride, static_cast<int>(nr), xc, x_stride, static_cast<int>(nc), yc, ldy);
-        continue;
-      }
-      // Tokens outer, rows inner: the task's weight rows are reused from cache for each token.
-      for (int64_t c = 0; c < nc; ++c) {
-        const uint8_t* xr = xc + static_cast<size_t>(c) * x_stride;
-        float* yr = yc + static_cast<size_t>(c) * ldy;
-        for (int64_t r = 0; r < nr; ++r) {
-          yr[r] = vec_dot(k, wr + static_cast<size_t>(r) * w_stride, xr);
-        }
-      }
+      while (t >= base + plans[i].n_tasks) base += plans[i++].n_tasks;
+      run_task(plans[i], t - base);
+    }
+  };
+  const int n_threads = pool != nullptr ? pool->n_threads() : 1;
+  if (n_threads <= 1 || total == 1) {
+    run_range(0, total);
+    return;
+  }
+  // Dynamic chunks: the task range is cut into k_chunks_per_thread contiguous chunks per thread
+  // and threads take the next free chunk. A thread that wakes late or is preempted (2 vCPUs
+  // shared with other jobs) then costs a chunk, not half the matmul. Which thread runs a task
+  // never changes its result: each output element is one vec_dot.
+  const int64_t n_chunks = std::min<int64_t>(total, int64_t{k_chunks_per_thread} * n_threads);
+  std::atomic<int64_t> next{0};
+  pool->parallel_for(n_threads, [&](int64_t, int64_t, int) {
+    for (;;) {
+      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= n_chunks) return;
+      run_range(c * total / n_chunks, (c + 1) * total / n_chunks);
     }
   });
+}
+
+// y rows are ldy floats apart; x rows (already in vec_dot_type) are x_stride bytes apart.
+void matmul_impl(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y,
+                 size_t ldy, ThreadPool* pool) {
+  const Plan p = make_plan(w, x, x_stride, n_tok, y, ldy);
+  run_plans(&p, 1, pool);
 }
 
 // Per-calling-thread scratch for quantized activations, so steady-state matmuls do not allocate.
@@ -129,6 +189,20 @@ void matmul_q(const TensorView& w, const QuantizedRows& xq, float* y, size_t ldy
   assert(xq.type == quant::vec_dot_type(w.type) && xq.n_cols == w.ne[0]);
   assert(ldy >= static_cast<size_t>(w.ne[1]));
   matmul_impl(w, xq.data.data(), xq.row_bytes, xq.n_rows, y, ldy, pool);
+}
+
+void matmul_q_multi(std::span<const MatmulQ> jobs, ThreadPool* pool) {
+  constexpr int k_max = 8;
+  assert(jobs.size() <= static_cast<size_t>(k_max));
+  Plan plans[k_max];
+  int n = 0;
+  for (const MatmulQ& j : jobs) {
+    assert(j.xq->type == quant::vec_dot_type(j.w->type) && j.xq->n_cols == j.w->ne[0]);
+    const size_t ldy = j.ldy != 0 ? j.ldy : static_cast<size_t>(j.w->ne[1]);
+    assert(ldy >= static_cast<size_t>(j.w->ne[1]));
+    plans[n++] = make_plan(*j.w, j.xq->data.data(), j.xq->row_bytes, j.xq->n_rows, j.y, ldy);
+  }
+  run_plans(plans, n, pool);
 }
 
 void matmul_q_rows(const TensorView& w, const QuantizedRows& xq, const int32_t* rows,

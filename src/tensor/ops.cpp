@@ -25,21 +25,63 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   }
 }
 
+namespace {
+
+// ggml_v_expf as built for AVX-512 (vec.h, "adapted from arm limited optimized routine"), one
+// lane in scalar: the same constants, the same fused multiply-adds (std::fmaf where the vector
+// code uses fmadd/fnmadd), scalef as an exact ldexp, and the same overflow/underflow blend.
+// Agrees with expf to ~1.5 ulp but not bit for bit, and llama.cpp's softmax and SiLU use it.
+float v_expf(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fmaf(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fmaf(-n, 0x1.7f7d1cp-20f, std::fmaf(-n, 0x1.62e4p-1f, x));
+  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;  // also x = -inf -> 0
+  const float u = b * b;
+  const float j = std::fmaf(
+      std::fmaf(std::fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+      u, std::fmaf(0x1.ffffecp-1f, b, 1.0f));
+  return std::ldexp(j, static_cast<int>(n));
+}
+
+// _mm512_reduce_add_ps: a halving tree over 16 lanes (8, 4, 2, 1).
+float reduce16(float a[16]) {
+  for (int h = 8; h >= 1; h /= 2) {
+    for (int l = 0; l < h; ++l) a[l] += a[l + h];
+  }
+  return a[0];
+}
+
+}  // namespace
+
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  // ggml_vec_soft_max_f32 on AVX-512: 16 at a time with v_expf, each group summed in f32 by a
+  // halving tree and added to a double; the n % 16 tail with expf, added one by one.
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    float e[16];
+    for (int l = 0; l < 16; ++l) {
+      e[l] = v_expf(x[i + l] - mx);
+      x[i + l] = e[l];
+    }
+    sum += static_cast<double>(reduce16(e));
+  }
+  for (; i < n; ++i) {
     const float e = std::exp(x[i] - mx);
     x[i] = e;
     sum += static_cast<double>(e);
   }
   const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  for (int64_t k = 0; k < n; ++k) x[k] *= inv;
 }
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+float silu_v(float x) { return x / (1.0f + v_expf(0.0f - x)); }
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
@@ -50,7 +92,9 @@ float gelu(float x) {
 }
 
 void swiglu(const float* g, const float* u, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = silu(g[i]) * u[i];
+  // ggml_vec_swiglu_f32 on AVX-512 uses ggml_v_silu for every full group of 16 (all of a row
+  // whose width is a multiple of 16, the case for every FFN width in practice).
+  for (int64_t i = 0; i < n; ++i) y[i] = silu_v(g[i]) * u[i];
 }
 
 void swiglu_oai(const float* g, const float* u, float* y, int64_t n, float alpha, float limit) {

@@ -52,6 +52,13 @@ inline float reduce32(float a[32]) {
 
 inline float h2f(uint16_t h) { return fp16_to_fp32(h); }
 
+// The per-lane block step of quant.h (llama.cpp's x86 order): exact int32 lane sums (lane l =
+// elements 4l..4l+3 of each 32-element group), each converted to f32 and fused with the block's
+// scale into its own accumulator lane.
+inline void fma_lanes(float acc[8], const int32_t lane[8], float scale) {
+  for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(static_cast<float>(lane[l]), scale, acc[l]);
+}
+
 // Q4_K/Q5_K 6-bit scale and min of sub-block s (get_scale_min_k4, quant-formats.md §3).
 inline void get_scale_min_k4(int s, const uint8_t* b, int* sc, int* m) {
   if (s < 4) {

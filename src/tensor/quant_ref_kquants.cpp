@@ -170,21 +170,23 @@ void quantize_k_asym(const float* x, int nmax, uint16_t* d_out, uint16_t* dmin_o
   }
 }
 
-// Q4_K/Q5_K dot-product core: 4/5-bit values q[256] of one super-block against Q8_K.
-void accumulate_k_asym(const int q[256], const uint8_t scales[12], float dx, float dminx,
-                       const BlockQ8_K& y, float* acc) {
-  int32_t isum = 0;
-  int32_t mins = 0;
+// Q4_K/Q5_K dot-product core (llama.cpp's x86 order, quant.h): 4/5-bit values q[256] of one
+// super-block against Q8_K. lane[l] collects sc * q * q8 of the elements with (n % 32) / 4 == l;
+// the mins go to 4 lanes, lane i = m(2i) * sum32(2i) + m(2i+1) * sum32(2i+1), where sum32(s) is
+// the Q8_K sum over sub-block s.
+struct KAsymLanes {
+  int32_t lane[8] = {};
+  int32_t min_lane[4] = {};
+};
+KAsymLanes k_asym_lanes(const int q[256], const uint8_t scales[12], const BlockQ8_K& y) {
+  KAsymLanes r;
   for (int s = 0; s < 8; ++s) {
     int sc, m;
     get_scale_min_k4(s, scales, &sc, &m);
-    int32_t sub = 0;
-    for (int l = 0; l < 32; ++l) sub += q[32 * s + l] * y.qs[32 * s + l];
-    isum += sc * sub;
-    mins += m * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
+    for (int l = 0; l < 32; ++l) r.lane[l / 4] += sc * q[32 * s + l] * y.qs[32 * s + l];
+    r.min_lane[s / 2] += m * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
   }
-  *acc = std::fmaf(static_cast<float>(isum), dx * y.d, *acc);
-  *acc = std::fmaf(-static_cast<float>(mins), dminx * y.d, *acc);
+  return r;
 }
 
 // Q4_K element values (0..15) in natural order.
@@ -399,12 +401,16 @@ float vec_dot_q4_k(int64_t n, const void* vw, const void* vx) {
   const auto* w = static_cast<const BlockQ4_K*>(vw);
   const auto* x = static_cast<const BlockQ8_K*>(vx);
   float acc[8] = {};
+  float acc_m[4] = {};
   int q[256];
   for (int64_t b = 0; b < n / kQKK; ++b) {
     unpack_q4_k(w[b], q);
-    accumulate_k_asym(q, w[b].scales, h2f(w[b].d), h2f(w[b].dmin), x[b], &acc[b % 8]);
+    const KAsymLanes r = k_asym_lanes(q, w[b].scales, x[b]);
+    fma_lanes(acc, r.lane, h2f(w[b].d) * x[b].d);
+    const float dmin = -(h2f(w[b].dmin) * x[b].d);
+    for (int i = 0; i < 4; ++i) acc_m[i] = std::fmaf(static_cast<float>(r.min_lane[i]), dmin, acc_m[i]);
   }
-  return reduce8(acc);
+  return reduce8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
 }
 
 // ---------------------------------------------------------------- Q5_K
@@ -444,12 +450,16 @@ float vec_dot_q5_k(int64_t n, const void* vw, const void* vx) {
   const auto* w = static_cast<const BlockQ5_K*>(vw);
   const auto* x = static_cast<const BlockQ8_K*>(vx);
   float acc[8] = {};
+  float summs = 0.0f;
   int q[256];
   for (int64_t b = 0; b < n / kQKK; ++b) {
     unpack_q5_k(w[b], q);
-    accumulate_k_asym(q, w[b].scales, h2f(w[b].d), h2f(w[b].dmin), x[b], &acc[b % 8]);
+    const KAsymLanes r = k_asym_lanes(q, w[b].scales, x[b]);
+    fma_lanes(acc, r.lane, h2f(w[b].d) * x[b].d);
+    const int32_t mins = (r.min_lane[0] + r.min_lane[1]) + (r.min_lane[2] + r.min_lane[3]);
+    summs = std::fmaf(static_cast<float>(mins), -(h2f(w[b].dmin) * x[b].d), summs);
   }
-  return reduce8(acc);
+  return reduce8(acc) + summs;
 }
 
 // ---------------------------------------------------------------- Q6_K
@@ -504,8 +514,9 @@ float vec_dot_q6_k(int64_t n, const void* vw, const void* vx) {
   for (int64_t b = 0; b < n / kQKK; ++b) {
     unpack_q6_k(w[b], q);
     for (int g = 0; g < 16; ++g) sc[g] = w[b].scales[g];
-    const int32_t isum = isum_by16(q, sc, x[b]);
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * x[b].d, acc[b % 8]);
+    int32_t lane[8] = {};
+    for (int i = 0; i < 256; ++i) lane[(i % 32) / 4] += sc[i / 16] * q[i] * x[b].qs[i];
+    fma_lanes(acc, lane, h2f(w[b].d) * x[b].d);
   }
   return reduce8(acc);
 }

@@ -192,9 +192,9 @@ float vec_dot_q4_0(int64_t n, const void* vw, const void* vx) {
   const auto* x = static_cast<const BlockQ8_0*>(vx);
   float acc[8] = {};
   for (int64_t b = 0; b < n / kQK; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < kQK; ++j) isum += (nibble(w[b].qs, j) - 8) * x[b].qs[j];
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * h2f(x[b].d), acc[b % 8]);
+    int32_t lane[8] = {};
+    for (int j = 0; j < kQK; ++j) lane[j / 4] += (nibble(w[b].qs, j) - 8) * x[b].qs[j];
+    fma_lanes(acc, lane, h2f(w[b].d) * h2f(x[b].d));
   }
   return reduce8(acc);
 }
@@ -248,12 +248,12 @@ float vec_dot_q5_0(int64_t n, const void* vw, const void* vx) {
   float acc[8] = {};
   for (int64_t b = 0; b < n / kQK; ++b) {
     const uint32_t qh = load_u32(w[b].qh);
-    int32_t isum = 0;
+    int32_t lane[8] = {};
     for (int j = 0; j < kQK; ++j) {
       const int q = nibble(w[b].qs, j) | static_cast<int>(((qh >> j) & 1u) << 4);
-      isum += (q - 16) * x[b].qs[j];
+      lane[j / 4] += (q - 16) * x[b].qs[j];
     }
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * h2f(x[b].d), acc[b % 8]);
+    fma_lanes(acc, lane, h2f(w[b].d) * h2f(x[b].d));
   }
   return reduce8(acc);
 }
@@ -314,9 +314,9 @@ float vec_dot_q8_0(int64_t n, const void* vw, const void* vx) {
   const auto* x = static_cast<const BlockQ8_0*>(vx);
   float acc[8] = {};
   for (int64_t b = 0; b < n / kQK; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < kQK; ++j) isum += w[b].qs[j] * x[b].qs[j];
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * h2f(x[b].d), acc[b % 8]);
+    int32_t lane[8] = {};
+    for (int j = 0; j < kQK; ++j) lane[j / 4] += w[b].qs[j] * x[b].qs[j];
+    fma_lanes(acc, lane, h2f(w[b].d) * h2f(x[b].d));
   }
   return reduce8(acc);
 }
@@ -343,9 +343,9 @@ float vec_dot_q8_1(int64_t n, const void* vw, const void* vx) {
   const auto* x = static_cast<const BlockQ8_1*>(vx);
   float acc[8] = {};
   for (int64_t b = 0; b < n / kQK; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < kQK; ++j) isum += w[b].qs[j] * x[b].qs[j];
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * h2f(x[b].d), acc[b % 8]);
+    int32_t lane[8] = {};
+    for (int j = 0; j < kQK; ++j) lane[j / 4] += w[b].qs[j] * x[b].qs[j];
+    fma_lanes(acc, lane, h2f(w[b].d) * h2f(x[b].d));
   }
   return reduce8(acc);
 }
@@ -424,9 +424,9 @@ float vec_dot_iq4_nl(int64_t n, const void* vw, const void* vx) {
   const auto* x = static_cast<const BlockQ8_0*>(vx);
   float acc[8] = {};
   for (int64_t b = 0; b < n / kQK; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < kQK; ++j) isum += k_values_iq4nl[nibble(w[b].qs, j)] * x[b].qs[j];
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * h2f(x[b].d), acc[b % 8]);
+    int32_t lane[8] = {};
+    for (int j = 0; j < kQK; ++j) lane[j / 4] += k_values_iq4nl[nibble(w[b].qs, j)] * x[b].qs[j];
+    fma_lanes(acc, lane, h2f(w[b].d) * h2f(x[b].d));
   }
   return reduce8(acc);
 }

@@ -3,8 +3,10 @@
 //
 // Each super-block's integer part (isum = sum over sub-blocks of scale * sum(q*q8), and for
 // Q2_K/Q4_K/Q5_K mins = sum_g bsums[g]*m(g)) is computed exactly with integer SIMD; the float part
-// then follows quant.h: super-block b fuses into lane b % 8. Eight super-blocks at a time fill
-// one __m256 (hsum_8x8 gathers their sums), leftovers go to their lanes in scalar, then reduce8.
+// then follows quant.h. Per-lane types (Q4_K, Q5_K, Q6_K; llama.cpp's x86 order): the 8 int32
+// lanes of isum (lane l = elements with (n % 32) / 4 == l) fuse with the scale into 8 float lanes,
+// mins as kMinMode says. Others: super-block b fuses into lane b % 8; eight super-blocks at a time
+// fill one __m256 (hsum_8x8 gathers their sums), leftovers go to their lanes in scalar, reduce8.
 // Included only by kernels_avx2.cpp / kernels_avx512.cpp (see simd_x86.h).
 #pragma once
 
@@ -16,12 +18,32 @@ namespace {
 // Per-type policy: isum(w, y) -> 8 int32 partial sums of the exact integer part; scale(w, y) the
 // f32 factor; kHasMin types also return mins(w, y) (exact int) and min_scale(w, y) and add
 // fma(-(float)mins, min_scale, acc) after the main term.
+// kMinMode (per-lane types only): 0 no mins; 1 mins in 4 float lanes (Q4_K); 2 mins in one
+// scalar (Q5_K) -- llama.cpp's x86 vec_dot does exactly this.
 template <class P>
 float dot_superblocks(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const typename P::BW*>(vw);
   const auto* y = static_cast<const BlockQ8_K*>(vy);
   const int64_t nb = n / kQKK;
   __m256 acc = _mm256_setzero_ps();
+  if constexpr (P::kPerLane) {
+    __m128 acc_m = _mm_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P::isum(w[b], y[b])), _mm256_set1_ps(P::scale(w[b], y[b])), acc);
+      if constexpr (P::kMinMode == 1) {
+        acc_m = _mm_fmadd_ps(_mm_cvtepi32_ps(P::mins4(w[b], y[b])), _mm_set1_ps(-P::min_scale(w[b], y[b])), acc_m);
+      } else if constexpr (P::kMinMode == 2) {
+        summs = std::fmaf(static_cast<float>(hsum_i32(P::mins4(w[b], y[b]))), -P::min_scale(w[b], y[b]), summs);
+      }
+    }
+    if constexpr (P::kMinMode == 1) {
+      acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+      acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+      return reduce8(acc) + _mm_cvtss_f32(acc_m);
+    }
+    return reduce8(acc) + summs;
+  }
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
     __m256i s[8];
@@ -70,12 +92,15 @@ inline void unpack_k4_scales(const uint8_t* b12, uint64_t* sc, uint64_t* m) {
   *m = m_lo | (static_cast<uint64_t>(m_hi) << 32);
 }
 
-// sum_g bsums[g] * m[g/2] for eight u8 mins packed in a u64.
-inline int k4_mins(uint64_t m, const BlockQ8_K& y) {
+// The 4 int32 lanes m(2i)*sum32(2i) + m(2i+1)*sum32(2i+1) for eight u8 mins packed in a u64.
+inline __m128i k4_mins4(uint64_t m, const BlockQ8_K& y) {
   const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m)));
   const __m128i bs = _mm_hadd_epi16(loadu128(y.bsums), loadu128(y.bsums + 8));  // pairs: |.| <= 4064
-  return hsum_i32(_mm_madd_epi16(bs, m16));
+  return _mm_madd_epi16(bs, m16);
 }
+
+// sum_g bsums[g] * m[g/2] for eight u8 mins packed in a u64.
+inline int k4_mins(uint64_t m, const BlockQ8_K& y) { return hsum_i32(k4_mins4(m, y)); }
 
 // 32 unsigned values (<= 63) x 32 activations, times one scale broadcast as int16.
 inline __m256i scaled_u8s8(__m256i q, const int8_t* y, __m256i scale16) {
@@ -84,6 +109,8 @@ inline __m256i scaled_u8s8(__m256i q, const int8_t* y, __m256i scale16) {
 
 struct PolicyQ4_K {
   using BW = BlockQ4_K;
+  static constexpr bool kPerLane = true;
+  static constexpr int kMinMode = 1;
   static constexpr bool kHasMin = true;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     uint64_t sc, m;
@@ -104,12 +131,19 @@ struct PolicyQ4_K {
     unpack_k4_scales(w.scales, &sc, &m);
     return k4_mins(m, y);
   }
+  static __m128i mins4(const BW& w, const BlockQ8_K& y) {
+    uint64_t sc, m;
+    unpack_k4_scales(w.scales, &sc, &m);
+    return k4_mins4(m, y);
+  }
   static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
   static float min_scale(const BW& w, const BlockQ8_K& y) { return h2f(w.dmin) * y.d; }
 };
 
 struct PolicyQ5_K {
   using BW = BlockQ5_K;
+  static constexpr bool kPerLane = true;
+  static constexpr int kMinMode = 2;
   static constexpr bool kHasMin = true;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     uint64_t sc, m;
@@ -137,6 +171,11 @@ struct PolicyQ5_K {
     unpack_k4_scales(w.scales, &sc, &m);
     return k4_mins(m, y);
   }
+  static __m128i mins4(const BW& w, const BlockQ8_K& y) {
+    uint64_t sc, m;
+    unpack_k4_scales(w.scales, &sc, &m);
+    return k4_mins4(m, y);
+  }
   static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
   static float min_scale(const BW& w, const BlockQ8_K& y) { return h2f(w.dmin) * y.d; }
 };
@@ -155,6 +194,8 @@ inline __m256i offset_u8s8(__m256i q, __m256i off, __m256i yv, __m256i scale16) 
 
 struct PolicyQ6_K {
   using BW = BlockQ6_K;
+  static constexpr bool kPerLane = true;
+  static constexpr int kMinMode = 0;
   static constexpr bool kHasMin = false;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -184,6 +225,8 @@ struct PolicyQ6_K {
 
 struct PolicyQ3_K {
   using BW = BlockQ3_K;
+  static constexpr bool kPerLane = false;
+  static constexpr int kMinMode = 0;
   static constexpr bool kHasMin = false;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     // Sixteen 6-bit scale codes (quant-formats.md §3), four per u32.
@@ -222,6 +265,8 @@ struct PolicyQ3_K {
 
 struct PolicyQ2_K {
   using BW = BlockQ2_K;
+  static constexpr bool kPerLane = false;
+  static constexpr int kMinMode = 0;
   static constexpr bool kHasMin = true;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     const __m256i m3 = _mm256_set1_epi8(3);
@@ -250,6 +295,8 @@ struct PolicyQ2_K {
 
 struct PolicyIQ4_XS {
   using BW = BlockIQ4_XS;
+  static constexpr bool kPerLane = false;
+  static constexpr int kMinMode = 0;
   static constexpr bool kHasMin = false;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     const __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_iq4nl));
@@ -268,6 +315,8 @@ struct PolicyIQ4_XS {
 
 struct PolicyQ8_K {
   using BW = BlockQ8_K;
+  static constexpr bool kPerLane = false;
+  static constexpr int kMinMode = 0;
   static constexpr bool kHasMin = false;
   // Widen to int16 first: Q8_K weights may hold -128, which the sign trick cannot take.
   static __m256i isum(const BW& w, const BlockQ8_K& y) {

@@ -1,11 +1,15 @@
 // x86 SIMD dot products for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 against
 // Q8_0 activations; Q4_1, Q5_1 against Q8_1), bit-identical to the scalar reference.
 //
-// Canonical order (quant.h): block b goes to float lane b % 8 with acc = fma(isum, scale, acc).
-// Eight consecutive blocks therefore fill exactly one __m256: their exact int32 sums are gathered
-// into one vector (hsum_8x8), converted, and fused into the accumulator in one instruction;
-// the nb % 8 leftover blocks go to their lanes in scalar fmaf. Then the canonical reduce8.
-// Included only by kernels_avx2.cpp / kernels_avx512.cpp (see simd_x86.h).
+// Canonical order (quant.h):
+//  * per-lane types (kPerLane: Q8_0, Q4_0, Q5_0, IQ4_NL — llama.cpp's x86 vec_dot and tinyBLAS
+//    order): the block's 8 int32 partial sums (lane l = elements 4l..4l+3, exactly what
+//    dot_u8s8 produces) are converted and fused with the block scale, one fma per block;
+//  * the others: block b goes to float lane b % 8 with acc = fma(isum, scale, acc). Eight
+//    consecutive blocks fill one __m256: their exact int32 sums are gathered into one vector
+//    (hsum_8x8), converted, and fused into the accumulator in one instruction; the nb % 8
+//    leftover blocks go to their lanes in scalar fmaf.
+// Then the canonical reduce8. Included only by kernels_avx2.cpp / kernels_avx512.cpp.
 #pragma once
 
 #include "simd_x86.h"
@@ -23,6 +27,12 @@ float dot_blocks32(int64_t n, const void* vw, const void* vy) {
   const int64_t nb = n / kQK;
   const P p;
   __m256 acc = _mm256_setzero_ps();
+  if constexpr (P::kPerLane) {
+    for (int64_t b = 0; b < nb; ++b) {
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.isum(w[b], y[b])), _mm256_set1_ps(P::scale(w[b], y[b])), acc);
+    }
+    return reduce8(acc);
+  }
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
     __m256i s[8];
@@ -55,6 +65,7 @@ float dot_blocks32(int64_t n, const void* vw, const void* vy) {
 struct PolicyQ8_0 {
   using BW = BlockQ8_0;
   using BY = BlockQ8_0;
+  static constexpr bool kPerLane = true;
   static constexpr bool kHasMin = false;
   __m256i prep(const BW& w) const { return loadu256(w.qs); }
   __m256i dot(__m256i q, const BY& y) const { return dot_s8s8(q, loadu256(y.qs)); }
@@ -65,6 +76,7 @@ struct PolicyQ8_0 {
 struct PolicyQ4_0 {
   using BW = BlockQ4_0;
   using BY = BlockQ8_0;
+  static constexpr bool kPerLane = true;
   static constexpr bool kHasMin = false;
   __m256i prep(const BW& w) const { return _mm256_sub_epi8(unpack_nibbles16(w.qs), _mm256_set1_epi8(8)); }
   __m256i dot(__m256i q, const BY& y) const { return dot_s8s8(q, loadu256(y.qs)); }
@@ -75,6 +87,7 @@ struct PolicyQ4_0 {
 struct PolicyQ5_0 {
   using BW = BlockQ5_0;
   using BY = BlockQ8_0;
+  static constexpr bool kPerLane = true;
   static constexpr bool kHasMin = false;
   __m256i isum(const BW& w, const BY& y) const {
     uint32_t qh;
@@ -90,6 +103,7 @@ struct PolicyQ5_0 {
 struct PolicyIQ4_NL {
   using BW = BlockIQ4_NL;
   using BY = BlockQ8_0;
+  static constexpr bool kPerLane = true;
   static constexpr bool kHasMin = false;
   __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_iq4nl));
   __m256i isum(const BW& w, const BY& y) const {
@@ -101,6 +115,7 @@ struct PolicyIQ4_NL {
 struct PolicyMXFP4 {
   using BW = BlockMXFP4;
   using BY = BlockQ8_0;
+  static constexpr bool kPerLane = false;
   static constexpr bool kHasMin = false;
   __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_mxfp4));
   __m256i isum(const BW& w, const BY& y) const {
@@ -112,6 +127,7 @@ struct PolicyMXFP4 {
 struct PolicyQ4_1 {
   using BW = BlockQ4_1;
   using BY = BlockQ8_1;
+  static constexpr bool kPerLane = false;
   static constexpr bool kHasMin = true;
   __m256i isum(const BW& w, const BY& y) const { return dot_u8s8(unpack_nibbles16(w.qs), loadu256(y.qs)); }
   static float scale(const BW& w, const BY& y) { return h2f(w.d) * h2f(y.d); }
@@ -122,6 +138,7 @@ struct PolicyQ4_1 {
 struct PolicyQ5_1 {
   using BW = BlockQ5_1;
   using BY = BlockQ8_1;
+  static constexpr bool kPerLane = false;
   static constexpr bool kHasMin = true;
   __m256i isum(const BW& w, const BY& y) const {
     uint32_t qh;

@@ -1,7 +1,7 @@
 // x86 SIMD vec_dot_tile kernels (kernels.h): nr weight rows x nc activation rows in one pass,
 // so each weight block is loaded and unpacked once per tile column group instead of once per
-// output. Every output follows exactly the per-lane sequence of the matching vec_dot (block b
-// -> lane b % 8, same fused ops, same reduce8), so tile == vec_dot bit for bit.
+// output. Every output follows exactly the per-lane sequence of the matching vec_dot (same lane
+// assignment, same fused ops, same reduce8), so tile == vec_dot bit for bit.
 // Included only by kernels_avx2.cpp / kernels_avx512.cpp (see simd_x86.h).
 #pragma once
 
@@ -35,6 +35,19 @@ void tile_blocks32(int64_t n, const void* vw, size_t w_stride, int nr, const voi
       for (int r = 0; r < rn; ++r)
         for (int c = 0; c < cn; ++c) acc[r][c] = _mm256_setzero_ps();
       int64_t b = 0;
+      if constexpr (P::kPerLane) {
+        for (; b < nb; ++b) {
+          for (int r = 0; r < rn; ++r) {
+            const BW& w = wrow(r0 + r)[b];
+            const __m256i q = p.prep(w);
+            const float dw = h2f(w.d);
+            for (int c = 0; c < cn; ++c) {
+              const BY& y = xrow(c0 + c)[b];
+              acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q, y)), _mm256_set1_ps(dw * h2f(y.d)), acc[r][c]);
+            }
+          }
+        }
+      }
       for (; b + 8 <= nb; b += 8) {
         for (int r = 0; r < rn; ++r) {
           const BW* w = wrow(r0 + r) + b;
@@ -98,7 +111,7 @@ struct TileQ4_K {
     for (int k = 0; k < 8; ++k) acc = _mm256_add_epi32(acc, scaled_u8s8(p.q[k], y.qs + 32 * k, p.s16[k]));
     return acc;
   }
-  static int mins(const Prep& p, const BlockQ8_K& y) { return k4_mins(p.m, y); }
+  static __m128i mins4(const Prep& p, const BlockQ8_K& y) { return k4_mins4(p.m, y); }
   static float scale(const BW& w, const BlockQ8_K& y) { return PolicyQ4_K::scale(w, y); }
   static float min_scale(const BW& w, const BlockQ8_K& y) { return PolicyQ4_K::min_scale(w, y); }
 };
@@ -133,11 +146,11 @@ struct TileQ6_K {
     for (int k = 0; k < 8; ++k) acc = _mm256_add_epi32(acc, offset_u8s8(p.q[k], off, loadu256(y.qs + 32 * k), p.s16[k]));
     return acc;
   }
-  static int mins(const Prep&, const BlockQ8_K&) { return 0; }
   static float scale(const BW& w, const BlockQ8_K& y) { return PolicyQ6_K::scale(w, y); }
   static float min_scale(const BW&, const BlockQ8_K&) { return 0.0f; }
 };
 
+// Q4_K (mins in 4 float lanes) and Q6_K: the per-lane order of dot_superblocks.
 template <class T>
 void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx,
                       size_t x_stride, int nc, float* out, size_t ldo) {
@@ -151,7 +164,14 @@ void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const 
     const int rn = std::min(kTileR, nr - r0);
     for (int c0 = 0; c0 < nc; c0 += kTileC) {
       const int cn = std::min(kTileC, nc - c0);
-      alignas(32) float acc[kTileR][kTileC][8] = {};
+      __m256 acc[kTileR][kTileC];
+      __m128 acc_m[kTileR][kTileC];
+      for (int r = 0; r < rn; ++r) {
+        for (int c = 0; c < cn; ++c) {
+          acc[r][c] = _mm256_setzero_ps();
+          acc_m[r][c] = _mm_setzero_ps();
+        }
+      }
       for (int64_t b = 0; b < nb; ++b) {
         for (int r = 0; r < rn; ++r) {
           const BW& w = wrow(r0 + r)[b];
@@ -159,15 +179,24 @@ void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const 
           T::prep(w, &p);
           for (int c = 0; c < cn; ++c) {
             const BlockQ8_K& y = xrow(c0 + c)[b];
-            float& l = acc[r][c][b & 7];
-            l = std::fmaf(static_cast<float>(hsum_i32(T::dot(p, y))), T::scale(w, y), l);
-            if constexpr (T::kHasMin) l = std::fmaf(-static_cast<float>(T::mins(p, y)), T::min_scale(w, y), l);
+            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T::dot(p, y)), _mm256_set1_ps(T::scale(w, y)), acc[r][c]);
+            if constexpr (T::kHasMin) {
+              acc_m[r][c] = _mm_fmadd_ps(_mm_cvtepi32_ps(T::mins4(p, y)), _mm_set1_ps(-T::min_scale(w, y)), acc_m[r][c]);
+            }
           }
         }
       }
-      for (int r = 0; r < rn; ++r)
-        for (int c = 0; c < cn; ++c)
-          out[static_cast<size_t>(c0 + c) * ldo + static_cast<size_t>(r0 + r)] = reduce8(_mm256_load_ps(acc[r][c]));
+      for (int r = 0; r < rn; ++r) {
+        for (int c = 0; c < cn; ++c) {
+          float v = reduce8(acc[r][c]);
+          if constexpr (T::kHasMin) {
+            __m128 m = _mm_add_ps(acc_m[r][c], _mm_movehl_ps(acc_m[r][c], acc_m[r][c]));
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            v += _mm_cvtss_f32(m);
+          }
+          out[static_cast<size_t>(c0 + c) * ldo + static_cast<size_t>(r0 + r)] = v;
+        }
+      }
     }
   }
 }

@@ -522,5 +522,37 @@ TEST(Matmul, GetRowMatchesDequantize) {
   }
 }
 
+// ggml's vector exp (through silu_v and softmax): within ~2 ulp of libm, not always equal, and
+// the softmax keeps its ggml split (groups of 16 vector exp, tail expf, padding -inf -> 0).
+TEST(Ops, VectorExpSiluAndSoftmaxGroups) {
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> dist(-12.0f, 12.0f);
+  int differ = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const float x = dist(rng);
+    const float a = silu(x), b = silu_v(x);
+    EXPECT_NEAR(b, a, 4e-7f * std::fabs(a) + 1e-30f) << x;
+    differ += a != b;
+  }
+  EXPECT_GT(differ, 0);  // the approximation is really in use
+  EXPECT_EQ(silu_v(0.0f), 0.0f);
+  EXPECT_EQ(silu_v(-200.0f), -0.0f);
+  // 20 values + 12 padding cells: the padding gets exactly 0, the rest sums to ~1.
+  std::vector<float> row(32, -INFINITY);
+  for (int i = 0; i < 20; ++i) row[i] = dist(rng);
+  std::vector<float> plain(row.begin(), row.begin() + 20);
+  softmax(row.data(), 32);
+  softmax(plain.data(), 20);  // 16 vector + 4 expf: a different split, values agree to ~ulps
+  double sum = 0;
+  for (int i = 0; i < 32; ++i) sum += row[i];
+  EXPECT_NEAR(sum, 1.0, 1e-6);
+  for (int i = 20; i < 32; ++i) EXPECT_EQ(row[i], 0.0f);
+  for (int i = 0; i < 20; ++i) EXPECT_NEAR(row[i], plain[i], 1e-6f * plain[i] + 1e-12f);
+  // Equal inputs: every group's exp(0) is exactly 1 -> exactly 1/n.
+  std::vector<float> eq(48, 3.0f);
+  softmax(eq.data(), 48);
+  for (float v : eq) EXPECT_EQ(v, 1.0f / 48.0f);
+}
+
 }  // namespace
 }  // namespace moesh

@@ -214,14 +214,58 @@ TEST(QuantRef, CanonicalOrderBitExact) {
     const Bytes wq = quantize(GgmlType::Q8_0, w), xq = quantize(GgmlType::Q8_0, x);
     const auto* a = reinterpret_cast<const BlockQ8_0*>(wq.data());
     const auto* b = reinterpret_cast<const BlockQ8_0*>(xq.data());
+    // Per block: int lane l = elements 4l..4l+3, fused with dx*dy into float lane l.
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (size_t i = 0; i < n / 32; ++i) {
-      int isum = 0;
-      for (int j = 0; j < 32; ++j) isum += a[i].qs[j] * b[i].qs[j];
-      acc[i % 8] = std::fmaf(static_cast<float>(isum), fp16_to_fp32(a[i].d) * fp16_to_fp32(b[i].d), acc[i % 8]);
+      for (int l = 0; l < 8; ++l) {
+        int isum = 0;
+        for (int j = 4 * l; j < 4 * l + 4; ++j) isum += a[i].qs[j] * b[i].qs[j];
+        acc[l] = std::fmaf(static_cast<float>(isum), fp16_to_fp32(a[i].d) * fp16_to_fp32(b[i].d), acc[l]);
+      }
     }
     const float want = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
     EXPECT_EQ(vec_dot_ref(GgmlType::Q8_0, static_cast<int64_t>(n), wq.data(), xq.data()), want);
+    // The former block-per-lane order: the same value to rounding (a sanity check of `want`).
+    float old_acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (size_t i = 0; i < n / 32; ++i) {
+      int isum = 0;
+      for (int j = 0; j < 32; ++j) isum += a[i].qs[j] * b[i].qs[j];
+      old_acc[i % 8] = std::fmaf(static_cast<float>(isum), fp16_to_fp32(a[i].d) * fp16_to_fp32(b[i].d), old_acc[i % 8]);
+    }
+    const float old_want = ((old_acc[0] + old_acc[4]) + (old_acc[2] + old_acc[6])) +
+                           ((old_acc[1] + old_acc[5]) + (old_acc[3] + old_acc[7]));
+    EXPECT_NEAR(old_want, want, 1e-3 * std::fabs(want) + 1e-3);
+  }
+  {
+    // Q4_K x Q8_K: 8 float lanes of sc * q * q8 by (n % 32) / 4, mins in 4 lanes, then
+    // reduce8 + ((m0 + m2) + (m1 + m3)).
+    const size_t nk = 256 * 5;
+    const auto wk = gaussian(53, nk), xk = gaussian(54, nk);
+    const Bytes wq = quantize(GgmlType::Q4_K, wk), xq = quantize(GgmlType::Q8_K, xk);
+    const auto* a = reinterpret_cast<const BlockQ4_K*>(wq.data());
+    const auto* b = reinterpret_cast<const BlockQ8_K*>(xq.data());
+    float acc[8] = {}, acc_m[4] = {};
+    for (size_t i = 0; i < nk / 256; ++i) {
+      int lane[8] = {}, mlane[4] = {};
+      for (int s = 0; s < 8; ++s) {
+        const uint8_t* sc12 = a[i].scales;
+        const int sc = s < 4 ? (sc12[s] & 63) : ((sc12[s + 4] & 15) | ((sc12[s - 4] >> 6) << 4));
+        const int m = s < 4 ? (sc12[s + 4] & 63) : ((sc12[s + 4] >> 4) | ((sc12[s] >> 6) << 4));
+        for (int l = 0; l < 32; ++l) {
+          const int byte = a[i].qs[32 * (s / 2) + l];
+          const int q = s % 2 == 0 ? (byte & 15) : (byte >> 4);
+          lane[l / 4] += sc * q * b[i].qs[32 * s + l];
+        }
+        mlane[s / 2] += m * (b[i].bsums[2 * s] + b[i].bsums[2 * s + 1]);
+      }
+      const float d = b[i].d * fp16_to_fp32(a[i].d), dmin = -b[i].d * fp16_to_fp32(a[i].dmin);
+      for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(static_cast<float>(lane[l]), d, acc[l]);
+      for (int l = 0; l < 4; ++l) acc_m[l] = std::fmaf(static_cast<float>(mlane[l]), dmin, acc_m[l]);
+    }
+    const float want = (((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))) +
+                       ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
+    ASSERT_GT(std::fabs(want), 1.0f);
+    EXPECT_EQ(vec_dot_ref(GgmlType::Q4_K, static_cast<int64_t>(nk), wq.data(), xq.data()), want);
   }
   {
     float acc[32] = {};

@@ -10,6 +10,7 @@
 
 #include "command.h"
 #include "model_cli.h"
+#include "swarm_cli.h"
 
 namespace moesh::cli {
 namespace {
@@ -20,6 +21,7 @@ struct BenchArgs {
   int n_gen = 128;
   int threads = 0;
   int reps = 3;
+  SwarmArgs swarm;
 };
 
 struct Stat {
@@ -50,10 +52,14 @@ int run_bench(const BenchArgs& a) {
   std::vector<int32_t> toks(static_cast<size_t>(std::max(a.n_prompt, a.n_gen)));
   for (auto& t : toks) t = dist(rng);
 
+  std::shared_ptr<RemoteExecutor> remote;
+  if (!open_remote_or_report(*model, a.swarm, "bench", &remote)) return 1;
   ContextParams cp;
   cp.n_threads = a.threads;
   cp.n_ctx = std::max(a.n_prompt, a.n_gen) + 1;
+  cp.executor = remote;
   Context ctx(*model, cp);
+  if (remote) remote->set_pool(&ctx.pool());
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
   using clock = std::chrono::steady_clock;
 
@@ -114,6 +120,7 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
+      add_swarm_options(sub, &a->swarm);
       return [a] { return run_bench(*a); };
     }}};
 

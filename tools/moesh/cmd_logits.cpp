@@ -8,6 +8,7 @@
 
 #include "command.h"
 #include "model_cli.h"
+#include "swarm_cli.h"
 #include "moesh/sampling.h"
 
 namespace moesh::cli {
@@ -18,6 +19,7 @@ struct LogitsArgs {
   int threads = 0;
   bool incremental = false;
   bool dequant_f32 = false;
+  SwarmArgs swarm;
 };
 
 int run_logits(const LogitsArgs& a) {
@@ -30,10 +32,14 @@ int run_logits(const LogitsArgs& a) {
   if (!model) return 1;
   const int64_t V = model->hparams().n_vocab;
   const int64_t T = static_cast<int64_t>(toks->size());
+  std::shared_ptr<RemoteExecutor> remote;
+  if (!open_remote_or_report(*model, a.swarm, "logits", &remote)) return 1;
   ContextParams cp;
   cp.n_threads = a.threads;
   cp.n_ctx = std::max<int64_t>(T, model->hparams().n_ctx_train);
+  cp.executor = remote;
   Context ctx(*model, cp);
+  if (remote) remote->set_pool(&ctx.pool());
   std::vector<float> logits(static_cast<size_t>(T * V));
   Status st;
   if (a.incremental) {
@@ -78,6 +84,7 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_flag("--incremental", a->incremental, "Decode one token at a time through the KV cache");
       sub->add_flag("--dequant-f32", a->dequant_f32, "Dequantize every weight to F32 at load (debug)");
+      add_swarm_options(sub, &a->swarm);
       return [a] { return run_logits(*a); };
     }}};
 

@@ -8,6 +8,7 @@
 
 #include "command.h"
 #include "model_cli.h"
+#include "swarm_cli.h"
 #include "moesh/sampling.h"
 
 namespace moesh::cli {
@@ -22,6 +23,7 @@ struct RunArgs {
   float top_p = 1.0f;
   uint64_t seed = 0;
   bool json = false;
+  SwarmArgs swarm;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -58,10 +60,14 @@ int run_run(const RunArgs& a) {
   const HParams& hp = model->hparams();
   int64_t eos = -1;  // stop early on the model's end-of-sequence token, if it names one
   if (auto r = model->file().get_or<int64_t>("tokenizer.ggml.eos_token_id", -1); r) eos = *r;
+  std::shared_ptr<RemoteExecutor> remote;
+  if (!open_remote_or_report(*model, a.swarm, "run", &remote)) return 1;
   ContextParams cp;
   cp.n_threads = a.threads;
   cp.n_ctx = std::max<int64_t>(static_cast<int64_t>(prompt.size()) + a.n_predict, hp.n_ctx_train);
+  cp.executor = remote;
   Context ctx(*model, cp);
+  if (remote) remote->set_pool(&ctx.pool());
   SamplingParams sp;
   sp.temp = a.temp;
   sp.top_k = a.top_k;
@@ -126,6 +132,7 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_flag("--json", a->json, "Print one JSON object instead of text");
+      add_swarm_options(sub, &a->swarm);
       return [a] { return run_run(*a); };
     }}};
 

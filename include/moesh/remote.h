@@ -1,0 +1,179 @@
+// The backbone side of remote expert dispatch: worker addresses, connections to workers,
+// placement of (layer, expert) pairs on owners, and RemoteExecutor — the ExpertExecutor that
+// sends routed-expert work to `moesh worker` processes (docs/PROTOCOL.md, design.md).
+//
+// Start-up (RemoteExecutor::connect): dial every worker (TCP policy from netstack.md: NODELAY,
+// congestion control set before connect, large buffers), HELLO handshake (protocol version and
+// model identity must match ours; a mismatch names the worker), one padded PING to open the
+// congestion window, then build the placement map from the expert ranges each worker announced:
+// each (layer, expert) goes to the first worker that holds it, else to the backbone if it has
+// the weights; an expert held by nobody fails start-up with a message listing them.
+//
+// Per MoE layer: submit() splits the routing plan by owner and sends one DISPATCH to every
+// involved worker at once (star fan-out: one round trip per layer whatever the number of
+// workers) and returns; wait() computes the backbone's own share, gathers every COMBINE with a
+// per-request deadline and combines:
+//   EXACT   — each expert's raw output y comes back; out = w0*y0; out = out + w_r*y_r in router
+//             rank order, the same float operations as LocalExecutor, so with the F32 wire the
+//             result is bit-identical to local execution for any placement;
+//   PARTIAL — each worker returns one Σ w·y per token; the backbone adds the partials in a fixed
+//             order (its own first, then workers in connection order). Lossy; `moesh gate`.
+// A worker error, timeout or disconnect fails the layer with a Status naming the worker, the
+// layer and the request id; nothing waits past its deadline.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moesh/executor.h"
+#include "moesh/model.h"
+#include "moesh/status.h"
+#include "moesh/transport.h"
+#include "moesh/wire.h"
+
+namespace moesh {
+
+// ---- worker addresses ------------------------------------------------------------------------
+
+struct WorkerAddress {
+  std::string host;  // numeric IPv4/IPv6 or a name (IPv6 written "[::1]:port")
+  uint16_t port = 0;
+  std::string to_string() const;
+};
+
+// "host:port" or "[v6addr]:port"; port 1..65535.
+Result<WorkerAddress> parse_worker_address(std::string_view s);
+// One HOST:PORT per line; blank lines and '#' comments (whole-line or trailing) are ignored.
+// Errors name the file and line.
+Result<std::vector<WorkerAddress>> read_workers_file(const std::string& path);
+
+// ---- placement -------------------------------------------------------------------------------
+
+// Who computes each (layer, expert): a worker index, the backbone itself, or nobody (dense layer).
+class Placement {
+ public:
+  static constexpr int kLocal = -1;
+  static constexpr int kNone = -2;  // dense layer (no routed experts)
+
+  Placement() = default;
+  Placement(int n_layer, int n_expert) : n_layer_(n_layer), n_expert_(n_expert),
+      owner_(static_cast<size_t>(n_layer) * static_cast<size_t>(n_expert), kNone) {}
+
+  int n_layer() const { return n_layer_; }
+  int n_expert() const { return n_expert_; }
+  int owner(int layer, int expert) const {
+    return owner_[static_cast<size_t>(layer) * n_expert_ + expert];
+  }
+  void set_owner(int layer, int expert, int owner) {
+    owner_[static_cast<size_t>(layer) * n_expert_ + expert] = static_cast<int16_t>(owner);
+  }
+  // (layer, expert) pairs owned by `owner` (a worker index or kLocal).
+  int64_t count(int owner) const;
+  // "layer 0: experts 0-7, 9; layer 3: experts 0-63" — the pairs owned by `owner`.
+  std::string describe(int owner) const;
+
+ private:
+  int n_layer_ = 0, n_expert_ = 0;
+  std::vector<int16_t> owner_;
+};
+
+// What the placement is built from.
+struct PlacementInput {
+  int n_layer = 0;
+  int n_expert = 0;
+  std::vector<bool> moe_layer;    // [n_layer]: layer has routed experts
+  std::vector<bool> local_layer;  // [n_layer]: the backbone holds this layer's expert weights
+  std::vector<std::vector<wire::ExpertRange>> worker_experts;  // per worker, from its HELLO
+  std::vector<std::string> worker_names;                       // for messages
+};
+
+// First worker holding an expert wins; otherwise the backbone if it has the layer's weights.
+// kNotFound listing the uncovered experts (layer by layer) if any MoE expert has no owner;
+// kInvalidArgument if a worker announces a range outside the model.
+Result<Placement> build_placement(const PlacementInput& in);
+
+// "a-b,c" for a sorted list of ids (used in messages).
+std::string format_id_ranges(const std::vector<int>& ids);
+
+// ---- connections to workers --------------------------------------------------------------------
+
+struct RemoteOptions {
+  wire::WireDType wire = wire::WireDType::kF32;          // hidden rows and returned rows
+  wire::CombineMode combine = wire::CombineMode::kExact;
+  std::chrono::milliseconds timeout{10000};          // per request (dispatch -> combine)
+  std::chrono::milliseconds connect_timeout{5000};   // connect + handshake + warm-up, per worker
+  net::TcpOptions tcp;                               // congestion control, buffers, NODELAY
+  uint32_t warmup_pad_bytes = 100 * 1024;            // warm-up PING padding each way
+  std::string name = "backbone";                     // announced in HELLO
+};
+
+// One connected, handshaken worker.
+struct WorkerLink {
+  WorkerAddress address;
+  std::string label;                      // "host:port (name)", used in every message
+  std::unique_ptr<net::Connection> conn;
+  std::unique_ptr<net::RequestMux> mux;
+  wire::Session session;                  // negotiated; session.peer is the worker's HELLO
+  wire::DecodeLimits limits;              // for decoding its COMBINEs
+  std::chrono::nanoseconds warmup_rtt{0};
+  ~WorkerLink();                          // sends GOODBYE (best effort) and closes
+};
+
+// Connects to one worker and runs handshake + warm-up. Errors name the address.
+Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, const wire::Hello& local,
+                                                   const RemoteOptions& opts);
+
+// The HELLO a backbone sends for `model` (identity hash, shape, the dtypes and modes it speaks).
+Result<wire::Hello> backbone_hello(const Model& model, const RemoteOptions& opts);
+
+// ---- the executor --------------------------------------------------------------------------------
+
+// Wire traffic as counted from the frames actually sent and received (header included).
+struct RemoteTraffic {
+  uint64_t dispatch_frames = 0, dispatch_bytes = 0;
+  uint64_t combine_frames = 0, combine_bytes = 0;
+  uint64_t layer_calls = 0;        // submit() calls that involved at least one worker
+  uint64_t token_layers = 0;       // Σ over those calls of n_tokens
+  uint64_t remote_pairs = 0;       // (token, expert) pairs sent to workers
+  uint64_t local_pairs = 0;        // pairs computed by the backbone
+};
+
+class RemoteExecutor final : public ExpertExecutor {
+ public:
+  // Connects to every worker (in order; worker i is index i in the placement) and builds the
+  // placement over `model`'s layers. `model` must outlive the executor. The backbone's own
+  // expert weights (model.expert_weights()) serve experts no worker holds.
+  static Result<std::unique_ptr<RemoteExecutor>> connect(const Model& model,
+                                                         const std::vector<WorkerAddress>& workers,
+                                                         const RemoteOptions& opts);
+  ~RemoteExecutor() override;
+
+  // The pool for the backbone's share of expert work (normally the Context's). Null: serial.
+  void set_pool(ThreadPool* pool);
+
+  Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override;
+  Result<std::span<const float>> wait(Ticket t) override;
+
+  const Placement& placement() const;
+  size_t n_workers() const;
+  const WorkerLink& worker(size_t i) const;
+  const RemoteOptions& options() const;
+  // Multi-line summary: each worker's label, warm-up RTT and experts; the local share.
+  std::string describe() const;
+
+  RemoteTraffic traffic() const;
+  void reset_traffic();
+
+  struct Impl;
+
+ private:
+  explicit RemoteExecutor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moesh

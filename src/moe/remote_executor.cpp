@@ -1,0 +1,423 @@
+// RemoteExecutor: routed experts computed by worker processes (and by the backbone for the
+// experts no worker holds). See include/moesh/remote.h for the protocol of one layer.
+//
+// The backbone's own share is computed as raw expert outputs too: each local (token, rank) pair
+// becomes one row of a k=1 plan with weight 1, so LocalExecutor returns y*1 = y exactly (its row
+// results do not depend on the other rows of the batch). Local and remote outputs are then
+// combined by one loop, in rank order, with LocalExecutor's float operations — which is what
+// makes EXACT mode bit-identical to all-local execution for any placement.
+#include <algorithm>
+
+#include "moesh/remote.h"
+#include "moesh/swarm.h"
+
+namespace moesh {
+
+struct RemoteExecutor::Impl {
+  const Model* model = nullptr;
+  RemoteOptions opts;
+  std::vector<std::unique_ptr<WorkerLink>> links;
+  Placement placement;
+  std::vector<ExpertWeights> local_weights;
+  std::unique_ptr<LocalExecutor> local;
+  ThreadPool* pool = nullptr;
+  int64_t n_embd = 0;
+  int64_t n_expert = 0;
+  RemoteTraffic traffic;
+
+  // One DISPATCH: the tokens of a layer that have at least one pair on one worker.
+  struct Request {
+    int worker = 0;
+    bool started = false;
+    wire::DispatchMsg msg;         // hidden.bytes dropped once encoded (shape kept for checks)
+    std::vector<int32_t> tokens;   // batch index of each dispatched token
+    std::vector<int32_t> slots;    // token*k + rank of each pair, in pair order
+    std::vector<float> rows;       // decoded COMBINE rows
+  };
+  struct Job {
+    Ticket ticket = 0;
+    bool pending = false;
+    int layer = 0;
+    const float* x = nullptr;
+    int64_t n_tokens = 0;
+    const RoutingPlan* plan = nullptr;
+    net::Deadline deadline;
+    Status error;                  // a failure found by submit(), reported by wait()
+    std::vector<Request> reqs;     // reused; the first n_reqs are this job's
+    size_t n_reqs = 0;
+    std::vector<int32_t> local_slots;
+    std::vector<float> out;
+  };
+  std::vector<Job> jobs;
+  Ticket next_ticket = 1;
+
+  // Reusable buffers.
+  std::vector<float> rows_f32;        // gathered hidden rows of one request
+  std::vector<int64_t> owner_pairs;   // pairs per worker
+  std::vector<int> req_of_worker;
+  std::vector<float> xl, lw;          // local expanded rows, unit weights
+  std::vector<int32_t> lids;
+  RoutingPlan local_plan;
+  std::vector<const float*> slot_src;
+  std::vector<uint8_t> has;
+
+  std::string where(const Job& j, const Request& r) const {
+    return fmt::format("worker {}, layer {}, request {}", links[r.worker]->label, j.layer, r.msg.request_id);
+  }
+  void split_and_send(Job& job);
+  void cancel_all(Job& job);
+  Status run_local(Job& job, std::span<const float>* y);
+  Status gather(Job& job);
+  void combine(Job& job, std::span<const float> ylocal);
+};
+
+RemoteExecutor::RemoteExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RemoteExecutor::~RemoteExecutor() = default;
+
+Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& model,
+                                                                const std::vector<WorkerAddress>& workers,
+                                                                const RemoteOptions& opts) {
+  if (workers.empty()) return make_error(StatusCode::kInvalidArgument, "remote executor: no workers given");
+  auto impl = std::make_unique<Impl>();
+  impl->model = &model;
+  impl->opts = opts;
+  const HParams& hp = model.hparams();
+  impl->n_embd = hp.n_embd;
+  impl->n_expert = hp.n_expert;
+  impl->local_weights = model.expert_weights();
+  impl->local = std::make_unique<LocalExecutor>(impl->local_weights, nullptr);
+
+  MOESH_ASSIGN_OR_RETURN(wire::Hello hello, backbone_hello(model, opts));
+  MOESH_ASSIGN_OR_RETURN(swarm::ModelShape shape, swarm::model_shape(model.file()));
+  if (shape.n_embd != hp.n_embd || shape.n_layer != hp.n_layer || shape.n_expert != hp.n_expert) {
+    return make_error(StatusCode::kInternal, "remote executor: model shape disagrees with its hparams");
+  }
+
+  PlacementInput pin;
+  pin.n_layer = static_cast<int>(hp.n_layer);
+  pin.n_expert = static_cast<int>(hp.n_expert);
+  for (const LayerWeights& lw : model.layers) {
+    pin.moe_layer.push_back(lw.is_moe);
+    pin.local_layer.push_back(lw.is_moe && lw.experts.valid());
+  }
+  for (const WorkerAddress& a : workers) {
+    auto link = connect_worker(a, hello, opts);
+    if (!link) return link.status();
+    auto held = swarm::expert_set_from_ranges((*link)->session.peer.experts, shape);
+    if (!held) return held.status().with_context("worker " + (*link)->label + " announces");
+    pin.worker_experts.push_back(held->ranges);
+    pin.worker_names.push_back((*link)->label);
+    impl->links.push_back(std::move(*link));
+  }
+  auto placement = build_placement(pin);
+  if (!placement) return placement.status().with_context("placement");
+  impl->placement = std::move(*placement);
+  impl->req_of_worker.assign(impl->links.size(), -1);
+  impl->owner_pairs.assign(impl->links.size(), 0);
+  return std::unique_ptr<RemoteExecutor>(new RemoteExecutor(std::move(impl)));
+}
+
+void RemoteExecutor::set_pool(ThreadPool* pool) {
+  impl_->pool = pool;
+  impl_->local = std::make_unique<LocalExecutor>(impl_->local_weights, pool);
+}
+
+const Placement& RemoteExecutor::placement() const { return impl_->placement; }
+size_t RemoteExecutor::n_workers() const { return impl_->links.size(); }
+const WorkerLink& RemoteExecutor::worker(size_t i) const { return *impl_->links.at(i); }
+const RemoteOptions& RemoteExecutor::options() const { return impl_->opts; }
+RemoteTraffic RemoteExecutor::traffic() const { return impl_->traffic; }
+void RemoteExecutor::reset_traffic() { impl_->traffic = RemoteTraffic{}; }
+
+std::string RemoteExecutor::describe() const {
+  const Impl& m = *impl_;
+  std::string s = fmt::format("remote dispatch: wire {}, combine {}, timeout {} ms, {} worker(s)\n",
+                              wire::wire_dtype_name(m.opts.wire), wire::combine_mode_name(m.opts.combine),
+                              m.opts.timeout.count(), m.links.size());
+  for (size_t i = 0; i < m.links.size(); ++i) {
+    s += fmt::format("  worker {} {}: warm-up rtt {:.3f} ms, {} experts placed ({})\n", i, m.links[i]->label,
+                     std::chrono::duration<double, std::milli>(m.links[i]->warmup_rtt).count(),
+                     m.placement.count(static_cast<int>(i)), m.placement.describe(static_cast<int>(i)));
+  }
+  s += fmt::format("  local: {} experts ({})\n", m.placement.count(Placement::kLocal),
+                   m.placement.describe(Placement::kLocal));
+  return s;
+}
+
+// ---- submit ------------------------------------------------------------------------------------
+
+Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) {
+  Impl& m = *impl_;
+  Impl::Job* job = nullptr;
+  for (auto& j : m.jobs) {
+    if (!j.pending) { job = &j; break; }
+  }
+  if (job == nullptr) job = &m.jobs.emplace_back();
+  job->ticket = m.next_ticket++;
+  job->pending = true;
+  job->layer = layer;
+  job->x = x;
+  job->n_tokens = n_tokens;
+  job->plan = &plan;
+  job->deadline = net::deadline_in(m.opts.timeout);
+  job->error = Status::ok();
+  job->n_reqs = 0;
+  job->local_slots.clear();
+  m.split_and_send(*job);
+  return job->ticket;
+}
+
+void RemoteExecutor::Impl::split_and_send(Job& job) {
+  const RoutingPlan& plan = *job.plan;
+  const int k = plan.k;
+  const int64_t n_tok = job.n_tokens;
+  if (job.layer < 0 || job.layer >= placement.n_layer() || plan.n_tokens != n_tok || k < 1 ||
+      k > static_cast<int>(wire::kMaxPairsPerToken)) {
+    job.error = make_error(StatusCode::kInvalidArgument,
+                           "remote executor: bad dispatch (layer {}, {} tokens, plan of {} tokens, k {})",
+                           job.layer, n_tok, plan.n_tokens, k);
+    return;
+  }
+  // Pass 1: who owns each pair; requests are created in worker order, so PARTIAL sums are added
+  // in a fixed order whatever the routing.
+  std::fill(owner_pairs.begin(), owner_pairs.end(), 0);
+  for (int64_t s = 0; s < n_tok * k; ++s) {
+    const int32_t e = plan.ids[s];
+    const int o = e >= 0 && e < n_expert ? placement.owner(job.layer, e) : Placement::kNone;
+    if (o == Placement::kNone) {
+      job.error = make_error(StatusCode::kInvalidArgument,
+                             "remote executor: layer {} expert {} has no owner (dense layer or bad id)",
+                             job.layer, e);
+      return;
+    }
+    if (o == Placement::kLocal) job.local_slots.push_back(static_cast<int32_t>(s));
+    else ++owner_pairs[o];
+  }
+  for (size_t w = 0; w < links.size(); ++w) {
+    req_of_worker[w] = -1;
+    if (owner_pairs[w] == 0) continue;
+    if (job.reqs.size() <= job.n_reqs) job.reqs.emplace_back();
+    Request& r = job.reqs[job.n_reqs];
+    req_of_worker[w] = static_cast<int>(job.n_reqs++);
+    r.worker = static_cast<int>(w);
+    r.started = false;
+    r.tokens.clear();
+    r.slots.clear();
+    r.msg.pair_counts.clear();
+    r.msg.pairs.clear();
+  }
+  // Pass 2: per worker, its tokens and (expert, rank, weight) pairs in rank order.
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int rk = 0; rk < k; ++rk) {
+      const int64_t s = t * k + rk;
+      const int o = placement.owner(job.layer, plan.ids[s]);
+      if (o < 0) continue;
+      Request& r = job.reqs[req_of_worker[o]];
+      if (r.tokens.empty() || r.tokens.back() != t) {
+        r.tokens.push_back(static_cast<int32_t>(t));
+        r.msg.pair_counts.push_back(0);
+      }
+      ++r.msg.pair_counts.back();
+      r.msg.pairs.push_back(wire::ExpertPair{static_cast<uint16_t>(plan.ids[s]), static_cast<uint8_t>(rk),
+                                             plan.weights[s]});
+      r.slots.push_back(static_cast<int32_t>(s));
+    }
+  }
+  traffic.local_pairs += job.local_slots.size();
+  if (job.n_reqs == 0) return;
+  ++traffic.layer_calls;
+  traffic.token_layers += static_cast<uint64_t>(n_tok);
+  // Star fan-out: every request leaves before any reply is awaited.
+  for (size_t i = 0; i < job.n_reqs; ++i) {
+    Request& r = job.reqs[i];
+    WorkerLink& link = *links[r.worker];
+    const size_t nt = r.tokens.size();
+    rows_f32.resize(nt * static_cast<size_t>(n_embd));
+    for (size_t j = 0; j < nt; ++j) {
+      std::copy_n(job.x + static_cast<int64_t>(r.tokens[j]) * n_embd, n_embd, rows_f32.data() + j * n_embd);
+    }
+    auto rows = wire::encode_rows(opts.wire, rows_f32.data(), static_cast<uint32_t>(nt),
+                                  static_cast<uint32_t>(n_embd));
+    r.msg.request_id = link.mux->next_request_id();
+    if (!rows) {
+      job.error = rows.status().with_context(where(job, r) + ": encoding hidden rows");
+      return;
+    }
+    r.msg.hidden = std::move(*rows);
+    r.msg.layer = static_cast<uint32_t>(job.layer);
+    r.msg.mode = opts.combine;
+    r.msg.return_dtype = opts.wire;
+    r.msg.deadline_ms = static_cast<uint32_t>(std::clamp<int64_t>(opts.timeout.count(), 1, UINT32_MAX));
+    auto frame = wire::encode_dispatch(r.msg);
+    r.msg.hidden.bytes.clear();
+    if (!frame) {
+      job.error = frame.status().with_context(where(job, r) + ": encoding DISPATCH");
+      return;
+    }
+    if (frame->size() - wire::kHeaderBytes > link.session.max_send_bytes) {
+      job.error = make_error(StatusCode::kOutOfRange, "{}: DISPATCH of {} bytes exceeds the worker's frame limit {}",
+                             where(job, r), frame->size() - wire::kHeaderBytes, link.session.max_send_bytes);
+      return;
+    }
+    Status st = link.mux->start(r.msg.request_id, *frame, job.deadline);
+    if (!st.is_ok()) {
+      job.error = st.with_context(where(job, r) + ": sending DISPATCH");
+      return;
+    }
+    r.started = true;
+    ++traffic.dispatch_frames;
+    traffic.dispatch_bytes += frame->size();
+    traffic.remote_pairs += r.msg.pairs.size();
+  }
+}
+
+// ---- wait --------------------------------------------------------------------------------------
+
+void RemoteExecutor::Impl::cancel_all(Job& job) {
+  for (size_t i = 0; i < job.n_reqs; ++i) {
+    Request& r = job.reqs[i];
+    if (r.started) links[r.worker]->mux->cancel(r.msg.request_id);
+    r.started = false;
+  }
+}
+
+Status RemoteExecutor::Impl::run_local(Job& job, std::span<const float>* y) {
+  const size_t n = job.local_slots.size();
+  if (n == 0) return Status::ok();
+  const RoutingPlan& plan = *job.plan;
+  const int k = plan.k;
+  xl.resize(n * static_cast<size_t>(n_embd));
+  lids.resize(n);
+  lw.assign(n, 1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t s = job.local_slots[i];
+    std::copy_n(job.x + static_cast<int64_t>(s / k) * n_embd, n_embd, xl.data() + i * n_embd);
+    lids[i] = plan.ids[s];
+  }
+  MOESH_RETURN_IF_ERROR(make_plan(job.layer, lids.data(), lw.data(), static_cast<int64_t>(n), 1, n_expert,
+                                  &local_plan));
+  const Ticket t = local->submit(job.layer, xl.data(), static_cast<int64_t>(n), local_plan);
+  auto res = local->wait(t);
+  if (!res) return res.status().with_context(fmt::format("backbone experts of layer {}", job.layer));
+  *y = *res;
+  return Status::ok();
+}
+
+Status RemoteExecutor::Impl::gather(Job& job) {
+  for (size_t i = 0; i < job.n_reqs; ++i) {
+    Request& r = job.reqs[i];
+    WorkerLink& link = *links[r.worker];
+    auto frame = link.mux->wait(r.msg.request_id, job.deadline);
+    r.started = false;
+    if (!frame) return frame.status().with_context(where(job, r));
+    traffic.combine_bytes += wire::kHeaderBytes + frame->payload.size();
+    ++traffic.combine_frames;
+    auto reply = wire::decode_combine(*frame, link.limits);
+    if (!reply) return reply.status().with_context(where(job, r) + ": COMBINE");
+    reply->request_id = frame->request_id();
+    Status st = wire::check_combine_matches(r.msg, *reply);
+    if (!st.is_ok()) return st.with_context(where(job, r) + ": COMBINE does not answer the DISPATCH");
+    r.rows.resize(static_cast<size_t>(reply->rows.n_rows) * static_cast<size_t>(n_embd));
+    wire::decode_rows(reply->rows, r.rows.data());
+  }
+  return Status::ok();
+}
+
+namespace {
+
+template <typename F>
+void for_tokens(ThreadPool* pool, int64_t n, const F& fn) {
+  auto body = [&fn](int64_t a, int64_t b, int) {
+    for (int64_t i = a; i < b; ++i) fn(i);
+  };
+  if (pool != nullptr && n > 1) pool->parallel_for(n, body);
+  else body(0, n, 0);
+}
+
+}  // namespace
+
+void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
+  const RoutingPlan& plan = *job.plan;
+  const int k = plan.k;
+  const int64_t n_tok = job.n_tokens;
+  const int64_t D = n_embd;
+  job.out.resize(static_cast<size_t>(n_tok * D));
+  if (opts.combine == wire::CombineMode::kExact) {
+    // Every (token, rank) slot's raw output, wherever it was computed.
+    slot_src.assign(static_cast<size_t>(n_tok * k), nullptr);
+    for (size_t i = 0; i < job.local_slots.size(); ++i) slot_src[job.local_slots[i]] = ylocal.data() + i * D;
+    for (size_t q = 0; q < job.n_reqs; ++q) {
+      const Request& r = job.reqs[q];
+      for (size_t j = 0; j < r.slots.size(); ++j) slot_src[r.slots[j]] = r.rows.data() + j * D;
+    }
+    // LocalExecutor's stage D, operation for operation: out = y0*w0; out = out + yr*wr.
+    for_tokens(pool, n_tok, [&](int64_t t) {
+      float* o = job.out.data() + t * D;
+      const float* wt = plan.weights.data() + t * k;
+      const float* y0 = slot_src[t * k];
+      for (int64_t d = 0; d < D; ++d) o[d] = y0[d] * wt[0];
+      for (int rk = 1; rk < k; ++rk) {
+        const float* yr = slot_src[t * k + rk];
+        const float wr = wt[rk];
+        for (int64_t d = 0; d < D; ++d) o[d] = o[d] + yr[d] * wr;
+      }
+    });
+    return;
+  }
+  // PARTIAL: the backbone's own partial (Σ w·y over its pairs in rank order) first, then each
+  // worker's partial in worker order.
+  has.assign(static_cast<size_t>(n_tok), 0);
+  for (size_t i = 0; i < job.local_slots.size(); ++i) {
+    const int32_t s = job.local_slots[i];
+    const int64_t t = s / k;
+    const float wv = plan.weights[s];
+    const float* y = ylocal.data() + i * D;
+    float* o = job.out.data() + t * D;
+    if (!has[t]) {
+      for (int64_t d = 0; d < D; ++d) o[d] = y[d] * wv;
+      has[t] = 1;
+    } else {
+      for (int64_t d = 0; d < D; ++d) o[d] = o[d] + y[d] * wv;
+    }
+  }
+  for (size_t q = 0; q < job.n_reqs; ++q) {
+    const Request& r = job.reqs[q];
+    for (size_t j = 0; j < r.tokens.size(); ++j) {
+      const int64_t t = r.tokens[j];
+      const float* p = r.rows.data() + j * D;
+      float* o = job.out.data() + t * D;
+      if (!has[t]) {
+        std::copy_n(p, D, o);
+        has[t] = 1;
+      } else {
+        for (int64_t d = 0; d < D; ++d) o[d] = o[d] + p[d];
+      }
+    }
+  }
+}
+
+Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
+  Impl& m = *impl_;
+  Impl::Job* job = nullptr;
+  for (auto& j : m.jobs) {
+    if (j.pending && j.ticket == t) { job = &j; break; }
+  }
+  if (job == nullptr) return make_error(StatusCode::kInvalidArgument, "remote executor: unknown ticket {}", t);
+  job->pending = false;
+  if (!job->error.is_ok()) {
+    m.cancel_all(*job);
+    return job->error;
+  }
+  // The backbone's share runs while the workers compute theirs.
+  std::span<const float> ylocal;
+  Status st = m.run_local(*job, &ylocal);
+  if (st.is_ok()) st = m.gather(*job);
+  if (!st.is_ok()) {
+    m.cancel_all(*job);
+    return st;
+  }
+  m.combine(*job, ylocal);
+  return std::span<const float>(job->out.data(), job->out.size());
+}
+
+}  // namespace moesh

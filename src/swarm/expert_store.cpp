@@ -1,0 +1,199 @@
+// ExpertStore: zero-copy views of the experts a worker holds, from a full model or an expert
+// slice, plus the page pre-faulting that makes a worker's resident memory ≈ its slab bytes.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include <fmt/format.h>
+
+#include "moesh/swarm.h"
+
+namespace moesh::swarm {
+
+namespace {
+
+constexpr const char* kGate = "ffn_gate_exps.weight";
+constexpr const char* kUp = "ffn_up_exps.weight";
+constexpr const char* kDown = "ffn_down_exps.weight";
+
+// "blk.L.ffn_gate_exps.weight@F-T" -> (L, F, T). False for any other name.
+bool parse_slice_gate_name(std::string_view name, uint32_t* layer, uint32_t* first, uint32_t* last) {
+  if (!name.starts_with("blk.")) return false;
+  name.remove_prefix(4);
+  auto num = [&](uint32_t* out) {
+    auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), *out);
+    if (ec != std::errc() || p == name.data()) return false;
+    name.remove_prefix(static_cast<size_t>(p - name.data()));
+    return true;
+  };
+  const std::string mid = fmt::format(".{}@", kGate);
+  if (!num(layer) || !name.starts_with(mid)) return false;
+  name.remove_prefix(mid.size());
+  if (!num(first) || !name.starts_with("-")) return false;
+  name.remove_prefix(1);
+  return num(last) && name.empty() && *last >= *first;
+}
+
+Status check_triplet(const ExpertWeights& w, const ModelShape& shape) {
+  MOESH_RETURN_IF_ERROR(w.validate());
+  if (w.n_embd() != shape.n_embd) {
+    return make_error(StatusCode::kCorrupt, "tensor '{}' has n_embd {}, the model has {}",
+                      w.gate.name, w.n_embd(), shape.n_embd);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+ExpertStore::~ExpertStore() = default;
+
+Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::File> file,
+                                                       const ExpertSet& held) {
+  std::unique_ptr<ExpertStore> s(new ExpertStore());
+  const gguf::File& f = *file;
+  const std::string kind = slice_kind(f);
+  if (kind == kKindBackbone) {
+    return make_error(StatusCode::kInvalidArgument, "{} is a backbone slice: it holds no routed experts",
+                      f.path());
+  }
+  MOESH_ASSIGN_OR_RETURN(s->shape_, model_shape(f));
+  MOESH_ASSIGN_OR_RETURN(s->id_, model_identity(f));
+  MOESH_ASSIGN_OR_RETURN(ExpertActivation act, expert_activation_of(f));
+
+  // What the file offers: one source block per stacked (full model) or range (slice) tensor.
+  struct Source {
+    uint32_t layer, first, count;
+    size_t w_index;
+  };
+  std::vector<Source> sources;
+  auto add_weights = [&](const std::string& suffix, uint32_t layer) -> Result<size_t> {
+    auto w = std::make_unique<ExpertWeights>();
+    const std::string p = fmt::format("blk.{}.", layer);
+    MOESH_ASSIGN_OR_RETURN(w->gate, f.tensor(p + kGate + suffix));
+    MOESH_ASSIGN_OR_RETURN(w->up, f.tensor(p + kUp + suffix));
+    MOESH_ASSIGN_OR_RETURN(w->down, f.tensor(p + kDown + suffix));
+    w->act = act;
+    MOESH_RETURN_IF_ERROR(check_triplet(*w, s->shape_));
+    s->weights_.push_back(std::move(w));
+    return s->weights_.size() - 1;
+  };
+  if (kind.empty()) {
+    for (uint32_t l : s->shape_.moe_layers) {
+      MOESH_ASSIGN_OR_RETURN(size_t wi, add_weights("", l));
+      if (s->weights_[wi]->n_expert() != s->shape_.n_expert) {
+        return make_error(StatusCode::kCorrupt, "tensor '{}' stacks {} experts, the model has {}",
+                          s->weights_[wi]->gate.name, s->weights_[wi]->n_expert(), s->shape_.n_expert);
+      }
+      sources.push_back({l, 0, s->shape_.n_expert, wi});
+    }
+  } else {
+    for (const auto& t : f.tensors()) {
+      uint32_t l, a, b;
+      if (!parse_slice_gate_name(t.name, &l, &a, &b)) continue;
+      if (!s->shape_.is_moe(l) || b >= s->shape_.n_expert) {
+        return make_error(StatusCode::kCorrupt, "slice tensor '{}' is outside the model's experts", t.name);
+      }
+      MOESH_ASSIGN_OR_RETURN(size_t wi, add_weights(fmt::format("@{}-{}", a, b), l));
+      if (s->weights_[wi]->n_expert() != int64_t{b} - a + 1) {
+        return make_error(StatusCode::kCorrupt, "slice tensor '{}' stacks {} experts, its name says {}",
+                          t.name, s->weights_[wi]->n_expert(), b - a + 1);
+      }
+      sources.push_back({l, a, b - a + 1, wi});
+    }
+  }
+  std::vector<wire::ExpertRange> avail_ranges;
+  for (const auto& src : sources) avail_ranges.push_back({src.layer, src.first, src.count});
+  const ExpertSet available = canonicalize(avail_ranges);
+  s->held_ = held.empty() ? available : held;
+  if (s->held_.empty()) return make_error(StatusCode::kNotFound, "{} holds no experts", f.path());
+  if (!available.contains(s->held_)) {
+    for (const auto& r : s->held_.ranges) {
+      for (uint32_t e = r.first; e < r.first + r.count; ++e) {
+        if (!available.holds(r.layer, e)) {
+          return make_error(StatusCode::kNotFound, "{} does not hold layer {} expert {} (it holds {})",
+                            f.path(), r.layer, e, available.to_string());
+        }
+      }
+    }
+  }
+
+  // Blocks = held ranges intersected with the sources.
+  for (const auto& r : s->held_.ranges) {
+    for (const auto& src : sources) {
+      if (src.layer != r.layer) continue;
+      const uint32_t lo = std::max(r.first, src.first);
+      const uint32_t hi = std::min(r.first + r.count, src.first + src.count);
+      if (lo >= hi) continue;
+      s->blocks_.push_back({r.layer, lo, hi - lo, int64_t{lo} - src.first, src.w_index});
+    }
+  }
+  std::sort(s->blocks_.begin(), s->blocks_.end(), [](const Block& a, const Block& b) {
+    return a.layer != b.layer ? a.layer < b.layer : a.first < b.first;
+  });
+
+  for (const Block& b : s->blocks_) {
+    const ExpertWeights& w = *s->weights_[b.w_index];
+    const TensorView* ts[3] = {&w.gate, &w.up, &w.down};
+    for (const TensorView* t : ts) {
+      s->slab_bytes_ += uint64_t{b.count} * expert_slab_bytes(*t);
+      if (kind.empty()) continue;
+      // A slice carries a hash per slab: a damaged or tampered slice must not serve wrong numbers.
+      const std::string key = kKeyHashPrefix + t->name;
+      auto hashes = f.get<std::vector<uint64_t>>(key);
+      if (!hashes) return hashes.status().with_context("slab hashes of " + f.path());
+      if (static_cast<int64_t>(hashes->size()) != t->ne[2]) {
+        return make_error(StatusCode::kCorrupt, "{} has {} hashes for {} experts", key,
+                          hashes->size(), t->ne[2]);
+      }
+      for (uint32_t i = 0; i < b.count; ++i) {
+        const int64_t idx = b.index_base + i;
+        const uint64_t h = slab_hash(t->data + expert_slab_offset(*t, idx), expert_slab_bytes(*t));
+        if (h != (*hashes)[static_cast<size_t>(idx)]) {
+          return make_error(StatusCode::kCorrupt,
+                            "{}: slab of layer {} expert {} in tensor '{}' fails its hash "
+                            "(stored {:016x}, computed {:016x}); the slice is damaged",
+                            f.path(), b.layer, b.first + i, t->name, (*hashes)[static_cast<size_t>(idx)], h);
+        }
+      }
+    }
+  }
+  s->file_ = std::move(file);
+  return s;
+}
+
+ExpertStore::Slot ExpertStore::find(uint32_t layer, uint32_t expert) const {
+  auto it = std::upper_bound(blocks_.begin(), blocks_.end(), std::pair{layer, expert},
+                             [](const std::pair<uint32_t, uint32_t>& k, const Block& b) {
+                               return k.first != b.layer ? k.first < b.layer : k.second < b.first;
+                             });
+  if (it == blocks_.begin()) return {};
+  --it;
+  if (it->layer != layer || expert < it->first || expert >= it->first + it->count) return {};
+  return {weights_[it->w_index].get(), it->index_base + (expert - it->first)};
+}
+
+void ExpertStore::prefault() const {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  volatile uint8_t sink = 0;
+  for (const Block& b : blocks_) {
+    const ExpertWeights& w = *weights_[b.w_index];
+    const TensorView* ts[3] = {&w.gate, &w.up, &w.down};
+    for (const TensorView* t : ts) {
+      const uint8_t* p0 = t->data + expert_slab_offset(*t, b.index_base);
+      const size_t n = size_t{b.count} * expert_slab_bytes(*t);
+      const uintptr_t a0 = reinterpret_cast<uintptr_t>(p0) & ~(uintptr_t{page} - 1);
+      const uintptr_t a1 = reinterpret_cast<uintptr_t>(p0) + n;
+      (void)::madvise(reinterpret_cast<void*>(a0), a1 - a0, MADV_WILLNEED);
+      // Read one byte per page: WILLNEED only starts read-ahead, the reads map the pages.
+      for (uintptr_t a = std::max(a0, reinterpret_cast<uintptr_t>(p0)); a < a1;
+           a = (a & ~(uintptr_t{page} - 1)) + page) {
+        sink = sink + *reinterpret_cast<const uint8_t*>(a);
+      }
+    }
+  }
+  (void)sink;
+}
+
+}  // namespace moesh::swarm

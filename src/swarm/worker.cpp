@@ -1,0 +1,239 @@
+// The worker server: an accept loop, one reader thread per backbone connection, and one shared
+// compute pool used by one DISPATCH at a time (a request already uses every core, so running two
+// at once would only interleave them).
+//
+// Each connection: HELLO handshake as acceptor, then frames until the peer leaves. A frame that
+// fails header/checksum validation leaves the stream unreadable: ERROR MALFORMED (id 0) + close.
+// A well-framed but invalid request gets ERROR with its id and the connection stays usable.
+#include <algorithm>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "moesh/transport.h"
+#include "swarm/worker_internal.h"
+
+namespace moesh::swarm {
+
+using namespace std::chrono_literals;
+
+namespace {
+constexpr auto kPollSlice = 100ms;   // how often idle loops look at the stop flag
+constexpr auto kHandshakeTimeout = 5s;
+constexpr auto kSendTimeout = 10s;
+}  // namespace
+
+struct Worker::Impl {
+  const ExpertStore* store = nullptr;
+  WorkerOptions opts;
+  std::unique_ptr<net::TcpListener> listener;
+  std::unique_ptr<ThreadPool> pool;
+  std::mutex compute_mu;  // one DISPATCH computes at a time, on the shared pool
+  detail::ComputeScratch scratch;
+  std::atomic<bool> stop_flag{false};  // lock-free, so a signal handler may set it
+  WorkerStats stats;
+
+  struct Peer {
+    std::unique_ptr<net::Connection> conn;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+  std::mutex peers_mu;
+  std::list<Peer> peers;
+
+  bool stopping() const { return stop_flag.load(std::memory_order_relaxed); }
+  void serve(Peer* peer);
+  void handle_dispatch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                       uint32_t max_send_bytes);
+  void reap(bool all);
+};
+
+void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f,
+                                   const wire::DecodeLimits& lim, uint32_t max_send_bytes) {
+  const auto received = net::Clock::now();
+  stats.dispatches.fetch_add(1);
+  auto req = wire::decode_dispatch(f, lim);
+  if (!req) {
+    stats.errors.fetch_add(1);
+    net::send_error(conn, f.request_id(), wire::WireError::kMalformed, req.status().message(),
+                    net::deadline_in(kSendTimeout));
+    return;
+  }
+  const bool has_deadline = req->deadline_ms != 0;
+  const auto deadline = received + std::chrono::milliseconds(req->deadline_ms);
+  detail::ComputeOutcome out;
+  {
+    std::lock_guard<std::mutex> lock(compute_mu);
+    if (stopping()) {
+      out.error = wire::WireError::kShuttingDown;
+      out.text = "worker is shutting down";
+    } else if (has_deadline && net::Clock::now() >= deadline) {
+      out.error = wire::WireError::kDeadlineExceeded;
+      out.text = fmt::format("deadline of {} ms passed while queued", req->deadline_ms);
+    } else {
+      out = detail::compute_dispatch(*store, *req, &scratch, pool.get());
+      if (out.ok && has_deadline && net::Clock::now() > deadline) {
+        out.ok = false;
+        out.error = wire::WireError::kDeadlineExceeded;
+        out.text = fmt::format("computing took longer than the {} ms deadline", req->deadline_ms);
+      }
+    }
+  }
+  if (out.ok) {
+    auto frame = wire::encode_combine(out.combine);
+    if (frame && frame->size() - wire::kHeaderBytes <= max_send_bytes) {
+      (void)conn.send_frame(*frame, net::deadline_in(kSendTimeout));
+      return;
+    }
+    out.error = wire::WireError::kInternal;
+    out.text = frame ? "COMBINE exceeds the peer's frame limit" : frame.status().message();
+  }
+  stats.errors.fetch_add(1);
+  spdlog::debug("request {} failed: {} {}", req->request_id, wire::wire_error_name(uint16_t(out.error)),
+                out.text);
+  net::send_error(conn, req->request_id, out.error, out.text, net::deadline_in(kSendTimeout));
+}
+
+void Worker::Impl::serve(Peer* peer) {
+  net::Connection& conn = *peer->conn;
+  const wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(),
+                                       store->held(), opts.name);
+  auto session = net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout));
+  if (!session) {
+    spdlog::warn("{}: handshake failed: {}", conn.describe(), session.status().to_string());
+    conn.close();
+    peer->finished = true;
+    return;
+  }
+  spdlog::info("{}: backbone '{}' connected", conn.describe(), session->peer.name);
+  wire::DecodeLimits lim;
+  lim.max_frame_bytes = opts.max_frame_bytes;
+  lim.n_expert = store->shape().n_expert;
+  lim.n_layer = store->shape().n_layer;
+  while (!stopping()) {
+    auto f = conn.recv_frame(net::deadline_in(kPollSlice));
+    if (!f) {
+      if (f.status().code() == StatusCode::kTimeout) continue;
+      if (f.status().code() == StatusCode::kCorrupt || f.status().code() == StatusCode::kUnsupported ||
+          f.status().code() == StatusCode::kOutOfRange) {
+        stats.errors.fetch_add(1);
+        spdlog::warn("{}: bad frame, closing: {}", conn.describe(), f.status().to_string());
+        net::send_error(conn, 0, wire::WireError::kMalformed, f.status().message(), net::deadline_in(1s));
+      }
+      break;
+    }
+    switch (f->type()) {
+      case wire::MsgType::kDispatch:
+        handle_dispatch(conn, *f, lim, session->max_send_bytes);
+        break;
+      case wire::MsgType::kPing: {
+        auto p = wire::decode_ping(*f);
+        if (!p) {
+          net::send_error(conn, f->request_id(), wire::WireError::kMalformed, p.status().message(),
+                          net::deadline_in(kSendTimeout));
+          break;
+        }
+        const uint64_t now = static_cast<uint64_t>(net::Clock::now().time_since_epoch().count());
+        auto pong = wire::encode_pong({.request_id = p->request_id, .ping_time_ns = p->send_time_ns,
+                                       .reply_time_ns = now, .pad_bytes = p->reply_pad_bytes});
+        if (pong) (void)conn.send_frame(*pong, net::deadline_in(kSendTimeout));
+        break;
+      }
+      case wire::MsgType::kGoodbye:
+        spdlog::info("{}: backbone said goodbye", conn.describe());
+        conn.close();
+        peer->finished = true;
+        return;
+      case wire::MsgType::kError:
+        // A connection-level ERROR means the peer is closing; request-level ones are not ours.
+        if (f->request_id() == 0) {
+          conn.close();
+          peer->finished = true;
+          return;
+        }
+        break;
+      default:
+        // HELLO again, COMBINE or PONG: valid frames a worker never expects.
+        net::send_error(conn, f->request_id(), wire::WireError::kProtocol,
+                        fmt::format("unexpected {} frame on a worker connection",
+                                    wire::msg_type_name(f->type())),
+                        net::deadline_in(kSendTimeout));
+        break;
+    }
+  }
+  if (stopping()) {
+    auto bye = wire::encode_goodbye({.reason = uint16_t(wire::WireError::kShuttingDown),
+                                     .text = "worker shutting down"});
+    if (bye) (void)conn.send_frame(*bye, net::deadline_in(1s));
+  }
+  conn.close();
+  peer->finished = true;
+}
+
+void Worker::Impl::reap(bool all) {
+  std::lock_guard<std::mutex> lock(peers_mu);
+  for (auto it = peers.begin(); it != peers.end();) {
+    if (all || it->finished) {
+      if (it->thread.joinable()) it->thread.join();
+      it = peers.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Worker::~Worker() {
+  stop();
+  impl_->reap(/*all=*/true);
+}
+
+Result<std::unique_ptr<Worker>> Worker::start(const ExpertStore* store, const WorkerOptions& opts) {
+  auto impl = std::make_unique<Impl>();
+  impl->store = store;
+  impl->opts = opts;
+  net::TcpOptions tcp;
+  tcp.congestion = opts.congestion;
+  auto l = net::TcpListener::listen(opts.host, opts.port, tcp);
+  if (!l) return l.status().with_context(fmt::format("listening on {}:{}", opts.host, opts.port));
+  impl->listener = std::move(*l);
+  if (impl->opts.name.empty()) impl->opts.name = fmt::format("worker@{}:{}", opts.host, impl->listener->port());
+  impl->pool = std::make_unique<ThreadPool>(opts.n_threads);
+  return std::unique_ptr<Worker>(new Worker(std::move(impl)));
+}
+
+uint16_t Worker::port() const { return impl_->listener->port(); }
+
+const WorkerStats& Worker::stats() const { return impl_->stats; }
+
+void Worker::stop() { impl_->stop_flag.store(true, std::memory_order_relaxed); }
+
+void Worker::run() {
+  Impl& m = *impl_;
+  while (!m.stopping()) {
+    auto s = m.listener->accept(net::deadline_in(kPollSlice));
+    m.reap(/*all=*/false);
+    if (!s) {
+      if (s.status().code() == StatusCode::kTimeout) continue;
+      spdlog::error("accept failed: {}", s.status().to_string());
+      std::this_thread::sleep_for(kPollSlice);
+      continue;
+    }
+    net::ConnectionOptions copts;
+    copts.max_frame_bytes = m.opts.max_frame_bytes;
+    m.stats.connections.fetch_add(1);
+    std::lock_guard<std::mutex> lock(m.peers_mu);
+    Impl::Peer& p = m.peers.emplace_back();
+    p.conn = net::make_stream_connection(std::move(*s), copts);
+    p.thread = std::thread([&m, pp = &p] { m.serve(pp); });
+  }
+  m.listener->close();
+  // Each reader notices the flag within one poll slice and says GOODBYE on its connection.
+  m.reap(/*all=*/true);
+}
+
+}  // namespace moesh::swarm

@@ -1,0 +1,146 @@
+// One DISPATCH computed on the held slabs. The expert math is expert_ffn (the one definition of a
+// routed expert) and the PARTIAL sum uses the local executor's operation order, so EXACT/F32
+// results are the local bits and PARTIAL/F32 the local routed sum of this worker's ranks.
+#include <chrono>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "moesh/quant.h"
+#include "swarm/worker_internal.h"
+
+namespace moesh::swarm::detail {
+
+namespace {
+
+ComputeOutcome fail(wire::WireError code, std::string text) {
+  ComputeOutcome o;
+  o.error = code;
+  o.text = std::move(text);
+  return o;
+}
+
+}  // namespace
+
+ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req,
+                                ComputeScratch* s, ThreadPool* pool) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint32_t n_tok = req.n_tokens();
+  const uint32_t n_embd = req.n_embd();
+  const size_t n_pairs = req.pairs.size();
+  if (n_embd != store.shape().n_embd) {
+    return fail(wire::WireError::kModelMismatch,
+                fmt::format("DISPATCH n_embd {} but the model has n_embd {}", n_embd, store.shape().n_embd));
+  }
+  if (!store.shape().is_moe(req.layer)) {
+    return fail(wire::WireError::kNotHeld, fmt::format("layer {} has no routed experts", req.layer));
+  }
+  // Resolve every pair first: a request naming any unheld expert computes nothing.
+  std::vector<ExpertStore::Slot> slots(n_pairs);
+  for (size_t p = 0; p < n_pairs; ++p) {
+    slots[p] = store.find(req.layer, req.pairs[p].expert);
+    if (slots[p].weights == nullptr) {
+      return fail(wire::WireError::kNotHeld,
+                  fmt::format("layer {} expert {} is not held by this worker (it holds {})", req.layer,
+                              req.pairs[p].expert, store.held().to_string()));
+    }
+  }
+
+  s->x.resize(size_t{n_tok} * n_embd);
+  wire::decode_rows(req.hidden, s->x.data());
+  // Quantize each token once per activation type the layer's gate tensors need.
+  for (auto& [type, q] : s->xq) q.n_rows = -1;  // mark stale
+  for (size_t p = 0; p < n_pairs; ++p) {
+    const GgmlType vdt = quant::vec_dot_type(slots[p].weights->gate.type);
+    QuantizedRows& q = s->xq[vdt];
+    if (q.n_rows != static_cast<int64_t>(n_tok)) quantize_rows(vdt, s->x.data(), n_tok, n_embd, &q, pool);
+  }
+
+  // token of each pair
+  std::vector<uint32_t> tok_of_pair(n_pairs);
+  {
+    size_t p = 0;
+    for (uint32_t t = 0; t < n_tok; ++t) {
+      for (uint8_t j = 0; j < req.pair_counts[t]; ++j) tok_of_pair[p++] = t;
+    }
+  }
+  // Every distinct (weights, index) once, over all of its tokens (ascending token order).
+  s->y.resize(n_pairs * n_embd);
+  std::vector<bool> done(n_pairs, false);
+  for (size_t p = 0; p < n_pairs; ++p) {
+    if (done[p]) continue;
+    const ExpertStore::Slot slot = slots[p];
+    s->rows.clear();
+    s->pair_pos.clear();
+    for (size_t q = p; q < n_pairs; ++q) {
+      if (!done[q] && slots[q].weights == slot.weights && slots[q].index == slot.index) {
+        done[q] = true;
+        s->rows.push_back(static_cast<int32_t>(tok_of_pair[q]));
+        s->pair_pos.push_back(static_cast<int32_t>(q));
+      }
+    }
+    const int64_t n_sel = static_cast<int64_t>(s->rows.size());
+    s->y_tmp.resize(static_cast<size_t>(n_sel) * n_embd);
+    const QuantizedRows& xq = s->xq[quant::vec_dot_type(slot.weights->gate.type)];
+    expert_ffn(*slot.weights, slot.index, xq, s->x.data(), s->rows.data(), n_sel, s->y_tmp.data(),
+               n_embd, &s->ffn, pool);
+    for (int64_t j = 0; j < n_sel; ++j) {
+      std::copy_n(s->y_tmp.data() + j * n_embd, n_embd, s->y.data() + size_t(s->pair_pos[j]) * n_embd);
+    }
+  }
+  for (size_t i = 0; i < s->y.size(); ++i) {
+    if (!std::isfinite(s->y[i])) {
+      return fail(wire::WireError::kNonFinite,
+                  fmt::format("layer {} expert {} produced a non-finite value at column {}", req.layer,
+                              req.pairs[i / n_embd].expert, i % n_embd));
+    }
+  }
+
+  const float* rows_out = s->y.data();
+  uint32_t n_rows = static_cast<uint32_t>(n_pairs);
+  if (req.mode == wire::CombineMode::kPartial) {
+    // The local executor's combine: o = y0*w0; o = o + y_r*w_r in rank order (pair order).
+    s->partial.resize(size_t{n_tok} * n_embd);
+    size_t p = 0;
+    for (uint32_t t = 0; t < n_tok; ++t) {
+      float* o = s->partial.data() + size_t{t} * n_embd;
+      for (uint8_t j = 0; j < req.pair_counts[t]; ++j, ++p) {
+        const float* y = s->y.data() + p * n_embd;
+        const float w = req.pairs[p].weight;
+        if (j == 0) {
+          for (uint32_t d = 0; d < n_embd; ++d) o[d] = y[d] * w;
+        } else {
+          for (uint32_t d = 0; d < n_embd; ++d) o[d] = o[d] + y[d] * w;
+        }
+      }
+      for (uint32_t d = 0; d < n_embd; ++d) {
+        if (!std::isfinite(o[d])) {
+          return fail(wire::WireError::kNonFinite,
+                      fmt::format("layer {}: weighted sum of token {} is non-finite at column {}",
+                                  req.layer, t, d));
+        }
+      }
+    }
+    rows_out = s->partial.data();
+    n_rows = n_tok;
+  }
+  auto enc = wire::encode_rows(req.return_dtype, rows_out, n_rows, n_embd);
+  if (!enc) {
+    return fail(wire::status_code_to_wire_error(enc.status().code()),
+                fmt::format("cannot encode results as {}: {}", wire::wire_dtype_name(req.return_dtype),
+                            enc.status().message()));
+  }
+  ComputeOutcome out;
+  out.ok = true;
+  out.combine.request_id = req.request_id;
+  out.combine.layer = req.layer;
+  out.combine.n_tokens = n_tok;
+  out.combine.mode = req.mode;
+  out.combine.rows = std::move(*enc);
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - t0).count();
+  out.combine.compute_us = static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX));
+  return out;
+}
+
+}  // namespace moesh::swarm::detail

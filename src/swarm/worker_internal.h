@@ -1,0 +1,43 @@
+// The worker's per-DISPATCH computation, separate from its networking so tests can call it
+// in-process and compare with expert_ffn / the local executor.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moesh/executor.h"
+#include "moesh/swarm.h"
+#include "moesh/threadpool.h"
+#include "moesh/wire.h"
+
+namespace moesh::swarm::detail {
+
+// Reusable buffers of one compute thread (grown on demand).
+struct ComputeScratch {
+  std::vector<float> x;                          // decoded hidden rows [n_tokens][n_embd]
+  std::map<GgmlType, QuantizedRows> xq;          // x quantized per gate vec_dot_type
+  std::vector<float> y;                          // expert outputs in pair order [n_pairs][n_embd]
+  std::vector<float> y_tmp;                      // one expert's outputs, token order
+  std::vector<float> partial;                    // [n_tokens][n_embd]
+  std::vector<int32_t> rows;                     // token rows of one expert
+  std::vector<int32_t> pair_pos;                 // pair index of each selected row
+  ExpertScratch ffn;
+};
+
+// The outcome of one DISPATCH: a COMBINE, or an ERROR code and text naming the problem.
+struct ComputeOutcome {
+  bool ok = false;
+  wire::CombineMsg combine;
+  wire::WireError error = wire::WireError::kInternal;
+  std::string text;
+};
+
+// Validates the request against the store (layer/experts held, n_embd), computes every pair with
+// expert_ffn (x quantized once per token per activation type) and builds the COMBINE: EXACT =
+// raw f32 y per pair in pair order; PARTIAL = per token w0*y0, then + w_r*y_r in pair (= rank)
+// order, exactly as LocalExecutor sums. Output rows are encoded in req.return_dtype.
+ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req,
+                                ComputeScratch* s, ThreadPool* pool);
+
+}  // namespace moesh::swarm::detail

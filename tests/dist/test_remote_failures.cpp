@@ -1,0 +1,190 @@
+// Failures of remote dispatch end in a clear Status, never a hang: a worker that is gone before
+// start-up, one killed mid-run, one that stops answering (deadline), one serving another model,
+// and a (fake, in-process) worker whose COMBINE answers the wrong layer.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "dist/dist_util.h"
+#include "dist/worker_process.h"
+#include "moesh/swarm.h"
+
+namespace moesh::test {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<int32_t> some_tokens(const Model& m, size_t n) { return test_tokens("", m.hparams().n_vocab, n); }
+
+TEST(RemoteFailures, WorkerGoneBeforeStartup) {
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto w = WorkerProcess::spawn(path, "*:*");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  const WorkerAddress addr = (*w)->address();
+  (*w)->kill_now();
+  RemoteOptions o;
+  o.connect_timeout = milliseconds(3000);
+  const auto t0 = Clock::now();
+  auto exec = RemoteExecutor::connect(**model, {addr}, o);
+  ASSERT_FALSE(exec.is_ok());
+  EXPECT_LT(seconds_since(t0), 4.0);
+  EXPECT_NE(exec.status().message().find(addr.to_string()), std::string::npos) << exec.status().to_string();
+  EXPECT_TRUE(exec.status().code() == StatusCode::kUnavailable || exec.status().code() == StatusCode::kIoError)
+      << exec.status().to_string();
+}
+
+TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadline) {
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto w = WorkerProcess::spawn(path, "*:*");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  RemoteOptions o;
+  o.timeout = milliseconds(3000);
+  auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, o);
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+  ContextParams cp;
+  cp.n_threads = 1;
+  cp.n_ctx = 16;
+  cp.executor = remote;
+  Context ctx(**model, cp);
+  remote->set_pool(&ctx.pool());
+  const auto toks = some_tokens(**model, 8);
+  std::vector<float> logits(static_cast<size_t>((*model)->hparams().n_vocab) * 4);
+  ASSERT_TRUE(ctx.decode(0, toks.data(), 4, logits.data()).is_ok());
+  (*w)->kill_now();
+  const auto t0 = Clock::now();
+  Status st = ctx.decode(0, toks.data() + 4, 1, logits.data());
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_LT(seconds_since(t0), 4.0);
+  EXPECT_NE(st.message().find((*w)->address().to_string()), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("layer"), std::string::npos) << st.to_string();
+  // Later steps keep failing fast instead of hanging.
+  const auto t1 = Clock::now();
+  EXPECT_FALSE(ctx.decode(0, toks.data() + 5, 1, logits.data()).is_ok());
+  EXPECT_LT(seconds_since(t1), 4.0);
+}
+
+TEST(RemoteFailures, SilentWorkerTimesOutAtTheDeadline) {
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto w = WorkerProcess::spawn(path, "*:*");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  RemoteOptions o;
+  o.timeout = milliseconds(400);
+  auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, o);
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+  ContextParams cp;
+  cp.n_threads = 1;
+  cp.n_ctx = 16;
+  cp.executor = remote;
+  Context ctx(**model, cp);
+  remote->set_pool(&ctx.pool());
+  const auto toks = some_tokens(**model, 4);
+  std::vector<float> logits(static_cast<size_t>((*model)->hparams().n_vocab));
+  ASSERT_TRUE(ctx.decode(0, toks.data(), 1, logits.data()).is_ok());
+  (*w)->pause();  // alive, socket open, never answers
+  const auto t0 = Clock::now();
+  Status st = ctx.decode(0, toks.data() + 1, 1, logits.data());
+  const double dt = seconds_since(t0);
+  (*w)->resume();
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
+  EXPECT_GE(dt, 0.35);
+  EXPECT_LT(dt, 2.0);
+  EXPECT_NE(st.message().find("request"), std::string::npos) << st.to_string();
+}
+
+TEST(RemoteFailures, WorkerOfAnotherModelIsRejectedByName) {
+  MakeModelSpec other = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
+  other.seed = 99;  // same shape, different weights -> different identity
+  other.n_expert = 16;
+  other.n_expert_used = 4;
+  other.n_embd = 128;
+  other.n_ff_exp = 128;
+  other.n_head = 4;
+  other.head_dim = 32;
+  other.name = "another-model";
+  const std::string other_path = made_model("qwen3moe-other", other);
+  auto model = Model::load(made_qwen3moe());
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto w = WorkerProcess::spawn(other_path, "*:*");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, RemoteOptions{});
+  ASSERT_FALSE(exec.is_ok());
+  EXPECT_NE(exec.status().message().find((*w)->address().to_string()), std::string::npos)
+      << exec.status().to_string();
+  EXPECT_NE(exec.status().message().find("model"), std::string::npos) << exec.status().to_string();
+}
+
+// An in-process fake worker: correct handshake and PONG, then COMBINEs that answer a different
+// layer than asked (or a different number of rows). The backbone must reject them.
+TEST(RemoteFailures, CombineForTheWrongLayerIsCaught) {
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto file = gguf::File::open(path);
+  ASSERT_TRUE(file.is_ok());
+  auto id = swarm::model_identity(**file);
+  auto shape = swarm::model_shape(**file);
+  ASSERT_TRUE(id.is_ok() && shape.is_ok());
+  swarm::ExpertSet all;
+  for (uint32_t l : shape->moe_layers) all.ranges.push_back({l, 0, shape->n_expert});
+  const wire::Hello hello = swarm::make_hello(wire::PeerRole::kWorker, *id, *shape, all, "liar");
+  auto listener = net::TcpListener::listen("127.0.0.1", 0, net::TcpOptions{});
+  ASSERT_TRUE(listener.is_ok());
+  const uint16_t port = (*listener)->port();
+  std::atomic<int> answered{0};
+  std::thread fake([&] {
+    auto s = (*listener)->accept(net::deadline_in(milliseconds(5000)));
+    if (!s.is_ok()) return;
+    auto conn = net::make_stream_connection(std::move(*s));
+    if (!net::handshake(*conn, hello, false, net::deadline_in(milliseconds(5000))).is_ok()) return;
+    while (true) {
+      auto f = conn->recv_frame(net::deadline_in(milliseconds(5000)));
+      if (!f.is_ok()) return;
+      if (f->type() == wire::MsgType::kPing) {
+        auto p = wire::decode_ping(*f);
+        wire::PongMsg pong{p->request_id, p->send_time_ns, 0, p->reply_pad_bytes};
+        (void)conn->send_frame(*wire::encode_pong(pong), net::deadline_in(milliseconds(1000)));
+      } else if (f->type() == wire::MsgType::kDispatch) {
+        auto d = wire::decode_dispatch(*f, wire::DecodeLimits{});
+        if (!d.is_ok()) return;
+        wire::CombineMsg c;
+        c.request_id = d->request_id;
+        c.layer = d->layer + 1;  // the lie
+        c.n_tokens = d->n_tokens();
+        c.mode = d->mode;
+        std::vector<float> rows(static_cast<size_t>(d->n_result_rows()) * d->n_embd(), 0.25f);
+        c.rows = *wire::encode_rows(d->return_dtype, rows.data(), d->n_result_rows(), d->n_embd());
+        (void)conn->send_frame(*wire::encode_combine(c), net::deadline_in(milliseconds(1000)));
+        answered.fetch_add(1);
+      } else {
+        return;
+      }
+    }
+  });
+  {
+    auto exec = RemoteExecutor::connect(**model, {WorkerAddress{"127.0.0.1", port}}, RemoteOptions{});
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+    auto lg = run_model(**model, some_tokens(**model, 3), remote, remote.get());
+    ASSERT_FALSE(lg.is_ok());
+    EXPECT_NE(lg.status().message().find(fmt::format("127.0.0.1:{} (liar)", port)), std::string::npos) << lg.status().to_string();
+    EXPECT_NE(lg.status().message().find("layer"), std::string::npos) << lg.status().to_string();
+    EXPECT_EQ(answered.load(), 1);
+  }  // the executor says GOODBYE; the fake's next recv fails and it exits
+  (*listener)->close();
+  fake.join();
+}
+
+}  // namespace
+}  // namespace moesh::test

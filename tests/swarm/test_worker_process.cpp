@@ -1,0 +1,380 @@
+// A real `moesh worker` process on 127.0.0.1, driven through the transport: handshake values,
+// EXACT bits against expert_ffn, PARTIAL against the rank-order sum, several requests in flight
+// whose data encodes their request id, an unheld expert, a garbage frame on one connection while
+// another keeps working, SIGTERM -> GOODBYE, and SIGKILL -> a clear client error in time.
+#include <gtest/gtest.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "moesh/quant.h"
+#include "moesh/swarm.h"
+#include "moesh/transport.h"
+#include "swarm/swarm_test_util.h"
+
+namespace moesh::swarm {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::random_rows;
+using testing::small_model;
+
+// A child `moesh worker`; its stdout is read until the "listening on HOST:PORT" line.
+class WorkerProcess {
+ public:
+  WorkerProcess(const std::string& model, const std::string& spec) {
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], 1);
+      ::close(fds[0]);
+      const std::string bin = std::string(MOESH_BIN_DIR) + "/moesh";
+      ::execl(bin.c_str(), bin.c_str(), "worker", "-m", model.c_str(), "--experts", spec.c_str(),
+              "--listen", "127.0.0.1:0", "--threads", "2", "--name", "test-worker", (char*)nullptr);
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_fd_ = fds[0];
+    const auto until = net::deadline_in(60s);
+    while (port_ == 0 && net::Clock::now() < until) {
+      pollfd p{out_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 200) <= 0) continue;
+      char buf[512];
+      const ssize_t n = ::read(out_fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      output_.append(buf, static_cast<size_t>(n));
+      const size_t at = output_.find("listening on 127.0.0.1:");
+      if (at != std::string::npos && output_.find('\n', at) != std::string::npos) {
+        port_ = static_cast<uint16_t>(std::stoi(output_.substr(at + 23)));
+      }
+    }
+  }
+  ~WorkerProcess() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_fd_ >= 0) ::close(out_fd_);
+  }
+  uint16_t port() const { return port_; }
+  const std::string& output() const { return output_; }
+  void signal(int sig) { ::kill(pid_, sig); }
+  // Exit status, or -1 if it did not exit in time.
+  int wait_exit(std::chrono::seconds limit) {
+    const auto until = net::deadline_in(limit);
+    while (net::Clock::now() < until) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  uint16_t port_ = 0;
+  bool reaped_ = false;
+  std::string output_;
+};
+
+struct Client {
+  std::unique_ptr<net::Connection> conn;
+  std::unique_ptr<net::RequestMux> mux;
+  wire::Session session;
+};
+
+Result<Client> connect_backbone(uint16_t port, const gguf::File& model) {
+  MOESH_ASSIGN_OR_RETURN(auto stream, net::tcp_connect("127.0.0.1", port, net::TcpOptions{}, net::deadline_in(5s)));
+  Client c;
+  c.conn = net::make_stream_connection(std::move(stream));
+  MOESH_ASSIGN_OR_RETURN(ModelShape shape, model_shape(model));
+  MOESH_ASSIGN_OR_RETURN(ModelIdentity id, model_identity(model));
+  const wire::Hello hello = make_hello(wire::PeerRole::kBackbone, id, shape, {}, "test-backbone");
+  MOESH_ASSIGN_OR_RETURN(c.session, net::handshake(*c.conn, hello, true, net::deadline_in(5s)));
+  c.mux = std::make_unique<net::RequestMux>(c.conn.get());
+  return c;
+}
+
+// Token t of request `id` gets hidden rows seeded by (id, t): a worker answering with another
+// request's data fails the comparison.
+struct Request {
+  wire::DispatchMsg msg;
+  std::vector<float> x;
+};
+
+Request make_request(uint64_t id, uint32_t layer, const std::vector<std::vector<std::pair<uint16_t, float>>>& toks,
+                     wire::CombineMode mode, uint32_t n_embd) {
+  Request r;
+  r.msg.request_id = id;
+  r.msg.layer = layer;
+  r.msg.mode = mode;
+  r.msg.deadline_ms = 5000;
+  r.msg.return_dtype = wire::WireDType::kF32;
+  for (const auto& pairs : toks) {
+    r.msg.pair_counts.push_back(static_cast<uint8_t>(pairs.size()));
+    uint8_t rank = 0;
+    for (auto [e, w] : pairs) r.msg.pairs.push_back({e, rank++, w});
+  }
+  r.x = random_rows(id * 1000 + layer, toks.size(), n_embd);
+  r.msg.hidden = *wire::encode_rows(wire::WireDType::kF32, r.x.data(), uint32_t(toks.size()), n_embd);
+  return r;
+}
+
+// The expected EXACT rows, computed in this process with expert_ffn on the same file.
+std::vector<float> local_exact(const ExpertStore& store, const Request& r, uint32_t n_embd) {
+  std::vector<float> out;
+  QuantizedRows xq;
+  ExpertScratch es;
+  std::vector<float> y(n_embd);
+  size_t p = 0;
+  for (uint32_t t = 0; t < r.msg.n_tokens(); ++t) {
+    const float* xt = r.x.data() + size_t{t} * n_embd;
+    for (uint8_t j = 0; j < r.msg.pair_counts[t]; ++j, ++p) {
+      const ExpertStore::Slot s = store.find(r.msg.layer, r.msg.pairs[p].expert);
+      quantize_rows(quant::vec_dot_type(s.weights->gate.type), xt, 1, n_embd, &xq, nullptr);
+      const int32_t row0 = 0;
+      expert_ffn(*s.weights, s.index, xq, xt, &row0, 1, y.data(), n_embd, &es, nullptr);
+      out.insert(out.end(), y.begin(), y.end());
+    }
+  }
+  return out;
+}
+
+std::vector<float> decode_combine_rows(const Request& r, const wire::Frame& f, const wire::Session& s) {
+  auto c = wire::decode_combine(f, wire::DecodeLimits{.n_expert = s.peer.n_expert, .n_layer = s.peer.n_layer});
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  if (!c.is_ok()) return {};
+  Status m = wire::check_combine_matches(r.msg, *c);
+  EXPECT_TRUE(m.is_ok()) << m.to_string();
+  std::vector<float> out(size_t{c->rows.n_rows} * c->rows.n_cols);
+  wire::decode_rows(c->rows, out.data());
+  return out;
+}
+
+class WorkerProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 41);
+    auto f = gguf::File::open(path_);
+    ASSERT_TRUE(f.is_ok());
+    file_ = std::move(*f);
+    auto st = ExpertStore::open(testing::open_gguf(path_), ExpertSet{});
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    local_ = std::move(*st);
+  }
+  std::string path_;
+  std::unique_ptr<gguf::File> file_;
+  std::unique_ptr<ExpertStore> local_;
+};
+
+TEST_F(WorkerProcessTest, ServesExactPartialErrorsAndSurvivesGarbage) {
+  WorkerProcess w(path_, "0:0-5,1:2-7");
+  ASSERT_NE(w.port(), 0) << "worker did not start; output:\n" << w.output();
+  EXPECT_NE(w.output().find("held experts: 12"), std::string::npos) << w.output();
+  EXPECT_NE(w.output().find("slab bytes: "), std::string::npos) << w.output();
+  EXPECT_NE(w.output().find("rss: "), std::string::npos) << w.output();
+
+  auto c = connect_backbone(w.port(), *file_);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->session.peer.role, wire::PeerRole::kWorker);
+  EXPECT_EQ(c->session.peer.name, "test-worker");
+  EXPECT_EQ(c->session.peer.experts, (std::vector<wire::ExpertRange>{{0, 0, 6}, {1, 2, 6}}));
+  EXPECT_EQ(c->session.dtypes, kAllDTypes);
+  EXPECT_EQ(c->session.modes, kAllModes);
+  const uint32_t n_embd = 64;
+
+  // Several requests in flight at once; each reply must carry its own request's results.
+  std::vector<Request> reqs;
+  reqs.push_back(make_request(c->mux->next_request_id(), 0, {{{3, 0.5f}, {0, 0.3f}}, {{5, 0.9f}}}, wire::CombineMode::kExact, n_embd));
+  reqs.push_back(make_request(c->mux->next_request_id(), 1, {{{7, 0.6f}, {2, 0.2f}, {4, 0.1f}}}, wire::CombineMode::kExact, n_embd));
+  reqs.push_back(make_request(c->mux->next_request_id(), 1, {{{2, 0.7f}, {6, 0.3f}}, {{3, 0.5f}, {4, 0.25f}}, {{7, 1.0f}}},
+                              wire::CombineMode::kPartial, n_embd));
+  for (const Request& r : reqs) {
+    ASSERT_TRUE(c->mux->start(r.msg.request_id, *wire::encode_dispatch(r.msg), net::deadline_in(5s)).is_ok());
+  }
+  for (int i = 2; i >= 0; --i) {  // wait in reverse order: replies are routed by id
+    const Request& r = reqs[i];
+    auto f = c->mux->wait(r.msg.request_id, net::deadline_in(10s));
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    const std::vector<float> got = decode_combine_rows(r, *f, c->session);
+    const std::vector<float> exact = local_exact(*local_, r, n_embd);
+    if (r.msg.mode == wire::CombineMode::kExact) {
+      ASSERT_EQ(got.size(), exact.size());
+      EXPECT_EQ(std::memcmp(got.data(), exact.data(), got.size() * 4), 0) << "request " << i;
+    } else {
+      ASSERT_EQ(got.size(), size_t{r.msg.n_tokens()} * n_embd);
+      size_t p = 0;
+      for (uint32_t t = 0; t < r.msg.n_tokens(); ++t) {
+        std::vector<float> o(n_embd);
+        for (uint8_t j = 0; j < r.msg.pair_counts[t]; ++j, ++p) {
+          for (uint32_t d = 0; d < n_embd; ++d) {
+            const float yw = exact[p * n_embd + d] * r.msg.pairs[p].weight;
+            o[d] = j == 0 ? yw : o[d] + yw;
+          }
+        }
+        EXPECT_EQ(std::memcmp(o.data(), got.data() + size_t{t} * n_embd, n_embd * 4), 0) << "token " << t;
+      }
+    }
+    double norm = 0;
+    for (float v : got) norm += double(v) * v;
+    EXPECT_GT(norm, 1e-6) << "degenerate result";
+  }
+
+  // An unheld expert (layer 1 expert 1) is refused, naming it; the connection stays usable.
+  Request bad = make_request(c->mux->next_request_id(), 1, {{{2, 0.5f}, {1, 0.5f}}}, wire::CombineMode::kExact, n_embd);
+  ASSERT_TRUE(c->mux->start(bad.msg.request_id, *wire::encode_dispatch(bad.msg), net::deadline_in(5s)).is_ok());
+  auto bad_reply = c->mux->wait(bad.msg.request_id, net::deadline_in(10s));
+  ASSERT_FALSE(bad_reply.is_ok());
+  EXPECT_EQ(bad_reply.status().code(), StatusCode::kNotFound) << bad_reply.status().to_string();
+  EXPECT_NE(bad_reply.status().message().find("layer 1 expert 1"), std::string::npos) << bad_reply.status().message();
+
+  // A second connection sends garbage: the worker answers ERROR MALFORMED (or closes) ...
+  {
+    auto s = net::tcp_connect("127.0.0.1", w.port(), net::TcpOptions{}, net::deadline_in(5s));
+    ASSERT_TRUE(s.is_ok());
+    auto conn = net::make_stream_connection(std::move(*s));
+    auto hb = make_hello(wire::PeerRole::kBackbone, *model_identity(*file_), *model_shape(*file_), {}, "evil");
+    ASSERT_TRUE(net::handshake(*conn, hb, true, net::deadline_in(5s)).is_ok());
+    std::vector<uint8_t> junk(64, 0xAB);
+    ASSERT_TRUE(conn->send_frame(junk, net::deadline_in(5s)).is_ok());
+    auto f = conn->recv_frame(net::deadline_in(5s));
+    if (f.is_ok()) {
+      EXPECT_EQ(f->type(), wire::MsgType::kError);
+      auto e = wire::decode_error(*f);
+      ASSERT_TRUE(e.is_ok());
+      EXPECT_EQ(e->code, uint16_t(wire::WireError::kMalformed));
+      EXPECT_EQ(e->request_id, 0u);
+      f = conn->recv_frame(net::deadline_in(5s));
+    }
+    EXPECT_FALSE(f.is_ok());
+    EXPECT_EQ(f.status().code(), StatusCode::kUnavailable) << f.status().to_string();
+  }
+  // ... and a connection that skips the handshake is refused too.
+  {
+    auto s = net::tcp_connect("127.0.0.1", w.port(), net::TcpOptions{}, net::deadline_in(5s));
+    ASSERT_TRUE(s.is_ok());
+    auto conn = net::make_stream_connection(std::move(*s));
+    ASSERT_TRUE(conn->send_frame(*wire::encode_dispatch(reqs[0].msg), net::deadline_in(5s)).is_ok());
+    auto f = conn->recv_frame(net::deadline_in(5s));
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    EXPECT_EQ(f->type(), wire::MsgType::kError);
+  }
+  // The first connection still works.
+  auto rtt = net::ping(*c->mux, 100000, 100000, net::deadline_in(5s));
+  ASSERT_TRUE(rtt.is_ok()) << rtt.status().to_string();
+  Request again = make_request(c->mux->next_request_id(), 0, {{{1, 1.0f}}}, wire::CombineMode::kExact, n_embd);
+  ASSERT_TRUE(c->mux->start(again.msg.request_id, *wire::encode_dispatch(again.msg), net::deadline_in(5s)).is_ok());
+  auto f = c->mux->wait(again.msg.request_id, net::deadline_in(10s));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  const std::vector<float> got = decode_combine_rows(again, *f, c->session);
+  const std::vector<float> want = local_exact(*local_, again, n_embd);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+
+  // A backbone of another model is refused at the handshake.
+  {
+    auto other = gguf::File::open(small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 42));
+    ASSERT_TRUE(other.is_ok());
+    auto c2 = connect_backbone(w.port(), **other);
+    ASSERT_FALSE(c2.is_ok());
+    EXPECT_EQ(c2.status().code(), StatusCode::kInvalidArgument) << c2.status().to_string();
+  }
+
+  // SIGTERM: the worker says GOODBYE (pending waits fail with kUnavailable) and exits 0.
+  w.signal(SIGTERM);
+  EXPECT_EQ(w.wait_exit(10s), 0);
+  // The GOODBYE (or the close after it) is what the next request on this connection finds.
+  auto after = net::ping(*c->mux, 0, 0, net::deadline_in(5s));
+  ASSERT_FALSE(after.is_ok());
+  EXPECT_EQ(after.status().code(), StatusCode::kUnavailable) << after.status().to_string();
+  EXPECT_NE(w.output().find("listening"), std::string::npos);
+}
+
+TEST_F(WorkerProcessTest, StartsFromASliceAndKilledWorkerFailsFastWithinDeadline) {
+  const std::string slice = testing::temp_dir() + "/proc-slice.gguf";
+  auto shape = model_shape(*file_);
+  ASSERT_TRUE(shape.is_ok());
+  ASSERT_TRUE(write_expert_slice(*file_, *parse_expert_spec("*:4-7", *shape), slice).is_ok());
+  WorkerProcess w(slice, "1:4-7");
+  ASSERT_NE(w.port(), 0) << "worker did not start; output:\n" << w.output();
+  EXPECT_NE(w.output().find("held experts: 4"), std::string::npos) << w.output();
+  auto c = connect_backbone(w.port(), *file_);  // backbone on the full model: same identity
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->session.peer.experts, (std::vector<wire::ExpertRange>{{1, 4, 4}}));
+  const uint32_t n_embd = 64;
+  Request r = make_request(c->mux->next_request_id(), 1, {{{6, 0.5f}, {4, 0.5f}}}, wire::CombineMode::kExact, n_embd);
+  ASSERT_TRUE(c->mux->start(r.msg.request_id, *wire::encode_dispatch(r.msg), net::deadline_in(5s)).is_ok());
+  auto f = c->mux->wait(r.msg.request_id, net::deadline_in(10s));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  const std::vector<float> got = decode_combine_rows(r, *f, c->session);
+  const std::vector<float> want = local_exact(*local_, r, n_embd);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+
+  // SIGKILL: no GOODBYE. A request sent after the kill fails with kUnavailable (reset/EOF) or
+  // kTimeout, and never later than its deadline.
+  w.signal(SIGKILL);
+  EXPECT_EQ(w.wait_exit(10s), 128 + SIGKILL);
+  const auto t0 = net::Clock::now();
+  Request late = make_request(c->mux->next_request_id(), 1, {{{5, 1.0f}}}, wire::CombineMode::kExact, n_embd);
+  Status sent = c->mux->start(late.msg.request_id, *wire::encode_dispatch(late.msg), net::deadline_in(1s));
+  Status result = sent;
+  if (sent.is_ok()) {
+    auto lf = c->mux->wait(late.msg.request_id, net::deadline_in(1500ms));
+    result = lf.is_ok() ? Status::ok() : lf.status();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(net::Clock::now() - t0).count();
+  ASSERT_FALSE(result.is_ok());
+  EXPECT_TRUE(result.code() == StatusCode::kUnavailable || result.code() == StatusCode::kTimeout)
+      << result.to_string();
+  EXPECT_LT(ms, 2600.0);
+  // A fresh connection to the dead port is refused at once.
+  auto s = net::tcp_connect("127.0.0.1", w.port(), net::TcpOptions{}, net::deadline_in(2s));
+  EXPECT_FALSE(s.is_ok());
+}
+
+TEST_F(WorkerProcessTest, ConcurrentBackbonesGetTheirOwnResults) {
+  WorkerProcess w(path_, "*:*");
+  ASSERT_NE(w.port(), 0) << "worker did not start; output:\n" << w.output();
+  const uint32_t n_embd = 64;
+  constexpr int kClients = 3, kRequests = 12;
+  std::vector<std::thread> threads;
+  std::atomic<int> n_ok{0};
+  for (int ci = 0; ci < kClients; ++ci) {
+    threads.emplace_back([&, ci] {
+      auto c = connect_backbone(w.port(), *file_);
+      ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+      for (int i = 0; i < kRequests; ++i) {
+        // Ids from disjoint ranges per client, so the data (seeded by id) names its sender.
+        const uint64_t id = 1000 * (ci + 1) + i;
+        const uint16_t e0 = static_cast<uint16_t>((ci + i) % 8), e1 = static_cast<uint16_t>((ci + 3 * i + 1) % 8);
+        std::vector<std::vector<std::pair<uint16_t, float>>> toks = {{{e0, 0.6f}}, {{e1, 0.4f}}};
+        if (e0 != e1) toks.push_back({{e0, 0.5f}, {e1, 0.5f}});
+        Request r = make_request(id, static_cast<uint32_t>(i % 2), toks, wire::CombineMode::kExact, n_embd);
+        ASSERT_TRUE(c->mux->start(id, *wire::encode_dispatch(r.msg), net::deadline_in(5s)).is_ok());
+        auto f = c->mux->wait(id, net::deadline_in(10s));
+        ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+        const std::vector<float> got = decode_combine_rows(r, *f, c->session);
+        const std::vector<float> want = local_exact(*local_, r, n_embd);
+        ASSERT_EQ(got.size(), want.size());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "client " << ci << " request " << i;
+        n_ok.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(n_ok.load(), kClients * kRequests);
+}
+
+}  // namespace
+}  // namespace moesh::swarm

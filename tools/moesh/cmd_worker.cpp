@@ -1,0 +1,123 @@
+// `moesh worker`: serves routed-expert requests for the experts it holds (docs/worker.md).
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "command.h"
+#include "moesh/swarm.h"
+
+namespace moesh::cli {
+namespace {
+
+struct WorkerArgs {
+  std::string model;
+  std::string experts;
+  std::string listen = "127.0.0.1:0";
+  int threads = 0;
+  std::string name;
+  std::string congestion = "cubic";
+};
+
+swarm::Worker* g_worker = nullptr;
+
+extern "C" void on_stop_signal(int) {
+  if (g_worker != nullptr) g_worker->stop();
+}
+
+// "host:port" or "[v6]:port".
+bool split_host_port(const std::string& s, std::string* host, uint16_t* port) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= s.size()) return false;
+  *host = s.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  unsigned long p = 0;
+  try {
+    size_t used = 0;
+    p = std::stoul(s.substr(colon + 1), &used);
+    if (used != s.size() - colon - 1 || p > 65535) return false;
+  } catch (...) {
+    return false;
+  }
+  *port = static_cast<uint16_t>(p);
+  return !host->empty();
+}
+
+int run_worker(const WorkerArgs& a) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "moesh worker: error: %s\n", s.to_string().c_str());
+    return 1;
+  };
+  swarm::WorkerOptions o;
+  if (!split_host_port(a.listen, &o.host, &o.port)) {
+    return fail(make_error(StatusCode::kInvalidArgument, "--listen '{}' is not HOST:PORT", a.listen));
+  }
+  auto file = gguf::File::open(a.model);
+  if (!file) return fail(file.status());
+  swarm::ExpertSet held;
+  if (!a.experts.empty()) {
+    auto shape = swarm::model_shape(**file);
+    if (!shape) return fail(shape.status());
+    auto set = swarm::parse_expert_spec(a.experts, *shape);
+    if (!set) return fail(set.status());
+    held = std::move(*set);
+  } else if (swarm::slice_kind(**file).empty()) {
+    return fail(make_error(StatusCode::kInvalidArgument,
+                           "--experts is required with a full model (e.g. --experts '*:0-7')"));
+  }
+  const uint64_t rss0 = swarm::resident_bytes();
+  auto store = swarm::ExpertStore::open(std::move(*file), held);
+  if (!store) return fail(store.status());
+  (*store)->prefault();
+  const uint64_t rss1 = swarm::resident_bytes();
+  o.n_threads = a.threads;
+  o.congestion = a.congestion;
+  o.name = a.name;
+  auto worker = swarm::Worker::start(store->get(), o);
+  if (!worker) return fail(worker.status());
+
+  const swarm::ExpertStore& s = **store;
+  std::printf("model %s (id %s)\n", s.file().path().c_str(), s.identity().hex().c_str());
+  std::printf("held experts: %llu (%s)\n", static_cast<unsigned long long>(s.held().n_pairs()),
+              s.held().to_string().c_str());
+  std::printf("slab bytes: %llu (%.2f MiB)\n", static_cast<unsigned long long>(s.slab_bytes()),
+              s.slab_bytes() / 1048576.0);
+  std::printf("rss: %llu bytes (%.2f MiB; %.2f MiB before touching slabs)\n",
+              static_cast<unsigned long long>(rss1), rss1 / 1048576.0, rss0 / 1048576.0);
+  std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));
+  std::fflush(stdout);
+
+  g_worker = worker->get();
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  (*worker)->run();
+  g_worker = nullptr;
+  const auto& st = (*worker)->stats();
+  std::printf("worker stopped: %llu connections, %llu dispatches, %llu errors\n",
+              static_cast<unsigned long long>(st.connections.load()),
+              static_cast<unsigned long long>(st.dispatches.load()),
+              static_cast<unsigned long long>(st.errors.load()));
+  std::fflush(stdout);
+  return 0;
+}
+
+const CommandRegistrar kReg{Command{
+    "worker", "Serve routed experts of a model or expert slice to backbones over TCP",
+    [](CLI::App* sub) -> std::function<int()> {
+      auto a = std::make_shared<WorkerArgs>();
+      sub->add_option("-m,--model", a->model, "Model GGUF or expert slice")->required();
+      sub->add_option("--experts", a->experts,
+                      "Experts to hold: LAYERS:EXPERTS items, e.g. '*:0-63' or '0-23:*,24-47:0-7' "
+                      "(default with a slice: all it holds)");
+      sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)");
+      sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");
+      sub->add_option("--name", a->name, "Name announced in the handshake");
+      sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
+      return [a] { return run_worker(*a); };
+    }}};
+
+}  // namespace
+}  // namespace moesh::cli

@@ -1,0 +1,104 @@
+// Options shared by every command that runs a model (logits, run, bench, gate) for remote
+// expert dispatch: `--worker HOST:PORT` (repeatable), `--workers FILE`, `--wire`, `--combine`,
+// `--timeout-ms`, `--congestion`. Without workers the model runs all-local as before.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moesh/remote.h"
+
+namespace moesh::cli {
+
+struct SwarmArgs {
+  std::vector<std::string> workers;  // --worker, repeatable
+  std::string workers_file;          // --workers
+  std::string wire = "f32";
+  std::string combine = "exact";
+  int timeout_ms = 10000;
+  std::string congestion = "cubic";
+
+  bool enabled() const { return !workers.empty() || !workers_file.empty(); }
+};
+
+inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
+  sub->add_option("--worker", a->workers, "Worker HOST:PORT serving routed experts (repeatable)");
+  sub->add_option("--workers", a->workers_file, "File with one worker HOST:PORT per line (# comments)");
+  sub->add_option("--wire", a->wire, "Wire dtype of hidden and result rows: f32|f16|bf16|q8")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8"}))
+      ->capture_default_str();
+  sub->add_option("--combine", a->combine,
+                  "exact: raw expert outputs, summed here in rank order (bit-exact with f32); "
+                  "partial: one weighted sum per token and worker")
+      ->check(CLI::IsMember({"exact", "partial"}))
+      ->capture_default_str();
+  sub->add_option("--timeout-ms", a->timeout_ms, "Deadline of each remote request")
+      ->check(CLI::Range(1, 3600 * 1000))
+      ->capture_default_str();
+  sub->add_option("--congestion", a->congestion,
+                  "TCP congestion control set before connect ('' = system default)")
+      ->capture_default_str();
+}
+
+inline Result<wire::WireDType> parse_wire_dtype(const std::string& s) {
+  for (int i = 0; i < static_cast<int>(wire::WireDType::kCOUNT); ++i) {
+    const auto t = static_cast<wire::WireDType>(i);
+    if (s == wire::wire_dtype_name(t)) return t;
+  }
+  return make_error(StatusCode::kInvalidArgument, "--wire: '{}' is not f32|f16|bf16|q8", s);
+}
+
+inline Result<wire::CombineMode> parse_combine_mode(const std::string& s) {
+  if (s == "exact") return wire::CombineMode::kExact;
+  if (s == "partial") return wire::CombineMode::kPartial;
+  return make_error(StatusCode::kInvalidArgument, "--combine: '{}' is not exact|partial", s);
+}
+
+inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
+  RemoteOptions o;
+  MOESH_ASSIGN_OR_RETURN(o.wire, parse_wire_dtype(a.wire));
+  MOESH_ASSIGN_OR_RETURN(o.combine, parse_combine_mode(a.combine));
+  o.timeout = std::chrono::milliseconds(a.timeout_ms);
+  o.tcp.congestion = a.congestion;
+  return o;
+}
+
+inline Result<std::vector<WorkerAddress>> worker_addresses(const SwarmArgs& a) {
+  std::vector<WorkerAddress> out;
+  if (!a.workers_file.empty()) {
+    MOESH_ASSIGN_OR_RETURN(out, read_workers_file(a.workers_file));
+  }
+  for (const std::string& w : a.workers) {
+    MOESH_ASSIGN_OR_RETURN(WorkerAddress addr, parse_worker_address(w));
+    out.push_back(addr);
+  }
+  return out;
+}
+
+// Connects to the workers named by `a` (if any) and stores the executor in *out (null when no
+// workers are given). Prints the error and returns false on failure. The caller passes *out as
+// ContextParams::executor and, once the Context exists, calls set_pool(&ctx.pool()).
+inline bool open_remote_or_report(const Model& model, const SwarmArgs& a, const char* cmd,
+                                  std::shared_ptr<RemoteExecutor>* out) {
+  out->reset();
+  if (!a.enabled()) return true;
+  auto fail = [cmd](const Status& st) {
+    std::fprintf(stderr, "moesh %s: error: %s\n", cmd, st.to_string().c_str());
+    return false;
+  };
+  auto opts = remote_options(a);
+  if (!opts) return fail(opts.status());
+  auto addrs = worker_addresses(a);
+  if (!addrs) return fail(addrs.status());
+  auto exec = RemoteExecutor::connect(model, *addrs, *opts);
+  if (!exec) return fail(exec.status());
+  std::fprintf(stderr, "%s", (*exec)->describe().c_str());
+  *out = std::shared_ptr<RemoteExecutor>(std::move(*exec));
+  return true;
+}
+
+}  // namespace moesh::cli
