@@ -1,21 +1,63 @@
 #!/usr/bin/env bash
-# `make demo`: generate a small model on the spot and show what moesh does with it.
+# `make demo`: generate a small MoE model on the spot, split its experts across two worker
+# processes on loopback, run it through them and show what happened.
 set -euo pipefail
 BUILD=${1:-build}
 MOESH="$BUILD/bin/moesh"
 WORK=$(mktemp -d /tmp/moesh-demo.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
 
-echo "== 1. generate a random-weight qwen3moe model (Q4_K_M) =="
-"$MOESH" make-model --arch qwen3moe --type q4_k_m --seed 7 --out "$WORK/demo.gguf"
+wait_port() {  # $1 = worker log; prints the port once the worker says it is listening
+  for _ in $(seq 1 200); do
+    if grep -q "listening on" "$1" 2>/dev/null; then
+      grep -o "listening on [0-9.]*:[0-9]*" "$1" | head -n1 | sed 's/.*://'
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "worker did not start; its log:" >&2; cat "$1" >&2; return 1
+}
+
+echo "== 1. generate a random-weight qwen3moe model (Q8_0, 16 experts, top-4) =="
+"$MOESH" make-model --arch qwen3moe --type q8_0 --seed 7 --n-expert 16 --n-expert-used 4 \
+  --out "$WORK/demo.gguf" | tail -n 3
 echo
-echo "== 2. inspect it =="
-"$MOESH" inspect "$WORK/demo.gguf" | head -n 40
+echo "== 2. cut it: a backbone without routed experts, and two expert slices =="
+"$MOESH" slice -m "$WORK/demo.gguf" --backbone --out "$WORK/backbone.gguf" | tail -n 1
+"$MOESH" slice -m "$WORK/demo.gguf" --experts '*:0-7' --out "$WORK/experts-a.gguf" | tail -n 1
+"$MOESH" slice -m "$WORK/demo.gguf" --experts '*:8-15' --out "$WORK/experts-b.gguf" | tail -n 1
 echo
-echo "== 3. generate 16 tokens (greedy) =="
-"$MOESH" run -m "$WORK/demo.gguf" --tokens 1,2,3,4 -n 16 -t 2
+echo "== 3. start two workers on loopback =="
+"$MOESH" worker -m "$WORK/experts-a.gguf" --listen 127.0.0.1:0 --name worker-a -t 1 > "$WORK/a.log" 2>&1 &
+PIDS+=($!)
+"$MOESH" worker -m "$WORK/experts-b.gguf" --listen 127.0.0.1:0 --name worker-b -t 1 > "$WORK/b.log" 2>&1 &
+PIDS+=($!)
+PA=$(wait_port "$WORK/a.log"); PB=$(wait_port "$WORK/b.log")
+sed 's/^/  worker-a | /' "$WORK/a.log"; sed 's/^/  worker-b | /' "$WORK/b.log"
 echo
-echo "== 4. same prompt, --json =="
-"$MOESH" run -m "$WORK/demo.gguf" --tokens 1,2,3,4 -n 8 -t 2 --json
+echo "== 4. generate 16 tokens on the backbone, every routed expert computed by the workers =="
+"$MOESH" run -m "$WORK/backbone.gguf" --worker 127.0.0.1:$PA --worker 127.0.0.1:$PB \
+  --tokens 1,2,3,4 -n 16 -t 1
 echo
-echo "demo done (model files were in $WORK and are removed now)"
+echo "== 5. the same, all local on the full model (must print the same tokens) =="
+"$MOESH" run -m "$WORK/demo.gguf" --tokens 1,2,3,4 -n 16 -t 1
+echo
+echo "== 6. validation gate: exact f32 (must be bit-identical) and q8 + partial sums (lossy) =="
+echo "   (on tiny random-weight models near-tied logits can flip an argmax; the gate then says FAIL)"
+"$MOESH" gate -m "$WORK/demo.gguf" --worker 127.0.0.1:$PA --worker 127.0.0.1:$PB --wire f32 --combine exact -t 1 || true
+"$MOESH" gate -m "$WORK/demo.gguf" --worker 127.0.0.1:$PA --worker 127.0.0.1:$PB --wire q8 --combine partial -t 1 || true
+echo
+echo "== 7. stop the workers =="
+for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+wait 2>/dev/null || true
+PIDS=()
+tail -n 2 "$WORK/a.log" | sed 's/^/  worker-a | /'
+tail -n 2 "$WORK/b.log" | sed 's/^/  worker-b | /'
+echo
+echo "demo done"

@@ -165,8 +165,10 @@ TEST(RemoteFailures, CombineForTheWrongLayerIsCaught) {
         c.mode = d->mode;
         std::vector<float> rows(static_cast<size_t>(d->n_result_rows()) * d->n_embd(), 0.25f);
         c.rows = *wire::encode_rows(d->return_dtype, rows.data(), d->n_result_rows(), d->n_embd());
-        (void)conn->send_frame(*wire::encode_combine(c), net::deadline_in(milliseconds(1000)));
+        // Count before sending: the backbone may fail (and the test read the counter) before
+        // this thread runs again after send_frame returns.
         answered.fetch_add(1);
+        (void)conn->send_frame(*wire::encode_combine(c), net::deadline_in(milliseconds(1000)));
       } else {
         return;
       }

@@ -17,6 +17,8 @@
 // activation int8 values of -128 (the quantizers never produce them).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -204,6 +206,11 @@ std::vector<uint8_t> quantize_act(const KernelTable& k, GgmlType act, const std:
 
 const KernelTable* table_or_skip(Isa isa) {
   if (!cpu_has(isa)) return nullptr;
+  if (isa == Isa::kAvx512 && !avx512_enabled()) {
+    std::printf("\n*** avx512 is supported by this CPU but NOT ENABLED: set MOESH_ENABLE_AVX512=1 "
+                "to test (and use) the AVX-512 kernels ***\n");
+    return nullptr;
+  }
   const KernelTable* t = kernels_for(isa);
   EXPECT_NE(t, nullptr) << isa_name(isa) << " supported by CPU but no table";
   return t;

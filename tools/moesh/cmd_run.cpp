@@ -10,6 +10,7 @@
 #include "model_cli.h"
 #include "swarm_cli.h"
 #include "moesh/sampling.h"
+#include "moesh/tokenizer.h"
 
 namespace moesh::cli {
 namespace {
@@ -38,21 +39,39 @@ int run_run(const RunArgs& a) {
   auto model = load_model_or_report(a.model, false, "run");
   if (!model) return 1;
   std::vector<int32_t> prompt;
-  if (!a.prompt.empty()) {
-    if (!model->file().has("tokenizer.ggml.tokens")) {
-      std::fprintf(stderr, "moesh run: error: this model has no tokenizer; use --tokens\n");
-    } else {
-      std::fprintf(stderr, "moesh run: error: text prompts are not supported yet (no tokenizer "
-                           "in this build); use --tokens\n");
+  // A GGUF with a vocabulary gets a tokenizer: text prompts, end-of-generation tokens, text out.
+  std::unique_ptr<Tokenizer> tok;
+  if (model->file().has("tokenizer.ggml.tokens")) {
+    auto t = Tokenizer::from_gguf(model->file());
+    if (!t) {
+      std::fprintf(stderr, "moesh run: error: %s\n", t.status().to_string().c_str());
+      return 2;
     }
+    tok = std::move(*t);
+  }
+  if (!a.prompt.empty()) {
+    if (!tok) {
+      std::fprintf(stderr, "moesh run: error: this model has no tokenizer; use --tokens\n");
+      return 2;
+    }
+    auto ids = tok->encode(a.prompt, /*add_special=*/true, /*parse_special=*/true);
+    if (!ids) {
+      std::fprintf(stderr, "moesh run: error: %s\n", ids.status().to_string().c_str());
+      return 2;
+    }
+    prompt = *ids;
+  } else {
+    auto toks = parse_token_list(a.tokens);
+    if (!toks) {
+      std::fprintf(stderr, "moesh run: error: %s\n", toks.status().message().c_str());
+      return 2;
+    }
+    prompt = *toks;
+  }
+  if (prompt.empty()) {
+    std::fprintf(stderr, "moesh run: error: the prompt is empty\n");
     return 2;
   }
-  auto toks = parse_token_list(a.tokens);
-  if (!toks) {
-    std::fprintf(stderr, "moesh run: error: %s\n", toks.status().message().c_str());
-    return 2;
-  }
-  prompt = *toks;
   if (a.n_predict < 0) {
     std::fprintf(stderr, "moesh run: error: -n must be >= 0\n");
     return 2;
@@ -83,10 +102,10 @@ int run_run(const RunArgs& a) {
   std::vector<int32_t> out;
   t0 = std::chrono::steady_clock::now();
   while (st.is_ok() && static_cast<int>(out.size()) < a.n_predict) {
-    const int32_t tok = sampler.sample(logits.data(), hp.n_vocab);
-    out.push_back(tok);
-    if (tok == eos || static_cast<int>(out.size()) == a.n_predict) break;
-    st = ctx.decode(0, &tok, 1, logits.data(), false);
+    const int32_t id = sampler.sample(logits.data(), hp.n_vocab);
+    out.push_back(id);
+    if (id == eos || (tok && tok->is_eog(id)) || static_cast<int>(out.size()) == a.n_predict) break;
+    st = ctx.decode(0, &id, 1, logits.data(), false);
   }
   const double t_decode = seconds_since(t0);
   if (!st.is_ok()) {
@@ -98,19 +117,29 @@ int run_run(const RunArgs& a) {
   const int n_dec = std::max<int>(0, static_cast<int>(out.size()) - 1);
   const double pp_tps = t_prefill > 0 ? prompt.size() / t_prefill : 0.0;
   const double tg_tps = t_decode > 0 && n_dec > 0 ? n_dec / t_decode : 0.0;
+  std::string text;
+  if (tok) {  // streaming decoder: ids past the tokenizer's vocab render as U+FFFD, not an error
+    StreamDecoder sd(*tok);
+    for (int32_t id : out) text += sd.push(id);
+    text += sd.flush();
+  }
   if (a.json) {
     nlohmann::json j;
     j["prompt_tokens"] = prompt;
     j["tokens"] = out;
-    j["text"] = "";
+    j["text"] = text;
     j["timings"] = {{"prompt_n", prompt.size()}, {"prompt_ms", t_prefill * 1e3},
                     {"prompt_per_second", pp_tps}, {"predicted_n", out.size()},
                     {"predicted_ms", t_decode * 1e3}, {"predicted_per_second", tg_tps},
                     {"threads", ctx.pool().n_threads()}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
-    std::printf("\n");
+    if (tok) {
+      std::printf("%s\n", text.c_str());
+    } else {
+      for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+      std::printf("\n");
+    }
     std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.2f tok/s) | decode: %d tokens in %.1f ms (%.2f tok/s) | %d threads\n",
                  prompt.size(), t_prefill * 1e3, pp_tps, n_dec, t_decode * 1e3, tg_tps,
                  ctx.pool().n_threads());
