@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "moesh/quant.h"
+#include "tensor/fma_clones.h"
 
 namespace moesh::detail {
 
@@ -43,7 +44,7 @@ namespace {
 // lanes (element i -> lane i % 64, fused multiply-add), reduces them by a halving tree (32, 16,
 // then _mm512_reduce_add_ps: 8, 4, 2, 1) and adds the n % 64 leftovers one by one (contracted
 // to fma by the compiler).
-float kq_dot(const float* k, const float* q, int64_t n) {
+MOESH_FMA_CLONES float kq_dot(const float* k, const float* q, int64_t n) {
   float acc[64] = {};
   const int64_t np = n & ~static_cast<int64_t>(63);
   for (int64_t i = 0; i < np; i += 64) {
@@ -55,6 +56,17 @@ float kq_dot(const float* k, const float* q, int64_t n) {
   float sum = acc[0];
   for (int64_t i = np; i < n; ++i) sum = std::fmaf(k[i], q[i], sum);
   return sum;
+}
+
+// lanes[d*16 + c%16] += V[c][d] * p[c] over the visible cells, in cell order (see attention_core).
+MOESH_FMA_CLONES void kqv_accumulate(float* lanes, const float* v, size_t stride, const float* p,
+                                     int64_t n_vis, int64_t dv) {
+  for (int64_t c = 0; c < n_vis; ++c) {
+    const float pc = p[c];
+    const float* vc = v + c * stride;
+    float* lc = lanes + (c & 15);
+    for (int64_t d = 0; d < dv; ++d) lc[16 * d] = std::fmaf(vc[d], pc, lc[16 * d]);
+  }
 }
 
 // The softmax row length llama.cpp uses: the KV window padded to whole 16-lane groups (the
@@ -98,12 +110,7 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       // masked cells have p = 0 and add nothing.
       float* oh = o + (t * n_head + h) * dv;
       std::fill(lanes, lanes + 16 * dv, 0.0f);
-      for (int64_t c = 0; c < n_vis; ++c) {
-        const float p = sc[c];
-        const float* vc = v0 + c * stride + g * dv;
-        float* lc = lanes + (c & 15);
-        for (int64_t d = 0; d < dv; ++d) lc[16 * d] = std::fmaf(vc[d], p, lc[16 * d]);
-      }
+      kqv_accumulate(lanes, v0 + g * dv, stride, sc, n_vis, dv);
       for (int64_t d = 0; d < dv; ++d) {
         float* a = lanes + 16 * d;
         for (int hh = 8; hh >= 1; hh /= 2) {

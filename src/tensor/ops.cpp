@@ -8,6 +8,7 @@
 #include <numbers>
 #include <vector>
 
+#include "tensor/fma_clones.h"
 #include "moesh/ops.h"
 
 namespace moesh {
@@ -31,7 +32,7 @@ namespace {
 // lane in scalar: the same constants, the same fused multiply-adds (std::fmaf where the vector
 // code uses fmadd/fnmadd), scalef as an exact ldexp, and the same overflow/underflow blend.
 // Agrees with expf to ~1.5 ulp but not bit for bit, and llama.cpp's softmax and SiLU use it.
-float v_expf(float x) {
+inline __attribute__((always_inline)) float v_expf(float x) {
   const float r = 0x1.8p23f;
   const float z = std::fmaf(x, 0x1.715476p+0f, r);
   const float n = z - r;
@@ -54,7 +55,7 @@ float reduce16(float a[16]) {
 
 }  // namespace
 
-void softmax(float* x, int64_t n) {
+MOESH_FMA_CLONES void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
@@ -81,7 +82,7 @@ void softmax(float* x, int64_t n) {
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-float silu_v(float x) { return x / (1.0f + v_expf(0.0f - x)); }
+MOESH_FMA_CLONES float silu_v(float x) { return x / (1.0f + v_expf(0.0f - x)); }
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
@@ -91,7 +92,7 @@ float gelu(float x) {
   return 0.5f * x * (1.0f + std::tanh(k_sqrt_2_over_pi * x * (1.0f + k_coef_a * x * x)));
 }
 
-void swiglu(const float* g, const float* u, float* y, int64_t n) {
+MOESH_FMA_CLONES void swiglu(const float* g, const float* u, float* y, int64_t n) {
   // ggml_vec_swiglu_f32 on AVX-512 uses ggml_v_silu for every full group of 16 (all of a row
   // whose width is a multiple of 16, the case for every FFN width in practice).
   for (int64_t i = 0; i < n; ++i) y[i] = silu_v(g[i]) * u[i];
