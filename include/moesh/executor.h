@@ -61,6 +61,18 @@ void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, cons
                 const int32_t* rows, int64_t n_sel, float* y, size_t ldy, ExpertScratch* s,
                 ThreadPool* pool);
 
+// One step of the rank-order weighted sum — THE arithmetic of the routed sum, shared by the
+// local executor, the remote executor's exact combine and the worker's partial sums, so they
+// cannot drift apart: the first term (rank 0) is o = y*w, every later one o = o + y*w (two
+// roundings, never fused: the project builds with -ffp-contract=off).
+inline void rank_sum_step(float* o, const float* y, float w, int64_t n, bool first) {
+  if (first) {
+    for (int64_t d = 0; d < n; ++d) o[d] = y[d] * w;
+  } else {
+    for (int64_t d = 0; d < n; ++d) o[d] = o[d] + y[d] * w;
+  }
+}
+
 // Which tokens each expert must compute, derived from per-token routing decisions.
 // Invariants: ids/weights are [n_tokens][k] in router rank order; experts[] is ascending and
 // unique; slots[offsets[a] .. offsets[a+1]) are the (token*k + rank) slots routed to experts[a],

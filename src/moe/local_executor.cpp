@@ -192,12 +192,9 @@ Status LocalExecutor::Impl::run(Job& job) {
   run_items(pool, n_tok, [&](int64_t t) {
     float* o = job.out.data() + t * n_embd;
     const float* wt = plan.weights.data() + t * k;
-    const float* y0 = y.data() + static_cast<int64_t>(pos_of_slot[t * k]) * n_embd;
-    for (int64_t d = 0; d < n_embd; ++d) o[d] = y0[d] * wt[0];
-    for (int r = 1; r < k; ++r) {
+    for (int r = 0; r < k; ++r) {
       const float* yr = y.data() + static_cast<int64_t>(pos_of_slot[t * k + r]) * n_embd;
-      const float wr = wt[r];
-      for (int64_t d = 0; d < n_embd; ++d) o[d] = o[d] + yr[d] * wr;
+      rank_sum_step(o, yr, wt[r], n_embd, r == 0);
     }
   });
   return Status::ok();

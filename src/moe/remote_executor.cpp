@@ -354,13 +354,7 @@ void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
     for_tokens(pool, n_tok, [&](int64_t t) {
       float* o = job.out.data() + t * D;
       const float* wt = plan.weights.data() + t * k;
-      const float* y0 = slot_src[t * k];
-      for (int64_t d = 0; d < D; ++d) o[d] = y0[d] * wt[0];
-      for (int rk = 1; rk < k; ++rk) {
-        const float* yr = slot_src[t * k + rk];
-        const float wr = wt[rk];
-        for (int64_t d = 0; d < D; ++d) o[d] = o[d] + yr[d] * wr;
-      }
+      for (int rk = 0; rk < k; ++rk) rank_sum_step(o, slot_src[t * k + rk], wt[rk], D, rk == 0);
     });
     return;
   }
@@ -373,12 +367,8 @@ void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
     const float wv = plan.weights[s];
     const float* y = ylocal.data() + i * D;
     float* o = job.out.data() + t * D;
-    if (!has[t]) {
-      for (int64_t d = 0; d < D; ++d) o[d] = y[d] * wv;
-      has[t] = 1;
-    } else {
-      for (int64_t d = 0; d < D; ++d) o[d] = o[d] + y[d] * wv;
-    }
+    rank_sum_step(o, y, wv, D, !has[t]);
+    has[t] = 1;
   }
   for (size_t q = 0; q < job.n_reqs; ++q) {
     const Request& r = job.reqs[q];

@@ -106,12 +106,7 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
       float* o = s->partial.data() + size_t{t} * n_embd;
       for (uint8_t j = 0; j < req.pair_counts[t]; ++j, ++p) {
         const float* y = s->y.data() + p * n_embd;
-        const float w = req.pairs[p].weight;
-        if (j == 0) {
-          for (uint32_t d = 0; d < n_embd; ++d) o[d] = y[d] * w;
-        } else {
-          for (uint32_t d = 0; d < n_embd; ++d) o[d] = o[d] + y[d] * w;
-        }
+        rank_sum_step(o, y, req.pairs[p].weight, n_embd, j == 0);
       }
       for (uint32_t d = 0; d < n_embd; ++d) {
         if (!std::isfinite(o[d])) {
