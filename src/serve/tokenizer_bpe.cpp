@@ -67,21 +67,7 @@ Status Tokenizer::Impl::bpe_encode(std::string_view text, std::vector<int32_t>& 
       if (it == merge_rank.end()) return;
       queue.push({l, r, it->second, syms[l].len + syms[r].len});
     };
-    for (int i = 0; i + 1 < static_cast<int>(syms.size()); ++i) try_add(i, i + 1);
-    while (!queue.empty()) {
-      const Bigram b = queue.top();
-      queue.pop();
-      Symbol& l = syms[b.left];
-      Symbol& r = syms[b.right];
-      if (l.len == 0 || r.len == 0 || l.len + r.len != b.len) continue;
-      // The left symbol absorbs the right one; symbols are contiguous, so only lengths change.
-      l.len += r.len;
-      r.len = 0;
-      l.next = r.next;
-      if (r.next >= 0) syms[r.next].prev = b.left;
-      try_add(l.prev, b.left);
-      try_add(b.left, l.next);
-    }
+    merge_symbols(syms, queue, try_add);
     for (int i = 0; i >= 0; i = syms[i].next) {
       std::string_view s(word.data() + syms[i].off, syms[i].len);
       if (int32_t id = find(s); id >= 0) {

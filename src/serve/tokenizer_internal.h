@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <queue>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -79,5 +80,29 @@ struct Tokenizer::Impl {
   void spm_encode(std::string_view text, std::vector<int32_t>& out) const;
   std::string piece(int32_t id, bool special) const;
 };
+
+// The merge loop shared by BPE (lowest merge rank first) and SPM (highest score first): symbols
+// form a doubly linked list over a contiguous string; the best queued bigram whose two symbols
+// are unchanged (len check) is merged, then its new neighbours are offered via try_add(l, r).
+// Symbol needs prev/next/len; Bigram needs left/right/len; Order ranks bigrams.
+template <typename Symbol, typename Bigram, typename Order, typename TryAdd>
+void merge_symbols(std::vector<Symbol>& syms, std::priority_queue<Bigram, std::vector<Bigram>, Order>& queue,
+                   TryAdd&& try_add) {
+  for (int i = 0; i + 1 < static_cast<int>(syms.size()); ++i) try_add(i, i + 1);
+  while (!queue.empty()) {
+    const Bigram b = queue.top();
+    queue.pop();
+    Symbol& l = syms[b.left];
+    Symbol& r = syms[b.right];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != b.len) continue;  // stale entry
+    // The left symbol absorbs the right one; symbols are contiguous, so only lengths change.
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = b.left;
+    try_add(l.prev, b.left);
+    try_add(b.left, l.next);
+  }
+}
 
 }  // namespace moesh
