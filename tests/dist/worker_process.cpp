@@ -119,7 +119,18 @@ void WorkerProcess::kill_now() {
 }
 
 void WorkerProcess::pause() {
-  if (pid_ > 0) kill(pid_, SIGSTOP);
+  if (pid_ <= 0) return;
+  kill(pid_, SIGSTOP);
+  // kill() only queues the signal: on a busy machine the worker could still answer a request
+  // sent right after. Wait until the kernel reports it stopped, so "paused" really means silent.
+  int wst = 0;
+  while (waitpid(pid_, &wst, WUNTRACED) == pid_) {
+    if (WIFSTOPPED(wst)) break;
+    if (WIFEXITED(wst) || WIFSIGNALED(wst)) {
+      pid_ = -1;  // already reaped
+      break;
+    }
+  }
 }
 void WorkerProcess::resume() {
   if (pid_ > 0) kill(pid_, SIGCONT);
