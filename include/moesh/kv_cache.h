@@ -36,6 +36,10 @@ class KvCache {
   // Keeps the first n_keep cells of `seq` (rollback).
   void seq_truncate(int32_t seq, int64_t n_keep);
   void seq_remove(int32_t seq);
+  // Makes `dst` hold a copy of the first n cells of `src` (positions and K/V rows), replacing
+  // whatever dst held: a shared prompt prefix computed once serves another sequence.
+  // kOutOfRange when src holds fewer than n cells; kInvalidArgument when src == dst.
+  Status seq_copy(int32_t src, int32_t dst, int64_t n);
   void clear();
 
   // Row accessors; valid until the next append() on the same sequence.

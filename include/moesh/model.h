@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,20 @@ class Context {
   // is non-null it receives n rows of n_vocab logits (all_logits) or one row for the last token.
   Status decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits,
                 bool all_logits = true);
+
+  // One token of a multi-sequence batch (continuous batching).
+  struct BatchToken {
+    int32_t seq = 0;
+    int32_t token = 0;
+    bool logits = false;  // write this token's logits row
+  };
+  // Runs the tokens of several sequences in ONE forward pass, so each MoE layer makes one
+  // executor call (one dispatch round trip) for all of them. A sequence's tokens must appear in
+  // order; they continue that sequence's cells. `logits` receives one row of n_vocab per token
+  // with logits=true, in batch order. Every row's bits equal what decode() gives for the same
+  // sequence alone (batch-invariant kernels, attention per row). On error every sequence is
+  // rolled back to its cells before the call.
+  Status decode_batch(std::span<const BatchToken> batch, float* logits);
 
   const Model& model() const { return model_; }
   KvCache& kv() { return kv_; }

@@ -39,26 +39,72 @@ Context::~Context() = default;
 
 Status Context::decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits,
                        bool all_logits) {
-  const HParams& hp = model_.hparams();
   if (n <= 0) return make_error(StatusCode::kInvalidArgument, "decode: empty batch");
+  std::vector<BatchToken> batch(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= hp.n_vocab) {
-      return make_error(StatusCode::kOutOfRange, "token {} at batch index {} not in [0, {})",
-                        tokens[i], i, hp.n_vocab);
+    batch[i] = {seq, tokens[i], logits != nullptr && (all_logits || i == n - 1)};
+  }
+  return decode_batch(batch, logits);
+}
+
+Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
+  const HParams& hp = model_.hparams();
+  const int64_t T = static_cast<int64_t>(batch.size()), D = hp.n_embd;
+  if (T == 0) return make_error(StatusCode::kInvalidArgument, "decode: empty batch");
+  int64_t n_out = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    const int32_t tok = batch[i].token;
+    if (tok < 0 || tok >= hp.n_vocab) {
+      return make_error(StatusCode::kOutOfRange, "token {} at batch index {} not in [0, {})", tok,
+                        i, hp.n_vocab);
     }
+    n_out += batch[i].logits ? 1 : 0;
+  }
+  if (n_out > 0 && logits == nullptr) {
+    return make_error(StatusCode::kInvalidArgument, "decode: logits requested but no buffer given");
   }
   Scratch& s = *scratch_;
-  const int64_t T = n, D = hp.n_embd;
 
-  // Positions continue the sequence; the cells are reserved before any layer runs.
-  const int64_t n_before = kv_.seq_len(seq);
-  const int64_t p0 = kv_.seq_pos_max(seq) + 1;
+  // Cells are reserved for every sequence before any layer runs: positions continue each
+  // sequence, a token's cell is its index within its sequence.
+  int32_t* seq = detail::grow(s.seq, static_cast<size_t>(T));
   int64_t* pos = detail::grow(s.pos, static_cast<size_t>(T));
-  for (int64_t i = 0; i < T; ++i) pos[i] = p0 + i;
-  MOESH_ASSIGN_OR_RETURN(const int64_t first_cell, kv_.append(seq, pos, T));
+  int64_t* cell = detail::grow(s.cell, static_cast<size_t>(T));
+  struct SeqStep {
+    int32_t seq;
+    int64_t n_before, n_new = 0;
+  };
+  std::vector<SeqStep> steps;
+  for (int64_t i = 0; i < T; ++i) {
+    const int32_t sq = batch[i].seq;
+    auto it = std::find_if(steps.begin(), steps.end(), [&](const SeqStep& x) { return x.seq == sq; });
+    if (it == steps.end()) {
+      steps.push_back({sq, kv_.seq_len(sq)});
+      it = steps.end() - 1;
+    }
+    seq[i] = sq;
+    cell[i] = it->n_before + it->n_new;
+    ++it->n_new;
+  }
+  std::vector<int64_t> new_pos;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const SeqStep& st = steps[k];
+    const int64_t p0 = kv_.seq_pos_max(st.seq) + 1;
+    new_pos.resize(static_cast<size_t>(st.n_new));
+    for (int64_t j = 0; j < st.n_new; ++j) new_pos[j] = p0 + j;
+    auto first = kv_.append(st.seq, new_pos.data(), st.n_new);
+    if (!first) {
+      for (size_t r = 0; r < k; ++r) kv_.seq_truncate(steps[r].seq, steps[r].n_before);
+      return first.status();
+    }
+  }
+  for (int64_t i = 0; i < T; ++i) pos[i] = kv_.positions(seq[i])[cell[i]];
+  auto rollback = [&] {
+    for (const SeqStep& st : steps) kv_.seq_truncate(st.seq, st.n_before);
+  };
 
   detail::Fwd f{model_, hp, pool_.get(), kv_, s, *executor_, observer_,
-                detail::Batch{seq, T, pos, first_cell}};
+                detail::Batch{T, seq, pos, cell}};
   const size_t n_act = static_cast<size_t>(T * D);
   float* h = detail::grow(s.h, n_act);
   float* xn = detail::grow(s.xn, n_act);
@@ -66,7 +112,7 @@ Status Context::decode(int32_t seq, const int32_t* tokens, int64_t n, float* log
   float* ffn_out = detail::grow(s.ffn_out, n_act);
 
   // Embeddings (a dequantized row for quantized tables).
-  for (int64_t i = 0; i < T; ++i) get_row_f32(model_.tok_embd, tokens[i], h + i * D);
+  for (int64_t i = 0; i < T; ++i) get_row_f32(model_.tok_embd, batch[i].token, h + i * D);
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& lw = model_.layers[static_cast<size_t>(il)];
@@ -80,7 +126,7 @@ Status Context::decode(int32_t seq, const int32_t* tokens, int64_t n, float* log
     if (lw.is_moe) {
       Status st = detail::moe_ffn(f, il, lw, xn, ffn_out);
       if (!st.is_ok()) {
-        kv_.seq_truncate(seq, n_before);  // leave the cache as it was
+        rollback();  // leave the cache as it was
         return st;
       }
     } else {
@@ -90,11 +136,15 @@ Status Context::decode(int32_t seq, const int32_t* tokens, int64_t n, float* log
     if (observer_ != nullptr) observer_->on_layer_out(il, T, D, h);
   }
 
-  if (logits != nullptr) {
-    const int64_t first = all_logits ? 0 : T - 1;
-    const int64_t n_out = T - first;
+  if (n_out > 0) {
+    // Gather the rows that want logits, norm them, one projection for all.
     float* rows = detail::grow(s.out_rows, static_cast<size_t>(n_out * D));
-    detail::rms_norm_rows(h + first * D, model_.output_norm, rows, n_out, D, hp.rms_eps);
+    int64_t r = 0;
+    for (int64_t i = 0; i < T; ++i) {
+      if (!batch[i].logits) continue;
+      detail::rms_norm_rows(h + i * D, model_.output_norm, rows + r * D, 1, D, hp.rms_eps);
+      ++r;
+    }
     detail::project(f, rows, n_out, D, {{&model_.output, logits}});
   }
   return Status::ok();

@@ -64,6 +64,22 @@ void KvCache::seq_truncate(int32_t seq, int64_t n_keep) {
 
 void KvCache::seq_remove(int32_t seq) { seqs_.erase(seq); }
 
+Status KvCache::seq_copy(int32_t src, int32_t dst, int64_t n) {
+  if (src == dst) return make_error(StatusCode::kInvalidArgument, "seq_copy: source and destination are both {}", src);
+  const Seq* s = find(src);
+  const int64_t have = s == nullptr ? 0 : static_cast<int64_t>(s->pos.size());
+  if (n < 0 || n > have) {
+    return make_error(StatusCode::kOutOfRange, "seq_copy: sequence {} holds {} cells, asked for {}", src, have, n);
+  }
+  Seq copy;
+  if (s != nullptr) {
+    copy.pos.assign(s->pos.begin(), s->pos.begin() + n);
+    copy.data.assign(s->data.begin(), s->data.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(n) * cell_stride()));
+  }
+  seqs_[dst] = std::move(copy);
+  return Status::ok();
+}
+
 void KvCache::clear() { seqs_.clear(); }
 
 float* KvCache::k(int32_t seq, int64_t layer, int64_t cell) {

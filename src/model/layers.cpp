@@ -78,13 +78,27 @@ int64_t padded16(int64_t n) { return (n + 15) & ~static_cast<int64_t>(15); }
 void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk,
                     int64_t dv, float kq_scale, float* o) {
   const Batch& b = f.batch;
-  const int64_t n_cells = f.kv.seq_len(b.seq);
-  const int64_t n_pad = padded16(n_cells);
-  const int64_t* cell_pos = f.kv.positions(b.seq);
+  // Per token: its sequence's cells (all of this step's cells are already appended).
+  const size_t T = static_cast<size_t>(b.n);
+  const float** k0 = grow(f.s.tok_k0, T);
+  const float** v0 = grow(f.s.tok_v0, T);
+  const int64_t** cell_pos = grow(f.s.tok_cell_pos, T);
+  int64_t* n_cells = grow(f.s.tok_n_cells, T);
+  int64_t max_cells = 0;
+  for (size_t t = 0; t < T; ++t) {
+    if (t > 0 && b.seq[t] == b.seq[t - 1]) {
+      k0[t] = k0[t - 1], v0[t] = v0[t - 1], cell_pos[t] = cell_pos[t - 1], n_cells[t] = n_cells[t - 1];
+      continue;
+    }
+    n_cells[t] = f.kv.seq_len(b.seq[t]);
+    cell_pos[t] = f.kv.positions(b.seq[t]);
+    k0[t] = f.kv.k(b.seq[t], il, 0);
+    v0[t] = f.kv.v(b.seq[t], il, 0);
+    max_cells = std::max(max_cells, n_cells[t]);
+  }
+  const int64_t n_pad = padded16(max_cells);
   const int n_threads = f.pool != nullptr ? f.pool->n_threads() : 1;
   float* scores_all = grow(f.s.scores, static_cast<size_t>(n_threads * (n_pad + 16 * dv)));
-  const float* k0 = f.kv.k(b.seq, il, 0);
-  const float* v0 = f.kv.v(b.seq, il, 0);
   const size_t stride = f.kv.cell_stride();
   const int64_t group = n_head / n_head_kv;
 
@@ -97,10 +111,12 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       const float* qh = q + (t * n_head + h) * dk;
       const int64_t pos = b.pos[t];
       // Causal mask: the cells of this sequence at positions <= pos (a prefix: positions grow).
+      const int64_t* cp = cell_pos[t];
       int64_t n_vis = 0;
-      while (n_vis < n_cells && cell_pos[n_vis] <= pos) ++n_vis;
+      while (n_vis < n_cells[t] && cp[n_vis] <= pos) ++n_vis;
+      const float* kt = k0[t];
       for (int64_t c = 0; c < n_vis; ++c) {
-        sc[c] = kq_dot(k0 + c * stride + g * dk, qh, dk) * kq_scale;
+        sc[c] = kq_dot(kt + c * stride + g * dk, qh, dk) * kq_scale;
       }
       const int64_t n_row = padded16(n_vis);
       std::fill(sc + n_vis, sc + n_row, -INFINITY);
@@ -110,7 +126,7 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       // masked cells have p = 0 and add nothing.
       float* oh = o + (t * n_head + h) * dv;
       std::fill(lanes, lanes + 16 * dv, 0.0f);
-      kqv_accumulate(lanes, v0 + g * dv, stride, sc, n_vis, dv);
+      kqv_accumulate(lanes, v0[t] + g * dv, stride, sc, n_vis, dv);
       for (int64_t d = 0; d < dv; ++d) {
         float* a = lanes + 16 * d;
         for (int hh = 8; hh >= 1; hh /= 2) {
@@ -147,9 +163,9 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
     if (lw.k_norm.valid()) rms_norm_rows(kt, lw.k_norm, kt, n_kv, dk, hp.rms_eps);
     rope(qt, static_cast<int>(n_head), static_cast<int>(dk), static_cast<size_t>(dk), f.batch.pos[t], hp.rope);
     rope(kt, static_cast<int>(n_kv), static_cast<int>(dk), static_cast<size_t>(dk), f.batch.pos[t], hp.rope);
-    const int64_t cell = f.batch.first_cell + t;
-    std::copy_n(kt, n_kv * dk, f.kv.k(f.batch.seq, il, cell));
-    std::copy_n(v + t * n_kv * dv, n_kv * dv, f.kv.v(f.batch.seq, il, cell));
+    const int64_t cell = f.batch.cell[t];
+    std::copy_n(kt, n_kv * dk, f.kv.k(f.batch.seq[t], il, cell));
+    std::copy_n(v + t * n_kv * dv, n_kv * dv, f.kv.v(f.batch.seq[t], il, cell));
   }
   float* o = grow(f.s.o, static_cast<size_t>(T * n_head * dv));
   attention_core(f, il, q, n_head, n_kv, dk, dv, hp.kq_scale, o);

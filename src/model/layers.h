@@ -23,7 +23,11 @@ struct Context::Scratch {
   std::vector<float> router_logits, route_scratch, moe_w, shexp;
   std::vector<float> ffn_g, ffn_u, ffn_h;
   std::vector<int32_t> moe_ids;
-  std::vector<int64_t> pos;
+  std::vector<int64_t> pos, cell;
+  std::vector<int32_t> seq;
+  std::vector<const float*> tok_k0, tok_v0;               // per token: its sequence's cell 0
+  std::vector<const int64_t*> tok_cell_pos;
+  std::vector<int64_t> tok_n_cells;
   RoutingPlan plan;
   QuantizedRows xq[3];                                    // one per distinct vec_dot_type
   std::vector<float> out_rows;                            // normed rows for the output head
@@ -37,12 +41,13 @@ T* grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// One batch of tokens of one sequence, its positions, and where its cells start in the cache.
+// One batch of tokens, possibly of several sequences: per token its sequence, position and the
+// cache cell (index within its sequence) that holds its K/V.
 struct Batch {
-  int32_t seq = 0;
   int64_t n = 0;
+  const int32_t* seq = nullptr;
   const int64_t* pos = nullptr;
-  int64_t first_cell = 0;
+  const int64_t* cell = nullptr;
 };
 
 // Everything a layer function needs.

@@ -1,0 +1,204 @@
+// Multi-sequence batches (Context::decode_batch, the base of continuous batching) against each
+// sequence run alone, for every architecture, bit for bit:
+//  * prompts of several sequences prefilled together (interleaved in the batch), then decode
+//    steps with one token per sequence, equal the same sequences decoded one after the other;
+//  * a step mixing a prompt chunk of one sequence with decode tokens of others;
+//  * a failed step (token out of range, context overflow of one sequence) leaves every
+//    sequence's cells as they were;
+//  * KvCache::seq_copy of a prefix then continuing equals computing the whole sequence.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "moesh/make_model.h"
+#include "moesh/model.h"
+#include "moesh/sampling.h"
+
+namespace moesh {
+namespace {
+
+std::string model_path(MakeArch arch) {
+  static std::map<MakeArch, std::string> cache;
+  auto it = cache.find(arch);
+  if (it != cache.end()) return it->second;
+  const auto dir = std::filesystem::temp_directory_path() / ("moesh-batch-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  MakeModelSpec s = MakeModelSpec::defaults_for(arch);
+  s.type = MakeFileType::kQ8_0;
+  s.n_ctx = 128;
+  const std::string path = (dir / (std::string(make_arch_name(arch)) + ".gguf")).string();
+  Status st = make_model(s, path);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  cache[arch] = path;
+  return path;
+}
+
+std::vector<int32_t> random_tokens(int64_t n_vocab, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> v(n);
+  for (auto& t : v) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(n_vocab));
+  return v;
+}
+
+using Rows = std::vector<std::vector<float>>;
+
+// Greedy generation of one sequence alone: the logits row after the prompt and after each step.
+Rows run_alone(const Model& m, const std::vector<int32_t>& prompt, int steps, int threads) {
+  const int64_t V = m.hparams().n_vocab;
+  Context ctx(m, ContextParams{threads, 128, nullptr});
+  Rows rows;
+  std::vector<float> lg(static_cast<size_t>(V));
+  EXPECT_TRUE(ctx.decode(5, prompt.data(), static_cast<int64_t>(prompt.size()), lg.data(), false).is_ok());
+  rows.push_back(lg);
+  for (int s = 0; s < steps; ++s) {
+    const int32_t t = argmax(lg.data(), V);
+    EXPECT_TRUE(ctx.decode(5, &t, 1, lg.data(), false).is_ok());
+    rows.push_back(lg);
+  }
+  return rows;
+}
+
+class Batch : public ::testing::TestWithParam<MakeArch> {};
+
+TEST_P(Batch, InterleavedSequencesEqualEachAlone) {
+  auto m = Model::load(model_path(GetParam()));
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  const Model& model = **m;
+  const int64_t V = model.hparams().n_vocab;
+  const std::vector<std::vector<int32_t>> prompts = {
+      random_tokens(V, 7, 1), random_tokens(V, 3, 2), random_tokens(V, 12, 3), random_tokens(V, 1, 4)};
+  const int steps = 6;
+  std::vector<Rows> alone;
+  for (const auto& p : prompts) alone.push_back(run_alone(model, p, steps, 1));
+
+  for (int threads : {1, 2}) {
+    Context ctx(model, ContextParams{threads, 128, nullptr});
+    // Prefill all prompts in one batch, tokens of different sequences interleaved round-robin.
+    std::vector<Context::BatchToken> batch;
+    std::vector<size_t> next(prompts.size(), 0);
+    std::vector<int> row_of(prompts.size(), -1);
+    for (bool any = true; any;) {
+      any = false;
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        if (next[s] == prompts[s].size()) continue;
+        any = true;
+        const bool last = next[s] + 1 == prompts[s].size();
+        if (last) row_of[s] = static_cast<int>(std::count_if(batch.begin(), batch.end(), [](auto& b) { return b.logits; }));
+        batch.push_back({static_cast<int32_t>(10 + s), prompts[s][next[s]++], last});
+      }
+    }
+    std::vector<float> lg(prompts.size() * static_cast<size_t>(V));
+    ASSERT_TRUE(ctx.decode_batch(batch, lg.data()).is_ok());
+    std::vector<int32_t> last_tok(prompts.size());
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const float* row = lg.data() + static_cast<size_t>(row_of[s]) * V;
+      EXPECT_EQ(0, std::memcmp(row, alone[s][0].data(), V * sizeof(float)))
+          << "prefill logits of sequence " << s << " differ (threads " << threads << ")";
+      last_tok[s] = argmax(row, V);
+    }
+    // Decode steps: one token per sequence, in reverse order for good measure.
+    for (int step = 1; step <= steps; ++step) {
+      batch.clear();
+      for (size_t s = prompts.size(); s-- > 0;) batch.push_back({static_cast<int32_t>(10 + s), last_tok[s], true});
+      ASSERT_TRUE(ctx.decode_batch(batch, lg.data()).is_ok());
+      for (size_t j = 0; j < batch.size(); ++j) {
+        const size_t s = prompts.size() - 1 - j;
+        const float* row = lg.data() + j * V;
+        EXPECT_EQ(0, std::memcmp(row, alone[s][step].data(), V * sizeof(float)))
+            << "step " << step << " sequence " << s << " differs (threads " << threads << ")";
+        last_tok[s] = argmax(row, V);
+      }
+    }
+  }
+}
+
+TEST_P(Batch, PromptChunkMixedWithDecodeTokens) {
+  auto m = Model::load(model_path(GetParam()));
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  const Model& model = **m;
+  const int64_t V = model.hparams().n_vocab;
+  const auto a = random_tokens(V, 5, 11), b = random_tokens(V, 9, 12);
+  const Rows a_alone = run_alone(model, a, 3, 2);
+  const Rows b_alone = run_alone(model, b, 0, 2);
+
+  Context ctx(model, ContextParams{2, 128, nullptr});
+  std::vector<float> lg(2 * static_cast<size_t>(V));
+  ASSERT_TRUE(ctx.decode(0, a.data(), 5, lg.data(), false).is_ok());
+  int32_t ta = argmax(lg.data(), V);
+  // Steps: a decodes one token while b's prompt arrives in chunks of 4, 4 and 1.
+  size_t off = 0;
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<Context::BatchToken> batch = {{0, ta, true}};
+    const size_t n = std::min<size_t>(4, b.size() - off);
+    for (size_t i = 0; i < n; ++i) batch.push_back({1, b[off + i], off + i + 1 == b.size()});
+    off += n;
+    ASSERT_TRUE(ctx.decode_batch(batch, lg.data()).is_ok());
+    EXPECT_EQ(0, std::memcmp(lg.data(), a_alone[step].data(), V * sizeof(float))) << "step " << step;
+    ta = argmax(lg.data(), V);
+    if (off == b.size()) {
+      EXPECT_EQ(0, std::memcmp(lg.data() + V, b_alone[0].data(), V * sizeof(float)))
+          << "chunked prompt differs from the prompt in one batch";
+    }
+  }
+  EXPECT_EQ(off, b.size());
+}
+
+TEST_P(Batch, FailedStepLeavesEverySequenceAsItWas) {
+  auto m = Model::load(model_path(GetParam()));
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  const Model& model = **m;
+  const int64_t V = model.hparams().n_vocab;
+  Context ctx(model, ContextParams{1, 16, nullptr});
+  const auto a = random_tokens(V, 4, 21), b = random_tokens(V, 14, 22);
+  ASSERT_TRUE(ctx.decode(0, a.data(), 4, nullptr).is_ok());
+  ASSERT_TRUE(ctx.decode(1, b.data(), 14, nullptr).is_ok());
+  // Bad token id: rejected before anything is touched.
+  std::vector<Context::BatchToken> bad = {{0, 1, false}, {1, static_cast<int32_t>(V), false}};
+  Status st = ctx.decode_batch(bad, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.to_string();
+  EXPECT_EQ(ctx.kv().seq_len(0), 4);
+  EXPECT_EQ(ctx.kv().seq_len(1), 14);
+  // Sequence 1 would overflow its 16 cells: sequence 0's append must be undone too.
+  std::vector<Context::BatchToken> over = {{0, 1, false}, {0, 2, false}, {1, 3, false}, {1, 4, false}, {1, 5, false}};
+  st = ctx.decode_batch(over, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.to_string();
+  EXPECT_EQ(ctx.kv().seq_len(0), 4);
+  EXPECT_EQ(ctx.kv().seq_len(1), 14);
+  // Logits asked for without a buffer.
+  std::vector<Context::BatchToken> nobuf = {{0, 1, true}};
+  EXPECT_EQ(ctx.decode_batch(nobuf, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctx.decode_batch(std::span<const Context::BatchToken>{}, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(Batch, CopiedPrefixContinuesLikeTheWholeSequence) {
+  auto m = Model::load(model_path(GetParam()));
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  const Model& model = **m;
+  const int64_t V = model.hparams().n_vocab;
+  auto full = random_tokens(V, 10, 31);
+  const Rows whole = run_alone(model, full, 2, 1);
+
+  Context ctx(model, ContextParams{1, 128, nullptr});
+  // Sequence 3 holds a different continuation after a 6-token shared prefix.
+  std::vector<int32_t> other(full.begin(), full.begin() + 6);
+  other.push_back(static_cast<int32_t>((full[6] + 1) % V));
+  ASSERT_TRUE(ctx.decode(3, other.data(), 7, nullptr).is_ok());
+  ASSERT_TRUE(ctx.kv().seq_copy(3, 8, 6).is_ok());
+  EXPECT_EQ(ctx.kv().seq_len(8), 6);
+  std::vector<float> lg(static_cast<size_t>(V));
+  ASSERT_TRUE(ctx.decode(8, full.data() + 6, 4, lg.data(), false).is_ok());
+  EXPECT_EQ(0, std::memcmp(lg.data(), whole[0].data(), V * sizeof(float)));
+  EXPECT_EQ(ctx.kv().seq_len(3), 7);  // the source is untouched
+  EXPECT_EQ(ctx.kv().seq_copy(3, 8, 8).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ctx.kv().seq_copy(3, 3, 1).code(), StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, Batch,
+                         ::testing::Values(MakeArch::kQwen3Moe, MakeArch::kLlama, MakeArch::kDeepseek2),
+                         [](const auto& info) { return std::string(make_arch_name(info.param)); });
+
+}  // namespace
+}  // namespace moesh
