@@ -1,14 +1,18 @@
-// `moesh run -m MODEL (-p TEXT | --tokens 1,2,3) -n N [--temp T --top-k K --top-p P --seed S]
+// `moesh run -m MODEL (-p TEXT | --chat TEXT | --tokens 1,2,3) -n N [sampling options] [--stop S]
 //  [--json] [--threads N]`: prefill the prompt, then generate N tokens one at a time through the
-// KV cache, printing the token ids and a timing line (docs/run.md).
+// KV cache, printing the text (or token ids) and a timing line (docs/run.md).
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "command.h"
 #include "model_cli.h"
 #include "swarm_cli.h"
+#include "moesh/chat.h"
 #include "moesh/sampling.h"
 #include "moesh/tokenizer.h"
 
@@ -17,11 +21,18 @@ namespace {
 
 struct RunArgs {
   std::string model, prompt, tokens;
+  std::string chat, system, chat_template;  // --chat: a user message wrapped by the chat template
+  std::vector<std::string> stops;
   int n_predict = 32;
   int threads = 0;
   float temp = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repeat_penalty = 1.0f;
+  int repeat_last_n = 64;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0;
   bool json = false;
   SwarmArgs swarm;
@@ -32,8 +43,27 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 int run_run(const RunArgs& a) {
-  if (a.prompt.empty() == a.tokens.empty()) {
-    std::fprintf(stderr, "moesh run: error: give exactly one of -p TEXT or --tokens IDS\n");
+  const int n_sources = int(!a.prompt.empty()) + int(!a.tokens.empty()) + int(!a.chat.empty());
+  if (n_sources != 1) {
+    std::fprintf(stderr, "moesh run: error: give exactly one of -p TEXT, --chat TEXT or --tokens IDS\n");
+    return 2;
+  }
+  if (a.chat.empty() && (!a.system.empty() || !a.chat_template.empty())) {
+    std::fprintf(stderr, "moesh run: error: --system and --chat-template need --chat\n");
+    return 2;
+  }
+  SamplingParams sp;
+  sp.temp = a.temp;
+  sp.top_k = a.top_k;
+  sp.top_p = a.top_p;
+  sp.min_p = a.min_p;
+  sp.repeat_penalty = a.repeat_penalty;
+  sp.penalty_last_n = a.repeat_last_n;
+  sp.presence_penalty = a.presence_penalty;
+  sp.frequency_penalty = a.frequency_penalty;
+  sp.seed = a.seed;
+  if (Status st = sp.validate(); !st.is_ok()) {
+    std::fprintf(stderr, "moesh run: error: %s\n", st.message().c_str());
     return 2;
   }
   auto model = load_model_or_report(a.model, false, "run");
@@ -49,11 +79,35 @@ int run_run(const RunArgs& a) {
     }
     tok = std::move(*t);
   }
-  if (!a.prompt.empty()) {
-    if (!tok) {
-      std::fprintf(stderr, "moesh run: error: this model has no tokenizer; use --tokens\n");
+  if ((!a.prompt.empty() || !a.chat.empty() || !a.stops.empty()) && !tok) {
+    std::fprintf(stderr, "moesh run: error: this model has no tokenizer; use --tokens (and no --stop)\n");
+    return 2;
+  }
+  std::vector<std::string> stops = a.stops;
+  if (!a.chat.empty()) {
+    auto tmpl = ChatTemplate::from_gguf(model->file(), a.chat_template);
+    if (!tmpl) {
+      std::fprintf(stderr, "moesh run: error: %s\n", tmpl.status().message().c_str());
       return 2;
     }
+    std::vector<ChatMessage> msgs;
+    if (!a.system.empty()) msgs.push_back({"system", a.system});
+    msgs.push_back({"user", a.chat});
+    auto text = tmpl->render(msgs, /*add_generation_prompt=*/true);
+    if (!text) {
+      std::fprintf(stderr, "moesh run: error: %s\n", text.status().message().c_str());
+      return 2;
+    }
+    // The template's own BOS text becomes the BOS token through special parsing; adding one
+    // more would give the model a prompt it never saw in training.
+    auto ids = tok->encode(*text, /*add_special=*/!tmpl->renders_bos(), /*parse_special=*/true);
+    if (!ids) {
+      std::fprintf(stderr, "moesh run: error: %s\n", ids.status().to_string().c_str());
+      return 2;
+    }
+    prompt = *ids;
+    for (auto& s : tmpl->stop_strings()) stops.push_back(std::move(s));
+  } else if (!a.prompt.empty()) {
     auto ids = tok->encode(a.prompt, /*add_special=*/true, /*parse_special=*/true);
     if (!ids) {
       std::fprintf(stderr, "moesh run: error: %s\n", ids.status().to_string().c_str());
@@ -87,11 +141,6 @@ int run_run(const RunArgs& a) {
   cp.executor = remote;
   Context ctx(*model, cp);
   if (remote) remote->set_pool(&ctx.pool());
-  SamplingParams sp;
-  sp.temp = a.temp;
-  sp.top_k = a.top_k;
-  sp.top_p = a.top_p;
-  sp.seed = a.seed;
   Sampler sampler(sp);
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
 
@@ -100,12 +149,37 @@ int run_run(const RunArgs& a) {
                          /*all_logits=*/false);
   const double t_prefill = seconds_since(t0);
   std::vector<int32_t> out;
+  std::vector<int32_t> history = prompt;  // for the penalties: prompt, then generated tokens
+  // Text is decoded as it is generated so a stop string can end generation early. The streaming
+  // decoder holds back split UTF-8 characters; ids past the tokenizer's vocab render as U+FFFD.
+  std::string text;
+  std::optional<StreamDecoder> sd;
+  if (tok) sd.emplace(*tok);
+  StopMatcher stop(stops);
+  bool finished = false;  // an end-of-generation token or a stop string (not the length limit)
   t0 = std::chrono::steady_clock::now();
   while (st.is_ok() && static_cast<int>(out.size()) < a.n_predict) {
-    const int32_t id = sampler.sample(logits.data(), hp.n_vocab);
+    const int32_t id = sampler.sample(logits.data(), hp.n_vocab, history);
     out.push_back(id);
-    if (id == eos || (tok && tok->is_eog(id)) || static_cast<int>(out.size()) == a.n_predict) break;
+    history.push_back(id);
+    if (sd) {
+      text += stop.push(sd->push(id));
+      if (stop.stopped()) {
+        finished = true;
+        break;
+      }
+    }
+    if (id == eos || (tok && tok->is_eog(id))) {
+      finished = true;
+      break;
+    }
+    if (static_cast<int>(out.size()) == a.n_predict) break;
     st = ctx.decode(0, &id, 1, logits.data(), false);
+  }
+  if (sd && !stop.stopped()) {
+    text += stop.push(sd->flush());
+    text += stop.flush();
+    finished = finished || stop.stopped();
   }
   const double t_decode = seconds_since(t0);
   if (!st.is_ok()) {
@@ -117,17 +191,13 @@ int run_run(const RunArgs& a) {
   const int n_dec = std::max<int>(0, static_cast<int>(out.size()) - 1);
   const double pp_tps = t_prefill > 0 ? prompt.size() / t_prefill : 0.0;
   const double tg_tps = t_decode > 0 && n_dec > 0 ? n_dec / t_decode : 0.0;
-  std::string text;
-  if (tok) {  // streaming decoder: ids past the tokenizer's vocab render as U+FFFD, not an error
-    StreamDecoder sd(*tok);
-    for (int32_t id : out) text += sd.push(id);
-    text += sd.flush();
-  }
   if (a.json) {
     nlohmann::json j;
     j["prompt_tokens"] = prompt;
     j["tokens"] = out;
     j["text"] = text;
+    j["finish_reason"] = finished ? "stop" : "length";
+    if (stop.stopped()) j["stop"] = stop.matched();
     j["timings"] = {{"prompt_n", prompt.size()}, {"prompt_ms", t_prefill * 1e3},
                     {"prompt_per_second", pp_tps}, {"predicted_n", out.size()},
                     {"predicted_ms", t_decode * 1e3}, {"predicted_per_second", tg_tps},
@@ -148,7 +218,7 @@ int run_run(const RunArgs& a) {
 }
 
 const CommandRegistrar k_reg{Command{
-    "run", "Generate tokens from a prompt of token ids",
+    "run", "Generate text or tokens from a prompt",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<RunArgs>();
       sub->add_option("-m,--model", a->model, "GGUF model file")->required();
@@ -158,7 +228,24 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("--temp", a->temp, "Temperature (0: greedy)")->capture_default_str();
       sub->add_option("--top-k", a->top_k, "Top-k (0: off)")->capture_default_str();
       sub->add_option("--top-p", a->top_p, "Top-p (1: off)")->capture_default_str();
+      sub->add_option("--min-p", a->min_p, "Min-p: keep tokens with p >= min_p * p_max (0: off)")
+          ->capture_default_str();
+      sub->add_option("--repeat-penalty", a->repeat_penalty, "Repetition penalty (1: off)")
+          ->capture_default_str();
+      sub->add_option("--repeat-last-n", a->repeat_last_n,
+                      "Tokens of history the penalties look at (0: off, -1: all)")
+          ->capture_default_str();
+      sub->add_option("--presence-penalty", a->presence_penalty, "Presence penalty (0: off)")
+          ->capture_default_str();
+      sub->add_option("--frequency-penalty", a->frequency_penalty, "Frequency penalty (0: off)")
+          ->capture_default_str();
       sub->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+      sub->add_option("--stop", a->stops, "Stop generating at this text (repeatable)");
+      sub->add_option("--chat", a->chat, "A user message, wrapped in the model's chat template");
+      sub->add_option("--system", a->system, "System message for --chat");
+      sub->add_option("--chat-template", a->chat_template,
+                      "Chat template family name (chatml, deepseek3, deepseek2, llama3, harmony, "
+                      "mistral) or Jinja source, instead of the file's");
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_flag("--json", a->json, "Print one JSON object instead of text");
       add_swarm_options(sub, &a->swarm);
