@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make demo`: generate a small MoE model on the spot, split its experts across two worker
-# processes on loopback, run it through them and show what happened.
+# `make demo`: generate a small MoE model (with a real BPE tokenizer and a ChatML template) on the
+# spot, split its experts across two worker processes on loopback, run it through them, then
+# serve it as an OpenAI-compatible gateway and stream a chat answer through the swarm.
 set -euo pipefail
 BUILD=${1:-build}
 MOESH="$BUILD/bin/moesh"
@@ -24,7 +25,7 @@ wait_port() {  # $1 = worker log; prints the port once the worker says it is lis
   echo "worker did not start; its log:" >&2; cat "$1" >&2; return 1
 }
 
-echo "== 1. generate a random-weight qwen3moe model (Q8_0, 16 experts, top-4) =="
+echo "== 1. generate a random-weight qwen3moe model (Q8_0, 16 experts, top-4, BPE vocabulary) =="
 "$MOESH" make-model --arch qwen3moe --type q8_0 --seed 7 --n-expert 16 --n-expert-used 4 \
   --out "$WORK/demo.gguf" | tail -n 3
 echo
@@ -53,7 +54,25 @@ echo "   (on tiny random-weight models near-tied logits can flip an argmax; the 
 "$MOESH" gate -m "$WORK/demo.gguf" --worker 127.0.0.1:$PA --worker 127.0.0.1:$PB --wire f32 --combine exact -t 1 || true
 "$MOESH" gate -m "$WORK/demo.gguf" --worker 127.0.0.1:$PA --worker 127.0.0.1:$PB --wire q8 --combine partial -t 1 || true
 echo
-echo "== 7. stop the workers =="
+echo "== 7. an OpenAI-compatible gateway on the backbone, experts on the two workers =="
+"$MOESH" serve -m "$WORK/backbone.gguf" --worker 127.0.0.1:$PA --worker 127.0.0.1:$PB \
+  --host 127.0.0.1 --port 0 --parallel 4 -c 512 -t 1 > "$WORK/serve.log" 2>&1 &
+SERVE_PID=$!
+PIDS+=($SERVE_PID)
+PS=$(wait_port "$WORK/serve.log")
+sed 's/^/  gateway  | /' "$WORK/serve.log"
+echo
+echo "== 8. a streamed chat request (POST /v1/chat/completions, stream: true) =="
+echo "   (random weights: the words are real tokens of the vocabulary, the sense is not)"
+echo "user: Tell me what a swarm of machines can do together."
+printf "assistant: "
+"$MOESH" chat --url http://127.0.0.1:$PS -n 48 --seed 1 --temp 0.8 --summary \
+  "Tell me what a swarm of machines can do together."
+echo
+echo "== 9. stop the gateway, then the workers =="
+kill -TERM "$SERVE_PID" 2>/dev/null || true
+wait "$SERVE_PID" 2>/dev/null || true
+tail -n 1 "$WORK/serve.log" | sed 's/^/  gateway  | /'
 for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 PIDS=()

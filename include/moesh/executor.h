@@ -108,6 +108,9 @@ class ExpertExecutor {
   // Blocks until the ticket's routed sum [n_tokens][n_embd] is ready. The span points into
   // executor-owned memory that stays valid until the next submit() on this executor.
   virtual Result<std::span<const float>> wait(Ticket t) = 0;
+  // The pool for expert work this executor does in-process (the Context hands over its own when
+  // it is created, so every executor's local share uses the context's threads). Default: unused.
+  virtual void set_pool(ThreadPool* pool) { (void)pool; }
 };
 
 // Runs every routed expert in this process on the compute pool. `layers[l]` are the stacked

@@ -5,7 +5,12 @@
 // downloading anything. The files follow what llama.cpp's own tools write:
 //
 //  * metadata keys, value types and key order as the reference files (manifest.json);
-//    tokenizer.ggml.model = "no_vocab", so <arch>.vocab_size gives the vocabulary;
+//  * a tokenizer: by default (MakeVocab::kBpe) a real byte-level BPE vocabulary of exactly
+//    n_vocab tokens (256 byte tokens, merges learned from a small built-in English text,
+//    <|reserved_N|> padding, then <|endoftext|> <|im_start|> <|im_end|> as the last ids) with
+//    the Qwen2 pre-tokenizer and a ChatML chat template, so tiny random models can be driven by
+//    text; MakeVocab::kNone writes tokenizer.ggml.model = "no_vocab" (ids only, exactly the
+//    reference files' metadata), and <arch>.vocab_size gives the vocabulary;
 //  * tensor names, ne order and tensor order as the reference files: generator order for
 //    f32/f16 (what a converter writes), llama-quantize's order (global tensors first, then by
 //    block index, names sorted inside a block) for q8_0/q4_k_m;
@@ -41,12 +46,16 @@ namespace moesh {
 enum class MakeArch : uint8_t { kQwen3Moe, kLlama, kDeepseek2, kCOUNT };
 // The file types llama.cpp calls ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_M.
 enum class MakeFileType : uint8_t { kF32, kF16, kQ8_0, kQ4_K_M, kCOUNT };
+// The tokenizer written into the file: a learned byte-level BPE vocabulary, or none (ids only).
+enum class MakeVocab : uint8_t { kBpe, kNone, kCOUNT };
 
 const char* make_arch_name(MakeArch a);                       // "qwen3moe" | "llama" | "deepseek2"
 bool make_arch_from_name(std::string_view s, MakeArch* out);  // accepts "mixtral" for llama
 const char* make_file_type_name(MakeFileType t);              // "f32" | "f16" | "q8_0" | "q4_k_m"
 bool make_file_type_from_name(std::string_view s, MakeFileType* out);  // case-insensitive
 uint32_t make_file_type_ftype(MakeFileType t);                // general.file_type: 0, 1, 7, 15
+const char* make_vocab_name(MakeVocab v);                     // "bpe" | "none"
+bool make_vocab_from_name(std::string_view s, MakeVocab* out);  // case-insensitive
 
 // The shape of the model to write. Start from defaults_for(arch) (the reference "-s" model of
 // that arch) or perf_30b_a3b(), change fields, then validate(). Fields an arch does not use are
@@ -56,6 +65,8 @@ struct MakeModelSpec {
   MakeFileType type = MakeFileType::kF32;
   uint64_t seed = 1001;
   std::string name;  // general.name; empty -> "moesh-random-<arch>"
+  // kBpe needs n_vocab >= 259 (256 bytes + 3 specials). The weights do not depend on it.
+  MakeVocab vocab = MakeVocab::kBpe;
 
   int64_t n_vocab = 512;
   int64_t n_ctx = 256;  // <arch>.context_length

@@ -22,6 +22,7 @@
 // layer and the request id; nothing waits past its deadline.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -143,6 +144,22 @@ struct RemoteTraffic {
   uint64_t local_pairs = 0;        // pairs computed by the backbone
 };
 
+// Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be
+// read from any thread while the executor runs.
+struct WorkerTraffic {
+  // Upper bounds (seconds) of the DISPATCH -> COMBINE latency histogram buckets.
+  static constexpr std::array<double, 12> kLatencyBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                            0.05,   0.1,   0.25,   0.5,   1.0,  5.0};
+  std::string label;               // "host:port (name)"
+  uint64_t requests = 0;           // DISPATCH frames sent
+  uint64_t errors = 0;             // requests that failed (send error, timeout, bad COMBINE)
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  // latency_counts[i]: requests with latency <= kLatencyBounds[i] and above the previous bound;
+  // the last entry counts those above every bound (not cumulative).
+  std::array<uint64_t, kLatencyBounds.size() + 1> latency_counts{};
+  double latency_sum_seconds = 0;
+};
+
 class RemoteExecutor final : public ExpertExecutor {
  public:
   // Connects to every worker (in order; worker i is index i in the placement) and builds the
@@ -154,7 +171,7 @@ class RemoteExecutor final : public ExpertExecutor {
   ~RemoteExecutor() override;
 
   // The pool for the backbone's share of expert work (normally the Context's). Null: serial.
-  void set_pool(ThreadPool* pool);
+  void set_pool(ThreadPool* pool) override;
 
   Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override;
   Result<std::span<const float>> wait(Ticket t) override;
@@ -168,6 +185,8 @@ class RemoteExecutor final : public ExpertExecutor {
 
   RemoteTraffic traffic() const;
   void reset_traffic();
+  // One entry per worker, in connection order; thread-safe.
+  std::vector<WorkerTraffic> worker_traffic() const;
 
   struct Impl;
 

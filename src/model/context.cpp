@@ -33,9 +33,13 @@ Context::Context(const Model& model, const ContextParams& params)
       executor_(params.executor),
       scratch_(std::make_unique<Scratch>()) {
   if (!executor_) executor_ = std::make_shared<LocalExecutor>(model.expert_weights(), pool_.get());
+  else executor_->set_pool(pool_.get());
 }
 
-Context::~Context() = default;
+Context::~Context() {
+  // A shared executor may outlive this context: it must not keep using the pool that dies here.
+  if (executor_) executor_->set_pool(nullptr);
+}
 
 Status Context::decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits,
                        bool all_logits) {

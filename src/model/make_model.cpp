@@ -84,6 +84,23 @@ uint32_t make_file_type_ftype(MakeFileType t) {
   return 0;
 }
 
+const char* make_vocab_name(MakeVocab v) {
+  switch (v) {
+    case MakeVocab::kBpe: return "bpe";
+    case MakeVocab::kNone: return "none";
+    case MakeVocab::kCOUNT: break;
+  }
+  return "?";
+}
+
+bool make_vocab_from_name(std::string_view s, MakeVocab* out) {
+  const std::string l = lower(s);
+  if (l == "bpe") *out = MakeVocab::kBpe;
+  else if (l == "none") *out = MakeVocab::kNone;
+  else return false;
+  return true;
+}
+
 // ---------------------------------------------------------------- spec
 
 MakeModelSpec MakeModelSpec::defaults_for(MakeArch arch) {
@@ -237,7 +254,7 @@ Status validate_spec_fields(const MakeModelSpec& s) {
                         "deepseek2: yarn_orig_ctx must be >= 1 when yarn_factor > 1");
     }
   }
-  return Status::ok();
+  return validate_make_vocab(s);
 }
 
 }  // namespace detail

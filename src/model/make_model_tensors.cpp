@@ -287,7 +287,9 @@ std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelS
   put(kvs, a + ".attention.layer_norm_rms_epsilon", gguf::Value::f32(s.rms_eps));
   put(kvs, a + ".expert_count", u32(s.n_expert));
   put(kvs, a + ".expert_used_count", u32(s.n_expert_used));
-  put(kvs, "tokenizer.ggml.model", gguf::Value::str("no_vocab"));
+  // The reference files (no vocabulary) have the model key here; a converter writes a real
+  // tokenizer after all the arch keys (below).
+  if (s.vocab == MakeVocab::kNone) put(kvs, "tokenizer.ggml.model", gguf::Value::str("no_vocab"));
   if (s.arch == MakeArch::kQwen3Moe) {
     put(kvs, a + ".expert_feed_forward_length", u32(s.n_ff_exp));
   } else if (s.arch == MakeArch::kDeepseek2) {
@@ -310,6 +312,7 @@ std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelS
       put(kvs, a + ".rope.scaling.yarn_log_multiplier", gguf::Value::f32(s.yarn_log_mul));
     }
   }
+  if (s.vocab == MakeVocab::kBpe) append_make_vocab_kvs(s, kvs);
   if (quantized) {
     put(kvs, "general.quantization_version", gguf::Value::u32(2));
     put(kvs, "general.file_type", u32(make_file_type_ftype(s.type)));

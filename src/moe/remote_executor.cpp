@@ -7,6 +7,7 @@
 // combined by one loop, in rank order, with LocalExecutor's float operations — which is what
 // makes EXACT mode bit-identical to all-local execution for any placement.
 #include <algorithm>
+#include <mutex>
 
 #include "moesh/remote.h"
 #include "moesh/swarm.h"
@@ -24,11 +25,19 @@ struct RemoteExecutor::Impl {
   int64_t n_embd = 0;
   int64_t n_expert = 0;
   RemoteTraffic traffic;
+  // Per-worker counters: written by the executor's thread, read by monitoring threads.
+  mutable std::mutex worker_mu;
+  std::vector<WorkerTraffic> workers;
+  void note_error(int w) {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    ++workers[w].errors;
+  }
 
   // One DISPATCH: the tokens of a layer that have at least one pair on one worker.
   struct Request {
     int worker = 0;
     bool started = false;
+    std::chrono::steady_clock::time_point sent_at;
     wire::DispatchMsg msg;         // hidden.bytes dropped once encoded (shape kept for checks)
     std::vector<int32_t> tokens;   // batch index of each dispatched token
     std::vector<int32_t> slots;    // token*k + rank of each pair, in pair order
@@ -114,6 +123,8 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   impl->placement = std::move(*placement);
   impl->req_of_worker.assign(impl->links.size(), -1);
   impl->owner_pairs.assign(impl->links.size(), 0);
+  impl->workers.resize(impl->links.size());
+  for (size_t i = 0; i < impl->links.size(); ++i) impl->workers[i].label = impl->links[i]->label;
   return std::unique_ptr<RemoteExecutor>(new RemoteExecutor(std::move(impl)));
 }
 
@@ -128,6 +139,10 @@ const WorkerLink& RemoteExecutor::worker(size_t i) const { return *impl_->links.
 const RemoteOptions& RemoteExecutor::options() const { return impl_->opts; }
 RemoteTraffic RemoteExecutor::traffic() const { return impl_->traffic; }
 void RemoteExecutor::reset_traffic() { impl_->traffic = RemoteTraffic{}; }
+std::vector<WorkerTraffic> RemoteExecutor::worker_traffic() const {
+  std::lock_guard<std::mutex> lk(impl_->worker_mu);
+  return impl_->workers;
+}
 
 std::string RemoteExecutor::describe() const {
   const Impl& m = *impl_;
@@ -261,10 +276,17 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     }
     Status st = link.mux->start(r.msg.request_id, *frame, job.deadline);
     if (!st.is_ok()) {
+      note_error(r.worker);
       job.error = st.with_context(where(job, r) + ": sending DISPATCH");
       return;
     }
     r.started = true;
+    r.sent_at = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lk(worker_mu);
+      ++workers[r.worker].requests;
+      workers[r.worker].bytes_sent += frame->size();
+    }
     ++traffic.dispatch_frames;
     traffic.dispatch_bytes += frame->size();
     traffic.remote_pairs += r.msg.pairs.size();
@@ -309,14 +331,35 @@ Status RemoteExecutor::Impl::gather(Job& job) {
     WorkerLink& link = *links[r.worker];
     auto frame = link.mux->wait(r.msg.request_id, job.deadline);
     r.started = false;
-    if (!frame) return frame.status().with_context(where(job, r));
+    if (!frame) {
+      note_error(r.worker);
+      return frame.status().with_context(where(job, r));
+    }
     traffic.combine_bytes += wire::kHeaderBytes + frame->payload.size();
     ++traffic.combine_frames;
+    {
+      // Latency as seen by the backbone: DISPATCH sent -> COMBINE in hand (gathered in worker
+      // order, so a later worker's figure includes waiting on the earlier ones).
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.sent_at).count();
+      const auto& bounds = WorkerTraffic::kLatencyBounds;
+      const size_t b = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), sec) - bounds.begin());
+      std::lock_guard<std::mutex> lk(worker_mu);
+      WorkerTraffic& wt = workers[r.worker];
+      wt.bytes_received += wire::kHeaderBytes + frame->payload.size();
+      ++wt.latency_counts[b];
+      wt.latency_sum_seconds += sec;
+    }
     auto reply = wire::decode_combine(*frame, link.limits);
-    if (!reply) return reply.status().with_context(where(job, r) + ": COMBINE");
+    if (!reply) {
+      note_error(r.worker);
+      return reply.status().with_context(where(job, r) + ": COMBINE");
+    }
     reply->request_id = frame->request_id();
     Status st = wire::check_combine_matches(r.msg, *reply);
-    if (!st.is_ok()) return st.with_context(where(job, r) + ": COMBINE does not answer the DISPATCH");
+    if (!st.is_ok()) {
+      note_error(r.worker);
+      return st.with_context(where(job, r) + ": COMBINE does not answer the DISPATCH");
+    }
     r.rows.resize(static_cast<size_t>(reply->rows.n_rows) * static_cast<size_t>(n_embd));
     wire::decode_rows(reply->rows, r.rows.data());
   }

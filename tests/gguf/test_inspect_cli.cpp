@@ -9,39 +9,16 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "util/run_moesh.h"
 #include "gguf/gguf_test_util.h"
 #include "moesh/gguf.h"
 
 namespace moesh::gguf {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using test::RunResult;
+using test::run_moesh;
 
-RunResult run_moesh(const std::string& args) {
-  const std::string err_path =
-      (std::filesystem::temp_directory_path() / ("moesh_inspect_err_" + std::to_string(::getpid())))
-          .string();
-  const std::string cmd =
-      std::string("'") + MOESH_BIN_DIR + "/moesh' " + args + " 2>'" + err_path + "'";
-  RunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (FILE* e = std::fopen(err_path.c_str(), "r")) {
-    while ((n = std::fread(buf.data(), 1, buf.size(), e)) > 0) r.err.append(buf.data(), n);
-    std::fclose(e);
-  }
-  std::remove(err_path.c_str());
-  return r;
-}
 
 // Whitespace-separated fields of every output line that contains `needle`.
 std::vector<std::vector<std::string>> lines_with(const std::string& out,

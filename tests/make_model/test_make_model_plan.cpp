@@ -152,6 +152,7 @@ TEST(MakeModelPlan, MatchesReferenceManifest) {
       SCOPED_TRACE(std::string(c.ref_model) + " " + make_file_type_name(type));
       MakeModelSpec spec = MakeModelSpec::defaults_for(c.arch);
       spec.type = type;
+      spec.vocab = MakeVocab::kNone;  // the reference files have no vocabulary
       auto plan = plan_model(spec);
       ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
       const auto& ref = (*manifest)["models"][c.ref_model]["files"][test::manifest_file_key(type)];

@@ -8,38 +8,18 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "util/run_moesh.h"
 #include "moesh/gguf.h"
 #include "serve/tokenizer_internal.h"
 
 namespace moesh {
 namespace {
 
+using test::RunResult;
+using test::run_moesh;
+
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-RunResult run_moesh(const std::string& args) {
-  const std::string err_path =
-      (fs::temp_directory_path() / ("moesh_tokenize_err_" + std::to_string(::getpid()))).string();
-  const std::string cmd = std::string("'") + MOESH_BIN_DIR + "/moesh' " + args + " 2>'" + err_path + "'";
-  RunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (FILE* e = std::fopen(err_path.c_str(), "r")) {
-    while ((n = std::fread(buf.data(), 1, buf.size(), e)) > 0) r.err.append(buf.data(), n);
-    std::fclose(e);
-  }
-  std::remove(err_path.c_str());
-  return r;
-}
 
 TEST(TokenizeCli, SyntheticVocabulary) {
   // Byte tokens plus "he" (256) and "llo" (258), one control token <|end|> (259).

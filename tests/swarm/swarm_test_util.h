@@ -33,6 +33,7 @@ inline std::string small_model(MakeArch arch, MakeFileType type, uint64_t seed) 
   s.type = type;
   s.seed = seed;
   s.n_vocab = 64;
+  s.vocab = MakeVocab::kNone;  // 64 ids is too small for the built-in BPE vocabulary
   s.n_embd = 64;
   s.n_head = 2;
   s.n_head_kv = 1;

@@ -16,6 +16,7 @@ struct MakeModelArgs {
   std::string type;  // empty: the preset's type, else f32
   std::string preset;
   std::string name;
+  std::string vocab;  // empty: bpe
   uint64_t seed = 0;
   int threads = 0;
   bool dry_run = false;
@@ -73,8 +74,9 @@ void print_summary(const MakeModelSpec& spec, const ModelPlan& plan) {
     e.first += 1;
     e.second += t.n_bytes;
   }
-  std::printf("model: %s, type %s, seed %llu\n", make_arch_name(spec.arch),
-              make_file_type_name(spec.type), static_cast<unsigned long long>(spec.seed));
+  std::printf("model: %s, type %s, seed %llu, vocab %s\n", make_arch_name(spec.arch),
+              make_file_type_name(spec.type), static_cast<unsigned long long>(spec.seed),
+              make_vocab_name(spec.vocab));
   std::printf("  n_vocab %lld  n_embd %lld  n_layer %lld  n_head %lld  n_expert %lld (top-%lld)  n_ff_exp %lld\n",
               (long long)spec.n_vocab, (long long)spec.n_embd, (long long)spec.n_layer,
               (long long)spec.n_head, (long long)spec.n_expert, (long long)spec.n_expert_used,
@@ -110,6 +112,10 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
   }
   if (!a.type.empty() && !make_file_type_from_name(a.type, &spec.type)) {
     std::fprintf(stderr, "make-model: unknown --type '%s' (f32, f16, q8_0, q4_k_m)\n", a.type.c_str());
+    return 2;
+  }
+  if (!a.vocab.empty() && !make_vocab_from_name(a.vocab, &spec.vocab)) {
+    std::fprintf(stderr, "make-model: unknown --vocab '%s' (bpe, none)\n", a.vocab.c_str());
     return 2;
   }
   if (sub->count("--seed")) spec.seed = a.seed;
@@ -168,6 +174,9 @@ CommandRegistrar reg{Command{
       sub->add_option("--seed", a->seed, "weight seed (default: the reference model's seed)");
       sub->add_option("--preset", a->preset, "perf-30b-a3b: the Qwen3-30B-A3B-shaped perf model");
       sub->add_option("--name", a->name, "general.name");
+      sub->add_option("--vocab", a->vocab,
+                      "bpe (default): a byte-level BPE tokenizer learned from a built-in text, "
+                      "with ChatML specials and chat template | none: ids only (no_vocab)");
       sub->add_option("--threads", a->threads, "quantization threads (default: all cores)");
       sub->add_option("--rope-base", a->rope_base, "rope.freq_base");
       sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");

@@ -1,0 +1,485 @@
+// HTTP routes, SSE streaming and lifecycle of `moesh serve` (see http_server.h).
+#include "serve/http_server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <random>
+
+#include "serve/metrics.h"
+#include "serve/openai_api.h"
+
+namespace moesh::serve {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Events of one request, handed from the scheduler thread to the HTTP thread serving it.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<GenerationEvent> events;
+  std::atomic<bool> gone{false};  // the client went away: the sink tells the scheduler to cancel
+};
+
+// A streaming response in progress.
+struct StreamState {
+  Endpoint ep = Endpoint::kCompletions;
+  std::string ep_name;
+  std::shared_ptr<Channel> ch;
+  uint64_t id = 0;
+  CompletionResult res;
+  bool include_usage = false;
+  bool started = false;
+  bool got_text = false;
+  bool finished = false;
+  Clock::time_point t0;
+};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+const char* endpoint_label(const std::string& path) {
+  if (path == "/v1/completions") return "/v1/completions";
+  if (path == "/v1/chat/completions") return "/v1/chat/completions";
+  if (path == "/v1/models") return "/v1/models";
+  if (path == "/health") return "/health";
+  if (path == "/metrics") return "/metrics";
+  return "other";
+}
+
+// The method a known path accepts ("" for unknown paths).
+const char* allowed_method(const std::string& path) {
+  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/v1/models" || path == "/health" || path == "/metrics") return "GET";
+  return "";
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(dump_json(error_json(e)), "application/json");
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  ServeTarget t;
+  ServerOptions opts;
+  httplib::Server svr;
+  ServeMetrics metrics;
+  int port = 0;
+  std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> next_id{1};
+  uint64_t id_salt = 0;
+  int64_t started_unix = 0;
+
+  bool authorized(const httplib::Request& req, httplib::Response& res);
+  Result<GenerationRequest> build_generation(const ApiRequest& r, ApiError* err) const;
+  void handle_generate(Endpoint ep, const httplib::Request& req, const std::string& body,
+                       httplib::Response& res);
+  bool stream_step(StreamState& s, httplib::DataSink& sink);
+  // Waits for at least one event (or shutdown); moves them out.
+  bool wait_events(Channel& ch, std::deque<GenerationEvent>* out);
+  std::string make_id(Endpoint ep) {
+    return fmt::format("{}-{:016x}{:08x}", ep == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl", id_salt,
+                       next_id.fetch_add(1));
+  }
+};
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() { stop(); }
+int HttpServer::port() const { return impl_->port; }
+
+bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response& res) {
+  if (opts.api_key.empty()) return true;
+  if (req.get_header_value("Authorization") == "Bearer " + opts.api_key) return true;
+  ApiError e;
+  e.http_status = 401;
+  e.message = "invalid or missing API key (send 'Authorization: Bearer <key>')";
+  e.code = "invalid_api_key";
+  send_error(res, e);
+  return false;
+}
+
+Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r, ApiError* err) const {
+  auto fail = [err](int http, std::string param, std::string code, std::string msg) -> Status {
+    err->http_status = http;
+    err->type = "invalid_request_error";
+    err->param = std::move(param);
+    err->code = std::move(code);
+    err->message = std::move(msg);
+    return Status(StatusCode::kInvalidArgument, err->message);
+  };
+  GenerationRequest g;
+  const char* prompt_param = r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  if (r.endpoint == Endpoint::kChatCompletions) {
+    if (t.chat_template == nullptr || t.tokenizer == nullptr) {
+      return fail(400, "messages", "unsupported_value",
+                  "this model has no tokenizer or chat template; use /v1/completions with token ids");
+    }
+    auto text = t.chat_template->render(r.messages, /*add_generation_prompt=*/true);
+    if (!text) return fail(400, "messages", "invalid_value", text.status().message());
+    auto ids = t.tokenizer->encode(*text, /*add_special=*/!t.chat_template->renders_bos(), /*parse_special=*/true);
+    if (!ids) return fail(400, "messages", "invalid_value", ids.status().message());
+    g.prompt = std::move(*ids);
+    for (std::string& s : t.chat_template->stop_strings()) g.stop.push_back(std::move(s));
+  } else if (r.prompt_is_tokens) {
+    const int64_t n_vocab = t.model->hparams().n_vocab;
+    for (int32_t id : r.prompt_tokens) {
+      if (id >= n_vocab) {
+        return fail(400, "prompt", "invalid_value",
+                    fmt::format("token id {} is outside the vocabulary (n_vocab {})", id, n_vocab));
+      }
+    }
+    g.prompt = r.prompt_tokens;
+  } else {
+    if (t.tokenizer == nullptr) {
+      return fail(400, "prompt", "unsupported_value", "this model has no tokenizer; send the prompt as token ids");
+    }
+    auto ids = t.tokenizer->encode(r.prompt, /*add_special=*/true, /*parse_special=*/true);
+    if (!ids) return fail(400, "prompt", "invalid_value", ids.status().message());
+    g.prompt = std::move(*ids);
+  }
+  if (g.prompt.empty()) return fail(400, prompt_param, "invalid_value", "the prompt is empty after tokenization");
+  const int64_t n_ctx = t.scheduler->n_ctx();
+  const int64_t n_prompt = static_cast<int64_t>(g.prompt.size());
+  if (n_prompt >= n_ctx) {
+    return fail(400, prompt_param, "context_length_exceeded",
+                fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens",
+                            n_ctx, n_prompt));
+  }
+  if (r.max_tokens) {
+    if (n_prompt + *r.max_tokens > n_ctx) {
+      return fail(400, "max_tokens", "context_length_exceeded",
+                  fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                              "tokens ({} in the prompt, {} for the completion)",
+                              n_ctx, n_prompt + *r.max_tokens, n_prompt, *r.max_tokens));
+    }
+    g.max_tokens = *r.max_tokens;
+  } else {
+    // Completions default to OpenAI's 16 tokens, chat to the rest of the context.
+    const int64_t room = n_ctx - n_prompt;
+    g.max_tokens = static_cast<int32_t>(
+        r.endpoint == Endpoint::kCompletions ? std::min<int64_t>(kDefaultCompletionMaxTokens, room) : room);
+  }
+  g.sampling = r.sampling;
+  if (!r.seed_given) g.sampling.seed = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ next_id.load();
+  for (const std::string& s : r.stop) g.stop.push_back(s);
+  g.ignore_eos = r.ignore_eos;
+  return g;
+}
+
+bool HttpServer::Impl::wait_events(Channel& ch, std::deque<GenerationEvent>* out) {
+  std::unique_lock<std::mutex> lk(ch.mu);
+  // The timeout only exists to notice a server shutdown; events wake us at once.
+  while (ch.events.empty()) {
+    if (stopping.load()) return false;
+    ch.cv.wait_for(lk, std::chrono::milliseconds(200));
+  }
+  out->swap(ch.events);
+  return true;
+}
+
+void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req, const std::string& body,
+                                       httplib::Response& res) {
+  const Clock::time_point t0 = Clock::now();
+  const std::string ep_name = endpoint_label(req.path);
+  if (!authorized(req, res)) return;
+  ApiError err;
+  auto parsed = parse_request(ep, body, &err);
+  if (!parsed) return send_error(res, err);
+  auto gen = build_generation(*parsed, &err);
+  if (!gen) return send_error(res, err);
+
+  auto ch = std::make_shared<Channel>();
+  auto sink = [ch](const GenerationEvent& e) {
+    if (ch->gone.load()) return false;
+    {
+      std::lock_guard<std::mutex> lk(ch->mu);
+      ch->events.push_back(e);
+    }
+    ch->cv.notify_one();
+    return true;
+  };
+  auto id = t.scheduler->submit(std::move(*gen), sink);
+  if (!id) return send_error(res, api_error_from_status(id.status()));
+
+  CompletionResult base;
+  base.id = make_id(ep);
+  base.created = static_cast<int64_t>(std::time(nullptr));
+  base.model = opts.model_name;
+
+  if (!parsed->stream) {
+    std::deque<GenerationEvent> evs;
+    bool got_text = false;
+    for (;;) {
+      if (!wait_events(*ch, &evs)) {
+        ch->gone = true;
+        t.scheduler->cancel(*id);
+        ApiError e;
+        e.http_status = 503;
+        e.type = "server_error";
+        e.code = "shutting_down";
+        e.message = "the server is shutting down";
+        return send_error(res, e);
+      }
+      for (GenerationEvent& ev : evs) {
+        if (!ev.text.empty() && !got_text) {
+          got_text = true;
+          metrics.observe_ttft(ep_name, seconds_since(t0));
+        }
+        base.text += ev.text;
+        if (!ev.done) continue;
+        if (ev.finish == FinishReason::kError || ev.finish == FinishReason::kCancelled) {
+          ApiError e;
+          e.http_status = ev.finish == FinishReason::kError ? 500 : 503;
+          e.type = "server_error";
+          e.code = ev.finish == FinishReason::kError ? "generation_failed" : "cancelled";
+          e.message = ev.finish == FinishReason::kError ? ev.error.message() : "the request was cancelled";
+          return send_error(res, e);
+        }
+        base.finish = ev.finish;
+        base.usage = ev.usage;
+        res.set_content(dump_json(completion_response(ep, base)), "application/json");
+        metrics.observe_duration(ep_name, seconds_since(t0));
+        return;
+      }
+      evs.clear();
+    }
+  }
+
+  auto st = std::make_shared<StreamState>();
+  st->ep = ep;
+  st->ep_name = ep_name;
+  st->ch = ch;
+  st->id = *id;
+  st->res = std::move(base);
+  st->include_usage = parsed->include_usage;
+  st->t0 = t0;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st](size_t /*offset*/, httplib::DataSink& sink) { return stream_step(*st, sink); },
+      [this, st](bool success) {
+        // The response is gone without a finished stream (client went away, write error,
+        // shutdown): free the slot now instead of generating for nobody.
+        if (!success || !st->finished) {
+          st->ch->gone = true;
+          t.scheduler->cancel(st->id);
+        }
+      });
+}
+
+bool HttpServer::Impl::stream_step(StreamState& s, httplib::DataSink& sink) {
+  auto write = [&](const std::string& data) {
+    if (sink.write(data.data(), data.size())) return true;
+    s.ch->gone = true;
+    t.scheduler->cancel(s.id);
+    return false;
+  };
+  if (!s.started) {
+    s.started = true;
+    if (s.ep == Endpoint::kChatCompletions && !write(sse_event(role_chunk(s.res, s.include_usage)))) {
+      return false;
+    }
+  }
+  std::deque<GenerationEvent> evs;
+  if (!wait_events(*s.ch, &evs)) {
+    s.ch->gone = true;
+    t.scheduler->cancel(s.id);
+    return false;
+  }
+  for (GenerationEvent& ev : evs) {
+    if (!ev.text.empty()) {
+      if (!s.got_text) {
+        s.got_text = true;
+        metrics.observe_ttft(s.ep_name, seconds_since(s.t0));
+      }
+      if (!write(sse_event(text_chunk(s.ep, s.res, ev.text, s.include_usage)))) return false;
+    }
+    if (!ev.done) continue;
+    s.finished = true;
+    if (ev.finish == FinishReason::kError || ev.finish == FinishReason::kCancelled) {
+      ApiError e;
+      e.http_status = 500;
+      e.type = "server_error";
+      e.code = ev.finish == FinishReason::kError ? "generation_failed" : "cancelled";
+      e.message = ev.finish == FinishReason::kError ? ev.error.message() : "the request was cancelled";
+      if (!write(sse_event(error_json(e)))) return false;
+    } else {
+      s.res.finish = ev.finish;
+      s.res.usage = ev.usage;
+      if (!write(sse_event(finish_chunk(s.ep, s.res, s.include_usage)))) return false;
+      if (s.include_usage && !write(sse_event(usage_chunk(s.ep, s.res)))) return false;
+    }
+    if (!write(std::string(kSseDone))) return false;
+    metrics.observe_duration(s.ep_name, seconds_since(s.t0));
+    sink.done();
+    return true;
+  }
+  return true;
+}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target, const ServerOptions& opts) {
+  if (target.scheduler == nullptr || target.model == nullptr) {
+    return make_error(StatusCode::kInvalidArgument, "http server: a scheduler and a model are required");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->t = target;
+  impl->opts = opts;
+  impl->id_salt = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  impl->started_unix = static_cast<int64_t>(std::time(nullptr));
+  Impl* m = impl.get();
+  httplib::Server& svr = m->svr;
+
+  const int slots = target.scheduler->options().n_slots;
+  const int n_threads = opts.http_threads > 0 ? opts.http_threads : std::max(64, 4 * slots + 16);
+  svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  svr.set_payload_max_length(opts.max_body_bytes);
+  svr.set_read_timeout(opts.io_timeout_s, 0);
+  svr.set_write_timeout(opts.io_timeout_s, 0);
+  svr.set_tcp_nodelay(true);
+
+  svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    const std::string allowed = allowed_method(req.path);
+    if (allowed.empty() || req.method == allowed || (allowed == "GET" && req.method == "HEAD")) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    ApiError e;
+    e.http_status = 405;
+    e.message = fmt::format("{} {} is not allowed; use {}", req.method, req.path, allowed);
+    e.code = "method_not_allowed";
+    send_error(res, e);
+    res.set_header("Allow", allowed);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Errors httplib produces itself (404 unknown path, 413 body too large, 400 unparsable HTTP)
+  // get an OpenAI error body too; responses that already have one are left alone.
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.http_status = res.status;
+    if (res.status == 404) {
+      e.message = fmt::format("unknown path {}", req.path);
+      e.code = "not_found";
+    } else if (res.status == 413) {
+      e.message = "the request body is too large";
+      e.code = "payload_too_large";
+    } else {
+      e.message = fmt::format("HTTP error {}", res.status);
+      if (res.status >= 500) e.type = "server_error";
+    }
+    res.set_content(dump_json(error_json(e)), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    ApiError e;
+    e.http_status = 500;
+    e.type = "server_error";
+    e.code = "internal_error";
+    e.message = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& ex) {
+      e.message = std::string("internal error: ") + ex.what();
+    } catch (...) {
+    }
+    send_error(res, e);
+  });
+  svr.set_logger([m](const httplib::Request& req, const httplib::Response& res) {
+    m->metrics.count_request(endpoint_label(req.path), res.status);
+  });
+
+  // The body is read through a content reader: httplib's own body reading would treat a body
+  // sent as application/x-www-form-urlencoded (curl -d's default) as a form and refuse it above
+  // 8 KiB with 413. The reader still enforces max_body_bytes (httplib sets 413).
+  auto generate_route = [m](Endpoint ep) {
+    return [m, ep](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      bool too_large = false;
+      const size_t limit = m->opts.max_body_bytes;
+      // httplib checks the limit against Content-Length; a chunked body is checked here.
+      const bool read = reader([&](const char* data, size_t n) {
+        if (body.size() + n > limit) {
+          too_large = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (too_large) {
+        res.status = 413;  // the error handler writes the body
+        return;
+      }
+      if (!read) {
+        if (res.status < 400) res.status = 400;
+        return;
+      }
+      m->handle_generate(ep, req, body, res);
+    };
+  };
+  svr.Post("/v1/completions", generate_route(Endpoint::kCompletions));
+  svr.Post("/v1/chat/completions", generate_route(Endpoint::kChatCompletions));
+  svr.Get("/v1/models", [m](const httplib::Request& req, httplib::Response& res) {
+    if (!m->authorized(req, res)) return;
+    res.set_content(dump_json(models_response(m->opts.model_name, m->started_unix)), "application/json");
+  });
+  svr.Get("/health", [m](const httplib::Request&, httplib::Response& res) {
+    const SchedulerStats st = m->t.scheduler->stats();
+    json j = {{"status", "ok"},
+              {"model", m->opts.model_name},
+              {"slots_total", st.n_slots},
+              {"slots_active", st.active},
+              {"slots_idle", st.n_slots - st.active},
+              {"queue_depth", st.queued},
+              {"n_ctx", m->t.scheduler->n_ctx()}};
+    res.set_content(dump_json(j), "application/json");
+  });
+  svr.Get("/metrics", [m](const httplib::Request&, httplib::Response& res) {
+    MetricsSnapshot snap = m->metrics.snapshot();
+    snap.sched = m->t.scheduler->stats();
+    if (m->t.remote != nullptr) {
+      snap.workers = m->t.remote->worker_traffic();
+      snap.has_remote = true;
+      snap.remote = m->t.remote->traffic();
+    }
+    res.set_content(render_metrics(snap), "text/plain; version=0.0.4");
+  });
+
+  if (opts.port == 0) {
+    m->port = svr.bind_to_any_port(opts.host);
+    if (m->port <= 0) return make_error(StatusCode::kIoError, "cannot listen on {}: no free port", opts.host);
+  } else {
+    if (opts.port < 0 || opts.port > 65535 || !svr.bind_to_port(opts.host, opts.port)) {
+      return make_error(StatusCode::kIoError, "cannot listen on {}:{}", opts.host, opts.port);
+    }
+    m->port = opts.port;
+  }
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+Status HttpServer::run() {
+  if (impl_->stopping.load()) return Status::ok();
+  if (!impl_->svr.listen_after_bind() && !impl_->stopping.load()) {
+    return make_error(StatusCode::kIoError, "http server on port {} stopped listening", impl_->port);
+  }
+  return Status::ok();
+}
+
+void HttpServer::stop() {
+  impl_->stopping = true;
+  impl_->svr.stop();
+}
+
+}  // namespace moesh::serve

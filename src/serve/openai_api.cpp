@@ -1,0 +1,442 @@
+// OpenAI request parsing/validation and response shapes (see openai_api.h).
+#include "serve/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace moesh::serve {
+
+using nlohmann::json;
+
+namespace {
+
+// Carries the first validation failure out of the field helpers.
+struct Fail {
+  ApiError* out;
+  Status operator()(std::string param, std::string code, std::string message) const {
+    out->http_status = 400;
+    out->type = "invalid_request_error";
+    out->param = std::move(param);
+    out->code = std::move(code);
+    out->message = std::move(message);
+    return Status(StatusCode::kInvalidArgument, out->message);
+  }
+};
+
+const char* json_type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::string: return "string";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer";
+    case json::value_t::number_float: return "number";
+    default: return "value";
+  }
+}
+
+Status wrong_type(const Fail& fail, const std::string& key, const char* want, const json& v) {
+  return fail(key, "invalid_type",
+              fmt::format("'{}' must be {}, got {}", key, want, json_type_name(v)));
+}
+
+// Optional number field in [lo, hi]; null counts as absent.
+Status get_number(const json& o, const char* key, double lo, double hi, const Fail& fail,
+                  std::optional<double>* out) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return Status::ok();
+  if (!it->is_number()) return wrong_type(fail, key, "a number", *it);
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return fail(key, "invalid_value", fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+  }
+  *out = v;
+  return Status::ok();
+}
+
+// Optional integer field in [lo, hi].
+Status get_int(const json& o, const char* key, int64_t lo, int64_t hi, const Fail& fail,
+               std::optional<int64_t>* out) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return Status::ok();
+  if (!it->is_number_integer()) return wrong_type(fail, key, "an integer", *it);
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return fail(key, "invalid_value", fmt::format("'{}' must be in [{}, {}]", key, lo, hi));
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return fail(key, "invalid_value", fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+  }
+  *out = v;
+  return Status::ok();
+}
+
+Status get_bool(const json& o, const char* key, const Fail& fail, bool* out) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return Status::ok();
+  if (!it->is_boolean()) return wrong_type(fail, key, "a boolean", *it);
+  *out = it->get<bool>();
+  return Status::ok();
+}
+
+// A token id list: non-empty array of non-negative integers.
+Status get_token_ids(const json& arr, const std::string& key, const Fail& fail, std::vector<int32_t>* out) {
+  if (arr.empty()) return fail(key, "invalid_value", fmt::format("'{}' must not be empty", key));
+  out->clear();
+  for (const json& t : arr) {
+    if (!t.is_number_integer()) return wrong_type(fail, key, "an array of token ids (integers)", t);
+    const int64_t v = t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX ? INT64_MAX : t.get<int64_t>();
+    if (v < 0 || v > INT32_MAX) {
+      return fail(key, "invalid_value", fmt::format("'{}' holds a token id out of range: {}", key, v));
+    }
+    out->push_back(static_cast<int32_t>(v));
+  }
+  return Status::ok();
+}
+
+Status parse_prompt(const json& o, ApiRequest* r, const Fail& fail) {
+  auto it = o.find("prompt");
+  if (it == o.end() || it->is_null()) {
+    return fail("prompt", "missing_required_parameter", "'prompt' is required");
+  }
+  const json& p = *it;
+  if (p.is_string()) {
+    r->prompt = p.get<std::string>();
+    if (r->prompt.empty()) return fail("prompt", "invalid_value", "'prompt' must not be empty");
+    return Status::ok();
+  }
+  if (!p.is_array()) return wrong_type(fail, "prompt", "a string or an array of token ids", p);
+  if (p.empty()) return fail("prompt", "invalid_value", "'prompt' must not be empty");
+  // [string], [[ids]] (a batch of one) or [ids].
+  if (p[0].is_string() || p[0].is_array()) {
+    if (p.size() != 1) {
+      return fail("prompt", "unsupported_value", "only one prompt per request is supported");
+    }
+    if (p[0].is_string()) {
+      r->prompt = p[0].get<std::string>();
+      if (r->prompt.empty()) return fail("prompt", "invalid_value", "'prompt' must not be empty");
+      return Status::ok();
+    }
+    r->prompt_is_tokens = true;
+    return get_token_ids(p[0], "prompt", fail, &r->prompt_tokens);
+  }
+  r->prompt_is_tokens = true;
+  return get_token_ids(p, "prompt", fail, &r->prompt_tokens);
+}
+
+Status parse_messages(const json& o, ApiRequest* r, const Fail& fail) {
+  auto it = o.find("messages");
+  if (it == o.end() || it->is_null()) {
+    return fail("messages", "missing_required_parameter", "'messages' is required");
+  }
+  if (!it->is_array()) return wrong_type(fail, "messages", "an array", *it);
+  if (it->empty()) return fail("messages", "invalid_value", "'messages' must not be empty");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return wrong_type(fail, where, "an object", m);
+    ChatMessage cm;
+    auto role = m.find("role");
+    if (role == m.end()) return fail(where + ".role", "missing_required_parameter", "'role' is required");
+    if (!role->is_string()) return wrong_type(fail, where + ".role", "a string", *role);
+    cm.role = role->get<std::string>();
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      // Assistant turns may carry no content (e.g. tool calls, which are not supported here).
+      if (cm.role != "assistant") {
+        return fail(where + ".content", "missing_required_parameter", "'content' is required");
+      }
+    } else if (content->is_string()) {
+      cm.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (size_t j = 0; j < content->size(); ++j) {
+        const json& part = (*content)[j];
+        const std::string pw = fmt::format("{}.content[{}]", where, j);
+        if (!part.is_object()) return wrong_type(fail, pw, "an object", part);
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string()) {
+          return fail(pw + ".type", "invalid_type", "a content part needs a string 'type'");
+        }
+        if (*type != "text") {
+          return fail(pw + ".type", "unsupported_value",
+                      fmt::format("content parts of type '{}' are not supported (only 'text')",
+                                  type->get<std::string>()));
+        }
+        auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          return fail(pw + ".text", "invalid_type", "a text content part needs a string 'text'");
+        }
+        cm.content += text->get<std::string>();
+      }
+    } else {
+      return wrong_type(fail, where + ".content", "a string or an array of content parts", *content);
+    }
+    r->messages.push_back(std::move(cm));
+  }
+  return Status::ok();
+}
+
+Status parse_stop(const json& o, ApiRequest* r, const Fail& fail) {
+  auto it = o.find("stop");
+  if (it == o.end() || it->is_null()) return Status::ok();
+  auto add = [&](const json& s) -> Status {
+    if (!s.is_string()) return wrong_type(fail, "stop", "a string or an array of strings", s);
+    std::string v = s.get<std::string>();
+    if (v.empty()) return fail("stop", "invalid_value", "stop strings must not be empty");
+    r->stop.push_back(std::move(v));
+    return Status::ok();
+  };
+  if (it->is_string()) return add(*it);
+  if (!it->is_array()) return wrong_type(fail, "stop", "a string or an array of strings", *it);
+  if (it->size() > kMaxStopStrings) {
+    return fail("stop", "invalid_value", fmt::format("at most {} stop strings", kMaxStopStrings));
+  }
+  for (const json& s : *it) MOESH_RETURN_IF_ERROR(add(s));
+  return Status::ok();
+}
+
+// Fields OpenAI defines that this server does not implement: accepted only at their "off" value.
+Status reject_unsupported(const json& o, Endpoint ep, const Fail& fail) {
+  std::optional<int64_t> n;
+  MOESH_RETURN_IF_ERROR(get_int(o, "n", 1, 128, fail, &n));
+  if (n && *n != 1) return fail("n", "unsupported_value", "only n = 1 is supported");
+  if (ep == Endpoint::kCompletions) {
+    bool echo = false;
+    MOESH_RETURN_IF_ERROR(get_bool(o, "echo", fail, &echo));
+    if (echo) return fail("echo", "unsupported_value", "'echo' is not supported");
+    std::optional<int64_t> best_of;
+    MOESH_RETURN_IF_ERROR(get_int(o, "best_of", 1, 128, fail, &best_of));
+    if (best_of && *best_of != 1) return fail("best_of", "unsupported_value", "only best_of = 1 is supported");
+    auto suffix = o.find("suffix");
+    if (suffix != o.end() && !suffix->is_null()) {
+      return fail("suffix", "unsupported_value", "'suffix' is not supported");
+    }
+  }
+  auto lp = o.find("logprobs");
+  if (lp != o.end() && !lp->is_null() && !(lp->is_boolean() && !lp->get<bool>())) {
+    return fail("logprobs", "unsupported_value", "'logprobs' is not supported");
+  }
+  auto tools = o.find("tools");
+  if (tools != o.end() && !tools->is_null() && !(tools->is_array() && tools->empty())) {
+    return fail("tools", "unsupported_value", "'tools' is not supported");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+nlohmann::json error_json(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type}};
+  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+  return json{{"error", err}};
+}
+
+ApiError api_error_from_status(const Status& st, std::string param) {
+  ApiError e;
+  e.message = st.message();
+  e.param = std::move(param);
+  switch (st.code()) {
+    case StatusCode::kUnavailable:
+      e.http_status = 503;
+      e.type = "server_error";
+      e.code = "server_busy";
+      break;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kTypeMismatch:
+      e.code = "invalid_value";
+      break;
+    case StatusCode::kOutOfRange:
+      e.code = "invalid_value";
+      break;
+    case StatusCode::kUnsupported:
+      e.code = "unsupported_value";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      e.code = "internal_error";
+  }
+  return e;
+}
+
+Result<ApiRequest> parse_request(Endpoint ep, std::string_view body, ApiError* error) {
+  ApiError scratch;
+  Fail fail{error ? error : &scratch};
+  json o = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (o.is_discarded()) {
+    Status st = fail("", "invalid_json", "the request body is not valid JSON");
+    return st;
+  }
+  if (!o.is_object()) {
+    Status st = fail("", "invalid_type", "the request body must be a JSON object");
+    return st;
+  }
+  ApiRequest r;
+  r.endpoint = ep;
+  r.sampling.temp = kDefaultTemperature;
+  if (auto m = o.find("model"); m != o.end() && !m->is_null()) {
+    if (!m->is_string()) return wrong_type(fail, "model", "a string", *m);
+    r.model = m->get<std::string>();
+  }
+  MOESH_RETURN_IF_ERROR(reject_unsupported(o, ep, fail));
+  if (ep == Endpoint::kCompletions) {
+    MOESH_RETURN_IF_ERROR(parse_prompt(o, &r, fail));
+  } else {
+    MOESH_RETURN_IF_ERROR(parse_messages(o, &r, fail));
+  }
+
+  std::optional<int64_t> max_tokens;
+  MOESH_RETURN_IF_ERROR(get_int(o, "max_tokens", 1, INT32_MAX, fail, &max_tokens));
+  if (ep == Endpoint::kChatCompletions) {
+    std::optional<int64_t> mct;
+    MOESH_RETURN_IF_ERROR(get_int(o, "max_completion_tokens", 1, INT32_MAX, fail, &mct));
+    if (mct) max_tokens = mct;  // the newer name wins, as in OpenAI's API
+  }
+  if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
+
+  std::optional<double> d;
+  MOESH_RETURN_IF_ERROR(get_number(o, "temperature", 0.0, 2.0, fail, &d));
+  if (d) r.sampling.temp = static_cast<float>(*d);
+  d.reset();
+  MOESH_RETURN_IF_ERROR(get_number(o, "top_p", 0.0, 1.0, fail, &d));
+  if (d) {
+    if (*d <= 0.0) return fail("top_p", "invalid_value", "'top_p' must be in (0, 1]");
+    r.sampling.top_p = static_cast<float>(*d);
+  }
+  d.reset();
+  MOESH_RETURN_IF_ERROR(get_number(o, "min_p", 0.0, 1.0, fail, &d));
+  if (d) r.sampling.min_p = static_cast<float>(*d);
+  d.reset();
+  MOESH_RETURN_IF_ERROR(get_number(o, "presence_penalty", -2.0, 2.0, fail, &d));
+  if (d) r.sampling.presence_penalty = static_cast<float>(*d);
+  d.reset();
+  MOESH_RETURN_IF_ERROR(get_number(o, "frequency_penalty", -2.0, 2.0, fail, &d));
+  if (d) r.sampling.frequency_penalty = static_cast<float>(*d);
+  d.reset();
+  MOESH_RETURN_IF_ERROR(get_number(o, "repeat_penalty", 0.0, 10.0, fail, &d));
+  if (d) {
+    if (*d <= 0.0) return fail("repeat_penalty", "invalid_value", "'repeat_penalty' must be > 0");
+    r.sampling.repeat_penalty = static_cast<float>(*d);
+  }
+  std::optional<int64_t> i;
+  MOESH_RETURN_IF_ERROR(get_int(o, "top_k", -1, INT32_MAX, fail, &i));
+  if (i) r.sampling.top_k = static_cast<int>(*i);
+  i.reset();
+  if (auto s = o.find("seed"); s != o.end() && !s->is_null()) {
+    if (!s->is_number_integer()) return wrong_type(fail, "seed", "an integer", *s);
+    // OpenAI allows negative seeds; the bits are what matter for the generator.
+    r.sampling.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
+    r.seed_given = true;
+  }
+  MOESH_RETURN_IF_ERROR(parse_stop(o, &r, fail));
+  MOESH_RETURN_IF_ERROR(get_bool(o, "stream", fail, &r.stream));
+  MOESH_RETURN_IF_ERROR(get_bool(o, "ignore_eos", fail, &r.ignore_eos));
+  if (auto so = o.find("stream_options"); so != o.end() && !so->is_null()) {
+    if (!so->is_object()) return wrong_type(fail, "stream_options", "an object", *so);
+    if (auto iu = so->find("include_usage"); iu != so->end() && !iu->is_null()) {
+      if (!iu->is_boolean()) return wrong_type(fail, "stream_options.include_usage", "a boolean", *iu);
+      r.include_usage = iu->get<bool>();
+    }
+  }
+  // Backstop: the sampler's own range rules (e.g. penalty_last_n) must agree with the above.
+  if (Status st = r.sampling.validate(); !st.is_ok()) return fail("", "invalid_value", st.message());
+  return r;
+}
+
+const char* openai_finish_reason(FinishReason r) {
+  return r == FinishReason::kLength ? "length" : "stop";
+}
+
+nlohmann::json usage_json(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+namespace {
+
+json chunk_base(Endpoint ep, const CompletionResult& r, bool include_usage) {
+  json j = {{"id", r.id},
+            {"object", ep == Endpoint::kChatCompletions ? "chat.completion.chunk" : "text_completion"},
+            {"created", r.created},
+            {"model", r.model}};
+  if (ep == Endpoint::kChatCompletions) j["system_fingerprint"] = "moesh";
+  if (include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json completion_response(Endpoint ep, const CompletionResult& r) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r.finish)}};
+  json j = {{"id", r.id}, {"created", r.created}, {"model", r.model}};
+  if (ep == Endpoint::kChatCompletions) {
+    j["object"] = "chat.completion";
+    j["system_fingerprint"] = "moesh";
+    choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+  } else {
+    j["object"] = "text_completion";
+    choice["text"] = r.text;
+  }
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(r.usage);
+  return j;
+}
+
+nlohmann::json role_chunk(const CompletionResult& r, bool include_usage) {
+  json j = chunk_base(Endpoint::kChatCompletions, r, include_usage);
+  j["choices"] = json::array({{{"index", 0},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  return j;
+}
+
+nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_view text,
+                          bool include_usage) {
+  json j = chunk_base(ep, r, include_usage);
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (ep == Endpoint::kChatCompletions) choice["delta"] = {{"content", std::string(text)}};
+  else choice["text"] = std::string(text);
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+nlohmann::json finish_chunk(Endpoint ep, const CompletionResult& r, bool include_usage) {
+  json j = chunk_base(ep, r, include_usage);
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r.finish)}};
+  if (ep == Endpoint::kChatCompletions) choice["delta"] = json::object();
+  else choice["text"] = "";
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+nlohmann::json usage_chunk(Endpoint ep, const CompletionResult& r) {
+  json j = chunk_base(ep, r, false);
+  j["choices"] = json::array();
+  j["usage"] = usage_json(r.usage);
+  return j;
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const nlohmann::json& j) {
+  std::string s = "data: ";
+  s += dump_json(j);
+  s += "\n\n";
+  return s;
+}
+
+nlohmann::json models_response(const std::string& model, int64_t created) {
+  return json{{"object", "list"},
+              {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created},
+                                     {"owned_by", "moesh"}}})}};
+}
+
+}  // namespace moesh::serve

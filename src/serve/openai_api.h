@@ -1,0 +1,109 @@
+// The OpenAI-compatible HTTP API of `moesh serve`, as pure functions: request bodies in,
+// validated requests out; results in, response / SSE chunk JSON out (docs/serve.md).
+//
+// Nothing here touches the network or the model, so every rule (which fields exist, their types
+// and ranges, what is unsupported, the exact response shapes) is unit-tested on its own
+// (tests/serve/test_openai_api.cpp). The HTTP layer (http_server.cpp) only glues these to the
+// Scheduler.
+//
+// Errors follow OpenAI's body shape {"error":{"message","type","param","code"}}; every problem
+// with a body is a 400 naming the offending field in `param`.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moesh/chat.h"
+#include "moesh/sampling.h"
+#include "moesh/scheduler.h"
+#include "moesh/status.h"
+
+namespace moesh::serve {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// One error response: HTTP status plus the OpenAI error object.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" is written as null
+  std::string code;   // "" is written as null
+};
+
+nlohmann::json error_json(const ApiError& e);
+// Maps a Status (from the scheduler, tokenizer, chat template) to an error response:
+// kUnavailable -> 503 (queue full), kInvalidArgument/kOutOfRange/kTypeMismatch/kUnsupported ->
+// 400, anything else -> 500.
+ApiError api_error_from_status(const Status& st, std::string param = {});
+
+// Defaults when a field is absent (OpenAI's, except max_tokens for chat which is "the rest of
+// the context" and is decided by the caller).
+inline constexpr int32_t kDefaultCompletionMaxTokens = 16;
+inline constexpr float kDefaultTemperature = 1.0f;
+inline constexpr size_t kMaxStopStrings = 16;
+
+// A validated /v1/completions or /v1/chat/completions request.
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                   // as sent ("" when absent); a single model is served
+  // completions: the prompt as text, or as token ids when prompt_is_tokens
+  bool prompt_is_tokens = false;
+  std::string prompt;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<ChatMessage> messages;   // chat
+  std::optional<int32_t> max_tokens;   // max_tokens / max_completion_tokens (>= 1)
+  SamplingParams sampling;             // temp defaults to kDefaultTemperature
+  bool seed_given = false;             // else the caller draws a random seed
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;          // stream_options.include_usage
+  bool ignore_eos = false;             // extension (llama.cpp server): generate past EOS
+};
+
+// Parses and validates a body. On failure returns the Status and fills *error (status 400, the
+// field in param, a code such as "invalid_type", "invalid_value", "missing_required_parameter",
+// "unsupported_value", "invalid_json").
+Result<ApiRequest> parse_request(Endpoint ep, std::string_view body, ApiError* error);
+
+// What a finished (or finishing) generation reports.
+struct CompletionResult {
+  std::string id;        // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;   // unix seconds
+  std::string model;
+  std::string text;
+  FinishReason finish = FinishReason::kStop;
+  Usage usage;
+};
+
+// OpenAI's finish_reason: "stop" or "length" ("stop" also covers a cancelled request, which no
+// client sees; errors are reported as error bodies, not finish reasons).
+const char* openai_finish_reason(FinishReason r);
+nlohmann::json usage_json(const Usage& u);
+
+// Non-streaming responses: "text_completion" / "chat.completion".
+nlohmann::json completion_response(Endpoint ep, const CompletionResult& r);
+
+// Streaming chunks ("text_completion" / "chat.completion.chunk"). When include_usage is on,
+// every chunk carries "usage": null and usage_chunk() adds the final one with empty choices.
+nlohmann::json role_chunk(const CompletionResult& r, bool include_usage);  // chat only
+nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_view text,
+                          bool include_usage);
+nlohmann::json finish_chunk(Endpoint ep, const CompletionResult& r, bool include_usage);
+nlohmann::json usage_chunk(Endpoint ep, const CompletionResult& r);
+
+// "data: <json>\n\n" (invalid UTF-8 replaced, never throws).
+std::string sse_event(const nlohmann::json& j);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+// Compact dump that replaces invalid UTF-8 instead of throwing.
+std::string dump_json(const nlohmann::json& j);
+
+// GET /v1/models.
+nlohmann::json models_response(const std::string& model, int64_t created);
+
+}  // namespace moesh::serve

@@ -1,0 +1,348 @@
+#!/usr/bin/env bash
+# Server test (CTest label `server`): a real `moesh serve` on 127.0.0.1 (port 0), driven by curl
+# and by the official `openai` npm client (openai_client.mjs), in two configurations:
+#   local  — all experts on the backbone;
+#   swarm  — experts on two loopback `moesh worker` processes (exact combine, f32 wire), whose
+#            greedy outputs must equal the local server's token for token.
+# Usage: run_server_test.sh MOESH_BIN WORK_DIR SOURCE_DIR
+# There are no timed assertions: waits poll until a condition holds (the CTest timeout bounds
+# them), and every check is on content (texts, counts, status codes, series values).
+set -euo pipefail
+
+MOESH=$1
+mkdir -p "$2"
+WORK=$(cd "$2" && pwd)
+SRC=$(cd "$3" && pwd)
+MOESH=$(cd "$(dirname "$MOESH")" && pwd)/$(basename "$MOESH")
+TMP="$WORK/server-test.$$"
+mkdir -p "$TMP"
+PIDS=()
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+N_CHECKS=0
+fail() { echo "FAIL: $*" >&2; exit 1; }
+ok() { N_CHECKS=$((N_CHECKS + 1)); echo "ok - $*"; }
+# JSON field extraction: js EXPR < json  (j is the parsed document; strings print raw)
+js() {
+  node -e 'const j=JSON.parse(require("fs").readFileSync(0,"utf8"));
+           const v=(new Function("j","return ("+process.argv[1]+")"))(j);
+           process.stdout.write(typeof v==="string"?v:JSON.stringify(v));' "$1"
+}
+expect_eq() { [ "$1" == "$2" ] || fail "$3: expected '$2', got '$1'"; ok "$3"; }
+
+# Waits for "listening on HOST:PORT" in $1 (written by pid $2); prints the port.
+wait_port() {
+  local log=$1 pid=$2 port=""
+  while [ -z "$port" ]; do
+    kill -0 "$pid" 2>/dev/null || { cat "$log" "$log.err" >&2 || true; fail "process $pid exited before listening"; }
+    port=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$log" | head -1)
+    [ -n "$port" ] || sleep 0.1
+  done
+  echo "$port"
+}
+
+start_server() {  # name args... ; sets PORT and BASE
+  local name=$1; shift
+  "$MOESH" serve "$@" --port 0 >"$TMP/$name.log" 2>"$TMP/$name.log.err" &
+  local pid=$!
+  PIDS+=("$pid")
+  PORT=$(wait_port "$TMP/$name.log" "$pid")
+  BASE="http://127.0.0.1:$PORT"
+  echo "# server $name on $BASE"
+}
+
+start_worker() {  # name experts ; sets WADDR=HOST:PORT
+  local name=$1 experts=$2
+  "$MOESH" worker -m "$MODEL" --experts "$experts" --listen 127.0.0.1:0 -t 1 --name "$name" \
+    >"$TMP/$name.log" 2>"$TMP/$name.log.err" &
+  local pid=$!
+  PIDS+=("$pid")
+  WADDR="127.0.0.1:$(wait_port "$TMP/$name.log" "$pid")"
+}
+
+post() {  # path body -> response body (stdout); status in $TMP/status
+  curl -sS -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' \
+    --data-binary "$2" "$BASE$1" >"$TMP/status"
+  cat "$TMP/body"
+}
+status() { cat "$TMP/status"; }
+
+# Polls /health until no slot is busy and nothing is queued.
+wait_idle() {
+  while :; do
+    local h
+    h=$(curl -sS "$BASE/health")
+    [ "$(echo "$h" | js 'j.slots_active + j.queue_depth')" == "0" ] && return 0
+    sleep 0.05
+  done
+}
+
+metric() {  # series -> value ("" when absent)
+  curl -sS "$BASE/metrics" | awk -v s="$1" 'index($0, s " ") == 1 { print $NF }'
+}
+
+# ---- model ----------------------------------------------------------------------------------
+MODEL="$TMP/tiny.gguf"
+"$MOESH" make-model --arch qwen3moe --out "$MODEL" --seed 4242 --n-vocab 1024 --n-ctx 4096 \
+  --n-embd 128 --n-ff-exp 128 --n-head 4 --head-dim 32 --n-expert 8 --n-expert-used 2 >/dev/null 2>&1 \
+  || fail "make-model"
+ok "make-model wrote a model with a BPE vocab"
+
+CHAT_A='{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Name three colors."}],"max_tokens":24,"temperature":0,"ignore_eos":true}'
+PROMPTS=("The quick brown fox" "Once upon a time" "In the beginning" "Hello, world" "Numbers: 1 2 3")
+
+# Greedy completion of prompt $1 (plain ASCII, no quotes) with $2 tokens -> text
+greedy() {
+  post /v1/completions "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0,\"ignore_eos\":true}" >/dev/null
+  [ "$(status)" == "200" ] || fail "greedy '$1': HTTP $(status): $(cat "$TMP/body")"
+  js 'j.choices[0].text' <"$TMP/body"
+}
+
+# ---- checks run against each configuration ---------------------------------------------------
+run_curl_checks() {
+  local cfg=$1
+  # health, models
+  expect_eq "$(curl -sS "$BASE/health" | js 'j.status')" "ok" "[$cfg] /health status"
+  expect_eq "$(curl -sS "$BASE/health" | js 'j.slots_total')" "4" "[$cfg] /health slots_total"
+  expect_eq "$(curl -sS "$BASE/v1/models" | js 'j.data[0].id')" "tiny.gguf" "[$cfg] /v1/models id"
+
+  # non-streaming completion: length finish and usage arithmetic
+  post /v1/completions '{"prompt":[5,6,7,8,9],"max_tokens":8,"temperature":0,"ignore_eos":true}' >/dev/null
+  expect_eq "$(status)" "200" "[$cfg] completion by token ids"
+  expect_eq "$(js 'j.object' <"$TMP/body")" "text_completion" "[$cfg] completion object"
+  expect_eq "$(js 'j.choices[0].finish_reason' <"$TMP/body")" "length" "[$cfg] finish_reason length"
+  expect_eq "$(js 'j.usage.prompt_tokens' <"$TMP/body")" "5" "[$cfg] usage.prompt_tokens"
+  expect_eq "$(js 'j.usage.completion_tokens' <"$TMP/body")" "8" "[$cfg] usage.completion_tokens"
+  expect_eq "$(js 'j.usage.total_tokens' <"$TMP/body")" "13" "[$cfg] usage.total_tokens"
+  local t8
+  t8=$(js 'j.choices[0].text' <"$TMP/body")
+  [ -n "$t8" ] || fail "[$cfg] 8 generated tokens decode to an empty text"
+  ok "[$cfg] completion text non-empty"
+
+  # prefix cache: the same prompt again reports cached prompt tokens and the same greedy text
+  post /v1/completions '{"prompt":[5,6,7,8,9],"max_tokens":8,"temperature":0,"ignore_eos":true}' >/dev/null
+  expect_eq "$(js 'j.choices[0].text' <"$TMP/body")" "$t8" "[$cfg] repeated greedy request, same text"
+  local cached
+  cached=$(js 'j.usage.prompt_tokens_details.cached_tokens' <"$TMP/body")
+  [ "$cached" -ge 1 ] && [ "$cached" -le 5 ] || fail "[$cfg] cached_tokens $cached not in [1, 5]"
+  ok "[$cfg] cached_tokens = $cached on a repeated prompt"
+
+  # non-streaming chat vs streaming chat (curl -N): same greedy text, chunk order, usage chunk
+  post /v1/chat/completions "$CHAT_A" >/dev/null
+  expect_eq "$(status)" "200" "[$cfg] chat"
+  expect_eq "$(js 'j.object' <"$TMP/body")" "chat.completion" "[$cfg] chat object"
+  expect_eq "$(js 'j.choices[0].message.role' <"$TMP/body")" "assistant" "[$cfg] chat role"
+  expect_eq "$(js 'j.usage.completion_tokens' <"$TMP/body")" "24" "[$cfg] chat completion_tokens"
+  local chat_text
+  chat_text=$(js 'j.choices[0].message.content' <"$TMP/body")
+  echo "$chat_text" >"$TMP/chat_$cfg.txt"
+  local stream_body
+  stream_body=$(echo "$CHAT_A" | js 'JSON.stringify({...j, stream: true, stream_options: {include_usage: true}})')
+  curl -sS -N -H 'Content-Type: application/json' --data-binary "$stream_body" "$BASE/v1/chat/completions" >"$TMP/sse"
+  expect_eq "$(tail -c 14 "$TMP/sse")" "data: [DONE]" "[$cfg] stream ends with [DONE]"
+  node -e '
+    const lines = require("fs").readFileSync(process.argv[1], "utf8").split("\n\n").filter(Boolean);
+    const ev = lines.map(l => { if (!l.startsWith("data: ")) throw new Error("bad event " + l); return l.slice(6); });
+    if (ev.pop() !== "[DONE]") throw new Error("last event is not [DONE]");
+    const c = ev.map(e => JSON.parse(e));
+    if (c[0].choices[0].delta.role !== "assistant") throw new Error("first chunk has no role");
+    const usage = c.pop();
+    if (usage.choices.length !== 0 || usage.usage.completion_tokens !== 24) throw new Error("bad usage chunk");
+    const fin = c.pop();
+    if (fin.choices[0].finish_reason !== "length") throw new Error("finish chunk: " + JSON.stringify(fin));
+    for (const x of c) if (x.object !== "chat.completion.chunk" || x.choices[0].finish_reason !== null) throw new Error("chunk " + JSON.stringify(x));
+    const text = c.map(x => x.choices[0].delta.content || "").join("");
+    const want = require("fs").readFileSync(process.argv[2], "utf8").replace(/\n$/, "");
+    if (text !== want) throw new Error("streamed text differs: " + JSON.stringify(text) + " vs " + JSON.stringify(want));
+    if (c.length < 3) throw new Error("expected several content chunks, got " + c.length);
+  ' "$TMP/sse" "$TMP/chat_$cfg.txt" || fail "[$cfg] streamed chat"
+  ok "[$cfg] streamed chat: role chunk, content = non-streamed text, finish, usage, [DONE]"
+
+  # streaming completion
+  curl -sS -N -H 'Content-Type: application/json' \
+    --data-binary '{"prompt":[5,6,7,8,9],"max_tokens":8,"temperature":0,"ignore_eos":true,"stream":true}' \
+    "$BASE/v1/completions" >"$TMP/sse2"
+  node -e '
+    const ev = require("fs").readFileSync(process.argv[1], "utf8").split("\n\n").filter(Boolean).map(l => l.slice(6));
+    if (ev.pop() !== "[DONE]") throw new Error("no [DONE]");
+    const c = ev.map(e => JSON.parse(e));
+    const text = c.map(x => x.choices[0].text).join("");
+    if (text !== process.argv[2]) throw new Error("stream " + JSON.stringify(text) + " vs " + JSON.stringify(process.argv[2]));
+    if (c[c.length - 1].choices[0].finish_reason !== "length") throw new Error("no finish");
+  ' "$TMP/sse2" "$t8" || fail "[$cfg] streamed completion"
+  ok "[$cfg] streamed completion equals the non-streamed text"
+
+  # concurrency: greedy outputs of concurrent requests equal the same requests run alone
+  local i
+  for i in "${!PROMPTS[@]}"; do greedy "${PROMPTS[$i]}" 16 >"$TMP/alone_$cfg.$i"; done
+  local cpids=()
+  for i in "${!PROMPTS[@]}"; do
+    curl -sS -H 'Content-Type: application/json' \
+      --data-binary "{\"prompt\":\"${PROMPTS[$i]}\",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true}" \
+      "$BASE/v1/completions" >"$TMP/conc_$cfg.$i" &
+    cpids+=($!)
+  done
+  wait "${cpids[@]}"
+  for i in "${!PROMPTS[@]}"; do
+    expect_eq "$(js 'j.choices[0].text' <"$TMP/conc_$cfg.$i")" "$(cat "$TMP/alone_$cfg.$i")" \
+      "[$cfg] concurrent request $i equals its run alone"
+  done
+  local distinct
+  distinct=$(for f in "$TMP"/alone_"$cfg".*; do cat "$f"; echo; done | sort -u | wc -l)
+  [ "$distinct" -ge 3 ] || fail "[$cfg] prompts give degenerate outputs ($distinct distinct)"
+  ok "[$cfg] outputs are not degenerate ($distinct distinct lines)"
+
+  # stop strings: cut the greedy text at a substring of it
+  local full stop_s want
+  full=$(greedy "Once upon a time" 16)
+  # the first 3-character printable-ASCII window after the first 3 characters
+  stop_s=$(node -e 'const m = process.argv[1].slice(3).match(/[\x21-\x7e][\x20-\x7e]{2}/); process.stdout.write(m ? m[0] : "")' "$full")
+  [ ${#stop_s} -eq 3 ] || fail "[$cfg] no ASCII window for a stop test in '$full'"
+  want=$(node -e 'const [f, s] = process.argv.slice(1); process.stdout.write(f.slice(0, f.indexOf(s)))' "$full" "$stop_s")
+  post /v1/completions "$(node -e 'process.stdout.write(JSON.stringify({prompt:"Once upon a time",max_tokens:16,temperature:0,ignore_eos:true,stop:[process.argv[1]]}))' "$stop_s")" >/dev/null
+  expect_eq "$(js 'j.choices[0].text' <"$TMP/body")" "$want" "[$cfg] stop string cuts the text before it"
+  expect_eq "$(js 'j.choices[0].finish_reason' <"$TMP/body")" "stop" "[$cfg] stop string finish_reason"
+
+  # seeds: same seed, same text; different seed, different text
+  local s1 s2 s3
+  post /v1/completions '{"prompt":"Hello, world","max_tokens":24,"temperature":1.0,"seed":7,"ignore_eos":true}' >/dev/null
+  s1=$(js 'j.choices[0].text' <"$TMP/body")
+  post /v1/completions '{"prompt":"Hello, world","max_tokens":24,"temperature":1.0,"seed":7,"ignore_eos":true}' >/dev/null
+  s2=$(js 'j.choices[0].text' <"$TMP/body")
+  post /v1/completions '{"prompt":"Hello, world","max_tokens":24,"temperature":1.0,"seed":8,"ignore_eos":true}' >/dev/null
+  s3=$(js 'j.choices[0].text' <"$TMP/body")
+  expect_eq "$s2" "$s1" "[$cfg] seeded sampling reproducible"
+  [ "$s3" != "$s1" ] || fail "[$cfg] seeds 7 and 8 gave the same 24-token sample"
+  ok "[$cfg] another seed gives another sample"
+
+  # errors: status and OpenAI error body
+  err_case() {  # path body status param name
+    post "$1" "$2" >/dev/null
+    expect_eq "$(status)" "$3" "[$cfg] $5: HTTP $3"
+    expect_eq "$(js 'j.error.type' <"$TMP/body")" "invalid_request_error" "[$cfg] $5: error.type"
+    expect_eq "$(js 'String(j.error.param)' <"$TMP/body")" "$4" "[$cfg] $5: error.param"
+    [ -n "$(js 'j.error.message' <"$TMP/body")" ] || fail "[$cfg] $5: empty message"
+  }
+  err_case /v1/completions '{"prompt": "x", ' 400 null "invalid JSON"
+  err_case /v1/completions '{"prompt": "x", "max_tokens": "5"}' 400 max_tokens "max_tokens as a string"
+  err_case /v1/completions '{"prompt": "x", "temperature": [1]}' 400 temperature "temperature as an array"
+  err_case /v1/completions '{"prompt": "x", "n": 2}' 400 n "n = 2"
+  err_case /v1/completions '{"prompt": "x", "echo": true}' 400 echo "echo"
+  err_case /v1/completions '{"prompt": [1, 99999]}' 400 prompt "token id outside the vocabulary"
+  err_case /v1/completions '{"prompt": "x", "max_tokens": 100000}' 400 max_tokens "prompt + max_tokens over the context"
+  expect_eq "$(js 'j.error.code' <"$TMP/body")" "context_length_exceeded" "[$cfg] context error code"
+  err_case /v1/chat/completions '{"messages": "hi"}' 400 messages "messages as a string"
+  err_case /v1/chat/completions '{"messages": [{"role": "user", "content": 3}]}' 400 "messages[0].content" "content as a number"
+  err_case /v1/chat/completions '{"messages": [{"role": "wizard", "content": "x"}]}' 400 messages "unknown role"
+  curl -sS -o "$TMP/body" -w '%{http_code}' "$BASE/v1/nothing" >"$TMP/status"
+  expect_eq "$(status)" "404" "[$cfg] unknown path: 404"
+  expect_eq "$(js 'j.error.code' <"$TMP/body")" "not_found" "[$cfg] 404 error body"
+  curl -sS -o "$TMP/body" -w '%{http_code}' "$BASE/v1/completions" >"$TMP/status"
+  expect_eq "$(status)" "405" "[$cfg] GET on a POST route: 405"
+  head -c 300000 /dev/zero | tr '\0' 'a' | node -e 'process.stdout.write(JSON.stringify({prompt: require("fs").readFileSync(0, "utf8")}))' >"$TMP/big.json"
+  curl -sS -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/big.json" \
+    "$BASE/v1/completions" >"$TMP/status"
+  expect_eq "$(status)" "413" "[$cfg] oversized body: 413"
+  curl -sS -o "$TMP/body" -w '%{http_code}' -H 'Transfer-Encoding: chunked' --data-binary @"$TMP/big.json" \
+    "$BASE/v1/completions" >"$TMP/status"
+  expect_eq "$(status)" "413" "[$cfg] oversized chunked body: 413"
+  expect_eq "$(js 'j.error.code' <"$TMP/body")" "payload_too_large" "[$cfg] 413 error body"
+  # a 40 KB body sent as curl -d sends it (form content type) is still read as JSON
+  node -e 'process.stdout.write(JSON.stringify({prompt: [5, 6, 7], max_tokens: 2, user: "u".repeat(40000)}))' >"$TMP/mid.json"
+  curl -sS -o "$TMP/body" -w '%{http_code}' -d @"$TMP/mid.json" "$BASE/v1/completions" >"$TMP/status"
+  expect_eq "$(status)" "200" "[$cfg] 40 KB form-typed JSON body accepted"
+
+  # a client that disconnects mid-stream: the request is cancelled and its slot freed
+  wait_idle
+  local cancelled0 gen0
+  cancelled0=$(metric moesh_requests_cancelled_total)
+  curl -sS -N -H 'Content-Type: application/json' \
+    --data-binary '{"prompt":"Once upon a time","max_tokens":3500,"temperature":0,"ignore_eos":true,"stream":true}' \
+    "$BASE/v1/completions" 2>/dev/null | head -c 600 >/dev/null || true
+  wait_idle
+  expect_eq "$(metric moesh_requests_cancelled_total)" "$((cancelled0 + 1))" "[$cfg] disconnected stream was cancelled"
+  expect_eq "$(curl -sS "$BASE/health" | js 'j.slots_active')" "0" "[$cfg] its slot is free again"
+  # the server still answers normally afterwards
+  expect_eq "$(greedy "Once upon a time" 16)" "$full" "[$cfg] server healthy after the disconnect"
+
+  # metrics
+  curl -sS "$BASE/metrics" >"$TMP/metrics"
+  for s in 'moesh_http_requests_total{endpoint="/v1/completions",status="200"}' \
+           'moesh_http_requests_total{endpoint="/v1/completions",status="400"}' \
+           'moesh_http_requests_total{endpoint="other",status="404"}' \
+           'moesh_request_duration_seconds_count{endpoint="/v1/chat/completions"}' \
+           'moesh_time_to_first_token_seconds_count{endpoint="/v1/completions"}' \
+           moesh_generated_tokens_total moesh_prompt_tokens_total moesh_generation_tokens_per_second \
+           moesh_queue_depth moesh_active_slots moesh_slots; do
+    grep -q -F "$s " "$TMP/metrics" || fail "[$cfg] /metrics lacks $s"
+  done
+  ok "[$cfg] /metrics has the request, token, latency and slot series"
+  local gen
+  gen=$(metric moesh_generated_tokens_total)
+  [ "$gen" -ge 200 ] || fail "[$cfg] moesh_generated_tokens_total = $gen, expected >= 200"
+  ok "[$cfg] generated tokens counted ($gen)"
+}
+
+run_node_checks() {
+  local cfg=$1
+  if [ "$NODE_OK" != 1 ]; then
+    echo "SKIPPED: openai npm package unavailable ([$cfg] OpenAI client checks not run)"
+    return 0
+  fi
+  node "$NODE_DIR/openai_client.mjs" "$BASE/v1" "$cfg" || fail "[$cfg] OpenAI client checks"
+  ok "[$cfg] OpenAI client checks"
+}
+
+# ---- the openai npm package (into the build dir) ---------------------------------------------
+NODE_DIR="$WORK/serve-node"
+NODE_OK=0
+mkdir -p "$NODE_DIR"
+cp "$SRC/package.json" "$SRC/package-lock.json" "$SRC/openai_client.mjs" "$NODE_DIR/"
+if [ -f "$NODE_DIR/node_modules/openai/package.json" ] && \
+   [ "$(node -e 'console.log(require(process.argv[1]).version)' "$NODE_DIR/node_modules/openai/package.json")" == \
+     "$(node -e 'console.log(require(process.argv[1]).dependencies.openai)' "$NODE_DIR/package.json")" ]; then
+  NODE_OK=1
+elif (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error >"$TMP/npm.log" 2>&1); then
+  NODE_OK=1
+else
+  echo "=================================================================="
+  echo "SKIPPED: openai npm package unavailable (npm ci failed: $(tail -1 "$TMP/npm.log"))"
+  echo "=================================================================="
+fi
+
+# ---- configuration 1: all experts local ------------------------------------------------------
+start_server local -m "$MODEL" --parallel 4 -c 4096 --threads 2 --max-body 262144
+run_curl_checks local
+run_node_checks local
+LOCAL_BASE=$BASE
+for i in "${!PROMPTS[@]}"; do cp "$TMP/alone_local.$i" "$TMP/ref.$i"; done
+
+# ---- configuration 2: experts on two loopback workers ----------------------------------------
+start_worker w1 '*:0-3'
+W1=$WADDR
+start_worker w2 '*:4-7'
+W2=$WADDR
+start_server swarm -m "$MODEL" --worker "$W1" --worker "$W2" --parallel 4 -c 4096 --threads 2 --max-body 262144
+run_curl_checks swarm
+run_node_checks swarm
+for i in "${!PROMPTS[@]}"; do
+  expect_eq "$(cat "$TMP/alone_swarm.$i")" "$(cat "$TMP/ref.$i")" "swarm greedy text $i equals the local server's"
+done
+expect_eq "$(cat "$TMP/chat_swarm.txt")" "$(cat "$TMP/chat_local.txt")" "swarm chat equals the local server's"
+curl -sS "$BASE/metrics" >"$TMP/metrics"
+for w in "$W1" "$W2"; do
+  d=$(awk -v s="moesh_worker_dispatches_total{worker=\"$w" 'index($0, s) == 1 { print $NF }' "$TMP/metrics")
+  [ -n "$d" ] && [ "$d" -gt 0 ] || fail "worker $w dispatches '$d'"
+  ok "worker $w: $d dispatches in /metrics"
+  b=$(awk -v s="moesh_worker_bytes_received_total{worker=\"$w" 'index($0, s) == 1 { print $NF }' "$TMP/metrics")
+  [ -n "$b" ] && [ "$b" -gt 0 ] || fail "worker $w bytes received '$b'"
+  c=$(awk -v s="moesh_worker_latency_seconds_count{worker=\"$w" 'index($0, s) == 1 { print $NF }' "$TMP/metrics")
+  expect_eq "$c" "$d" "worker $w latency histogram counts every dispatch"
+done
+echo "PASSED: $N_CHECKS checks (local: $LOCAL_BASE, swarm: $BASE)"

@@ -1,0 +1,379 @@
+// OpenAI request parsing/validation, response and SSE chunk shapes, and the Prometheus
+// exposition of `moesh serve` — the pure parts of the gateway (src/serve/openai_api.h, metrics.h).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <sstream>
+
+#include "serve/metrics.h"
+#include "serve/openai_api.h"
+
+namespace moesh::serve {
+namespace {
+
+using nlohmann::json;
+
+ApiRequest parse_ok(Endpoint ep, const std::string& body) {
+  ApiError err;
+  auto r = parse_request(ep, body, &err);
+  EXPECT_TRUE(r.is_ok()) << body << " -> " << r.status().to_string();
+  return r.is_ok() ? *r : ApiRequest{};
+}
+
+ApiError parse_err(Endpoint ep, const std::string& body) {
+  ApiError err;
+  auto r = parse_request(ep, body, &err);
+  EXPECT_FALSE(r.is_ok()) << body;
+  return err;
+}
+
+TEST(OpenAiParse, CompletionAllFields) {
+  const ApiRequest r = parse_ok(Endpoint::kCompletions, R"({
+    "model": "m", "prompt": "Hello", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+    "top_k": 12, "min_p": 0.05, "presence_penalty": 0.25, "frequency_penalty": -0.5,
+    "repeat_penalty": 1.1, "seed": 42, "stop": ["\n", "END"], "stream": true,
+    "stream_options": {"include_usage": true}, "n": 1, "echo": false, "ignore_eos": true})");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_FALSE(r.prompt_is_tokens);
+  EXPECT_EQ(r.prompt, "Hello");
+  ASSERT_TRUE(r.max_tokens.has_value());
+  EXPECT_EQ(*r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.sampling.temp, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 12);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.repeat_penalty, 1.1f);
+  EXPECT_TRUE(r.seed_given);
+  EXPECT_EQ(r.sampling.seed, 42u);
+  ASSERT_EQ(r.stop.size(), 2u);
+  EXPECT_EQ(r.stop[1], "END");
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.ignore_eos);
+}
+
+TEST(OpenAiParse, Defaults) {
+  const ApiRequest r = parse_ok(Endpoint::kCompletions, R"({"prompt": "x"})");
+  EXPECT_FALSE(r.max_tokens.has_value());
+  EXPECT_FLOAT_EQ(r.sampling.temp, kDefaultTemperature);
+  EXPECT_FALSE(r.seed_given);
+  EXPECT_FALSE(r.stream);
+  EXPECT_TRUE(r.stop.empty());
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
+  // null means absent, as OpenAI clients send it
+  const ApiRequest n = parse_ok(Endpoint::kCompletions,
+                                R"({"prompt": "x", "max_tokens": null, "stop": null, "seed": null})");
+  EXPECT_FALSE(n.max_tokens.has_value());
+  EXPECT_FALSE(n.seed_given);
+}
+
+TEST(OpenAiParse, PromptForms) {
+  const ApiRequest a = parse_ok(Endpoint::kCompletions, R"({"prompt": [1, 2, 300]})");
+  EXPECT_TRUE(a.prompt_is_tokens);
+  EXPECT_EQ(a.prompt_tokens, (std::vector<int32_t>{1, 2, 300}));
+  const ApiRequest b = parse_ok(Endpoint::kCompletions, R"({"prompt": [[5, 6]]})");
+  EXPECT_EQ(b.prompt_tokens, (std::vector<int32_t>{5, 6}));
+  const ApiRequest c = parse_ok(Endpoint::kCompletions, R"({"prompt": ["only one"]})");
+  EXPECT_FALSE(c.prompt_is_tokens);
+  EXPECT_EQ(c.prompt, "only one");
+  const ApiRequest s = parse_ok(Endpoint::kCompletions, R"({"prompt": "x", "stop": "###"})");
+  EXPECT_EQ(s.stop, (std::vector<std::string>{"###"}));
+  const ApiRequest neg = parse_ok(Endpoint::kCompletions, R"({"prompt": "x", "seed": -1})");
+  EXPECT_EQ(neg.sampling.seed, UINT64_MAX);
+}
+
+TEST(OpenAiParse, ChatMessagesAndMaxCompletionTokens) {
+  const ApiRequest r = parse_ok(Endpoint::kChatCompletions, R"({
+    "messages": [{"role": "system", "content": "Be brief."},
+                 {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+                 {"role": "assistant", "content": null}],
+    "max_tokens": 5, "max_completion_tokens": 9})");
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[0].content, "Be brief.");
+  EXPECT_EQ(r.messages[1].content, "Hi there");
+  EXPECT_EQ(r.messages[2].content, "");
+  EXPECT_EQ(*r.max_tokens, 9);  // max_completion_tokens wins
+}
+
+struct BadCase {
+  Endpoint ep;
+  const char* body;
+  const char* param;
+  const char* code;
+};
+
+TEST(OpenAiParse, ErrorsNameTheField) {
+  const BadCase cases[] = {
+      {Endpoint::kCompletions, "{not json", "", "invalid_json"},
+      {Endpoint::kCompletions, "[1,2]", "", "invalid_type"},
+      {Endpoint::kCompletions, R"({})", "prompt", "missing_required_parameter"},
+      {Endpoint::kCompletions, R"({"prompt": 5})", "prompt", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": ""})", "prompt", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": []})", "prompt", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": [1, "a"]})", "prompt", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": [1, -3]})", "prompt", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": ["a", "b"]})", "prompt", "unsupported_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": "10"})", "max_tokens", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": 1.5})", "max_tokens", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": 0})", "max_tokens", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "temperature": "hot"})", "temperature", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "temperature": 3})", "temperature", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "top_p": 0})", "top_p", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "top_k": 2.5})", "top_k", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "presence_penalty": 2.5})", "presence_penalty", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "repeat_penalty": 0})", "repeat_penalty", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "seed": "7"})", "seed", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "stop": 3})", "stop", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "stop": ["a", 1]})", "stop", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "stop": [""]})", "stop", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "stream": "yes"})", "stream", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "stream_options": {"include_usage": 1}})",
+       "stream_options.include_usage", "invalid_type"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "n": 2})", "n", "unsupported_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "echo": true})", "echo", "unsupported_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "logprobs": 3})", "logprobs", "unsupported_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "model": 3})", "model", "invalid_type"},
+      {Endpoint::kChatCompletions, R"({"prompt": "x"})", "messages", "missing_required_parameter"},
+      {Endpoint::kChatCompletions, R"({"messages": {}})", "messages", "invalid_type"},
+      {Endpoint::kChatCompletions, R"({"messages": []})", "messages", "invalid_value"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"content": "x"}]})", "messages[0].role",
+       "missing_required_parameter"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": 1, "content": "x"}]})", "messages[0].role",
+       "invalid_type"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user"}]})", "messages[0].content",
+       "missing_required_parameter"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": 4}]})", "messages[0].content",
+       "invalid_type"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+       "messages[0].content[0].type", "unsupported_value"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1})",
+       "max_completion_tokens", "invalid_value"},
+  };
+  for (const BadCase& c : cases) {
+    const ApiError e = parse_err(c.ep, c.body);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error") << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_EQ(e.code, c.code) << c.body;
+    EXPECT_FALSE(e.message.empty()) << c.body;
+  }
+}
+
+// Random bytes and mutated valid bodies: parsing never crashes and always decides.
+TEST(OpenAiParse, FuzzedBodiesNeverCrash) {
+  std::mt19937 rng(1234);
+  const std::string valid = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stop":["a"],"temperature":0.2})";
+  int accepted = 0, rejected = 0;
+  for (int it = 0; it < 3000; ++it) {
+    std::string body = valid;
+    const int n_mut = 1 + static_cast<int>(rng() % 4);
+    for (int m = 0; m < n_mut; ++m) {
+      const size_t pos = rng() % body.size();
+      switch (rng() % 3) {
+        case 0: body[pos] = static_cast<char>(rng() % 256); break;
+        case 1: body.erase(pos, 1); break;
+        default: body.insert(pos, 1, "{}[]\",:0-e"[rng() % 10]); break;
+      }
+    }
+    ApiError err;
+    auto r = parse_request(Endpoint::kChatCompletions, body, &err);
+    if (r.is_ok()) {
+      ++accepted;
+    } else {
+      ++rejected;
+      EXPECT_EQ(err.http_status, 400);
+      EXPECT_FALSE(err.message.empty());
+    }
+  }
+  // Not degenerate: some mutations keep the body valid (e.g. inside the content string),
+  // most break it.
+  EXPECT_GT(accepted, 20);
+  EXPECT_GT(rejected, 1000);
+}
+
+TEST(OpenAiResponse, ErrorBody) {
+  ApiError e;
+  e.message = "bad";
+  e.param = "max_tokens";
+  e.code = "invalid_value";
+  const json j = error_json(e);
+  EXPECT_EQ(j["error"]["message"], "bad");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  EXPECT_EQ(j["error"]["code"], "invalid_value");
+  ApiError bare;
+  bare.message = "x";
+  EXPECT_TRUE(error_json(bare)["error"]["param"].is_null());
+  EXPECT_TRUE(error_json(bare)["error"]["code"].is_null());
+
+  EXPECT_EQ(api_error_from_status(Status(StatusCode::kUnavailable, "queue full")).http_status, 503);
+  EXPECT_EQ(api_error_from_status(Status(StatusCode::kOutOfRange, "too long")).http_status, 400);
+  EXPECT_EQ(api_error_from_status(Status(StatusCode::kInternal, "bug")).http_status, 500);
+}
+
+CompletionResult sample_result() {
+  CompletionResult r;
+  r.id = "chatcmpl-1";
+  r.created = 1700000000;
+  r.model = "tiny";
+  r.text = "héllo";
+  r.finish = FinishReason::kLength;
+  r.usage.prompt_tokens = 11;
+  r.usage.completion_tokens = 4;
+  r.usage.cached_tokens = 3;
+  return r;
+}
+
+TEST(OpenAiResponse, NonStreamingShapes) {
+  const CompletionResult r = sample_result();
+  const json chat = completion_response(Endpoint::kChatCompletions, r);
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["id"], "chatcmpl-1");
+  EXPECT_EQ(chat["created"], 1700000000);
+  EXPECT_EQ(chat["model"], "tiny");
+  ASSERT_EQ(chat["choices"].size(), 1u);
+  EXPECT_EQ(chat["choices"][0]["index"], 0);
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "héllo");
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], 11);
+  EXPECT_EQ(chat["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(chat["usage"]["total_tokens"], 15);
+  EXPECT_EQ(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
+
+  CompletionResult c = r;
+  c.finish = FinishReason::kStop;
+  const json comp = completion_response(Endpoint::kCompletions, c);
+  EXPECT_EQ(comp["object"], "text_completion");
+  EXPECT_EQ(comp["choices"][0]["text"], "héllo");
+  EXPECT_EQ(comp["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(comp["choices"][0].contains("message"));
+}
+
+TEST(OpenAiResponse, StreamingChunks) {
+  const CompletionResult r = sample_result();
+  const json role = role_chunk(r, false);
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(role["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(role.contains("usage"));
+
+  const json t = text_chunk(Endpoint::kChatCompletions, r, "ab", true);
+  EXPECT_EQ(t["choices"][0]["delta"]["content"], "ab");
+  EXPECT_FALSE(t["choices"][0]["delta"].contains("role"));
+  EXPECT_TRUE(t.contains("usage"));
+  EXPECT_TRUE(t["usage"].is_null());
+
+  const json f = finish_chunk(Endpoint::kChatCompletions, r, true);
+  EXPECT_EQ(f["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(f["choices"][0]["delta"].empty());
+
+  const json u = usage_chunk(Endpoint::kChatCompletions, r);
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["total_tokens"], 15);
+
+  const json ct = text_chunk(Endpoint::kCompletions, r, "cd", false);
+  EXPECT_EQ(ct["object"], "text_completion");
+  EXPECT_EQ(ct["choices"][0]["text"], "cd");
+
+  const std::string ev = sse_event(json{{"a", 1}});
+  EXPECT_EQ(ev, "data: {\"a\":1}\n\n");
+  // Invalid UTF-8 never throws; it is replaced.
+  const std::string bad = sse_event(text_chunk(Endpoint::kCompletions, r, "\xff\xfe", false));
+  EXPECT_NE(bad.find("\xEF\xBF\xBD"), std::string::npos);
+}
+
+TEST(OpenAiResponse, ModelsList) {
+  const json j = models_response("tiny.gguf", 5);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "tiny.gguf");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+}
+
+// Returns the value of the exposition line that starts with `series ` ("" when absent).
+std::string series_value(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return line.substr(series.size() + 1);
+  }
+  return "";
+}
+
+TEST(Metrics, Exposition) {
+  ServeMetrics m;
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 400);
+  m.count_request("other", 404);
+  m.observe_duration("/v1/completions", 0.003);   // first bucket
+  m.observe_duration("/v1/completions", 0.3);     // le=0.5
+  m.observe_duration("/v1/completions", 500.0);   // +Inf only
+  m.observe_ttft("/v1/completions", 0.02);
+  MetricsSnapshot s = m.snapshot();
+  s.sched.generated_tokens = 300;
+  s.sched.busy_seconds = 1.5;
+  s.sched.queued = 3;
+  s.sched.active = 2;
+  s.sched.n_slots = 4;
+  s.sched.prompt_tokens = 77;
+  WorkerTraffic w;
+  w.label = "127.0.0.1:9000 (w\"1)";
+  w.requests = 10;
+  w.bytes_sent = 1000;
+  w.bytes_received = 2000;
+  w.errors = 1;
+  w.latency_counts[0] = 4;  // <= 0.5 ms
+  w.latency_counts[5] = 6;  // <= 25 ms
+  w.latency_sum_seconds = 0.1;
+  s.workers.push_back(w);
+  const std::string t = render_metrics(s);
+
+  EXPECT_EQ(series_value(t, "moesh_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}"), "2");
+  EXPECT_EQ(series_value(t, "moesh_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"), "1");
+  EXPECT_EQ(series_value(t, "moesh_http_requests_total{endpoint=\"other\",status=\"404\"}"), "1");
+  EXPECT_EQ(series_value(t, "moesh_request_duration_seconds_bucket{endpoint=\"/v1/completions\",le=\"0.005\"}"), "1");
+  EXPECT_EQ(series_value(t, "moesh_request_duration_seconds_bucket{endpoint=\"/v1/completions\",le=\"0.5\"}"), "2");
+  EXPECT_EQ(series_value(t, "moesh_request_duration_seconds_bucket{endpoint=\"/v1/completions\",le=\"120\"}"), "2");
+  EXPECT_EQ(series_value(t, "moesh_request_duration_seconds_bucket{endpoint=\"/v1/completions\",le=\"+Inf\"}"), "3");
+  EXPECT_EQ(series_value(t, "moesh_request_duration_seconds_count{endpoint=\"/v1/completions\"}"), "3");
+  EXPECT_EQ(series_value(t, "moesh_time_to_first_token_seconds_count{endpoint=\"/v1/completions\"}"), "1");
+  EXPECT_EQ(series_value(t, "moesh_generated_tokens_total"), "300");
+  EXPECT_EQ(series_value(t, "moesh_prompt_tokens_total"), "77");
+  EXPECT_EQ(series_value(t, "moesh_generation_tokens_per_second"), "200");
+  EXPECT_EQ(series_value(t, "moesh_queue_depth"), "3");
+  EXPECT_EQ(series_value(t, "moesh_active_slots"), "2");
+  EXPECT_EQ(series_value(t, "moesh_slots"), "4");
+  const std::string wl = "worker=\"127.0.0.1:9000 (w\\\"1)\"";
+  EXPECT_EQ(series_value(t, "moesh_worker_dispatches_total{" + wl + "}"), "10");
+  EXPECT_EQ(series_value(t, "moesh_worker_bytes_sent_total{" + wl + "}"), "1000");
+  EXPECT_EQ(series_value(t, "moesh_worker_bytes_received_total{" + wl + "}"), "2000");
+  EXPECT_EQ(series_value(t, "moesh_worker_errors_total{" + wl + "}"), "1");
+  EXPECT_EQ(series_value(t, "moesh_worker_latency_seconds_bucket{" + wl + ",le=\"0.0005\"}"), "4");
+  EXPECT_EQ(series_value(t, "moesh_worker_latency_seconds_bucket{" + wl + ",le=\"0.01\"}"), "4");
+  EXPECT_EQ(series_value(t, "moesh_worker_latency_seconds_bucket{" + wl + ",le=\"0.025\"}"), "10");
+  EXPECT_EQ(series_value(t, "moesh_worker_latency_seconds_bucket{" + wl + ",le=\"+Inf\"}"), "10");
+  EXPECT_EQ(series_value(t, "moesh_worker_latency_seconds_count{" + wl + "}"), "10");
+  // Every series has its TYPE line.
+  EXPECT_NE(t.find("# TYPE moesh_worker_latency_seconds histogram"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE moesh_queue_depth gauge"), std::string::npos);
+}
+
+TEST(Metrics, HistogramBuckets) {
+  Histogram h;
+  h.observe(Histogram::kBounds[0]);         // exactly on a bound: that bucket (le is inclusive)
+  h.observe(Histogram::kBounds[0] * 1.01);  // next bucket
+  h.observe(1e9);
+  EXPECT_EQ(h.counts[0], 1u);
+  EXPECT_EQ(h.counts[1], 1u);
+  EXPECT_EQ(h.counts[Histogram::kBounds.size()], 1u);
+  EXPECT_EQ(h.count, 3u);
+}
+
+}  // namespace
+}  // namespace moesh::serve

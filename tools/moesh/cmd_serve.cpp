@@ -1,0 +1,177 @@
+// `moesh serve -m MODEL [--worker HOST:PORT ... | --workers FILE] [--host H --port P]
+//  [--parallel N] [-c CTX] [--threads N] [--chat-template NAME] [--batch-tokens N] [--api-key K]`:
+// the OpenAI-compatible HTTP server (docs/serve.md). Loads the model, its tokenizer and chat
+// template, connects to the workers like `moesh run`, starts the Scheduler and the HTTP gateway,
+// and prints "listening on HOST:PORT" (with --port 0 the port the OS chose) once it accepts
+// connections. SIGINT/SIGTERM stop it: the scheduler cancels what is running, then the listener
+// closes.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "command.h"
+#include "model_cli.h"
+#include "serve/http_server.h"
+#include "swarm_cli.h"
+#include "moesh/chat.h"
+#include "moesh/scheduler.h"
+#include "moesh/tokenizer.h"
+
+namespace moesh::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int parallel = 4;
+  int64_t ctx = 0;
+  int threads = 0;
+  std::string chat_template;
+  int64_t batch_tokens = 256;
+  int max_queue = 256;
+  std::string api_key;
+  std::string alias;
+  int http_threads = 0;
+  size_t max_body = 4u << 20;
+  SwarmArgs swarm;
+};
+
+// Default context per slot: the model's, capped so --parallel slots of a long-context model do
+// not reserve gigabytes of KV cache nobody asked for.
+constexpr int64_t kDefaultCtxCap = 4096;
+
+int run_serve(const ServeArgs& a) {
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "moesh serve: error: %s\n", st.to_string().c_str());
+    return 1;
+  };
+  // Signals go to a dedicated thread (sigwait) rather than a handler, so stopping may lock and
+  // join. They are blocked before any other thread starts, so every thread inherits the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);  // our own wake-up of the signal thread at exit
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto model = load_model_or_report(a.model, false, "serve");
+  if (!model) return 1;
+  std::unique_ptr<Tokenizer> tok;
+  if (model->file().has("tokenizer.ggml.tokens")) {
+    auto t = Tokenizer::from_gguf(model->file());
+    if (!t) return fail(t.status());
+    tok = std::move(*t);
+  }
+  // A chat template is optional: without one only /v1/completions works. An explicit
+  // --chat-template that cannot be used is an error, not a silent fallback.
+  std::unique_ptr<ChatTemplate> tmpl;
+  if (tok) {
+    auto ct = ChatTemplate::from_gguf(model->file(), a.chat_template);
+    if (ct) {
+      tmpl = std::make_unique<ChatTemplate>(*ct);
+    } else if (!a.chat_template.empty()) {
+      return fail(ct.status());
+    } else {
+      std::fprintf(stderr, "moesh serve: no chat template (%s); /v1/chat/completions is disabled\n",
+                   ct.status().message().c_str());
+    }
+  } else if (!a.chat_template.empty()) {
+    return fail(make_error(StatusCode::kInvalidArgument, "--chat-template needs a model with a tokenizer"));
+  }
+
+  std::shared_ptr<RemoteExecutor> remote;
+  if (!open_remote_or_report(*model, a.swarm, "serve", &remote)) return 1;
+
+  SchedulerOptions so;
+  so.n_slots = a.parallel;
+  const int64_t n_ctx_model = model->hparams().n_ctx_train > 0 ? model->hparams().n_ctx_train : kDefaultCtxCap;
+  so.n_ctx = a.ctx > 0 ? a.ctx : std::min(n_ctx_model, kDefaultCtxCap);
+  so.n_threads = a.threads;
+  so.executor = remote;
+  so.max_batch_tokens = a.batch_tokens;
+  so.max_queue = a.max_queue;
+  auto sched = Scheduler::create(*model, tok.get(), so);
+  if (!sched) return fail(sched.status());
+
+  serve::ServerOptions ho;
+  ho.host = a.host;
+  ho.port = a.port;
+  ho.api_key = a.api_key;
+  ho.http_threads = a.http_threads;
+  ho.max_body_bytes = a.max_body;
+  ho.model_name = !a.alias.empty() ? a.alias : std::filesystem::path(a.model).filename().string();
+  serve::ServeTarget target;
+  target.scheduler = sched->get();
+  target.model = model.get();
+  target.tokenizer = tok.get();
+  target.chat_template = tmpl.get();
+  target.remote = remote.get();
+
+  auto server = serve::HttpServer::create(target, ho);
+  if (!server) return fail(server.status());
+  serve::HttpServer* srv = server->get();
+  Scheduler* sch = sched->get();
+  std::thread sig_thread([sigs, srv, sch] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (sig == SIGUSR1) return;
+    std::fprintf(stderr, "moesh serve: signal %d, stopping\n", sig);
+    sch->shutdown();
+    srv->stop();
+  });
+  std::fprintf(stderr, "moesh serve: model %s, %d slots x %lld ctx, batch %lld tokens, %s\n",
+               ho.model_name.c_str(), so.n_slots, static_cast<long long>(sch->n_ctx()),
+               static_cast<long long>(so.max_batch_tokens),
+               tmpl ? chat_format_name(tmpl->format()) : "no chat template");
+  std::printf("listening on %s:%d\n", ho.host.c_str(), srv->port());
+  std::fflush(stdout);
+  Status st = srv->run();
+  pthread_kill(sig_thread.native_handle(), SIGUSR1);
+  sig_thread.join();
+  sch->shutdown();
+  if (!st.is_ok()) return fail(st);
+  std::printf("stopped\n");
+  return 0;
+}
+
+const CommandRegistrar k_reg{Command{
+    "serve", "OpenAI-compatible HTTP server (continuous batching, optional remote experts)",
+    [](CLI::App* sub) -> std::function<int()> {
+      auto a = std::make_shared<ServeArgs>();
+      sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+      sub->add_option("--host", a->host, "Address to listen on")->capture_default_str();
+      sub->add_option("--port", a->port, "Port (0: any free port; printed on start)")
+          ->check(CLI::Range(0, 65535))
+          ->capture_default_str();
+      sub->add_option("--parallel", a->parallel, "Slots: sequences decoded together")
+          ->check(CLI::Range(1, 256))
+          ->capture_default_str();
+      sub->add_option("-c,--ctx-size", a->ctx, "Context (cells) per slot (default: model's, at most 4096)");
+      sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
+      sub->add_option("--chat-template", a->chat_template,
+                      "Chat template family (chatml, llama3, deepseek3, ...) overriding the file's");
+      sub->add_option("--batch-tokens", a->batch_tokens, "Tokens per forward pass (decode first, then prefill)")
+          ->check(CLI::Range(1, 1 << 20))
+          ->capture_default_str();
+      sub->add_option("--max-queue", a->max_queue, "Waiting requests beyond this get 503")
+          ->check(CLI::Range(0, 1 << 20))
+          ->capture_default_str();
+      sub->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+      sub->add_option("--alias", a->alias, "Model name reported by the API (default: file name)");
+      sub->add_option("--http-threads", a->http_threads,
+                      "HTTP threads = most concurrent connections (default: max(64, 4*parallel+16))");
+      sub->add_option("--max-body", a->max_body, "Largest request body in bytes (413 beyond)")
+          ->capture_default_str();
+      add_swarm_options(sub, &a->swarm);
+      return [a] { return run_serve(*a); };
+    }}};
+
+}  // namespace
+}  // namespace moesh::cli
