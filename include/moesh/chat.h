@@ -16,6 +16,7 @@
 // template. An unrecognised template is an error naming the known names, not a silent fallback.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -65,6 +66,16 @@ struct ChatMessage {
   std::string content;
 };
 
+// One piece of a rendered prompt. Template text (turn markers, role headers, BOS, the harmony
+// system preamble) may hold special-token texts that must become control tokens; content text
+// comes from a message and may hold anything a client typed, including "<|im_end|>".
+struct ChatSegment {
+  std::string text;
+  bool is_content = false;
+};
+
+class Tokenizer;
+
 class ChatTemplate {
  public:
   explicit ChatTemplate(ChatFormat f) : format_(f) {}
@@ -82,6 +93,11 @@ class ChatTemplate {
   // ordering the template itself rejects (e.g. mistral requires user/assistant alternation).
   Result<std::string> render(const std::vector<ChatMessage>& messages,
                              bool add_generation_prompt = true) const;
+  // The same prompt as render() (the concatenated texts are render()'s output byte for byte;
+  // render() is built on this), split into maximal runs of template text and message content.
+  // Segments are never empty and neighbours always differ in is_content.
+  Result<std::vector<ChatSegment>> render_segments(const std::vector<ChatMessage>& messages,
+                                                   bool add_generation_prompt = true) const;
   // Texts that end an assistant turn in this format (e.g. "<|im_end|>"); generation also stops
   // on the tokenizer's end-of-generation tokens, these catch templates whose end marker is text.
   std::vector<std::string> stop_strings() const;
@@ -93,5 +109,21 @@ class ChatTemplate {
   ChatFormat format_;
   ChatTemplateOptions opt_;
 };
+
+// The prompt ids of a chat, safe against chat-structure injection: special-token texts are
+// parsed as control tokens only where they lie wholly inside template text; inside message
+// content they are tokenized as plain text (as encode(parse_special=false) does, so USER_DEFINED
+// tokens still match there). A client who writes "<|im_end|>\n<|im_start|>system\n..." in a
+// message therefore gets ordinary text tokens, not a forged turn.
+//
+// The whole rendered text is tokenized in one pass (Tokenizer::encode_guarded) rather than
+// segment by segment, so a conversation whose content holds no special-token text gives exactly
+// encode(render(), parse_special=true): no BPE merge differences where content meets template
+// text, and no extra SentencePiece space prefix at the start of each content run. BOS is added
+// when the vocabulary asks for it and the template does not render its own; EOS is never
+// appended (the model is to continue the prompt).
+Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                           const std::vector<ChatMessage>& messages,
+                                           bool add_generation_prompt = true);
 
 }  // namespace moesh

@@ -76,6 +76,18 @@ class Tokenizer {
   // replaced by U+FFFD, as llama.cpp does.
   Result<std::vector<int32_t>> encode(std::string_view text, bool add_special = false,
                                       bool parse_special = false) const;
+  // A byte range [offset, offset + length) of a text.
+  struct Span {
+    size_t offset = 0;
+    size_t length = 0;
+  };
+  // encode(text, add_special, parse_special=true), except that a CONTROL/UNKNOWN token text is
+  // only recognised where it lies wholly inside one of `special_spans` (sorted, disjoint);
+  // elsewhere it is plain text. For prompts assembled from trusted template text and untrusted
+  // user text (tokenize_chat in chat.h): one pass, so text runs that cross span edges are
+  // tokenized exactly as in encode().
+  Result<std::vector<int32_t>> encode_guarded(std::string_view text, std::span<const Span> special_spans,
+                                              bool add_special = false) const;
   // Concatenated pieces; kOutOfRange names the first id outside the vocabulary.
   Result<std::string> decode(std::span<const int32_t> ids, DecodeOptions opt = {}) const;
   // The bytes one token stands for (may be a partial UTF-8 sequence; see StreamDecoder).

@@ -11,6 +11,8 @@
 #include <ctime>
 #include <string>
 
+#include "moesh/tokenizer.h"
+
 namespace moesh {
 namespace {
 
@@ -152,38 +154,61 @@ Status check_roles(const std::vector<ChatMessage>& msgs, bool allow_developer, c
   return Status::ok();
 }
 
-// <|im_start|>role\ncontent<|im_end|>\n for every message, the optional default system turn first.
-std::string render_chatml(const std::vector<ChatMessage>& msgs, bool gen, const ChatTemplateOptions& o) {
-  std::string out;
-  if (!o.default_system.empty() && msgs[0].role != "system") {
-    out += "<|im_start|>system\n" + o.default_system + "<|im_end|>\n";
+// Collects the rendered prompt as segments: t() appends template text, c() message content.
+// Adjacent pieces of the same kind merge and empty pieces vanish, so the segments are maximal.
+class Segments {
+ public:
+  Segments& t(std::string_view s) { return add(s, false); }
+  Segments& c(std::string_view s) { return add(s, true); }
+  std::vector<ChatSegment> take() { return std::move(segs_); }
+
+ private:
+  Segments& add(std::string_view s, bool content) {
+    if (s.empty()) return *this;
+    if (!segs_.empty() && segs_.back().is_content == content) {
+      segs_.back().text += s;
+    } else {
+      segs_.push_back({std::string(s), content});
+    }
+    return *this;
   }
-  for (const auto& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  if (gen) out += "<|im_start|>assistant\n";
-  return out;
+  std::vector<ChatSegment> segs_;
+};
+
+// <|im_start|>role\ncontent<|im_end|>\n for every message, the optional default system turn first.
+std::vector<ChatSegment> render_chatml(const std::vector<ChatMessage>& msgs, bool gen, const ChatTemplateOptions& o) {
+  Segments out;
+  if (!o.default_system.empty() && msgs[0].role != "system") {
+    // The operator's configured default, not a client's words: template text.
+    out.t("<|im_start|>system\n").t(o.default_system).t("<|im_end|>\n");
+  }
+  for (const auto& m : msgs) out.t("<|im_start|>").t(m.role).t("\n").c(m.content).t("<|im_end|>\n");
+  if (gen) out.t("<|im_start|>assistant\n");
+  return out.take();
 }
 
 // BOS, then the system prompt (collected from every system message, wherever it is), then the
 // turns. Assistant history keeps only the text after </think>: the template drops old reasoning.
-std::string render_deepseek3(const std::vector<ChatMessage>& msgs, bool gen, const ChatTemplateOptions& o) {
-  std::string system;
+std::vector<ChatSegment> render_deepseek3(const std::vector<ChatMessage>& msgs, bool gen, const ChatTemplateOptions& o) {
+  Segments out;
+  out.t(kDsBos);
+  // The system prompt: every system message joined by "\n\n", or only the last one.
+  const ChatMessage* last_system = nullptr;
   bool first_system = true;
   for (const auto& m : msgs) {
     if (m.role != "system") continue;
     if (o.deepseek_join_systems) {
-      system += first_system ? m.content : "\n\n" + m.content;
-    } else {
-      system = m.content;
+      if (!first_system) out.t("\n\n");
+      out.c(m.content);
     }
+    last_system = &m;
     first_system = false;
   }
-  std::string out(kDsBos);
-  out += system;
+  if (!o.deepseek_join_systems && last_system) out.c(last_system->content);
   bool last_user = false;
   for (const auto& m : msgs) {
     if (m.role == "user") {
-      out += kDsUser;
-      out += m.content;
+      out.t(kDsUser).c(m.content);
       last_user = true;
     } else if (m.role == "assistant") {
       std::string_view content = m.content;
@@ -192,76 +217,75 @@ std::string render_deepseek3(const std::vector<ChatMessage>& msgs, bool gen, con
         content = o.deepseek_v31 ? content.substr(t + 8) : content.substr(content.rfind("</think>") + 8);
       }
       if (o.deepseek_v31) {
-        if (last_user) out += std::string(kDsAssistant) + "</think>";
+        if (last_user) out.t(kDsAssistant).t("</think>");
       } else {
-        out += kDsAssistant;
+        out.t(kDsAssistant);
       }
-      out += content;
-      out += kDsEos;
+      out.c(content).t(kDsEos);
       last_user = false;
     }
   }
   if (gen) {
     if (!o.deepseek_v31) {
-      out += kDsAssistant;
-      out += o.deepseek_gen_suffix;
+      out.t(kDsAssistant).t(o.deepseek_gen_suffix);
     } else if (last_user) {
-      out += std::string(kDsAssistant) + "</think>";
+      out.t(kDsAssistant).t("</think>");
     }
   }
-  return out;
+  return out.take();
 }
 
 // DeepSeek-V2 chat: "User: ..\n\n", "Assistant: ..<eos>", system text as its own paragraph.
-std::string render_deepseek2(const std::vector<ChatMessage>& msgs, bool gen) {
-  std::string out(kDsBos);
+std::vector<ChatSegment> render_deepseek2(const std::vector<ChatMessage>& msgs, bool gen) {
+  Segments out;
+  out.t(kDsBos);
   for (const auto& m : msgs) {
     if (m.role == "user") {
-      out += "User: " + m.content + "\n\n";
+      out.t("User: ").c(m.content).t("\n\n");
     } else if (m.role == "assistant") {
-      out += "Assistant: " + m.content;
-      out += kDsEos;
+      out.t("Assistant: ").c(m.content).t(kDsEos);
     } else {
-      out += m.content + "\n\n";
+      out.c(m.content).t("\n\n");
     }
   }
-  if (gen) out += "Assistant:";  // no trailing space: the model writes it
-  return out;
+  if (gen) out.t("Assistant:");  // no trailing space: the model writes it
+  return out.take();
 }
 
 // Llama 3: BOS before the first header; every content is trimmed by the template.
-std::string render_llama3(const std::vector<ChatMessage>& msgs, bool gen) {
-  std::string out = "<|begin_of_text|>";
+std::vector<ChatSegment> render_llama3(const std::vector<ChatMessage>& msgs, bool gen) {
+  Segments out;
+  out.t("<|begin_of_text|>");
   for (const auto& m : msgs) {
-    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
-    out += jinja_trim(m.content);
-    out += "<|eot_id|>";
+    out.t("<|start_header_id|>").t(m.role).t("<|end_header_id|>\n\n").c(jinja_trim(m.content)).t("<|eot_id|>");
   }
-  if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+  if (gen) out.t("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  return out.take();
 }
 
 // gpt-oss: a generated system message (identity, knowledge cutoff, date, reasoning effort,
 // channels), the caller's first system/developer message as the developer "# Instructions",
 // then the turns. The last assistant turn ends in <|return|> when no generation prompt follows.
-Result<std::string> render_harmony(const std::vector<ChatMessage>& msgs, bool gen, const ChatTemplateOptions& o) {
-  std::string out = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n";
-  out += "Knowledge cutoff: 2024-06\n";
-  out += "Current date: " + (o.harmony_date.empty() ? today_local() : o.harmony_date) + "\n\n";
-  out += "Reasoning: " + o.harmony_reasoning + "\n\n";
-  out += "# Valid channels: analysis, commentary, final. Channel must be included for every message.";
-  out += "<|end|>";
+Result<std::vector<ChatSegment>> render_harmony(const std::vector<ChatMessage>& msgs, bool gen,
+                                                const ChatTemplateOptions& o) {
+  Segments out;
+  out.t("<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n");
+  out.t("Knowledge cutoff: 2024-06\n");
+  out.t("Current date: ").t(o.harmony_date.empty() ? today_local() : o.harmony_date).t("\n\n");
+  out.t("Reasoning: ").t(o.harmony_reasoning).t("\n\n");
+  out.t("# Valid channels: analysis, commentary, final. Channel must be included for every message.");
+  out.t("<|end|>");
   size_t first = 0;
   if (msgs[0].role == "system" || msgs[0].role == "developer") {
     first = 1;
     if (!msgs[0].content.empty()) {
-      out += "<|start|>developer<|message|># Instructions\n\n" + msgs[0].content + "\n\n<|end|>";
+      out.t("<|start|>developer<|message|># Instructions\n\n").c(msgs[0].content).t("\n\n<|end|>");
     }
   }
   for (size_t i = first; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
     if (m.role == "user") {
-      out += "<|start|>user<|message|>" + m.content + "<|end|>";
+      out.t("<|start|>user<|message|>").c(m.content).t("<|end|>");
     } else if (m.role == "assistant") {
       if (contains(m.content, "<|channel|>analysis<|message|>") ||
           contains(m.content, "<|channel|>final<|message|>")) {
@@ -269,8 +293,7 @@ Result<std::string> render_harmony(const std::vector<ChatMessage>& msgs, bool ge
                    " contains <|channel|> tags in its content (the template rejects this)");
       }
       const bool last = i + 1 == msgs.size();
-      out += "<|start|>assistant<|channel|>final<|message|>" + m.content +
-             (last && !gen ? "<|return|>" : "<|end|>");
+      out.t("<|start|>assistant<|channel|>final<|message|>").c(m.content).t(last && !gen ? "<|return|>" : "<|end|>");
     } else {
       // The template silently drops a later system/developer message; dropping the caller's
       // instructions without a word would hide a bug, so this is an error instead.
@@ -278,12 +301,12 @@ Result<std::string> render_harmony(const std::vector<ChatMessage>& msgs, bool ge
                  "'; a system/developer message must come first");
     }
   }
-  if (gen) out += "<|start|>assistant";
-  return out;
+  if (gen) out.t("<|start|>assistant");
+  return out.take();
 }
 
 // Mixtral: strict user/assistant alternation after an optional first system message.
-Result<std::string> render_mistral(const std::vector<ChatMessage>& msgs, const ChatTemplateOptions& o) {
+Result<std::vector<ChatSegment>> render_mistral(const std::vector<ChatMessage>& msgs, const ChatTemplateOptions& o) {
   size_t first = 0;
   const std::string* system = nullptr;
   if (msgs[0].role == "system") {
@@ -294,7 +317,8 @@ Result<std::string> render_mistral(const std::vector<ChatMessage>& msgs, const C
     system = &msgs[0].content;
     first = 1;
   }
-  std::string out = "<s>";
+  Segments out;
+  out.t("<s>");
   for (size_t i = first; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
     const bool expect_user = (i - first) % 2 == 0;
@@ -303,16 +327,21 @@ Result<std::string> render_mistral(const std::vector<ChatMessage>& msgs, const C
                  "'; after the optional system message, roles must alternate user/assistant");
     }
     if (o.mistral_legacy) {
-      out += m.role == "user" ? "[INST] " + m.content + " [/INST]" : m.content + "</s>";
+      if (m.role == "user") {
+        out.t("[INST] ").c(m.content).t(" [/INST]");
+      } else {
+        out.c(m.content).t("</s>");
+      }
     } else if (m.role == "user") {
-      out += i == first && system ? " [INST] " + *system + "\n\n" + m.content + " [/INST]"
-                                  : " [INST] " + m.content + " [/INST]";
+      out.t(" [INST] ");
+      if (i == first && system) out.c(*system).t("\n\n");
+      out.c(m.content).t(" [/INST]");
     } else {
-      out += " " + m.content + "</s>";
+      out.t(" ").c(m.content).t("</s>");
     }
   }
   // No generation prompt: " [/INST]" already hands the turn to the assistant.
-  return out;
+  return out.take();
 }
 
 }  // namespace
@@ -393,8 +422,8 @@ Result<ChatTemplate> ChatTemplate::from_gguf(const gguf::File& file, std::string
   return from_spec(*src);
 }
 
-Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                         bool add_generation_prompt) const {
+Result<std::vector<ChatSegment>> ChatTemplate::render_segments(const std::vector<ChatMessage>& messages,
+                                                               bool add_generation_prompt) const {
   const bool harmony = format_ == ChatFormat::kHarmony;
   MOESH_RETURN_IF_ERROR(check_roles(messages, harmony, chat_format_name(format_)));
   switch (format_) {
@@ -407,6 +436,32 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
     case ChatFormat::kCOUNT: break;
   }
   return Status(StatusCode::kInternal, "chat template: invalid format");
+}
+
+Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                         bool add_generation_prompt) const {
+  MOESH_ASSIGN_OR_RETURN(std::vector<ChatSegment> segs, render_segments(messages, add_generation_prompt));
+  std::string out;
+  for (const ChatSegment& s : segs) out += s.text;
+  return out;
+}
+
+Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                           const std::vector<ChatMessage>& messages,
+                                           bool add_generation_prompt) {
+  MOESH_ASSIGN_OR_RETURN(std::vector<ChatSegment> segs, tmpl.render_segments(messages, add_generation_prompt));
+  std::string text;
+  std::vector<Tokenizer::Span> trusted;  // the template segments: where special tokens may match
+  for (const ChatSegment& s : segs) {
+    if (!s.is_content) trusted.push_back({text.size(), s.text.size()});
+    text += s.text;
+  }
+  // add_special would also append EOS for add_eos vocabularies; a prompt must not end the turn.
+  MOESH_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode_guarded(text, trusted, /*add_special=*/false));
+  // The template's own BOS text became the BOS token above; adding one more would give the
+  // model a prompt it never saw in training.
+  if (tok.add_bos() && tok.bos() >= 0 && !tmpl.renders_bos()) ids.insert(ids.begin(), tok.bos());
+  return ids;
 }
 
 std::vector<std::string> ChatTemplate::stop_strings() const {

@@ -126,9 +126,8 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
       return fail(400, "messages", "unsupported_value",
                   "this model has no tokenizer or chat template; use /v1/completions with token ids");
     }
-    auto text = t.chat_template->render(r.messages, /*add_generation_prompt=*/true);
-    if (!text) return fail(400, "messages", "invalid_value", text.status().message());
-    auto ids = t.tokenizer->encode(*text, /*add_special=*/!t.chat_template->renders_bos(), /*parse_special=*/true);
+    // Special tokens only from the template: "<|im_end|>" typed in a message stays text.
+    auto ids = tokenize_chat(*t.tokenizer, *t.chat_template, r.messages, /*add_generation_prompt=*/true);
     if (!ids) return fail(400, "messages", "invalid_value", ids.status().message());
     g.prompt = std::move(*ids);
     for (std::string& s : t.chat_template->stop_strings()) g.stop.push_back(std::move(s));

@@ -235,10 +235,21 @@ struct Fragment {
   size_t off, len;
 };
 
-std::vector<Fragment> partition(const Tokenizer::Impl& t, std::string_view text, bool parse_special) {
+// `guard` (optional) restricts where CONTROL/UNKNOWN texts may match: only wholly inside one of
+// its sorted spans (Tokenizer::encode_guarded).
+std::vector<Fragment> partition(const Tokenizer::Impl& t, std::string_view text, bool parse_special,
+                                std::span<const Tokenizer::Span> guard = {}, bool guarded = false) {
   // Empty input has no fragments at all (an SPM run would otherwise become a lone prefix space).
   std::vector<Fragment> frags, next;
   if (!text.empty()) frags.push_back({-1, 0, text.size()});
+  auto allowed = [&](int32_t id, size_t hit, size_t len) {
+    if (!guarded || t.types[id] == TokenType::kUserDefined) return true;
+    auto it = std::upper_bound(guard.begin(), guard.end(), hit,
+                               [](size_t h, const Tokenizer::Span& sp) { return h < sp.offset; });
+    if (it == guard.begin()) return false;
+    --it;
+    return hit + len <= it->offset + it->length;
+  };
   for (int32_t id : t.special_by_length) {
     // Without special parsing only USER_DEFINED tokens are matched (llama.cpp / HF behaviour).
     if (!parse_special && t.types[id] != TokenType::kUserDefined) continue;
@@ -250,16 +261,20 @@ std::vector<Fragment> partition(const Tokenizer::Impl& t, std::string_view text,
         next.push_back(fr);
         continue;
       }
-      size_t pos = fr.off;
+      size_t pos = fr.off, run = fr.off;  // run: start of the text not yet emitted
       const size_t end = fr.off + fr.len;
       while (pos < end) {
         const size_t hit = text.substr(0, end).find(s, pos);
         if (hit == std::string_view::npos) break;
-        if (hit > pos) next.push_back({-1, pos, hit - pos});
+        if (!allowed(id, hit, s.size())) {
+          pos = hit + 1;
+          continue;
+        }
+        if (hit > run) next.push_back({-1, run, hit - run});
         next.push_back({id, hit, s.size()});
-        pos = hit + s.size();
+        pos = run = hit + s.size();
       }
-      if (pos < end) next.push_back({-1, pos, end - pos});
+      if (run < end) next.push_back({-1, run, end - run});
     }
     frags.swap(next);
   }
@@ -298,9 +313,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const gguf::File& file) 
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special,
-                                               bool parse_special) const {
-  const Impl& t = *impl_;
+namespace {
+// encode() with an optional guard on where special-token texts may match (encode_guarded).
+Result<std::vector<int32_t>> encode_impl(const Tokenizer::Impl& t, std::string_view text, bool add_special,
+                                         bool parse_special, std::span<const Tokenizer::Span> guard,
+                                         bool guarded) {
   if (t.kind == VocabKind::kNone) {
     return make_error(StatusCode::kUnsupported, "this model has no vocabulary (no_vocab)");
   }
@@ -308,7 +325,7 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_s
   if (add_special && t.add_bos) out.push_back(t.bos);
   bool prev_special = true;  // SPM: a text run at the start or after a special token gets a space
   std::string escaped;
-  for (const Fragment& fr : partition(t, text, parse_special)) {
+  for (const Fragment& fr : partition(t, text, parse_special, guard, guarded)) {
     if (fr.token >= 0) {
       out.push_back(fr.token);
       prev_special = true;
@@ -330,6 +347,25 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_s
   }
   if (add_special && t.add_eos) out.push_back(t.eos);
   return out;
+}
+}  // namespace
+
+Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special,
+                                               bool parse_special) const {
+  return encode_impl(*impl_, text, add_special, parse_special, {}, false);
+}
+
+Result<std::vector<int32_t>> Tokenizer::encode_guarded(std::string_view text, std::span<const Span> special_spans,
+                                                       bool add_special) const {
+  for (size_t i = 0; i < special_spans.size(); ++i) {
+    const Span& sp = special_spans[i];
+    if (sp.offset > text.size() || sp.length > text.size() - sp.offset ||
+        (i > 0 && sp.offset < special_spans[i - 1].offset + special_spans[i - 1].length)) {
+      return Status(StatusCode::kInvalidArgument,
+                    "encode_guarded: span " + std::to_string(i) + " is out of order or outside the text");
+    }
+  }
+  return encode_impl(*impl_, text, add_special, true, special_spans, true);
 }
 
 std::string Tokenizer::Impl::piece(int32_t id, bool special) const {

@@ -93,14 +93,8 @@ int run_run(const RunArgs& a) {
     std::vector<ChatMessage> msgs;
     if (!a.system.empty()) msgs.push_back({"system", a.system});
     msgs.push_back({"user", a.chat});
-    auto text = tmpl->render(msgs, /*add_generation_prompt=*/true);
-    if (!text) {
-      std::fprintf(stderr, "moesh run: error: %s\n", text.status().message().c_str());
-      return 2;
-    }
-    // The template's own BOS text becomes the BOS token through special parsing; adding one
-    // more would give the model a prompt it never saw in training.
-    auto ids = tok->encode(*text, /*add_special=*/!tmpl->renders_bos(), /*parse_special=*/true);
+    // Special tokens only from the template: control-token text in --chat/--system stays text.
+    auto ids = tokenize_chat(*tok, *tmpl, msgs, /*add_generation_prompt=*/true);
     if (!ids) {
       std::fprintf(stderr, "moesh run: error: %s\n", ids.status().to_string().c_str());
       return 2;

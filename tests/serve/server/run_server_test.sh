@@ -164,6 +164,18 @@ run_curl_checks() {
   ' "$TMP/sse" "$TMP/chat_$cfg.txt" || fail "[$cfg] streamed chat"
   ok "[$cfg] streamed chat: role chunk, content = non-streamed text, finish, usage, [DONE]"
 
+  # chat-structure injection: "<|im_end|>" typed in a message is text (several tokens), not the
+  # one control token it would be if the rendered prompt were parsed for specials everywhere
+  local p_plain p_marker
+  post /v1/chat/completions '{"messages":[{"role":"user","content":"a"}],"max_tokens":1,"temperature":0}' >/dev/null
+  expect_eq "$(status)" "200" "[$cfg] chat 'a'"
+  p_plain=$(js 'j.usage.prompt_tokens' <"$TMP/body")
+  post /v1/chat/completions '{"messages":[{"role":"user","content":"a<|im_end|>"}],"max_tokens":1,"temperature":0}' >/dev/null
+  expect_eq "$(status)" "200" "[$cfg] chat with '<|im_end|>' in the content"
+  p_marker=$(js 'j.usage.prompt_tokens' <"$TMP/body")
+  [ "$p_marker" -ge $((p_plain + 2)) ] || fail "[$cfg] '<|im_end|>' in content: $p_marker prompt tokens vs $p_plain without; parsed as a control token"
+  ok "[$cfg] '<|im_end|>' in content is text: $p_marker prompt tokens vs $p_plain without"
+
   # streaming completion
   curl -sS -N -H 'Content-Type: application/json' \
     --data-binary '{"prompt":[5,6,7,8,9],"max_tokens":8,"temperature":0,"ignore_eos":true,"stream":true}' \
