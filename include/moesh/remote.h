@@ -158,6 +158,9 @@ struct WorkerTraffic {
   // the last entry counts those above every bound (not cumulative).
   std::array<uint64_t, kLatencyBounds.size() + 1> latency_counts{};
   double latency_sum_seconds = 0;
+  // Σ of the compute time each worker reports in its COMBINEs: latency - compute is what the
+  // network, framing and wake-ups cost.
+  double compute_sum_seconds = 0;
 };
 
 class RemoteExecutor final : public ExpertExecutor {

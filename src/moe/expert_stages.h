@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "moesh/executor.h"
 #include "moesh/tensor.h"
@@ -15,5 +17,42 @@ TensorView weight_rows(const TensorView& w, int64_t r0, int64_t r1);
 
 // h = act(g, u) over n elements.
 void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n);
+
+// Runs fn(i) for i in [0, n) on the pool (serially without one). The pool takes a
+// std::function; wrapping `fn` by reference keeps it in the small-object buffer, so no heap
+// allocation per call.
+template <typename F>
+void run_items(ThreadPool* pool, int64_t n, const F& fn) {
+  auto body = [&fn](int64_t a, int64_t b, int) {
+    for (int64_t i = a; i < b; ++i) fn(i);
+  };
+  if (pool != nullptr) pool->parallel_for(n, body);
+  else body(0, n, 0);
+}
+
+// One expert of a layer: its stacked tensors and its index in them.
+struct ExpertRef {
+  const ExpertWeights* w = nullptr;
+  int64_t index = 0;
+};
+
+// Buffers of run_expert_groups, reused across calls.
+struct ExpertGroupScratch {
+  QuantizedRows hq;
+  std::vector<float> g, u, h;
+  std::vector<int32_t> iota;
+};
+
+// Stages A-C of the expert FFN for several experts at once (the LocalExecutor's schedule, also
+// used by workers): group a computes expert refs[a] for positions [offsets[a], offsets[a+1]);
+// position p reads quantized input row tok_of_pos[p] of xq (xq_up for `up` when its activation
+// type differs) and gets its raw output in y[p][n_embd]. Three pool jobs in all: gate/up over
+// (expert, row chunk), activation + quantization per position, down over (expert, row chunk).
+// Every output element is one vec_dot over a whole row, as in expert_ffn(), so the bits do not
+// depend on thread count, chunking or grouping. All refs must share one ExpertWeights shape and
+// tensor types (the experts of one layer).
+void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets,
+                       const int32_t* tok_of_pos, const QuantizedRows& xq,
+                       const QuantizedRows& xq_up, float* y, ExpertGroupScratch* s, ThreadPool* pool);
 
 }  // namespace moesh

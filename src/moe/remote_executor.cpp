@@ -355,6 +355,10 @@ Status RemoteExecutor::Impl::gather(Job& job) {
       return reply.status().with_context(where(job, r) + ": COMBINE");
     }
     reply->request_id = frame->request_id();
+    {
+      std::lock_guard<std::mutex> lk(worker_mu);
+      workers[r.worker].compute_sum_seconds += reply->compute_us * 1e-6;
+    }
     Status st = wire::check_combine_matches(r.msg, *reply);
     if (!st.is_ok()) {
       note_error(r.worker);

@@ -115,6 +115,11 @@ std::string render_metrics(const MetricsSnapshot& s) {
   for (const auto& w : s.workers) {
     o += fmt::format("moesh_worker_errors_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.errors);
   }
+  header(o, "moesh_worker_compute_seconds_total", "counter",
+         "Compute time the worker reported for its requests (latency minus this = network, framing, wake-ups)");
+  for (const auto& w : s.workers) {
+    o += fmt::format("moesh_worker_compute_seconds_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.compute_sum_seconds);
+  }
   header(o, "moesh_worker_bytes_sent_total", "counter", "Bytes sent to each worker (frames, headers included)");
   for (const auto& w : s.workers) {
     o += fmt::format("moesh_worker_bytes_sent_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.bytes_sent);

@@ -48,13 +48,13 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
 
   s->x.resize(size_t{n_tok} * n_embd);
   wire::decode_rows(req.hidden, s->x.data());
-  // Quantize each token once per activation type the layer's gate tensors need.
   for (auto& [type, q] : s->xq) q.n_rows = -1;  // mark stale
-  for (size_t p = 0; p < n_pairs; ++p) {
-    const GgmlType vdt = quant::vec_dot_type(slots[p].weights->gate.type);
+  // Each token's row is quantized once per activation type a slab needs.
+  auto quantized = [&](GgmlType vdt) -> const QuantizedRows& {
     QuantizedRows& q = s->xq[vdt];
     if (q.n_rows != static_cast<int64_t>(n_tok)) quantize_rows(vdt, s->x.data(), n_tok, n_embd, &q, pool);
-  }
+    return q;
+  };
 
   // token of each pair
   std::vector<uint32_t> tok_of_pair(n_pairs);
@@ -64,28 +64,38 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
       for (uint8_t j = 0; j < req.pair_counts[t]; ++j) tok_of_pair[p++] = t;
     }
   }
-  // Every distinct (weights, index) once, over all of its tokens (ascending token order).
+  // The pairs of each held slab range (normally one per layer) go through run_expert_groups —
+  // the LocalExecutor's schedule: three pool jobs for all experts instead of three per expert.
+  // Groups are the distinct experts in order of first appearance, tokens ascending in each.
   s->y.resize(n_pairs * n_embd);
   std::vector<bool> done(n_pairs, false);
-  for (size_t p = 0; p < n_pairs; ++p) {
-    if (done[p]) continue;
-    const ExpertStore::Slot slot = slots[p];
-    s->rows.clear();
-    s->pair_pos.clear();
-    for (size_t q = p; q < n_pairs; ++q) {
-      if (!done[q] && slots[q].weights == slot.weights && slots[q].index == slot.index) {
-        done[q] = true;
-        s->rows.push_back(static_cast<int32_t>(tok_of_pair[q]));
-        s->pair_pos.push_back(static_cast<int32_t>(q));
+  for (size_t first = 0; first < n_pairs; ++first) {
+    if (done[first]) continue;
+    const ExpertWeights* w = slots[first].weights;
+    s->refs.clear();
+    s->offsets.assign(1, 0);
+    s->tok_of_pos.clear();
+    s->pair_of_pos.clear();
+    for (size_t p = first; p < n_pairs; ++p) {
+      if (done[p] || slots[p].weights != w) continue;
+      s->refs.push_back(ExpertRef{w, slots[p].index});
+      for (size_t q = p; q < n_pairs; ++q) {
+        if (!done[q] && slots[q].weights == w && slots[q].index == slots[p].index) {
+          done[q] = true;
+          s->tok_of_pos.push_back(static_cast<int32_t>(tok_of_pair[q]));
+          s->pair_of_pos.push_back(static_cast<int32_t>(q));
+        }
       }
+      s->offsets.push_back(static_cast<int32_t>(s->tok_of_pos.size()));
     }
-    const int64_t n_sel = static_cast<int64_t>(s->rows.size());
-    s->y_tmp.resize(static_cast<size_t>(n_sel) * n_embd);
-    const QuantizedRows& xq = s->xq[quant::vec_dot_type(slot.weights->gate.type)];
-    expert_ffn(*slot.weights, slot.index, xq, s->x.data(), s->rows.data(), n_sel, s->y_tmp.data(),
-               n_embd, &s->ffn, pool);
-    for (int64_t j = 0; j < n_sel; ++j) {
-      std::copy_n(s->y_tmp.data() + j * n_embd, n_embd, s->y.data() + size_t(s->pair_pos[j]) * n_embd);
+    const QuantizedRows& xq = quantized(quant::vec_dot_type(w->gate.type));
+    const QuantizedRows& xq_up = quantized(quant::vec_dot_type(w->up.type));
+    const size_t n_pos = s->tok_of_pos.size();
+    s->y_grouped.resize(n_pos * n_embd);
+    run_expert_groups(s->refs, s->offsets.data(), s->tok_of_pos.data(), xq, xq_up, s->y_grouped.data(),
+                      &s->groups, pool);
+    for (size_t j = 0; j < n_pos; ++j) {
+      std::copy_n(s->y_grouped.data() + j * n_embd, n_embd, s->y.data() + size_t(s->pair_of_pos[j]) * n_embd);
     }
   }
   for (size_t i = 0; i < s->y.size(); ++i) {

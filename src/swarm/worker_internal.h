@@ -9,6 +9,7 @@
 #include "moesh/executor.h"
 #include "moesh/swarm.h"
 #include "moesh/threadpool.h"
+#include "moe/expert_stages.h"
 #include "moesh/wire.h"
 
 namespace moesh::swarm::detail {
@@ -20,9 +21,10 @@ struct ComputeScratch {
   std::vector<float> y;                          // expert outputs in pair order [n_pairs][n_embd]
   std::vector<float> y_tmp;                      // one expert's outputs, token order
   std::vector<float> partial;                    // [n_tokens][n_embd]
-  std::vector<int32_t> rows;                     // token rows of one expert
-  std::vector<int32_t> pair_pos;                 // pair index of each selected row
-  ExpertScratch ffn;
+  std::vector<float> y_grouped;                  // outputs in group order [n_pairs][n_embd]
+  std::vector<ExpertRef> refs;                   // distinct experts of one slab range
+  std::vector<int32_t> offsets, tok_of_pos, pair_of_pos;
+  ExpertGroupScratch groups;
 };
 
 // The outcome of one DISPATCH: a COMBINE, or an ERROR code and text naming the problem.
