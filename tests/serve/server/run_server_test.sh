@@ -63,6 +63,7 @@ start_worker() {  # name experts ; sets WADDR=HOST:PORT
     >"$TMP/$name.log" 2>"$TMP/$name.log.err" &
   local pid=$!
   PIDS+=("$pid")
+  WPID=$pid
   WADDR="127.0.0.1:$(wait_port "$TMP/$name.log" "$pid")"
 }
 
@@ -340,6 +341,7 @@ start_worker w1 '*:0-3'
 W1=$WADDR
 start_worker w2 '*:4-7'
 W2=$WADDR
+W2_PID=$WPID
 start_server swarm -m "$MODEL" --worker "$W1" --worker "$W2" --parallel 4 -c 4096 --threads 2 --max-body 262144
 run_curl_checks swarm
 run_node_checks swarm
@@ -357,4 +359,27 @@ for w in "$W1" "$W2"; do
   c=$(awk -v s="moesh_worker_latency_seconds_count{worker=\"$w" 'index($0, s) == 1 { print $NF }' "$TMP/metrics")
   expect_eq "$c" "$d" "worker $w latency histogram counts every dispatch"
 done
+
+# ---- a worker dies: requests fail with a clear error, the gateway stays up -------------------
+kill -KILL "$W2_PID"
+wait "$W2_PID" 2>/dev/null || true
+failed_before=$(awk '$1 == "moesh_requests_failed_total" { print $2 }' "$TMP/metrics")
+body=$(post /v1/completions '{"prompt":"Tell me a story","max_tokens":8}')
+expect_eq "$(status)" "500" "dead worker: completion gets HTTP 500"
+msg=$(echo "$body" | js 'j.error.message')
+case "$msg" in *"$W2"*) ok "dead worker: the error names the worker ($W2)";; *) fail "dead worker: error '$msg' does not name $W2";; esac
+curl -sS -N -H 'Content-Type: application/json' --data-binary \
+  '{"messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}' \
+  "$BASE/v1/chat/completions" >"$TMP/dead_stream" || true
+grep -q '"error"' "$TMP/dead_stream" || fail "dead worker: the stream carries no error event"
+tail -n 3 "$TMP/dead_stream" | grep -q 'data: \[DONE\]' || fail "dead worker: the stream does not end with [DONE]"
+ok "dead worker: a streamed chat ends with an error event and [DONE]"
+expect_eq "$(curl -sS -o /dev/null -w '%{http_code}' "$BASE/health")" "200" "dead worker: the gateway still answers /health"
+curl -sS "$BASE/metrics" >"$TMP/metrics2"
+failed_after=$(awk '$1 == "moesh_requests_failed_total" { print $2 }' "$TMP/metrics2")
+[ "$failed_after" -ge $((failed_before + 2)) ] || fail "dead worker: failed requests $failed_before -> $failed_after"
+ok "dead worker: both requests counted as failed ($failed_before -> $failed_after)"
+errs=$(awk -v s="moesh_worker_errors_total{worker=\"$W2" 'index($0, s) == 1 { print $NF }' "$TMP/metrics2")
+[ -n "$errs" ] && [ "$errs" -ge 1 ] || fail "dead worker: worker errors '$errs'"
+ok "dead worker: $errs error(s) counted for $W2"
 echo "PASSED: $N_CHECKS checks (local: $LOCAL_BASE, swarm: $BASE)"
