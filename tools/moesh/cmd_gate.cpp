@@ -46,6 +46,13 @@ class RoutingRecorder final : public ForwardObserver {
   std::vector<std::vector<int32_t>> decisions;
 };
 
+struct Flip {
+  size_t seq = 0;
+  int64_t pos = 0;
+  int32_t local_id = 0, remote_id = 0;
+  float lead = 0;  // local logit of local_id minus local logit of remote_id
+};
+
 struct SeqResult {
   int64_t n_tokens = 0;
   int64_t argmax_same = 0;
@@ -171,6 +178,7 @@ int run_gate(const GateArgs& a) {
               "cos mean", "top-k agree", "bitwise", "result");
   const int64_t V = hp.n_vocab;
   bool all_pass = true;
+  std::vector<Flip> flips;
   double local_s = 0, remote_s = 0;
   std::vector<float> lg_local, lg_remote;
   RemoteTraffic traffic[2];  // batches, one-token steps
@@ -196,7 +204,9 @@ int run_gate(const GateArgs& a) {
     for (int64_t t = 0; t < r.n_tokens; ++t) {
       const float* x = lg_local.data() + t * V;
       const float* y = lg_remote.data() + t * V;
-      r.argmax_same += argmax(x, V) == argmax(y, V);
+      const int32_t ax = argmax(x, V), ay = argmax(y, V);
+      r.argmax_same += ax == ay;
+      if (ax != ay) flips.push_back({si, t, ax, ay, x[ax] - x[ay]});
       const double c = cosine(x, y, V);
       r.cos_min = std::min(r.cos_min, c);
       cos_sum += c;
@@ -212,6 +222,19 @@ int run_gate(const GateArgs& a) {
                 static_cast<long long>(r.n_tokens), static_cast<long long>(r.argmax_same),
                 static_cast<long long>(r.n_tokens), 100.0 * argmax_frac, r.cos_min, r.cos_mean,
                 100.0 * routing_frac, r.bitwise ? "yes" : "no", r.pass ? "PASS" : "FAIL");
+  }
+  if (!flips.empty()) {
+    // How close each flip was to a tie in the LOCAL logits: the local winner's lead over the
+    // token the remote path picked. Leads far below the logit noise of the lossy dtype mean
+    // near-ties (random-weight models have many); large leads mean real damage.
+    std::printf("argmax flips: %zu; local lead of the local top-1 over the remote's pick (logit units):\n",
+                flips.size());
+    for (size_t i = 0; i < flips.size() && i < 12; ++i) {
+      const Flip& f = flips[i];
+      std::printf("  seq %zu pos %lld: local %d, remote %d, lead %.5f\n", f.seq, static_cast<long long>(f.pos),
+                  f.local_id, f.remote_id, f.lead);
+    }
+    if (flips.size() > 12) std::printf("  ... %zu more\n", flips.size() - 12);
   }
   print_traffic("(batches)", traffic[0]);
   print_traffic("(1-token steps)", traffic[1]);
