@@ -30,7 +30,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help / --version exit 0; every usage error exits 2 (CLI11's own codes are 100+), as
+    // scripts and the docs expect ("2 = bad arguments").
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
   }
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
   spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
