@@ -360,6 +360,20 @@ for w in "$W1" "$W2"; do
   expect_eq "$c" "$d" "worker $w latency histogram counts every dispatch"
 done
 
+# ---- the CLI clients: `moesh chat` against the gateway, `moesh run --chat` on the model --------
+"$MOESH" chat --url "$BASE" -n 8 --summary "Say something." >"$TMP/chat_cli.out" 2>&1 || \
+  { cat "$TMP/chat_cli.out" >&2; fail "moesh chat exited non-zero"; }
+grep -q '^summary: prompt [0-9]* tokens' "$TMP/chat_cli.out" || fail "moesh chat: no usage summary"
+grep -q 'MoE-layer round trips' "$TMP/chat_cli.out" || fail "moesh chat: no round-trip summary through workers"
+grep -q 'wire bytes per token per layer' "$TMP/chat_cli.out" || fail "moesh chat: no wire bytes summary"
+ok "moesh chat --summary streams an answer and reports usage, round trips and wire bytes"
+"$MOESH" chat --url "http://127.0.0.1:1" -n 4 "x" >/dev/null 2>&1 && fail "moesh chat to a closed port succeeded"
+ok "moesh chat: an unreachable gateway is an error"
+run_json=$("$MOESH" run -m "$MODEL" --chat "Say something." -n 6 -t 1 --json)
+expect_eq "$(echo "$run_json" | js 'j.finish_reason')" "length" "moesh run --chat: finish_reason length after -n tokens"
+[ "$(echo "$run_json" | js 'j.prompt_tokens.length')" -gt 4 ] || fail "moesh run --chat: prompt not templated"
+ok "moesh run --chat templates the prompt"
+
 # ---- a worker dies: requests fail with a clear error, the gateway stays up -------------------
 kill -KILL "$W2_PID"
 wait "$W2_PID" 2>/dev/null || true
