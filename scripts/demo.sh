@@ -26,7 +26,7 @@ wait_port() {  # $1 = worker log; prints the port once the worker says it is lis
 }
 
 echo "== 1. generate a random-weight qwen3moe model (Q8_0, 16 experts, top-4, BPE vocabulary) =="
-"$MOESH" make-model --arch qwen3moe --type q8_0 --seed 7 --n-expert 16 --n-expert-used 4 \
+"$MOESH" make-model --arch qwen3moe --type q8_0 --seed 7 --n-expert 16 --n-expert-used 4 --n-vocab 1196 \
   --out "$WORK/demo.gguf" | tail -n 3
 echo
 echo "== 2. cut it: a backbone without routed experts, and two expert slices =="
