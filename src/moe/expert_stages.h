@@ -18,6 +18,48 @@ TensorView weight_rows(const TensorView& w, int64_t r0, int64_t r1);
 // h = act(g, u) over n elements.
 void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n);
 
+// What every executor records at submit(): the ticket and the dispatch's inputs (which must
+// stay valid until wait()). Executors' job types derive from it and reuse finished jobs, so a
+// decode step allocates nothing.
+struct SubmittedJob {
+  Ticket ticket = 0;
+  bool pending = false;
+  int layer = 0;
+  const float* x = nullptr;
+  int64_t n_tokens = 0;
+  const RoutingPlan* plan = nullptr;
+};
+
+// A finished job of `jobs` (or a new one) made pending with the next ticket and these inputs.
+template <class Job>
+Job& start_job(std::vector<Job>& jobs, Ticket* next_ticket, int layer, const float* x,
+               int64_t n_tokens, const RoutingPlan& plan) {
+  Job* job = nullptr;
+  for (auto& j : jobs) {
+    if (!j.pending) { job = &j; break; }
+  }
+  if (job == nullptr) job = &jobs.emplace_back();
+  job->ticket = (*next_ticket)++;
+  job->pending = true;
+  job->layer = layer;
+  job->x = x;
+  job->n_tokens = n_tokens;
+  job->plan = &plan;
+  return *job;
+}
+
+// The pending job holding ticket t, marked finished; null for an unknown ticket.
+template <class Job>
+Job* finish_job(std::vector<Job>& jobs, Ticket t) {
+  for (auto& j : jobs) {
+    if (j.pending && j.ticket == t) {
+      j.pending = false;
+      return &j;
+    }
+  }
+  return nullptr;
+}
+
 // Runs fn(i) for i in [0, n) on the pool (serially without one). The pool takes a
 // std::function; wrapping `fn` by reference keeps it in the small-object buffer, so no heap
 // allocation per call.

@@ -24,13 +24,7 @@ struct LocalExecutor::Impl {
   std::vector<ExpertWeights> layers;
   ThreadPool* pool = nullptr;
 
-  struct Job {
-    Ticket ticket = 0;
-    bool pending = false;
-    int layer = 0;
-    const float* x = nullptr;
-    int64_t n_tokens = 0;
-    const RoutingPlan* plan = nullptr;
+  struct Job : SubmittedJob {
     std::vector<float> out;  // [n_tokens][n_embd]
   };
   std::vector<Job> jobs;
@@ -55,30 +49,14 @@ LocalExecutor::LocalExecutor(std::vector<ExpertWeights> layers, ThreadPool* pool
 LocalExecutor::~LocalExecutor() = default;
 
 Ticket LocalExecutor::submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) {
-  Impl& m = *impl_;
-  Impl::Job* job = nullptr;
-  for (auto& j : m.jobs) {
-    if (!j.pending) { job = &j; break; }
-  }
-  if (job == nullptr) job = &m.jobs.emplace_back();
-  job->ticket = m.next_ticket++;
-  job->pending = true;
-  job->layer = layer;
-  job->x = x;
-  job->n_tokens = n_tokens;
-  job->plan = &plan;
-  return job->ticket;
+  return start_job(impl_->jobs, &impl_->next_ticket, layer, x, n_tokens, plan).ticket;
 }
 
 Result<std::span<const float>> LocalExecutor::wait(Ticket t) {
-  for (auto& j : impl_->jobs) {
-    if (j.pending && j.ticket == t) {
-      j.pending = false;
-      MOESH_RETURN_IF_ERROR(impl_->run(j));
-      return std::span<const float>(j.out.data(), j.out.size());
-    }
-  }
-  return make_error(StatusCode::kInvalidArgument, "local executor: unknown ticket {}", t);
+  Impl::Job* job = finish_job(impl_->jobs, t);
+  if (job == nullptr) return make_error(StatusCode::kInvalidArgument, "local executor: unknown ticket {}", t);
+  MOESH_RETURN_IF_ERROR(impl_->run(*job));
+  return std::span<const float>(job->out.data(), job->out.size());
 }
 
 Status LocalExecutor::Impl::run(Job& job) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "moe/expert_stages.h"
 #include "moesh/remote.h"
 #include "moesh/swarm.h"
 
@@ -43,13 +44,7 @@ struct RemoteExecutor::Impl {
     std::vector<int32_t> slots;    // token*k + rank of each pair, in pair order
     std::vector<float> rows;       // decoded COMBINE rows
   };
-  struct Job {
-    Ticket ticket = 0;
-    bool pending = false;
-    int layer = 0;
-    const float* x = nullptr;
-    int64_t n_tokens = 0;
-    const RoutingPlan* plan = nullptr;
+  struct Job : SubmittedJob {
     net::Deadline deadline;
     Status error;                  // a failure found by submit(), reported by wait()
     std::vector<Request> reqs;     // reused; the first n_reqs are this job's
@@ -163,17 +158,7 @@ std::string RemoteExecutor::describe() const {
 
 Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) {
   Impl& m = *impl_;
-  Impl::Job* job = nullptr;
-  for (auto& j : m.jobs) {
-    if (!j.pending) { job = &j; break; }
-  }
-  if (job == nullptr) job = &m.jobs.emplace_back();
-  job->ticket = m.next_ticket++;
-  job->pending = true;
-  job->layer = layer;
-  job->x = x;
-  job->n_tokens = n_tokens;
-  job->plan = &plan;
+  Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);
   job->deadline = net::deadline_in(m.opts.timeout);
   job->error = Status::ok();
   job->n_reqs = 0;
@@ -435,12 +420,8 @@ void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
 
 Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
   Impl& m = *impl_;
-  Impl::Job* job = nullptr;
-  for (auto& j : m.jobs) {
-    if (j.pending && j.ticket == t) { job = &j; break; }
-  }
+  Impl::Job* job = finish_job(m.jobs, t);
   if (job == nullptr) return make_error(StatusCode::kInvalidArgument, "remote executor: unknown ticket {}", t);
-  job->pending = false;
   if (!job->error.is_ok()) {
     m.cancel_all(*job);
     return job->error;

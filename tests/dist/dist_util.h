@@ -85,16 +85,14 @@ inline std::vector<int32_t> test_tokens(const std::string& path, int64_t n_vocab
 }
 
 // Runs `tokens` (the first 2/3 as one batch, the rest one at a time) and returns every
-// position's logits. `remote` (if any) gets the context's pool.
+// position's logits. The Context hands `exec` (if any) its thread pool.
 inline Result<std::vector<float>> run_model(const Model& m, const std::vector<int32_t>& tokens,
-                                            std::shared_ptr<ExpertExecutor> exec = nullptr,
-                                            RemoteExecutor* remote = nullptr) {
+                                            std::shared_ptr<ExpertExecutor> exec = nullptr) {
   ContextParams cp;
   cp.n_threads = 1;
   cp.n_ctx = static_cast<int64_t>(tokens.size());
   cp.executor = std::move(exec);
   Context ctx(m, cp);
-  if (remote != nullptr) remote->set_pool(&ctx.pool());
   const int64_t T = static_cast<int64_t>(tokens.size());
   const int64_t V = m.hparams().n_vocab;
   std::vector<float> out(static_cast<size_t>(T * V));

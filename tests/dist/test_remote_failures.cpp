@@ -54,7 +54,6 @@ TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadline) {
   cp.n_ctx = 16;
   cp.executor = remote;
   Context ctx(**model, cp);
-  remote->set_pool(&ctx.pool());
   const auto toks = some_tokens(**model, 8);
   std::vector<float> logits(static_cast<size_t>((*model)->hparams().n_vocab) * 4);
   ASSERT_TRUE(ctx.decode(0, toks.data(), 4, logits.data()).is_ok());
@@ -87,7 +86,6 @@ TEST(RemoteFailures, SilentWorkerTimesOutAtTheDeadline) {
   cp.n_ctx = 16;
   cp.executor = remote;
   Context ctx(**model, cp);
-  remote->set_pool(&ctx.pool());
   const auto toks = some_tokens(**model, 4);
   std::vector<float> logits(static_cast<size_t>((*model)->hparams().n_vocab));
   ASSERT_TRUE(ctx.decode(0, toks.data(), 1, logits.data()).is_ok());
@@ -178,7 +176,7 @@ TEST(RemoteFailures, CombineForTheWrongLayerIsCaught) {
     auto exec = RemoteExecutor::connect(**model, {WorkerAddress{"127.0.0.1", port}}, RemoteOptions{});
     ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
     std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
-    auto lg = run_model(**model, some_tokens(**model, 3), remote, remote.get());
+    auto lg = run_model(**model, some_tokens(**model, 3), remote);
     ASSERT_FALSE(lg.is_ok());
     EXPECT_NE(lg.status().message().find(fmt::format("127.0.0.1:{} (liar)", port)), std::string::npos) << lg.status().to_string();
     EXPECT_NE(lg.status().message().find("layer"), std::string::npos) << lg.status().to_string();

@@ -46,7 +46,7 @@ Result<std::vector<float>> run_remote(Swarm& s, const std::vector<int>& idx, wir
   o.timeout = std::chrono::milliseconds(20000);
   MOESH_ASSIGN_OR_RETURN(auto exec, RemoteExecutor::connect(*s.model, addrs, o));
   std::shared_ptr<RemoteExecutor> shared(std::move(exec));
-  auto lg = run_model(*s.model, s.tokens, shared, shared.get());
+  auto lg = run_model(*s.model, s.tokens, shared);
   if (traffic != nullptr) *traffic = shared->traffic();
   return lg;
 }
@@ -183,7 +183,7 @@ TEST(RemoteBackbone, BackboneSliceWithAllExpertsRemoteMatchesFullModel) {
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
   std::shared_ptr<RemoteExecutor> shared(std::move(*exec));
   EXPECT_EQ(shared->placement().count(Placement::kLocal), 0);
-  auto remote = run_model(**bb, tokens, shared, shared.get());
+  auto remote = run_model(**bb, tokens, shared);
   ASSERT_TRUE(remote.is_ok()) << remote.status().to_string();
   EXPECT_EQ(std::memcmp(remote->data(), local->data(), local->size() * sizeof(float)), 0);
   EXPECT_EQ(shared->traffic().local_pairs, 0u);

@@ -59,7 +59,6 @@ int run_bench(const BenchArgs& a) {
   cp.n_ctx = std::max(a.n_prompt, a.n_gen) + 1;
   cp.executor = remote;
   Context ctx(*model, cp);
-  if (remote) remote->set_pool(&ctx.pool());
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
   using clock = std::chrono::steady_clock;
 

@@ -167,7 +167,6 @@ int run_gate(const GateArgs& a) {
   Context local_ctx(*model, cp);
   cp.executor = remote;
   Context remote_ctx(*model, cp);
-  remote->set_pool(&remote_ctx.pool());
 
   std::printf("gate: %s | wire %s, combine %s, %zu worker(s) | criterion: %s\n", a.model.c_str(),
               wire::wire_dtype_name(ro.wire), wire::combine_mode_name(ro.combine), remote->n_workers(),

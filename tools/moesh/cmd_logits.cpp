@@ -39,7 +39,6 @@ int run_logits(const LogitsArgs& a) {
   cp.n_ctx = std::max<int64_t>(T, model->hparams().n_ctx_train);
   cp.executor = remote;
   Context ctx(*model, cp);
-  if (remote) remote->set_pool(&ctx.pool());
   std::vector<float> logits(static_cast<size_t>(T * V));
   Status st;
   if (a.incremental) {

@@ -134,7 +134,6 @@ int run_run(const RunArgs& a) {
   cp.n_ctx = std::max<int64_t>(static_cast<int64_t>(prompt.size()) + a.n_predict, hp.n_ctx_train);
   cp.executor = remote;
   Context ctx(*model, cp);
-  if (remote) remote->set_pool(&ctx.pool());
   Sampler sampler(sp);
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
 

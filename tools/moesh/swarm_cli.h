@@ -81,7 +81,7 @@ inline Result<std::vector<WorkerAddress>> worker_addresses(const SwarmArgs& a) {
 
 // Connects to the workers named by `a` (if any) and stores the executor in *out (null when no
 // workers are given). Prints the error and returns false on failure. The caller passes *out as
-// ContextParams::executor and, once the Context exists, calls set_pool(&ctx.pool()).
+// ContextParams::executor; the Context hands the executor its thread pool itself.
 inline bool open_remote_or_report(const Model& model, const SwarmArgs& a, const char* cmd,
                                   std::shared_ptr<RemoteExecutor>* out) {
   out->reset();
