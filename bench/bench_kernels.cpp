@@ -235,6 +235,31 @@ void bm_mem(benchmark::State& state, int threads) {
   state.counters["bytes"] = static_cast<double>(k_mem_bytes);
 }
 
+// One thread, vec_dot over a 256 KiB set of weight rows that stays in L2: what the kernel
+// computes per second with no DRAM traffic at all. If this is not well above the one-thread
+// DRAM bandwidth, the streaming matvec is compute-bound, not memory-bound.
+void bm_hot(benchmark::State& state, GgmlType t, int64_t k) {
+  const size_t rb = type_row_bytes(t, k);
+  const int64_t n_rows = std::max<int64_t>(1, static_cast<int64_t>((256u << 10) / rb));
+  WeightPool& wp = weight_pool(t, k, n_rows);
+  const GgmlType vt = quant::vec_dot_type(t);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(k));
+  for (auto& v : x) v = nd(rng);
+  std::vector<uint8_t> xq(type_row_bytes(vt, k));
+  kernels()[vt].from_float(x.data(), xq.data(), k);
+  const VecDotFn dot = kernels()[t].vec_dot;
+  float sink = 0;
+  for (auto _ : state) {
+    for (int64_t r = 0; r < n_rows; ++r) sink += dot(k, wp.data.data() + static_cast<size_t>(r) * rb, xq.data());
+    benchmark::DoNotOptimize(sink);
+  }
+  state.counters["W_Bps"] = benchmark::Counter(static_cast<double>(rb * static_cast<size_t>(n_rows)),
+                                               benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+}
+
 void bm_pool_dispatch(benchmark::State& state) {
   ThreadPool& pool = pool_of(2);
   std::vector<int64_t> sink(16);
@@ -302,6 +327,11 @@ void register_all() {
         ->UseRealTime();
   }
   benchmark::RegisterBenchmark("pool/dispatch/t2", bm_pool_dispatch)->UseRealTime();
+  for (GgmlType t : types) {
+    benchmark::RegisterBenchmark((std::string("hot/") + type_name(t) + "/K2048/t1").c_str(), bm_hot, t, int64_t{2048})
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
+  }
 }
 
 }  // namespace

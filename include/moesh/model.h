@@ -130,6 +130,9 @@ class ForwardObserver {
   // ids/weights [n_tokens][k] of MoE layer `layer`, in rank order.
   virtual void on_routing(int layer, int64_t n_tokens, int k, const int32_t* ids,
                           const float* weights) {}
+  // Routing margin of each token of MoE layer `layer` (routing_margins in routing.h), called
+  // right after on_routing. Computed only while an observer is attached.
+  virtual void on_routing_margins(int layer, int64_t n_tokens, const float* margins) {}
   // Residual stream after layer `layer`, [n_tokens][n_embd].
   virtual void on_layer_out(int layer, int64_t n_tokens, int64_t n_embd, const float* h) {}
 };

@@ -104,7 +104,13 @@ std::string format_id_ranges(const std::vector<int>& ids);
 // ---- connections to workers --------------------------------------------------------------------
 
 struct RemoteOptions {
-  wire::WireDType wire = wire::WireDType::kF32;          // hidden rows and returned rows
+  // Dtype of the hidden rows sent (DISPATCH). kQ8 means "the INT8 block format the worker's
+  // gate dot products consume": per (worker, layer), Q8K where the worker's HELLO says that
+  // layer takes Q8_K activations (k-quant weights) and it speaks Q8K, Q8 otherwise — exact for
+  // Q8_0- and Q8_K-activation weights. kQ8K sends Q8K everywhere.
+  wire::WireDType hidden_wire = wire::WireDType::kF32;
+  // Dtype of the expert results returned (COMBINE). kQ8 stays 32-value blocks (smaller error).
+  wire::WireDType return_wire = wire::WireDType::kF32;
   wire::CombineMode combine = wire::CombineMode::kExact;
   std::chrono::milliseconds timeout{10000};          // per request (dispatch -> combine)
   std::chrono::milliseconds connect_timeout{5000};   // connect + handshake + warm-up, per worker
@@ -183,6 +189,12 @@ class RemoteExecutor final : public ExpertExecutor {
   size_t n_workers() const;
   const WorkerLink& worker(size_t i) const;
   const RemoteOptions& options() const;
+  // The hidden dtype a DISPATCH of `layer` to worker `w` uses (RemoteOptions::hidden_wire).
+  wire::WireDType hidden_dtype(size_t w, int layer) const;
+  // True when the hidden rows every worker gets are exactly what its dot products would compute
+  // from the f32 rows locally: F32, or an INT8 dtype equal to each worker-owned MoE layer's
+  // activation format. With an F32 return and EXACT combine the logits are then bit-identical.
+  bool hidden_is_exact() const;
   // Multi-line summary: each worker's label, warm-up RTT and experts; the local share.
   std::string describe() const;
 

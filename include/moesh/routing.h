@@ -42,4 +42,17 @@ constexpr float kMoeWeightSumFloor = 6.103515625e-5f;
 void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32_t* ids,
            float* weights, std::vector<float>* scratch);
 
+// Per-token routing margin: how far the router's decision is from flipping, in selection-score
+// units (reference README §5, the definition the llama.cpp reference sequences were chosen by):
+//   (smallest selection score among the chosen k) − (largest among experts allowed but not chosen)
+// and, for group-limited routing, the minimum of that and the group margin (score of the last kept
+// group − best dropped group; group score = sum of its two best expert scores). Selection scores:
+// router logits for softmax / softmax_weight gating (log-softmax differs by a per-token constant),
+// sigmoid(logit) + sel_bias for sigmoid gating (without bias: sigmoid(logit)). With k == n_expert
+// and no groups nothing can flip: +inf. A small margin means a tiny perturbation of the hidden state
+// (a lossy wire, another summation order) can swap an expert — `moesh gate` rejects such tokens.
+// margins [n_tokens]; `scratch` is grown as needed. cfg must be valid.
+void routing_margins(const RouterConfig& cfg, const float* logits, int64_t n_tokens, float* margins,
+                     std::vector<float>* scratch);
+
 }  // namespace moesh

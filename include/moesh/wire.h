@@ -26,11 +26,14 @@ namespace moesh::wire {
 // ---- constants -------------------------------------------------------------------------------
 
 constexpr uint32_t kMagic = 0x48534F4Du;        // bytes "MOSH" on the wire (little-endian u32)
-constexpr uint16_t kVersion = 1;                 // the only protocol version this build speaks
+constexpr uint16_t kVersion = 2;                 // the only protocol version this build speaks
+                                                 // (v2 = v1 + Q8K + the HELLO activation table)
 constexpr size_t kHeaderBytes = 32;              // frozen across all versions
 constexpr uint32_t kDefaultMaxFrameBytes = 64u << 20;  // payload limit unless configured
 constexpr uint32_t kQ8BlockSize = 32;            // elements per Q8 block
 constexpr size_t kQ8BlockBytes = 34;             // f16 scale + 32 int8 (== ggml block_q8_0)
+constexpr uint32_t kQ8KBlockSize = 256;          // elements per Q8K block
+constexpr size_t kQ8KBlockBytes = 260;           // f32 scale + 256 int8 (ggml block_q8_K minus bsums)
 constexpr uint32_t kMaxTextBytes = 1024;         // ERROR / GOODBYE text, worker name (<= 255)
 constexpr uint32_t kMaxNameBytes = 255;
 constexpr uint32_t kMaxPairsPerToken = 255;      // per-token pair count is a u8
@@ -59,6 +62,9 @@ enum class WireDType : uint8_t {
   kQ8 = 3,    // blocks of 32: f16 scale d + 32 int8 q; x = d*q. Identical to ggml Q8_0 and to
               // moesh's canonical Q8_0 activation quantizer, so a worker can feed the blocks
               // straight into Q8_0 dot products and match the backbone's local result bit for bit.
+  kQ8K = 4,   // blocks of 256: f32 scale d + 256 int8 q; x = d*q. moesh's canonical Q8_K activation
+              // quantizer without the bsums (the receiver recomputes them: sums of q), so a worker
+              // whose weights are k-quants feeds the blocks straight into its Q8_K dot products.
   kCOUNT
 };
 const char* wire_dtype_name(WireDType t);
@@ -141,10 +147,11 @@ struct WireRows {
   std::vector<uint8_t> bytes;  // n_rows * wire_row_bytes(dtype, n_cols)
 };
 
-// Bytes of one row: F32 4n, F16/BF16 2n, Q8 34*ceil(n/32) (a short last block is zero-padded).
+// Bytes of one row: F32 4n, F16/BF16 2n, Q8 34*ceil(n/32), Q8K 260*ceil(n/256) (a short last
+// block is zero-padded).
 size_t wire_row_bytes(WireDType t, uint32_t n_cols);
 
-// Encodes rows. Fails with kInvalidArgument for a non-finite value in Q8 (not representable)
+// Encodes rows. Fails with kInvalidArgument for a non-finite value in Q8/Q8K (not representable)
 // and kOutOfRange when a finite value overflows F16 (it would arrive as inf); F32/BF16 carry
 // inf/NaN as is (the decoder's policy decides).
 Result<WireRows> encode_rows(WireDType t, const float* src, uint32_t n_rows, uint32_t n_cols);
@@ -157,6 +164,14 @@ Status check_rows_finite(const WireRows& rows);
 // The Q8 codec for one row (also used by tests): canonical Q8_0 rule, see PROTOCOL.md.
 void q8_encode_row(const float* src, uint32_t n, uint8_t* dst);
 void q8_decode_row(const uint8_t* src, uint32_t n, float* dst);
+// The Q8K codec for one row: the canonical Q8_K quantizer (quant.h) applied to the row padded with
+// zeros to a multiple of 256, each block stored as f32 d + 256 int8 q (no bsums).
+void q8k_encode_row(const float* src, uint32_t n, uint8_t* dst);
+void q8k_decode_row(const uint8_t* src, uint32_t n, float* dst);
+// The ggml block_q8_K blocks (quant::BlockQ8_K, 292 bytes each) of one Q8K wire row, bsums
+// recomputed exactly as the quantizer computes them: what quantize_rows(Q8_K) gives for the
+// row the sender encoded. dst holds ceil(n/256) blocks.
+void q8k_row_to_blocks(const uint8_t* src, uint32_t n, void* dst);
 
 // ---- messages --------------------------------------------------------------------------------
 
@@ -171,6 +186,10 @@ struct DecodeLimits {
 };
 
 enum class PeerRole : uint8_t { kBackbone = 1, kWorker = 2, kCOUNT };
+
+// Hello::layer_act entry of a layer whose gate activations are not an INT8 block format the
+// wire carries (or that the worker does not hold).
+constexpr uint8_t kNoActDType = 0xFF;
 
 // Experts [first, first + count) of one layer.
 struct ExpertRange {
@@ -196,6 +215,11 @@ struct Hello {
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;  // what this side accepts
   std::vector<ExpertRange> experts;         // held (workers); empty for a backbone
   std::string name;                         // human-readable, <= 255 bytes
+  // Since v2. Per model layer (empty, or n_layer entries): the wire dtype whose blocks are exactly
+  // what this worker's gate dot products of that layer consume — kQ8 (Q8_0 activations), kQ8K
+  // (Q8_K activations) — or kNoActDType. Lets a backbone without expert weights pick the
+  // hidden dtype that avoids re-quantization. Empty for a backbone.
+  std::vector<uint8_t> layer_act;
 };
 
 // Pure outcome of two HELLOs: the version both speak and the intersected capabilities.

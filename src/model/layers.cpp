@@ -208,7 +208,13 @@ Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* o
   int32_t* ids = grow(f.s.moe_ids, static_cast<size_t>(T * k));
   float* w = grow(f.s.moe_w, static_cast<size_t>(T * k));
   route(rc, logits, T, ids, w, &f.s.route_scratch);
-  if (f.observer != nullptr) f.observer->on_routing(il, T, k, ids, w);
+  if (f.observer != nullptr) {
+    f.observer->on_routing(il, T, k, ids, w);
+    // Margins cost a second pass over the logits; only observers (the gate, tests) want them.
+    std::vector<float> margins(static_cast<size_t>(T)), scratch;
+    routing_margins(rc, logits, T, margins.data(), &scratch);
+    f.observer->on_routing_margins(il, T, margins.data());
+  }
 
   // THE DISPATCH POINT: routed experts go to the executor; shared experts run meanwhile.
   MOESH_RETURN_IF_ERROR(make_plan(il, ids, w, T, k, hp.n_expert, &f.s.plan));

@@ -65,6 +65,15 @@ struct RemoteExecutor::Impl {
   std::vector<const float*> slot_src;
   std::vector<uint8_t> has;
 
+  wire::WireDType hidden_dtype(size_t w, int layer) const {
+    if (opts.hidden_wire != wire::WireDType::kQ8) return opts.hidden_wire;
+    const wire::Session& ses = links[w]->session;
+    const std::vector<uint8_t>& act = ses.peer.layer_act;
+    const bool q8k = (ses.dtypes & (1u << static_cast<int>(wire::WireDType::kQ8K))) != 0 && layer >= 0 &&
+                     static_cast<size_t>(layer) < act.size() &&
+                     act[static_cast<size_t>(layer)] == static_cast<uint8_t>(wire::WireDType::kQ8K);
+    return q8k ? wire::WireDType::kQ8K : wire::WireDType::kQ8;
+  }
   std::string where(const Job& j, const Request& r) const {
     return fmt::format("worker {}, layer {}, request {}", links[r.worker]->label, j.layer, r.msg.request_id);
   }
@@ -132,6 +141,25 @@ const Placement& RemoteExecutor::placement() const { return impl_->placement; }
 size_t RemoteExecutor::n_workers() const { return impl_->links.size(); }
 const WorkerLink& RemoteExecutor::worker(size_t i) const { return *impl_->links.at(i); }
 const RemoteOptions& RemoteExecutor::options() const { return impl_->opts; }
+
+wire::WireDType RemoteExecutor::hidden_dtype(size_t w, int layer) const {
+  return impl_->hidden_dtype(w, layer);
+}
+
+bool RemoteExecutor::hidden_is_exact() const {
+  const Impl& m = *impl_;
+  if (m.opts.hidden_wire == wire::WireDType::kF32) return true;
+  if (m.opts.hidden_wire != wire::WireDType::kQ8 && m.opts.hidden_wire != wire::WireDType::kQ8K) return false;
+  for (int l = 0; l < m.placement.n_layer(); ++l) {
+    for (int e = 0; e < m.placement.n_expert(); ++e) {
+      const int o = m.placement.owner(l, e);
+      if (o < 0) continue;
+      const std::vector<uint8_t>& act = m.links[static_cast<size_t>(o)]->session.peer.layer_act;
+      if (static_cast<size_t>(l) >= act.size() || act[l] != static_cast<uint8_t>(m.hidden_dtype(o, l))) return false;
+    }
+  }
+  return true;
+}
 RemoteTraffic RemoteExecutor::traffic() const { return impl_->traffic; }
 void RemoteExecutor::reset_traffic() { impl_->traffic = RemoteTraffic{}; }
 std::vector<WorkerTraffic> RemoteExecutor::worker_traffic() const {
@@ -141,8 +169,13 @@ std::vector<WorkerTraffic> RemoteExecutor::worker_traffic() const {
 
 std::string RemoteExecutor::describe() const {
   const Impl& m = *impl_;
-  std::string s = fmt::format("remote dispatch: wire {}, combine {}, timeout {} ms, {} worker(s)\n",
-                              wire::wire_dtype_name(m.opts.wire), wire::combine_mode_name(m.opts.combine),
+  // "wire q8/f16": hidden/return; one name when both directions agree.
+  const std::string wire = m.opts.hidden_wire == m.opts.return_wire
+                               ? std::string(wire::wire_dtype_name(m.opts.hidden_wire))
+                               : fmt::format("{}/{}", wire::wire_dtype_name(m.opts.hidden_wire),
+                                             wire::wire_dtype_name(m.opts.return_wire));
+  std::string s = fmt::format("remote dispatch: wire {}, combine {}, timeout {} ms, {} worker(s)\n", wire,
+                              wire::combine_mode_name(m.opts.combine),
                               m.opts.timeout.count(), m.links.size());
   for (size_t i = 0; i < m.links.size(); ++i) {
     s += fmt::format("  worker {} {}: warm-up rtt {:.3f} ms, {} experts placed ({})\n", i, m.links[i]->label,
@@ -236,7 +269,7 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     for (size_t j = 0; j < nt; ++j) {
       std::copy_n(job.x + static_cast<int64_t>(r.tokens[j]) * n_embd, n_embd, rows_f32.data() + j * n_embd);
     }
-    auto rows = wire::encode_rows(opts.wire, rows_f32.data(), static_cast<uint32_t>(nt),
+    auto rows = wire::encode_rows(hidden_dtype(static_cast<size_t>(r.worker), job.layer), rows_f32.data(), static_cast<uint32_t>(nt),
                                   static_cast<uint32_t>(n_embd));
     r.msg.request_id = link.mux->next_request_id();
     if (!rows) {
@@ -246,7 +279,7 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     r.msg.hidden = std::move(*rows);
     r.msg.layer = static_cast<uint32_t>(job.layer);
     r.msg.mode = opts.combine;
-    r.msg.return_dtype = opts.wire;
+    r.msg.return_dtype = opts.return_wire;
     r.msg.deadline_ms = static_cast<uint32_t>(std::clamp<int64_t>(opts.timeout.count(), 1, UINT32_MAX));
     auto frame = wire::encode_dispatch(r.msg);
     r.msg.hidden.bytes.clear();

@@ -128,4 +128,74 @@ void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32
   }
 }
 
+namespace {
+
+// Largest and second-largest of s[0..n) (n >= 2 for groups; -inf when absent).
+void best_two(const float* s, int n, float* b1, float* b2) {
+  *b1 = -std::numeric_limits<float>::infinity();
+  *b2 = *b1;
+  for (int j = 0; j < n; ++j) {
+    if (s[j] > *b1) { *b2 = *b1; *b1 = s[j]; }
+    else if (s[j] > *b2) { *b2 = s[j]; }
+  }
+}
+
+}  // namespace
+
+void routing_margins(const RouterConfig& cfg, const float* logits, int64_t n_tokens, float* margins,
+                     std::vector<float>* scratch) {
+  const int ne = cfg.n_expert;
+  const int k = cfg.k;
+  const bool grouped = cfg.n_group > 1;
+  const int ng = grouped ? cfg.n_group : 1;
+  const size_t need = static_cast<size_t>(ne + ng);
+  if (scratch->size() < need) scratch->resize(need);
+  float* sel = scratch->data();
+  float* group_score = sel + ne;
+  int32_t group_idx[256];
+  std::vector<int32_t> ids(static_cast<size_t>(k));  // once per call (per layer), not per token
+  const float inf = std::numeric_limits<float>::infinity();
+
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* lg = logits + t * ne;
+    // Selection scores in the space the README measures margins in.
+    if (cfg.gating == GatingFunc::kSigmoid) {
+      for (int e = 0; e < ne; ++e) sel[e] = sigmoid(lg[e]);
+    } else {
+      std::copy(lg, lg + ne, sel);
+    }
+    if (cfg.sel_bias != nullptr) {
+      for (int e = 0; e < ne; ++e) sel[e] += cfg.sel_bias[e];
+    }
+    float margin = inf;
+    if (grouped) {
+      const int per = ne / ng;
+      for (int g = 0; g < ng; ++g) {
+        float b1, b2;
+        best_two(sel + g * per, per, &b1, &b2);
+        group_score[g] = b1 + b2;
+      }
+      top_k(group_score, ng, cfg.n_group_used, group_idx);
+      float best_dropped = -inf;
+      for (int g = 0; g < ng; ++g) {
+        bool kept = false;
+        for (int j = 0; j < cfg.n_group_used; ++j) kept = kept || group_idx[j] == g;
+        if (!kept) {
+          best_dropped = std::max(best_dropped, group_score[g]);
+          std::fill(sel + g * per, sel + (g + 1) * per, -inf);  // not allowed
+        }
+      }
+      if (cfg.n_group_used < ng) margin = group_score[group_idx[cfg.n_group_used - 1]] - best_dropped;
+    }
+    // top_k puts the chosen in descending order: ids[k-1] is the weakest chosen.
+    top_k(sel, ne, k, ids.data());
+    const float weakest = sel[ids[k - 1]];
+    for (int j = 0; j < k; ++j) sel[ids[j]] = -inf;
+    float best_other = -inf;
+    for (int e = 0; e < ne; ++e) best_other = std::max(best_other, sel[e]);
+    if (best_other > -inf) margin = std::min(margin, weakest - best_other);
+    margins[t] = margin;
+  }
+}
+
 }  // namespace moesh

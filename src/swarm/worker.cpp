@@ -99,8 +99,9 @@ void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f,
 
 void Worker::Impl::serve(Peer* peer) {
   net::Connection& conn = *peer->conn;
-  const wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(),
-                                       store->held(), opts.name);
+  wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(),
+                                 opts.name);
+  hello.layer_act = detail::layer_activation_dtypes(*store);
   auto session = net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout));
   if (!session) {
     spdlog::warn("{}: handshake failed: {}", conn.describe(), session.status().to_string());

@@ -22,6 +22,44 @@ ComputeOutcome fail(wire::WireError code, std::string text) {
 
 }  // namespace
 
+std::vector<uint8_t> layer_activation_dtypes(const ExpertStore& store) {
+  std::vector<uint8_t> act(store.shape().n_layer, wire::kNoActDType);
+  for (const wire::ExpertRange& r : store.held().ranges) {
+    if (r.layer >= act.size() || act[r.layer] != wire::kNoActDType) continue;
+    const ExpertStore::Slot slot = store.find(r.layer, r.first);
+    if (slot.weights == nullptr) continue;
+    const GgmlType vdt = quant::vec_dot_type(slot.weights->gate.type);
+    // gate and up share the input rows: one dtype can only be exact for both if they agree.
+    if (vdt != quant::vec_dot_type(slot.weights->up.type)) continue;
+    if (vdt == GgmlType::Q8_0) act[r.layer] = static_cast<uint8_t>(wire::WireDType::kQ8);
+    else if (vdt == GgmlType::Q8_K) act[r.layer] = static_cast<uint8_t>(wire::WireDType::kQ8K);
+  }
+  return act;
+}
+
+bool quantized_from_wire(const wire::WireRows& hidden, GgmlType vdt, QuantizedRows* out) {
+  const bool q8 = hidden.dtype == wire::WireDType::kQ8 && vdt == GgmlType::Q8_0;
+  const bool q8k = hidden.dtype == wire::WireDType::kQ8K && vdt == GgmlType::Q8_K;
+  // A padded tail block would hold values the weights have no column for; the model's n_embd
+  // is a whole number of blocks for every type it can be quantized to, so this is a guard.
+  if ((!q8 && !q8k) || hidden.n_cols % type_block_size(vdt) != 0) return false;
+  out->type = vdt;
+  out->n_cols = hidden.n_cols;
+  out->n_rows = hidden.n_rows;
+  out->row_bytes = type_row_bytes(vdt, hidden.n_cols);
+  out->data.resize(out->row_bytes * hidden.n_rows);
+  if (q8) {
+    // block_q8_0 is the Q8 block byte for byte.
+    std::copy(hidden.bytes.begin(), hidden.bytes.end(), out->data.begin());
+    return true;
+  }
+  const size_t wire_row = wire::wire_row_bytes(hidden.dtype, hidden.n_cols);
+  for (uint32_t r = 0; r < hidden.n_rows; ++r) {
+    wire::q8k_row_to_blocks(hidden.bytes.data() + wire_row * r, hidden.n_cols, out->data.data() + out->row_bytes * r);
+  }
+  return true;
+}
+
 ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req,
                                 ComputeScratch* s, ThreadPool* pool) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -49,10 +87,13 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
   s->x.resize(size_t{n_tok} * n_embd);
   wire::decode_rows(req.hidden, s->x.data());
   for (auto& [type, q] : s->xq) q.n_rows = -1;  // mark stale
-  // Each token's row is quantized once per activation type a slab needs.
+  // Each token's row is quantized once per activation type a slab needs — or taken as it came
+  // when the wire already carries that format (then it is the backbone's own quantization).
   auto quantized = [&](GgmlType vdt) -> const QuantizedRows& {
     QuantizedRows& q = s->xq[vdt];
-    if (q.n_rows != static_cast<int64_t>(n_tok)) quantize_rows(vdt, s->x.data(), n_tok, n_embd, &q, pool);
+    if (q.n_rows != static_cast<int64_t>(n_tok) && !quantized_from_wire(req.hidden, vdt, &q)) {
+      quantize_rows(vdt, s->x.data(), n_tok, n_embd, &q, pool);
+    }
     return q;
   };
 

@@ -38,7 +38,18 @@ struct ComputeOutcome {
 // Validates the request against the store (layer/experts held, n_embd), computes every pair with
 // expert_ffn (x quantized once per token per activation type) and builds the COMBINE: EXACT =
 // raw f32 y per pair in pair order; PARTIAL = per token w0*y0, then + w_r*y_r in pair (= rank)
-// order, exactly as LocalExecutor sums. Output rows are encoded in req.return_dtype.
+// order, exactly as LocalExecutor sums. Hidden rows already in a slab's activation format are
+// used as they are (quantized_from_wire). Output rows are encoded in req.return_dtype.
+// The HELLO activation table (wire::Hello::layer_act) of a store: per layer, kQ8 when the held
+// gate and up slabs take Q8_0 activations, kQ8K when both take Q8_K, else wire::kNoActDType
+// (also for unheld layers).
+std::vector<uint8_t> layer_activation_dtypes(const ExpertStore& store);
+
+// x quantized to `vdt` straight from the DISPATCH's wire blocks when they already are that
+// format (Q8 for Q8_0, Q8K for Q8_K): the bits the sender's quantizer produced, no
+// dequantize/re-quantize round. False when the wire dtype is not `vdt`'s format.
+bool quantized_from_wire(const wire::WireRows& hidden, GgmlType vdt, QuantizedRows* out);
+
 ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req,
                                 ComputeScratch* s, ThreadPool* pool);
 

@@ -46,9 +46,12 @@ Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, co
     return make_error(StatusCode::kInvalidArgument, "{} is not a worker (role {})", link->label,
                       static_cast<int>(peer.role));
   }
-  if ((link->session.dtypes & (1u << static_cast<int>(opts.wire))) == 0) {
-    return make_error(StatusCode::kUnsupported, "{} does not speak wire dtype {}", link->label,
-                      wire::wire_dtype_name(opts.wire));
+  // "q8" hidden falls back to Q8 where the worker does not speak Q8K, so Q8 is what must be common.
+  for (const wire::WireDType dt : {opts.hidden_wire, opts.return_wire}) {
+    if ((link->session.dtypes & (1u << static_cast<int>(dt))) == 0) {
+      return make_error(StatusCode::kUnsupported, "{} does not speak wire dtype {}", link->label,
+                        wire::wire_dtype_name(dt));
+    }
   }
   if ((link->session.modes & (1u << static_cast<int>(opts.combine))) == 0) {
     return make_error(StatusCode::kUnsupported, "{} does not support combine mode {}", link->label,

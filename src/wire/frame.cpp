@@ -32,6 +32,7 @@ const char* wire_dtype_name(WireDType t) {
     case WireDType::kF16: return "f16";
     case WireDType::kBF16: return "bf16";
     case WireDType::kQ8: return "q8";
+    case WireDType::kQ8K: return "q8k";
     case WireDType::kCOUNT: break;
   }
   return "?";

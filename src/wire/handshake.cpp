@@ -32,6 +32,16 @@ Status validate_hello(const Hello& m, StatusCode code) {
     return make_error(code, "HELLO: {} expert ranges (max {})", m.experts.size(), kMaxExpertRanges);
   if (m.name.size() > kMaxNameBytes)
     return make_error(code, "HELLO: name of {} bytes (max {})", m.name.size(), kMaxNameBytes);
+  if (!m.layer_act.empty() && m.n_layer != 0 && m.layer_act.size() != m.n_layer)
+    return make_error(code, "HELLO: activation table of {} layers for a {}-layer model", m.layer_act.size(),
+                      m.n_layer);
+  if (m.layer_act.size() > 0xFFFF)
+    return make_error(code, "HELLO: activation table of {} entries (max 65535)", m.layer_act.size());
+  for (size_t l = 0; l < m.layer_act.size(); ++l) {
+    const uint8_t a = m.layer_act[l];
+    if (a != kNoActDType && a != static_cast<uint8_t>(WireDType::kQ8) && a != static_cast<uint8_t>(WireDType::kQ8K))
+      return make_error(code, "HELLO: layer {} activation dtype {} is not q8, q8k or none (0xff)", l, a);
+  }
   if (m.max_frame_bytes < 4096)
     return make_error(code, "HELLO: max frame of {} bytes is below the 4096 minimum", m.max_frame_bytes);
   for (const ExpertRange& r : m.experts) {
@@ -72,6 +82,11 @@ Result<std::vector<uint8_t>> encode_hello(const Hello& m) {
     w.u32(r.count);
   }
   w.raw(m.name.data(), m.name.size());
+  // v2: the activation table (a HELLO claiming only v1 has the v1 layout, for tests of old peers).
+  if (m.max_version >= 2) {
+    w.u16(static_cast<uint16_t>(m.layer_act.size()));
+    w.raw(m.layer_act.data(), m.layer_act.size());
+  }
   // The frame header carries our highest version: a newer peer reads our HELLO that way.
   return build_frame(MsgType::kHello, 0, payload, m.max_version);
 }
@@ -108,13 +123,35 @@ Result<Hello> decode_hello(const Frame& f) {
   if (r.remaining() < need)
     return make_error(StatusCode::kCorrupt, "HELLO: {} ranges and a {}-byte name need {} bytes, {} left",
                       n_ranges, name_len, need, r.remaining());
-  // A newer version may append fields; in our own version the size is exact.
-  if (f.header.version <= kVersion && r.remaining() != need)
+  // A v1 HELLO ends after the name (it is still read, so negotiation can say which versions the
+  // peer speaks).
+  if (f.header.version < 2 && r.remaining() != need)
     return make_error(StatusCode::kCorrupt, "HELLO: {} unexpected trailing bytes", r.remaining() - need);
   m.experts.resize(n_ranges);
   for (ExpertRange& e : m.experts) (void)(r.u32(&e.layer) && r.u32(&e.first) && r.u32(&e.count));
   m.name.resize(name_len);
   (void)r.raw(m.name.data(), name_len);
+  if (f.header.version >= 2) {
+    uint16_t n_act = 0;
+    if (!r.u16(&n_act))
+      return make_error(StatusCode::kCorrupt, "HELLO v{} without its activation table count", f.header.version);
+    if (r.remaining() < n_act)
+      return make_error(StatusCode::kCorrupt, "HELLO: activation table of {} layers needs {} bytes, {} left",
+                        n_act, n_act, r.remaining());
+    m.layer_act.resize(n_act);
+    (void)r.raw(m.layer_act.data(), n_act);
+    // A newer version may append fields after ours; in our own version the size is exact.
+    if (f.header.version == kVersion && r.remaining() != 0)
+      return make_error(StatusCode::kCorrupt, "HELLO: {} unexpected trailing bytes", r.remaining());
+  }
+  if (f.header.version > kVersion) {
+    // Capabilities we do not know of are a newer peer's to offer, not an error: the
+    // intersection in negotiate() simply never picks them.
+    m.dtypes &= kAllDtypes;
+    m.modes &= kAllModes;
+    for (uint8_t& a : m.layer_act)
+      if (a != static_cast<uint8_t>(WireDType::kQ8) && a != static_cast<uint8_t>(WireDType::kQ8K)) a = kNoActDType;
+  }
   Status st = validate_hello(m, StatusCode::kCorrupt);
   if (!st.is_ok()) return st;
   return m;

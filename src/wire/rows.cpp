@@ -1,9 +1,11 @@
-// Row codecs: f32 rows <-> F32 / F16 / BF16 / Q8 wire bytes (PROTOCOL.md "Row encodings").
+// Row codecs: f32 rows <-> F32 / F16 / BF16 / Q8 / Q8K wire bytes (PROTOCOL.md "Row encodings").
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "moesh/fp16.h"
+#include "moesh/ops.h"
+#include "moesh/quant.h"
 #include "moesh/wire.h"
 
 namespace moesh::wire {
@@ -14,6 +16,7 @@ size_t wire_row_bytes(WireDType t, uint32_t n_cols) {
     case WireDType::kF16:
     case WireDType::kBF16: return size_t{2} * n_cols;
     case WireDType::kQ8: return kQ8BlockBytes * ((size_t{n_cols} + kQ8BlockSize - 1) / kQ8BlockSize);
+    case WireDType::kQ8K: return kQ8KBlockBytes * ((size_t{n_cols} + kQ8KBlockSize - 1) / kQ8KBlockSize);
     case WireDType::kCOUNT: break;
   }
   return 0;
@@ -54,6 +57,49 @@ void q8_decode_row(const uint8_t* src, uint32_t n, float* dst) {
   }
 }
 
+// Q8K is the Q8_K activation quantizer the backbone's own k-quant matmuls use (quantize_rows ->
+// the kernel table's from_float, bit-identical to quant::quantize_row_ref): the wire carries its
+// d and q, and drops the bsums, which are a function of q. A row whose length is not a multiple
+// of 256 is quantized as if zero-padded: zeros never win the |x| maximum (strict '>') and
+// quantize to 0, so the full blocks are what the unpadded row's blocks would be.
+void q8k_encode_row(const float* src, uint32_t n, uint8_t* dst) {
+  const uint32_t n_blocks = (n + kQ8KBlockSize - 1) / kQ8KBlockSize;
+  std::vector<float> padded(size_t{n_blocks} * kQ8KBlockSize, 0.f);
+  std::copy_n(src, n, padded.data());
+  QuantizedRows q;
+  quantize_rows(GgmlType::Q8_K, padded.data(), 1, static_cast<int64_t>(padded.size()), &q, nullptr);
+  const auto* blocks = reinterpret_cast<const quant::BlockQ8_K*>(q.data.data());
+  for (uint32_t b = 0; b < n_blocks; ++b, dst += kQ8KBlockBytes) {
+    std::memcpy(dst, &blocks[b].d, 4);
+    std::memcpy(dst + 4, blocks[b].qs, kQ8KBlockSize);
+  }
+}
+
+void q8k_decode_row(const uint8_t* src, uint32_t n, float* dst) {
+  for (uint32_t b0 = 0; b0 < n; b0 += kQ8KBlockSize, src += kQ8KBlockBytes) {
+    const uint32_t len = std::min(kQ8KBlockSize, n - b0);
+    float d;
+    std::memcpy(&d, src, 4);
+    const int8_t* q = reinterpret_cast<const int8_t*>(src + 4);
+    for (uint32_t j = 0; j < len; ++j) dst[b0 + j] = d * static_cast<float>(q[j]);
+  }
+}
+
+void q8k_row_to_blocks(const uint8_t* src, uint32_t n, void* dst) {
+  auto* blocks = static_cast<quant::BlockQ8_K*>(dst);
+  const uint32_t n_blocks = (n + kQ8KBlockSize - 1) / kQ8KBlockSize;
+  for (uint32_t b = 0; b < n_blocks; ++b, src += kQ8KBlockBytes) {
+    quant::BlockQ8_K& blk = blocks[b];
+    std::memcpy(&blk.d, src, 4);
+    std::memcpy(blk.qs, src + 4, kQ8KBlockSize);
+    for (int g = 0; g < 16; ++g) {
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) s += blk.qs[16 * g + l];
+      blk.bsums[g] = static_cast<int16_t>(s);
+    }
+  }
+}
+
 Result<WireRows> encode_rows(WireDType t, const float* src, uint32_t n_rows, uint32_t n_cols) {
   if (static_cast<uint8_t>(t) >= static_cast<uint8_t>(WireDType::kCOUNT))
     return make_error(StatusCode::kInvalidArgument, "unknown wire dtype {}", static_cast<int>(t));
@@ -83,6 +129,14 @@ Result<WireRows> encode_rows(WireDType t, const float* src, uint32_t n_rows, uin
           const uint16_t h = fp32_to_bf16(x[c]);
           std::memcpy(dst + 2 * c, &h, 2);
         }
+        break;
+      case WireDType::kQ8K:
+        for (uint32_t c = 0; c < n_cols; ++c)
+          if (!std::isfinite(x[c]))
+            return make_error(StatusCode::kInvalidArgument,
+                              "non-finite value at row {} column {} cannot be encoded as q8k", r, c);
+        // d = -max/127 of a finite max is finite; nothing else can overflow.
+        q8k_encode_row(x, n_cols, dst);
         break;
       case WireDType::kQ8:
         for (uint32_t c = 0; c < n_cols; ++c)
@@ -125,6 +179,7 @@ void decode_row(const WireRows& rows, uint32_t r, float* dst) {
       }
       break;
     case WireDType::kQ8: q8_decode_row(src, n, dst); break;
+    case WireDType::kQ8K: q8k_decode_row(src, n, dst); break;
     case WireDType::kCOUNT: break;
   }
 }
@@ -166,6 +221,15 @@ Status check_rows_finite(const WireRows& rows) {
           if ((dh & 0x7c00u) == 0x7c00u)
             return make_error(StatusCode::kCorrupt, "non-finite q8 scale at row {} block {}", r,
                               b / kQ8BlockBytes);
+        }
+        break;
+      case WireDType::kQ8K:
+        for (size_t b = 0; b < row_bytes; b += kQ8KBlockBytes) {
+          uint32_t u;
+          std::memcpy(&u, src + b, 4);
+          if ((u & 0x7f800000u) == 0x7f800000u)
+            return make_error(StatusCode::kCorrupt, "non-finite q8k scale at row {} block {}", r,
+                              b / kQ8KBlockBytes);
         }
         break;
       case WireDType::kCOUNT: break;

@@ -1,12 +1,15 @@
 // The swarm commands as a user runs them: `moesh gate` against real workers (exact path must be
-// bit-identical and PASS; a lossy path prints its table and lists every argmax flip it counted),
-// and `moesh run` through workers printing the same tokens as all-local.
+// bit-identical and PASS; a lossy path prints its table and lists every argmax flip it counted;
+// the curation line, --raw-sequences and --sequences-from), and `moesh run` through workers
+// printing the same tokens as all-local.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <regex>
 #include <sstream>
 
 #include "dist/dist_util.h"
+#include "dist/gate_output.h"
 #include "dist/worker_process.h"
 #include "util/run_moesh.h"
 
@@ -15,34 +18,6 @@ namespace {
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
-// Sum of the "N/M" argmax-agree column over the gate table, and the flip lines listed.
-struct GateTable {
-  int64_t agree = 0, total = 0, rows = 0, bitwise_rows = 0;
-  int64_t flips_header = -1, flip_lines = 0;
-};
-
-GateTable parse_gate(const std::string& out) {
-  GateTable g;
-  std::istringstream in(out);
-  std::string line;
-  const std::regex row(R"(^(\d+)\s+(\d+)\s+(\d+)/(\d+)\s+\d+%.*\s(yes|no)\s+(PASS|FAIL)\s*$)");
-  const std::regex flips(R"(^argmax flips: (\d+);)");
-  const std::regex flip_line(R"(^  seq \d+ pos \d+: local \d+, remote \d+, lead -?[0-9.]+$)");
-  std::smatch m;
-  while (std::getline(in, line)) {
-    if (std::regex_match(line, m, row)) {
-      ++g.rows;
-      g.agree += std::stoll(m[3]);
-      g.total += std::stoll(m[4]);
-      g.bitwise_rows += m[5] == "yes";
-    } else if (std::regex_search(line, m, flips)) {
-      g.flips_header = std::stoll(m[1]);
-    } else if (std::regex_match(line, flip_line)) {
-      ++g.flip_lines;
-    }
-  }
-  return g;
-}
 
 TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
   const std::string model = made_qwen3moe();
@@ -55,7 +30,7 @@ TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
 
   RunResult exact = run_moesh("gate -m " + quoted(model) + workers + " --wire f32 --combine exact -t 1");
   EXPECT_EQ(exact.exit_code, 0) << exact.out << exact.err;
-  GateTable ge = parse_gate(exact.out);
+  GateOutput ge = parse_gate(exact.out);
   EXPECT_EQ(ge.rows, 4) << exact.out;
   EXPECT_EQ(ge.bitwise_rows, ge.rows) << exact.out;
   EXPECT_EQ(ge.agree, ge.total);
@@ -64,7 +39,7 @@ TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
 
   RunResult lossy = run_moesh("gate -m " + quoted(model) + workers + " --wire q8 --combine partial -t 1");
   ASSERT_TRUE(lossy.exit_code == 0 || lossy.exit_code == 1) << lossy.err;
-  GateTable gl = parse_gate(lossy.out);
+  GateOutput gl = parse_gate(lossy.out);
   EXPECT_EQ(gl.rows, 4) << lossy.out;
   EXPECT_EQ(gl.bitwise_rows, 0) << "q8 + partial cannot be bit-identical";
   const int64_t n_flips = gl.total - gl.agree;
@@ -76,9 +51,51 @@ TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
   }
   EXPECT_EQ(lossy.exit_code == 0, lossy.out.find("gate: PASS") != std::string::npos) << lossy.out;
 
-  // A bad wire name is an argument error (exit 2), not a crash or a silent default.
+  // Default sequences are curated: the gate says how many draws it rejected and that no
+  // position stayed ill-conditioned.
+  const std::regex curated(R"(sequences: 4 curated \(seed 42\), 160 positions: (\d+) draws rejected .*, 0 ill-conditioned)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(exact.out, m, curated)) << exact.out;
+  EXPECT_GT(std::stoll(m[1]), 0) << "uniform draws hit some near-ties on this random-weight model";
+  EXPECT_NE(lossy.out.find(m[0].str()), std::string::npos) << "same seed, same curation";
+
+  // --raw-sequences: the uniform draw of the gate before curation; exact f32 is still bit-identical.
+  RunResult raw = run_moesh("gate -m " + quoted(model) + workers + " --raw-sequences -t 1");
+  EXPECT_EQ(raw.exit_code, 0) << raw.out << raw.err;
+  EXPECT_NE(raw.out.find("sequences: 4 raw (uniform, seed 42), 160 positions"), std::string::npos) << raw.out;
+  EXPECT_EQ(parse_gate(raw.out).bitwise_rows, 4) << raw.out;
+
+  // --sequences-from: the reference JSON format, compared as given.
+  const std::string seq_file = temp_dir() + "/gate-seqs.json";
+  {
+    std::ofstream f(seq_file);
+    f << R"({"sequences":[{"tokens":[5,6,7,8,9,10,11]},{"tokens":[100,3,42]}]})";
+  }
+  RunResult from = run_moesh("gate -m " + quoted(model) + workers + " --sequences-from " + quoted(seq_file) + " -t 1");
+  EXPECT_EQ(from.exit_code, 0) << from.out << from.err;
+  GateOutput gf = parse_gate(from.out);
+  EXPECT_EQ(gf.rows, 2) << from.out;
+  EXPECT_EQ(gf.total, 10) << from.out;
+  EXPECT_EQ(gf.bitwise_rows, 2) << from.out;
+  EXPECT_NE(from.out.find("sequences: 2 from"), std::string::npos) << from.out;
+  const std::string bad_file = temp_dir() + "/gate-bad-seqs.json";
+  {
+    std::ofstream f(bad_file);
+    f << R"({"sequences":[{"tokens":[5,6,99999999]}]})";
+  }
+  RunResult bad_ids = run_moesh("gate -m " + quoted(model) + workers + " --sequences-from " + quoted(bad_file) + " -t 1");
+  EXPECT_EQ(bad_ids.exit_code, 1) << bad_ids.out << bad_ids.err;
+  EXPECT_NE(bad_ids.err.find("99999999"), std::string::npos) << bad_ids.err;
+
+  // A bad wire name is an argument error (exit 2), not a crash or a silent default; so are
+  // two sources of sequences at once and a negative curation threshold.
   RunResult bad = run_moesh("gate -m " + quoted(model) + workers + " --wire f8 -t 1");
   EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
+  RunResult both = run_moesh("gate -m " + quoted(model) + workers + " --raw-sequences --sequences-from " +
+                             quoted(seq_file) + " -t 1");
+  EXPECT_EQ(both.exit_code, 2) << both.out << both.err;
+  RunResult neg = run_moesh("gate -m " + quoted(model) + workers + " --min-top1-lead -1 -t 1");
+  EXPECT_EQ(neg.exit_code, 2) << neg.out << neg.err;
 }
 
 TEST(CliSwarm, RunThroughWorkersPrintsTheLocalTokens) {

@@ -2,8 +2,11 @@
 // the reference files (skipped loudly when absent) and a make-model model.
 //   exact + f32 wire  -> logits bit-identical (memcmp) to all-local, with 1, 2 and 3 workers and
 //                        some experts left on the backbone;
+//   exact + hidden q8 + f32 return -> bit-identical too, on every model whose expert gate/up take
+//                        Q8_0 (Q8_0 files) or Q8_K (Q4_K_M files) activations: the worker gets
+//                        the backbone's own INT8 blocks (Q8 / Q8K) and does not re-quantize;
 //   partial + f32     -> cosine >= 0.99999 on every position;
-//   f16 / bf16 / q8   -> the gate's lossy thresholds (argmax agreement >= 99%, cosine >= 0.998),
+//   f16 / bf16 / q8 / q8,f16 -> the gate's lossy thresholds (argmax agreement >= 99%, cosine >= 0.998),
 //                        argmax judged where the local top-1 leads by > 0.05 (near-ties may swap).
 // A backbone started from a `--backbone` slice, with every expert on a worker, gives the bits of
 // the full local model; with experts left uncovered it refuses to start and lists them.
@@ -13,7 +16,9 @@
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
+#include "moesh/quant.h"
 #include "moesh/swarm.h"
+#include "util/run_moesh.h"
 
 namespace moesh::test {
 namespace {
@@ -36,19 +41,42 @@ struct Swarm {
 };
 
 // Connects to `idx` of the spawned workers, runs the tokens, returns logits and the traffic.
-Result<std::vector<float>> run_remote(Swarm& s, const std::vector<int>& idx, wire::WireDType dt,
-                                      wire::CombineMode mode, RemoteTraffic* traffic = nullptr) {
+// hidden, ret: the two directions' dtypes. *exact_hidden (if given) gets hidden_is_exact().
+Result<std::vector<float>> run_remote(Swarm& s, const std::vector<int>& idx, wire::WireDType hidden,
+                                      wire::WireDType ret, wire::CombineMode mode, RemoteTraffic* traffic = nullptr,
+                                      bool* exact_hidden = nullptr, std::vector<wire::WireDType>* layer_dt = nullptr) {
   std::vector<WorkerAddress> addrs;
   for (int i : idx) addrs.push_back(s.workers[i]->address());
   RemoteOptions o;
-  o.wire = dt;
+  o.hidden_wire = hidden;
+  o.return_wire = ret;
   o.combine = mode;
   o.timeout = std::chrono::milliseconds(20000);
   MOESH_ASSIGN_OR_RETURN(auto exec, RemoteExecutor::connect(*s.model, addrs, o));
   std::shared_ptr<RemoteExecutor> shared(std::move(exec));
+  if (exact_hidden != nullptr) *exact_hidden = shared->hidden_is_exact();
+  if (layer_dt != nullptr) {
+    layer_dt->clear();
+    for (size_t l = 0; l < s.model->layers.size(); ++l) layer_dt->push_back(shared->hidden_dtype(0, static_cast<int>(l)));
+  }
   auto lg = run_model(*s.model, s.tokens, shared);
   if (traffic != nullptr) *traffic = shared->traffic();
   return lg;
+}
+
+Result<std::vector<float>> run_remote(Swarm& s, const std::vector<int>& idx, wire::WireDType dt,
+                                      wire::CombineMode mode, RemoteTraffic* traffic = nullptr) {
+  return run_remote(s, idx, dt, dt, mode, traffic);
+}
+
+// The INT8 wire format of a layer's gate/up activations (what "q8" should pick), or kF32 when
+// there is none (F16/F32 weights, or gate and up disagree).
+wire::WireDType int8_format(const LayerWeights& lw) {
+  const GgmlType g = quant::vec_dot_type(lw.experts.gate.type);
+  if (g != quant::vec_dot_type(lw.experts.up.type)) return wire::WireDType::kF32;
+  if (g == GgmlType::Q8_0) return wire::WireDType::kQ8;
+  if (g == GgmlType::Q8_K) return wire::WireDType::kQ8K;
+  return wire::WireDType::kF32;
 }
 
 TEST_P(RemoteParity, AllModesAgainstLocal) {
@@ -111,6 +139,44 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
       EXPECT_GT(tr.local_pairs, 0u) << "the split should leave work on the backbone";
     }
   }
+  // Hidden q8 (the worker's INT8 activation blocks) + f32 return + exact combine.
+  {
+    bool all_int8 = true;
+    bool any_q8k = false;
+    for (const LayerWeights& lw : s.model->layers) {
+      if (!lw.is_moe) continue;
+      all_int8 &= int8_format(lw) != wire::WireDType::kF32;
+      any_q8k |= int8_format(lw) == wire::WireDType::kQ8K;
+    }
+    for (const auto& cfg : {std::vector<int>{0}, std::vector<int>{1, 2, 3}}) {
+      SCOPED_TRACE(fmt::format("{} worker(s), hidden q8, return f32, exact", cfg.size()));
+      bool exact_hidden = false;
+      std::vector<wire::WireDType> layer_dt;
+      RemoteTraffic tr;
+      auto lg = run_remote(s, cfg, wire::WireDType::kQ8, wire::WireDType::kF32, wire::CombineMode::kExact, &tr,
+                           &exact_hidden, &layer_dt);
+      ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+      ASSERT_EQ(lg->size(), s.local.size());
+      EXPECT_EQ(exact_hidden, all_int8);
+      if (cfg.size() == 1) {
+        // Worker 0 holds every layer: "q8" picks the layer's own activation format.
+        for (size_t l = 0; l < s.model->layers.size(); ++l) {
+          const wire::WireDType want = s.model->layers[l].is_moe ? int8_format(s.model->layers[l]) : wire::WireDType::kQ8;
+          EXPECT_EQ(layer_dt[l], want == wire::WireDType::kF32 ? wire::WireDType::kQ8 : want) << "layer " << l;
+        }
+      }
+      const bool same = std::memcmp(lg->data(), s.local.data(), s.local.size() * sizeof(float)) == 0;
+      if (all_int8) {
+        EXPECT_TRUE(same) << "hidden q8 + f32 return + exact combine must be bit-identical on "
+                          << (any_q8k ? "Q8_K" : "Q8_0") << "-activation experts";
+      } else {
+        EXPECT_FALSE(same) << "f16/f32 experts re-quantize nothing: q8 rows must be lossy here";
+        EXPECT_GE(compare_logits(s.local, *lg, V).min_cosine, 0.998);
+      }
+      // Q8K hidden rows are 260 B per 256 values, Q8 ones 34 B per 32: the traffic shows which.
+      EXPECT_GT(tr.dispatch_frames, 0u);
+    }
+  }
   {
     SCOPED_TRACE("partial f32, 3 workers");
     auto lg = run_remote(s, {1, 2, 3}, wire::WireDType::kF32, wire::CombineMode::kPartial);
@@ -122,14 +188,17 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
   struct Lossy {
     wire::WireDType dt;
     wire::CombineMode mode;
+    wire::WireDType ret;
   };
-  for (const Lossy& l : {Lossy{wire::WireDType::kF16, wire::CombineMode::kExact},
-                         Lossy{wire::WireDType::kBF16, wire::CombineMode::kPartial},
-                         Lossy{wire::WireDType::kQ8, wire::CombineMode::kExact},
-                         Lossy{wire::WireDType::kQ8, wire::CombineMode::kPartial}}) {
-    SCOPED_TRACE(fmt::format("{} {}", wire::wire_dtype_name(l.dt), wire::combine_mode_name(l.mode)));
+  for (const Lossy& l : {Lossy{wire::WireDType::kF16, wire::CombineMode::kExact, wire::WireDType::kF16},
+                         Lossy{wire::WireDType::kBF16, wire::CombineMode::kPartial, wire::WireDType::kBF16},
+                         Lossy{wire::WireDType::kQ8, wire::CombineMode::kExact, wire::WireDType::kQ8},
+                         Lossy{wire::WireDType::kQ8, wire::CombineMode::kPartial, wire::WireDType::kQ8},
+                         Lossy{wire::WireDType::kQ8, wire::CombineMode::kPartial, wire::WireDType::kF16}}) {
+    SCOPED_TRACE(fmt::format("{},{} {}", wire::wire_dtype_name(l.dt), wire::wire_dtype_name(l.ret),
+                             wire::combine_mode_name(l.mode)));
     RemoteTraffic tr;
-    auto lg = run_remote(s, {1, 2, 3}, l.dt, l.mode, &tr);
+    auto lg = run_remote(s, {1, 2, 3}, l.dt, l.ret, l.mode, &tr);
     ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
     // The gate's thresholds. The tiny random reference models have near-tied top logits at some
     // positions (gaps of 0.004-0.03 logits were seen flipping under q8/f16), so argmax agreement
@@ -154,6 +223,33 @@ INSTANTIATE_TEST_SUITE_P(Models, RemoteParity,
                                            Case{"deepseek2_Q8_0", "deepseek2-s.Q8_0.gguf"},
                                            Case{"deepseek2_Q4_K_M", "deepseek2-s.Q4_K_M.gguf"}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.label; });
+
+// `--wire HIDDEN,RETURN` through the CLI: q8,f16 runs and prints both dtypes; hidden q8 with an
+// f32 return and exact combine passes the gate's bit-identical criterion on a k-quant model;
+// malformed pairs are usage errors (exit 2).
+TEST(RemoteWireCli, HiddenAndReturnDtypes) {
+  const std::string ref = reference_path("qwen3moe-s.Q4_K_M.gguf");
+  const bool have_ref = std::filesystem::exists(ref);
+  if (!have_ref) std::fprintf(stderr, "NOTE: %s absent; the CLI wire test uses the make-model model\n", ref.c_str());
+  const std::string path = have_ref ? ref : made_qwen3moe();
+  auto w = WorkerProcess::spawn(path, "*:*");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  const std::string base = "gate -m '" + path + "' --worker " + (*w)->address().to_string() + " -t 1 --sequences 2";
+  RunResult mixed = run_moesh(base + " --wire q8,f16 --combine partial");
+  ASSERT_TRUE(mixed.exit_code == 0 || mixed.exit_code == 1) << mixed.out << mixed.err;
+  EXPECT_NE(mixed.out.find("wire q8/f16, combine partial"), std::string::npos) << mixed.out;
+  EXPECT_NE(mixed.err.find("remote dispatch: wire q8/f16"), std::string::npos) << mixed.err;
+  if (have_ref) {
+    RunResult exact = run_moesh(base + " --wire q8,f32 --combine exact");
+    EXPECT_EQ(exact.exit_code, 0) << exact.out << exact.err;
+    EXPECT_NE(exact.out.find("bit-identical"), std::string::npos) << exact.out;
+    EXPECT_NE(exact.out.find("gate: PASS"), std::string::npos) << exact.out;
+  }
+  for (const char* bad : {"q8,f16,bf16", "q8,", ",f16", "q8;f16", "q4"}) {
+    RunResult r = run_moesh(base + " --wire '" + std::string(bad) + "'");
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out << r.err;
+  }
+}
 
 // The realistic deployment: the backbone file has no routed experts at all.
 TEST(RemoteBackbone, BackboneSliceWithAllExpertsRemoteMatchesFullModel) {

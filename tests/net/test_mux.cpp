@@ -210,8 +210,8 @@ TEST_P(MuxTest, HandshakeAgreesOrBothSidesSayWhy) {
       << model.initiator.status().message();
 
   auto newer = hello(wire::PeerRole::kWorker, 1);
-  newer.min_version = 2;
-  newer.max_version = 2;
+  newer.min_version = wire::kVersion + 1;
+  newer.max_version = wire::kVersion + 1;
   auto ver = run_handshake(GetParam(), hello(wire::PeerRole::kBackbone, 1), newer);
   EXPECT_EQ(ver.acceptor.status().code(), StatusCode::kUnsupported);
   EXPECT_EQ(ver.initiator.status().code(), StatusCode::kUnsupported);

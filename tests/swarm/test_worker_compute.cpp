@@ -1,6 +1,7 @@
 // The worker's DISPATCH computation in-process: EXACT rows are bit-identical to expert_ffn run
 // one (token, expert) at a time, PARTIAL/F32 is bit-identical to the local executor's routed sum,
-// and bad requests are refused with the right error code.
+// and bad requests are refused with the right error code. Hidden rows that arrive in the slab's
+// activation format (Q8 for Q8_0, Q8K for Q8_K) give the bits of f32 rows computed locally.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,7 +44,8 @@ Routed random_routing(uint64_t seed, int n_tok, int k, int n_expert) {
 }
 
 wire::DispatchMsg make_dispatch(uint32_t layer, const std::vector<float>& x, int n_tok, int n_embd,
-                                const Routed& r, int k, wire::CombineMode mode) {
+                                const Routed& r, int k, wire::CombineMode mode,
+                                wire::WireDType hidden = wire::WireDType::kF32) {
   wire::DispatchMsg m;
   m.request_id = 7;
   m.layer = layer;
@@ -55,7 +57,7 @@ wire::DispatchMsg make_dispatch(uint32_t layer, const std::vector<float>& x, int
       m.pairs.push_back({static_cast<uint16_t>(r.ids[t * k + j]), static_cast<uint8_t>(j), r.weights[t * k + j]});
     }
   }
-  m.hidden = *wire::encode_rows(wire::WireDType::kF32, x.data(), n_tok, n_embd);
+  m.hidden = *wire::encode_rows(hidden, x.data(), n_tok, n_embd);
   return m;
 }
 
@@ -132,6 +134,127 @@ TEST_P(WorkerCompute, ExactAndPartialMatchLocalBits) {
 
 INSTANTIATE_TEST_SUITE_P(Types, WorkerCompute, ::testing::Values(MakeFileType::kQ8_0, MakeFileType::kF32),
                          [](const auto& i) { return std::string(make_file_type_name(i.param)); });
+
+// A qwen3moe model whose experts are k-quants: n_embd and n_ff_exp 256, so gate/up are Q4_K and
+// down Q4_K/Q6_K (make-model's Q4_K_M rule).
+std::string kquant_model() {
+  static const std::string path = [] {
+    MakeModelSpec s = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
+    s.type = MakeFileType::kQ4_K_M;
+    s.seed = 41;
+    s.n_vocab = 64;
+    s.vocab = MakeVocab::kNone;
+    s.n_embd = 256;
+    s.n_head = 2;
+    s.n_head_kv = 1;
+    s.head_dim = 32;
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+    s.n_ff_exp = 256;
+    s.n_ff = 256;
+    s.n_layer = 2;
+    const std::string p = testing::temp_dir() + "/kquant-256.gguf";
+    Status st = make_model(s, p);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    return p;
+  }();
+  return path;
+}
+
+// EXACT rows of `hidden`-encoded x against expert_ffn on the f32 rows quantized locally; returns
+// the number of values that differ (bitwise) and checks the data is not degenerate.
+size_t count_diffs_vs_local(const ExpertStore& store, const std::vector<ExpertWeights>& layers, uint32_t layer,
+                            const std::vector<float>& x, int n_tok, int n_embd, const Routed& r, int k,
+                            wire::WireDType hidden) {
+  detail::ComputeScratch scratch;
+  auto out = detail::compute_dispatch(store, make_dispatch(layer, x, n_tok, n_embd, r, k, wire::CombineMode::kExact,
+                                                           hidden),
+                                      &scratch, nullptr);
+  EXPECT_TRUE(out.ok) << out.text;
+  if (!out.ok) return SIZE_MAX;
+  const std::vector<float> y = rows_of(out.combine);
+  const ExpertWeights& w = layers[layer];
+  QuantizedRows xq;
+  ExpertScratch es;
+  std::vector<float> ref(n_embd);
+  size_t diffs = 0, nonzero = 0;
+  for (int t = 0; t < n_tok; ++t) {
+    quantize_rows(quant::vec_dot_type(w.gate.type), x.data() + t * n_embd, 1, n_embd, &xq, nullptr);
+    const int32_t row0 = 0;
+    for (int j = 0; j < k; ++j) {
+      expert_ffn(w, r.ids[t * k + j], xq, x.data() + t * n_embd, &row0, 1, ref.data(), n_embd, &es, nullptr);
+      for (int d = 0; d < n_embd; ++d) {
+        diffs += std::memcmp(&y[(t * k + j) * n_embd + d], &ref[d], 4) != 0;
+        nonzero += ref[d] != 0.0f;
+      }
+    }
+  }
+  EXPECT_GT(nonzero, size_t(n_tok * k * n_embd) * 9 / 10);
+  return diffs;
+}
+
+TEST(WorkerComputeWire, Q8KHiddenOnKQuantExpertsIsTheLocalBits) {
+  const std::string path = kquant_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto store = ExpertStore::open(testing::open_gguf(path), ExpertSet{});
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  const std::vector<ExpertWeights> layers = (*model)->expert_weights();
+  ASSERT_EQ(layers[0].gate.type, GgmlType::Q4_K);
+  ASSERT_EQ(layers[0].up.type, GgmlType::Q4_K);
+  bool saw_q6k = false;
+  for (const ExpertWeights& w : layers) saw_q6k |= w.down.type == GgmlType::Q6_K;
+  EXPECT_TRUE(saw_q6k) << "the Q4_K_M rule should give some layer Q6_K down projections";
+  // The worker announces Q8K for both layers.
+  const std::vector<uint8_t> act = detail::layer_activation_dtypes(**store);
+  ASSERT_EQ(act.size(), 2u);
+  EXPECT_EQ(act[0], static_cast<uint8_t>(wire::WireDType::kQ8K));
+  EXPECT_EQ(act[1], static_cast<uint8_t>(wire::WireDType::kQ8K));
+  const int n_tok = 6, k = 3, n_embd = 256;
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    SCOPED_TRACE(::testing::Message() << "layer " << layer);
+    std::vector<float> x = random_rows(300 + layer, n_tok, n_embd);
+    x[5] = 0.5f * (x[4] + x[6]);
+    std::fill(x.begin() + n_embd, x.begin() + n_embd + 16, 0.f);  // a token with a zero bsum group
+    const Routed r = random_routing(400 + layer, n_tok, k, 8);
+    // Q8K: no re-quantization, the local bits.
+    EXPECT_EQ(count_diffs_vs_local(**store, layers, layer, x, n_tok, n_embd, r, k, wire::WireDType::kQ8K), 0u);
+    // Q8 blocks re-quantized to Q8_K are not (this is what Q8K fixes), so the check can fail.
+    EXPECT_GT(count_diffs_vs_local(**store, layers, layer, x, n_tok, n_embd, r, k, wire::WireDType::kQ8), 0u);
+    // The QuantizedRows built from the wire are byte for byte quantize_rows of the f32 rows.
+    auto wr = wire::encode_rows(wire::WireDType::kQ8K, x.data(), n_tok, n_embd);
+    ASSERT_TRUE(wr.is_ok());
+    QuantizedRows from_wire, local;
+    ASSERT_TRUE(detail::quantized_from_wire(*wr, GgmlType::Q8_K, &from_wire));
+    quantize_rows(GgmlType::Q8_K, x.data(), n_tok, n_embd, &local, nullptr);
+    ASSERT_EQ(from_wire.data.size(), local.data.size());
+    EXPECT_EQ(from_wire.row_bytes, local.row_bytes);
+    EXPECT_EQ(std::memcmp(from_wire.data.data(), local.data.data(), local.data.size()), 0);
+    // Not the slab's format: decode and quantize as before.
+    EXPECT_FALSE(detail::quantized_from_wire(*wr, GgmlType::Q8_0, &from_wire));
+  }
+}
+
+TEST(WorkerComputeWire, Q8HiddenOnQ8_0ExpertsIsTheLocalBits) {
+  const std::string path = small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 31);
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto store = ExpertStore::open(testing::open_gguf(path), ExpertSet{});
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  const std::vector<ExpertWeights> layers = (*model)->expert_weights();
+  const std::vector<uint8_t> act = detail::layer_activation_dtypes(**store);
+  ASSERT_EQ(act.size(), 2u);
+  EXPECT_EQ(act[0], static_cast<uint8_t>(wire::WireDType::kQ8));
+  const int n_tok = 4, k = 2, n_embd = 64;
+  const std::vector<float> x = random_rows(500, n_tok, n_embd);
+  const Routed r = random_routing(501, n_tok, k, 8);
+  EXPECT_EQ(count_diffs_vs_local(**store, layers, 1, x, n_tok, n_embd, r, k, wire::WireDType::kQ8), 0u);
+  // An F32-weight model takes no INT8 format: nothing is announced.
+  auto f32store = ExpertStore::open(testing::open_gguf(small_model(MakeArch::kQwen3Moe, MakeFileType::kF32, 31)),
+                                    ExpertSet{});
+  ASSERT_TRUE(f32store.is_ok());
+  for (uint8_t a : detail::layer_activation_dtypes(**f32store)) EXPECT_EQ(a, wire::kNoActDType);
+}
 
 TEST(WorkerComputeErrors, UnheldExpertWrongLayerAndWidth) {
   const std::string path = small_model(MakeArch::kDeepseek2, MakeFileType::kQ8_0, 31);

@@ -141,8 +141,8 @@ TEST(WireCodec, HelloRoundTripsAndNegotiates) {
     other.n_expert = 64;
     EXPECT_EQ(negotiate(b, other).status().code(), StatusCode::kInvalidArgument);
     other = *got;
-    other.min_version = 2;
-    other.max_version = 3;
+    other.min_version = kVersion + 1;
+    other.max_version = kVersion + 2;
     EXPECT_EQ(negotiate(b, other).status().code(), StatusCode::kUnsupported);
     other = *got;
     other.dtypes = 0x2;
@@ -151,20 +151,83 @@ TEST(WireCodec, HelloRoundTripsAndNegotiates) {
 }
 
 TEST(WireCodec, NewerHelloIsReadableThroughItsFrozenPrefix) {
-  // A version-2 peer may append HELLO fields; we still read its version range and reject it
-  // cleanly (or talk v1 when its range includes 1).
+  // A version-3 peer may append HELLO fields and offer capabilities we do not know; we still
+  // read it (its unknown bits dropped) and talk v2 when its range includes 2.
   Hello w = sample_hello(PeerRole::kWorker, 32);
-  w.max_version = 2;
+  w.max_version = kVersion + 1;
+  w.layer_act.assign(w.n_layer, kNoActDType);
   auto bytes = encode_hello(w).value();
   Frame f = reparse(bytes);
   f.payload.insert(f.payload.end(), {9, 9, 9, 9});
-  f.header.version = 2;
+  f.header.version = kVersion + 1;
+  f.payload[52] |= 0x80;  // dtype bit 7: unknown to us
+  f.payload[f.payload.size() - 5] = 42;  // last activation entry: a dtype id we do not know
   auto got = decode_hello(f);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
-  EXPECT_EQ(got->max_version, 2);
+  EXPECT_EQ(got->max_version, kVersion + 1);
+  EXPECT_EQ(got->dtypes, 0x1Fu & w.dtypes);
+  ASSERT_EQ(got->layer_act.size(), w.n_layer);
+  EXPECT_EQ(got->layer_act.back(), kNoActDType);
   auto s = negotiate(sample_hello(PeerRole::kBackbone, 32), *got);
   ASSERT_TRUE(s.is_ok());
-  EXPECT_EQ(s->version, 1);
+  EXPECT_EQ(s->version, kVersion);
+  // The same bytes claiming our own version are malformed (v2 sizes are exact).
+  f.header.version = kVersion;
+  EXPECT_EQ(decode_hello(f).status().code(), StatusCode::kCorrupt);
+}
+
+TEST(WireCodec, HelloActivationTable) {
+  // v2 appends one byte per layer: the INT8 wire dtype the worker's gate/up consume there.
+  Hello w = sample_hello(PeerRole::kWorker, 16);
+  w.dtypes = 0x1F;
+  w.layer_act.assign(w.n_layer, kNoActDType);
+  w.layer_act[0] = static_cast<uint8_t>(WireDType::kQ8K);
+  w.layer_act[1] = static_cast<uint8_t>(WireDType::kQ8);
+  auto bytes = encode_hello(w).value();
+  EXPECT_EQ(bytes.size(), kHeaderBytes + 68 + 12 * 3 + w.name.size() + 2 + 48);
+  auto got = decode_hello(reparse(bytes));
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->layer_act, w.layer_act);
+  // A backbone's table is empty: 2 bytes.
+  Hello b = sample_hello(PeerRole::kBackbone, 16);
+  EXPECT_EQ(encode_hello(b).value().size(), kHeaderBytes + 68 + b.name.size() + 2);
+  EXPECT_TRUE(decode_hello(reparse(encode_hello(b).value()))->layer_act.empty());
+  // Wrong table length, an entry that is not q8/q8k/none, a truncated table.
+  Hello bad = w;
+  bad.layer_act.resize(47);
+  EXPECT_EQ(encode_hello(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = w;
+  bad.layer_act[5] = static_cast<uint8_t>(WireDType::kF16);
+  EXPECT_EQ(encode_hello(bad).status().code(), StatusCode::kInvalidArgument);
+  Frame f = reparse(bytes);
+  f.payload[f.payload.size() - 48 + 7] = 2;  // bf16 is no activation format
+  Status st = decode_hello(f).status();
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("layer 7 activation dtype 2"), std::string::npos) << st.message();
+  f = reparse(bytes);
+  f.payload.resize(f.payload.size() - 1);
+  st = decode_hello(f).status();
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("activation table of 48 layers"), std::string::npos) << st.message();
+  f.payload.resize(f.payload.size() - 48);  // no count at all
+  EXPECT_EQ(decode_hello(f).status().code(), StatusCode::kCorrupt);
+}
+
+TEST(WireCodec, Version1HelloIsReadButNotSpoken) {
+  // A v1 peer's HELLO (no activation table) is read through the frozen prefix, and refused
+  // with "no common version" rather than misparsed.
+  Hello old = sample_hello(PeerRole::kWorker, 16);
+  old.min_version = 1;
+  old.max_version = 1;
+  old.dtypes = 0xF;
+  auto bytes = encode_hello(old).value();
+  EXPECT_EQ(bytes.size(), kHeaderBytes + 68 + 12 * 3 + old.name.size());
+  auto got = decode_hello(reparse(bytes));
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_TRUE(got->layer_act.empty());
+  auto s = negotiate(sample_hello(PeerRole::kBackbone, 16), *got);
+  EXPECT_EQ(s.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.status().message().find("no common protocol version"), std::string::npos);
 }
 
 TEST(WireCodec, PingPongGoodbyeErrorRoundTrip) {

@@ -87,8 +87,11 @@ TEST(WireMalformed, HeaderDamage) {
   b[0] ^= 0xff;
   expect_code(b, StatusCode::kCorrupt, "magic");
   b = good_dispatch();
-  b[4] = 2;  // DISPATCH in a version we do not speak
-  expect_code(b, StatusCode::kUnsupported, "version 2");
+  b[4] = kVersion + 1;  // DISPATCH in a version we do not speak
+  expect_code(b, StatusCode::kUnsupported, "version 3");
+  b = good_dispatch();
+  b[4] = 1;  // ...nor in the pre-Q8K version 1
+  expect_code(b, StatusCode::kUnsupported, "version 1");
   b = good_dispatch();
   b[4] = 0;
   expect_code(b, StatusCode::kCorrupt, "version 0");
@@ -144,7 +147,7 @@ TEST(WireMalformed, DispatchFields) {
   expect_code(edit([](auto& b) { b.resize(kHeaderBytes + 10); }), StatusCode::kCorrupt, "fixed part");
   expect_code(edit([](auto& b) { put<uint8_t>(b, 16, 9); }), StatusCode::kCorrupt, "wire dtype 9");
   expect_code(edit([](auto& b) { put<uint8_t>(b, 17, 2); }), StatusCode::kCorrupt, "combine mode 2");
-  expect_code(edit([](auto& b) { put<uint8_t>(b, 18, 4); }), StatusCode::kCorrupt, "return dtype 4");
+  expect_code(edit([](auto& b) { put<uint8_t>(b, 18, 5); }), StatusCode::kCorrupt, "return dtype 5");
   expect_code(edit([](auto& b) { put<uint8_t>(b, 19, 1); }), StatusCode::kCorrupt, "reserved");
   expect_code(edit([](auto& b) { put<uint32_t>(b, 0, 8); }), StatusCode::kCorrupt, "layer 8");
   // Pair counts: a zero count, or counts that do not sum to n_pairs.
@@ -164,6 +167,40 @@ TEST(WireMalformed, DispatchFields) {
               StatusCode::kCorrupt, "non-finite weight");
   expect_code(edit([](auto& b) { put<float>(b, 76 + 4 * 40, std::numeric_limits<float>::infinity()); }),
               StatusCode::kCorrupt, "non-finite f32 at row 1 column 8");
+}
+
+TEST(WireMalformed, Q8KRows) {
+  // 3 tokens x 2 pairs, n_embd 300 (two Q8K blocks, the second padded): rows at 76, 520 B each.
+  const auto good = encode_dispatch(
+      make_dispatch(11, 2, 3, 300, 2, WireDType::kQ8K, CombineMode::kExact, WireDType::kQ8K)).value();
+  ASSERT_EQ(good.size(), kHeaderBytes + 76 + 3 * 520u);
+  auto dec = decode_dispatch(parse_frame(good, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(dec.is_ok()) << dec.status().to_string();
+  EXPECT_EQ(dec->hidden.dtype, WireDType::kQ8K);
+  EXPECT_EQ(encode_dispatch(*dec).value(), good);
+  auto edit = [&](auto fn) {
+    auto b = good;
+    fn(b);
+    return reseal(b);
+  };
+  // Short or long by a byte, and a row count the payload cannot hold (checked before allocating).
+  expect_code(edit([](auto& b) { b.resize(b.size() - 1); }), StatusCode::kCorrupt, "payload is");
+  expect_code(edit([](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "payload is");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 8, 4000); }), StatusCode::kCorrupt, "payload is");
+  // Non-finite scales: row 1 block 0, row 2 block 1.
+  expect_code(edit([](auto& b) { put<float>(b, 76 + 520, std::numeric_limits<float>::infinity()); }),
+              StatusCode::kCorrupt, "non-finite q8k scale at row 1 block 0");
+  expect_code(edit([](auto& b) { put<float>(b, 76 + 2 * 520 + 260, std::numeric_limits<float>::quiet_NaN()); }),
+              StatusCode::kCorrupt, "non-finite q8k scale at row 2 block 1");
+  // Any int8 value is a valid q (the quantizer can produce -128 for a denormal block max).
+  auto ok = decode_any(edit([](auto& b) { put<int8_t>(b, 76 + 4, -128); }), kLim);
+  EXPECT_TRUE(ok.is_ok()) << ok.to_string();
+  // The same checks guard a COMBINE carrying Q8K rows.
+  auto req = make_dispatch(12, 1, 2, 256, 1, WireDType::kF32, CombineMode::kPartial, WireDType::kQ8K);
+  auto comb = encode_combine(make_combine_for(req)).value();
+  ASSERT_TRUE(decode_any(comb, kLim).is_ok());
+  put<float>(comb, 24 + 260, -std::numeric_limits<float>::infinity());
+  expect_code(reseal(comb), StatusCode::kCorrupt, "non-finite q8k scale at row 1 block 0");
 }
 
 TEST(WireMalformed, NonFiniteAcceptedOnlyWhenAllowed) {

@@ -14,11 +14,15 @@ struct Sizes {
   size_t dispatch, combine;
 };
 
-Sizes frame_sizes(uint32_t n_tokens, WireDType dtype, CombineMode mode) {
+Sizes frame_sizes(uint32_t n_tokens, WireDType dtype, CombineMode mode, WireDType rdtype) {
   const uint32_t n_embd = 3072, k = 8;
-  DispatchMsg req = testing::make_dispatch(1, 0, n_tokens, n_embd, k, dtype, mode, dtype, 128);
+  DispatchMsg req = testing::make_dispatch(1, 0, n_tokens, n_embd, k, dtype, mode, rdtype, 128);
   CombineMsg rep = testing::make_combine_for(req);
   return {encode_dispatch(req).value().size(), encode_combine(rep).value().size()};
+}
+
+Sizes frame_sizes(uint32_t n_tokens, WireDType dtype, CombineMode mode) {
+  return frame_sizes(n_tokens, dtype, mode, dtype);
 }
 
 TEST(WireSizes, PerTokenBytesMatchTheFormulas) {
@@ -57,6 +61,26 @@ TEST(WireSizes, PerTokenBytesMatchTheFormulas) {
   const size_t q8_tok = (q8.dispatch - q8_1.dispatch + q8.combine - q8_1.combine) / (n_big - n_small);
   EXPECT_EQ(q8_tok, 6593u);
   EXPECT_LE(q8_tok, 6656u);
+}
+
+TEST(WireSizes, Q8KHiddenWithQ8Return) {
+  // "--wire q8" on k-quant experts: Q8K hidden rows (12 blocks of 260 B at n_embd 3072), Q8
+  // return rows (32-value blocks).
+  const uint32_t n_small = 4, n_big = 68;
+  EXPECT_EQ(wire_row_bytes(WireDType::kQ8K, 3072), 3120u);
+  for (CombineMode mode : {CombineMode::kExact, CombineMode::kPartial}) {
+    const Sizes one = frame_sizes(n_small, WireDType::kQ8K, mode, WireDType::kQ8);
+    const Sizes big = frame_sizes(n_big, WireDType::kQ8K, mode, WireDType::kQ8);
+    const size_t disp_tok = (big.dispatch - one.dispatch) / (n_big - n_small);
+    const size_t comb_tok = (big.combine - one.combine) / (n_big - n_small);
+    EXPECT_EQ(disp_tok, 1 + 64 + 3120u);
+    EXPECT_EQ(comb_tok, mode == CombineMode::kExact ? 8 * 3264u : 3264u);
+    std::printf("| q8k/q8 | %s | %zu | %zu | %zu |\n", combine_mode_name(mode), disp_tok, comb_tok, disp_tok + comb_tok);
+  }
+  // Q8K hidden + Q8 partial: 3,185 + 3,264 = 6,449 B per token per layer.
+  const Sizes a = frame_sizes(n_big, WireDType::kQ8K, CombineMode::kPartial, WireDType::kQ8);
+  const Sizes b = frame_sizes(n_small, WireDType::kQ8K, CombineMode::kPartial, WireDType::kQ8);
+  EXPECT_EQ((a.dispatch - b.dispatch + a.combine - b.combine) / (n_big - n_small), 6449u);
 }
 
 }  // namespace

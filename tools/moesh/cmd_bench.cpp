@@ -21,7 +21,40 @@ struct BenchArgs {
   int n_gen = 128;
   int threads = 0;
   int reps = 3;
+  bool timing = false;
   SwarmArgs swarm;
+};
+
+// Wraps the expert executor to time each MoE call from submit() to the end of wait(): the
+// part of a step the routed experts (local compute, or the remote round trip) keep the backbone
+// waiting. `--timing` prints it next to the step time, so local and swarm runs can be compared
+// stage by stage instead of only by their totals.
+class TimedExecutor final : public ExpertExecutor {
+ public:
+  explicit TimedExecutor(std::shared_ptr<ExpertExecutor> inner) : inner_(std::move(inner)) {}
+  Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override {
+    started_ = std::chrono::steady_clock::now();
+    return inner_->submit(layer, x, n_tokens, plan);
+  }
+  Result<std::span<const float>> wait(Ticket t) override {
+    auto r = inner_->wait(t);
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    ++calls_;
+    return r;
+  }
+  void set_pool(ThreadPool* pool) override { inner_->set_pool(pool); }
+  void reset() {
+    seconds_ = 0;
+    calls_ = 0;
+  }
+  double seconds() const { return seconds_; }
+  uint64_t calls() const { return calls_; }
+
+ private:
+  std::shared_ptr<ExpertExecutor> inner_;
+  std::chrono::steady_clock::time_point started_;
+  double seconds_ = 0;
+  uint64_t calls_ = 0;
 };
 
 struct Stat {
@@ -37,6 +70,27 @@ Stat stats(const std::vector<double>& v) {
     s.std = std::sqrt(s.std / static_cast<double>(v.size() - 1));
   }
   return s;
+}
+
+// Where the timed steps went: the experts' share (submit -> wait done) per token and per MoE
+// call, and for a swarm each worker's mean DISPATCH -> COMBINE latency next to the compute time
+// it reported (the difference is network, framing and wake-ups).
+void print_timing(const TimedExecutor& t, const RemoteExecutor* remote, const std::vector<WorkerTraffic>& before,
+                  double wall_s, double tokens) {
+  const double calls = static_cast<double>(std::max<uint64_t>(t.calls(), 1));
+  std::printf("  timing: %.3f ms per token, of which routed experts %.3f ms (%.1f%%) in %.1f calls of %.3f ms\n",
+              1e3 * wall_s / tokens, 1e3 * t.seconds() / tokens, 100.0 * t.seconds() / wall_s, calls / tokens,
+              1e3 * t.seconds() / calls);
+  if (remote == nullptr) return;
+  const auto now = remote->worker_traffic();
+  for (size_t i = 0; i < now.size() && i < before.size(); ++i) {
+    const double req = static_cast<double>(now[i].requests - before[i].requests);
+    if (req == 0) continue;
+    const double lat = (now[i].latency_sum_seconds - before[i].latency_sum_seconds) / req;
+    const double comp = (now[i].compute_sum_seconds - before[i].compute_sum_seconds) / req;
+    std::printf("  worker %zu %s: %.0f requests, latency %.3f ms = compute %.3f ms + %.3f ms other\n", i,
+                now[i].label.c_str(), req, 1e3 * lat, 1e3 * comp, 1e3 * (lat - comp));
+  }
 }
 
 int run_bench(const BenchArgs& a) {
@@ -58,6 +112,13 @@ int run_bench(const BenchArgs& a) {
   cp.n_threads = a.threads;
   cp.n_ctx = std::max(a.n_prompt, a.n_gen) + 1;
   cp.executor = remote;
+  std::shared_ptr<TimedExecutor> timed;
+  if (a.timing) {
+    std::shared_ptr<ExpertExecutor> inner = remote;
+    if (!inner) inner = std::make_shared<LocalExecutor>(model->expert_weights(), nullptr);
+    timed = std::make_shared<TimedExecutor>(inner);
+    cp.executor = timed;
+  }
   Context ctx(*model, cp);
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
   using clock = std::chrono::steady_clock;
@@ -94,6 +155,10 @@ int run_bench(const BenchArgs& a) {
       return 1;
     }
     std::vector<double> tps;
+    if (timed) timed->reset();
+    std::vector<WorkerTraffic> before;
+    if (remote) before = remote->worker_traffic();
+    double wall = 0;
     for (int r = 0; r < a.reps; ++r) {
       auto x = which == 0 ? time_pp() : time_tg();
       if (!x) {
@@ -101,11 +166,13 @@ int run_bench(const BenchArgs& a) {
         return 1;
       }
       tps.push_back(*x);
+      wall += n / *x;
     }
     const Stat s = stats(tps);
     std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib,
                 ctx.pool().n_threads(), fmt::format("{}{}", which == 0 ? "pp" : "tg", n).c_str(),
                 fmt::format("{:.2f} ± {:.2f}", s.mean, s.std).c_str());
+    if (timed) print_timing(*timed, remote.get(), before, wall, static_cast<double>(n) * a.reps);
   }
   return 0;
 }
@@ -119,6 +186,8 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
+      sub->add_flag("--timing", a->timing,
+                    "Also print where each step's time went (routed experts; per worker latency vs compute)");
       add_swarm_options(sub, &a->swarm);
       return [a] { return run_bench(*a); };
     }}};

@@ -1,22 +1,19 @@
 // `moesh gate -m MODEL (--worker H:P ... | --workers FILE) [--wire D] [--combine M] [--threads N]
-//  [--sequences N] [--seed S] [--min-argmax F] [--min-cosine F] [--no-bitwise]`:
-// the validation gate of a remote dispatch path (docs/gate.md). Runs a fixed set of seeded token
-// sequences through the full model twice — all-local (LocalExecutor) and through the workers —
-// and compares, per sequence: argmax agreement, min/mean cosine of the logits, top-k expert
-// agreement (each layer's routing decision of each token), and bitwise equality. Exact combine
-// over the f32 wire must be bit-identical; lossy paths must meet the thresholds. Exit 0 = PASS.
+//  [--sequences N] [--seed S] [--raw-sequences | --sequences-from FILE.json]
+//  [--min-routing-margin F] [--min-top1-lead F] [--min-argmax F] [--min-cosine F] [--no-bitwise]`:
+// the validation gate of a remote dispatch path (docs/gate.md). Curates seeded, well-conditioned
+// token sequences (no routing or top-1 near-ties, as the llama.cpp reference set), runs them
+// through the full model all-local and through the workers, and compares per sequence: argmax
+// agreement, min/mean cosine of the logits, top-k expert agreement and bitwise equality. The
+// logic is the gate library (include/moesh/gate.h); this file parses arguments and prints.
+// Exit 0 = PASS, 1 = FAIL or error, 2 = bad arguments.
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <random>
 
 #include "command.h"
 #include "model_cli.h"
-#include "moesh/sampling.h"
+#include "moesh/gate.h"
 #include "swarm_cli.h"
 
 namespace moesh::cli {
@@ -27,85 +24,15 @@ struct GateArgs {
   int threads = 0;
   int n_seq = 4;
   uint64_t seed = 42;
+  bool raw = false;
+  std::string sequences_from;
+  double min_routing_margin = -1.0;  // < 0: the gating's default
+  double min_top1_lead = 0.1;
   double min_argmax = 0.99;
   double min_cosine = 0.998;
   bool no_bitwise = false;
   SwarmArgs swarm;
 };
-
-// Records every MoE layer's routing decisions as sorted expert sets, in call order.
-class RoutingRecorder final : public ForwardObserver {
- public:
-  void on_routing(int layer, int64_t n_tokens, int k, const int32_t* ids, const float*) override {
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      std::vector<int32_t> s(ids + t * k, ids + (t + 1) * k);
-      std::sort(s.begin(), s.end());
-      decisions.push_back(std::move(s));
-    }
-  }
-  std::vector<std::vector<int32_t>> decisions;
-};
-
-struct Flip {
-  size_t seq = 0;
-  int64_t pos = 0;
-  int32_t local_id = 0, remote_id = 0;
-  float lead = 0;  // local logit of local_id minus local logit of remote_id
-};
-
-struct SeqResult {
-  int64_t n_tokens = 0;
-  int64_t argmax_same = 0;
-  double cos_min = 1.0, cos_mean = 0.0;
-  int64_t routing_same = 0, routing_total = 0;
-  bool bitwise = false;
-  bool pass = false;
-};
-
-double cosine(const float* a, const float* b, int64_t n) {
-  double ab = 0, aa = 0, bb = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    ab += static_cast<double>(a[i]) * b[i];
-    aa += static_cast<double>(a[i]) * a[i];
-    bb += static_cast<double>(b[i]) * b[i];
-  }
-  if (aa == 0 && bb == 0) return 1.0;
-  if (aa == 0 || bb == 0) return 0.0;
-  return ab / std::sqrt(aa * bb);
-}
-
-// The first half of the sequence as one batch, the rest one token at a time through the KV
-// cache: the gate covers both DISPATCH shapes (n_tokens > 1 and n_tokens = 1).
-// With `remote`, the traffic of the batch and of the one-token steps is added to traffic[0/1].
-Status run_sequence(Context& ctx, const std::vector<int32_t>& toks, std::vector<float>* logits,
-                    RemoteExecutor* remote = nullptr, RemoteTraffic* traffic = nullptr) {
-  const int64_t T = static_cast<int64_t>(toks.size());
-  const int64_t V = ctx.model().hparams().n_vocab;
-  logits->assign(static_cast<size_t>(T * V), 0.0f);
-  ctx.kv().clear();
-  const int64_t n_pre = std::max<int64_t>(1, T / 2);
-  auto take = [&](RemoteTraffic* into) {
-    if (remote == nullptr) return;
-    const RemoteTraffic t = remote->traffic();
-    remote->reset_traffic();
-    into->dispatch_frames += t.dispatch_frames;
-    into->dispatch_bytes += t.dispatch_bytes;
-    into->combine_frames += t.combine_frames;
-    into->combine_bytes += t.combine_bytes;
-    into->layer_calls += t.layer_calls;
-    into->token_layers += t.token_layers;
-    into->remote_pairs += t.remote_pairs;
-    into->local_pairs += t.local_pairs;
-  };
-  if (remote != nullptr) remote->reset_traffic();
-  MOESH_RETURN_IF_ERROR(ctx.decode(0, toks.data(), n_pre, logits->data()));
-  take(traffic);
-  for (int64_t t = n_pre; t < T; ++t) {
-    MOESH_RETURN_IF_ERROR(ctx.decode(0, toks.data() + t, 1, logits->data() + t * V));
-  }
-  take(traffic + 1);
-  return Status::ok();
-}
 
 void print_traffic(const char* what, const RemoteTraffic& tr) {
   const double tl = static_cast<double>(std::max<uint64_t>(tr.token_layers, 1));
@@ -121,6 +48,12 @@ void print_traffic(const char* what, const RemoteTraffic& tr) {
               static_cast<unsigned long long>(tr.local_pairs));
 }
 
+// "wire f16" (one place that names the path's wire dtype).
+std::string wire_description(const RemoteOptions& ro) {
+  if (ro.hidden_wire == ro.return_wire) return fmt::format("wire {}", wire::wire_dtype_name(ro.hidden_wire));
+  return fmt::format("wire {}/{}", wire::wire_dtype_name(ro.hidden_wire), wire::wire_dtype_name(ro.return_wire));
+}
+
 int run_gate(const GateArgs& a) {
   if (!a.swarm.enabled()) {
     std::fprintf(stderr, "moesh gate: error: give the remote path to check with --worker or --workers\n");
@@ -128,6 +61,10 @@ int run_gate(const GateArgs& a) {
   }
   if (a.n_seq < 1) {
     std::fprintf(stderr, "moesh gate: error: --sequences must be >= 1\n");
+    return 2;
+  }
+  if (a.raw && !a.sequences_from.empty()) {
+    std::fprintf(stderr, "moesh gate: error: --raw-sequences and --sequences-from exclude each other\n");
     return 2;
   }
   auto model = load_model_or_report(a.model, false, "gate");
@@ -142,104 +79,105 @@ int run_gate(const GateArgs& a) {
       return 1;
     }
   }
+
+  // The sequences: from a file, uniform (raw), or curated.
+  std::vector<std::vector<int32_t>> seqs;
+  std::string curation_line;
+  if (!a.sequences_from.empty()) {
+    auto s = gate::load_sequences_json(a.sequences_from, hp.n_vocab);
+    if (!s) {
+      std::fprintf(stderr, "moesh gate: error: --sequences-from: %s\n", s.status().to_string().c_str());
+      return 1;
+    }
+    seqs = std::move(*s);
+    curation_line = fmt::format("sequences: {} from {} (not curated)", seqs.size(), a.sequences_from);
+  } else {
+    gate::CurationOptions co;
+    co.n_sequences = a.n_seq;
+    co.seed = a.seed;
+    co.raw = a.raw;
+    co.min_routing_margin = a.min_routing_margin;
+    co.min_top1_lead = a.min_top1_lead;
+    co.n_threads = a.threads;
+    auto cur = gate::curate_sequences(*model, co);
+    if (!cur) {
+      std::fprintf(stderr, "moesh gate: error: curating sequences: %s\n", cur.status().to_string().c_str());
+      return 1;
+    }
+    seqs = cur->tokens;
+    if (a.raw) {
+      curation_line = fmt::format(
+          "sequences: {} raw (uniform, seed {}), {} positions; worst routing margin {:.4f}, worst top-1 lead "
+          "{:.4f} x RMS",
+          seqs.size(), a.seed, cur->positions, cur->worst.routing_margin, cur->worst.top1_lead_rel);
+    } else {
+      curation_line = fmt::format(
+          "sequences: {} curated (seed {}), {} positions: {} draws rejected (routing margin < {:.4g} or top-1 "
+          "lead < {:.3g} x RMS), {} ill-conditioned positions; worst routing margin {:.4f}, worst top-1 lead "
+          "{:.4f} x RMS",
+          seqs.size(), a.seed, cur->positions, cur->draws_rejected, cur->min_routing_margin, cur->min_top1_lead,
+          cur->ill_conditioned, cur->worst.routing_margin, cur->worst.top1_lead_rel);
+    }
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (static_cast<int64_t>(seqs[i].size()) > std::max<int64_t>(hp.n_ctx_train, 2)) {
+      std::fprintf(stderr, "moesh gate: error: sequence %zu has %zu tokens, more than the context (%lld)\n", i,
+                   seqs[i].size(), static_cast<long long>(hp.n_ctx_train));
+      return 1;
+    }
+  }
+
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "gate", &remote)) return 1;
   const RemoteOptions& ro = remote->options();
-  const bool bitwise = !a.no_bitwise && ro.combine == wire::CombineMode::kExact &&
-                       ro.wire == wire::WireDType::kF32;
+  gate::CompareOptions cmp;
+  cmp.min_argmax = a.min_argmax;
+  cmp.min_cosine = a.min_cosine;
+  cmp.bitwise = !a.no_bitwise && gate::is_bit_exact_path(*remote);
 
-  // Fixed sequences: lengths 16, 32, 48, 64, ... (within the context), seeded random ids.
-  std::mt19937_64 rng(a.seed);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(hp.n_vocab - 1));
-  std::vector<std::vector<int32_t>> seqs;
-  int64_t max_len = 0;
-  for (int s = 0; s < a.n_seq; ++s) {
-    const int64_t len = std::min<int64_t>(16 + 16 * (s % 4), std::max<int64_t>(hp.n_ctx_train, 2));
-    std::vector<int32_t> v(static_cast<size_t>(len));
-    for (auto& t : v) t = tok(rng);
-    max_len = std::max(max_len, len);
-    seqs.push_back(std::move(v));
+  std::printf("gate: %s | %s, combine %s, %zu worker(s) | criterion: %s\n", a.model.c_str(),
+              wire_description(ro).c_str(), wire::combine_mode_name(ro.combine), remote->n_workers(),
+              cmp.bitwise ? "bit-identical logits"
+                          : fmt::format("argmax agreement >= {:.4f}, min cosine >= {:.6f}", a.min_argmax,
+                                        a.min_cosine).c_str());
+  std::printf("%s\n", curation_line.c_str());
+  auto rep = gate::run_gate(*model, remote, seqs, cmp, a.threads);
+  if (!rep) {
+    std::fprintf(stderr, "moesh gate: error: %s\n", rep.status().to_string().c_str());
+    return 1;
   }
-
-  ContextParams cp;
-  cp.n_threads = a.threads;
-  cp.n_ctx = max_len;
-  Context local_ctx(*model, cp);
-  cp.executor = remote;
-  Context remote_ctx(*model, cp);
-
-  std::printf("gate: %s | wire %s, combine %s, %zu worker(s) | criterion: %s\n", a.model.c_str(),
-              wire::wire_dtype_name(ro.wire), wire::combine_mode_name(ro.combine), remote->n_workers(),
-              bitwise ? "bit-identical logits"
-                      : fmt::format("argmax agreement >= {:.4f}, min cosine >= {:.6f}", a.min_argmax,
-                                    a.min_cosine).c_str());
   std::printf("%-4s %7s %16s %10s %10s %12s %8s  %s\n", "seq", "tokens", "argmax agree", "cos min",
               "cos mean", "top-k agree", "bitwise", "result");
-  const int64_t V = hp.n_vocab;
-  bool all_pass = true;
-  std::vector<Flip> flips;
+  std::vector<gate::Flip> flips;
   double local_s = 0, remote_s = 0;
-  std::vector<float> lg_local, lg_remote;
-  RemoteTraffic traffic[2];  // batches, one-token steps
-  for (size_t si = 0; si < seqs.size(); ++si) {
-    RoutingRecorder rec_local, rec_remote;
-    local_ctx.set_observer(&rec_local);
-    remote_ctx.set_observer(&rec_remote);
-    auto t0 = std::chrono::steady_clock::now();
-    Status st = run_sequence(local_ctx, seqs[si], &lg_local);
-    auto t1 = std::chrono::steady_clock::now();
-    if (st.is_ok()) st = run_sequence(remote_ctx, seqs[si], &lg_remote, remote.get(), traffic);
-    auto t2 = std::chrono::steady_clock::now();
-    if (!st.is_ok()) {
-      std::fprintf(stderr, "moesh gate: error: sequence %zu: %s\n", si, st.to_string().c_str());
-      return 1;
-    }
-    local_s += std::chrono::duration<double>(t1 - t0).count();
-    remote_s += std::chrono::duration<double>(t2 - t1).count();
-    SeqResult r;
-    r.n_tokens = static_cast<int64_t>(seqs[si].size());
-    r.bitwise = std::memcmp(lg_local.data(), lg_remote.data(), lg_local.size() * sizeof(float)) == 0;
-    double cos_sum = 0;
-    for (int64_t t = 0; t < r.n_tokens; ++t) {
-      const float* x = lg_local.data() + t * V;
-      const float* y = lg_remote.data() + t * V;
-      const int32_t ax = argmax(x, V), ay = argmax(y, V);
-      r.argmax_same += ax == ay;
-      if (ax != ay) flips.push_back({si, t, ax, ay, x[ax] - x[ay]});
-      const double c = cosine(x, y, V);
-      r.cos_min = std::min(r.cos_min, c);
-      cos_sum += c;
-    }
-    r.cos_mean = cos_sum / static_cast<double>(r.n_tokens);
-    r.routing_total = static_cast<int64_t>(std::min(rec_local.decisions.size(), rec_remote.decisions.size()));
-    for (int64_t i = 0; i < r.routing_total; ++i) r.routing_same += rec_local.decisions[i] == rec_remote.decisions[i];
-    const double argmax_frac = static_cast<double>(r.argmax_same) / static_cast<double>(r.n_tokens);
-    const double routing_frac = r.routing_total > 0 ? static_cast<double>(r.routing_same) / r.routing_total : 1.0;
-    r.pass = bitwise ? r.bitwise : (argmax_frac >= a.min_argmax && r.cos_min >= a.min_cosine);
-    all_pass = all_pass && r.pass;
+  for (size_t si = 0; si < rep->sequences.size(); ++si) {
+    const gate::SequenceResult& r = rep->sequences[si];
     std::printf("%-4zu %7lld %7lld/%-3lld %4.0f%% %10.6f %10.6f %11.2f%% %8s  %s\n", si,
                 static_cast<long long>(r.n_tokens), static_cast<long long>(r.argmax_same),
-                static_cast<long long>(r.n_tokens), 100.0 * argmax_frac, r.cos_min, r.cos_mean,
-                100.0 * routing_frac, r.bitwise ? "yes" : "no", r.pass ? "PASS" : "FAIL");
+                static_cast<long long>(r.n_tokens), 100.0 * r.argmax_frac(), r.cos_min, r.cos_mean,
+                100.0 * r.routing_frac(), r.bitwise ? "yes" : "no", r.pass ? "PASS" : "FAIL");
+    flips.insert(flips.end(), r.flips.begin(), r.flips.end());
+    local_s += r.local_seconds;
+    remote_s += r.remote_seconds;
   }
   if (!flips.empty()) {
     // How close each flip was to a tie in the LOCAL logits: the local winner's lead over the
-    // token the remote path picked. Leads far below the logit noise of the lossy dtype mean
-    // near-ties (random-weight models have many); large leads mean real damage.
+    // token the remote path picked. On curated sequences every local top-1 leads by >= the
+    // --min-top1-lead fraction of the row's RMS, so a flip here means the path moved logits.
     std::printf("argmax flips: %zu; local lead of the local top-1 over the remote's pick (logit units):\n",
                 flips.size());
     for (size_t i = 0; i < flips.size() && i < 12; ++i) {
-      const Flip& f = flips[i];
+      const gate::Flip& f = flips[i];
       std::printf("  seq %zu pos %lld: local %d, remote %d, lead %.5f\n", f.seq, static_cast<long long>(f.pos),
                   f.local_id, f.remote_id, f.lead);
     }
     if (flips.size() > 12) std::printf("  ... %zu more\n", flips.size() - 12);
   }
-  print_traffic("(batches)", traffic[0]);
-  print_traffic("(1-token steps)", traffic[1]);
+  print_traffic("(batches)", rep->traffic[0]);
+  print_traffic("(1-token steps)", rep->traffic[1]);
   std::printf("time: local %.3f s, remote %.3f s\n", local_s, remote_s);
-  std::printf("gate: %s\n", all_pass ? "PASS" : "FAIL");
-  return all_pass ? 0 : 1;
+  std::printf("gate: %s\n", rep->pass ? "PASS" : "FAIL");
+  return rep->pass ? 0 : 1;
 }
 
 const CommandRegistrar k_reg{Command{
@@ -250,6 +188,18 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_option("--sequences", a->n_seq, "Token sequences to compare")->capture_default_str();
       sub->add_option("--seed", a->seed, "Seed of the token sequences")->capture_default_str();
+      sub->add_flag("--raw-sequences", a->raw,
+                    "Uniform random tokens, no curation (positions may be near-ties)");
+      sub->add_option("--sequences-from", a->sequences_from,
+                      "Compare these sequences instead (JSON {\"sequences\":[{\"tokens\":[...]}]})");
+      sub->add_option("--min-routing-margin", a->min_routing_margin,
+                      "Curation: reject a token whose routing margin is below this (default 0.05 for "
+                      "softmax gating, 0.0125 for sigmoid)")
+          ->check(CLI::NonNegativeNumber);
+      sub->add_option("--min-top1-lead", a->min_top1_lead,
+                      "Curation: reject a token whose top-1 logit leads by less than this x the row's RMS")
+          ->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
       sub->add_option("--min-argmax", a->min_argmax, "Lossy paths: minimum argmax agreement (fraction)")
           ->capture_default_str();
       sub->add_option("--min-cosine", a->min_cosine, "Lossy paths: minimum cosine of any logits row")

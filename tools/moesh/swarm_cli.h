@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moesh/remote.h"
@@ -17,7 +18,7 @@ namespace moesh::cli {
 struct SwarmArgs {
   std::vector<std::string> workers;  // --worker, repeatable
   std::string workers_file;          // --workers
-  std::string wire = "f32";
+  std::string wire = "f32";          // D (both directions) or HIDDEN,RETURN
   std::string combine = "exact";
   int timeout_ms = 10000;
   std::string congestion = "cubic";
@@ -25,11 +26,40 @@ struct SwarmArgs {
   bool enabled() const { return !workers.empty() || !workers_file.empty(); }
 };
 
+inline Result<wire::WireDType> parse_wire_dtype(const std::string& s) {
+  for (int i = 0; i < static_cast<int>(wire::WireDType::kCOUNT); ++i) {
+    const auto t = static_cast<wire::WireDType>(i);
+    if (s == wire::wire_dtype_name(t)) return t;
+  }
+  return make_error(StatusCode::kInvalidArgument, "--wire: '{}' is not f32|f16|bf16|q8|q8k", s);
+}
+
+// `--wire D` sets both directions, `--wire HIDDEN,RETURN` each (e.g. "q8,f16").
+inline Result<std::pair<wire::WireDType, wire::WireDType>> parse_wire_pair(const std::string& s) {
+  const size_t comma = s.find(',');
+  if (comma == std::string::npos) {
+    MOESH_ASSIGN_OR_RETURN(wire::WireDType t, parse_wire_dtype(s));
+    return std::make_pair(t, t);
+  }
+  if (s.find(',', comma + 1) != std::string::npos)
+    return make_error(StatusCode::kInvalidArgument, "--wire: '{}' has more than HIDDEN,RETURN", s);
+  MOESH_ASSIGN_OR_RETURN(wire::WireDType h, parse_wire_dtype(s.substr(0, comma)));
+  MOESH_ASSIGN_OR_RETURN(wire::WireDType r, parse_wire_dtype(s.substr(comma + 1)));
+  return std::make_pair(h, r);
+}
+
 inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
   sub->add_option("--worker", a->workers, "Worker HOST:PORT serving routed experts (repeatable)");
   sub->add_option("--workers", a->workers_file, "File with one worker HOST:PORT per line (# comments)");
-  sub->add_option("--wire", a->wire, "Wire dtype of hidden and result rows: f32|f16|bf16|q8")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8"}))
+  sub->add_option("--wire", a->wire,
+                  "Wire dtype of hidden and result rows, D or HIDDEN,RETURN, each f32|f16|bf16|q8|q8k "
+                  "(hidden q8: the INT8 blocks the worker's dot products take, Q8K for k-quants)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            auto p = parse_wire_pair(v);
+            return p ? std::string() : p.status().message();
+          },
+          "D|HIDDEN,RETURN"))
       ->capture_default_str();
   sub->add_option("--combine", a->combine,
                   "exact: raw expert outputs, summed here in rank order (bit-exact with f32); "
@@ -44,14 +74,6 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
       ->capture_default_str();
 }
 
-inline Result<wire::WireDType> parse_wire_dtype(const std::string& s) {
-  for (int i = 0; i < static_cast<int>(wire::WireDType::kCOUNT); ++i) {
-    const auto t = static_cast<wire::WireDType>(i);
-    if (s == wire::wire_dtype_name(t)) return t;
-  }
-  return make_error(StatusCode::kInvalidArgument, "--wire: '{}' is not f32|f16|bf16|q8", s);
-}
-
 inline Result<wire::CombineMode> parse_combine_mode(const std::string& s) {
   if (s == "exact") return wire::CombineMode::kExact;
   if (s == "partial") return wire::CombineMode::kPartial;
@@ -60,7 +82,9 @@ inline Result<wire::CombineMode> parse_combine_mode(const std::string& s) {
 
 inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
   RemoteOptions o;
-  MOESH_ASSIGN_OR_RETURN(o.wire, parse_wire_dtype(a.wire));
+  MOESH_ASSIGN_OR_RETURN(auto dts, parse_wire_pair(a.wire));
+  o.hidden_wire = dts.first;
+  o.return_wire = dts.second;
   MOESH_ASSIGN_OR_RETURN(o.combine, parse_combine_mode(a.combine));
   o.timeout = std::chrono::milliseconds(a.timeout_ms);
   o.tcp.congestion = a.congestion;
