@@ -120,6 +120,7 @@ class LocalExecutor final : public ExpertExecutor {
  public:
   LocalExecutor(std::vector<ExpertWeights> layers, ThreadPool* pool);
   ~LocalExecutor() override;
+  void set_pool(ThreadPool* pool) override;
   Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override;
   Result<std::span<const float>> wait(Ticket t) override;
 

@@ -63,7 +63,8 @@ class Placement {
 
   Placement() = default;
   Placement(int n_layer, int n_expert) : n_layer_(n_layer), n_expert_(n_expert),
-      owner_(static_cast<size_t>(n_layer) * static_cast<size_t>(n_expert), kNone) {}
+      owner_(static_cast<size_t>(n_layer) * static_cast<size_t>(n_expert), kNone),
+      holders_(owner_.size(), 0) {}
 
   int n_layer() const { return n_layer_; }
   int n_expert() const { return n_expert_; }
@@ -73,14 +74,25 @@ class Placement {
   void set_owner(int layer, int expert, int owner) {
     owner_[static_cast<size_t>(layer) * n_expert_ + expert] = static_cast<int16_t>(owner);
   }
+  // Bit w set: worker w (w < 64) holds the expert. When several workers hold it (replicas), the
+  // executor spreads each token's pairs over them; owner() is the first of them.
+  uint64_t holders(int layer, int expert) const {
+    return holders_[static_cast<size_t>(layer) * n_expert_ + expert];
+  }
+  void add_holder(int layer, int expert, int worker) {
+    if (worker >= 0 && worker < 64) holders_[static_cast<size_t>(layer) * n_expert_ + expert] |= uint64_t{1} << worker;
+  }
   // (layer, expert) pairs owned by `owner` (a worker index or kLocal).
   int64_t count(int owner) const;
+  // (layer, expert) pairs worker w holds as a replica of another worker's (it is not owner()).
+  int64_t count_replicas(int worker) const;
   // "layer 0: experts 0-7, 9; layer 3: experts 0-63" — the pairs owned by `owner`.
   std::string describe(int owner) const;
 
  private:
   int n_layer_ = 0, n_expert_ = 0;
   std::vector<int16_t> owner_;
+  std::vector<uint64_t> holders_;
 };
 
 // What the placement is built from.
@@ -93,7 +105,8 @@ struct PlacementInput {
   std::vector<std::string> worker_names;                       // for messages
 };
 
-// First worker holding an expert wins; otherwise the backbone if it has the layer's weights.
+// First worker holding an expert owns it (other holders are replicas, see Placement::holders);
+// otherwise the backbone if it has the layer's weights.
 // kNotFound listing the uncovered experts (layer by layer) if any MoE expert has no owner;
 // kInvalidArgument if a worker announces a range outside the model.
 Result<Placement> build_placement(const PlacementInput& in);

@@ -46,6 +46,8 @@ LocalExecutor::LocalExecutor(std::vector<ExpertWeights> layers, ThreadPool* pool
   impl_->pool = pool;
 }
 
+void LocalExecutor::set_pool(ThreadPool* pool) { impl_->pool = pool; }
+
 LocalExecutor::~LocalExecutor() = default;
 
 Ticket LocalExecutor::submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) {

@@ -7,6 +7,7 @@
 // combined by one loop, in rank order, with LocalExecutor's float operations — which is what
 // makes EXACT mode bit-identical to all-local execution for any placement.
 #include <algorithm>
+#include <bit>
 #include <mutex>
 
 #include "moe/expert_stages.h"
@@ -58,6 +59,8 @@ struct RemoteExecutor::Impl {
   // Reusable buffers.
   std::vector<float> rows_f32;        // gathered hidden rows of one request
   std::vector<int64_t> owner_pairs;   // pairs per worker
+  std::vector<int> assign;            // per (token, rank) slot: the worker computing it, or kLocal
+  std::vector<int> tok_pairs;         // pairs of the current token per worker (replica balance)
   std::vector<int> req_of_worker;
   std::vector<float> xl, lw;          // local expanded rows, unit weights
   std::vector<int32_t> lids;
@@ -152,10 +155,12 @@ bool RemoteExecutor::hidden_is_exact() const {
   if (m.opts.hidden_wire != wire::WireDType::kQ8 && m.opts.hidden_wire != wire::WireDType::kQ8K) return false;
   for (int l = 0; l < m.placement.n_layer(); ++l) {
     for (int e = 0; e < m.placement.n_expert(); ++e) {
-      const int o = m.placement.owner(l, e);
-      if (o < 0) continue;
-      const std::vector<uint8_t>& act = m.links[static_cast<size_t>(o)]->session.peer.layer_act;
-      if (static_cast<size_t>(l) >= act.size() || act[l] != static_cast<uint8_t>(m.hidden_dtype(o, l))) return false;
+      if (m.placement.owner(l, e) < 0) continue;
+      for (uint64_t h = m.placement.holders(l, e); h != 0; h &= h - 1) {
+        const int o = std::countr_zero(h);
+        const std::vector<uint8_t>& act = m.links[static_cast<size_t>(o)]->session.peer.layer_act;
+        if (static_cast<size_t>(l) >= act.size() || act[l] != static_cast<uint8_t>(m.hidden_dtype(o, l))) return false;
+      }
     }
   }
   return true;
@@ -178,9 +183,11 @@ std::string RemoteExecutor::describe() const {
                               wire::combine_mode_name(m.opts.combine),
                               m.opts.timeout.count(), m.links.size());
   for (size_t i = 0; i < m.links.size(); ++i) {
-    s += fmt::format("  worker {} {}: warm-up rtt {:.3f} ms, {} experts placed ({})\n", i, m.links[i]->label,
+    const int64_t replicas = m.placement.count_replicas(static_cast<int>(i));
+    s += fmt::format("  worker {} {}: warm-up rtt {:.3f} ms, {} experts placed ({}){}\n", i, m.links[i]->label,
                      std::chrono::duration<double, std::milli>(m.links[i]->warmup_rtt).count(),
-                     m.placement.count(static_cast<int>(i)), m.placement.describe(static_cast<int>(i)));
+                     m.placement.count(static_cast<int>(i)), m.placement.describe(static_cast<int>(i)),
+                     replicas > 0 ? fmt::format(", plus {} replicas of other workers' experts", replicas) : "");
   }
   s += fmt::format("  local: {} experts ({})\n", m.placement.count(Placement::kLocal),
                    m.placement.describe(Placement::kLocal));
@@ -211,20 +218,43 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
                            job.layer, n_tok, plan.n_tokens, k);
     return;
   }
-  // Pass 1: who owns each pair; requests are created in worker order, so PARTIAL sums are added
-  // in a fixed order whatever the routing.
+  // Pass 1: who computes each pair. An expert held by several workers (replicas) goes to the
+  // holder with the fewest of this token's pairs so far (ties: lowest index), so a token's
+  // experts spread evenly over replicas. The choice depends only on the token's own routing,
+  // never on the other tokens of the batch. Requests are created in worker order, so PARTIAL
+  // sums are added in a fixed order whatever the routing.
   std::fill(owner_pairs.begin(), owner_pairs.end(), 0);
-  for (int64_t s = 0; s < n_tok * k; ++s) {
-    const int32_t e = plan.ids[s];
-    const int o = e >= 0 && e < n_expert ? placement.owner(job.layer, e) : Placement::kNone;
-    if (o == Placement::kNone) {
-      job.error = make_error(StatusCode::kInvalidArgument,
-                             "remote executor: layer {} expert {} has no owner (dense layer or bad id)",
-                             job.layer, e);
-      return;
+  assign.resize(static_cast<size_t>(n_tok * k));
+  tok_pairs.assign(links.size(), 0);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int rk = 0; rk < k; ++rk) {
+      const int64_t s = t * k + rk;
+      const int32_t e = plan.ids[s];
+      int o = e >= 0 && e < n_expert ? placement.owner(job.layer, e) : Placement::kNone;
+      if (o == Placement::kNone) {
+        job.error = make_error(StatusCode::kInvalidArgument,
+                               "remote executor: layer {} expert {} has no owner (dense layer or bad id)",
+                               job.layer, e);
+        return;
+      }
+      if (o >= 0) {
+        for (uint64_t h = placement.holders(job.layer, e); h != 0; h &= h - 1) {
+          const int w = std::countr_zero(h);
+          if (tok_pairs[w] < tok_pairs[o]) o = w;
+        }
+      }
+      assign[s] = o;
+      if (o == Placement::kLocal) {
+        job.local_slots.push_back(static_cast<int32_t>(s));
+      } else {
+        ++owner_pairs[o];
+        ++tok_pairs[o];
+      }
     }
-    if (o == Placement::kLocal) job.local_slots.push_back(static_cast<int32_t>(s));
-    else ++owner_pairs[o];
+    for (int rk = 0; rk < k; ++rk) {
+      const int o = assign[t * k + rk];
+      if (o >= 0) tok_pairs[o] = 0;
+    }
   }
   for (size_t w = 0; w < links.size(); ++w) {
     req_of_worker[w] = -1;
@@ -243,7 +273,7 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
   for (int64_t t = 0; t < n_tok; ++t) {
     for (int rk = 0; rk < k; ++rk) {
       const int64_t s = t * k + rk;
-      const int o = placement.owner(job.layer, plan.ids[s]);
+      const int o = assign[s];
       if (o < 0) continue;
       Request& r = job.reqs[req_of_worker[o]];
       if (r.tokens.empty() || r.tokens.back() != t) {

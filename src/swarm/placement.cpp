@@ -85,6 +85,13 @@ int64_t Placement::count(int owner) const {
   return n;
 }
 
+int64_t Placement::count_replicas(int worker) const {
+  if (worker < 0 || worker >= 64) return 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < owner_.size(); ++i) n += ((holders_[i] >> worker) & 1) != 0 && owner_[i] != worker;
+  return n;
+}
+
 std::string Placement::describe(int owner) const {
   std::string s;
   std::vector<int> ids;
@@ -127,7 +134,10 @@ Result<Placement> build_placement(const PlacementInput& in) {
         return make_error(StatusCode::kInvalidArgument, "worker {} announces experts of layer {}, which is dense",
                           in.worker_names[wi], r.layer);
       }
-      for (uint64_t e = r.first; e < end; ++e) p.set_owner(static_cast<int>(r.layer), static_cast<int>(e), static_cast<int>(wi));
+      for (uint64_t e = r.first; e < end; ++e) {
+        p.set_owner(static_cast<int>(r.layer), static_cast<int>(e), static_cast<int>(wi));
+        p.add_holder(static_cast<int>(r.layer), static_cast<int>(e), static_cast<int>(wi));
+      }
     }
   }
   // Every routed expert of every MoE layer needs an owner.

@@ -70,6 +70,15 @@ TEST(Placement, FirstWorkerWinsAndBackboneFillsTheRest) {
   EXPECT_EQ(p->count(1), 12);
   EXPECT_EQ(p->count(Placement::kLocal), 0);
   EXPECT_EQ(p->describe(0), "layer 1: experts 0-3");
+  // The overlap 2-3 of layer 1 has two holders (b is a replica); everything else one.
+  for (int e = 0; e < 8; ++e) {
+    const uint64_t want = e < 2 ? 1u : e < 4 ? 3u : 2u;
+    EXPECT_EQ(p->holders(1, e), want) << e;
+    EXPECT_EQ(p->holders(2, e), 2u) << e;
+  }
+  EXPECT_EQ(p->holders(0, 0), 0u);
+  EXPECT_EQ(p->count_replicas(0), 0);
+  EXPECT_EQ(p->count_replicas(1), 2);
 
   in.worker_experts = {{{1, 0, 3}}};
   in.worker_names = {"a"};

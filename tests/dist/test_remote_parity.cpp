@@ -139,6 +139,46 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
       EXPECT_GT(tr.local_pairs, 0u) << "the split should leave work on the backbone";
     }
   }
+  // Replicas: A holds every expert and B the first half, so each first-half expert has two
+  // holders and a token's pairs are spread over both. Exact mode must still give the local bits;
+  // in partial mode the spread depends only on the token's own routing, so a token's result
+  // must not depend on the batch it came in (all tokens in one batch = the run_model schedule).
+  {
+    SCOPED_TRACE("replicas: A = every expert, B = first half");
+    std::vector<WorkerAddress> addrs = {s.workers[0]->address(), s.workers[1]->address()};
+    RemoteOptions o;
+    o.timeout = std::chrono::milliseconds(20000);
+    auto exec = RemoteExecutor::connect(*s.model, addrs, o);
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    std::shared_ptr<RemoteExecutor> shared(std::move(*exec));
+    EXPECT_GT(shared->placement().count_replicas(1), 0);
+    auto lg = run_model(*s.model, s.tokens, shared);
+    ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+    EXPECT_EQ(std::memcmp(lg->data(), s.local.data(), s.local.size() * sizeof(float)), 0)
+        << "exact remote logits with replicas differ from local";
+    const auto wt = shared->worker_traffic();
+    ASSERT_EQ(wt.size(), 2u);
+    EXPECT_GT(wt[0].requests, 0u);
+    EXPECT_GT(wt[1].requests, 0u) << "the replica holder got no work";
+
+    o.combine = wire::CombineMode::kPartial;
+    auto pexec = RemoteExecutor::connect(*s.model, addrs, o);
+    ASSERT_TRUE(pexec.is_ok()) << pexec.status().to_string();
+    std::shared_ptr<RemoteExecutor> pshared(std::move(*pexec));
+    ContextParams cp;
+    cp.n_threads = 1;
+    cp.n_ctx = static_cast<int64_t>(s.tokens.size());
+    cp.executor = pshared;
+    Context ctx(*s.model, cp);
+    const int64_t T = static_cast<int64_t>(s.tokens.size());
+    std::vector<float> batch(static_cast<size_t>(T * V)), single(static_cast<size_t>(T * V));
+    ASSERT_TRUE(ctx.decode(0, s.tokens.data(), T, batch.data()).is_ok());
+    ctx.kv().clear();
+    for (int64_t t = 0; t < T; ++t) ASSERT_TRUE(ctx.decode(0, &s.tokens[t], 1, single.data() + t * V).is_ok());
+    EXPECT_EQ(std::memcmp(batch.data(), single.data(), batch.size() * sizeof(float)), 0)
+        << "partial sums over replicas depend on the batch a token came in";
+    EXPECT_GE(compare_logits(s.local, batch, V).min_cosine, 0.99999);
+  }
   // Hidden q8 (the worker's INT8 activation blocks) + f32 return + exact combine.
   {
     bool all_int8 = true;
