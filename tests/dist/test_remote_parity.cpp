@@ -6,7 +6,7 @@
 //                        Q8_0 (Q8_0 files) or Q8_K (Q4_K_M files) activations: the worker gets
 //                        the backbone's own INT8 blocks (Q8 / Q8K) and does not re-quantize;
 //   partial + f32     -> cosine >= 0.99999 on every position;
-//   f16 / bf16 / q8 / q8,f16 -> the gate's lossy thresholds (argmax agreement >= 99%, cosine >= 0.998),
+//   f16 / bf16 / q8 / q8,f16 / q8,q8k -> the gate's lossy thresholds (argmax agreement >= 99%, cosine >= 0.998),
 //                        argmax judged where the local top-1 leads by > 0.05 (near-ties may swap).
 // A backbone started from a `--backbone` slice, with every expert on a worker, gives the bits of
 // the full local model; with experts left uncovered it refuses to start and lists them.
@@ -234,7 +234,8 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
                          Lossy{wire::WireDType::kBF16, wire::CombineMode::kPartial, wire::WireDType::kBF16},
                          Lossy{wire::WireDType::kQ8, wire::CombineMode::kExact, wire::WireDType::kQ8},
                          Lossy{wire::WireDType::kQ8, wire::CombineMode::kPartial, wire::WireDType::kQ8},
-                         Lossy{wire::WireDType::kQ8, wire::CombineMode::kPartial, wire::WireDType::kF16}}) {
+                         Lossy{wire::WireDType::kQ8, wire::CombineMode::kPartial, wire::WireDType::kF16},
+                         Lossy{wire::WireDType::kQ8, wire::CombineMode::kPartial, wire::WireDType::kQ8K}}) {
     SCOPED_TRACE(fmt::format("{},{} {}", wire::wire_dtype_name(l.dt), wire::wire_dtype_name(l.ret),
                              wire::combine_mode_name(l.mode)));
     RemoteTraffic tr;
