@@ -86,39 +86,8 @@ void tile_blocks32(int64_t n, const void* vw, size_t w_stride, int nr, const voi
 
 // ---- super-block types: per-type unpacked weights (Prep) and the exact isum against one Q8_K
 
-struct TileQ4_K {
-  using BW = BlockQ4_K;
-  static constexpr bool kHasMin = true;
-  struct Prep {
-    __m256i q[8];
-    __m256i s16[8];
-    uint64_t m;
-  };
-  static void prep(const BW& w, Prep* p) {
-    uint64_t sc;
-    unpack_k4_scales(w.scales, &sc, &p->m);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int c = 0; c < 4; ++c) {
-      const __m256i q = loadu256(w.qs + 32 * c);
-      p->q[2 * c] = _mm256_and_si256(q, m4);
-      p->q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      p->s16[2 * c] = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c)) & 0xFF));
-      p->s16[2 * c + 1] = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF));
-    }
-  }
-  static __m256i dot(const Prep& p, const BlockQ8_K& y) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int k = 0; k < 8; ++k) acc = _mm256_add_epi32(acc, scaled_u8s8(p.q[k], y.qs + 32 * k, p.s16[k]));
-    return acc;
-  }
-  static __m128i mins4(const Prep& p, const BlockQ8_K& y) { return k4_mins4(p.m, y); }
-  static float scale(const BW& w, const BlockQ8_K& y) { return PolicyQ4_K::scale(w, y); }
-  static float min_scale(const BW& w, const BlockQ8_K& y) { return PolicyQ4_K::min_scale(w, y); }
-};
-
 struct TileQ6_K {
   using BW = BlockQ6_K;
-  static constexpr bool kHasMin = false;
   struct Prep {
     __m256i q[8];
     __m256i s16[8];
@@ -147,10 +116,9 @@ struct TileQ6_K {
     return acc;
   }
   static float scale(const BW& w, const BlockQ8_K& y) { return PolicyQ6_K::scale(w, y); }
-  static float min_scale(const BW&, const BlockQ8_K&) { return 0.0f; }
 };
 
-// Q4_K (mins in 4 float lanes) and Q6_K: the per-lane order of dot_superblocks.
+// Q6_K: the per-lane order of dot_superblocks.
 template <class T>
 void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx,
                       size_t x_stride, int nc, float* out, size_t ldo) {
@@ -165,13 +133,8 @@ void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const 
     for (int c0 = 0; c0 < nc; c0 += kTileC) {
       const int cn = std::min(kTileC, nc - c0);
       __m256 acc[kTileR][kTileC];
-      __m128 acc_m[kTileR][kTileC];
-      for (int r = 0; r < rn; ++r) {
-        for (int c = 0; c < cn; ++c) {
-          acc[r][c] = _mm256_setzero_ps();
-          acc_m[r][c] = _mm_setzero_ps();
-        }
-      }
+      for (int r = 0; r < rn; ++r)
+        for (int c = 0; c < cn; ++c) acc[r][c] = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
         for (int r = 0; r < rn; ++r) {
           const BW& w = wrow(r0 + r)[b];
@@ -180,22 +143,87 @@ void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const 
           for (int c = 0; c < cn; ++c) {
             const BlockQ8_K& y = xrow(c0 + c)[b];
             acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T::dot(p, y)), _mm256_set1_ps(T::scale(w, y)), acc[r][c]);
-            if constexpr (T::kHasMin) {
-              acc_m[r][c] = _mm_fmadd_ps(_mm_cvtepi32_ps(T::mins4(p, y)), _mm_set1_ps(-T::min_scale(w, y)), acc_m[r][c]);
-            }
           }
         }
       }
       for (int r = 0; r < rn; ++r) {
         for (int c = 0; c < cn; ++c) {
-          float v = reduce8(acc[r][c]);
-          if constexpr (T::kHasMin) {
-            __m128 m = _mm_add_ps(acc_m[r][c], _mm_movehl_ps(acc_m[r][c], acc_m[r][c]));
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            v += _mm_cvtss_f32(m);
-          }
-          out[static_cast<size_t>(c0 + c) * ldo + static_cast<size_t>(r0 + r)] = v;
+          out[static_cast<size_t>(c0 + c) * ldo + static_cast<size_t>(r0 + r)] = reduce8(acc[r][c]);
         }
+      }
+    }
+  }
+}
+
+// ---- Q4_K: one weight row x NC activation rows, every accumulator in a register
+
+// The generic tile above unpacks a whole Q4_K super-block (8 quant + 8 scale vectors) and keeps
+// a 4x4 grid of float accumulators: far more than AVX2's 16 registers, so it ran from the stack.
+// Here each 64-value chunk is unpacked once and applied to NC activation rows before the next
+// chunk, with NC int32 sums, NC float accumulators and NC 4-lane min accumulators live. The
+// integer sums are exact whatever their order; the float steps per super-block are the same as
+// vec_dot_q4_k's (one fma with d, one 4-lane fma with -dmin), so outputs match it bit for bit.
+template <int NC>
+inline void q4k_row_tile(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NC];
+  __m128 acc_m[NC];
+  for (int j = 0; j < NC; ++j) {
+    acc[j] = _mm256_setzero_ps();
+    acc_m[j] = _mm_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& x = w[b];
+    uint64_t sc, m;
+    unpack_k4_scales(x.scales, &sc, &m);
+    const __m256i sc16 =
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    __m256i isum[NC];
+    for (int j = 0; j < NC; ++j) isum[j] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = loadu256(x.qs + 32 * c);
+      const __m256i q_lo = _mm256_and_si256(q, m4);
+      const __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i s_lo = _mm256_shuffle_epi8(sc16, bcast16_ctrl(2 * c));
+      const __m256i s_hi = _mm256_shuffle_epi8(sc16, bcast16_ctrl(2 * c + 1));
+      for (int j = 0; j < NC; ++j) {
+        const int8_t* yq = y[j][b].qs + 64 * c;
+        isum[j] = _mm256_add_epi32(isum[j], _mm256_add_epi32(scaled_u8s8(q_lo, yq, s_lo), scaled_u8s8(q_hi, yq + 32, s_hi)));
+      }
+    }
+    const float dw = h2f(x.d), mw = h2f(x.dmin);
+    for (int j = 0; j < NC; ++j) {
+      const BlockQ8_K& q8 = y[j][b];
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(dw * q8.d), acc[j]);
+      acc_m[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(k4_mins4(m, q8)), _mm_set1_ps(-(mw * q8.d)), acc_m[j]);
+    }
+  }
+  for (int j = 0; j < NC; ++j) {
+    __m128 mm = _mm_add_ps(acc_m[j], _mm_movehl_ps(acc_m[j], acc_m[j]));
+    mm = _mm_add_ss(mm, _mm_movehdup_ps(mm));
+    out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]) + _mm_cvtss_f32(mm);
+  }
+}
+
+void tile_q4_k(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
+               float* out, size_t ldo) {
+  const int64_t nb = n / kQKK;
+  constexpr int kNC = 4;
+  for (int c0 = 0; c0 < nc; c0 += kNC) {
+    const int cn = std::min(kNC, nc - c0);
+    const BlockQ8_K* y[kNC];
+    for (int j = 0; j < cn; ++j) {
+      y[j] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(vx) + (c0 + j) * x_stride);
+    }
+    for (int r = 0; r < nr; ++r) {
+      const auto* w = reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(vw) + r * w_stride);
+      float* o = out + static_cast<size_t>(c0) * ldo + static_cast<size_t>(r);
+      switch (cn) {
+        case 4: q4k_row_tile<4>(nb, w, y, o, ldo); break;
+        case 3: q4k_row_tile<3>(nb, w, y, o, ldo); break;
+        case 2: q4k_row_tile<2>(nb, w, y, o, ldo); break;
+        default: q4k_row_tile<1>(nb, w, y, o, ldo); break;
       }
     }
   }
@@ -204,7 +232,7 @@ void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const 
 inline void fill_tiles(KernelTable* t) {
   t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_blocks32<PolicyQ8_0>;
   t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile = tile_blocks32<PolicyQ4_0>;
-  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_superblocks<TileQ4_K>;
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_q4_k;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_superblocks<TileQ6_K>;
 }
 
