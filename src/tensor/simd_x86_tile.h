@@ -84,81 +84,11 @@ void tile_blocks32(int64_t n, const void* vw, size_t w_stride, int nr, const voi
   }
 }
 
-// ---- super-block types: per-type unpacked weights (Prep) and the exact isum against one Q8_K
-
-struct TileQ6_K {
-  using BW = BlockQ6_K;
-  struct Prep {
-    __m256i q[8];
-    __m256i s16[8];
-  };
-  static void prep(const BW& w, Prep* p) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i l0 = loadu256(w.ql + 64 * h);
-      const __m256i l1 = loadu256(w.ql + 64 * h + 32);
-      const __m256i hb = loadu256(w.qh + 32 * h);
-      const int8_t* s = w.scales + 8 * h;
-      __m256i* q = p->q + 4 * h;
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
-      for (int j = 0; j < 4; ++j) p->s16[4 * h + j] = scale_pair16(s[2 * j], s[2 * j + 1]);
-    }
-  }
-  static __m256i dot(const Prep& p, const BlockQ8_K& y) {
-    const __m256i off = _mm256_set1_epi8(32);
-    __m256i acc = _mm256_setzero_si256();
-    for (int k = 0; k < 8; ++k) acc = _mm256_add_epi32(acc, offset_u8s8(p.q[k], off, loadu256(y.qs + 32 * k), p.s16[k]));
-    return acc;
-  }
-  static float scale(const BW& w, const BlockQ8_K& y) { return PolicyQ6_K::scale(w, y); }
-};
-
-// Q6_K: the per-lane order of dot_superblocks.
-template <class T>
-void tile_superblocks(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx,
-                      size_t x_stride, int nc, float* out, size_t ldo) {
-  using BW = typename T::BW;
-  const int64_t nb = n / kQKK;
-  auto wrow = [&](int r) { return reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride); };
-  auto xrow = [&](int c) {
-    return reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(vx) + c * x_stride);
-  };
-  for (int r0 = 0; r0 < nr; r0 += kTileR) {
-    const int rn = std::min(kTileR, nr - r0);
-    for (int c0 = 0; c0 < nc; c0 += kTileC) {
-      const int cn = std::min(kTileC, nc - c0);
-      __m256 acc[kTileR][kTileC];
-      for (int r = 0; r < rn; ++r)
-        for (int c = 0; c < cn; ++c) acc[r][c] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        for (int r = 0; r < rn; ++r) {
-          const BW& w = wrow(r0 + r)[b];
-          typename T::Prep p;
-          T::prep(w, &p);
-          for (int c = 0; c < cn; ++c) {
-            const BlockQ8_K& y = xrow(c0 + c)[b];
-            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T::dot(p, y)), _mm256_set1_ps(T::scale(w, y)), acc[r][c]);
-          }
-        }
-      }
-      for (int r = 0; r < rn; ++r) {
-        for (int c = 0; c < cn; ++c) {
-          out[static_cast<size_t>(c0 + c) * ldo + static_cast<size_t>(r0 + r)] = reduce8(acc[r][c]);
-        }
-      }
-    }
-  }
-}
-
 // ---- Q4_K: one weight row x NC activation rows, every accumulator in a register
 
-// The generic tile above unpacks a whole Q4_K super-block (8 quant + 8 scale vectors) and keeps
-// a 4x4 grid of float accumulators: far more than AVX2's 16 registers, so it ran from the stack.
+// A 4x4 tile that unpacks a whole super-block first (8 quant + 8 scale vectors) and keeps a 4x4
+// grid of float accumulators needs far more than AVX2's 16 registers and runs from the stack
+// (that was the previous version: 2.4-3x slower in bench_kernels' batched Q4_K rows).
 // Here each 64-value chunk is unpacked once and applied to NC activation rows before the next
 // chunk, with NC int32 sums, NC float accumulators and NC 4-lane min accumulators live. The
 // integer sums are exact whatever their order; the float steps per super-block are the same as
@@ -206,7 +136,52 @@ inline void q4k_row_tile(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const*
   }
 }
 
-void tile_q4_k(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
+// ---- Q6_K: the same layout (one weight row x NC activation rows, registers only). Integer sums
+// in any order are exact; the one float step per super-block is vec_dot_q6_k's.
+template <int NC>
+inline void q6k_row_tile(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  const __m256i off = _mm256_set1_epi8(32);
+  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m256 acc[NC];
+  for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ6_K& x = w[b];
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(loadu128(x.scales), even_odd));
+    __m256i isum[NC];
+    for (int j = 0; j < NC; ++j) isum[j] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = loadu256(x.ql + 64 * h);
+      const __m256i l1 = loadu256(x.ql + 64 * h + 32);
+      const __m256i hb = loadu256(x.qh + 32 * h);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m256i s16 = _mm256_shuffle_epi8(sc16, bcast16_ctrl(4 * h + k));
+        for (int j = 0; j < NC; ++j) {
+          const __m256i yv = loadu256(y[j][b].qs + 128 * h + 32 * k);
+          isum[j] = _mm256_add_epi32(isum[j], offset_u8s8(q[k], off, yv, s16));
+        }
+      }
+    }
+    const float dw = h2f(x.d);
+    for (int j = 0; j < NC; ++j) {
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(dw * y[j][b].d), acc[j]);
+    }
+  }
+  for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
+}
+
+// Rows x tokens in groups of up to 4 tokens, each row against the group through RowTile<NC>.
+template <class BW, template <int> class RowTile>
+void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
                float* out, size_t ldo) {
   const int64_t nb = n / kQKK;
   constexpr int kNC = 4;
@@ -217,23 +192,36 @@ void tile_q4_k(int64_t n, const void* vw, size_t w_stride, int nr, const void* v
       y[j] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(vx) + (c0 + j) * x_stride);
     }
     for (int r = 0; r < nr; ++r) {
-      const auto* w = reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(vw) + r * w_stride);
+      const auto* w = reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride);
       float* o = out + static_cast<size_t>(c0) * ldo + static_cast<size_t>(r);
       switch (cn) {
-        case 4: q4k_row_tile<4>(nb, w, y, o, ldo); break;
-        case 3: q4k_row_tile<3>(nb, w, y, o, ldo); break;
-        case 2: q4k_row_tile<2>(nb, w, y, o, ldo); break;
-        default: q4k_row_tile<1>(nb, w, y, o, ldo); break;
+        case 4: RowTile<4>::run(nb, w, y, o, ldo); break;
+        case 3: RowTile<3>::run(nb, w, y, o, ldo); break;
+        case 2: RowTile<2>::run(nb, w, y, o, ldo); break;
+        default: RowTile<1>::run(nb, w, y, o, ldo); break;
       }
     }
   }
 }
 
+template <int NC>
+struct Q4KRowTile {
+  static void run(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, float* o, size_t ldo) {
+    q4k_row_tile<NC>(nb, w, y, o, ldo);
+  }
+};
+template <int NC>
+struct Q6KRowTile {
+  static void run(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, float* o, size_t ldo) {
+    q6k_row_tile<NC>(nb, w, y, o, ldo);
+  }
+};
+
 inline void fill_tiles(KernelTable* t) {
   t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_blocks32<PolicyQ8_0>;
   t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile = tile_blocks32<PolicyQ4_0>;
-  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_q4_k;
-  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_superblocks<TileQ6_K>;
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, Q4KRowTile>;
+  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, Q6KRowTile>;
 }
 
 }  // namespace
