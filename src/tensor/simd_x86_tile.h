@@ -13,75 +13,28 @@
 namespace moesh::simd {
 namespace {
 
-constexpr int kTileR = 4;  // weight rows per register tile
-constexpr int kTileC = 4;  // activation rows per register tile
 
-// ---- 32-element block types with a prep/dot split (weights unpacked once, reused nc times)
+// ---- 32-element per-lane block types (Q8_0, Q4_0): one weight row x NC activation rows
 
-template <class P>
-void tile_blocks32(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx,
-                   size_t x_stride, int nc, float* out, size_t ldo) {
-  using BW = typename P::BW;
-  using BY = typename P::BY;
+// Each weight block is unpacked once (prep) and dotted with NC activation blocks; NC float
+// accumulators stay in registers (a 4x4 grid of them would not fit AVX2's 16). Per output the
+// float steps are vec_dot's per-lane ones: acc = fma(cvt(isum), dw*dy, acc) block by block.
+template <class P, int NC>
+inline void blocks32_row_tile(int64_t nb, const typename P::BW* w, const typename P::BY* const* y, float* out,
+                              size_t ldo) {
+  static_assert(P::kPerLane, "only per-lane block types have a row tile");
   const P p;
-  const int64_t nb = n / kQK;
-  auto wrow = [&](int r) { return reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride); };
-  auto xrow = [&](int c) { return reinterpret_cast<const BY*>(static_cast<const uint8_t*>(vx) + c * x_stride); };
-  for (int r0 = 0; r0 < nr; r0 += kTileR) {
-    const int rn = std::min(kTileR, nr - r0);
-    for (int c0 = 0; c0 < nc; c0 += kTileC) {
-      const int cn = std::min(kTileC, nc - c0);
-      __m256 acc[kTileR][kTileC];
-      for (int r = 0; r < rn; ++r)
-        for (int c = 0; c < cn; ++c) acc[r][c] = _mm256_setzero_ps();
-      int64_t b = 0;
-      if constexpr (P::kPerLane) {
-        for (; b < nb; ++b) {
-          for (int r = 0; r < rn; ++r) {
-            const BW& w = wrow(r0 + r)[b];
-            const __m256i q = p.prep(w);
-            const float dw = h2f(w.d);
-            for (int c = 0; c < cn; ++c) {
-              const BY& y = xrow(c0 + c)[b];
-              acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q, y)), _mm256_set1_ps(dw * h2f(y.d)), acc[r][c]);
-            }
-          }
-        }
-      }
-      for (; b + 8 <= nb; b += 8) {
-        for (int r = 0; r < rn; ++r) {
-          const BW* w = wrow(r0 + r) + b;
-          __m256i q[8];
-          alignas(32) float dw[8];
-          for (int k = 0; k < 8; ++k) q[k] = p.prep(w[k]);
-          for (int k = 0; k < 8; ++k) dw[k] = h2f(w[k].d);
-          for (int c = 0; c < cn; ++c) {
-            const BY* y = xrow(c0 + c) + b;
-            __m256i s[8];
-            alignas(32) float sc[8];
-            for (int k = 0; k < 8; ++k) {
-              s[k] = p.dot(q[k], y[k]);
-              sc[k] = dw[k] * h2f(y[k].d);  // == P::scale(w, y): dx*dy
-            }
-            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8(s)), _mm256_load_ps(sc), acc[r][c]);
-          }
-        }
-      }
-      for (int r = 0; r < rn; ++r) {
-        for (int c = 0; c < cn; ++c) {
-          alignas(32) float a[8];
-          _mm256_store_ps(a, acc[r][c]);
-          const BW* w = wrow(r0 + r);
-          const BY* y = xrow(c0 + c);
-          for (int64_t bb = b; bb < nb; ++bb) {
-            float& l = a[bb & 7];
-            l = std::fmaf(static_cast<float>(hsum_i32(p.isum(w[bb], y[bb]))), P::scale(w[bb], y[bb]), l);
-          }
-          out[static_cast<size_t>(c0 + c) * ldo + static_cast<size_t>(r0 + r)] = reduce8(_mm256_load_ps(a));
-        }
-      }
+  __m256 acc[NC];
+  for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i q = p.prep(w[b]);
+    const float dw = h2f(w[b].d);
+    for (int j = 0; j < NC; ++j) {
+      const typename P::BY& yb = y[j][b];
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q, yb)), _mm256_set1_ps(dw * h2f(yb.d)), acc[j]);
     }
   }
+  for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
 }
 
 // ---- Q4_K: one weight row x NC activation rows, every accumulator in a register
@@ -179,17 +132,18 @@ inline void q6k_row_tile(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const*
   for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
 }
 
-// Rows x tokens in groups of up to 4 tokens, each row against the group through RowTile<NC>.
-template <class BW, template <int> class RowTile>
+// Rows x tokens in groups of up to 4 tokens, each row against the group through RowTile<NC>
+// (BW weight blocks of kBlock values, BY activation blocks).
+template <class BW, class BY, int kBlock, template <int> class RowTile>
 void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
                float* out, size_t ldo) {
-  const int64_t nb = n / kQKK;
+  const int64_t nb = n / kBlock;
   constexpr int kNC = 4;
   for (int c0 = 0; c0 < nc; c0 += kNC) {
     const int cn = std::min(kNC, nc - c0);
-    const BlockQ8_K* y[kNC];
+    const BY* y[kNC];
     for (int j = 0; j < cn; ++j) {
-      y[j] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(vx) + (c0 + j) * x_stride);
+      y[j] = reinterpret_cast<const BY*>(static_cast<const uint8_t*>(vx) + (c0 + j) * x_stride);
     }
     for (int r = 0; r < nr; ++r) {
       const auto* w = reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride);
@@ -205,6 +159,18 @@ void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* v
 }
 
 template <int NC>
+struct Q8_0RowTile {
+  static void run(int64_t nb, const BlockQ8_0* w, const BlockQ8_0* const* y, float* o, size_t ldo) {
+    blocks32_row_tile<PolicyQ8_0, NC>(nb, w, y, o, ldo);
+  }
+};
+template <int NC>
+struct Q4_0RowTile {
+  static void run(int64_t nb, const BlockQ4_0* w, const BlockQ8_0* const* y, float* o, size_t ldo) {
+    blocks32_row_tile<PolicyQ4_0, NC>(nb, w, y, o, ldo);
+  }
+};
+template <int NC>
 struct Q4KRowTile {
   static void run(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, float* o, size_t ldo) {
     q4k_row_tile<NC>(nb, w, y, o, ldo);
@@ -218,10 +184,10 @@ struct Q6KRowTile {
 };
 
 inline void fill_tiles(KernelTable* t) {
-  t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_blocks32<PolicyQ8_0>;
-  t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile = tile_blocks32<PolicyQ4_0>;
-  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, Q4KRowTile>;
-  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, Q6KRowTile>;
+  t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_rows<BlockQ8_0, BlockQ8_0, kQK, Q8_0RowTile>;
+  t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile = tile_rows<BlockQ4_0, BlockQ8_0, kQK, Q4_0RowTile>;
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile>;
+  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, BlockQ8_K, kQKK, Q6KRowTile>;
 }
 
 }  // namespace
