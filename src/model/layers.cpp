@@ -44,7 +44,7 @@ namespace {
 // lanes (element i -> lane i % 64, fused multiply-add), reduces them by a halving tree (32, 16,
 // then _mm512_reduce_add_ps: 8, 4, 2, 1) and adds the n % 64 leftovers one by one (contracted
 // to fma by the compiler).
-MOESH_FMA_CLONES float kq_dot(const float* k, const float* q, int64_t n) {
+MOESH_FMA_CLONES MOESH_VECTORIZE float kq_dot(const float* k, const float* q, int64_t n) {
   float acc[64] = {};
   const int64_t np = n & ~static_cast<int64_t>(63);
   for (int64_t i = 0; i < np; i += 64) {
@@ -58,15 +58,30 @@ MOESH_FMA_CLONES float kq_dot(const float* k, const float* q, int64_t n) {
   return sum;
 }
 
-// lanes[d*16 + c%16] += V[c][d] * p[c] over the visible cells, in cell order (see attention_core).
-MOESH_FMA_CLONES void kqv_accumulate(float* lanes, const float* v, size_t stride, const float* p,
+// lanes[(c%16)*dv + d] += V[c][d] * p[c] over the visible cells, in cell order (see
+// attention_core). Lane l of output d sees exactly the cells c = l mod 16, in order, as in
+// llama.cpp's tinyBLAS kernel; storing the 16 lanes of an output dv floats apart (lane-major)
+// rather than side by side makes each cell one contiguous, vectorisable row update.
+MOESH_FMA_CLONES MOESH_VECTORIZE void kqv_accumulate(float* lanes, const float* v, size_t stride, const float* p,
                                      int64_t n_vis, int64_t dv) {
   for (int64_t c = 0; c < n_vis; ++c) {
     const float pc = p[c];
     const float* vc = v + c * stride;
-    float* lc = lanes + (c & 15);
-    for (int64_t d = 0; d < dv; ++d) lc[16 * d] = std::fmaf(vc[d], pc, lc[16 * d]);
+    float* lc = lanes + (c & 15) * dv;
+    for (int64_t d = 0; d < dv; ++d) lc[d] = std::fmaf(vc[d], pc, lc[d]);
   }
+}
+
+// o[d] = the halving-tree sum of output d's 16 lanes (8, 4, 2, 1), as tinyBLAS reduces them.
+MOESH_FMA_CLONES MOESH_VECTORIZE void kqv_reduce(float* lanes, int64_t dv, float* o) {
+  for (int h = 8; h >= 1; h /= 2) {
+    for (int l = 0; l < h; ++l) {
+      float* a = lanes + l * dv;
+      const float* b = lanes + (l + h) * dv;
+      for (int64_t d = 0; d < dv; ++d) a[d] += b[d];
+    }
+  }
+  std::copy_n(lanes, dv, o);
 }
 
 // The softmax row length llama.cpp uses: the KV window padded to whole 16-lane groups (the
@@ -104,7 +119,7 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
 
   auto body = [&](int64_t i0, int64_t i1, int thread) {
     float* sc = scores_all + static_cast<size_t>(thread) * (n_pad + 16 * dv);
-    float* lanes = sc + n_pad;  // [dv][16] accumulators of the KQV product
+    float* lanes = sc + n_pad;  // [16][dv] accumulators of the KQV product (lane-major)
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t t = item / n_head, h = item % n_head;
       const int64_t g = h / group;
@@ -124,16 +139,9 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       // KQV = mul_mat(V^T, P): tinyBLAS (F32, AVX-512) gives each output 16 lanes over the cells
       // (cell c -> lane c % 16, fused multiply-add in cell order) and a halving-tree sum. The
       // masked cells have p = 0 and add nothing.
-      float* oh = o + (t * n_head + h) * dv;
       std::fill(lanes, lanes + 16 * dv, 0.0f);
       kqv_accumulate(lanes, v0[t] + g * dv, stride, sc, n_vis, dv);
-      for (int64_t d = 0; d < dv; ++d) {
-        float* a = lanes + 16 * d;
-        for (int hh = 8; hh >= 1; hh /= 2) {
-          for (int l = 0; l < hh; ++l) a[l] += a[l + hh];
-        }
-        oh[d] = a[0];
-      }
+      kqv_reduce(lanes, dv, o + (t * n_head + h) * dv);
     }
   };
   const int64_t n_items = b.n * n_head;

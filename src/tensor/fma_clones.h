@@ -10,3 +10,12 @@
 #else
 #define MOESH_FMA_CLONES
 #endif
+
+// MOESH_VECTORIZE: let GCC vectorise a loop of independent element updates (each element keeps
+// its own fused multiply-add sequence, so vector and scalar code give the same bits). -O2 in
+// GCC 12 only vectorises loops that need no run-time alias check or remainder loop.
+#if defined(__GNUC__) && !defined(__clang__)
+#define MOESH_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define MOESH_VECTORIZE
+#endif
