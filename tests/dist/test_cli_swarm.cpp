@@ -1,7 +1,7 @@
 // The swarm commands as a user runs them: `moesh gate` against real workers (exact path must be
 // bit-identical and PASS; a lossy path prints its table and lists every argmax flip it counted;
-// the curation line, --raw-sequences and --sequences-from), and `moesh run` through workers
-// printing the same tokens as all-local.
+// the curation line, --raw-sequences and --sequences-from), `moesh run` through workers
+// printing the same tokens as all-local, and `moesh bench --timing`'s step breakdown.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -113,6 +113,57 @@ TEST(CliSwarm, RunThroughWorkersPrintsTheLocalTokens) {
   ASSERT_FALSE(rj.is_discarded()) << remote.out;
   EXPECT_EQ(lj["tokens"], rj["tokens"]);
   EXPECT_EQ(lj["tokens"].size(), 12u);
+}
+
+// `moesh bench --timing`: the experts' share of each step locally, and through two replicas of
+// every expert each worker's request count, latency and reported compute (numbers, not just
+// the labels: every decoded token makes one request per MoE layer, split over both replicas).
+TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
+  const std::string model = made_qwen3moe();
+  auto a = WorkerProcess::spawn(model, "*:*");
+  auto b = WorkerProcess::spawn(model, "*:*");
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  const std::string common = "bench -m " + quoted(model) + " -p 0 -n 6 -r 2 -t 1 --timing";
+  const std::regex timing(
+      R"(timing: ([0-9.]+) ms per token, of which routed experts ([0-9.]+) ms \(([0-9.]+)%\) in ([0-9.]+) calls of ([0-9.]+) ms)");
+  const std::regex worker(R"(worker (\d+) \S+ \(.*\): (\d+) requests, latency ([0-9.]+) ms = compute ([0-9.]+) ms \+ (-?[0-9.]+) ms other)");
+  auto model_loaded = Model::load(model);
+  ASSERT_TRUE(model_loaded.is_ok());
+  int n_moe = 0;
+  for (const auto& l : (*model_loaded)->layers) n_moe += l.is_moe;
+  ASSERT_GT(n_moe, 0);
+
+  for (bool remote : {false, true}) {
+    SCOPED_TRACE(remote ? "two replicas" : "local");
+    const std::string cmd = common + (remote ? " --worker " + (*a)->address().to_string() + " --worker " +
+                                                   (*b)->address().to_string()
+                                             : std::string());
+    RunResult r = run_moesh(cmd);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, timing)) << r.out;
+    const double per_token = std::stod(m[1]), experts = std::stod(m[2]), calls = std::stod(m[4]);
+    EXPECT_GT(per_token, 0);
+    EXPECT_GT(experts, 0);
+    EXPECT_LT(experts, per_token);
+    EXPECT_DOUBLE_EQ(calls, n_moe) << "one executor call per MoE layer per decoded token";
+    int64_t requests = 0;
+    int workers_seen = 0;
+    for (std::sregex_iterator it(r.out.begin(), r.out.end(), worker), end; it != end; ++it) {
+      ++workers_seen;
+      requests += std::stoll((*it)[2]);
+      EXPECT_GT(std::stod((*it)[3]), 0) << "latency";
+      EXPECT_GE(std::stod((*it)[4]), 0) << "compute";
+    }
+    if (remote) {
+      EXPECT_EQ(workers_seen, 2) << r.out;
+      // 6 tokens x 2 reps x n_moe layers; each call sends to both replicas (top-k >= 2 spreads).
+      EXPECT_EQ(requests, int64_t{2} * 6 * 2 * n_moe) << r.out;
+    } else {
+      EXPECT_EQ(workers_seen, 0) << r.out;
+    }
+  }
 }
 
 }  // namespace
