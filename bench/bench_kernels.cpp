@@ -30,10 +30,10 @@
 #include <string>
 #include <vector>
 
-#include "moesh/kernels.h"
-#include "moesh/ops.h"
-#include "moesh/quant.h"
-#include "moesh/threadpool.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/ops.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/tensor/threadpool.h"
 
 namespace moesh {
 namespace {

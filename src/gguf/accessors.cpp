@@ -8,7 +8,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::gguf {
 namespace {

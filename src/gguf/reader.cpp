@@ -15,7 +15,7 @@
 #include <cstring>
 #include <limits>
 
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::gguf {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::gguf {
 

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <functional>
 
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::gguf {
 namespace {

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "moesh/model.h"
+#include "moesh/model/model.h"
 
 namespace moesh {
 

@@ -1,5 +1,5 @@
 // Per-sequence F32 KV cache (see include/moesh/kv_cache.h).
-#include "moesh/kv_cache.h"
+#include "moesh/model/kv_cache.h"
 
 #include <algorithm>
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "moesh/quant.h"
-#include "tensor/fma_clones.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/tensor/fma_clones.h"
 
 namespace moesh::detail {
 

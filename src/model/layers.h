@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "moesh/executor.h"
-#include "moesh/model.h"
+#include "moesh/moe/executor.h"
+#include "moesh/model/model.h"
 
 namespace moesh {
 

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "model/layers.h"
-#include "moesh/quant.h"
+#include "moesh/tensor/quant.h"
 
 namespace moesh {
 

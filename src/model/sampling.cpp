@@ -1,5 +1,5 @@
 // Sampler (see include/moesh/sampling.h).
-#include "moesh/sampling.h"
+#include "moesh/model/sampling.h"
 
 #include <algorithm>
 #include <cmath>

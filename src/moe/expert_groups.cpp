@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <numeric>
 
-#include "moe/expert_stages.h"
-#include "moesh/kernels.h"
-#include "moesh/quant.h"
+#include "moesh/moe/expert_stages.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/quant.h"
 
 namespace moesh {
 

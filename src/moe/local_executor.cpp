@@ -13,10 +13,10 @@
 #include <algorithm>
 
 
-#include "moe/expert_stages.h"
-#include "moesh/executor.h"
-#include "moesh/kernels.h"
-#include "moesh/quant.h"
+#include "moesh/moe/expert_stages.h"
+#include "moesh/moe/executor.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/quant.h"
 
 namespace moesh {
 

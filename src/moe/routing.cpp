@@ -1,11 +1,11 @@
 // MoE routing (moe-architectures.md §1 steps 2-9), per token and independent of other tokens.
-#include "moesh/routing.h"
+#include "moesh/moe/routing.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "moesh/ops.h"
+#include "moesh/tensor/ops.h"
 
 namespace moesh {
 

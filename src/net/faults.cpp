@@ -3,7 +3,7 @@
 #include <random>
 #include <thread>
 
-#include "moesh/transport.h"
+#include "moesh/net/transport.h"
 
 namespace moesh::net {
 

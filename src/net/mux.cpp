@@ -1,25 +1,80 @@
 // RequestMux (many requests in flight per connection), the HELLO handshake, and PING.
-#include "moesh/transport.h"
+#include "moesh/net/transport.h"
 
 namespace moesh::net {
 
-Status RequestMux::start(uint64_t request_id, std::span<const uint8_t> frame, Deadline send_deadline) {
+void CompletionQueue::push(uint64_t tag, uint64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    q_.push_back(Entry{tag, request_id, Clock::now()});
+  }
+  cv_.notify_one();
+}
+
+bool CompletionQueue::pop(Entry* out, Deadline deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_until(lk, deadline, [this] { return head_ < q_.size(); })) return false;
+  *out = q_[head_++];
+  if (head_ == q_.size()) {  // drained: reuse the storage
+    q_.clear();
+    head_ = 0;
+  }
+  return true;
+}
+
+Status RequestMux::start(uint64_t request_id, std::span<const uint8_t> frame, Deadline send_deadline,
+                         CompletionQueue* done, uint64_t tag) {
   if (request_id == 0) return make_error(StatusCode::kInvalidArgument, "request id 0 is reserved");
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!conn_error_.is_ok()) return conn_error_;
     // Registered before sending, so a reply that beats send() back is not discarded.
-    if (!slots_.emplace(request_id, Slot{}).second)
+    Slot slot;
+    slot.queue = done;
+    slot.tag = tag;
+    if (!slots_.emplace(request_id, std::move(slot)).second)
       return make_error(StatusCode::kInvalidArgument, "request id {} already in flight", request_id);
   }
   Status st = conn_->send_frame(frame, send_deadline);
   if (!st.is_ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     slots_.erase(request_id);
-    if (st.code() != StatusCode::kTimeout && conn_error_.is_ok()) conn_error_ = st;
+    if (st.code() != StatusCode::kTimeout && conn_error_.is_ok()) fail_locked(st);
     cv_.notify_all();
   }
   return st;
+}
+
+void RequestMux::fail_locked(Status st) {
+  conn_error_ = std::move(st);
+  for (auto& [id, slot] : slots_) {
+    if (!slot.done && slot.queue != nullptr) slot.queue->push(slot.tag, id);
+  }
+}
+
+Status RequestMux::pump(Deadline deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!conn_error_.is_ok()) return conn_error_;
+  if (reader_active_) {
+    cv_.wait_until(lk, deadline);
+    return conn_error_;
+  }
+  read_one(lk, deadline);
+  return conn_error_;
+}
+
+void RequestMux::read_one(std::unique_lock<std::mutex>& lk, Deadline deadline) {
+  reader_active_ = true;
+  lk.unlock();
+  Result<wire::Frame> f = conn_->recv_frame(deadline);
+  lk.lock();
+  reader_active_ = false;
+  if (f.is_ok()) {
+    route_locked(std::move(f).value());
+  } else if (f.status().code() != StatusCode::kTimeout && conn_error_.is_ok()) {
+    fail_locked(f.status());
+  }
+  cv_.notify_all();
 }
 
 void RequestMux::route_locked(wire::Frame frame) {
@@ -28,11 +83,11 @@ void RequestMux::route_locked(wire::Frame frame) {
     // Connection-level news: everything pending on this connection is lost.
     if (frame.type() == wire::MsgType::kError) {
       auto e = wire::decode_error(frame);
-      conn_error_ = e.is_ok() ? e->to_status() : e.status();
+      fail_locked(e.is_ok() ? e->to_status() : e.status());
     } else if (frame.type() == wire::MsgType::kGoodbye) {
       auto g = wire::decode_goodbye(frame);
-      conn_error_ = make_error(StatusCode::kUnavailable, "{} said goodbye: {}", conn_->describe(),
-                               g.is_ok() ? g->text : g.status().message());
+      fail_locked(make_error(StatusCode::kUnavailable, "{} said goodbye: {}", conn_->describe(),
+                             g.is_ok() ? g->text : g.status().message()));
     } else {
       n_discarded_.fetch_add(1);
     }
@@ -50,6 +105,7 @@ void RequestMux::route_locked(wire::Frame frame) {
   } else {
     it->second.reply = std::move(frame);
   }
+  if (it->second.queue != nullptr) it->second.queue->push(it->second.tag, id);
 }
 
 Result<wire::Frame> RequestMux::wait(uint64_t request_id, Deadline deadline) {
@@ -75,17 +131,7 @@ Result<wire::Frame> RequestMux::wait(uint64_t request_id, Deadline deadline) {
     if (!reader_active_) {
       // Become the reader until a frame arrives or our own deadline passes; other waiters
       // sleep on the condition variable with their own deadlines.
-      reader_active_ = true;
-      lk.unlock();
-      Result<wire::Frame> f = conn_->recv_frame(deadline);
-      lk.lock();
-      reader_active_ = false;
-      if (f.is_ok()) {
-        route_locked(std::move(f).value());
-      } else if (f.status().code() != StatusCode::kTimeout && conn_error_.is_ok()) {
-        conn_error_ = f.status();
-      }
-      cv_.notify_all();
+      read_one(lk, deadline);
     } else {
       cv_.wait_until(lk, deadline);
     }

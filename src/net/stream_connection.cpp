@@ -2,7 +2,7 @@
 #include <cstring>
 #include <deque>
 
-#include "moesh/transport.h"
+#include "moesh/net/transport.h"
 
 namespace moesh::net {
 

@@ -14,7 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "moesh/transport.h"
+#include "moesh/net/transport.h"
 
 namespace moesh::net {
 

@@ -1,5 +1,5 @@
 // HTTP routes, SSE streaming and lifecycle of `moesh serve` (see http_server.h).
-#include "serve/http_server.h"
+#include "moesh/serve/http_server.h"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>

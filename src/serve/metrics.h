@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "moesh/remote.h"
-#include "moesh/scheduler.h"
+#include "moesh/remote/remote.h"
+#include "moesh/serve/scheduler.h"
 
 namespace moesh::serve {
 

@@ -18,10 +18,10 @@
 #include <string_view>
 #include <vector>
 
-#include "moesh/chat.h"
-#include "moesh/sampling.h"
-#include "moesh/scheduler.h"
-#include "moesh/status.h"
+#include "moesh/text/chat.h"
+#include "moesh/model/sampling.h"
+#include "moesh/serve/scheduler.h"
+#include "moesh/util/status.h"
 
 namespace moesh::serve {
 

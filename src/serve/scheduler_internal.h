@@ -16,7 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "moesh/scheduler.h"
+#include "moesh/serve/scheduler.h"
+#include "moesh/text/stop_matcher.h"
 
 namespace moesh {
 

@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "moesh/model.h"
-#include "moesh/swarm.h"
+#include "moesh/model/model.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::swarm {
 

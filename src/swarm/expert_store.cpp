@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "moesh/swarm.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::swarm {
 

@@ -7,12 +7,10 @@
 #include <xxhash.h>
 
 #include <cstring>
-#include <fstream>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
-#include "moesh/swarm.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::swarm {
 
@@ -152,11 +150,5 @@ Result<ExpertActivation> expert_activation_of(const gguf::File& f) {
   return make_error(StatusCode::kUnsupported, "architecture '{}' has no known expert activation", arch);
 }
 
-uint64_t resident_bytes() {
-  std::ifstream in("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  if (!(in >> size >> resident)) return 0;
-  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-}
 
 }  // namespace moesh::swarm

@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "moesh/transport.h"
+#include "moesh/net/transport.h"
 #include "swarm/worker_internal.h"
 
 namespace moesh::swarm {
@@ -212,6 +212,16 @@ uint16_t Worker::port() const { return impl_->listener->port(); }
 const WorkerStats& Worker::stats() const { return impl_->stats; }
 
 void Worker::stop() { impl_->stop_flag.store(true, std::memory_order_relaxed); }
+
+void Worker::serve_connection(std::unique_ptr<net::Connection> conn) {
+  Impl& m = *impl_;
+  m.reap(/*all=*/false);
+  m.stats.connections.fetch_add(1);
+  std::lock_guard<std::mutex> lock(m.peers_mu);
+  Impl::Peer& p = m.peers.emplace_back();
+  p.conn = std::move(conn);
+  p.thread = std::thread([&m, pp = &p] { m.serve(pp); });
+}
 
 void Worker::run() {
   Impl& m = *impl_;

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "moesh/quant.h"
+#include "moesh/tensor/quant.h"
 #include "swarm/worker_internal.h"
 
 namespace moesh::swarm::detail {

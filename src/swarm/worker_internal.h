@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "moesh/executor.h"
-#include "moesh/swarm.h"
-#include "moesh/threadpool.h"
-#include "moe/expert_stages.h"
-#include "moesh/wire.h"
+#include "moesh/moe/executor.h"
+#include "moesh/swarm/swarm.h"
+#include "moesh/tensor/threadpool.h"
+#include "moesh/moe/expert_stages.h"
+#include "moesh/wire/wire.h"
 
 namespace moesh::swarm::detail {
 

@@ -1,4 +1,4 @@
-#include "moesh/fp16.h"
+#include "moesh/tensor/fp16.h"
 
 namespace moesh {
 

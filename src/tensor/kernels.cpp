@@ -1,5 +1,5 @@
 // Kernel table selection: CPUID decides which per-ISA tables exist; MOESH_ISA can force one.
-#include "moesh/kernels.h"
+#include "moesh/tensor/kernels.h"
 
 #include <spdlog/spdlog.h>
 

@@ -5,7 +5,7 @@
 // code the AVX2 tests already pin down). The F32/F16/BF16 dots use 512-bit registers: two zmm
 // hold the 32 canonical lanes exactly (lanes 0..15 and 16..31).
 #define MOESH_SIMD_VNNI 1
-#include "moesh/kernels.h"
+#include "moesh/tensor/kernels.h"
 #include "simd_x86_fill.h"
 
 // GCC 12's AVX-512 intrinsics pass an `_mm512_undefined_*()` pass-through operand to their masked

@@ -1,7 +1,7 @@
 // The scalar kernel table: every supported type points at its reference routine (quant_impl.h),
 // so the scalar table *is* the canonical order and SIMD tables inherit it for types they skip.
-#include "moesh/kernels.h"
-#include "moesh/quant.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/quant.h"
 #include "tensor/quant_impl.h"
 
 namespace moesh {

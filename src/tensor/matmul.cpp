@@ -15,9 +15,9 @@
 #include <cassert>
 #include <cstring>
 
-#include "moesh/kernels.h"
-#include "moesh/ops.h"
-#include "moesh/quant.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/ops.h"
+#include "moesh/tensor/quant.h"
 
 namespace moesh {
 namespace {

@@ -8,8 +8,8 @@
 #include <numbers>
 #include <vector>
 
-#include "tensor/fma_clones.h"
-#include "moesh/ops.h"
+#include "moesh/tensor/fma_clones.h"
+#include "moesh/tensor/ops.h"
 
 namespace moesh {
 

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
-#include "moesh/fp16.h"
-#include "moesh/kernels.h"
-#include "moesh/quant.h"
-#include "moesh/types.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/tensor/types.h"
 
 namespace moesh::quant::ref {
 

@@ -20,9 +20,9 @@
 #include <cstdint>
 #include <cstring>
 
-#include "moesh/fp16.h"
-#include "moesh/kernels.h"
-#include "moesh/quant.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/quant.h"
 
 namespace moesh::simd {
 namespace {

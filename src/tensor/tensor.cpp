@@ -1,4 +1,4 @@
-#include "moesh/tensor.h"
+#include "moesh/tensor/tensor.h"
 
 #include <cassert>
 

@@ -10,7 +10,7 @@
 //
 // `generation_` and `pending_` are read outside the mutex while spinning, so every access to
 // them goes through std::atomic_ref.
-#include "moesh/threadpool.h"
+#include "moesh/tensor/threadpool.h"
 
 #include <algorithm>
 #include <atomic>

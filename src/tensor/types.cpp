@@ -1,4 +1,4 @@
-#include "moesh/types.h"
+#include "moesh/tensor/types.h"
 
 #include <array>
 #include <cctype>

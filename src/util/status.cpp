@@ -1,4 +1,4 @@
-#include "moesh/status.h"
+#include "moesh/util/status.h"
 
 namespace moesh {
 

@@ -3,7 +3,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "moesh/wire.h"
+#include "moesh/wire/wire.h"
 #include "wire/bytes.h"
 
 namespace moesh::wire {

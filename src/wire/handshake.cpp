@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "moesh/wire.h"
+#include "moesh/wire/wire.h"
 #include "wire/bytes.h"
 
 namespace moesh::wire {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "moesh/wire.h"
+#include "moesh/wire/wire.h"
 #include "wire/bytes.h"
 
 namespace moesh::wire {

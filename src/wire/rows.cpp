@@ -3,10 +3,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "moesh/fp16.h"
-#include "moesh/ops.h"
-#include "moesh/quant.h"
-#include "moesh/wire.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/tensor/ops.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/wire/wire.h"
 
 namespace moesh::wire {
 

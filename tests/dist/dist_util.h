@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "moesh/make_model.h"
-#include "moesh/model.h"
-#include "moesh/remote.h"
-#include "moesh/sampling.h"
+#include "moesh/make_model/make_model.h"
+#include "moesh/model/model.h"
+#include "moesh/remote/remote.h"
+#include "moesh/model/sampling.h"
 
 namespace moesh::test {
 

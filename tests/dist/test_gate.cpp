@@ -18,8 +18,8 @@
 #include "dist/dist_util.h"
 #include "dist/gate_output.h"
 #include "dist/worker_process.h"
-#include "moesh/gate.h"
-#include "moesh/swarm.h"
+#include "moesh/gate/gate.h"
+#include "moesh/swarm/swarm.h"
 #include "swarm/worker_internal.h"
 #include "util/run_moesh.h"
 

@@ -7,7 +7,7 @@
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
-#include "moesh/swarm.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::test {
 namespace {

@@ -16,8 +16,8 @@
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
-#include "moesh/quant.h"
-#include "moesh/swarm.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/swarm/swarm.h"
 #include "util/run_moesh.h"
 
 namespace moesh::test {

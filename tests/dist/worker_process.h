@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "moesh/remote.h"
-#include "moesh/status.h"
+#include "moesh/remote/remote.h"
+#include "moesh/util/status.h"
 
 namespace moesh::test {
 

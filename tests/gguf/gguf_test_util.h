@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::gguf::testing {
 

@@ -10,7 +10,7 @@
 #include <random>
 
 #include "gguf/gguf_test_util.h"
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::gguf {
 namespace {

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "gguf/gguf_test_util.h"
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::gguf {
 namespace {

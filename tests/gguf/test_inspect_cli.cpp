@@ -11,7 +11,7 @@
 
 #include "util/run_moesh.h"
 #include "gguf/gguf_test_util.h"
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::gguf {
 namespace {

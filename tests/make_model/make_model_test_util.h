@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "moesh/make_model.h"
+#include "moesh/make_model/make_model.h"
 
 namespace moesh::test {
 

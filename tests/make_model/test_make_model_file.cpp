@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "make_model/make_model_test_util.h"
-#include "moesh/fp16.h"
-#include "moesh/gguf.h"
-#include "moesh/make_model.h"
-#include "moesh/quant.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/make_model/make_model.h"
+#include "moesh/tensor/quant.h"
 
 namespace moesh {
 namespace {

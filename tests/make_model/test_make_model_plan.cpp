@@ -6,7 +6,7 @@
 #include <string>
 
 #include "make_model/make_model_test_util.h"
-#include "moesh/make_model.h"
+#include "moesh/make_model/make_model.h"
 
 namespace moesh {
 namespace {

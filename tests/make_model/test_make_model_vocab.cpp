@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "util/run_moesh.h"
-#include "model/make_model_internal.h"
-#include "moesh/gguf.h"
-#include "moesh/make_model.h"
-#include "moesh/tokenizer.h"
-#include "serve/tokenizer_internal.h"
+#include "make_model/make_model_internal.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/make_model/make_model.h"
+#include "moesh/text/tokenizer.h"
+#include "text/tokenizer_internal.h"
 
 namespace moesh {
 namespace {

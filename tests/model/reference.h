@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "moesh/model.h"
+#include "moesh/model/model.h"
 
 namespace moesh::testing {
 

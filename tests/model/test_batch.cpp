@@ -13,9 +13,9 @@
 #include <map>
 #include <random>
 
-#include "moesh/make_model.h"
-#include "moesh/model.h"
-#include "moesh/sampling.h"
+#include "moesh/make_model/make_model.h"
+#include "moesh/model/model.h"
+#include "moesh/model/sampling.h"
 
 namespace moesh {
 namespace {

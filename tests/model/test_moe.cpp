@@ -13,11 +13,11 @@
 #include <random>
 #include <set>
 
-#include "moesh/executor.h"
-#include "moesh/gguf.h"
-#include "moesh/model.h"
-#include "moesh/quant.h"
-#include "moesh/routing.h"
+#include "moesh/moe/executor.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/model/model.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/moe/routing.h"
 
 namespace moesh {
 namespace {

@@ -14,8 +14,8 @@
 #include <random>
 
 #include "model/reference.h"
-#include "moesh/model.h"
-#include "moesh/routing.h"
+#include "moesh/model/model.h"
+#include "moesh/moe/routing.h"
 
 namespace moesh {
 namespace {

@@ -8,8 +8,8 @@
 #include <atomic>
 #include <thread>
 
-#include "moesh/transport.h"
-#include "moesh/wire.h"
+#include "moesh/net/transport.h"
+#include "moesh/wire/wire.h"
 #include "wire/wire_test_util.h"
 
 namespace moesh::net::testing {

@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "moesh/gguf.h"
-#include "moesh/make_model.h"
-#include "moesh/model.h"
-#include "moesh/scheduler.h"
-#include "moesh/tokenizer.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/make_model/make_model.h"
+#include "moesh/model/model.h"
+#include "moesh/serve/scheduler.h"
+#include "moesh/text/tokenizer.h"
 
 namespace moesh {
 namespace {

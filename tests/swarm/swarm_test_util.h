@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "moesh/make_model.h"
+#include "moesh/make_model/make_model.h"
 
 namespace moesh::swarm::testing {
 

@@ -1,7 +1,7 @@
 // Expert specs: the accepted forms, canonicalization, and the errors a user can make.
 #include <gtest/gtest.h>
 
-#include "moesh/swarm.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::swarm {
 namespace {

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "moesh/model.h"
-#include "moesh/swarm.h"
+#include "moesh/model/model.h"
+#include "moesh/swarm/swarm.h"
 #include "swarm/swarm_test_util.h"
 
 namespace moesh::swarm {

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <random>
 
-#include "moesh/model.h"
-#include "moesh/quant.h"
+#include "moesh/model/model.h"
+#include "moesh/tensor/quant.h"
 #include "swarm/swarm_test_util.h"
 #include "swarm/worker_internal.h"
 

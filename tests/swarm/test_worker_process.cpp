@@ -12,9 +12,9 @@
 #include <cstring>
 #include <thread>
 
-#include "moesh/quant.h"
-#include "moesh/swarm.h"
-#include "moesh/transport.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/swarm/swarm.h"
+#include "moesh/net/transport.h"
 #include "swarm/swarm_test_util.h"
 
 namespace moesh::swarm {

@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "moesh/quant.h"
-#include "moesh/types.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/tensor/types.h"
 
 namespace moesh::quant {
 

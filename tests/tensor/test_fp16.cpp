@@ -6,7 +6,7 @@
 #include <cstring>
 #include <random>
 
-#include "moesh/fp16.h"
+#include "moesh/tensor/fp16.h"
 
 namespace moesh {
 namespace {

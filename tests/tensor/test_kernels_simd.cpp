@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "moesh/fp16.h"
-#include "moesh/kernels.h"
-#include "moesh/quant.h"
-#include "moesh/types.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/tensor/types.h"
 
 namespace moesh {
 namespace {

@@ -13,11 +13,11 @@
 #include <set>
 #include <vector>
 
-#include "moesh/fp16.h"
-#include "moesh/kernels.h"
-#include "moesh/ops.h"
-#include "moesh/quant.h"
-#include "moesh/threadpool.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/ops.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/tensor/threadpool.h"
 
 namespace moesh {
 namespace {

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "moesh/fp16.h"
-#include "moesh/gguf.h"
-#include "moesh/kernels.h"
-#include "moesh/quant.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/tensor/kernels.h"
+#include "moesh/tensor/quant.h"
 #include "tensor/quant_impl.h"
 #include "tensor/quant_test_util.h"
 

@@ -5,8 +5,8 @@
 
 #include <cstring>
 
-#include "moesh/fp16.h"
-#include "moesh/quant.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/tensor/quant.h"
 #include "tensor/quant_test_util.h"
 
 namespace moesh::quant {

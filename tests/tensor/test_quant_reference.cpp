@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "moesh/gguf.h"
-#include "moesh/quant.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/tensor/quant.h"
 #include "tensor/quant_test_util.h"
 
 namespace moesh::quant {

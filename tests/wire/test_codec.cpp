@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "moesh/wire.h"
+#include "moesh/wire/wire.h"
 #include "wire/wire_test_util.h"
 
 namespace moesh::wire {

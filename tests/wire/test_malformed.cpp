@@ -8,7 +8,7 @@
 #include <limits>
 #include <random>
 
-#include "moesh/wire.h"
+#include "moesh/wire/wire.h"
 #include "wire/wire_test_util.h"
 
 namespace moesh::wire {

@@ -8,10 +8,10 @@
 #include <limits>
 #include <random>
 
-#include "moesh/fp16.h"
-#include "moesh/ops.h"
-#include "moesh/quant.h"
-#include "moesh/wire.h"
+#include "moesh/tensor/fp16.h"
+#include "moesh/tensor/ops.h"
+#include "moesh/tensor/quant.h"
+#include "moesh/wire/wire.h"
 
 namespace moesh::wire {
 namespace {

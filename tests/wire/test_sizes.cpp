@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "moesh/wire.h"
+#include "moesh/wire/wire.h"
 #include "wire/wire_test_util.h"
 
 namespace moesh::wire {

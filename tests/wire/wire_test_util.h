@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "moesh/wire.h"
+#include "moesh/wire/wire.h"
 
 namespace moesh::wire::testing {
 

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "command.h"
-#include "moesh/status.h"
+#include "moesh/util/status.h"
 
 namespace moesh::cli {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "command.h"
 #include "model_cli.h"
-#include "moesh/gate.h"
+#include "moesh/gate/gate.h"
 #include "swarm_cli.h"
 
 namespace moesh::cli {

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
-#include "moesh/gguf.h"
+#include "moesh/gguf/gguf.h"
 
 namespace moesh::cli {
 namespace {

@@ -9,7 +9,7 @@
 #include "command.h"
 #include "model_cli.h"
 #include "swarm_cli.h"
-#include "moesh/sampling.h"
+#include "moesh/model/sampling.h"
 
 namespace moesh::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "command.h"
-#include "moesh/make_model.h"
+#include "moesh/make_model/make_model.h"
 
 namespace moesh::cli {
 namespace {

@@ -12,9 +12,10 @@
 #include "command.h"
 #include "model_cli.h"
 #include "swarm_cli.h"
-#include "moesh/chat.h"
-#include "moesh/sampling.h"
-#include "moesh/tokenizer.h"
+#include "moesh/text/chat.h"
+#include "moesh/model/sampling.h"
+#include "moesh/text/stop_matcher.h"
+#include "moesh/text/tokenizer.h"
 
 namespace moesh::cli {
 namespace {

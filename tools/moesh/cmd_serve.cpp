@@ -16,11 +16,11 @@
 
 #include "command.h"
 #include "model_cli.h"
-#include "serve/http_server.h"
+#include "moesh/serve/http_server.h"
 #include "swarm_cli.h"
-#include "moesh/chat.h"
-#include "moesh/scheduler.h"
-#include "moesh/tokenizer.h"
+#include "moesh/text/chat.h"
+#include "moesh/serve/scheduler.h"
+#include "moesh/text/tokenizer.h"
 
 namespace moesh::cli {
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "command.h"
-#include "moesh/swarm.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::cli {
 namespace {

@@ -6,8 +6,8 @@
 
 #include "command.h"
 #include "model_cli.h"
-#include "moesh/gguf.h"
-#include "moesh/tokenizer.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/text/tokenizer.h"
 
 namespace moesh::cli {
 namespace {

@@ -4,7 +4,8 @@
 #include <string>
 
 #include "command.h"
-#include "moesh/swarm.h"
+#include "moesh/swarm/swarm.h"
+#include "moesh/util/process.h"
 
 namespace moesh::cli {
 namespace {
@@ -64,11 +65,11 @@ int run_worker(const WorkerArgs& a) {
     return fail(make_error(StatusCode::kInvalidArgument,
                            "--experts is required with a full model (e.g. --experts '*:0-7')"));
   }
-  const uint64_t rss0 = swarm::resident_bytes();
+  const uint64_t rss0 = resident_bytes();
   auto store = swarm::ExpertStore::open(std::move(*file), held);
   if (!store) return fail(store.status());
   (*store)->prefault();
-  const uint64_t rss1 = swarm::resident_bytes();
+  const uint64_t rss1 = resident_bytes();
   o.n_threads = a.threads;
   o.congestion = a.congestion;
   o.name = a.name;

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "moesh/model.h"
+#include "moesh/model/model.h"
 
 namespace moesh::cli {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "moesh/remote.h"
+#include "moesh/remote/remote.h"
 
 namespace moesh::cli {
 

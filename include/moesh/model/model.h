@@ -1,0 +1,189 @@
+// A loaded MoE model (qwen3moe, llama/Mixtral, deepseek2) and the context that runs it.
+//
+// Model: hyper-parameters from GGUF metadata and zero-copy views of every weight (or, in the
+// "dequant-f32" debug mode, owned F32 copies). Immutable after load; shareable across contexts.
+// Context: KV cache, thread pool, expert executor and scratch buffers; decode() runs a batch of
+// tokens of one sequence through the forward pass (model-forward in src/model/context.cpp).
+//
+// Numerics follow llama.cpp (moe-architectures.md, reference README §7): activations are
+// quantized per row to the weight's vec_dot_type inside matmul, RMSNorm sums in double, the router
+// runs in f32, the routed sum is formed in router rank order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moesh/moe/executor.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/model/kv_cache.h"
+#include "moesh/tensor/ops.h"
+#include "moesh/moe/routing.h"
+#include "moesh/util/status.h"
+#include "moesh/tensor/tensor.h"
+#include "moesh/tensor/threadpool.h"
+
+namespace moesh {
+
+enum class Arch : int { kQwen3Moe = 0, kLlama, kDeepseek2, kCOUNT };
+const char* arch_name(Arch a);  // the GGUF general.architecture string
+
+// Everything the forward pass needs from the metadata, with llama.cpp's defaults applied.
+struct HParams {
+  Arch arch = Arch::kQwen3Moe;
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim_k = 0;   // per-head K/Q width as attention sees it (MLA: kv_lora + n_rot)
+  int64_t head_dim_v = 0;   // per-head V width (MLA: kv_lora)
+  int64_t n_rot = 0;
+  float rms_eps = 1e-5f;
+  int64_t n_ff = 0;         // dense FFN width (llama: expert width)
+
+  // MoE
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  int64_t n_ff_exp = 0;
+  int64_t n_expert_shared = 0;
+  int64_t n_leading_dense = 0;
+  GatingFunc gating = GatingFunc::kSoftmax;
+  bool norm_w = false;
+  float w_scale = 0.0f;
+  int64_t n_group = 0;
+  int64_t n_group_used = 0;
+
+  // MLA (deepseek2)
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t head_dim_qk_mla = 0;  // nope + rope (key_length_mla)
+  int64_t head_dim_v_mla = 0;   // value_length_mla
+
+  RopeParams rope;           // mode, n_rot, base, YaRN (freq_factors set by the loader)
+  float kq_scale = 1.0f;     // attention score scale
+
+  int64_t head_dim_qk_nope() const { return head_dim_qk_mla - n_rot; }
+};
+
+// Reads and validates the hyper-parameters for the file's architecture. Missing required keys
+// give kNotFound naming the key ("qwen3moe.expert_count missing").
+Result<HParams> load_hparams(const gguf::File& f);
+
+// Weights of one block. Views not used by the architecture stay invalid.
+struct LayerWeights {
+  TensorView attn_norm;
+  // standard attention (qwen3moe, llama)
+  TensorView wq, wk, wv, wo, q_norm, k_norm;
+  // MLA (deepseek2)
+  TensorView wq_a, q_a_norm, wq_b, wkv_a_mqa, kv_a_norm, wk_b, wv_b;
+  TensorView ffn_norm;
+  // dense FFN
+  TensorView ffn_gate, ffn_up, ffn_down;
+  // MoE
+  bool is_moe = false;
+  TensorView router;       // ffn_gate_inp [n_embd, n_expert], F32
+  TensorView exp_probs_b;  // [n_expert] or invalid
+  ExpertWeights experts;
+  TensorView gate_shexp, up_shexp, down_shexp;
+};
+
+struct LoadOptions {
+  // Debug engine mode: dequantize every weight to F32 at load (matches *.dequant-f32.logits.json).
+  bool dequant_f32 = false;
+};
+
+class Model {
+ public:
+  static Result<std::unique_ptr<Model>> load(const std::string& path, const LoadOptions& opts = {});
+  static Result<std::unique_ptr<Model>> from_file(std::unique_ptr<gguf::File> file,
+                                                  const LoadOptions& opts = {});
+  ~Model();
+
+  const HParams& hparams() const { return hp_; }
+  const gguf::File& file() const { return *file_; }
+  const LoadOptions& options() const { return opts_; }
+
+  TensorView tok_embd, output_norm, output;
+  std::vector<LayerWeights> layers;
+  // Stacked routed-expert views per layer (invalid for dense layers), for executors.
+  std::vector<ExpertWeights> expert_weights() const;
+
+ private:
+  Model() = default;
+  Status bind_tensors();
+  Result<TensorView> take(const std::string& name, std::vector<int64_t> ne, bool required = true);
+
+  HParams hp_;
+  LoadOptions opts_;
+  std::unique_ptr<gguf::File> file_;
+  std::vector<std::vector<float>> owned_;  // dequant-f32 copies
+};
+
+// Receives intermediate results during decode (tests, debugging). Default: ignore.
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // ids/weights [n_tokens][k] of MoE layer `layer`, in rank order.
+  virtual void on_routing(int layer, int64_t n_tokens, int k, const int32_t* ids,
+                          const float* weights) {}
+  // Routing margin of each token of MoE layer `layer` (routing_margins in routing.h), called
+  // right after on_routing. Computed only while an observer is attached.
+  virtual void on_routing_margins(int layer, int64_t n_tokens, const float* margins) {}
+  // Residual stream after layer `layer`, [n_tokens][n_embd].
+  virtual void on_layer_out(int layer, int64_t n_tokens, int64_t n_embd, const float* h) {}
+};
+
+struct ContextParams {
+  int n_threads = 0;    // <= 0: all cores
+  int64_t n_ctx = 0;    // cells per sequence; <= 0: the model's context_length
+  // Expert executor; null: a LocalExecutor over the model's experts on this context's pool.
+  std::shared_ptr<ExpertExecutor> executor;
+};
+
+class Context {
+ public:
+  Context(const Model& model, const ContextParams& params);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // Runs n tokens of sequence `seq` at the positions following its cached cells. When `logits`
+  // is non-null it receives n rows of n_vocab logits (all_logits) or one row for the last token.
+  Status decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits,
+                bool all_logits = true);
+
+  // One token of a multi-sequence batch (continuous batching).
+  struct BatchToken {
+    int32_t seq = 0;
+    int32_t token = 0;
+    bool logits = false;  // write this token's logits row
+  };
+  // Runs the tokens of several sequences in ONE forward pass, so each MoE layer makes one
+  // executor call (one dispatch round trip) for all of them. A sequence's tokens must appear in
+  // order; they continue that sequence's cells. `logits` receives one row of n_vocab per token
+  // with logits=true, in batch order. Every row's bits equal what decode() gives for the same
+  // sequence alone (batch-invariant kernels, attention per row). On error every sequence is
+  // rolled back to its cells before the call.
+  Status decode_batch(std::span<const BatchToken> batch, float* logits);
+
+  const Model& model() const { return model_; }
+  KvCache& kv() { return kv_; }
+  ThreadPool& pool() { return *pool_; }
+  void set_observer(ForwardObserver* obs) { observer_ = obs; }
+
+  struct Scratch;  // forward-pass buffers (src/model/layers.h)
+
+ private:
+  const Model& model_;
+  std::unique_ptr<ThreadPool> pool_;
+  KvCache kv_;
+  std::shared_ptr<ExpertExecutor> executor_;
+  ForwardObserver* observer_ = nullptr;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace moesh

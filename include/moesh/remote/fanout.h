@@ -1,0 +1,63 @@
+// The fan-out: requests to many workers in flight at once, replies taken in arrival order.
+//
+// Each link has a reader thread that files replies as they arrive (RequestMux::pump) and reports
+// them to one CompletionQueue, so gather() hands over each reply the moment it is in, with its
+// true arrival time: a slow worker does not delay the handling of a fast one, and each worker's
+// latency is its own (gathering in worker order made a later worker's figure include the wait
+// for earlier ones). A link whose connection fails fails its pending and later requests at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "moesh/net/transport.h"
+#include "moesh/remote/link.h"
+
+namespace moesh {
+
+class FanOut {
+ public:
+  explicit FanOut(std::vector<std::unique_ptr<WorkerLink>> links);
+  ~FanOut();  // GOODBYE to every worker, then the readers are joined
+  FanOut(const FanOut&) = delete;
+  FanOut& operator=(const FanOut&) = delete;
+
+  size_t size() const { return links_.size(); }
+  const WorkerLink& link(size_t w) const { return *links_.at(w); }
+
+  uint64_t next_request_id(size_t w) { return links_[w]->mux->next_request_id(); }
+  // Sends a request frame (its header carries request_id) to worker w.
+  Status start(size_t w, uint64_t request_id, std::span<const uint8_t> frame, net::Deadline deadline);
+  void cancel(size_t w, uint64_t request_id);
+
+  struct Outstanding {
+    size_t worker = 0;
+    uint64_t request_id = 0;
+  };
+  struct Reply {
+    size_t index = 0;                    // into the gathered list
+    Result<wire::Frame> frame = Status(StatusCode::kInternal, "no reply");
+    net::Clock::time_point arrived;      // when it was filed (or the deadline, for a timeout)
+  };
+  // Hands every request of `reqs` to on_reply exactly once: replies in the order they arrived,
+  // then a kTimeout for each one still unanswered at the deadline (those are cancelled, so a late
+  // reply is discarded).
+  void gather(std::span<const Outstanding> reqs, net::Deadline deadline,
+              const std::function<void(Reply&&)>& on_reply);
+
+ private:
+  void read_loop(size_t w);
+
+  std::vector<std::unique_ptr<WorkerLink>> links_;
+  net::CompletionQueue done_;
+  std::atomic<bool> stopping_{false};
+  std::vector<std::thread> readers_;
+  std::vector<uint8_t> answered_;  // gather's scratch
+};
+
+}  // namespace moesh

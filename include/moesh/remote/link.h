@@ -1,0 +1,54 @@
+// One backbone -> worker connection: how it is dialed, the HELLO handshake, the warm-up PING,
+// and an orderly GOODBYE when it is dropped.
+//
+// The transport comes from a Dialer, so the executor does not care what carries the frames:
+// TCP (tcp_dialer, the socket policy of docs/PROTOCOL.md: NODELAY, congestion control set before
+// connect, large buffers), the in-process loopback or fault-injecting transports in tests, and
+// later relays or WebSocket.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "moesh/net/transport.h"
+#include "moesh/remote/address.h"
+#include "moesh/util/status.h"
+#include "moesh/wire/wire.h"
+
+namespace moesh {
+
+// A connected frame transport to `addr`, made before the deadline.
+using Dialer = std::function<Result<std::unique_ptr<net::Connection>>(const WorkerAddress& addr,
+                                                                       net::Deadline deadline)>;
+Dialer tcp_dialer(net::TcpOptions tcp);
+
+struct LinkOptions {
+  Dialer dialer;                                    // empty: tcp_dialer(tcp)
+  net::TcpOptions tcp;                              // congestion control, buffers, NODELAY
+  std::chrono::milliseconds connect_timeout{5000};  // connect + handshake + warm-up
+  uint32_t warmup_pad_bytes = 100 * 1024;           // warm-up PING padding each way
+  // What the worker must speak (checked after the handshake; errors name the worker).
+  uint32_t need_dtypes = 0;  // bit per wire::WireDType
+  uint32_t need_modes = 0;   // bit per wire::CombineMode
+};
+
+// One connected, handshaken worker.
+struct WorkerLink {
+  WorkerAddress address;
+  std::string label;  // "host:port (name)", used in every message
+  std::unique_ptr<net::Connection> conn;
+  std::unique_ptr<net::RequestMux> mux;
+  wire::Session session;      // negotiated; session.peer is the worker's HELLO
+  wire::DecodeLimits limits;  // for decoding its COMBINEs
+  std::chrono::nanoseconds warmup_rtt{0};
+  ~WorkerLink();  // sends GOODBYE (best effort) and closes
+};
+
+// Dials one worker and runs handshake + warm-up. Errors name the address.
+Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, const wire::Hello& local,
+                                                   const LinkOptions& opts);
+
+}  // namespace moesh

@@ -1,0 +1,150 @@
+// RemoteExecutor: the ExpertExecutor that sends routed-expert work to `moesh worker` processes
+// (docs/PROTOCOL.md). It is assembled from parts with their own headers and tests:
+//   placement.h — who holds each (layer, expert): any number of workers, a backbone copy;
+//   planner.h   — who computes each (token, rank) pair: replica balance, local copies,
+//                 excluded holders, re-planning a failed request's pairs;
+//   link.h      — one worker connection from a Dialer (TCP, loopback, fault injection), HELLO,
+//                 warm-up PING, GOODBYE;
+//   fanout.h    — requests to every involved worker in flight at once, replies in arrival order;
+//   combiner.h  — exact rank-order sum or partial sums, sharing rank_sum_step with local.
+//
+// Start-up (connect): dial every worker, HELLO (protocol version and model identity must match;
+// a mismatch names the worker), one padded PING to open the congestion window, then the
+// placement from the expert ranges the workers announced (an expert held by nobody, and not by
+// the backbone either, fails start-up with a message listing them).
+//
+// Per MoE layer: submit() plans the pairs, sends one DISPATCH to every involved worker at once
+// (star fan-out: one round trip per layer whatever the number of workers) and returns; wait()
+// computes the backbone's own share, gathers every COMBINE with a per-request deadline, in
+// arrival order, and combines (combiner.h). A worker error, timeout or disconnect fails the
+// layer with a Status naming every worker that failed, the layer and the request ids; nothing
+// waits past its deadline. There is no failover yet: the next call plans again from scratch.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moesh/model/model.h"
+#include "moesh/moe/executor.h"
+#include "moesh/remote/address.h"
+#include "moesh/remote/link.h"
+#include "moesh/remote/placement.h"
+#include "moesh/remote/planner.h"
+#include "moesh/util/status.h"
+#include "moesh/wire/wire.h"
+
+namespace moesh {
+
+struct RemoteOptions {
+  // Dtype of the hidden rows sent (DISPATCH). kQ8 means "the INT8 block format the worker's
+  // gate dot products consume": per (worker, layer), Q8K where the worker's HELLO says that
+  // layer takes Q8_K activations (k-quant weights) and it speaks Q8K, Q8 otherwise — exact for
+  // Q8_0- and Q8_K-activation weights. kQ8K sends Q8K everywhere.
+  wire::WireDType hidden_wire = wire::WireDType::kF32;
+  // Dtype of the expert results returned (COMBINE). kQ8 stays 32-value blocks (smaller error).
+  wire::WireDType return_wire = wire::WireDType::kF32;
+  wire::CombineMode combine = wire::CombineMode::kExact;
+  std::chrono::milliseconds timeout{10000};          // per request (dispatch -> combine)
+  std::chrono::milliseconds connect_timeout{5000};   // connect + handshake + warm-up, per worker
+  net::TcpOptions tcp;                               // congestion control, buffers, NODELAY
+  uint32_t warmup_pad_bytes = 100 * 1024;            // warm-up PING padding each way
+  std::string name = "backbone";                     // announced in HELLO
+  Dialer dialer;                                     // empty: TCP with `tcp`
+  PlannerPolicy planner;
+
+  // The link options these imply (dtypes and mode the workers must speak).
+  LinkOptions link_options() const;
+};
+
+// The HELLO a backbone sends for `model` (identity hash, shape, the dtypes and modes it speaks).
+Result<wire::Hello> backbone_hello(const Model& model, const RemoteOptions& opts);
+
+// ---- the executor --------------------------------------------------------------------------------
+
+// Wire traffic as counted from the frames actually sent and received (header included).
+struct RemoteTraffic {
+  uint64_t dispatch_frames = 0, dispatch_bytes = 0;
+  uint64_t combine_frames = 0, combine_bytes = 0;
+  uint64_t layer_calls = 0;        // submit() calls that involved at least one worker
+  uint64_t token_layers = 0;       // Σ over those calls of n_tokens
+  uint64_t remote_pairs = 0;       // (token, expert) pairs sent to workers
+  uint64_t local_pairs = 0;        // pairs computed by the backbone
+};
+
+// Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be
+// read from any thread while the executor runs.
+struct WorkerTraffic {
+  // Upper bounds (seconds) of the DISPATCH -> COMBINE latency histogram buckets.
+  static constexpr std::array<double, 12> kLatencyBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                            0.05,   0.1,   0.25,   0.5,   1.0,  5.0};
+  std::string label;               // "host:port (name)"
+  uint64_t requests = 0;           // DISPATCH frames sent
+  uint64_t errors = 0;             // requests that failed (send error, timeout, bad COMBINE)
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  // latency_counts[i]: requests with latency <= kLatencyBounds[i] and above the previous bound;
+  // the last entry counts those above every bound (not cumulative).
+  std::array<uint64_t, kLatencyBounds.size() + 1> latency_counts{};
+  double latency_sum_seconds = 0;
+  // Σ of the compute time each worker reports in its COMBINEs: latency - compute is what the
+  // network, framing and wake-ups cost.
+  double compute_sum_seconds = 0;
+};
+
+class RemoteExecutor final : public ExpertExecutor {
+ public:
+  // Connects to every worker (in order; worker i is index i in the placement) and builds the
+  // placement over `model`'s layers. `model` must outlive the executor. The backbone's own
+  // expert weights (model.expert_weights()) serve experts no worker holds (or, with
+  // PlannerPolicy::prefer_local, every expert it has).
+  static Result<std::unique_ptr<RemoteExecutor>> connect(const Model& model,
+                                                         const std::vector<WorkerAddress>& workers,
+                                                         const RemoteOptions& opts);
+  ~RemoteExecutor() override;
+
+  // The pool for the backbone's share of expert work (normally the Context's). Null: serial.
+  void set_pool(ThreadPool* pool) override;
+
+  Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override;
+  Result<std::span<const float>> wait(Ticket t) override;
+
+  const Placement& placement() const;
+  // Replaces the placement (same model shape; worker indices < n_workers()); later calls plan
+  // with it. Exclusions are kept.
+  Status set_placement(Placement placement);
+  // An excluded worker gets no pairs (its experts go to replicas or the backbone's copies) until
+  // included again; a layer that then has no holder for a routed expert fails, naming it.
+  void set_excluded(size_t worker, bool excluded);
+  const Planner& planner() const;
+  size_t n_workers() const;
+  const WorkerLink& worker(size_t i) const;
+  const RemoteOptions& options() const;
+  // The hidden dtype a DISPATCH of `layer` to worker `w` uses (RemoteOptions::hidden_wire).
+  wire::WireDType hidden_dtype(size_t w, int layer) const;
+  // True when the hidden rows every worker gets are exactly what its dot products would compute
+  // from the f32 rows locally: F32, or an INT8 dtype equal to each worker-owned MoE layer's
+  // activation format. With an F32 return and EXACT combine the logits are then bit-identical.
+  bool hidden_is_exact() const;
+  // Multi-line summary: each worker's label, warm-up RTT and experts; the local share.
+  std::string describe() const;
+
+  RemoteTraffic traffic() const;
+  void reset_traffic();
+  // One entry per worker, in connection order; thread-safe.
+  std::vector<WorkerTraffic> worker_traffic() const;
+  // The workers whose requests failed in the last wait() that returned an error (ascending).
+  const std::vector<size_t>& last_failed_workers() const;
+
+  struct Impl;
+
+ private:
+  explicit RemoteExecutor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moesh

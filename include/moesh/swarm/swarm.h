@@ -1,0 +1,225 @@
+// Shared vocabulary of the swarm: which experts a process holds (expert specs), which model it
+// serves (model identity), the HELLO values both roles announce, expert slices, and the worker.
+//
+// Backbone (src/moe/remote_executor.cpp, src/swarm/placement.cpp) and worker (src/swarm/worker*)
+// both code against this header, so a spec, an identity or a HELLO means the same on both ends.
+//
+// Expert spec (CLI `--experts`): comma-separated `LAYERS:EXPERTS` items; each side is an
+// inclusive range `a-b`, a single number, or `*`. `*` layers = every MoE layer; `*` experts =
+// 0..n_expert-1. A layer range may span dense layers (they are skipped) but must contain at least
+// one MoE layer; a single dense layer is an error. Examples: `*:0-63`, `0-23:*,24-47:0-7`.
+// The parsed form is canonical: ranges sorted by (layer, first), overlaps and adjacent ranges
+// merged, so two specs that select the same experts compare equal.
+//
+// Model identity: XXH3-128 over a canonical serialization of the GGUF metadata KVs (file order,
+// every key except the `moesh.slice.*` ones) and the tensor table (name, type, dims, ne; never the
+// data). A slice file (experts or backbone) stores the identity of the model it was cut from
+// under `moesh.slice.model_id` (32 lowercase hex chars), and model_identity() returns that, so a
+// worker started from a slice and a backbone started from the full model (or a backbone slice)
+// agree in the HELLO.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moesh/moe/executor.h"
+#include "moesh/net/transport.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/util/status.h"
+#include "moesh/wire/wire.h"
+
+namespace moesh::swarm {
+
+// ---- metadata keys written into slice files (docs/slice.md) ---------------------------------
+inline constexpr const char* kKeyModelId = "moesh.slice.model_id";      // hex of the identity
+inline constexpr const char* kKeyKind = "moesh.slice.kind";             // "experts" | "backbone"
+inline constexpr const char* kKeyExperts = "moesh.slice.experts";       // canonical spec text
+inline constexpr const char* kKeyMoeLayers = "moesh.slice.moe_layers";  // i32 array
+// Per slice tensor T: `moesh.slice.hash.` + T = u64 array, XXH3-64 of each expert slab in T.
+inline constexpr const char* kKeyHashPrefix = "moesh.slice.hash.";
+inline constexpr const char* kKindExperts = "experts";
+inline constexpr const char* kKindBackbone = "backbone";
+
+// ---- model shape -----------------------------------------------------------------------------
+
+// What specs and HELLOs are checked against.
+struct ModelShape {
+  uint32_t n_layer = 0;
+  uint32_t n_expert = 0;
+  uint32_t n_embd = 0;
+  std::vector<uint32_t> moe_layers;  // ascending: layers with routed experts
+  bool is_moe(uint32_t layer) const;
+};
+
+// n_layer/n_expert/n_embd from the architecture's metadata (load_hparams); MoE layers from
+// `moesh.slice.moe_layers` in a slice, else the layers with `blk.N.ffn_gate_exps.weight`.
+Result<ModelShape> model_shape(const gguf::File& f);
+
+// ---- expert specs ----------------------------------------------------------------------------
+
+// A canonical set of held (layer, expert) pairs: ranges sorted by (layer, first), disjoint and
+// non-adjacent within a layer (adjacent ranges are merged), each count >= 1.
+struct ExpertSet {
+  std::vector<wire::ExpertRange> ranges;
+
+  bool empty() const { return ranges.empty(); }
+  bool holds(uint32_t layer, uint32_t expert) const;
+  bool contains(const ExpertSet& other) const;  // every pair of `other` is held
+  uint64_t n_pairs() const;                     // number of (layer, expert) pairs
+  // Canonical text, one item per range: "0:0-7,1:3" (parse_expert_spec reads it back).
+  std::string to_string() const;
+  bool operator==(const ExpertSet&) const = default;
+};
+
+// Sorts and merges ranges (no validation against a model).
+ExpertSet canonicalize(std::vector<wire::ExpertRange> ranges);
+// Parses `spec` against the model's shape. kInvalidArgument naming the item and the reason
+// (garbage, reversed range "5-3", layer/expert out of range, dense layer, empty spec).
+Result<ExpertSet> parse_expert_spec(std::string_view spec, const ModelShape& shape);
+// Checks a range list received in a HELLO against the shape and canonicalizes it.
+Result<ExpertSet> expert_set_from_ranges(const std::vector<wire::ExpertRange>& ranges,
+                                         const ModelShape& shape);
+
+// ---- model identity ----------------------------------------------------------------------------
+
+struct ModelIdentity {
+  std::array<uint8_t, 16> bytes{};  // XXH3-128, big-endian canonical form (XXH128_canonical_t)
+  std::string hex() const;          // 32 lowercase hex chars
+  static Result<ModelIdentity> from_hex(std::string_view hex);
+  bool operator==(const ModelIdentity&) const = default;
+};
+
+// The identity of the file's model: stored `moesh.slice.model_id` if present, else the hash of
+// the metadata (minus `moesh.slice.*` keys) and tensor table.
+Result<ModelIdentity> model_identity(const gguf::File& f);
+// Always hashes (ignores a stored id); slice writers and tests use it.
+ModelIdentity compute_model_identity(const gguf::File& f);
+
+// ---- handshake values --------------------------------------------------------------------------
+
+// Capabilities a moesh worker offers: every wire dtype (F32, F16, BF16, Q8) and both combine
+// modes (EXACT, PARTIAL). A backbone announces what it is willing to use (normally the same).
+inline constexpr uint32_t kAllDTypes = (1u << static_cast<int>(wire::WireDType::kCOUNT)) - 1;
+inline constexpr uint32_t kAllModes = (1u << static_cast<int>(wire::CombineMode::kCOUNT)) - 1;
+
+// The HELLO a process sends: model_id_bytes = 16 with the identity bytes, n_layer/n_expert/
+// n_embd from the shape, dtypes = kAllDTypes, modes = kAllModes, the held experts' ranges (empty
+// for a backbone), the name.
+wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape,
+                       const ExpertSet& held, std::string name);
+
+// ---- held expert slabs ---------------------------------------------------------------------
+
+// Zero-copy views of the held experts of a full model or an expert slice. Lookup gives the
+// stacked ExpertWeights containing (layer, expert) and the expert's index inside it, to be passed
+// to expert_ffn: for a full model the layer's whole stacked tensors and the expert id itself; for
+// a slice the range tensor and expert - first.
+class ExpertStore {
+ public:
+  // `held` empty: everything the file holds (a slice's experts; all experts of a full model).
+  // Otherwise every held pair must be in the file (kNotFound naming it). A slice's slab hashes
+  // are verified for the held slabs (kCorrupt naming the tensor and expert on mismatch).
+  static Result<std::unique_ptr<ExpertStore>> open(std::unique_ptr<gguf::File> file,
+                                                   const ExpertSet& held);
+  ~ExpertStore();
+
+  struct Slot {
+    const ExpertWeights* weights = nullptr;
+    int64_t index = 0;
+  };
+  // weights == nullptr when not held.
+  Slot find(uint32_t layer, uint32_t expert) const;
+
+  const ExpertSet& held() const { return held_; }
+  const ModelShape& shape() const { return shape_; }
+  const ModelIdentity& identity() const { return id_; }
+  const gguf::File& file() const { return *file_; }
+  // Bytes of the held slabs (gate + up + down of every held expert).
+  uint64_t slab_bytes() const { return slab_bytes_; }
+  // Advises the kernel the held slabs are needed and reads one byte per page of each, so the
+  // first request does not page-fault and RSS reflects the held bytes.
+  void prefault() const;
+
+ private:
+  ExpertStore() = default;
+  struct Block {  // a run of held experts of one layer inside one stacked (or range) tensor
+    uint32_t layer = 0, first = 0, count = 0;  // global expert ids [first, first + count)
+    int64_t index_base = 0;                   // index in `w` of expert `first`
+    size_t w_index = 0;                       // into weights_
+  };
+  std::unique_ptr<gguf::File> file_;
+  ModelShape shape_;
+  ModelIdentity id_;
+  ExpertSet held_;
+  std::vector<std::unique_ptr<ExpertWeights>> weights_;
+  std::vector<Block> blocks_;  // sorted by (layer, first)
+  uint64_t slab_bytes_ = 0;
+};
+
+// The activation of the model's routed experts (from general.architecture).
+Result<ExpertActivation> expert_activation_of(const gguf::File& f);
+
+// ---- slices --------------------------------------------------------------------------------
+
+// Expert slice: for each held range of each layer, tensors `blk.L.ffn_{gate,up,down}_exps.weight`
+// + `@F-L` (inclusive global expert ids) holding those slabs stacked; all metadata of the model
+// (minus moesh.slice.*), kind, spec, MoE layers, the identity and a slab hash array per tensor.
+// `model` (a full model or an expert slice) must come from File::open: its path is reopened.
+Status write_expert_slice(const gguf::File& model, const ExpertSet& experts, const std::string& out);
+// Backbone slice: every tensor except `*_exps`, the metadata, kind = backbone, MoE layers and the
+// identity.
+Status write_backbone_slice(const gguf::File& model, const std::string& out);
+// The name of the slice tensor holding experts [first, last] of `base` (e.g.
+// "blk.3.ffn_up_exps.weight@0-7").
+std::string slice_tensor_name(const std::string& base, uint32_t first, uint32_t last);
+// XXH3-64 of one slab (what the hash arrays hold).
+uint64_t slab_hash(const uint8_t* data, size_t n_bytes);
+// "experts", "backbone", or "" for a full model.
+std::string slice_kind(const gguf::File& f);
+
+// ---- the worker process ------------------------------------------------------------------------
+
+struct WorkerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;                 // 0: any free port (printed)
+  int n_threads = 0;                 // compute threads; <= 0: hardware concurrency
+  std::string name;                  // announced in HELLO; empty: "worker@HOST:PORT"
+  std::string congestion = "cubic";  // TCP_CONGESTION, set before listen()
+  uint32_t max_frame_bytes = wire::kDefaultMaxFrameBytes;
+};
+
+struct WorkerStats {
+  std::atomic<uint64_t> connections{0};
+  std::atomic<uint64_t> dispatches{0};
+  std::atomic<uint64_t> errors{0};
+};
+
+// Serves backbones until stop() (or a signal handler calling it). Connections are served
+// concurrently (a reader thread each); DISPATCH compute goes through one shared thread pool, one
+// request at a time. The store must outlive the worker.
+class Worker {
+ public:
+  static Result<std::unique_ptr<Worker>> start(const ExpertStore* store, const WorkerOptions& opts);
+  ~Worker();
+  uint16_t port() const;
+  // Blocks until stop() is called; then sends GOODBYE to every peer and joins all threads.
+  void run();
+  // Async-signal-safe: only sets a flag the accept loop polls.
+  void stop();
+  // Serves one already-connected peer (handshake first) on its own thread, like an accepted TCP
+  // connection: how in-process tests drive a worker over loopback or fault-injecting transports.
+  void serve_connection(std::unique_ptr<net::Connection> conn);
+  const WorkerStats& stats() const;
+
+ private:
+  struct Impl;
+  explicit Worker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moesh::swarm

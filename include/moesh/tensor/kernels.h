@@ -1,0 +1,58 @@
+// Per-type kernel table, chosen at run time from CPUID.
+//
+// Each ISA (scalar reference, AVX2, AVX-512) fills a KernelTable; entries an ISA does not
+// specialise point at the scalar reference. Every entry must return the same bits as the
+// scalar reference (the canonical order in quant.h) — tests/tensor compares them.
+// MOESH_ISA=scalar|avx2|avx512 in the environment forces a table (for tests and benches).
+#pragma once
+
+#include <cstdint>
+
+#include "moesh/tensor/types.h"
+
+namespace moesh {
+
+enum class Isa : int { kScalar = 0, kAvx2, kAvx512, kCOUNT };
+const char* isa_name(Isa isa);
+
+// float dot of one weight row (type T) with one activation row (vec_dot_type(T)), n elements.
+using VecDotFn = float (*)(int64_t n, const void* w, const void* x);
+// Converts n floats to an activation row (Q8_0, Q8_1, Q8_K, F16, BF16, F32).
+using FromFloatFn = void (*)(const float* x, void* y, int64_t n);
+// Widens n elements of a row to floats.
+using ToFloatFn = void (*)(const void* x, float* y, int64_t n);
+// Tile: out[c*ldo + r] = dot(w_row[r], x_row[c]) for r < nr, c < nc, rows given by base + stride.
+// Must equal nr*nc calls of VecDotFn bit for bit (same per-element order); it exists so GEMM
+// can reuse loaded activations/weights. May be null (the caller loops over vec_dot).
+using VecDotTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int nr, const void* x,
+                              size_t x_stride, int nc, float* out, size_t ldo);
+
+struct TypeKernels {
+  VecDotFn vec_dot = nullptr;
+  VecDotTileFn vec_dot_tile = nullptr;
+  ToFloatFn to_float = nullptr;
+  FromFloatFn from_float = nullptr;  // set for activation types
+};
+
+struct KernelTable {
+  Isa isa = Isa::kScalar;
+  TypeKernels type[static_cast<int>(GgmlType::kCOUNT)];
+  const TypeKernels& operator[](GgmlType t) const { return type[static_cast<int>(t)]; }
+};
+
+// Best table for this CPU (or the one MOESH_ISA names, if the CPU supports it).
+const KernelTable& kernels();
+// A specific ISA's table, or nullptr if this CPU (or this build) lacks it.
+const KernelTable* kernels_for(Isa isa);
+// What the CPU supports (CPUID), independent of MOESH_ISA.
+bool cpu_has(Isa isa);
+// AVX-512 kernels are built into the tables only when the CPU has them AND they are enabled
+// (MOESH_ENABLE_AVX512=1 or MOESH_ISA=avx512): they are unverified on real hardware so far.
+bool avx512_enabled();
+
+// Implemented per ISA file; each fills `t` on top of an already-filled scalar table.
+void fill_kernels_scalar(KernelTable* t);
+void fill_kernels_avx2(KernelTable* t);    // src/tensor/kernels_avx2.cpp (x86 builds only)
+void fill_kernels_avx512(KernelTable* t);  // src/tensor/kernels_avx512.cpp (x86 builds only)
+
+}  // namespace moesh

@@ -1,0 +1,324 @@
+// The moesh wire protocol: frames, messages and row codecs for remote expert dispatch.
+//
+// The backbone sends each worker, per MoE layer, the hidden rows of the tokens routed to that
+// worker's experts (DISPATCH) and gets back expert outputs (COMBINE). docs/PROTOCOL.md is the
+// normative byte-level spec; this header is its C++ face. Everything here is pure (no I/O):
+// transports (moesh/transport.h) move whole frames, this module builds and checks them.
+//
+// Frame = 32-byte little-endian header + payload. The header carries magic, version, message
+// type, a request id (many requests in flight on one connection) and an XXH3-64 checksum over
+// header and payload. Every length and count read from the network is checked against the
+// payload size and against `DecodeLimits` before anything is allocated; a hostile frame yields a
+// non-ok Status (kCorrupt / kUnsupported / kOutOfRange), never a crash or an unbounded allocation.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moesh/util/status.h"
+
+namespace moesh::wire {
+
+// ---- constants -------------------------------------------------------------------------------
+
+constexpr uint32_t kMagic = 0x48534F4Du;        // bytes "MOSH" on the wire (little-endian u32)
+constexpr uint16_t kVersion = 2;                 // the only protocol version this build speaks
+                                                 // (v2 = v1 + Q8K + the HELLO activation table)
+constexpr size_t kHeaderBytes = 32;              // frozen across all versions
+constexpr uint32_t kDefaultMaxFrameBytes = 64u << 20;  // payload limit unless configured
+constexpr uint32_t kQ8BlockSize = 32;            // elements per Q8 block
+constexpr size_t kQ8BlockBytes = 34;             // f16 scale + 32 int8 (== ggml block_q8_0)
+constexpr uint32_t kQ8KBlockSize = 256;          // elements per Q8K block
+constexpr size_t kQ8KBlockBytes = 260;           // f32 scale + 256 int8 (ggml block_q8_K minus bsums)
+constexpr uint32_t kMaxTextBytes = 1024;         // ERROR / GOODBYE text, worker name (<= 255)
+constexpr uint32_t kMaxNameBytes = 255;
+constexpr uint32_t kMaxPairsPerToken = 255;      // per-token pair count is a u8
+constexpr uint32_t kMaxExpertRanges = 4096;      // HELLO expert-range list
+constexpr uint32_t kMaxPingPadBytes = 1u << 20;  // warm-up padding per PING / PONG
+
+// Message types, listed once with explicit numbers (never renumber; only append).
+enum class MsgType : uint16_t {
+  kHello = 1,     // first frame in each direction: version range, model identity, experts held
+  kDispatch = 2,  // backbone -> worker: hidden rows + (expert, weight, rank) pairs of one layer
+  kCombine = 3,   // worker -> backbone: expert outputs for one DISPATCH (same request id)
+  kPing = 4,      // liveness / warm-up, carries a timestamp and optional padding
+  kPong = 5,      // answer to PING (same request id), echoes its timestamp
+  kGoodbye = 6,   // orderly close: no more requests will be sent
+  kError = 7,     // failure of one request (request id != 0) or of the connection (id 0)
+  kCOUNT
+};
+const char* msg_type_name(MsgType t);
+bool msg_type_is_known(uint16_t raw);
+
+// Encodings of float rows on the wire (docs/PROTOCOL.md "Row encodings").
+enum class WireDType : uint8_t {
+  kF32 = 0,   // IEEE binary32, little-endian; bit-exact
+  kF16 = 1,   // IEEE binary16, round-to-nearest-even from f32 (fp16.h)
+  kBF16 = 2,  // bfloat16, round-to-nearest-even from f32 (fp16.h)
+  kQ8 = 3,    // blocks of 32: f16 scale d + 32 int8 q; x = d*q. Identical to ggml Q8_0 and to
+              // moesh's canonical Q8_0 activation quantizer, so a worker can feed the blocks
+              // straight into Q8_0 dot products and match the backbone's local result bit for bit.
+  kQ8K = 4,   // blocks of 256: f32 scale d + 256 int8 q; x = d*q. moesh's canonical Q8_K activation
+              // quantizer without the bsums (the receiver recomputes them: sums of q), so a worker
+              // whose weights are k-quants feeds the blocks straight into its Q8_K dot products.
+  kCOUNT
+};
+const char* wire_dtype_name(WireDType t);
+
+// How a worker returns results (docs/PROTOCOL.md "Combine modes").
+enum class CombineMode : uint8_t {
+  kExact = 0,    // one row per (token, expert) pair, the expert's raw output y_i, unweighted, in
+                 // the order of the request's pairs; the backbone forms sum_i w_i*y_i in rank
+                 // order. Bit-exact with local execution when the return dtype is F32.
+  kPartial = 1,  // one row per token: sum over this worker's pairs of w_i*y_i, accumulated in
+                 // ascending rank order in f32, then encoded in the return dtype. Lossy.
+  kCOUNT
+};
+const char* combine_mode_name(CombineMode m);
+
+// Error codes carried by ERROR frames. Stable numbers; a receiver must accept unknown codes.
+enum class WireError : uint16_t {
+  kMalformed = 1,         // a frame failed validation
+  kVersionMismatch = 2,   // no common protocol version
+  kModelMismatch = 3,     // model identity hashes differ
+  kUnsupported = 4,       // valid request using a dtype/mode/feature the peer lacks
+  kNotHeld = 5,           // layer/expert not held by this worker
+  kDeadlineExceeded = 6,  // the request's deadline passed before it was computed
+  kOverloaded = 7,        // try another replica
+  kShuttingDown = 8,      // worker is draining
+  kNonFinite = 9,         // the computation produced inf/NaN
+  kInternal = 10,         // a bug on the sending side
+  kProtocol = 11,         // a valid frame at the wrong time (e.g. DISPATCH before HELLO)
+  kCOUNT
+};
+const char* wire_error_name(uint16_t code);
+// The local StatusCode a received ERROR maps to (unknown codes -> kUnavailable).
+StatusCode wire_error_to_status_code(uint16_t code);
+// The ERROR code to send back for a local failure status.
+WireError status_code_to_wire_error(StatusCode code);
+
+// ---- frames ----------------------------------------------------------------------------------
+
+// Decoded header. Layout (all little-endian):
+//   0 u32 magic | 4 u16 version | 6 u16 type | 8 u64 request_id | 16 u32 payload_bytes |
+//   20 u32 flags (must be 0 in v1) | 24 u64 checksum = XXH3_64bits(header[0..24) ++ payload)
+struct FrameHeader {
+  uint16_t version = kVersion;
+  MsgType type = MsgType::kPing;
+  uint64_t request_id = 0;
+  uint32_t payload_bytes = 0;
+  uint32_t flags = 0;
+  uint64_t checksum = 0;
+};
+
+// A received frame whose header was validated and whose checksum matched.
+struct Frame {
+  FrameHeader header;
+  std::vector<uint8_t> payload;
+  MsgType type() const { return header.type; }
+  uint64_t request_id() const { return header.request_id; }
+};
+
+// Parses and validates the 32 header bytes: magic, version >= 1 (a version other than kVersion
+// is only allowed on HELLO), known type, flags == 0, payload_bytes <= max_payload_bytes.
+// kCorrupt for damage, kUnsupported for a version we do not speak, kOutOfRange for length.
+Result<FrameHeader> parse_header(std::span<const uint8_t> bytes, uint32_t max_payload_bytes);
+// Checks the checksum of a parsed header against its payload (kCorrupt on mismatch).
+Status verify_checksum(std::span<const uint8_t> header_bytes, std::span<const uint8_t> payload,
+                       uint64_t expected);
+// Builds a complete frame (header + payload) with the checksum filled in.
+std::vector<uint8_t> build_frame(MsgType type, uint64_t request_id,
+                                 std::span<const uint8_t> payload, uint16_t version = kVersion);
+// Parses a complete frame held in memory (header, exact length, checksum). Used by tests and by
+// transports that receive whole messages.
+Result<Frame> parse_frame(std::span<const uint8_t> bytes, uint32_t max_payload_bytes);
+
+// ---- rows ------------------------------------------------------------------------------------
+
+// n_rows rows of n_cols floats in one wire dtype, rows back to back.
+struct WireRows {
+  WireDType dtype = WireDType::kF32;
+  uint32_t n_rows = 0;
+  uint32_t n_cols = 0;
+  std::vector<uint8_t> bytes;  // n_rows * wire_row_bytes(dtype, n_cols)
+};
+
+// Bytes of one row: F32 4n, F16/BF16 2n, Q8 34*ceil(n/32), Q8K 260*ceil(n/256) (a short last
+// block is zero-padded).
+size_t wire_row_bytes(WireDType t, uint32_t n_cols);
+
+// Encodes rows. Fails with kInvalidArgument for a non-finite value in Q8/Q8K (not representable)
+// and kOutOfRange when a finite value overflows F16 (it would arrive as inf); F32/BF16 carry
+// inf/NaN as is (the decoder's policy decides).
+Result<WireRows> encode_rows(WireDType t, const float* src, uint32_t n_rows, uint32_t n_cols);
+// Decodes all rows into dst[n_rows*n_cols]; decode_row decodes one.
+void decode_rows(const WireRows& rows, float* dst);
+void decode_row(const WireRows& rows, uint32_t row, float* dst);
+// kCorrupt naming the first non-finite value (row, column) if any, for every dtype.
+Status check_rows_finite(const WireRows& rows);
+
+// The Q8 codec for one row (also used by tests): canonical Q8_0 rule, see PROTOCOL.md.
+void q8_encode_row(const float* src, uint32_t n, uint8_t* dst);
+void q8_decode_row(const uint8_t* src, uint32_t n, float* dst);
+// The Q8K codec for one row: the canonical Q8_K quantizer (quant.h) applied to the row padded with
+// zeros to a multiple of 256, each block stored as f32 d + 256 int8 q (no bsums).
+void q8k_encode_row(const float* src, uint32_t n, uint8_t* dst);
+void q8k_decode_row(const uint8_t* src, uint32_t n, float* dst);
+// The ggml block_q8_K blocks (quant::BlockQ8_K, 292 bytes each) of one Q8K wire row, bsums
+// recomputed exactly as the quantizer computes them: what quantize_rows(Q8_K) gives for the
+// row the sender encoded. dst holds ceil(n/256) blocks.
+void q8k_row_to_blocks(const uint8_t* src, uint32_t n, void* dst);
+
+// ---- messages --------------------------------------------------------------------------------
+
+// Limits a receiver applies while decoding. Everything from the network is checked against
+// these before use.
+struct DecodeLimits {
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;  // payload limit
+  uint32_t max_n_embd = 1u << 16;
+  uint32_t n_expert = 0;           // expert ids must be < n_expert (0: only the u16 range)
+  uint32_t n_layer = 0;            // layers must be < n_layer (0: unchecked)
+  bool allow_non_finite = false;   // reject inf/NaN in rows and weights (see PROTOCOL.md)
+};
+
+enum class PeerRole : uint8_t { kBackbone = 1, kWorker = 2, kCOUNT };
+
+// Hello::layer_act entry of a layer whose gate activations are not an INT8 block format the
+// wire carries (or that the worker does not hold).
+constexpr uint8_t kNoActDType = 0xFF;
+
+// Experts [first, first + count) of one layer.
+struct ExpertRange {
+  uint32_t layer = 0;
+  uint32_t first = 0;
+  uint32_t count = 0;
+  bool operator==(const ExpertRange&) const = default;
+};
+
+// First frame each side sends. The first 8 payload bytes (version range, role) are frozen
+// forever; later versions only append fields.
+struct Hello {
+  uint16_t min_version = kVersion;
+  uint16_t max_version = kVersion;
+  PeerRole role = PeerRole::kBackbone;
+  uint8_t model_id_bytes = 32;              // 16 or 32
+  std::array<uint8_t, 32> model_id{};       // hash of GGUF metadata + tensor table
+  uint32_t n_layer = 0;                     // model shape, so ids can be range-checked
+  uint32_t n_expert = 0;
+  uint32_t n_embd = 0;
+  uint32_t dtypes = 0;                      // bit (1 << WireDType) per dtype accepted/sent
+  uint32_t modes = 0;                       // bit (1 << CombineMode) per mode supported
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;  // what this side accepts
+  std::vector<ExpertRange> experts;         // held (workers); empty for a backbone
+  std::string name;                         // human-readable, <= 255 bytes
+  // Since v2. Per model layer (empty, or n_layer entries): the wire dtype whose blocks are exactly
+  // what this worker's gate dot products of that layer consume — kQ8 (Q8_0 activations), kQ8K
+  // (Q8_K activations) — or kNoActDType. Lets a backbone without expert weights pick the
+  // hidden dtype that avoids re-quantization. Empty for a backbone.
+  std::vector<uint8_t> layer_act;
+};
+
+// Pure outcome of two HELLOs: the version both speak and the intersected capabilities.
+struct Session {
+  uint16_t version = kVersion;
+  uint32_t dtypes = 0;
+  uint32_t modes = 0;
+  uint32_t max_send_bytes = 0;  // the peer's max_frame_bytes: never send a larger payload
+  Hello peer;
+};
+// kUnsupported: no common version / no common dtype or mode; kInvalidArgument: model identity
+// or shape differs. The message says which.
+Result<Session> negotiate(const Hello& local, const Hello& peer);
+
+struct ExpertPair {
+  uint16_t expert = 0;  // expert id within the layer
+  uint8_t rank = 0;     // position in the token's router top-k (0 = highest weight)
+  float weight = 0.f;   // router weight w_i
+  bool operator==(const ExpertPair&) const = default;
+};
+
+// DISPATCH: the tokens of one layer routed to this worker. Token t's pairs are
+// pairs[begin_t .. begin_t + pair_counts[t]), with strictly increasing rank within a token.
+struct DispatchMsg {
+  uint64_t request_id = 0;       // != 0
+  uint32_t layer = 0;
+  uint32_t deadline_ms = 0;      // compute budget from receipt; 0 = none
+  CombineMode mode = CombineMode::kExact;
+  WireDType return_dtype = WireDType::kF32;
+  std::vector<uint8_t> pair_counts;  // n_tokens entries, each 1..255
+  std::vector<ExpertPair> pairs;
+  WireRows hidden;               // n_tokens x n_embd
+
+  uint32_t n_tokens() const { return hidden.n_rows; }
+  uint32_t n_embd() const { return hidden.n_cols; }
+  // Rows the COMBINE must carry: n_pairs (exact) or n_tokens (partial).
+  uint32_t n_result_rows() const;
+};
+
+// COMBINE: results for the DISPATCH with the same request id.
+struct CombineMsg {
+  uint64_t request_id = 0;
+  uint32_t layer = 0;
+  uint32_t n_tokens = 0;
+  CombineMode mode = CombineMode::kExact;
+  uint32_t compute_us = 0;       // worker's compute time (scheduling statistics only)
+  WireRows rows;                 // exact: one row per pair; partial: one row per token
+};
+
+struct PingMsg {
+  uint64_t request_id = 0;
+  uint64_t send_time_ns = 0;     // sender's steady clock
+  uint32_t pad_bytes = 0;        // zero bytes appended (warm-up: opens the congestion window)
+  uint32_t reply_pad_bytes = 0;  // padding the PONG must carry back
+};
+
+struct PongMsg {
+  uint64_t request_id = 0;       // the PING's
+  uint64_t ping_time_ns = 0;     // echoed PING send_time_ns
+  uint64_t reply_time_ns = 0;    // responder's clock
+  uint32_t pad_bytes = 0;
+};
+
+struct GoodbyeMsg {
+  uint16_t reason = 0;           // a WireError code, or 0 for a normal close
+  std::string text;
+};
+
+struct ErrorMsg {
+  uint64_t request_id = 0;       // 0: the connection as a whole
+  uint16_t code = static_cast<uint16_t>(WireError::kInternal);
+  std::string text;
+  Status to_status() const;      // maps the code, keeps the text
+};
+
+// Encoders validate the message (kInvalidArgument naming the field) and return the full frame.
+Result<std::vector<uint8_t>> encode_hello(const Hello& m);
+Result<std::vector<uint8_t>> encode_dispatch(const DispatchMsg& m);
+Result<std::vector<uint8_t>> encode_combine(const CombineMsg& m);
+Result<std::vector<uint8_t>> encode_ping(const PingMsg& m);
+Result<std::vector<uint8_t>> encode_pong(const PongMsg& m);
+Result<std::vector<uint8_t>> encode_goodbye(const GoodbyeMsg& m);
+Result<std::vector<uint8_t>> encode_error(const ErrorMsg& m);
+
+// Decoders check the frame type, every count against the payload size and the limits, and
+// every enum; they never allocate more than the payload size implies.
+Result<Hello> decode_hello(const Frame& f);
+Result<DispatchMsg> decode_dispatch(const Frame& f, const DecodeLimits& lim);
+Result<CombineMsg> decode_combine(const Frame& f, const DecodeLimits& lim);
+Result<PingMsg> decode_ping(const Frame& f);
+Result<PongMsg> decode_pong(const Frame& f);
+Result<GoodbyeMsg> decode_goodbye(const Frame& f);
+Result<ErrorMsg> decode_error(const Frame& f);
+
+// The backbone's check that a COMBINE answers its DISPATCH (id, layer, mode, dtype, shape).
+Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply);
+
+// Payload sizes (bytes after the 32-byte header) — the formulas PROTOCOL.md tabulates.
+size_t dispatch_payload_bytes(uint32_t n_tokens, uint32_t n_pairs, uint32_t n_embd, WireDType t);
+size_t combine_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireDType t);
+
+}  // namespace moesh::wire

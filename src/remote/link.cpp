@@ -1,0 +1,75 @@
+// The backbone's connections to workers: dial (through the Dialer), HELLO handshake, warm-up
+// PING, and an orderly GOODBYE when the link is dropped.
+#include <fmt/format.h>
+
+#include "moesh/remote/link.h"
+
+namespace moesh {
+
+Dialer tcp_dialer(net::TcpOptions tcp) {
+  return [tcp](const WorkerAddress& addr, net::Deadline deadline) -> Result<std::unique_ptr<net::Connection>> {
+    auto stream = net::tcp_connect(addr.host, addr.port, tcp, deadline);
+    if (!stream) return stream.status();
+    return net::make_stream_connection(std::move(*stream));
+  };
+}
+
+WorkerLink::~WorkerLink() {
+  if (conn) {
+    wire::GoodbyeMsg g;
+    g.text = "backbone closing";
+    auto f = wire::encode_goodbye(g);
+    if (f.is_ok()) (void)conn->send_frame(*f, net::deadline_in(std::chrono::milliseconds(200)));
+    conn->close();
+  }
+}
+
+Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, const wire::Hello& local,
+                                                   const LinkOptions& opts) {
+  const std::string where = "worker " + addr.to_string();
+  const net::Deadline deadline = net::deadline_in(opts.connect_timeout);
+  auto conn = opts.dialer ? opts.dialer(addr, deadline) : tcp_dialer(opts.tcp)(addr, deadline);
+  if (!conn) return conn.status().with_context(where + ": connect");
+  auto link = std::make_unique<WorkerLink>();
+  link->address = addr;
+  link->label = addr.to_string();
+  link->conn = std::move(*conn);
+  auto session = net::handshake(*link->conn, local, /*initiator=*/true, deadline);
+  if (!session) {
+    link->conn->close();
+    link->conn.reset();
+    return session.status().with_context(where + ": handshake");
+  }
+  link->session = std::move(*session);
+  const wire::Hello& peer = link->session.peer;
+  if (!peer.name.empty()) link->label = addr.to_string() + " (" + peer.name + ")";
+  if (peer.role != wire::PeerRole::kWorker) {
+    return make_error(StatusCode::kInvalidArgument, "{} is not a worker (role {})", link->label,
+                      static_cast<int>(peer.role));
+  }
+  for (int dt = 0; dt < 32; ++dt) {
+    if ((opts.need_dtypes >> dt & 1u) != 0 && (link->session.dtypes >> dt & 1u) == 0) {
+      return make_error(StatusCode::kUnsupported, "{} does not speak wire dtype {}", link->label,
+                        wire::wire_dtype_name(static_cast<wire::WireDType>(dt)));
+    }
+  }
+  for (int m = 0; m < 32; ++m) {
+    if ((opts.need_modes >> m & 1u) != 0 && (link->session.modes >> m & 1u) == 0) {
+      return make_error(StatusCode::kUnsupported, "{} does not support combine mode {}", link->label,
+                        wire::combine_mode_name(static_cast<wire::CombineMode>(m)));
+    }
+  }
+  link->limits.max_frame_bytes = local.max_frame_bytes;
+  link->limits.n_layer = local.n_layer;
+  link->limits.n_expert = local.n_expert;
+  link->limits.max_n_embd = std::max<uint32_t>(local.n_embd, 1);
+  link->mux = std::make_unique<net::RequestMux>(link->conn.get());
+  // Warm-up: opens the congestion window before the first real layer (docs/PROTOCOL.md) and
+  // proves the worker answers requests, not just HELLO.
+  auto rtt = net::ping(*link->mux, opts.warmup_pad_bytes, opts.warmup_pad_bytes, deadline);
+  if (!rtt) return rtt.status().with_context(link->label + ": warm-up ping");
+  link->warmup_rtt = *rtt;
+  return link;
+}
+
+}  // namespace moesh

@@ -1,0 +1,498 @@
+// RemoteExecutor: routed experts computed by worker processes (and by the backbone for the
+// experts it computes itself). See include/moesh/remote/remote.h for the protocol of one layer;
+// this file wires the planner, the fan-out and the combiner together.
+//
+// The backbone's own share is computed as raw expert outputs too: each local (token, rank) pair
+// becomes one row of a k=1 plan with weight 1, so LocalExecutor returns y*1 = y exactly (its row
+// results do not depend on the other rows of the batch). Local and remote outputs are then
+// combined by one loop, in rank order, with LocalExecutor's float operations — which is what
+// makes EXACT mode bit-identical to all-local execution for any placement.
+#include <algorithm>
+#include <bit>
+#include <mutex>
+
+#include "moesh/moe/expert_stages.h"
+#include "moesh/remote/combiner.h"
+#include "moesh/remote/fanout.h"
+#include "moesh/remote/remote.h"
+#include "moesh/swarm/swarm.h"
+
+namespace moesh {
+
+struct RemoteExecutor::Impl {
+  const Model* model = nullptr;
+  RemoteOptions opts;
+  std::unique_ptr<FanOut> fan;
+  Planner planner;
+  std::vector<ExpertWeights> local_weights;
+  std::unique_ptr<LocalExecutor> local;
+  ThreadPool* pool = nullptr;
+  int64_t n_embd = 0;
+  int64_t n_expert = 0;
+  RemoteTraffic traffic;
+  // Per-worker counters: written by the executor's thread, read by monitoring threads.
+  mutable std::mutex worker_mu;
+  std::vector<WorkerTraffic> workers;
+  void note_error(int w) {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    ++workers[w].errors;
+  }
+
+  // One DISPATCH: the tokens of a layer that have at least one pair on one worker.
+  struct Request {
+    int worker = 0;
+    bool started = false;
+    std::chrono::steady_clock::time_point sent_at;
+    wire::DispatchMsg msg;         // hidden.bytes dropped once encoded (shape kept for checks)
+    std::vector<int32_t> tokens;   // batch index of each dispatched token
+    std::vector<int32_t> slots;    // token*k + rank of each pair, in pair order
+    std::vector<float> rows;       // decoded COMBINE rows
+  };
+  struct Job : SubmittedJob {
+    net::Deadline deadline;
+    Status error;                  // a failure found by submit(), reported by wait()
+    int failed_worker = -1;        // the worker a DISPATCH could not be sent to
+    std::vector<Request> reqs;     // reused; the first n_reqs are this job's
+    size_t n_reqs = 0;
+    std::vector<int32_t> local_slots;
+    std::vector<float> out;
+  };
+  std::vector<Job> jobs;
+  Ticket next_ticket = 1;
+  std::vector<size_t> failed_workers;  // of the last failed wait()
+
+  // Reusable buffers.
+  std::vector<float> rows_f32;        // gathered hidden rows of one request
+  std::vector<int64_t> owner_pairs;   // pairs per worker
+  std::vector<int32_t> assign;        // per (token, rank) slot: the worker computing it, or kLocal
+  std::vector<int> req_of_worker;
+  std::vector<FanOut::Outstanding> outstanding;
+  std::vector<PartialRows> partials;
+  std::vector<float> xl, lw;          // local expanded rows, unit weights
+  std::vector<int32_t> lids;
+  RoutingPlan local_plan;
+  std::vector<const float*> slot_src;
+  std::vector<uint8_t> seen;
+
+  wire::WireDType hidden_dtype(size_t w, int layer) const {
+    if (opts.hidden_wire != wire::WireDType::kQ8) return opts.hidden_wire;
+    const wire::Session& ses = fan->link(w).session;
+    const std::vector<uint8_t>& act = ses.peer.layer_act;
+    const bool q8k = (ses.dtypes & (1u << static_cast<int>(wire::WireDType::kQ8K))) != 0 && layer >= 0 &&
+                     static_cast<size_t>(layer) < act.size() &&
+                     act[static_cast<size_t>(layer)] == static_cast<uint8_t>(wire::WireDType::kQ8K);
+    return q8k ? wire::WireDType::kQ8K : wire::WireDType::kQ8;
+  }
+  std::string where(const Job& j, const Request& r) const {
+    return fmt::format("worker {}, layer {}, request {}", fan->link(r.worker).label, j.layer, r.msg.request_id);
+  }
+  void split_and_send(Job& job);
+  void cancel_all(Job& job);
+  Status run_local(Job& job, std::span<const float>* y);
+  Status gather(Job& job);
+  void combine(Job& job, std::span<const float> ylocal);
+};
+
+RemoteExecutor::RemoteExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RemoteExecutor::~RemoteExecutor() = default;
+
+Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& model,
+                                                                const std::vector<WorkerAddress>& workers,
+                                                                const RemoteOptions& opts) {
+  if (workers.empty()) return make_error(StatusCode::kInvalidArgument, "remote executor: no workers given");
+  auto impl = std::make_unique<Impl>();
+  impl->model = &model;
+  impl->opts = opts;
+  const HParams& hp = model.hparams();
+  impl->n_embd = hp.n_embd;
+  impl->n_expert = hp.n_expert;
+  impl->local_weights = model.expert_weights();
+  impl->local = std::make_unique<LocalExecutor>(impl->local_weights, nullptr);
+
+  MOESH_ASSIGN_OR_RETURN(wire::Hello hello, backbone_hello(model, opts));
+  MOESH_ASSIGN_OR_RETURN(swarm::ModelShape shape, swarm::model_shape(model.file()));
+  if (shape.n_embd != hp.n_embd || shape.n_layer != hp.n_layer || shape.n_expert != hp.n_expert) {
+    return make_error(StatusCode::kInternal, "remote executor: model shape disagrees with its hparams");
+  }
+
+  PlacementInput pin;
+  pin.n_layer = static_cast<int>(hp.n_layer);
+  pin.n_expert = static_cast<int>(hp.n_expert);
+  for (const LayerWeights& lw : model.layers) {
+    pin.moe_layer.push_back(lw.is_moe);
+    pin.local_layer.push_back(lw.is_moe && lw.experts.valid());
+  }
+  std::vector<std::unique_ptr<WorkerLink>> links;
+  const LinkOptions lopts = opts.link_options();
+  for (const WorkerAddress& a : workers) {
+    auto link = connect_worker(a, hello, lopts);
+    if (!link) return link.status();
+    auto held = swarm::expert_set_from_ranges((*link)->session.peer.experts, shape);
+    if (!held) return held.status().with_context("worker " + (*link)->label + " announces");
+    pin.worker_experts.push_back(held->ranges);
+    pin.worker_names.push_back((*link)->label);
+    links.push_back(std::move(*link));
+  }
+  auto placement = build_placement(pin);
+  if (!placement) return placement.status().with_context("placement");
+  impl->planner = Planner(std::move(*placement), opts.planner);
+  const size_t n = links.size();
+  impl->fan = std::make_unique<FanOut>(std::move(links));
+  impl->req_of_worker.assign(n, -1);
+  impl->owner_pairs.assign(n, 0);
+  impl->workers.resize(n);
+  for (size_t i = 0; i < n; ++i) impl->workers[i].label = impl->fan->link(i).label;
+  return std::unique_ptr<RemoteExecutor>(new RemoteExecutor(std::move(impl)));
+}
+
+void RemoteExecutor::set_pool(ThreadPool* pool) {
+  impl_->pool = pool;
+  impl_->local = std::make_unique<LocalExecutor>(impl_->local_weights, pool);
+}
+
+const Placement& RemoteExecutor::placement() const { return impl_->planner.placement(); }
+const Planner& RemoteExecutor::planner() const { return impl_->planner; }
+size_t RemoteExecutor::n_workers() const { return impl_->fan->size(); }
+const WorkerLink& RemoteExecutor::worker(size_t i) const { return impl_->fan->link(i); }
+const RemoteOptions& RemoteExecutor::options() const { return impl_->opts; }
+const std::vector<size_t>& RemoteExecutor::last_failed_workers() const { return impl_->failed_workers; }
+
+Status RemoteExecutor::set_placement(Placement placement) {
+  const Placement& cur = impl_->planner.placement();
+  if (placement.n_layer() != cur.n_layer() || placement.n_expert() != cur.n_expert() ||
+      placement.n_workers() > static_cast<int>(impl_->fan->size())) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "placement of {} layers x {} experts naming {} workers does not fit this executor "
+                      "({} x {}, {} workers)",
+                      placement.n_layer(), placement.n_expert(), placement.n_workers(), cur.n_layer(),
+                      cur.n_expert(), impl_->fan->size());
+  }
+  impl_->planner.set_placement(std::move(placement));
+  return Status::ok();
+}
+
+void RemoteExecutor::set_excluded(size_t worker, bool excluded) {
+  impl_->planner.set_excluded(static_cast<int>(worker), excluded);
+}
+
+LinkOptions RemoteOptions::link_options() const {
+  LinkOptions l;
+  l.dialer = dialer;
+  l.tcp = tcp;
+  l.connect_timeout = connect_timeout;
+  l.warmup_pad_bytes = warmup_pad_bytes;
+  // "q8" hidden falls back to Q8 where the worker does not speak Q8K, so Q8 is what must be common.
+  l.need_dtypes = (1u << static_cast<int>(hidden_wire)) | (1u << static_cast<int>(return_wire));
+  l.need_modes = 1u << static_cast<int>(combine);
+  return l;
+}
+
+wire::WireDType RemoteExecutor::hidden_dtype(size_t w, int layer) const {
+  return impl_->hidden_dtype(w, layer);
+}
+
+bool RemoteExecutor::hidden_is_exact() const {
+  const Impl& m = *impl_;
+  if (m.opts.hidden_wire == wire::WireDType::kF32) return true;
+  if (m.opts.hidden_wire != wire::WireDType::kQ8 && m.opts.hidden_wire != wire::WireDType::kQ8K) return false;
+  const Placement& p = m.planner.placement();
+  for (int l = 0; l < p.n_layer(); ++l) {
+    for (int e = 0; e < p.n_expert(); ++e) {
+      for (const int32_t o : p.holders(l, e)) {
+        const std::vector<uint8_t>& act = m.fan->link(static_cast<size_t>(o)).session.peer.layer_act;
+        if (static_cast<size_t>(l) >= act.size() || act[l] != static_cast<uint8_t>(m.hidden_dtype(o, l))) return false;
+      }
+    }
+  }
+  return true;
+}
+RemoteTraffic RemoteExecutor::traffic() const { return impl_->traffic; }
+void RemoteExecutor::reset_traffic() { impl_->traffic = RemoteTraffic{}; }
+std::vector<WorkerTraffic> RemoteExecutor::worker_traffic() const {
+  std::lock_guard<std::mutex> lk(impl_->worker_mu);
+  return impl_->workers;
+}
+
+std::string RemoteExecutor::describe() const {
+  const Impl& m = *impl_;
+  // "wire q8/f16": hidden/return; one name when both directions agree.
+  const std::string wire = m.opts.hidden_wire == m.opts.return_wire
+                               ? std::string(wire::wire_dtype_name(m.opts.hidden_wire))
+                               : fmt::format("{}/{}", wire::wire_dtype_name(m.opts.hidden_wire),
+                                             wire::wire_dtype_name(m.opts.return_wire));
+  const Placement& p = m.planner.placement();
+  std::string s = fmt::format("remote dispatch: wire {}, combine {}, timeout {} ms, {} worker(s)\n", wire,
+                              wire::combine_mode_name(m.opts.combine),
+                              m.opts.timeout.count(), m.fan->size());
+  for (size_t i = 0; i < m.fan->size(); ++i) {
+    const int64_t replicas = p.count_replicas(static_cast<int>(i));
+    s += fmt::format("  worker {} {}: warm-up rtt {:.3f} ms, {} experts placed ({}){}\n", i, m.fan->link(i).label,
+                     std::chrono::duration<double, std::milli>(m.fan->link(i).warmup_rtt).count(),
+                     p.count(static_cast<int>(i)), p.describe(static_cast<int>(i)),
+                     replicas > 0 ? fmt::format(", plus {} replicas of other workers' experts", replicas) : "");
+  }
+  s += fmt::format("  local: {} experts ({})\n", p.count(Placement::kLocal), p.describe(Placement::kLocal));
+  return s;
+}
+
+// ---- submit ------------------------------------------------------------------------------------
+
+Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) {
+  Impl& m = *impl_;
+  Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);
+  job->deadline = net::deadline_in(m.opts.timeout);
+  job->error = Status::ok();
+  job->failed_worker = -1;
+  job->n_reqs = 0;
+  job->local_slots.clear();
+  m.split_and_send(*job);
+  return job->ticket;
+}
+
+void RemoteExecutor::Impl::split_and_send(Job& job) {
+  const RoutingPlan& plan = *job.plan;
+  const int k = plan.k;
+  const int64_t n_tok = job.n_tokens;
+  if (job.layer < 0 || job.layer >= planner.placement().n_layer() || plan.n_tokens != n_tok || k < 1 ||
+      k > static_cast<int>(wire::kMaxPairsPerToken)) {
+    job.error = make_error(StatusCode::kInvalidArgument,
+                           "remote executor: bad dispatch (layer {}, {} tokens, plan of {} tokens, k {})",
+                           job.layer, n_tok, plan.n_tokens, k);
+    return;
+  }
+  // Pass 1: who computes each pair (the planner). Requests are created in worker order, so
+  // PARTIAL sums are added in a fixed order whatever the routing or arrival order.
+  Status planned = planner.assign(job.layer, plan, &assign);
+  if (!planned.is_ok()) {
+    job.error = planned;
+    return;
+  }
+  std::fill(owner_pairs.begin(), owner_pairs.end(), 0);
+  for (size_t s = 0; s < assign.size(); ++s) {
+    if (assign[s] == Placement::kLocal) job.local_slots.push_back(static_cast<int32_t>(s));
+    else ++owner_pairs[static_cast<size_t>(assign[s])];
+  }
+  for (size_t w = 0; w < fan->size(); ++w) {
+    req_of_worker[w] = -1;
+    if (owner_pairs[w] == 0) continue;
+    if (job.reqs.size() <= job.n_reqs) job.reqs.emplace_back();
+    Request& r = job.reqs[job.n_reqs];
+    req_of_worker[w] = static_cast<int>(job.n_reqs++);
+    r.worker = static_cast<int>(w);
+    r.started = false;
+    r.tokens.clear();
+    r.slots.clear();
+    r.msg.pair_counts.clear();
+    r.msg.pairs.clear();
+  }
+  // Pass 2: per worker, its tokens and (expert, rank, weight) pairs in rank order.
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int rk = 0; rk < k; ++rk) {
+      const int64_t s = t * k + rk;
+      const int o = assign[s];
+      if (o < 0) continue;
+      Request& r = job.reqs[req_of_worker[o]];
+      if (r.tokens.empty() || r.tokens.back() != t) {
+        r.tokens.push_back(static_cast<int32_t>(t));
+        r.msg.pair_counts.push_back(0);
+      }
+      ++r.msg.pair_counts.back();
+      r.msg.pairs.push_back(wire::ExpertPair{static_cast<uint16_t>(plan.ids[s]), static_cast<uint8_t>(rk),
+                                             plan.weights[s]});
+      r.slots.push_back(static_cast<int32_t>(s));
+    }
+  }
+  traffic.local_pairs += job.local_slots.size();
+  if (job.n_reqs == 0) return;
+  ++traffic.layer_calls;
+  traffic.token_layers += static_cast<uint64_t>(n_tok);
+  // Star fan-out: every request leaves before any reply is awaited.
+  for (size_t i = 0; i < job.n_reqs; ++i) {
+    Request& r = job.reqs[i];
+    const WorkerLink& link = fan->link(static_cast<size_t>(r.worker));
+    const size_t nt = r.tokens.size();
+    rows_f32.resize(nt * static_cast<size_t>(n_embd));
+    for (size_t j = 0; j < nt; ++j) {
+      std::copy_n(job.x + static_cast<int64_t>(r.tokens[j]) * n_embd, n_embd, rows_f32.data() + j * n_embd);
+    }
+    auto rows = wire::encode_rows(hidden_dtype(static_cast<size_t>(r.worker), job.layer), rows_f32.data(), static_cast<uint32_t>(nt),
+                                  static_cast<uint32_t>(n_embd));
+    r.msg.request_id = fan->next_request_id(static_cast<size_t>(r.worker));
+    if (!rows) {
+      job.error = rows.status().with_context(where(job, r) + ": encoding hidden rows");
+      return;
+    }
+    r.msg.hidden = std::move(*rows);
+    r.msg.layer = static_cast<uint32_t>(job.layer);
+    r.msg.mode = opts.combine;
+    r.msg.return_dtype = opts.return_wire;
+    r.msg.deadline_ms = static_cast<uint32_t>(std::clamp<int64_t>(opts.timeout.count(), 1, UINT32_MAX));
+    auto frame = wire::encode_dispatch(r.msg);
+    r.msg.hidden.bytes.clear();
+    if (!frame) {
+      job.error = frame.status().with_context(where(job, r) + ": encoding DISPATCH");
+      return;
+    }
+    if (frame->size() - wire::kHeaderBytes > link.session.max_send_bytes) {
+      job.error = make_error(StatusCode::kOutOfRange, "{}: DISPATCH of {} bytes exceeds the worker's frame limit {}",
+                             where(job, r), frame->size() - wire::kHeaderBytes, link.session.max_send_bytes);
+      return;
+    }
+    Status st = fan->start(static_cast<size_t>(r.worker), r.msg.request_id, *frame, job.deadline);
+    if (!st.is_ok()) {
+      note_error(r.worker);
+      job.failed_worker = r.worker;
+      job.error = st.with_context(where(job, r) + ": sending DISPATCH");
+      return;
+    }
+    r.started = true;
+    r.sent_at = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lk(worker_mu);
+      ++workers[r.worker].requests;
+      workers[r.worker].bytes_sent += frame->size();
+    }
+    ++traffic.dispatch_frames;
+    traffic.dispatch_bytes += frame->size();
+    traffic.remote_pairs += r.msg.pairs.size();
+  }
+}
+
+// ---- wait --------------------------------------------------------------------------------------
+
+void RemoteExecutor::Impl::cancel_all(Job& job) {
+  for (size_t i = 0; i < job.n_reqs; ++i) {
+    Request& r = job.reqs[i];
+    if (r.started) fan->cancel(static_cast<size_t>(r.worker), r.msg.request_id);
+    r.started = false;
+  }
+}
+
+Status RemoteExecutor::Impl::run_local(Job& job, std::span<const float>* y) {
+  const size_t n = job.local_slots.size();
+  if (n == 0) return Status::ok();
+  const RoutingPlan& plan = *job.plan;
+  const int k = plan.k;
+  xl.resize(n * static_cast<size_t>(n_embd));
+  lids.resize(n);
+  lw.assign(n, 1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t s = job.local_slots[i];
+    std::copy_n(job.x + static_cast<int64_t>(s / k) * n_embd, n_embd, xl.data() + i * n_embd);
+    lids[i] = plan.ids[s];
+  }
+  MOESH_RETURN_IF_ERROR(make_plan(job.layer, lids.data(), lw.data(), static_cast<int64_t>(n), 1, n_expert,
+                                  &local_plan));
+  const Ticket t = local->submit(job.layer, xl.data(), static_cast<int64_t>(n), local_plan);
+  auto res = local->wait(t);
+  if (!res) return res.status().with_context(fmt::format("backbone experts of layer {}", job.layer));
+  *y = *res;
+  return Status::ok();
+}
+
+Status RemoteExecutor::Impl::gather(Job& job) {
+  // Replies are handled in arrival order; every failed request is reported, not just the first.
+  outstanding.clear();
+  for (size_t i = 0; i < job.n_reqs; ++i) {
+    outstanding.push_back(FanOut::Outstanding{static_cast<size_t>(job.reqs[i].worker), job.reqs[i].msg.request_id});
+  }
+  std::vector<std::pair<size_t, Status>> failures;
+  fan->gather(outstanding, job.deadline, [&](FanOut::Reply&& rep) {
+    Request& r = job.reqs[rep.index];
+    r.started = false;
+    const WorkerLink& link = fan->link(static_cast<size_t>(r.worker));
+    auto fail = [&](Status st) {
+      note_error(r.worker);
+      failures.emplace_back(static_cast<size_t>(r.worker), std::move(st));
+    };
+    if (!rep.frame) return fail(rep.frame.status().with_context(where(job, r)));
+    const wire::Frame& frame = *rep.frame;
+    traffic.combine_bytes += wire::kHeaderBytes + frame.payload.size();
+    ++traffic.combine_frames;
+    {
+      // Latency as seen by the backbone: DISPATCH sent -> COMBINE filed by the link's reader.
+      const double sec = std::chrono::duration<double>(rep.arrived - r.sent_at).count();
+      const auto& bounds = WorkerTraffic::kLatencyBounds;
+      const size_t b = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), sec) - bounds.begin());
+      std::lock_guard<std::mutex> lk(worker_mu);
+      WorkerTraffic& wt = workers[r.worker];
+      wt.bytes_received += wire::kHeaderBytes + frame.payload.size();
+      ++wt.latency_counts[b];
+      wt.latency_sum_seconds += sec;
+    }
+    auto reply = wire::decode_combine(frame, link.limits);
+    if (!reply) return fail(reply.status().with_context(where(job, r) + ": COMBINE"));
+    reply->request_id = frame.request_id();
+    {
+      std::lock_guard<std::mutex> lk(worker_mu);
+      workers[r.worker].compute_sum_seconds += reply->compute_us * 1e-6;
+    }
+    Status st = wire::check_combine_matches(r.msg, *reply);
+    if (!st.is_ok()) return fail(st.with_context(where(job, r) + ": COMBINE does not answer the DISPATCH"));
+    r.rows.resize(static_cast<size_t>(reply->rows.n_rows) * static_cast<size_t>(n_embd));
+    wire::decode_rows(reply->rows, r.rows.data());
+  });
+  if (failures.empty()) return Status::ok();
+  std::sort(failures.begin(), failures.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& f : failures) failed_workers.push_back(f.first);
+  if (failures.size() == 1) return failures[0].second;
+  std::string msg = fmt::format("{} workers failed layer {}:", failures.size(), job.layer);
+  for (const auto& f : failures) msg += " [" + f.second.to_string() + "]";
+  return Status(failures[0].second.code(), msg);
+}
+
+void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
+  const RoutingPlan& plan = *job.plan;
+  const int64_t D = n_embd;
+  job.out.resize(static_cast<size_t>(job.n_tokens * D));
+  if (opts.combine == wire::CombineMode::kExact) {
+    // Every (token, rank) slot's raw output, wherever it was computed.
+    slot_src.assign(static_cast<size_t>(job.n_tokens * plan.k), nullptr);
+    for (size_t i = 0; i < job.local_slots.size(); ++i) slot_src[job.local_slots[i]] = ylocal.data() + i * D;
+    for (size_t q = 0; q < job.n_reqs; ++q) {
+      const Request& r = job.reqs[q];
+      for (size_t j = 0; j < r.slots.size(); ++j) slot_src[r.slots[j]] = r.rows.data() + j * D;
+    }
+    combine_exact(plan, slot_src, D, job.out.data(), pool);
+    return;
+  }
+  partials.clear();
+  for (size_t q = 0; q < job.n_reqs; ++q) partials.push_back(PartialRows{job.reqs[q].tokens, job.reqs[q].rows.data()});
+  combine_partial(plan, job.local_slots, ylocal.data(), partials, D, job.out.data(), &seen);
+}
+
+Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
+  Impl& m = *impl_;
+  Impl::Job* job = finish_job(m.jobs, t);
+  if (job == nullptr) return make_error(StatusCode::kInvalidArgument, "remote executor: unknown ticket {}", t);
+  m.failed_workers.clear();
+  if (!job->error.is_ok()) {
+    if (job->failed_worker >= 0) m.failed_workers.push_back(static_cast<size_t>(job->failed_worker));
+    m.cancel_all(*job);
+    return job->error;
+  }
+  // The backbone's share runs while the workers compute theirs.
+  std::span<const float> ylocal;
+  Status st = m.run_local(*job, &ylocal);
+  if (st.is_ok()) st = m.gather(*job);
+  if (!st.is_ok()) {
+    m.cancel_all(*job);
+    return st;
+  }
+  m.combine(*job, ylocal);
+  return std::span<const float>(job->out.data(), job->out.size());
+}
+
+}  // namespace moesh
+
+namespace moesh {
+
+Result<wire::Hello> backbone_hello(const Model& model, const RemoteOptions& opts) {
+  auto id = swarm::model_identity(model.file());
+  if (!id) return id.status().with_context("model identity");
+  auto shape = swarm::model_shape(model.file());
+  if (!shape) return shape.status().with_context("model shape");
+  return swarm::make_hello(wire::PeerRole::kBackbone, *id, *shape, swarm::ExpertSet{}, opts.name);
+}
+
+}  // namespace moesh

@@ -1,0 +1,207 @@
+// The remote executor over in-process workers: the fan-out gets its connections from a Dialer
+// (RemoteOptions::dialer), here in-process loopback pairs, some wrapped in fault injection —
+// no sockets, no processes. Real worker processes over TCP are tested in tests/dist.
+//   - exact dispatch is bit-identical to local with replicas, and with a worker excluded (its
+//     pairs go to the replica or the backbone's copy: re-planning needs no model code);
+//   - a worker that fails mid-request fails the layer naming it (last_failed_workers), and the
+//     next call with it excluded gives the local bits again;
+//   - the fan-out hands replies over in arrival order: a slow first worker does not hold up the
+//     second (so each worker's latency is its own).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "dist/dist_util.h"
+#include "moesh/net/transport.h"
+#include "moesh/remote/fanout.h"
+#include "moesh/remote/remote.h"
+#include "moesh/swarm/swarm.h"
+
+namespace moesh::test {
+namespace {
+
+// In-process workers reachable through a loopback dialer at "loop:<index+1>".
+struct LoopSwarm {
+  std::string path;
+  std::unique_ptr<Model> model;
+  std::vector<std::unique_ptr<swarm::ExpertStore>> stores;
+  std::vector<std::unique_ptr<swarm::Worker>> workers;
+  std::map<int, net::FaultPlan> faults;  // worker index -> faults on the worker's writes
+  std::vector<WorkerAddress> addrs;
+
+  void add_worker(const std::string& spec) {
+    auto f = gguf::File::open(path);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    auto shape = swarm::model_shape(**f);
+    ASSERT_TRUE(shape.is_ok());
+    auto held = swarm::parse_expert_spec(spec, *shape);
+    ASSERT_TRUE(held.is_ok()) << held.status().to_string();
+    auto st = swarm::ExpertStore::open(std::move(*f), *held);
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    swarm::WorkerOptions wo;
+    wo.n_threads = 1;
+    wo.name = "w" + std::to_string(workers.size());
+    auto w = swarm::Worker::start(st->get(), wo);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    stores.push_back(std::move(*st));
+    workers.push_back(std::move(*w));
+    addrs.push_back(WorkerAddress{"loop", static_cast<uint16_t>(workers.size())});
+  }
+
+  Dialer dialer() {
+    return [this](const WorkerAddress& a, net::Deadline) -> Result<std::unique_ptr<net::Connection>> {
+      const int i = a.port - 1;
+      if (a.host != "loop" || i < 0 || i >= static_cast<int>(workers.size())) {
+        return make_error(StatusCode::kUnavailable, "no loopback worker at {}", a.to_string());
+      }
+      auto [mine, theirs] = net::make_loopback_streams();
+      if (auto it = faults.find(i); it != faults.end()) theirs = net::wrap_with_faults(std::move(theirs), it->second);
+      workers[static_cast<size_t>(i)]->serve_connection(net::make_stream_connection(std::move(theirs)));
+      return net::make_stream_connection(std::move(mine));
+    };
+  }
+
+  Result<std::shared_ptr<RemoteExecutor>> connect(RemoteOptions o = {}) {
+    o.dialer = dialer();
+    o.timeout = std::chrono::milliseconds(20000);
+    MOESH_ASSIGN_OR_RETURN(auto e, RemoteExecutor::connect(*model, addrs, o));
+    return std::shared_ptr<RemoteExecutor>(std::move(e));
+  }
+};
+
+void open_model(LoopSwarm* s) {
+  s->path = made_qwen3moe();  // 16 experts, top-4
+  auto m = Model::load(s->path);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  s->model = std::move(*m);
+}
+
+// Two workers splitting the 16 experts of every layer in halves.
+void halves(LoopSwarm* s) {
+  ASSERT_NO_FATAL_FAILURE(open_model(s));
+  ASSERT_NO_FATAL_FAILURE(s->add_worker("*:0-7"));
+  ASSERT_NO_FATAL_FAILURE(s->add_worker("*:8-15"));
+}
+
+std::vector<int32_t> tokens_of(const Model& m) { return test_tokens("", m.hparams().n_vocab, 10); }
+
+TEST(RemoteLoopback, ExactWithReplicasAndAnExcludedWorkerEqualsLocal) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-11"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:4-15"));  // 4-11 are replicas
+  const auto tokens = tokens_of(*s.model);
+  auto local = run_model(*s.model, tokens);
+  ASSERT_TRUE(local.is_ok()) << local.status().to_string();
+
+  auto exec = s.connect();
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  EXPECT_GT((*exec)->placement().count_replicas(1), 0);
+  auto lg = run_model(*s.model, tokens, *exec);
+  ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+  EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+  const RemoteTraffic t1 = (*exec)->traffic();
+  EXPECT_EQ(t1.local_pairs, 0u);  // the workers cover every expert
+  const auto wt = (*exec)->worker_traffic();
+  EXPECT_GT(wt[0].requests, 0u);
+  EXPECT_GT(wt[1].requests, 0u);
+
+  // Worker 0 excluded: 4-11 go to worker 1, 0-3 to the backbone's own weights. Same bits.
+  (*exec)->set_excluded(0, true);
+  (*exec)->reset_traffic();
+  const uint64_t before = (*exec)->worker_traffic()[0].requests;
+  lg = run_model(*s.model, tokens, *exec);
+  ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+  EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+  EXPECT_EQ((*exec)->worker_traffic()[0].requests, before) << "an excluded worker got requests";
+  EXPECT_GT((*exec)->traffic().local_pairs, 0u);
+}
+
+TEST(RemoteLoopback, AFailedWorkerIsNamedAndItsPairsCanBeReplanned) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(halves(&s));
+  // Worker 1's writes: 0 HELLO, 1 PONG, 2 the first COMBINE — cut off mid-frame.
+  net::FaultPlan fp;
+  fp.schedule = {{2, net::FaultKind::kCloseMidFrame}};
+  s.faults[1] = fp;
+  const auto tokens = tokens_of(*s.model);
+  auto local = run_model(*s.model, tokens);
+  ASSERT_TRUE(local.is_ok());
+
+  auto exec = s.connect();
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  auto bad = run_model(*s.model, tokens, *exec);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("(w1)"), std::string::npos) << bad.status().message();
+  EXPECT_EQ((*exec)->last_failed_workers(), std::vector<size_t>{1});
+  EXPECT_GE((*exec)->worker_traffic()[1].errors, 1u);
+
+  // The planner moves worker 1's experts to the backbone's copies; the model code is untouched.
+  (*exec)->set_excluded(1, true);
+  auto lg = run_model(*s.model, tokens, *exec);
+  ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+  EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+}
+
+TEST(RemoteLoopback, BothWorkersFailingAreBothNamed) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(halves(&s));
+  net::FaultPlan fp;
+  fp.schedule = {{2, net::FaultKind::kCorrupt}};  // the first COMBINE fails its checksum
+  s.faults[0] = fp;
+  s.faults[1] = fp;
+  auto exec = s.connect();
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  auto bad = run_model(*s.model, tokens_of(*s.model), *exec);
+  ASSERT_FALSE(bad.is_ok());
+  const std::string msg = bad.status().message();
+  EXPECT_NE(msg.find("2 workers failed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(w0)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(w1)"), std::string::npos) << msg;
+  EXPECT_EQ((*exec)->last_failed_workers(), (std::vector<size_t>{0, 1}));
+}
+
+TEST(RemoteLoopback, RepliesAreTakenInArrivalOrder) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(halves(&s));
+  // Worker 0 (first in worker order) holds its third write (after HELLO and the warm-up PONG)
+  // back; worker 1 answers at once.
+  net::FaultPlan fp;
+  fp.schedule = {{2, net::FaultKind::kDelay}};
+  fp.delay = std::chrono::milliseconds(1000);
+  s.faults[0] = fp;
+  RemoteOptions ro;
+  ro.dialer = s.dialer();
+  auto hello = backbone_hello(*s.model, ro);
+  ASSERT_TRUE(hello.is_ok()) << hello.status().to_string();
+  std::vector<std::unique_ptr<WorkerLink>> links;
+  for (const auto& a : s.addrs) {
+    auto l = connect_worker(a, *hello, ro.link_options());
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    links.push_back(std::move(*l));
+  }
+  FanOut fan(std::move(links));
+  std::vector<FanOut::Outstanding> reqs;
+  for (size_t w = 0; w < 2; ++w) {
+    wire::PingMsg p;
+    p.request_id = fan.next_request_id(w);
+    auto f = wire::encode_ping(p);
+    ASSERT_TRUE(f.is_ok());
+    ASSERT_TRUE(fan.start(w, p.request_id, *f, net::deadline_in(std::chrono::seconds(5))).is_ok());
+    reqs.push_back({w, p.request_id});
+  }
+  std::vector<size_t> order;
+  std::vector<net::Clock::time_point> at;
+  fan.gather(reqs, net::deadline_in(std::chrono::seconds(20)), [&](FanOut::Reply&& r) {
+    EXPECT_TRUE(r.frame.is_ok()) << r.frame.status().to_string();
+    order.push_back(reqs[r.index].worker);
+    at.push_back(r.arrived);
+  });
+  ASSERT_EQ(order, (std::vector<size_t>{1, 0})) << "replies were not handed over in arrival order";
+  EXPECT_LE(at[0], at[1]);
+}
+
+}  // namespace
+}  // namespace moesh::test
