@@ -1,5 +1,5 @@
 // `moesh gate` as a library: curated token sequences and the local-vs-remote comparison
-// (include/moesh/gate.h, docs/gate.md).
+// (include/moesh/gate/gate.h, docs/gate.md).
 #include "moesh/gate/gate.h"
 
 #include <fmt/format.h>

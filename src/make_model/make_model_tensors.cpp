@@ -1,6 +1,6 @@
 // make_model layout: which tensors a model has (names, ne, init), which type each gets, the
-// order they are written in, and the metadata. Facts from ../shared/docs/gguf-format.md §5-6,
-// quant-formats.md §8 and the reference manifest.
+// order they are written in, and the metadata. Facts from docs/background/gguf-format.md §5-6,
+// docs/background/quant-formats.md §8 and the reference manifest.
 #include <algorithm>
 #include <cstdio>
 #include <string>

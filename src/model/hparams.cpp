@@ -1,5 +1,5 @@
 // Hyper-parameters from GGUF metadata, per architecture, with llama.cpp's defaults
-// (moe-architectures.md §3-4, reference README §9 for which keys are required).
+// (docs/background/moe-architectures.md §3-4, reference README §9 for which keys are required).
 #include <cmath>
 #include <string>
 
@@ -84,7 +84,7 @@ Status read_rope(const KeyReader& kr, HParams* hp, RopeScaling* rs) {
 }
 
 // attn_factor passed to RoPE so that ggml's YaRN magnitude (1 + 0.1 ln f) becomes the intended
-// one (moe-architectures.md §3, "attn_factor"). deepseek2 cancels it fully (m = m_all).
+// one (docs/background/moe-architectures.md §3, "attn_factor"). deepseek2 cancels it fully (m = m_all).
 float rope_attn_factor(Arch arch, const RopeScaling& rs) {
   if (!rs.yarn || rs.factor <= 1.0f) return rs.attn_factor_cfg;
   const float f = rs.factor;

@@ -1,4 +1,4 @@
-// Per-sequence F32 KV cache (see include/moesh/kv_cache.h).
+// Per-sequence F32 KV cache (see include/moesh/model/kv_cache.h).
 #include "moesh/model/kv_cache.h"
 
 #include <algorithm>

@@ -93,7 +93,7 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
 void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down,
                const float* x, float* out);
 
-// The MoE FFN of moe-architectures.md §1 for every architecture: router (f32), routing, plan,
+// The MoE FFN of docs/background/moe-architectures.md §1 for every architecture: router (f32), routing, plan,
 // executor submit, shared experts while it runs, wait, out = routed (+ shared).
 Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 

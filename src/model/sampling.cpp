@@ -1,4 +1,4 @@
-// Sampler (see include/moesh/sampling.h).
+// Sampler (see include/moesh/model/sampling.h).
 #include "moesh/model/sampling.h"
 
 #include <algorithm>

@@ -1,5 +1,6 @@
-// The routed expert FFN (one definition for the local executor and, later, workers) and the
-// routing plan.
+// The routed expert FFN, one expert at a time: the reference definition whose bits the grouped
+// schedule (expert_groups.cpp, used by LocalExecutor and workers) reproduces; ExpertWeights
+// validation. The routing plan is built in routing_plan.cpp.
 #include <algorithm>
 #include <cmath>
 

@@ -1,4 +1,4 @@
-// MoE routing (moe-architectures.md §1 steps 2-9), per token and independent of other tokens.
+// MoE routing (docs/background/moe-architectures.md §1 steps 2-9), per token and independent of other tokens.
 #include "moesh/moe/routing.h"
 
 #include <algorithm>

@@ -37,7 +37,7 @@ Status errno_status(const std::string& what, int err) {
   return make_error(code, "{}: {}", what, std::strerror(err));
 }
 
-// Options that must precede connect()/listen() (netstack.md finding 2), plus TCP_NODELAY.
+// Options that must precede connect()/listen() (docs/background/netstack.md finding 2), plus TCP_NODELAY.
 Status apply_pre_connect_options(int fd, const TcpOptions& o) {
   if (!o.congestion.empty()) {
     if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, o.congestion.data(), o.congestion.size()) != 0) {

@@ -231,7 +231,9 @@ std::string RemoteExecutor::describe() const {
                      p.count(static_cast<int>(i)), p.describe(static_cast<int>(i)),
                      replicas > 0 ? fmt::format(", plus {} replicas of other workers' experts", replicas) : "");
   }
-  s += fmt::format("  local: {} experts ({})\n", p.count(Placement::kLocal), p.describe(Placement::kLocal));
+  const int64_t n_local = p.count(Placement::kLocal);
+  s += n_local == 0 ? std::string("  local: none (every routed expert is on a worker)\n")
+                    : fmt::format("  local: {} experts ({})\n", n_local, p.describe(Placement::kLocal));
   return s;
 }
 

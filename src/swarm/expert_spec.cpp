@@ -101,11 +101,35 @@ uint64_t ExpertSet::n_pairs() const {
 }
 
 std::string ExpertSet::to_string() const {
+  // Consecutive layers holding the same experts share one item ("0-47:0-31", not 48 items); the
+  // parser reads either form back to the same set.
   std::string s;
-  for (const auto& r : ranges) {
-    if (!s.empty()) s += ',';
-    if (r.count == 1) s += fmt::format("{}:{}", r.layer, r.first);
-    else s += fmt::format("{}:{}-{}", r.layer, r.first, r.first + r.count - 1);
+  size_t i = 0;
+  while (i < ranges.size()) {
+    size_t j = i;
+    while (j < ranges.size() && ranges[j].layer == ranges[i].layer) ++j;  // [i, j): one layer
+    uint32_t last = ranges[i].layer;
+    size_t next = j;
+    while (next < ranges.size() && ranges[next].layer == last + 1) {
+      size_t k = next;
+      while (k < ranges.size() && ranges[k].layer == ranges[next].layer) ++k;
+      bool same = k - next == j - i;
+      for (size_t q = 0; same && q < j - i; ++q) {
+        same = ranges[next + q].first == ranges[i + q].first && ranges[next + q].count == ranges[i + q].count;
+      }
+      if (!same) break;
+      last = ranges[next].layer;
+      next = k;
+    }
+    const std::string layers =
+        last == ranges[i].layer ? fmt::format("{}", last) : fmt::format("{}-{}", ranges[i].layer, last);
+    for (size_t q = i; q < j; ++q) {
+      const auto& r = ranges[q];
+      if (!s.empty()) s += ',';
+      if (r.count == 1) s += fmt::format("{}:{}", layers, r.first);
+      else s += fmt::format("{}:{}-{}", layers, r.first, r.first + r.count - 1);
+    }
+    i = next;
   }
   return s;
 }

@@ -145,7 +145,7 @@ wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const Model
 
 Result<ExpertActivation> expert_activation_of(const gguf::File& f) {
   MOESH_ASSIGN_OR_RETURN(std::string arch, f.get<std::string>("general.architecture"));
-  // Every architecture moesh loads today uses SiLU-gated experts (moe-architectures.md).
+  // Every architecture moesh loads today uses SiLU-gated experts (docs/background/moe-architectures.md).
   if (arch == "qwen3moe" || arch == "llama" || arch == "deepseek2") return ExpertActivation::kSilu;
   return make_error(StatusCode::kUnsupported, "architecture '{}' has no known expert activation", arch);
 }

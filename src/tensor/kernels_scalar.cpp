@@ -8,7 +8,7 @@ namespace moesh {
 
 namespace {
 
-// The formats activations are converted to before a dot product (quant-formats.md §5).
+// The formats activations are converted to before a dot product (docs/background/quant-formats.md §5).
 bool is_activation_type(GgmlType t) {
   switch (t) {
     case GgmlType::F32:

@@ -1,5 +1,5 @@
-// Per-row transformer ops with llama.cpp's (ggml CPU) float order, see quant-formats.md §6.5
-// and moe-architectures.md §2-3. Everything is scalar and row-local: these ops are a small part
+// Per-row transformer ops with llama.cpp's (ggml CPU) float order, see docs/background/quant-formats.md §6.5
+// and docs/background/moe-architectures.md §2-3. Everything is scalar and row-local: these ops are a small part
 // of a step's time next to the matmuls, and a fixed scalar order keeps every ISA bit-identical.
 // The build uses -ffp-contract=off, so each expression below rounds exactly where written.
 #include <algorithm>

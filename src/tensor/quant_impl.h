@@ -59,7 +59,7 @@ inline void fma_lanes(float acc[8], const int32_t lane[8], float scale) {
   for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(static_cast<float>(lane[l]), scale, acc[l]);
 }
 
-// Q4_K/Q5_K 6-bit scale and min of sub-block s (get_scale_min_k4, quant-formats.md §3).
+// Q4_K/Q5_K 6-bit scale and min of sub-block s (get_scale_min_k4, docs/background/quant-formats.md §3).
 inline void get_scale_min_k4(int s, const uint8_t* b, int* sc, int* m) {
   if (s < 4) {
     *sc = b[s] & 63;

@@ -1,6 +1,6 @@
 // Scalar reference for the 256-element super-block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
 // IQ4_XS): dequantize, quantize, dot product with Q8_K activations.
-// Layouts: quant-formats.md §3; dot-product float order: the canonical order in quant.h.
+// Layouts: docs/background/quant-formats.md §3; dot-product float order: the canonical order in quant.h.
 //
 // The weight quantizers are our own (not llama.cpp's bit patterns): per sub-block a small search
 // over candidate scales, each refined by least squares, keeping the smallest squared error; then

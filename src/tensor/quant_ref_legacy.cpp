@@ -1,6 +1,6 @@
 // Scalar reference for plain float rows (F32/F16/BF16) and the 32-element block formats
 // (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, IQ4_NL, MXFP4): dequantize, quantize, dot product.
-// Layouts: quant-formats.md §1–2; dot-product float order: the canonical order in quant.h.
+// Layouts: docs/background/quant-formats.md §1–2; dot-product float order: the canonical order in quant.h.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -231,7 +231,7 @@ struct PolicyQ3_K {
   static constexpr int kMinMode = 0;
   static constexpr bool kHasMin = false;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
-    // Sixteen 6-bit scale codes (quant-formats.md §3), four per u32.
+    // Sixteen 6-bit scale codes (docs/background/quant-formats.md §3), four per u32.
     uint32_t w0, w1, w2;
     std::memcpy(&w0, w.scales, 4);
     std::memcpy(&w1, w.scales + 4, 4);

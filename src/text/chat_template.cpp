@@ -1,4 +1,4 @@
-// Chat template families (see include/moesh/chat.h).
+// Chat template families (see include/moesh/text/chat.h).
 //
 // Each render_* function reproduces what the family's official Jinja template produces for plain
 // text system/user/assistant conversations, rendered the way Hugging Face does it (trim_blocks and

@@ -1,6 +1,6 @@
 // Pre-tokenizer regexes per tokenizer.ggml.pre family, run with PCRE2 (UTF + Unicode properties).
 //
-// The patterns restate ../shared/docs/sampling-and-tokenizers.md §2. Splitting semantics follow
+// The patterns restate docs/background/sampling-and-tokenizers.md §2. Splitting semantics follow
 // llama.cpp: every regex re-splits each current fragment into matches *and* unmatched gaps, and a
 // regex only sees its fragment, so `$` and `(?!\S)` treat a fragment's end as the text's end.
 #define PCRE2_CODE_UNIT_WIDTH 8

@@ -197,6 +197,8 @@ TEST_F(MakeModelFile, EveryArchAndTypeReadsBackAndMatchesReference) {
       check_tensor_data(file, *plan, spec.seed);
     }
   }
+  // Self-consistency passed; the comparison with llama.cpp's keys did not run: say so to ctest.
+  if (!have_ref) GTEST_SKIP() << "reference metadata comparison not run (no " << test::reference_dir() << ")";
 }
 
 TEST_F(MakeModelFile, SameSeedSameBytesAcrossThreadCounts) {

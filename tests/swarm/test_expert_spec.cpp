@@ -28,7 +28,7 @@ TEST(ExpertSpec, StarLayersMeanEveryMoeLayer) {
   ExpertSet s = parse_ok("*:0-7");
   EXPECT_EQ(s.ranges, (std::vector<R>{{1, 0, 8}, {2, 0, 8}, {3, 0, 8}, {4, 0, 8}}));
   EXPECT_EQ(s.n_pairs(), 32u);
-  EXPECT_EQ(s.to_string(), "1:0-7,2:0-7,3:0-7,4:0-7");
+  EXPECT_EQ(s.to_string(), "1-4:0-7");  // consecutive layers with the same experts: one item
 }
 
 TEST(ExpertSpec, MixedItemsAndDenseLayersInRangesAreSkipped) {
@@ -54,6 +54,15 @@ TEST(ExpertSpec, CanonicalFormMergesAndSorts) {
   EXPECT_FALSE(s.holds(1, 6));
   EXPECT_TRUE(s.holds(2, 12));
   EXPECT_FALSE(s.holds(3, 9));
+}
+
+TEST(ExpertSpec, CanonicalTextMergesLayersWithTheSameExperts) {
+  ExpertSet s = parse_ok("1:0,1:3-5,2:0,2:3-5,3:9,4:9");
+  EXPECT_EQ(s.to_string(), "1-2:0,1-2:3-5,3-4:9");
+  EXPECT_EQ(parse_ok(s.to_string()), s);
+  ExpertSet t = parse_ok("1:0-7,2:0-6,3:0-7");  // no merge across a different layer
+  EXPECT_EQ(t.to_string(), "1:0-7,2:0-6,3:0-7");
+  EXPECT_EQ(parse_ok(t.to_string()), t);
 }
 
 TEST(ExpertSpec, Contains) {

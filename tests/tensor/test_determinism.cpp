@@ -1,4 +1,4 @@
-// The determinism contract (docs/design.md) for matmul and the per-row ops: results are
+// The determinism contract (docs/ARCHITECTURE.md) for matmul and the per-row ops: results are
 // bit-identical whatever the thread count, whatever other tokens share the batch and wherever
 // in the batch a token sits, and a routed subset of rows equals those rows of the full matmul.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Scalar reference quantization (quant.h): round-trip error per type, requantization stability,
 // dot products against a double-precision dot of the dequantized rows, hand-built blocks with
-// values computed by hand from quant-formats.md, the activation quantizers' exact rules, and
+// values computed by hand from docs/background/quant-formats.md, the activation quantizers' exact rules, and
 // dequantization of llama.cpp-written tensors from the reference models.
 #include <gtest/gtest.h>
 

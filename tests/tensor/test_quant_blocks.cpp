@@ -1,4 +1,4 @@
-// Hand-built blocks: bytes written field by field from quant-formats.md, with the expected
+// Hand-built blocks: bytes written field by field from docs/background/quant-formats.md, with the expected
 // values worked out by hand (in the comments), so a layout or bit-order error cannot hide behind
 // a quantizer and dequantizer that agree with each other.
 #include <gtest/gtest.h>
@@ -125,7 +125,7 @@ TEST(QuantBlocks, Q2_K) {
   EXPECT_EQ(y[0], 0.0f);                      // group 0 all-zero scale and min
 }
 
-// Q3_K scale codes packed per the four cases of quant-formats.md §3.
+// Q3_K scale codes packed per the four cases of docs/background/quant-formats.md §3.
 void pack_q3k_scales(const int code[16], uint8_t b[12]) {
   std::memset(b, 0, 12);
   for (int s = 0; s < 4; ++s) b[s] |= code[s] & 15, b[8 + s] |= (code[s] >> 4) << 0;
@@ -159,7 +159,7 @@ TEST(QuantBlocks, Q3_K) {
   EXPECT_EQ(y[36], 0.5f * (code[2] - 32));  // neighbours untouched
 }
 
-// Q4_K/Q5_K scale/min codes packed per get_scale_min_k4 (quant-formats.md §3).
+// Q4_K/Q5_K scale/min codes packed per get_scale_min_k4 (docs/background/quant-formats.md §3).
 void pack_k4_scales(const int sc[8], const int m[8], uint8_t b[12]) {
   std::memset(b, 0, 12);
   for (int s = 0; s < 4; ++s) {

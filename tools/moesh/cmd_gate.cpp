@@ -5,7 +5,7 @@
 // token sequences (no routing or top-1 near-ties, as the llama.cpp reference set), runs them
 // through the full model all-local and through the workers, and compares per sequence: argmax
 // agreement, min/mean cosine of the logits, top-k expert agreement and bitwise equality. The
-// logic is the gate library (include/moesh/gate.h); this file parses arguments and prints.
+// logic is the gate library (include/moesh/gate/gate.h); this file parses arguments and prints.
 // Exit 0 = PASS, 1 = FAIL or error, 2 = bad arguments.
 #include <fmt/format.h>
 

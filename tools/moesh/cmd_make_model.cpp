@@ -1,5 +1,7 @@
-// `moesh make-model`: writes a random-weight MoE GGUF (see include/moesh/make_model.h and
+// `moesh make-model`: writes a random-weight MoE GGUF (see include/moesh/make_model/make_model.h and
 // docs/make-model.md).
+#include <unistd.h>
+
 #include <cstdio>
 #include <map>
 #include <string>
@@ -20,6 +22,7 @@ struct MakeModelArgs {
   uint64_t seed = 0;
   int threads = 0;
   bool dry_run = false;
+  bool verbose = false;
   // Shape overrides; applied only when given on the command line.
   std::map<std::string, int64_t> ints;
   double rope_base = 0, rms_eps = 0;
@@ -86,11 +89,19 @@ void print_summary(const MakeModelSpec& spec, const ModelPlan& plan) {
   for (const auto& [name, e] : by_type) {
     std::printf("    %-5s x%-3d %s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
   }
-  for (int il = 0; il < spec.n_layer; ++il) {
+  // One line per run of consecutive MoE layers with the same expert bytes (48 equal layers: one).
+  for (int il = 0; il < spec.n_layer;) {
     const uint64_t eb = plan.expert_bytes(il);
-    if (eb == 0) continue;
-    std::printf("  blk.%d experts: %s (%s per expert)\n", il, human_bytes(eb).c_str(),
-                human_bytes(eb / static_cast<uint64_t>(spec.n_expert)).c_str());
+    if (eb == 0) {
+      ++il;
+      continue;
+    }
+    int last = il;
+    while (last + 1 < spec.n_layer && plan.expert_bytes(last + 1) == eb) ++last;
+    const std::string blk = last == il ? fmt::format("blk.{}", il) : fmt::format("blk.{}-{}", il, last);
+    std::printf("  %s experts: %s%s (%s per expert)\n", blk.c_str(), human_bytes(eb).c_str(),
+                last == il ? "" : " each", human_bytes(eb / static_cast<uint64_t>(spec.n_expert)).c_str());
+    il = last + 1;
   }
 }
 
@@ -146,13 +157,21 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
 
   MakeModelOptions opts;
   opts.n_threads = a.threads;
-  opts.on_progress = [](const MakeModelProgress& p) {
+  // A line per tensor only with --verbose (a 48-layer model has ~700); otherwise one progress
+  // line, rewritten in place on a terminal.
+  const bool tty = isatty(fileno(stderr)) != 0;
+  opts.on_progress = [verbose = a.verbose, tty](const MakeModelProgress& p) {
     const auto& t = *p.tensor;
-    std::fprintf(stderr, "[%3zu/%zu] %-32s %-5s %-18s %10s  %5.1f%%  %.1fs\n", p.tensor_index + 1,
-                 p.n_tensors, t.name.c_str(), type_name(t.type), shape_str(t).c_str(),
-                 human_bytes(t.n_bytes).c_str(),
-                 p.bytes_total ? 100.0 * double(p.bytes_done) / double(p.bytes_total) : 100.0,
-                 p.seconds);
+    const double pct = p.bytes_total ? 100.0 * double(p.bytes_done) / double(p.bytes_total) : 100.0;
+    if (verbose) {
+      std::fprintf(stderr, "[%3zu/%zu] %-32s %-5s %-18s %10s  %5.1f%%  %.1fs\n", p.tensor_index + 1,
+                   p.n_tensors, t.name.c_str(), type_name(t.type), shape_str(t).c_str(),
+                   human_bytes(t.n_bytes).c_str(), pct, p.seconds);
+    } else if (tty) {
+      std::fprintf(stderr, "\rwriting tensor %zu/%zu  %5.1f%%  %.1fs", p.tensor_index + 1, p.n_tensors, pct,
+                   p.seconds);
+      if (p.tensor_index + 1 == p.n_tensors) std::fprintf(stderr, "\n");
+    }
   };
   const Status st = make_model(spec, a.out, opts);
   if (!st) {
@@ -181,6 +200,7 @@ CommandRegistrar reg{Command{
       sub->add_option("--rope-base", a->rope_base, "rope.freq_base");
       sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");
       sub->add_flag("--dry-run", a->dry_run, "print the summary, write nothing");
+      sub->add_flag("-v,--verbose", a->verbose, "one line per tensor written");
       for (const auto& f : kIntFlags) {
         // CLI11 needs a stable target per option; the map node lives as long as `a`.
         sub->add_option(f.flag, a->ints[f.flag], f.help);

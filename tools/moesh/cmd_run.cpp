@@ -204,9 +204,9 @@ int run_run(const RunArgs& a) {
       for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
       std::printf("\n");
     }
-    std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.2f tok/s) | decode: %d tokens in %.1f ms (%.2f tok/s) | %d threads\n",
+    std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.2f tok/s) | decode: %d tokens in %.1f ms (%.2f tok/s) | %d thread%s\n",
                  prompt.size(), t_prefill * 1e3, pp_tps, n_dec, t_decode * 1e3, tg_tps,
-                 ctx.pool().n_threads());
+                 ctx.pool().n_threads(), ctx.pool().n_threads() == 1 ? "" : "s");
   }
   return 0;
 }

@@ -1,4 +1,4 @@
-// GGUF v2/v3 reader and writer (format: ../shared/docs/gguf-format.md).
+// GGUF v2/v3 reader and writer (format: docs/background/gguf-format.md).
 //
 // The reader maps the file read-only and hands out zero-copy TensorViews. Everything read from
 // the file is untrusted: every count, length, offset and type is checked against the bytes

@@ -15,7 +15,7 @@
 //    f32/f16 (what a converter writes), llama-quantize's order (global tensors first, then by
 //    block index, names sorted inside a block) for q8_0/q4_k_m;
 //  * tensor types: f32 everything; f16 matrices F16, 1-D tensors and routers F32; q8_0 matrices
-//    Q8_0; q4_k_m = llama-quantize's Q4_K_M recipe (quant-formats.md §8), norms, routers and
+//    Q8_0; q4_k_m = llama-quantize's Q4_K_M recipe (docs/background/quant-formats.md §8), norms, routers and
 //    exp_probs_b never quantized.
 //
 // Weights: every tensor row is drawn from its own std::mt19937_64 stream, seeded from
@@ -145,7 +145,7 @@ struct ModelPlan {
 // Validates the spec and lays out metadata and tensors.
 Result<ModelPlan> plan_model(const MakeModelSpec& spec);
 
-// The type llama-quantize gives a tensor for the file type (quant-formats.md §8), including the
+// The type llama-quantize gives a tensor for the file type (docs/background/quant-formats.md §8), including the
 // n_expert == 8 bumps, the more-bits layer rule and the fallbacks when ne[0] % 256 != 0.
 // `i_attn_v`/`n_attn_v`: index of this tensor among the attn_v tensors and their count.
 // Returns F32 for tensors that stay unquantized (1-D, *_norm, ffn_gate_inp, non-.weight).

@@ -5,7 +5,7 @@
 // Context: KV cache, thread pool, expert executor and scratch buffers; decode() runs a batch of
 // tokens of one sequence through the forward pass (model-forward in src/model/context.cpp).
 //
-// Numerics follow llama.cpp (moe-architectures.md, reference README §7): activations are
+// Numerics follow llama.cpp (docs/background/moe-architectures.md, reference README §7): activations are
 // quantized per row to the weight's vec_dot_type inside matmul, RMSNorm sums in double, the router
 // runs in f32, the routed sum is formed in router rank order.
 #pragma once

@@ -1,5 +1,5 @@
 // The dispatch point of the MoE block: routing plan, expert FFN definition, and the
-// asynchronous ExpertExecutor interface (design.md "The dispatch point").
+// asynchronous ExpertExecutor interface (docs/ARCHITECTURE.md "The dispatch point").
 //
 // After routing, the model builds a RoutingPlan (per token: k expert ids in router rank order and
 // their final mixing weights) and hands it to an ExpertExecutor:
@@ -9,11 +9,14 @@
 //   Result<std::span<const float>> routed = executor.wait(t);   // [n_tokens][n_embd]
 //
 // The routed sum of token i is formed in RANK ORDER: out = w_0*y_0; out += w_1*y_1; ... with
-// y_r = expert_ffn(ids[i][r], x_i) in f32. Every executor (local now, remote exact later) uses this
-// order, so a remote exact executor gives the local bits for any placement and batch.
+// y_r = expert_ffn(ids[i][r], x_i) in f32. Every executor (LocalExecutor here, RemoteExecutor in
+// src/remote in EXACT mode) uses this order through rank_sum_step, so remote exact execution gives
+// the local bits for any placement and batch.
 //
-// expert_ffn() is the one definition of a routed expert; a worker process runs the same function
-// on its slabs, so it takes only the layer's stacked views and an expert id.
+// expert_ffn() is the reference definition of a routed expert (one expert at a time). The
+// LocalExecutor and the worker process both compute with run_expert_groups
+// (moesh/moe/expert_stages.h), which schedules many experts at once yet computes every output
+// element as the same single dot product, so its bits are expert_ffn()'s.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Building blocks of the expert FFN shared by expert_ffn() and LocalExecutor. Both compose
-// them so that every output element is one dot product of the same rows, which is why the
+// Building blocks of the expert FFN shared by expert_ffn(), the LocalExecutor and the worker. All
+// compose them so that every output element is one dot product of the same rows, which is why the
 // executor's cross-expert scheduling gives the bits of expert_ffn() run one expert at a time.
 #pragma once
 

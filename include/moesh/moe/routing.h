@@ -1,5 +1,5 @@
 // MoE routing: from router logits to (expert ids, mixing weights) per token, following
-// moe-architectures.md §1 steps 2-9 exactly (llama.cpp build_moe_ffn).
+// docs/background/moe-architectures.md §1 steps 2-9 exactly (llama.cpp build_moe_ffn).
 //
 //   probs = softmax(logits) | sigmoid(logits) | logits        (gating)
 //   sel   = probs + sel_bias                                   (bias picks, never weighs)

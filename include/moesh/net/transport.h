@@ -93,7 +93,7 @@ std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>> make_loopbac
 
 // ---- TCP ---------------------------------------------------------------------------------------
 
-// Socket policy from netstack.md. Congestion control and buffer sizes are applied before
+// Socket policy from docs/background/netstack.md. Congestion control and buffer sizes are applied before
 // connect()/listen() (accepted sockets inherit them): set afterwards, BBR's pacing stays on.
 struct TcpOptions {
   std::string congestion = "cubic";  // TCP_CONGESTION; "" keeps the system default
@@ -265,7 +265,7 @@ class RequestMux {
 };
 
 // Round trip of one PING through a mux (PONG must echo its timestamp). With padding it doubles
-// as the warm-up exchange that opens the congestion window after connect (netstack.md).
+// as the warm-up exchange that opens the congestion window after connect (docs/background/netstack.md).
 Result<std::chrono::nanoseconds> ping(RequestMux& mux, uint32_t pad_bytes, uint32_t reply_pad_bytes,
                                       Deadline deadline);
 

@@ -1,7 +1,7 @@
 // Shared vocabulary of the swarm: which experts a process holds (expert specs), which model it
 // serves (model identity), the HELLO values both roles announce, expert slices, and the worker.
 //
-// Backbone (src/moe/remote_executor.cpp, src/swarm/placement.cpp) and worker (src/swarm/worker*)
+// Backbone (src/remote/remote_executor.cpp, src/remote/placement.cpp) and worker (src/swarm/worker*)
 // both code against this header, so a spec, an identity or a HELLO means the same on both ends.
 //
 // Expert spec (CLI `--experts`): comma-separated `LAYERS:EXPERTS` items; each side is an

@@ -1,5 +1,5 @@
 // Half-precision conversions. fp16->fp32 is exact; fp32->fp16 is IEEE round-to-nearest-even
-// (subnormals kept, overflow to inf, NaN -> 0x7E00|sign); bf16 as in quant-formats.md §1.
+// (subnormals kept, overflow to inf, NaN -> 0x7E00|sign); bf16 as in docs/background/quant-formats.md §1.
 // Scalar and bit-exact with F16C's _cvtss_sh(x, 0), so every ISA agrees.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Quantized block formats (bit-compatible with ggml, see ../shared/docs/quant-formats.md) and
+// Quantized block formats (bit-compatible with ggml, see docs/background/quant-formats.md) and
 // their scalar reference routines: dequantize, quantize, and the dot product of a weight row
 // with an activation row in the weight's `vec_dot_type`.
 //
@@ -90,13 +90,13 @@ static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ8_K) == 292);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 
-// kvalues_iq4nl and kvalues_mxfp4 (E2M1 doubled), see quant-formats.md §2.
+// kvalues_iq4nl and kvalues_mxfp4 (E2M1 doubled), see docs/background/quant-formats.md §2.
 extern const int8_t k_values_iq4nl[16];
 extern const int8_t k_values_mxfp4[16];
 // E8M0 scale halved: 2^(e-128) built as a float bit pattern (ggml_e8m0_to_fp32_half).
 float e8m0_to_fp32_half(uint8_t e);
 
-// The activation format a weight type's dot product consumes (quant-formats.md §5).
+// The activation format a weight type's dot product consumes (docs/background/quant-formats.md §5).
 // F32->F32, F16->F16, BF16->BF16, legacy/MXFP4/IQ4_NL->Q8_0, Q4_1/Q5_1->Q8_1, K/IQ4_XS->Q8_K.
 GgmlType vec_dot_type(GgmlType weight_type);
 

@@ -1,4 +1,4 @@
-// Text <-> token ids, built from a GGUF's tokenizer metadata (../shared/docs/sampling-and-tokenizers.md).
+// Text <-> token ids, built from a GGUF's tokenizer metadata (docs/background/sampling-and-tokenizers.md).
 //
 // Two vocabulary kinds are supported, matching llama.cpp token for token:
 //  - `gpt2`  : byte-level BPE. Text is first split around special tokens, then by the
