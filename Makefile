@@ -4,7 +4,7 @@ BUILD_SAN  ?= build-sanitize
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all build deps test test-sanitize demo bench format clean
+.PHONY: all build deps test test-sanitize demo bench format format-check clean
 
 all: build
 
@@ -33,7 +33,10 @@ bench: build
 	./scripts/bench-kernels.sh $(BUILD)
 
 format:
-	find include src tools tests bench -name '*.h' -o -name '*.cpp' | xargs clang-format -i
+	git ls-files '*.h' '*.cpp' | xargs clang-format -i
+
+format-check: deps
+	./scripts/check-format.sh
 
 clean:
 	rm -rf $(BUILD) $(BUILD_SAN)

@@ -127,7 +127,8 @@ TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
   const std::string common = "bench -m " + quoted(model) + " -p 0 -n 6 -r 2 -t 1 --timing";
   const std::regex timing(
       R"(timing: ([0-9.]+) ms per token, of which routed experts ([0-9.]+) ms \(([0-9.]+)%\) in ([0-9.]+) calls of ([0-9.]+) ms)");
-  const std::regex worker(R"(worker (\d+) \S+ \(.*\): (\d+) requests, latency ([0-9.]+) ms = compute ([0-9.]+) ms \+ (-?[0-9.]+) ms other)");
+  // Signs allowed in every number, so a negative one is caught below rather than left unmatched.
+  const std::regex worker(R"(worker (\d+) \S+ \(.*\): (\d+) requests, latency (-?[0-9.]+) ms = compute (-?[0-9.]+) ms \+ (-?[0-9.]+) ms other)");
   auto model_loaded = Model::load(model);
   ASSERT_TRUE(model_loaded.is_ok());
   int n_moe = 0;
@@ -153,8 +154,11 @@ TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
     for (std::sregex_iterator it(r.out.begin(), r.out.end(), worker), end; it != end; ++it) {
       ++workers_seen;
       requests += std::stoll((*it)[2]);
-      EXPECT_GT(std::stod((*it)[3]), 0) << "latency";
-      EXPECT_GE(std::stod((*it)[4]), 0) << "compute";
+      const double latency = std::stod((*it)[3]), compute = std::stod((*it)[4]), other = std::stod((*it)[5]);
+      EXPECT_GT(latency, 0) << "latency";
+      EXPECT_GE(compute, 0) << "compute";
+      // The breakdown adds up (each term printed to 0.001 ms).
+      EXPECT_NEAR(latency, compute + other, 0.0015 + 1e-9) << (*it)[0];
     }
     if (remote) {
       EXPECT_EQ(workers_seen, 2) << r.out;

@@ -1,7 +1,7 @@
-// The gate library (include/moesh/gate.h) and `moesh gate` on curated sequences:
+// The gate library (include/moesh/gate/gate.h) and `moesh gate` on curated sequences:
 //  * every reference model (3 archs x Q8_0/Q4_K_M), 2 real worker processes holding different
-//    experts plus a local share: f16 partial and f16 exact PASS the default thresholds on curated
-//    sequences; q8 partial is measured and reported;
+//    experts plus a local share: f16 partial, f16 exact and q8 partial PASS the default
+//    thresholds on curated sequences, with every argmax equal (docs/gate.md);
 //  * curation is reproducible (same seed, same tokens) and really conditioned (every position's
 //    routing margin and top-1 lead, measured again by an observer, meet the thresholds), while the
 //    raw uniform draw of the same seed is not;
@@ -63,20 +63,24 @@ TEST(Gate, CuratedLossyPathsPassOnEveryReferenceModel) {
     const std::string base = "gate -m " + quoted(path) + " --worker " + (*a)->address().to_string() +
                              " --worker " + (*b)->address().to_string() + " -t 1";
     const std::string name = std::filesystem::path(path).filename().string();
+    // docs/gate.md: on curated sequences every reference file PASSes all three lossy paths with
+    // 160/160 argmax agreement (min cosine 0.99977-0.99993), after rejecting 68-120 draws and
+    // with no ill-conditioned position.
     for (const char* mode : {"--wire f16 --combine partial", "--wire f16 --combine exact", "--wire q8 --combine partial"}) {
+      SCOPED_TRACE(name + " " + mode);
       RunResult r = run_moesh(base + " " + mode);
-      ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.out << r.err;
       const GateOutput g = parse_gate(r.out);
-      EXPECT_EQ(g.rows, 4) << r.out << r.err;
-      EXPECT_EQ(g.ill, 0) << r.out;
-      EXPECT_GE(g.rejected, 0) << r.out;
-      EXPECT_EQ(r.exit_code == 0, g.pass_rows == g.rows) << r.out;
       std::printf("[gate] %-28s %-28s %s  argmax %lld/%lld  min cos %.6f  rejected %lld\n", name.c_str(), mode,
                   r.exit_code == 0 ? "PASS" : "FAIL", static_cast<long long>(g.agree),
                   static_cast<long long>(g.total), g.cos_min, static_cast<long long>(g.rejected));
-      if (std::string(mode).find("f16") != std::string::npos) {
-        EXPECT_EQ(r.exit_code, 0) << name << " " << mode << "\n" << r.out;
-      }
+      EXPECT_EQ(r.exit_code, 0) << "gate did not PASS\n" << r.out << r.err;
+      EXPECT_EQ(g.rows, 4) << r.out << r.err;
+      EXPECT_EQ(g.pass_rows, 4) << r.out;
+      EXPECT_EQ(g.ill, 0) << r.out;
+      EXPECT_GT(g.rejected, 0) << "curation rejected no draw\n" << r.out;
+      EXPECT_EQ(g.total, 160) << r.out;
+      EXPECT_EQ(g.agree, g.total) << "an argmax flipped on a curated position\n" << r.out;
+      EXPECT_GE(g.cos_min, 0.998) << r.out;
     }
   }
 }

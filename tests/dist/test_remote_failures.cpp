@@ -15,8 +15,6 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 std::vector<int32_t> some_tokens(const Model& m, size_t n) { return test_tokens("", m.hparams().n_vocab, n); }
 
 TEST(RemoteFailures, WorkerGoneBeforeStartup) {
@@ -28,14 +26,13 @@ TEST(RemoteFailures, WorkerGoneBeforeStartup) {
   const WorkerAddress addr = (*w)->address();
   (*w)->kill_now();
   RemoteOptions o;
-  o.connect_timeout = milliseconds(3000);
-  const auto t0 = Clock::now();
+  o.connect_timeout = milliseconds(30000);
+  // The refused connect is the answer (kUnavailable, naming the worker); waiting out the
+  // connect timeout would have been kTimeout.
   auto exec = RemoteExecutor::connect(**model, {addr}, o);
   ASSERT_FALSE(exec.is_ok());
-  EXPECT_LT(seconds_since(t0), 4.0);
   EXPECT_NE(exec.status().message().find(addr.to_string()), std::string::npos) << exec.status().to_string();
-  EXPECT_TRUE(exec.status().code() == StatusCode::kUnavailable || exec.status().code() == StatusCode::kIoError)
-      << exec.status().to_string();
+  EXPECT_EQ(exec.status().code(), StatusCode::kUnavailable) << exec.status().to_string();
 }
 
 TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadline) {
@@ -45,7 +42,7 @@ TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadline) {
   auto w = WorkerProcess::spawn(path, "*:*");
   ASSERT_TRUE(w.is_ok()) << w.status().to_string();
   RemoteOptions o;
-  o.timeout = milliseconds(3000);
+  o.timeout = milliseconds(30000);
   auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, o);
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
   std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
@@ -57,17 +54,18 @@ TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadline) {
   const auto toks = some_tokens(**model, 8);
   std::vector<float> logits(static_cast<size_t>((*model)->hparams().n_vocab) * 4);
   ASSERT_TRUE(ctx.decode(0, toks.data(), 4, logits.data()).is_ok());
-  (*w)->kill_now();
-  const auto t0 = Clock::now();
+  (*w)->kill_now();  // SIGKILL and reaped: the kernel has closed the worker's end
+  // The dead connection is noticed (kUnavailable); only waiting out the 30 s request timeout
+  // would have given kTimeout.
   Status st = ctx.decode(0, toks.data() + 4, 1, logits.data());
   ASSERT_FALSE(st.is_ok());
-  EXPECT_LT(seconds_since(t0), 4.0);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
   EXPECT_NE(st.message().find((*w)->address().to_string()), std::string::npos) << st.to_string();
   EXPECT_NE(st.message().find("layer"), std::string::npos) << st.to_string();
-  // Later steps keep failing fast instead of hanging.
-  const auto t1 = Clock::now();
-  EXPECT_FALSE(ctx.decode(0, toks.data() + 5, 1, logits.data()).is_ok());
-  EXPECT_LT(seconds_since(t1), 4.0);
+  // Later steps keep failing with the same kind of error instead of hanging until the deadline.
+  Status again = ctx.decode(0, toks.data() + 5, 1, logits.data());
+  ASSERT_FALSE(again.is_ok());
+  EXPECT_EQ(again.code(), StatusCode::kUnavailable) << again.to_string();
 }
 
 TEST(RemoteFailures, SilentWorkerTimesOutAtTheDeadline) {
@@ -92,12 +90,14 @@ TEST(RemoteFailures, SilentWorkerTimesOutAtTheDeadline) {
   (*w)->pause();  // alive, socket open, never answers
   const auto t0 = Clock::now();
   Status st = ctx.decode(0, toks.data() + 1, 1, logits.data());
-  const double dt = seconds_since(t0);
+  const auto returned = Clock::now();
   (*w)->resume();
   ASSERT_FALSE(st.is_ok());
   EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
-  EXPECT_GE(dt, 0.35);
-  EXPECT_LT(dt, 2.0);
+  // At the deadline, not before: each layer's requests get a deadline of timeout from their
+  // submit, which is after t0 (the contract's lower bound; no upper bound: "no hang" is the
+  // deadline itself plus ctest's TIMEOUT).
+  EXPECT_GE(returned - t0, o.timeout);
   EXPECT_NE(st.message().find("request"), std::string::npos) << st.to_string();
 }
 

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <array>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -390,23 +389,32 @@ TEST_F(MakeModelVocab, ExactVocabularySizeAndPadding) {
   EXPECT_NE(st.to_string().find("258"), std::string::npos) << st.to_string();
 }
 
-TEST_F(MakeModelVocab, Qwen3SizedVocabularyIsFastAndLoads) {
-  // Qwen2/3's vocabulary size: mostly <|reserved_N|> padding, which must not make planning slow.
+TEST_F(MakeModelVocab, Qwen3SizedVocabularyPlansAndLoads) {
+  // Qwen2/3's vocabulary size: mostly <|reserved_N|> padding. That padding must not make
+  // planning slow, but speed is a benchmark's job (docs/PERFORMANCE.md), not a test's: here the
+  // plan of the perf preset at that size must be complete and consistent.
   MakeModelSpec perf = MakeModelSpec::perf_30b_a3b();
   perf.n_vocab = 151936;
-  (void)detail::make_vocab_max_learned();  // training happens once per process; time it apart
-  const auto t0 = std::chrono::steady_clock::now();
   auto plan = plan_model(perf);
-  const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
-  std::fprintf(stderr, "plan_model(perf preset, n_vocab 151936): %.3f s\n", plan_s);
-  EXPECT_LT(plan_s, 2.0);
+  const gguf::Value* tokens = nullptr;
+  for (const auto& [k, v] : plan->kvs) {
+    if (k == "tokenizer.ggml.tokens") tokens = &v;
+  }
+  ASSERT_NE(tokens, nullptr);
+  EXPECT_EQ(std::get<gguf::Array>(tokens->v).items.size(), 151936u);
+  int n_vocab_tensors = 0;
+  for (const PlannedTensor& t : plan->tensors) {
+    if (t.name == "token_embd.weight" || t.name == "output.weight") {
+      ++n_vocab_tensors;
+      EXPECT_EQ(t.ne[1], 151936) << t.name;
+    }
+  }
+  EXPECT_EQ(n_vocab_tensors, 2);
+  EXPECT_GT(plan->data_bytes, 0u);
 
   const MakeModelSpec spec = small_spec(151936);
-  const auto t1 = std::chrono::steady_clock::now();
   Loaded l = write_and_load(spec, path("big.gguf"));
-  std::fprintf(stderr, "make_model + load, n_vocab 151936: %.3f s\n",
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
   ASSERT_NE(l.tok, nullptr);
   EXPECT_EQ(l.tok->n_vocab(), 151936);
   EXPECT_EQ(l.tok->eos(), 151935);

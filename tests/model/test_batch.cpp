@@ -4,7 +4,7 @@
 //    steps with one token per sequence, equal the same sequences decoded one after the other;
 //  * a step mixing a prompt chunk of one sequence with decode tokens of others;
 //  * a failed step (token out of range, context overflow of one sequence) leaves every
-//    sequence's cells as they were;
+//    sequence's cells as they were (lengths, and contents: continuing gives the same bits);
 //  * KvCache::seq_copy of a prefix then continuing equals computing the whole sequence.
 #include <gtest/gtest.h>
 
@@ -171,6 +171,24 @@ TEST_P(Batch, FailedStepLeavesEverySequenceAsItWas) {
   std::vector<Context::BatchToken> nobuf = {{0, 1, true}};
   EXPECT_EQ(ctx.decode_batch(nobuf, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ctx.decode_batch(std::span<const Context::BatchToken>{}, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctx.kv().seq_len(0), 4);
+  EXPECT_EQ(ctx.kv().seq_len(1), 14);
+
+  // Not just the lengths: the cells' contents are as they were. Both sequences continue
+  // bit-identically to a context that never saw the failed steps (sequence 1 up to its last cell).
+  Context ref(model, ContextParams{1, 16, nullptr});
+  ASSERT_TRUE(ref.decode(0, a.data(), 4, nullptr).is_ok());
+  ASSERT_TRUE(ref.decode(1, b.data(), 14, nullptr).is_ok());
+  const auto a_next = random_tokens(V, 3, 23), b_next = random_tokens(V, 2, 24);
+  for (auto [seq, toks] : {std::pair{0, &a_next}, std::pair{1, &b_next}}) {
+    const int64_t n = static_cast<int64_t>(toks->size());
+    std::vector<float> got(static_cast<size_t>(n * V)), want(got.size());
+    ASSERT_TRUE(ctx.decode(seq, toks->data(), n, got.data()).is_ok());
+    ASSERT_TRUE(ref.decode(seq, toks->data(), n, want.data()).is_ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+        << "sequence " << seq << " continues differently after the failed steps";
+  }
+  EXPECT_EQ(ctx.kv().seq_len(1), 16);
 }
 
 TEST_P(Batch, CopiedPrefixContinuesLikeTheWholeSequence) {
@@ -191,8 +209,18 @@ TEST_P(Batch, CopiedPrefixContinuesLikeTheWholeSequence) {
   std::vector<float> lg(static_cast<size_t>(V));
   ASSERT_TRUE(ctx.decode(8, full.data() + 6, 4, lg.data(), false).is_ok());
   EXPECT_EQ(0, std::memcmp(lg.data(), whole[0].data(), V * sizeof(float)));
-  EXPECT_EQ(ctx.kv().seq_len(3), 7);  // the source is untouched
-  EXPECT_EQ(ctx.kv().seq_copy(3, 8, 8).code(), StatusCode::kOutOfRange);
+  // The source is untouched: its length, and its cells (it continues like sequence `other`
+  // computed alone, bit for bit).
+  EXPECT_EQ(ctx.kv().seq_len(3), 7);
+  {
+    std::vector<int32_t> other_cont = other;
+    other_cont.push_back(full[7]);
+    const Rows other_alone = run_alone(model, other_cont, 0, 1);
+    ASSERT_TRUE(ctx.decode(3, &full[7], 1, lg.data(), false).is_ok());
+    EXPECT_EQ(0, std::memcmp(lg.data(), other_alone[0].data(), V * sizeof(float)))
+        << "the copy's source continues differently";
+  }
+  EXPECT_EQ(ctx.kv().seq_copy(3, 8, 9).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(ctx.kv().seq_copy(3, 3, 1).code(), StatusCode::kInvalidArgument);
 }
 

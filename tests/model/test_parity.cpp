@@ -1,9 +1,11 @@
 // Parity with llama.cpp on the reference models (../shared/reference, README §5-7):
 //  * argmax equal at every position; cosine per position >= 0.9999 (Q8_0) / 0.999 (Q4_K_M);
+//  * hidden state after every layer (seq16) within 1e-5 of the reference;
 //  * expert selection per MoE layer equal to routing.selected (as sets; in order where the
-//    reference weights of adjacent ranks are clearly apart, for softmax gating);
+//    reference weights of adjacent ranks are clearly apart, for softmax gating), and their
+//    mixing weights within 5e-6 (2.5e-3 for deepseek2-s.Q4_K_M, whose seq64 drifts);
 //  * one token at a time through the KV cache == batch decode, bit for bit;
-//  * dequant-f32 engine mode vs *.dequant-f32.logits.json: max abs diff <= 1e-3;
+//  * dequant-f32 engine mode vs *.dequant-f32.logits.json: max abs diff <= 3e-5;
 //  * logits bit-identical with 1 and 2 threads.
 #include <gtest/gtest.h>
 
@@ -91,7 +93,13 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
     std::set<int32_t> distinct(seq.argmax.begin(), seq.argmax.end());
     ASSERT_GT(distinct.size(), static_cast<size_t>(T / 2));
 
-    // Hidden-state diagnostics (seq16 carries them): printed, the asserts are on logits.
+    // Hidden states after every layer (seq16 carries them): bounded, and the drifting positions
+    // printed. Observed max abs diff over all reference files: 9.54e-07 (deepseek2-s.Q4_K_M
+    // layer 2); the bound is 10x that.
+    constexpr double kMaxHiddenDiff = 1e-5;
+    if (!seq.hidden.empty()) {
+      ASSERT_EQ(obs.layer_out.size(), seq.hidden.size());
+    }
     for (size_t l = 0; l < seq.hidden.size() && l < obs.layer_out.size(); ++l) {
       double mx = 0;
       for (int64_t t = 0; t < T; ++t) {
@@ -100,6 +108,7 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
                                                           seq.hidden[l][t][d])));
         }
       }
+      EXPECT_LE(mx, kMaxHiddenDiff) << "layer " << l << " hidden state";
       std::printf("  %s %s layer %zu hidden max abs diff %.3g", GetParam().c_str(),
                   seq.name.c_str(), l, mx);
       // Which positions drifted (the first one is where to look); MOESH_PARITY_VERBOSE lists
@@ -135,6 +144,11 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
 
     // Expert selection per MoE layer.
     ASSERT_EQ(obs.routing.size(), seq.routing.size());
+    // Mixing weights of the selected experts. Observed max abs diff per file over both
+    // sequences: deepseek2-s.Q4_K_M 2.46e-04 (seq64, where its logits drift as well: max abs
+    // diff 0.042, min cosine 0.99993), every other file <= 5.07e-07. Bounds: ~10x those.
+    const double kMaxWeightDiff = GetParam() == "deepseek2-s.Q4_K_M.gguf" ? 2.5e-3 : 5e-6;
+    double max_w_diff = 0.0;
     for (size_t r = 0; r < seq.routing.size(); ++r) {
       const auto& want = seq.routing[r];
       const auto& got = obs.routing[r];
@@ -149,8 +163,8 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
         for (int j = 0; j < k; ++j) {
           // Mixing weight of each selected expert.
           const int pos = static_cast<int>(std::find(g.begin(), g.end(), w[j]) - g.begin());
-          // (a loose check of our own: the weights inherit the upstream hidden-state drift)
-          EXPECT_NEAR(got.weights[t * k + pos], want.weights[t][j], 1e-2)
+          max_w_diff = std::max(max_w_diff, static_cast<double>(std::fabs(got.weights[t * k + pos] - want.weights[t][j])));
+          EXPECT_NEAR(got.weights[t * k + pos], want.weights[t][j], kMaxWeightDiff)
               << "layer " << want.layer << " token " << t << " expert " << w[j];
           // Order: where the reference weights are clearly apart (softmax: weight order =
           // selection order).
@@ -161,6 +175,8 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
         }
       }
     }
+
+    std::printf("  %s %s: routing weights max abs diff %.3g\n", GetParam().c_str(), seq.name.c_str(), max_w_diff);
 
     // One token at a time through the KV cache: bit-identical to the batch.
     {
@@ -212,7 +228,9 @@ TEST_P(Parity, DequantF32Mode) {
     }
     std::printf("  %s %s dequant-f32: max abs diff %.3g\n", GetParam().c_str(), seq.name.c_str(),
                 max_abs);
-    EXPECT_LE(max_abs, 1e-3);
+    // Observed max abs diff over all files and sequences: 2.98e-06 (deepseek2-s.Q8_0 seq64);
+    // the bound is 10x that (reference README §7 expects ~1e-4 from an F32 engine).
+    EXPECT_LE(max_abs, 3e-5);
   }
 }
 

@@ -130,7 +130,7 @@ TEST(RoutingMargin, ReferenceSequencesMatchTheJsonAndTheThresholds) {
   for (const std::string& file : testing::reference_models()) {
     const std::string base = file.substr(0, file.size() - 5);
     const nlohmann::json j = testing::load_json(testing::reference_dir() + "/" + base + ".logits.json");
-    if (j.is_null()) continue;
+    ASSERT_FALSE(j.is_null()) << "reference " << base << ".logits.json missing or unreadable";
     auto model = Model::load(testing::reference_dir() + "/" + file);
     ASSERT_TRUE(model.is_ok()) << model.status().to_string();
     const HParams& hp = (*model)->hparams();

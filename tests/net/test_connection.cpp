@@ -60,11 +60,10 @@ TEST_P(ConnectionTest, TimeoutKeepsAPartialFrameAndResumes) {
   auto rx = make_stream_connection(std::move(p.server));
   auto frame = wire::encode_ping({.request_id = 5, .send_time_ns = 99, .pad_bytes = 4000}).value();
   ASSERT_TRUE(raw->write_all(std::span(frame).first(20), deadline_in(1s)).is_ok());  // half a header
-  auto t0 = Clock::now();
-  auto f = rx->recv_frame(deadline_in(80ms));
+  const Deadline deadline = deadline_in(80ms);
+  auto f = rx->recv_frame(deadline);
   EXPECT_EQ(f.status().code(), StatusCode::kTimeout);
-  EXPECT_GE(ms_since(t0), 75);
-  EXPECT_LT(ms_since(t0), 1000);
+  EXPECT_GE(Clock::now(), deadline) << "kTimeout before the deadline";  // the contract's lower bound
   ASSERT_TRUE(raw->write_all(std::span(frame).subspan(20, 1000), deadline_in(1s)).is_ok());
   EXPECT_EQ(rx->recv_frame(deadline_in(50ms)).status().code(), StatusCode::kTimeout);
   ASSERT_TRUE(raw->write_all(std::span(frame).subspan(1020), deadline_in(1s)).is_ok());
@@ -79,11 +78,10 @@ TEST_P(ConnectionTest, PeerClosingMidFrameIsUnavailable) {
   auto frame = wire::encode_ping({.request_id = 5, .send_time_ns = 1, .pad_bytes = 100}).value();
   ASSERT_TRUE(p.client->write_all(std::span(frame).first(60), deadline_in(1s)).is_ok());
   p.client->close();
-  auto t0 = Clock::now();
-  auto f = rx->recv_frame(deadline_in(5s));
+  // Noticed at once, not at the deadline: waiting for it would have given kTimeout.
+  auto f = rx->recv_frame(deadline_in(30s));
   EXPECT_EQ(f.status().code(), StatusCode::kUnavailable) << f.status().to_string();
   EXPECT_NE(f.status().message().find("mid-frame"), std::string::npos) << f.status().message();
-  EXPECT_LT(ms_since(t0), 1000);  // noticed at once, not at the deadline
   // The connection stays failed.
   EXPECT_EQ(rx->recv_frame(deadline_in(10ms)).status().code(), StatusCode::kUnavailable);
 }
@@ -106,15 +104,14 @@ TEST_P(ConnectionTest, OversizedFrameIsRefusedBeforeAllocation) {
 TEST_P(ConnectionTest, LocalCloseWakesABlockedReceiver) {
   StreamPair p = make_stream_pair(GetParam());
   auto rx = make_stream_connection(std::move(p.server));
-  auto t0 = Clock::now();
   std::thread closer([&] {
-    std::this_thread::sleep_for(50ms);
-    rx->close();
+    std::this_thread::sleep_for(50ms);  // most likely the receiver is blocked by then; either way
+    rx->close();                        // the outcome below is the same
   });
-  auto f = rx->recv_frame(deadline_in(5s));
+  // The close wakes the receiver (kUnavailable); sleeping until the deadline would be kTimeout.
+  auto f = rx->recv_frame(deadline_in(30s));
   closer.join();
-  EXPECT_EQ(f.status().code(), StatusCode::kUnavailable);
-  EXPECT_LT(ms_since(t0), 1000);
+  EXPECT_EQ(f.status().code(), StatusCode::kUnavailable) << f.status().to_string();
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, ConnectionTest, ::testing::Values(Link::kLoopback, Link::kTcp),
@@ -157,11 +154,10 @@ TEST(Tcp, ConnectRefusedAndAcceptTimeout) {
   auto l = TcpListener::listen("127.0.0.1", 0, TcpOptions{});
   ASSERT_TRUE(l.is_ok());
   const uint16_t port = (*l)->port();
-  auto t0 = Clock::now();
-  auto a = (*l)->accept(deadline_in(100ms));
-  EXPECT_EQ(a.status().code(), StatusCode::kTimeout);
-  EXPECT_GE(ms_since(t0), 95);
-  EXPECT_LT(ms_since(t0), 1000);
+  const Deadline deadline = deadline_in(100ms);
+  auto a = (*l)->accept(deadline);
+  EXPECT_EQ(a.status().code(), StatusCode::kTimeout) << a.status().to_string();
+  EXPECT_GE(Clock::now(), deadline) << "kTimeout before the deadline";  // the contract's lower bound
   l->reset();  // closes the port
   auto c = tcp_connect("127.0.0.1", port, TcpOptions{}, deadline_in(1s));
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().to_string();

@@ -1,7 +1,7 @@
 // A real `moesh worker` process on 127.0.0.1, driven through the transport: handshake values,
 // EXACT bits against expert_ffn, PARTIAL against the rank-order sum, several requests in flight
 // whose data encodes their request id, an unheld expert, a garbage frame on one connection while
-// another keeps working, SIGTERM -> GOODBYE, and SIGKILL -> a clear client error in time.
+// another keeps working, SIGTERM -> GOODBYE, and SIGKILL -> a clear client error (not a timeout).
 #include <gtest/gtest.h>
 
 #include <poll.h>
@@ -321,23 +321,21 @@ TEST_F(WorkerProcessTest, StartsFromASliceAndKilledWorkerFailsFastWithinDeadline
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
 
-  // SIGKILL: no GOODBYE. A request sent after the kill fails with kUnavailable (reset/EOF) or
-  // kTimeout, and never later than its deadline.
+  // SIGKILL: no GOODBYE. The process is reaped, so the kernel has closed its socket (FIN, or RST
+  // once we write): a request sent after the kill fails fast with kUnavailable (EOF/reset at the
+  // send or the wait). Failing fast is asserted by the code: had the client only given up at its
+  // deadline, the result would be kTimeout.
   w.signal(SIGKILL);
   EXPECT_EQ(w.wait_exit(10s), 128 + SIGKILL);
-  const auto t0 = net::Clock::now();
   Request late = make_request(c->mux->next_request_id(), 1, {{{5, 1.0f}}}, wire::CombineMode::kExact, n_embd);
-  Status sent = c->mux->start(late.msg.request_id, *wire::encode_dispatch(late.msg), net::deadline_in(1s));
+  Status sent = c->mux->start(late.msg.request_id, *wire::encode_dispatch(late.msg), net::deadline_in(5s));
   Status result = sent;
   if (sent.is_ok()) {
-    auto lf = c->mux->wait(late.msg.request_id, net::deadline_in(1500ms));
+    auto lf = c->mux->wait(late.msg.request_id, net::deadline_in(30s));
     result = lf.is_ok() ? Status::ok() : lf.status();
   }
-  const double ms = std::chrono::duration<double, std::milli>(net::Clock::now() - t0).count();
   ASSERT_FALSE(result.is_ok());
-  EXPECT_TRUE(result.code() == StatusCode::kUnavailable || result.code() == StatusCode::kTimeout)
-      << result.to_string();
-  EXPECT_LT(ms, 2600.0);
+  EXPECT_EQ(result.code(), StatusCode::kUnavailable) << result.to_string();
   // A fresh connection to the dead port is refused at once.
   auto s = net::tcp_connect("127.0.0.1", w.port(), net::TcpOptions{}, net::deadline_in(2s));
   EXPECT_FALSE(s.is_ok());

@@ -342,14 +342,24 @@ TEST(ChatTemplate, ReferenceTemplatesDetected) {
       auto fmt = detect_chat_format(*src);
       EXPECT_TRUE(fmt.is_ok()) << e.path() << " " << key << " not recognised";
       if (fmt.is_ok()) {
-        auto out = ChatTemplate(*fmt, detect_chat_options(*fmt, *src)).render(kSysUser);
-        EXPECT_TRUE(out.is_ok() || *fmt == ChatFormat::kMistral) << e.path();
+        const auto opts = detect_chat_options(*fmt, *src);
+        auto out = ChatTemplate(*fmt, opts).render(kSysUser);
+        if (*fmt == ChatFormat::kMistral && opts.mistral_legacy) {
+          // Mixtral v0.1's template has no system role: refused, saying so.
+          ASSERT_FALSE(out.is_ok()) << e.path();
+          EXPECT_NE(out.status().message().find("not system"), std::string::npos) << e.path();
+        } else {
+          EXPECT_TRUE(out.is_ok()) << e.path() << ": " << out.status().to_string();
+        }
       }
     }
   }
   EXPECT_GT(files, 0) << "no .gguf files under " << dir;
   std::printf("[chat] %d reference GGUFs scanned, %d chat templates found and checked\n", files,
               templates);
+  // Nothing to recognise is not a pass: say so to ctest (the current reference set has no
+  // tokenizer.chat_template key in any file; DetectFromSources covers the known sources).
+  if (templates == 0) GTEST_SKIP() << "no chat template in the " << files << " reference GGUFs: nothing checked";
 }
 
 }  // namespace
