@@ -92,8 +92,8 @@ WeightPool& weight_pool(GgmlType t, int64_t k, int64_t m) {
     }
   }
   for (int64_t r = n_distinct; r < m; ++r) {
-    std::memcpy(wp.data.data() + static_cast<size_t>(r) * rb,
-                wp.data.data() + static_cast<size_t>(r % n_distinct) * rb, rb);
+    std::memcpy(wp.data.data() + static_cast<size_t>(r) * rb, wp.data.data() + static_cast<size_t>(r % n_distinct) * rb,
+                rb);
   }
   for (int64_t c = 1; c < wp.n_copies; ++c) {
     std::memcpy(wp.data.data() + static_cast<size_t>(c) * wp.mat_bytes, wp.data.data(), wp.mat_bytes);
@@ -115,17 +115,17 @@ void check_against_scalar(const TensorView& w, const QuantizedRows& xq, const st
   for (int64_t c = 0; c < xq.n_rows; ++c) {
     (*scalar)[vt].from_float(x.data() + c * k, xs.data(), k);
     if (std::memcmp(xs.data(), xq.row(c), xs.size()) != 0) {
-      std::fprintf(stderr, "activation quantization of %s differs from scalar (token %lld)\n",
-                   type_name(vt), static_cast<long long>(c));
+      std::fprintf(stderr, "activation quantization of %s differs from scalar (token %lld)\n", type_name(vt),
+                   static_cast<long long>(c));
       std::abort();
     }
     for (int64_t r : rows) {
       const float ref = (*scalar)[w.type].vec_dot(k, w.row(r), xs.data());
       const float got = y[static_cast<size_t>(c * m + r)];
       if (std::bit_cast<uint32_t>(ref) != std::bit_cast<uint32_t>(got)) {
-        std::fprintf(stderr, "MISMATCH %s K=%lld M=%lld token %lld row %lld: %.9g vs scalar %.9g\n",
-                     type_name(w.type), static_cast<long long>(k), static_cast<long long>(m),
-                     static_cast<long long>(c), static_cast<long long>(r), got, ref);
+        std::fprintf(stderr, "MISMATCH %s K=%lld M=%lld token %lld row %lld: %.9g vs scalar %.9g\n", type_name(w.type),
+                     static_cast<long long>(k), static_cast<long long>(m), static_cast<long long>(c),
+                     static_cast<long long>(r), got, ref);
         std::abort();
       }
     }
@@ -145,8 +145,8 @@ void bm_kern(benchmark::State& state, GgmlType t, int64_t k, int64_t m, int64_t 
   matmul_q(wp.view(0), xq, y.data(), static_cast<size_t>(m), &pool);
   // The framework calls this function several times while it sizes the run: check once.
   static std::set<std::string> checked;
-  const std::string key = std::string(type_name(t)) + "/" + std::to_string(k) + "/" + std::to_string(m) +
-                          "/" + std::to_string(batch) + "/" + std::to_string(threads);
+  const std::string key = std::string(type_name(t)) + "/" + std::to_string(k) + "/" + std::to_string(m) + "/" +
+                          std::to_string(batch) + "/" + std::to_string(threads);
   if (checked.insert(key).second) check_against_scalar(wp.view(0), xq, x, y);
 
   int64_t i = 0;
@@ -157,11 +157,11 @@ void bm_kern(benchmark::State& state, GgmlType t, int64_t k, int64_t m, int64_t 
     if (++i == wp.n_copies) i = 0;
   }
   const double bytes = static_cast<double>(wp.mat_bytes);
-  state.counters["W_Bps"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
-                                               benchmark::Counter::kIs1000);
-  state.counters["FLOPS"] = benchmark::Counter(2.0 * static_cast<double>(k * m * batch),
-                                               benchmark::Counter::kIsIterationInvariantRate,
-                                               benchmark::Counter::kIs1000);
+  state.counters["W_Bps"] =
+      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.counters["FLOPS"] =
+      benchmark::Counter(2.0 * static_cast<double>(k * m * batch), benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
   state.counters["bytes"] = bytes;
 }
 
@@ -229,9 +229,8 @@ void bm_mem(benchmark::State& state, int threads) {
     });
     benchmark::DoNotOptimize(part.data());
   }
-  state.counters["W_Bps"] = benchmark::Counter(static_cast<double>(k_mem_bytes),
-                                               benchmark::Counter::kIsIterationInvariantRate,
-                                               benchmark::Counter::kIs1000);
+  state.counters["W_Bps"] = benchmark::Counter(
+      static_cast<double>(k_mem_bytes), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
   state.counters["bytes"] = static_cast<double>(k_mem_bytes);
 }
 
@@ -255,9 +254,9 @@ void bm_hot(benchmark::State& state, GgmlType t, int64_t k) {
     for (int64_t r = 0; r < n_rows; ++r) sink += dot(k, wp.data.data() + static_cast<size_t>(r) * rb, xq.data());
     benchmark::DoNotOptimize(sink);
   }
-  state.counters["W_Bps"] = benchmark::Counter(static_cast<double>(rb * static_cast<size_t>(n_rows)),
-                                               benchmark::Counter::kIsIterationInvariantRate,
-                                               benchmark::Counter::kIs1000);
+  state.counters["W_Bps"] =
+      benchmark::Counter(static_cast<double>(rb * static_cast<size_t>(n_rows)),
+                         benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
 void bm_pool_dispatch(benchmark::State& state) {
@@ -309,9 +308,9 @@ void register_all() {
           const int64_t m = proj == 0 ? f : e;
           for (int64_t b : batches) {
             for (int th : {1, 2}) {
-              const std::string name = std::string("kern/") + type_name(t) + (proj == 0 ? "/gate/" : "/down/") +
-                                       "K" + std::to_string(k) + "xM" + std::to_string(m) + "/b" +
-                                       std::to_string(b) + "/t" + std::to_string(th);
+              const std::string name = std::string("kern/") + type_name(t) + (proj == 0 ? "/gate/" : "/down/") + "K" +
+                                       std::to_string(k) + "xM" + std::to_string(m) + "/b" + std::to_string(b) + "/t" +
+                                       std::to_string(th);
               benchmark::RegisterBenchmark(name.c_str(), bm_kern, t, k, m, b, th)
                   ->Unit(benchmark::kMicrosecond)
                   ->UseRealTime();
@@ -347,8 +346,7 @@ int main(int argc, char** argv) {
   const char* spin = std::getenv("MOESH_POOL_SPIN_US");
   benchmark::AddCustomContext("pool_spin_us", spin ? spin : "default");
   std::fprintf(stderr, "moesh bench_kernels: commit %s | cpu %s | isa %s | threads 1,2 | hw threads %u\n",
-               git_commit().c_str(), cpu_model().c_str(), isa_name(kernels().isa),
-               std::thread::hardware_concurrency());
+               git_commit().c_str(), cpu_model().c_str(), isa_name(kernels().isa), std::thread::hardware_concurrency());
   register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

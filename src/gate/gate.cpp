@@ -3,7 +3,6 @@
 #include "moesh/gate/gate.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "moesh/model/sampling.h"
@@ -52,8 +52,12 @@ double top1_lead_rel(const float* x, int64_t n) {
   double ss = 0;
   for (int64_t i = 0; i < n; ++i) {
     ss += static_cast<double>(x[i]) * x[i];
-    if (x[i] > a) { b = a; a = x[i]; }
-    else if (x[i] > b) { b = x[i]; }
+    if (x[i] > a) {
+      b = a;
+      a = x[i];
+    } else if (x[i] > b) {
+      b = x[i];
+    }
   }
   const double rms = std::sqrt(ss / static_cast<double>(n));
   if (rms == 0 || n < 2) return 0;
@@ -215,7 +219,8 @@ Result<std::vector<std::vector<int32_t>>> load_sequences_json(const std::string&
   if (!in) return make_error(StatusCode::kNotFound, "cannot open {}", path);
   auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("sequences") || !j["sequences"].is_array()) {
-    return make_error(StatusCode::kInvalidArgument, "{}: expected {{\"sequences\": [{{\"tokens\": [...]}}, ...]}}", path);
+    return make_error(StatusCode::kInvalidArgument, "{}: expected {{\"sequences\": [{{\"tokens\": [...]}}, ...]}}",
+                      path);
   }
   std::vector<std::vector<int32_t>> out;
   for (size_t i = 0; i < j["sequences"].size(); ++i) {
@@ -226,8 +231,8 @@ Result<std::vector<std::vector<int32_t>>> load_sequences_json(const std::string&
     std::vector<int32_t> v;
     for (const auto& t : s["tokens"]) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab) {
-        return make_error(StatusCode::kInvalidArgument, "{}: sequence {}: token {} is not an id in [0, {})", path,
-                          i, t.dump(), n_vocab);
+        return make_error(StatusCode::kInvalidArgument, "{}: sequence {}: token {} is not an id in [0, {})", path, i,
+                          t.dump(), n_vocab);
       }
       v.push_back(t.get<int32_t>());
     }
@@ -352,8 +357,8 @@ Result<GateReport> run_gate(const Model& model, const std::shared_ptr<RemoteExec
   GateReport rep;
   rep.pass = true;
   for (size_t si = 0; si < sequences.size(); ++si) {
-    MOESH_ASSIGN_OR_RETURN(SequenceResult r, compare_sequence(local_ctx, remote_ctx, sequences[si], opts, si,
-                                                              remote.get(), rep.traffic));
+    MOESH_ASSIGN_OR_RETURN(SequenceResult r,
+                           compare_sequence(local_ctx, remote_ctx, sequences[si], opts, si, remote.get(), rep.traffic));
     rep.pass = rep.pass && r.pass;
     rep.sequences.push_back(std::move(r));
   }

@@ -65,8 +65,7 @@ const char* int_name() {
 }
 
 Status wrong_type(ValueType found, const char* expected) {
-  return make_error(StatusCode::kTypeMismatch, "has type {}, expected {}", value_type_name(found),
-                    expected);
+  return make_error(StatusCode::kTypeMismatch, "has type {}, expected {}", value_type_name(found), expected);
 }
 
 // Converts one value to T; errors lack the key so the caller can prefix "key 'k'[ element i]".
@@ -80,20 +79,19 @@ Status convert(const Value& val, T* out) {
     using Lim = std::numeric_limits<T>;
     if (const auto* u = std::get_if<uint64_t>(&val.v)) {
       if (*u > static_cast<uint64_t>(Lim::max())) {
-        return make_error(StatusCode::kOutOfRange, "value {} ({}) does not fit in {}", *u,
-                          value_type_name(val.type), int_name<T>());
+        return make_error(StatusCode::kOutOfRange, "value {} ({}) does not fit in {}", *u, value_type_name(val.type),
+                          int_name<T>());
       }
       *out = static_cast<T>(*u);
       return Status::ok();
     }
     if (const auto* i = std::get_if<int64_t>(&val.v)) {
-      const bool fits =
-          std::is_signed_v<T>
-              ? (*i >= static_cast<int64_t>(Lim::min()) && *i <= static_cast<int64_t>(Lim::max()))
-              : (*i >= 0 && static_cast<uint64_t>(*i) <= static_cast<uint64_t>(Lim::max()));
+      const bool fits = std::is_signed_v<T>
+                            ? (*i >= static_cast<int64_t>(Lim::min()) && *i <= static_cast<int64_t>(Lim::max()))
+                            : (*i >= 0 && static_cast<uint64_t>(*i) <= static_cast<uint64_t>(Lim::max()));
       if (!fits) {
-        return make_error(StatusCode::kOutOfRange, "value {} ({}) does not fit in {}", *i,
-                          value_type_name(val.type), int_name<T>());
+        return make_error(StatusCode::kOutOfRange, "value {} ({}) does not fit in {}", *i, value_type_name(val.type),
+                          int_name<T>());
       }
       *out = static_cast<T>(*i);
       return Status::ok();
@@ -159,9 +157,8 @@ MOESH_GGUF_GET(float)
 MOESH_GGUF_GET(double)
 MOESH_GGUF_GET(std::string)
 // Nested arrays (e.g. per-layer lists) as vectors of vectors.
-#define MOESH_GGUF_GET_NESTED(T)                                                       \
-  template Result<std::vector<std::vector<T>>> File::get<std::vector<std::vector<T>>>( \
-      std::string_view) const;
+#define MOESH_GGUF_GET_NESTED(T) \
+  template Result<std::vector<std::vector<T>>> File::get<std::vector<std::vector<T>>>(std::string_view) const;
 MOESH_GGUF_GET_NESTED(int32_t)
 MOESH_GGUF_GET_NESTED(uint32_t)
 MOESH_GGUF_GET_NESTED(int64_t)

@@ -19,15 +19,14 @@
 
 namespace moesh::gguf {
 
-static_assert(std::endian::native == std::endian::little,
-              "the GGUF reader decodes little-endian fields with memcpy");
+static_assert(std::endian::native == std::endian::little, "the GGUF reader decodes little-endian fields with memcpy");
 
 namespace {
 
 constexpr uint32_t k_magic = 0x46554747;                // "GGUF" read as a little-endian u32
 constexpr uint64_t k_max_elements = uint64_t{1} << 30;  // ggml's cap on string and array lengths
-constexpr int k_max_array_depth = 16;    // nested arrays recurse; a bound keeps the stack safe
-constexpr size_t k_max_name_bytes = 64;  // GGML_MAX_NAME counts the NUL, so names are < 64 bytes
+constexpr int k_max_array_depth = 16;                   // nested arrays recurse; a bound keeps the stack safe
+constexpr size_t k_max_name_bytes = 64;                 // GGML_MAX_NAME counts the NUL, so names are < 64 bytes
 constexpr int k_max_dims = 4;
 // Smallest possible records, used to reject absurd counts before looping over them:
 // a KV is key length (8) + at least one key byte + value type (4) + at least one value byte;
@@ -132,8 +131,7 @@ class Parser {
   }
 
   Status truncated(uint64_t need, const char* field) const {
-    return make_error(StatusCode::kCorrupt,
-                      "truncated: {} at offset {} needs {} bytes, only {} left (file size {})",
+    return make_error(StatusCode::kCorrupt, "truncated: {} at offset {} needs {} bytes, only {} left (file size {})",
                       field, pos_, need, remaining(), size_);
   }
 
@@ -142,12 +140,10 @@ class Parser {
     uint64_t len = 0;
     MOESH_RETURN_IF_ERROR(read(&len, field));
     if (len > k_max_elements) {
-      return make_error(StatusCode::kCorrupt, "{} length {} at offset {} exceeds the limit of 2^30",
-                        field, len, at);
+      return make_error(StatusCode::kCorrupt, "{} length {} at offset {} exceeds the limit of 2^30", field, len, at);
     }
     if (len > remaining()) {
-      return make_error(StatusCode::kCorrupt,
-                        "{} length {} at offset {} exceeds the {} bytes remaining (file size {})",
+      return make_error(StatusCode::kCorrupt, "{} length {} at offset {} exceeds the {} bytes remaining (file size {})",
                         field, len, at, remaining(), size_);
     }
     out->assign(reinterpret_cast<const char*>(base_ + pos_), len);
@@ -206,8 +202,7 @@ class Parser {
       case ValueType::kCOUNT:
         break;
     }
-    return make_error(StatusCode::kInternal, "read_value: bad type {}",
-                      static_cast<uint32_t>(type));
+    return make_error(StatusCode::kInternal, "read_value: bad type {}", static_cast<uint32_t>(type));
   }
 
  private:
@@ -224,23 +219,21 @@ class Parser {
     Array arr;
     MOESH_RETURN_IF_ERROR(read_value_type(&arr.elem_type, "array element type"));
     if (arr.elem_type == ValueType::ARRAY && depth + 1 >= k_max_array_depth) {
-      return make_error(StatusCode::kUnsupported, "array at offset {} nests deeper than {} levels",
-                        at, k_max_array_depth);
+      return make_error(StatusCode::kUnsupported, "array at offset {} nests deeper than {} levels", at,
+                        k_max_array_depth);
     }
     const size_t count_at = pos_;
     uint64_t count = 0;
     MOESH_RETURN_IF_ERROR(read(&count, "array count"));
     if (count > k_max_elements) {
-      return make_error(StatusCode::kCorrupt,
-                        "array count {} at offset {} exceeds the limit of 2^30", count, count_at);
+      return make_error(StatusCode::kCorrupt, "array count {} at offset {} exceeds the limit of 2^30", count, count_at);
     }
     const uint64_t min_bytes = count * min_element_size(arr.elem_type);  // <= 2^33, no overflow
     if (min_bytes > remaining()) {
       return make_error(StatusCode::kCorrupt,
                         "array count {} of {} at offset {} needs at least {} bytes but only {} "
                         "remain (file size {})",
-                        count, value_type_name(arr.elem_type), count_at, min_bytes, remaining(),
-                        size_);
+                        count, value_type_name(arr.elem_type), count_at, min_bytes, remaining(), size_);
     }
     arr.items.resize(count);
     for (uint64_t i = 0; i < count; ++i) {
@@ -270,8 +263,8 @@ Result<std::unique_ptr<File>> File::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    return make_error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
-                      "cannot open '{}': {}", path, std::strerror(err));
+    return make_error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError, "cannot open '{}': {}", path,
+                      std::strerror(err));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -286,8 +279,7 @@ Result<std::unique_ptr<File>> File::open(const std::string& path) {
     if (m == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      return make_error(StatusCode::kIoError, "cannot mmap '{}' ({} bytes): {}", path, f->size_,
-                        std::strerror(err));
+      return make_error(StatusCode::kIoError, "cannot mmap '{}' ({} bytes): {}", path, f->size_, std::strerror(err));
     }
     f->map_ = m;
     f->base_ = static_cast<const uint8_t*>(m);
@@ -314,13 +306,11 @@ Status File::parse() {
   // ---- header ----
   uint32_t magic = 0;
   if (size_ < 4) {
-    return make_error(StatusCode::kCorrupt, "truncated: file is {} bytes, too small for the magic",
-                      size_);
+    return make_error(StatusCode::kCorrupt, "truncated: file is {} bytes, too small for the magic", size_);
   }
   MOESH_RETURN_IF_ERROR(p.read(&magic, "magic"));
   if (magic != k_magic) {
-    return make_error(StatusCode::kCorrupt,
-                      "bad magic {:02x} {:02x} {:02x} {:02x} at offset 0 (expected 'GGUF')",
+    return make_error(StatusCode::kCorrupt, "bad magic {:02x} {:02x} {:02x} {:02x} at offset 0 (expected 'GGUF')",
                       base_[0], base_[1], base_[2], base_[3]);
   }
   MOESH_RETURN_IF_ERROR(p.read(&version_, "version"));
@@ -337,8 +327,7 @@ Status File::parse() {
                       version_);
   }
   if (version_ > 3) {
-    return make_error(StatusCode::kUnsupported,
-                      "GGUF version {} at offset 4 is newer than the supported v3", version_);
+    return make_error(StatusCode::kUnsupported, "GGUF version {} at offset 4 is newer than the supported v3", version_);
   }
   uint64_t n_tensors = 0, n_kv = 0;
   MOESH_RETURN_IF_ERROR(p.read(&n_tensors, "tensor_count"));
@@ -372,8 +361,8 @@ Status File::parse() {
       return make_error(StatusCode::kCorrupt, "kv {} at offset {}: empty key", i, rec);
     }
     if (auto it = kv_index_.find(key); it != kv_index_.end()) {
-      return make_error(StatusCode::kCorrupt, "{} at offset {}: duplicate key (first at kv {})",
-                        where, rec, it->second);
+      return make_error(StatusCode::kCorrupt, "{} at offset {}: duplicate key (first at kv {})", where, rec,
+                        it->second);
     }
     ValueType type{};
     st = p.read_value_type(&type, "value type");
@@ -392,15 +381,13 @@ Status File::parse() {
     const Value& v = kvs_[it->second].second;
     const size_t rec = kv_offsets[it->second];
     if (v.type != ValueType::UINT32) {
-      return make_error(StatusCode::kCorrupt,
-                        "kv {} ('general.alignment') at offset {}: has type {}, expected UINT32",
+      return make_error(StatusCode::kCorrupt, "kv {} ('general.alignment') at offset {}: has type {}, expected UINT32",
                         it->second, rec, value_type_name(v.type));
     }
     const uint64_t a = std::get<uint64_t>(v.v);
     if (a == 0 || !std::has_single_bit(a)) {
       return make_error(StatusCode::kCorrupt,
-                        "kv {} ('general.alignment') at offset {}: value {} is not a power of two",
-                        it->second, rec, a);
+                        "kv {} ('general.alignment') at offset {}: value {} is not a power of two", it->second, rec, a);
     }
     alignment_ = a;
   }
@@ -414,12 +401,11 @@ Status File::parse() {
     if (!st.is_ok()) return with_prefix(st, fmt::format("tensor {} at offset {}", i, rec));
     const std::string where = fmt::format("tensor {} ({})", i, quoted_name(info.name));
     if (info.name.size() >= k_max_name_bytes) {
-      return make_error(StatusCode::kCorrupt, "{} at offset {}: name is {} bytes, limit is {}",
-                        where, rec, info.name.size(), k_max_name_bytes - 1);
+      return make_error(StatusCode::kCorrupt, "{} at offset {}: name is {} bytes, limit is {}", where, rec,
+                        info.name.size(), k_max_name_bytes - 1);
     }
     if (auto it = tensor_index_.find(info.name); it != tensor_index_.end()) {
-      return make_error(StatusCode::kCorrupt,
-                        "{} at offset {}: duplicate tensor name (first at tensor {})", where, rec,
+      return make_error(StatusCode::kCorrupt, "{} at offset {}: duplicate tensor name (first at tensor {})", where, rec,
                         it->second);
     }
     size_t at = p.pos();
@@ -427,8 +413,7 @@ Status File::parse() {
     st = p.read(&n_dims, "n_dims");
     if (!st.is_ok()) return with_prefix(st, where);
     if (n_dims > k_max_dims) {
-      return make_error(StatusCode::kCorrupt, "{}: n_dims {} at offset {} exceeds {}", where,
-                        n_dims, at, k_max_dims);
+      return make_error(StatusCode::kCorrupt, "{}: n_dims {} at offset {} exceeds {}", where, n_dims, at, k_max_dims);
     }
     info.n_dims = static_cast<int>(n_dims);
     int64_t n_elements = 1;
@@ -438,14 +423,13 @@ Status File::parse() {
       st = p.read(&ne, "ne");
       if (!st.is_ok()) return with_prefix(st, where);
       if (ne > k_i64_max) {
-        return make_error(StatusCode::kCorrupt, "{}: ne[{}] = {} at offset {} is negative", where,
-                          d, static_cast<int64_t>(ne), at);
+        return make_error(StatusCode::kCorrupt, "{}: ne[{}] = {} at offset {} is negative", where, d,
+                          static_cast<int64_t>(ne), at);
       }
       info.ne[d] = static_cast<int64_t>(ne);
       if (__builtin_mul_overflow(n_elements, info.ne[d], &n_elements)) {
-        return make_error(StatusCode::kCorrupt,
-                          "{}: element count overflows int64 at ne[{}] = {} (offset {})", where, d,
-                          info.ne[d], at);
+        return make_error(StatusCode::kCorrupt, "{}: element count overflows int64 at ne[{}] = {} (offset {})", where,
+                          d, info.ne[d], at);
       }
     }
     at = p.pos();
@@ -454,26 +438,23 @@ Status File::parse() {
     if (!st.is_ok()) return with_prefix(st, where);
     if (!type_is_known(type_id)) {
       if (const char* up = upstream_only_type_name(type_id)) {
-        return make_error(StatusCode::kUnsupported,
-                          "{}: ggml type id {} ({}) at offset {} is not supported by moesh", where,
-                          type_id, up, at);
+        return make_error(StatusCode::kUnsupported, "{}: ggml type id {} ({}) at offset {} is not supported by moesh",
+                          where, type_id, up, at);
       }
-      return make_error(StatusCode::kCorrupt, "{}: unknown or removed ggml type id {} at offset {}",
-                        where, type_id, at);
+      return make_error(StatusCode::kCorrupt, "{}: unknown or removed ggml type id {} at offset {}", where, type_id,
+                        at);
     }
     info.type = static_cast<GgmlType>(type_id);
     const auto& tr = type_traits(info.type);
     if (info.ne[0] % tr.block_size != 0) {
-      return make_error(StatusCode::kCorrupt,
-                        "{}: ne[0] = {} is not a multiple of the {} block size {}", where,
+      return make_error(StatusCode::kCorrupt, "{}: ne[0] = {} is not a multiple of the {} block size {}", where,
                         info.ne[0], tr.name, tr.block_size);
     }
     at = p.pos();
     st = p.read(&info.offset, "tensor data offset");
     if (!st.is_ok()) return with_prefix(st, where);
     if (info.offset % alignment_ != 0) {
-      return make_error(StatusCode::kCorrupt,
-                        "{}: data offset {} at offset {} is not a multiple of the alignment {}",
+      return make_error(StatusCode::kCorrupt, "{}: data offset {} at offset {} is not a multiple of the alignment {}",
                         where, info.offset, at, alignment_);
     }
     // n_elements fits int64, so the row count does too; the byte count may still overflow.
@@ -482,8 +463,8 @@ Status File::parse() {
     uint64_t row_bytes = 0;
     if (__builtin_mul_overflow(n_blocks_per_row, tr.block_bytes, &row_bytes) ||
         __builtin_mul_overflow(row_bytes, n_rows, &info.n_bytes)) {
-      return make_error(StatusCode::kCorrupt, "{}: byte size of [{}, {}, {}, {}] {} overflows",
-                        where, info.ne[0], info.ne[1], info.ne[2], info.ne[3], tr.name);
+      return make_error(StatusCode::kCorrupt, "{}: byte size of [{}, {}, {}, {}] {} overflows", where, info.ne[0],
+                        info.ne[1], info.ne[2], info.ne[3], tr.name);
     }
     tensor_index_.emplace(info.name, tensors_.size());
     tensors_.push_back(std::move(info));
@@ -505,8 +486,7 @@ Status File::parse() {
     const uint64_t start = sat_add(data_offset_, t.offset);
     const uint64_t end = sat_add(start, t.n_bytes);
     if (end > size_) {
-      return make_error(StatusCode::kCorrupt,
-                        "tensor {} ({}): data [{}, {}) past end of file (size {})", i,
+      return make_error(StatusCode::kCorrupt, "tensor {} ({}): data [{}, {}) past end of file (size {})", i,
                         quoted_name(t.name), start, end, size_);
     }
   }
@@ -517,18 +497,16 @@ Status File::parse() {
     if (tensors_[i].n_bytes > 0) order.push_back(i);
   }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return tensors_[a].offset < tensors_[b].offset ||
-           (tensors_[a].offset == tensors_[b].offset && a < b);
+    return tensors_[a].offset < tensors_[b].offset || (tensors_[a].offset == tensors_[b].offset && a < b);
   });
   for (size_t k = 1; k < order.size(); ++k) {
     const TensorInfo& a = tensors_[order[k - 1]];
     const TensorInfo& b = tensors_[order[k]];
     if (a.offset + a.n_bytes > b.offset) {
-      return make_error(StatusCode::kCorrupt,
-                        "tensor {} ({}): data [{}, {}) overlaps tensor {} ({}) data [{}, {})",
-                        order[k], quoted_name(b.name), data_offset_ + b.offset,
-                        data_offset_ + b.offset + b.n_bytes, order[k - 1], quoted_name(a.name),
-                        data_offset_ + a.offset, data_offset_ + a.offset + a.n_bytes);
+      return make_error(StatusCode::kCorrupt, "tensor {} ({}): data [{}, {}) overlaps tensor {} ({}) data [{}, {})",
+                        order[k], quoted_name(b.name), data_offset_ + b.offset, data_offset_ + b.offset + b.n_bytes,
+                        order[k - 1], quoted_name(a.name), data_offset_ + a.offset,
+                        data_offset_ + a.offset + a.n_bytes);
     }
   }
   return Status::ok();

@@ -130,8 +130,7 @@ std::string Value::to_string(size_t max_items) const {
       break;
     case ValueType::ARRAY:
       if (const auto* a = std::get_if<Array>(&v)) {
-        std::string out =
-            fmt::format("[{} x {}] [", a->items.size(), value_type_name(a->elem_type));
+        std::string out = fmt::format("[{} x {}] [", a->items.size(), value_type_name(a->elem_type));
         const size_t n = std::min(a->items.size(), max_items);
         for (size_t i = 0; i < n; ++i) {
           if (i) out += ", ";

@@ -123,8 +123,7 @@ Status encode_value(const Value& v, std::vector<uint8_t>* out) {
       break;
     }
     case ValueType::kCOUNT:
-      return make_error(StatusCode::kInvalidArgument, "value type id {} is invalid",
-                        static_cast<uint32_t>(v.type));
+      return make_error(StatusCode::kInvalidArgument, "value type id {} is invalid", static_cast<uint32_t>(v.type));
   }
   return Status::ok();
 }
@@ -145,11 +144,9 @@ void Writer::set(const std::string& key, Value v) {
   kvs_.emplace_back(key, std::move(v));
 }
 
-Status Writer::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                          const void* data) {
+Status Writer::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, const void* data) {
   if (name.empty() || name.size() >= k_max_name_bytes) {
-    return make_error(StatusCode::kInvalidArgument, "tensor name '{}' must be 1..{} bytes", name,
-                      k_max_name_bytes - 1);
+    return make_error(StatusCode::kInvalidArgument, "tensor name '{}' must be 1..{} bytes", name, k_max_name_bytes - 1);
   }
   for (const auto& t : tensors_) {
     if (t.name == name) {
@@ -157,8 +154,7 @@ Status Writer::add_tensor(const std::string& name, GgmlType type, const std::vec
     }
   }
   if (ne.empty() || ne.size() > 4) {
-    return make_error(StatusCode::kInvalidArgument, "tensor '{}': {} dims, expected 1..4", name,
-                      ne.size());
+    return make_error(StatusCode::kInvalidArgument, "tensor '{}': {} dims, expected 1..4", name, ne.size());
   }
   const uint32_t id = static_cast<uint32_t>(type);
   if (!type_is_known(id)) {
@@ -168,21 +164,19 @@ Status Writer::add_tensor(const std::string& name, GgmlType type, const std::vec
   int64_t n_rows = 1;
   for (size_t d = 0; d < ne.size(); ++d) {
     if (ne[d] < 0) {
-      return make_error(StatusCode::kInvalidArgument, "tensor '{}': ne[{}] = {} is negative", name,
-                        d, ne[d]);
+      return make_error(StatusCode::kInvalidArgument, "tensor '{}': ne[{}] = {} is negative", name, d, ne[d]);
     }
     if (d > 0 && __builtin_mul_overflow(n_rows, ne[d], &n_rows)) {
       return make_error(StatusCode::kInvalidArgument, "tensor '{}': shape overflows", name);
     }
   }
   if (ne[0] % tr.block_size != 0) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "tensor '{}': ne[0] = {} is not a multiple of the {} block size {}", name,
-                      ne[0], tr.name, tr.block_size);
+    return make_error(StatusCode::kInvalidArgument, "tensor '{}': ne[0] = {} is not a multiple of the {} block size {}",
+                      name, ne[0], tr.name, tr.block_size);
   }
   uint64_t n_bytes = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(type_row_bytes(type, ne[0])),
-                             static_cast<uint64_t>(n_rows), &n_bytes)) {
+  if (__builtin_mul_overflow(static_cast<uint64_t>(type_row_bytes(type, ne[0])), static_cast<uint64_t>(n_rows),
+                             &n_bytes)) {
     return make_error(StatusCode::kInvalidArgument, "tensor '{}': byte size overflows", name);
   }
   if (data == nullptr && n_bytes > 0) {
@@ -192,8 +186,8 @@ Status Writer::add_tensor(const std::string& name, GgmlType type, const std::vec
   return Status::ok();
 }
 
-Status Writer::add_tensor_copy(const std::string& name, GgmlType type,
-                               const std::vector<int64_t>& ne, const void* data) {
+Status Writer::add_tensor_copy(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                               const void* data) {
   MOESH_RETURN_IF_ERROR(add_tensor(name, type, ne, data));
   PendingTensor& t = tensors_.back();
   const auto* p = static_cast<const uint8_t*>(data);
@@ -215,16 +209,15 @@ struct TensorOut {
 
 // Encodes everything up to the data section in memory, then streams it and the padded tensor
 // data to `sink`.
-Status write_gguf(const std::vector<std::pair<std::string, Value>>& kvs,
-                  const std::vector<TensorOut>& tensors, const Sink& sink) {
+Status write_gguf(const std::vector<std::pair<std::string, Value>>& kvs, const std::vector<TensorOut>& tensors,
+                  const Sink& sink) {
   size_t alignment = k_default_alignment;
   for (const auto& [key, v] : kvs) {
     if (key.empty()) return make_error(StatusCode::kInvalidArgument, "empty metadata key");
     if (key != "general.alignment") continue;
     const auto* a = std::get_if<uint64_t>(&v.v);
     if (v.type != ValueType::UINT32 || a == nullptr || *a == 0 || !std::has_single_bit(*a)) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "general.alignment must be a UINT32 power of two, got {} {}",
+      return make_error(StatusCode::kInvalidArgument, "general.alignment must be a UINT32 power of two, got {} {}",
                         value_type_name(v.type), v.to_string());
     }
     alignment = static_cast<size_t>(*a);
@@ -312,8 +305,7 @@ Status Writer::write_file(const std::string& path) const {
     st = make_error(StatusCode::kIoError, "closing '{}': {}", tmp, std::strerror(errno));
   }
   if (st.is_ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = make_error(StatusCode::kIoError, "renaming '{}' to '{}': {}", tmp, path,
-                    std::strerror(errno));
+    st = make_error(StatusCode::kIoError, "renaming '{}' to '{}': {}", tmp, path, std::strerror(errno));
   }
   if (!st.is_ok()) std::remove(tmp.c_str());
   return st;

@@ -21,8 +21,7 @@ std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelS
 // ---- built-in BPE vocabulary (make_model_vocab.cpp)
 
 // Special tokens of the built-in vocabulary, always its last three ids in this order.
-inline constexpr const char* kMakeVocabSpecials[] = {"<|endoftext|>", "<|im_start|>",
-                                                     "<|im_end|>"};
+inline constexpr const char* kMakeVocabSpecials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
 inline constexpr int64_t kMakeVocabMinTokens = 256 + 3;
 // Largest n_vocab the BPE vocabulary is written for (token ids are int32, and every token is a
 // metadata string held in memory while planning); real vocabularies are below 300k.
@@ -40,8 +39,7 @@ Status validate_make_vocab(const MakeModelSpec& spec);
 // Appends the tokenizer keys for spec.vocab == kBpe in the converter's order:
 // tokenizer.ggml.{model,pre,tokens,token_type,merges,eos_token_id,padding_token_id,
 // bos_token_id,add_bos_token}, tokenizer.chat_template. Requires validate_make_vocab to pass.
-void append_make_vocab_kvs(const MakeModelSpec& spec,
-                           std::vector<std::pair<std::string, gguf::Value>>& kvs);
+void append_make_vocab_kvs(const MakeModelSpec& spec, std::vector<std::pair<std::string, gguf::Value>>& kvs);
 
 // Checks only the spec's own fields (counts, divisibility, arch rules), not tensor block sizes.
 Status validate_spec_fields(const MakeModelSpec& spec);

@@ -25,7 +25,9 @@ constexpr WeightInit kInitExpert{0.0f, 0.05f};
 constexpr WeightInit kInitRouter{0.0f, 0.15f};
 constexpr WeightInit kInitProbsBias{0.0f, 0.05f};
 
-bool contains(const std::string& s, const char* sub) { return s.find(sub) != std::string::npos; }
+bool contains(const std::string& s, const char* sub) {
+  return s.find(sub) != std::string::npos;
+}
 bool ends_with(const std::string& s, std::string_view suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
@@ -46,8 +48,7 @@ class LayoutBuilder {
  public:
   explicit LayoutBuilder(const MakeModelSpec& s) : spec_(s) {}
 
-  void add(const std::string& name, std::vector<int64_t> ne, WeightInit init, int layer,
-           bool is_expert = false) {
+  void add(const std::string& name, std::vector<int64_t> ne, WeightInit init, int layer, bool is_expert = false) {
     PlannedTensor t;
     t.name = name;
     t.n_dims = static_cast<int>(ne.size());
@@ -57,8 +58,7 @@ class LayoutBuilder {
     t.is_expert = is_expert;
     out_.push_back(std::move(t));
   }
-  void add_blk(int il, const char* suffix, std::vector<int64_t> ne, WeightInit init,
-               bool is_expert = false) {
+  void add_blk(int il, const char* suffix, std::vector<int64_t> ne, WeightInit init, bool is_expert = false) {
     add("blk." + std::to_string(il) + "." + suffix, std::move(ne), init, il, is_expert);
   }
 
@@ -151,24 +151,32 @@ void sort_like_llama_quantize(std::vector<PlannedTensor>& ts) {
 
 using Kvs = std::vector<std::pair<std::string, gguf::Value>>;
 
-void put(Kvs& kvs, const std::string& key, gguf::Value v) { kvs.emplace_back(key, std::move(v)); }
-gguf::Value u32(int64_t x) { return gguf::Value::u32(static_cast<uint32_t>(x)); }
+void put(Kvs& kvs, const std::string& key, gguf::Value v) {
+  kvs.emplace_back(key, std::move(v));
+}
+gguf::Value u32(int64_t x) {
+  return gguf::Value::u32(static_cast<uint32_t>(x));
+}
 
 }  // namespace
 
-GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int n_dims,
-                                const int64_t ne[4], int64_t n_layer, int64_t n_expert,
-                                int i_attn_v, int n_attn_v) {
+GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int n_dims, const int64_t ne[4],
+                                int64_t n_layer, int64_t n_expert, int i_attn_v, int n_attn_v) {
   // llama-quantize's filter: only 2-D/3-D "...weight" tensors, never norms or routers.
-  const bool quantize = n_dims >= 2 && ends_with(name, "weight") &&
-                        !contains(name, "_norm.weight") && !contains(name, "ffn_gate_inp.weight");
+  const bool quantize = n_dims >= 2 && ends_with(name, "weight") && !contains(name, "_norm.weight") &&
+                        !contains(name, "ffn_gate_inp.weight");
   if (!quantize) return GgmlType::F32;
   switch (ftype) {
-    case MakeFileType::kF32: return GgmlType::F32;
-    case MakeFileType::kF16: return GgmlType::F16;
-    case MakeFileType::kQ8_0: return GgmlType::Q8_0;
-    case MakeFileType::kQ4_K_M: break;
-    case MakeFileType::kCOUNT: return GgmlType::F32;
+    case MakeFileType::kF32:
+      return GgmlType::F32;
+    case MakeFileType::kF16:
+      return GgmlType::F16;
+    case MakeFileType::kQ8_0:
+      return GgmlType::Q8_0;
+    case MakeFileType::kQ4_K_M:
+      break;
+    case MakeFileType::kCOUNT:
+      return GgmlType::F32;
   }
 
   GgmlType t = GgmlType::Q4_K;
@@ -193,10 +201,17 @@ GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int
   // Rows that are not whole K-quant super-blocks fall back to a 32-block type, then to F16.
   if (ne[0] % type_block_size(t) != 0) {
     switch (t) {
-      case GgmlType::Q4_K: t = GgmlType::Q5_0; break;
-      case GgmlType::Q5_K: t = GgmlType::Q5_1; break;
-      case GgmlType::Q6_K: t = GgmlType::Q8_0; break;
-      default: break;
+      case GgmlType::Q4_K:
+        t = GgmlType::Q5_0;
+        break;
+      case GgmlType::Q5_K:
+        t = GgmlType::Q5_1;
+        break;
+      case GgmlType::Q6_K:
+        t = GgmlType::Q8_0;
+        break;
+      default:
+        break;
     }
     if (ne[0] % type_block_size(t) != 0) t = GgmlType::F16;
   }
@@ -211,10 +226,17 @@ std::vector<PlannedTensor> make_model_layout(const MakeModelSpec& s) {
   b.add("output_norm.weight", {s.n_embd}, kInitNorm, -1);
   b.add("output.weight", {s.n_embd, s.n_vocab}, kInitOutput, -1);
   switch (s.arch) {
-    case MakeArch::kQwen3Moe: layout_qwen3moe(b); break;
-    case MakeArch::kLlama: layout_llama(b); break;
-    case MakeArch::kDeepseek2: layout_deepseek2(b); break;
-    case MakeArch::kCOUNT: break;
+    case MakeArch::kQwen3Moe:
+      layout_qwen3moe(b);
+      break;
+    case MakeArch::kLlama:
+      layout_llama(b);
+      break;
+    case MakeArch::kDeepseek2:
+      layout_deepseek2(b);
+      break;
+    case MakeArch::kCOUNT:
+      break;
   }
   std::vector<PlannedTensor> ts = b.take();
 
@@ -228,8 +250,7 @@ std::vector<PlannedTensor> make_model_layout(const MakeModelSpec& s) {
   uint64_t off = 0;
   for (auto& t : ts) {
     const bool is_v = contains(t.name, "attn_v.weight");
-    t.type = make_model_tensor_type(s.type, t.name, t.n_dims, t.ne, s.n_layer, s.n_expert,
-                                    i_attn_v, n_attn_v);
+    t.type = make_model_tensor_type(s.type, t.name, t.n_dims, t.ne, s.n_layer, s.n_expert, i_attn_v, n_attn_v);
     if (is_v) ++i_attn_v;
     const int64_t bs = type_block_size(t.type);
     t.n_bytes = (t.ne[0] % bs == 0) ? type_row_bytes(t.type, t.ne[0]) * uint64_t(t.n_rows()) : 0;
@@ -246,8 +267,8 @@ std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelS
   put(kvs, "general.architecture", gguf::Value::str(a));
   put(kvs, "general.name", gguf::Value::str(s.name.empty() ? "moesh-random-" + a : s.name));
   put(kvs, "general.description",
-      gguf::Value::str("random-weight MoE test model written by moesh make-model (seed " +
-                       std::to_string(s.seed) + "; not a real model)"));
+      gguf::Value::str("random-weight MoE test model written by moesh make-model (seed " + std::to_string(s.seed) +
+                       "; not a real model)"));
   // Converters write file_type early; llama-quantize re-adds it at the end (below).
   if (!quantized) put(kvs, "general.file_type", u32(make_file_type_ftype(s.type)));
 
@@ -281,7 +302,8 @@ std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelS
       put(kvs, a + ".rope.dimension_count", u32(s.qk_rope));
       put(kvs, a + ".feed_forward_length", u32(s.n_ff));
       break;
-    case MakeArch::kCOUNT: break;
+    case MakeArch::kCOUNT:
+      break;
   }
   put(kvs, a + ".rope.freq_base", gguf::Value::f32(s.rope_base));
   put(kvs, a + ".attention.layer_norm_rms_epsilon", gguf::Value::f32(s.rms_eps));

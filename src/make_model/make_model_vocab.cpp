@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "make_model/make_model_internal.h"
-#include "moesh/text/tokenizer.h"
 #include "moesh/text/bpe_text.h"
+#include "moesh/text/tokenizer.h"
 
 namespace moesh::detail {
 namespace {
@@ -193,11 +193,15 @@ const TrainedBpe& trained() {
   return t;
 }
 
-gguf::Value u32(int64_t v) { return gguf::Value::u32(static_cast<uint32_t>(v)); }
+gguf::Value u32(int64_t v) {
+  return gguf::Value::u32(static_cast<uint32_t>(v));
+}
 
 }  // namespace
 
-std::string_view make_vocab_builtin_text() { return kBuiltinText; }
+std::string_view make_vocab_builtin_text() {
+  return kBuiltinText;
+}
 
 Result<int64_t> make_vocab_max_learned() {
   const TrainedBpe& t = trained();
@@ -226,8 +230,7 @@ Status validate_make_vocab(const MakeModelSpec& s) {
   return trained().status;
 }
 
-void append_make_vocab_kvs(const MakeModelSpec& s,
-                           std::vector<std::pair<std::string, gguf::Value>>& kvs) {
+void append_make_vocab_kvs(const MakeModelSpec& s, std::vector<std::pair<std::string, gguf::Value>>& kvs) {
   const TrainedBpe& t = trained();
   const int64_t n_special = std::size(kMakeVocabSpecials);
   const int64_t budget = s.n_vocab - 256 - n_special;

@@ -27,13 +27,14 @@ std::pair<int64_t, int64_t> kv_widths(const HParams& hp) {
 Context::Context(const Model& model, const ContextParams& params)
     : model_(model),
       pool_(std::make_unique<ThreadPool>(params.n_threads)),
-      kv_(model.hparams().n_layer, kv_widths(model.hparams()).first,
-          kv_widths(model.hparams()).second,
+      kv_(model.hparams().n_layer, kv_widths(model.hparams()).first, kv_widths(model.hparams()).second,
           params.n_ctx > 0 ? params.n_ctx : model.hparams().n_ctx_train),
       executor_(params.executor),
       scratch_(std::make_unique<Scratch>()) {
-  if (!executor_) executor_ = std::make_shared<LocalExecutor>(model.expert_weights(), pool_.get());
-  else executor_->set_pool(pool_.get());
+  if (!executor_)
+    executor_ = std::make_shared<LocalExecutor>(model.expert_weights(), pool_.get());
+  else
+    executor_->set_pool(pool_.get());
 }
 
 Context::~Context() {
@@ -41,8 +42,7 @@ Context::~Context() {
   if (executor_) executor_->set_pool(nullptr);
 }
 
-Status Context::decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits,
-                       bool all_logits) {
+Status Context::decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
   if (n <= 0) return make_error(StatusCode::kInvalidArgument, "decode: empty batch");
   std::vector<BatchToken> batch(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -59,8 +59,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   for (int64_t i = 0; i < T; ++i) {
     const int32_t tok = batch[i].token;
     if (tok < 0 || tok >= hp.n_vocab) {
-      return make_error(StatusCode::kOutOfRange, "token {} at batch index {} not in [0, {})", tok,
-                        i, hp.n_vocab);
+      return make_error(StatusCode::kOutOfRange, "token {} at batch index {} not in [0, {})", tok, i, hp.n_vocab);
     }
     n_out += batch[i].logits ? 1 : 0;
   }
@@ -107,8 +106,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     for (const SeqStep& st : steps) kv_.seq_truncate(st.seq, st.n_before);
   };
 
-  detail::Fwd f{model_, hp, pool_.get(), kv_, s, *executor_, observer_,
-                detail::Batch{T, seq, pos, cell}};
+  detail::Fwd f{model_, hp, pool_.get(), kv_, s, *executor_, observer_, detail::Batch{T, seq, pos, cell}};
   const size_t n_act = static_cast<size_t>(T * D);
   float* h = detail::grow(s.h, n_act);
   float* xn = detail::grow(s.xn, n_act);
@@ -122,8 +120,10 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     const LayerWeights& lw = model_.layers[static_cast<size_t>(il)];
     // Attention block.
     detail::rms_norm_rows(h, lw.attn_norm, xn, T, D, hp.rms_eps);
-    if (hp.arch == Arch::kDeepseek2) detail::attention_mla(f, il, lw, xn, attn_out);
-    else detail::attention_gqa(f, il, lw, xn, attn_out);
+    if (hp.arch == Arch::kDeepseek2)
+      detail::attention_mla(f, il, lw, xn, attn_out);
+    else
+      detail::attention_gqa(f, il, lw, xn, attn_out);
     for (size_t i = 0; i < n_act; ++i) h[i] = attn_out[i] + h[i];
     // FFN block.
     detail::rms_norm_rows(h, lw.ffn_norm, xn, T, D, hp.rms_eps);

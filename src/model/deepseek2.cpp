@@ -35,7 +35,8 @@ Status bind_layer_deepseek2(TensorBinder& b, const HParams& hp, int il, LayerWei
   if (!lw->wk_b.valid() || !lw->wv_b.valid()) {
     return make_error(StatusCode::kUnsupported,
                       "{}attn_k_b/attn_v_b missing: GGUFs with the legacy attn_kv_b tensor are not "
-                      "supported (re-convert with a current llama.cpp)", p);
+                      "supported (re-convert with a current llama.cpp)",
+                      p);
   }
   MOESH_ASSIGN_OR_RETURN(lw->wo, b.take(p + "attn_output.weight", {H * dv, d}));
   return bind_ffn(b, hp, il, /*moe=*/il >= hp.n_leading_dense, lw);
@@ -64,8 +65,8 @@ void attention_mla(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
     float* kvt = kv + t * dk;
     rms_norm_rows(kvt, lw.kv_a_norm, kvt, 1, r, hp.rms_eps);  // c only; k_pe is not normed
     rope(kvt + r, 1, static_cast<int>(rope_d), static_cast<size_t>(rope_d), f.batch.pos[t], hp.rope);
-    rope(q + t * H * dqk + nope, static_cast<int>(H), static_cast<int>(rope_d),
-         static_cast<size_t>(dqk), f.batch.pos[t], hp.rope);
+    rope(q + t * H * dqk + nope, static_cast<int>(H), static_cast<int>(rope_d), static_cast<size_t>(dqk),
+         f.batch.pos[t], hp.rope);
     const int64_t cell = f.batch.cell[t];
     std::copy_n(kvt, dk, f.kv.k(f.batch.seq[t], il, cell));
     std::copy_n(kvt, r, f.kv.v(f.batch.seq[t], il, cell));

@@ -9,10 +9,14 @@ namespace moesh {
 
 const char* arch_name(Arch a) {
   switch (a) {
-    case Arch::kQwen3Moe: return "qwen3moe";
-    case Arch::kLlama: return "llama";
-    case Arch::kDeepseek2: return "deepseek2";
-    default: return "?";
+    case Arch::kQwen3Moe:
+      return "qwen3moe";
+    case Arch::kLlama:
+      return "llama";
+    case Arch::kDeepseek2:
+      return "deepseek2";
+    default:
+      return "?";
   }
 }
 
@@ -65,16 +69,14 @@ Status read_rope(const KeyReader& kr, HParams* hp, RopeScaling* rs) {
   float factor = 0.0f;
   MOESH_RETURN_IF_ERROR(kr.opt<float>("rope.scaling.factor", &factor, 0.0f));
   if (type != "none" && type != "linear" && type != "yarn") {
-    return make_error(StatusCode::kUnsupported, "{} '{}' is not supported",
-                      kr.full("rope.scaling.type"), type);
+    return make_error(StatusCode::kUnsupported, "{} '{}' is not supported", kr.full("rope.scaling.type"), type);
   }
   rs->factor = (type == "none" || factor <= 0.0f) ? 1.0f : factor;
   rs->yarn = type == "yarn";
   rp.freq_scale = 1.0f / rs->factor;
   rp.ext_factor = rs->yarn ? 1.0f : 0.0f;
   int64_t n_ctx_orig = 0;
-  MOESH_RETURN_IF_ERROR(
-      kr.opt<int64_t>("rope.scaling.original_context_length", &n_ctx_orig, hp->n_ctx_train));
+  MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("rope.scaling.original_context_length", &n_ctx_orig, hp->n_ctx_train));
   rp.n_ctx_orig = static_cast<int>(n_ctx_orig);
   MOESH_RETURN_IF_ERROR(kr.opt<float>("rope.scaling.yarn_log_multiplier", &rs->log_mul, 0.0f));
   MOESH_RETURN_IF_ERROR(kr.opt<float>("rope.scaling.attn_factor", &rs->attn_factor_cfg, 1.0f));
@@ -109,11 +111,9 @@ Status read_moe_common(const KeyReader& kr, HParams* hp, bool required) {
     MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("expert_count", &hp->n_expert, 0));
     MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("expert_used_count", &hp->n_expert_used, 0));
   }
-  if (hp->n_expert > 0 &&
-      (hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert)) {
-    return make_error(StatusCode::kCorrupt, "{} = {} must be in [1, {} = {}]",
-                      kr.full("expert_used_count"), hp->n_expert_used, kr.full("expert_count"),
-                      hp->n_expert);
+  if (hp->n_expert > 0 && (hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert)) {
+    return make_error(StatusCode::kCorrupt, "{} = {} must be in [1, {} = {}]", kr.full("expert_used_count"),
+                      hp->n_expert_used, kr.full("expert_count"), hp->n_expert);
   }
   return Status::ok();
 }
@@ -131,10 +131,14 @@ Result<HParams> load_hparams(const gguf::File& f) {
   }
   MOESH_ASSIGN_OR_RETURN(std::string arch_str, f.get<std::string>("general.architecture"));
   HParams hp;
-  if (arch_str == "qwen3moe") hp.arch = Arch::kQwen3Moe;
-  else if (arch_str == "llama") hp.arch = Arch::kLlama;
-  else if (arch_str == "deepseek2") hp.arch = Arch::kDeepseek2;
-  else return make_error(StatusCode::kUnsupported, "architecture '{}' is not supported", arch_str);
+  if (arch_str == "qwen3moe")
+    hp.arch = Arch::kQwen3Moe;
+  else if (arch_str == "llama")
+    hp.arch = Arch::kLlama;
+  else if (arch_str == "deepseek2")
+    hp.arch = Arch::kDeepseek2;
+  else
+    return make_error(StatusCode::kUnsupported, "architecture '{}' is not supported", arch_str);
 
   KeyReader kr(f, arch_str);
   // Vocabulary size: <arch>.vocab_size, else the token list's length.
@@ -144,24 +148,24 @@ Result<HParams> load_hparams(const gguf::File& f) {
              toks != nullptr && toks->type == gguf::ValueType::ARRAY) {
     hp.n_vocab = static_cast<int64_t>(std::get<gguf::Array>(toks->v).items.size());
   } else {
-    return make_error(StatusCode::kNotFound, "{} missing (and no tokenizer.ggml.tokens)",
-                      kr.full("vocab_size"));
+    return make_error(StatusCode::kNotFound, "{} missing (and no tokenizer.ggml.tokens)", kr.full("vocab_size"));
   }
   MOESH_RETURN_IF_ERROR(kr.req<int64_t>("context_length", &hp.n_ctx_train));
   MOESH_RETURN_IF_ERROR(kr.req<int64_t>("embedding_length", &hp.n_embd));
   MOESH_RETURN_IF_ERROR(kr.req<int64_t>("block_count", &hp.n_layer));
   MOESH_RETURN_IF_ERROR(kr.req<int64_t>("attention.head_count", &hp.n_head));
-  for (auto [k, v] : {std::pair{"vocab_size", hp.n_vocab}, {"context_length", hp.n_ctx_train},
-                      {"embedding_length", hp.n_embd}, {"block_count", hp.n_layer},
+  for (auto [k, v] : {std::pair{"vocab_size", hp.n_vocab},
+                      {"context_length", hp.n_ctx_train},
+                      {"embedding_length", hp.n_embd},
+                      {"block_count", hp.n_layer},
                       {"attention.head_count", hp.n_head}}) {
     MOESH_RETURN_IF_ERROR(check_positive(kr, k, v));
   }
   MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("attention.head_count_kv", &hp.n_head_kv, hp.n_head));
   MOESH_RETURN_IF_ERROR(check_positive(kr, "attention.head_count_kv", hp.n_head_kv));
   if (hp.n_head % hp.n_head_kv != 0) {
-    return make_error(StatusCode::kCorrupt, "{} = {} is not a multiple of {} = {}",
-                      kr.full("attention.head_count"), hp.n_head,
-                      kr.full("attention.head_count_kv"), hp.n_head_kv);
+    return make_error(StatusCode::kCorrupt, "{} = {} is not a multiple of {} = {}", kr.full("attention.head_count"),
+                      hp.n_head, kr.full("attention.head_count_kv"), hp.n_head_kv);
   }
   MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("attention.key_length", &hp.head_dim_k, hp.n_embd / hp.n_head));
   MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("attention.value_length", &hp.head_dim_v, hp.head_dim_k));
@@ -212,8 +216,7 @@ Result<HParams> load_hparams(const gguf::File& f) {
       MOESH_RETURN_IF_ERROR(kr.opt<int>("expert_gating_func", &gating, 0));
       if (gating == 0) gating = static_cast<int>(GatingFunc::kSoftmax);  // V2 files lack the key
       if (gating < 1 || gating > 3) {
-        return make_error(StatusCode::kUnsupported, "{} = {} is not supported",
-                          kr.full("expert_gating_func"), gating);
+        return make_error(StatusCode::kUnsupported, "{} = {} is not supported", kr.full("expert_gating_func"), gating);
       }
       hp.gating = static_cast<GatingFunc>(gating);
       MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("expert_group_count", &hp.n_group, 0));
@@ -221,13 +224,12 @@ Result<HParams> load_hparams(const gguf::File& f) {
         MOESH_RETURN_IF_ERROR(kr.req<int64_t>("expert_group_used_count", &hp.n_group_used));
       }
       // The attention works in the compressed space: one KV head of [c | k_pe], V = c.
-      if (hp.n_rot <= 0 || hp.head_dim_qk_mla <= hp.n_rot || hp.kv_lora_rank <= 0 ||
-          hp.head_dim_v_mla <= 0 || hp.n_rot % 2 != 0) {
+      if (hp.n_rot <= 0 || hp.head_dim_qk_mla <= hp.n_rot || hp.kv_lora_rank <= 0 || hp.head_dim_v_mla <= 0 ||
+          hp.n_rot % 2 != 0) {
         return make_error(StatusCode::kCorrupt,
                           "{}: inconsistent MLA sizes (rope {}, key_length_mla {}, kv_lora {}, "
                           "value_length_mla {})",
-                          arch_str, hp.n_rot, hp.head_dim_qk_mla, hp.kv_lora_rank,
-                          hp.head_dim_v_mla);
+                          arch_str, hp.n_rot, hp.head_dim_qk_mla, hp.kv_lora_rank, hp.head_dim_v_mla);
       }
       hp.head_dim_k = hp.kv_lora_rank + hp.n_rot;
       hp.head_dim_v = hp.kv_lora_rank;
@@ -235,12 +237,13 @@ Result<HParams> load_hparams(const gguf::File& f) {
       hp.rope.mode = RopeMode::kNorm;
       break;
     }
-    default: break;
+    default:
+      break;
   }
   MOESH_RETURN_IF_ERROR(check_positive(kr, "rope.dimension_count", hp.n_rot));
   if (hp.n_rot % 2 != 0 || (hp.arch != Arch::kDeepseek2 && hp.n_rot > hp.head_dim_k)) {
-    return make_error(StatusCode::kCorrupt, "{} = {} must be even and <= head dim {}",
-                      kr.full("rope.dimension_count"), hp.n_rot, hp.head_dim_k);
+    return make_error(StatusCode::kCorrupt, "{} = {} must be even and <= head dim {}", kr.full("rope.dimension_count"),
+                      hp.n_rot, hp.head_dim_k);
   }
   if (hp.n_expert > 0) MOESH_RETURN_IF_ERROR(check_positive(kr, "expert_feed_forward_length", hp.n_ff_exp));
   hp.rope.n_rot = static_cast<int>(hp.n_rot);
@@ -248,8 +251,7 @@ Result<HParams> load_hparams(const gguf::File& f) {
 
   if (hp.arch == Arch::kDeepseek2) {
     // YaRN's magnitude goes into the score scale instead of cos/sin (README §7).
-    const float mscale =
-        rs.attn_factor_cfg * (1.0f + rs.log_mul * std::log(1.0f / hp.rope.freq_scale));
+    const float mscale = rs.attn_factor_cfg * (1.0f + rs.log_mul * std::log(1.0f / hp.rope.freq_scale));
     hp.kq_scale = mscale * mscale / std::sqrt(static_cast<float>(hp.head_dim_qk_mla));
   } else {
     hp.kq_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));

@@ -32,16 +32,14 @@ Result<int64_t> KvCache::append(int32_t seq, const int64_t* positions, int64_t n
   Seq& s = seqs_[seq];
   const int64_t first = static_cast<int64_t>(s.pos.size());
   if (first + n > n_ctx_) {
-    return make_error(StatusCode::kOutOfRange,
-                      "sequence {} would hold {} cells, more than the context size {}", seq,
+    return make_error(StatusCode::kOutOfRange, "sequence {} would hold {} cells, more than the context size {}", seq,
                       first + n, n_ctx_);
   }
   int64_t last = s.pos.empty() ? -1 : s.pos.back();
   for (int64_t i = 0; i < n; ++i) {
     if (positions[i] <= last) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "sequence {}: position {} does not follow position {}", seq, positions[i],
-                        last);
+      return make_error(StatusCode::kInvalidArgument, "sequence {}: position {} does not follow position {}", seq,
+                        positions[i], last);
     }
     last = positions[i];
   }
@@ -49,8 +47,7 @@ Result<int64_t> KvCache::append(int32_t seq, const int64_t* positions, int64_t n
   const size_t need = static_cast<size_t>(first + n) * cell_stride();
   if (s.data.size() < need) {
     // Grow geometrically so a long decode reallocates O(log n) times.
-    s.data.resize(std::max(need, std::min(s.data.size() * 2,
-                                          static_cast<size_t>(n_ctx_) * cell_stride())));
+    s.data.resize(std::max(need, std::min(s.data.size() * 2, static_cast<size_t>(n_ctx_) * cell_stride())));
   }
   return first;
 }
@@ -62,7 +59,9 @@ void KvCache::seq_truncate(int32_t seq, int64_t n_keep) {
   }
 }
 
-void KvCache::seq_remove(int32_t seq) { seqs_.erase(seq); }
+void KvCache::seq_remove(int32_t seq) {
+  seqs_.erase(seq);
+}
 
 Status KvCache::seq_copy(int32_t src, int32_t dst, int64_t n) {
   if (src == dst) return make_error(StatusCode::kInvalidArgument, "seq_copy: source and destination are both {}", src);
@@ -80,7 +79,9 @@ Status KvCache::seq_copy(int32_t src, int32_t dst, int64_t n) {
   return Status::ok();
 }
 
-void KvCache::clear() { seqs_.clear(); }
+void KvCache::clear() {
+  seqs_.clear();
+}
 
 float* KvCache::k(int32_t seq, int64_t layer, int64_t cell) {
   Seq* s = find(seq);
@@ -88,7 +89,9 @@ float* KvCache::k(int32_t seq, int64_t layer, int64_t cell) {
          static_cast<size_t>(layer * (k_width_ + v_width_));
 }
 
-float* KvCache::v(int32_t seq, int64_t layer, int64_t cell) { return k(seq, layer, cell) + k_width_; }
+float* KvCache::v(int32_t seq, int64_t layer, int64_t cell) {
+  return k(seq, layer, cell) + k_width_;
+}
 
 const int64_t* KvCache::positions(int32_t seq) const {
   const Seq* s = find(seq);

@@ -4,13 +4,12 @@
 #include <algorithm>
 #include <cmath>
 
-#include "moesh/tensor/quant.h"
 #include "moesh/tensor/fma_clones.h"
+#include "moesh/tensor/quant.h"
 
 namespace moesh::detail {
 
-void rms_norm_rows(const float* x, const TensorView& w, float* y, int64_t n_rows, int64_t n,
-                   float eps) {
+void rms_norm_rows(const float* x, const TensorView& w, float* y, int64_t n_rows, int64_t n, float eps) {
   const float* wd = w.valid() ? f32(w) : nullptr;
   for (int64_t i = 0; i < n_rows; ++i) rms_norm(x + i * n, wd, y + i * n, n, eps);
 }
@@ -63,7 +62,7 @@ MOESH_FMA_CLONES MOESH_VECTORIZE float kq_dot(const float* k, const float* q, in
 // llama.cpp's tinyBLAS kernel; storing the 16 lanes of an output dv floats apart (lane-major)
 // rather than side by side makes each cell one contiguous, vectorisable row update.
 MOESH_FMA_CLONES MOESH_VECTORIZE void kqv_accumulate(float* lanes, const float* v, size_t stride, const float* p,
-                                     int64_t n_vis, int64_t dv) {
+                                                     int64_t n_vis, int64_t dv) {
   for (int64_t c = 0; c < n_vis; ++c) {
     const float pc = p[c];
     const float* vc = v + c * stride;
@@ -86,12 +85,14 @@ MOESH_FMA_CLONES MOESH_VECTORIZE void kqv_reduce(float* lanes, int64_t dv, float
 
 // The softmax row length llama.cpp uses: the KV window padded to whole 16-lane groups (the
 // padding is masked, i.e. -inf -> probability 0), so the v_expf/expf split matches.
-int64_t padded16(int64_t n) { return (n + 15) & ~static_cast<int64_t>(15); }
+int64_t padded16(int64_t n) {
+  return (n + 15) & ~static_cast<int64_t>(15);
+}
 
 }  // namespace
 
-void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk,
-                    int64_t dv, float kq_scale, float* o) {
+void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk, int64_t dv,
+                    float kq_scale, float* o) {
   const Batch& b = f.batch;
   // Per token: its sequence's cells (all of this step's cells are already appended).
   const size_t T = static_cast<size_t>(b.n);
@@ -180,8 +181,8 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
   project(f, o, T, n_head * dv, {{&lw.wo, out}});
 }
 
-void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down,
-               const float* x, float* out) {
+void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x,
+               float* out) {
   const int64_t T = f.batch.n;
   const int64_t n_ff = gate.ne[1];
   const size_t n = static_cast<size_t>(T * n_ff);
@@ -236,8 +237,8 @@ Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* o
   auto routed = f.executor.wait(ticket);
   if (!routed) return routed.status().with_context(fmt::format("layer {} experts", il));
   if (static_cast<int64_t>(routed->size()) != T * n_embd) {
-    return make_error(StatusCode::kInternal, "layer {}: executor returned {} floats, expected {}",
-                      il, routed->size(), T * n_embd);
+    return make_error(StatusCode::kInternal, "layer {}: executor returned {} floats, expected {}", il, routed->size(),
+                      T * n_embd);
   }
   const float* r = routed->data();
   // MoE output first, then the shared expert (llama.cpp: moe_out + shexp).

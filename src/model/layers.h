@@ -10,27 +10,27 @@
 #include <string>
 #include <vector>
 
-#include "moesh/moe/executor.h"
 #include "moesh/model/model.h"
+#include "moesh/moe/executor.h"
 
 namespace moesh {
 
 // Forward-pass buffers, grown on demand and reused across layers and steps.
 struct Context::Scratch {
-  std::vector<float> h, xn, attn_out, ffn_out;            // [T][n_embd]
-  std::vector<float> q, k, v, o, o2, qa, tmp;             // attention projections
-  std::vector<float> scores;                              // [n_threads][n_cells]
+  std::vector<float> h, xn, attn_out, ffn_out;  // [T][n_embd]
+  std::vector<float> q, k, v, o, o2, qa, tmp;   // attention projections
+  std::vector<float> scores;                    // [n_threads][n_cells]
   std::vector<float> router_logits, route_scratch, moe_w, shexp;
   std::vector<float> ffn_g, ffn_u, ffn_h;
   std::vector<int32_t> moe_ids;
   std::vector<int64_t> pos, cell;
   std::vector<int32_t> seq;
-  std::vector<const float*> tok_k0, tok_v0;               // per token: its sequence's cell 0
+  std::vector<const float*> tok_k0, tok_v0;  // per token: its sequence's cell 0
   std::vector<const int64_t*> tok_cell_pos;
   std::vector<int64_t> tok_n_cells;
   RoutingPlan plan;
-  QuantizedRows xq[3];                                    // one per distinct vec_dot_type
-  std::vector<float> out_rows;                            // normed rows for the output head
+  QuantizedRows xq[3];          // one per distinct vec_dot_type
+  std::vector<float> out_rows;  // normed rows for the output head
 };
 
 namespace detail {
@@ -62,11 +62,12 @@ struct Fwd {
   Batch batch;
 };
 
-inline const float* f32(const TensorView& t) { return reinterpret_cast<const float*>(t.data); }
+inline const float* f32(const TensorView& t) {
+  return reinterpret_cast<const float*>(t.data);
+}
 
 // y[i] = rmsnorm(x[i]) * w for n_rows rows of width n.
-void rms_norm_rows(const float* x, const TensorView& w, float* y, int64_t n_rows, int64_t n,
-                   float eps);
+void rms_norm_rows(const float* x, const TensorView& w, float* y, int64_t n_rows, int64_t n, float eps);
 
 // One output of a projection: y[n_rows][w.ne[1]] with row stride ldy (0: w.ne[1]).
 struct Proj {
@@ -83,15 +84,15 @@ void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer
 // KV head in the cache; o: [T][n_head][dv]. Query head h reads KV head h / (n_head / n_head_kv).
 // Each (token, head) row is computed alone in a fixed order (cells in cache order), so a row's
 // bits do not depend on the other rows of the batch.
-void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk,
-                    int64_t dv, float kq_scale, float* o);
+void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk, int64_t dv,
+                    float kq_scale, float* o);
 
 // Standard GQA attention (qwen3moe with per-head QK RMSNorm before RoPE; llama without).
 void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 
 // Dense SwiGLU FFN: out = down(silu(gate x) * (up x)).
-void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down,
-               const float* x, float* out);
+void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x,
+               float* out);
 
 // The MoE FFN of docs/background/moe-architectures.md §1 for every architecture: router (f32), routing, plan,
 // executor submit, shared experts while it runs, wait, out = routed (+ shared).
@@ -104,8 +105,7 @@ class TensorBinder {
  public:
   virtual ~TensorBinder() = default;
   // `ne` lists the expected dims (ne0 first). Missing + !required gives an invalid view.
-  virtual Result<TensorView> take(const std::string& name, std::vector<int64_t> ne,
-                                  bool required = true) = 0;
+  virtual Result<TensorView> take(const std::string& name, std::vector<int64_t> ne, bool required = true) = 0;
 };
 
 Status bind_layer_qwen3moe(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);

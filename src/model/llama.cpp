@@ -15,8 +15,7 @@ Status bind_layer_llama(TensorBinder& b, const HParams& hp, int il, LayerWeights
   MOESH_ASSIGN_OR_RETURN(lw->wk, b.take(p + "attn_k.weight", {d, hp.n_head_kv * dk}));
   MOESH_ASSIGN_OR_RETURN(lw->wv, b.take(p + "attn_v.weight", {d, hp.n_head_kv * dv}));
   MOESH_ASSIGN_OR_RETURN(lw->wo, b.take(p + "attn_output.weight", {hp.n_head * dv, d}));
-  MOESH_ASSIGN_OR_RETURN(TensorView router,
-                         b.take(p + "ffn_gate_inp.weight", {d, hp.n_expert}, false));
+  MOESH_ASSIGN_OR_RETURN(TensorView router, b.take(p + "ffn_gate_inp.weight", {d, hp.n_expert}, false));
   const bool moe = hp.n_expert > 0 && router.valid();
   return bind_ffn(b, hp, il, moe, lw);
 }

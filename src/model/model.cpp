@@ -19,8 +19,7 @@ class FileBinder final : public detail::TensorBinder {
     no_routed_experts_ = kind.is_ok() && *kind == "backbone";
   }
 
-  Result<TensorView> take(const std::string& name, std::vector<int64_t> ne,
-                          bool required = true) override {
+  Result<TensorView> take(const std::string& name, std::vector<int64_t> ne, bool required = true) override {
     const gguf::TensorInfo* info = f_.find_tensor(name);
     if (info == nullptr) {
       const bool routed = name.ends_with("_exps.weight");
@@ -36,12 +35,10 @@ class FileBinder final : public detail::TensorBinder {
       std::string want, have;
       for (size_t i = 0; i < ne.size(); ++i) want += (i ? ", " : "") + std::to_string(ne[i]);
       for (int i = 0; i < info->n_dims; ++i) have += (i ? ", " : "") + std::to_string(info->ne[i]);
-      return make_error(StatusCode::kCorrupt, "tensor '{}' has shape [{}], expected [{}]", name,
-                        have, want);
+      return make_error(StatusCode::kCorrupt, "tensor '{}' has shape [{}], expected [{}]", name, have, want);
     }
     if (!quant::type_is_supported(info->type)) {
-      return make_error(StatusCode::kUnsupported, "tensor '{}' has unsupported type {}", name,
-                        type_name(info->type));
+      return make_error(StatusCode::kUnsupported, "tensor '{}' has unsupported type {}", name, type_name(info->type));
     }
     TensorView v = f_.view(*info);
     if (!dequant_ || v.type == GgmlType::F32) return v;
@@ -84,8 +81,8 @@ Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeigh
   const int64_t e = hp.n_expert, fe = hp.n_ff_exp;
   MOESH_ASSIGN_OR_RETURN(lw->router, b.take(p + "ffn_gate_inp.weight", {d, e}));
   if (lw->router.type != GgmlType::F32) {
-    return make_error(StatusCode::kUnsupported, "tensor '{}' is {}, the router must be F32",
-                      lw->router.name, type_name(lw->router.type));
+    return make_error(StatusCode::kUnsupported, "tensor '{}' is {}, the router must be F32", lw->router.name,
+                      type_name(lw->router.type));
   }
   MOESH_ASSIGN_OR_RETURN(lw->exp_probs_b, b.take(p + "exp_probs_b.bias", {e}, false));
   if (lw->exp_probs_b.valid() && lw->exp_probs_b.type != GgmlType::F32) {
@@ -95,8 +92,7 @@ Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeigh
   MOESH_ASSIGN_OR_RETURN(lw->experts.up, b.take(p + "ffn_up_exps.weight", {d, fe, e}));
   MOESH_ASSIGN_OR_RETURN(lw->experts.down, b.take(p + "ffn_down_exps.weight", {fe, d, e}));
   // All three absent = a backbone slice's layer (experts served remotely).
-  const bool has_experts =
-      lw->experts.gate.valid() || lw->experts.up.valid() || lw->experts.down.valid();
+  const bool has_experts = lw->experts.gate.valid() || lw->experts.up.valid() || lw->experts.down.valid();
   if (has_experts) MOESH_RETURN_IF_ERROR(lw->experts.validate());
   if (hp.n_expert_shared > 0) {
     const int64_t fs = hp.n_ff_exp * hp.n_expert_shared;
@@ -119,8 +115,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOp
   return m;
 }
 
-Result<std::unique_ptr<Model>> Model::from_file(std::unique_ptr<gguf::File> file,
-                                                const LoadOptions& opts) {
+Result<std::unique_ptr<Model>> Model::from_file(std::unique_ptr<gguf::File> file, const LoadOptions& opts) {
   std::unique_ptr<Model> m(new Model());
   m->file_ = std::move(file);
   m->opts_ = opts;
@@ -153,15 +148,22 @@ Status Model::bind_tensors() {
     LayerWeights* lw = &layers[static_cast<size_t>(il)];
     Status st;
     switch (hp.arch) {
-      case Arch::kQwen3Moe: st = detail::bind_layer_qwen3moe(b, hp, il, lw); break;
-      case Arch::kLlama: st = detail::bind_layer_llama(b, hp, il, lw); break;
-      case Arch::kDeepseek2: st = detail::bind_layer_deepseek2(b, hp, il, lw); break;
-      default: st = make_error(StatusCode::kUnsupported, "architecture not supported");
+      case Arch::kQwen3Moe:
+        st = detail::bind_layer_qwen3moe(b, hp, il, lw);
+        break;
+      case Arch::kLlama:
+        st = detail::bind_layer_llama(b, hp, il, lw);
+        break;
+      case Arch::kDeepseek2:
+        st = detail::bind_layer_deepseek2(b, hp, il, lw);
+        break;
+      default:
+        st = make_error(StatusCode::kUnsupported, "architecture not supported");
     }
     MOESH_RETURN_IF_ERROR(st);
     // Norm weights are read as plain floats.
-    for (const TensorView* t : {&lw->attn_norm, &lw->ffn_norm, &lw->q_norm, &lw->k_norm,
-                                &lw->q_a_norm, &lw->kv_a_norm}) {
+    for (const TensorView* t :
+         {&lw->attn_norm, &lw->ffn_norm, &lw->q_norm, &lw->k_norm, &lw->q_a_norm, &lw->kv_a_norm}) {
       if (t->valid() && t->type != GgmlType::F32) {
         return make_error(StatusCode::kUnsupported, "tensor '{}' must be F32", t->name);
       }

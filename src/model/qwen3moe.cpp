@@ -12,11 +12,10 @@ Status bind_layer_qwen3moe(TensorBinder& b, const HParams& hp, int il, LayerWeig
   const std::string p = "blk." + std::to_string(il) + ".";
   const int64_t d = hp.n_embd, dk = hp.head_dim_k, dv = hp.head_dim_v;
   if (dk != hp.n_rot) {
-    return make_error(StatusCode::kCorrupt, "qwen3moe: key_length {} must equal the rotary dims {}",
-                      dk, hp.n_rot);
+    return make_error(StatusCode::kCorrupt, "qwen3moe: key_length {} must equal the rotary dims {}", dk, hp.n_rot);
   }
   MOESH_ASSIGN_OR_RETURN(lw->attn_norm, b.take(p + "attn_norm.weight", {d}));
-  MOESH_ASSIGN_OR_RETURN(lw->wq, b.take(p + "attn_q.weight", {d, hp.n_head * dk}));   // [n_embd, n_head*dk]
+  MOESH_ASSIGN_OR_RETURN(lw->wq, b.take(p + "attn_q.weight", {d, hp.n_head * dk}));  // [n_embd, n_head*dk]
   MOESH_ASSIGN_OR_RETURN(lw->wk, b.take(p + "attn_k.weight", {d, hp.n_head_kv * dk}));
   MOESH_ASSIGN_OR_RETURN(lw->wv, b.take(p + "attn_v.weight", {d, hp.n_head_kv * dv}));
   MOESH_ASSIGN_OR_RETURN(lw->wo, b.take(p + "attn_output.weight", {hp.n_head * dv, d}));

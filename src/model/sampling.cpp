@@ -45,8 +45,7 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
 
 int32_t Sampler::sample(const float* logits, int64_t n_vocab, std::span<const int32_t> history) {
   // Penalties (llama.cpp's penalties sampler): on a copy, so the caller's logits stay intact.
-  const bool penalties_on = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f ||
-                            p_.frequency_penalty != 0.0f;
+  const bool penalties_on = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
   if (penalties_on && p_.penalty_last_n != 0 && !history.empty()) {
     size_t window = history.size();
     if (p_.penalty_last_n > 0) window = std::min(window, static_cast<size_t>(p_.penalty_last_n));
@@ -68,9 +67,7 @@ int32_t Sampler::sample(const float* logits, int64_t n_vocab, std::span<const in
   cand_.resize(static_cast<size_t>(n_vocab));
   for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {static_cast<int32_t>(i), logits[i]};
   // Descending by logit, ties by id, so the candidate order is reproducible.
-  auto before = [](const Cand& a, const Cand& b) {
-    return a.logit != b.logit ? a.logit > b.logit : a.id < b.id;
-  };
+  auto before = [](const Cand& a, const Cand& b) { return a.logit != b.logit ? a.logit > b.logit : a.id < b.id; };
   size_t n = cand_.size();
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
     std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), before);

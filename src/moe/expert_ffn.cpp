@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "moesh/moe/expert_stages.h"
 #include "moesh/moe/executor.h"
+#include "moesh/moe/expert_stages.h"
 #include "moesh/tensor/quant.h"
 
 namespace moesh {
@@ -18,17 +18,14 @@ Status ExpertWeights::validate() const {
       return make_error(StatusCode::kCorrupt, "tensor '{}' has {} dims, expected 3", t->name, t->n_dims);
     }
     if (!quant::type_is_supported(t->type)) {
-      return make_error(StatusCode::kUnsupported, "tensor '{}' has unsupported type {}", t->name,
-                        type_name(t->type));
+      return make_error(StatusCode::kUnsupported, "tensor '{}' has unsupported type {}", t->name, type_name(t->type));
     }
   }
   const int64_t e = gate.ne[2], d = gate.ne[0], f = gate.ne[1];
-  if (up.ne[0] != d || up.ne[1] != f || up.ne[2] != e || down.ne[0] != f || down.ne[1] != d ||
-      down.ne[2] != e) {
-    return make_error(StatusCode::kCorrupt,
-                      "expert tensors '{}' [{},{},{}], '{}' [{},{},{}], '{}' [{},{},{}] disagree",
-                      gate.name, gate.ne[0], gate.ne[1], gate.ne[2], up.name, up.ne[0], up.ne[1],
-                      up.ne[2], down.name, down.ne[0], down.ne[1], down.ne[2]);
+  if (up.ne[0] != d || up.ne[1] != f || up.ne[2] != e || down.ne[0] != f || down.ne[1] != d || down.ne[2] != e) {
+    return make_error(StatusCode::kCorrupt, "expert tensors '{}' [{},{},{}], '{}' [{},{},{}], '{}' [{},{},{}] disagree",
+                      gate.name, gate.ne[0], gate.ne[1], gate.ne[2], up.name, up.ne[0], up.ne[1], up.ne[2], down.name,
+                      down.ne[0], down.ne[1], down.ne[2]);
   }
   return Status::ok();
 }
@@ -44,20 +41,28 @@ TensorView weight_rows(const TensorView& w, int64_t r0, int64_t r1) {
 
 void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n) {
   switch (act) {
-    case ExpertActivation::kSilu: swiglu(g, u, h, n); break;
-    case ExpertActivation::kSwigluOai: swiglu_oai(g, u, h, n); break;
-    default: break;
+    case ExpertActivation::kSilu:
+      swiglu(g, u, h, n);
+      break;
+    case ExpertActivation::kSwigluOai:
+      swiglu_oai(g, u, h, n);
+      break;
+    default:
+      break;
   }
 }
 
-void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, const float* x_f32,
-                const int32_t* rows, int64_t n_sel, float* y, size_t ldy, ExpertScratch* s,
-                ThreadPool* pool) {
+void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, const float* x_f32, const int32_t* rows,
+                int64_t n_sel, float* y, size_t ldy, ExpertScratch* s, ThreadPool* pool) {
   if (n_sel <= 0) return;
   const int64_t n_ff = w.n_ff();
   const int64_t n_embd = w.n_embd();
   const size_t n = static_cast<size_t>(n_sel * n_ff);
-  if (s->g.size() < n) { s->g.resize(n); s->u.resize(n); s->h.resize(n); }
+  if (s->g.size() < n) {
+    s->g.resize(n);
+    s->u.resize(n);
+    s->h.resize(n);
+  }
   const TensorView gate = w.gate.expert(e), up = w.up.expert(e), down = w.down.expert(e);
 
   matmul_q_rows(gate, xq, rows, n_sel, s->g.data(), static_cast<size_t>(n_ff), pool);
@@ -74,8 +79,7 @@ void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, cons
     matmul_q(up, s->xq_up, s->u.data(), static_cast<size_t>(n_ff), pool);
   }
   for (int64_t j = 0; j < n_sel; ++j) {
-    expert_activation(w.act, s->g.data() + j * n_ff, s->u.data() + j * n_ff, s->h.data() + j * n_ff,
-                      n_ff);
+    expert_activation(w.act, s->g.data() + j * n_ff, s->u.data() + j * n_ff, s->h.data() + j * n_ff, n_ff);
   }
   quantize_rows(quant::vec_dot_type(down.type), s->h.data(), n_sel, n_ff, &s->hq, pool);
   matmul_q(down, s->hq, y, ldy, pool);

@@ -20,9 +20,9 @@ int64_t chunks_per_expert(int64_t n_rows, int64_t n_active, int n_threads) {
 
 }  // namespace
 
-void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets,
-                       const int32_t* tok_of_pos, const QuantizedRows& xq,
-                       const QuantizedRows& xq_up, float* y, ExpertGroupScratch* s, ThreadPool* pool) {
+void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets, const int32_t* tok_of_pos,
+                       const QuantizedRows& xq, const QuantizedRows& xq_up, float* y, ExpertGroupScratch* s,
+                       ThreadPool* pool) {
   const int64_t n_active = static_cast<int64_t>(refs.size());
   if (n_active == 0) return;
   const ExpertWeights& w0 = *refs[0].w;
@@ -55,10 +55,10 @@ void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets,
     const ExpertWeights& w = *refs[a].w;
     const int64_t e = refs[a].index;
     const int64_t p0 = offsets[a], n_sel = offsets[a + 1] - p0;
-    matmul_q_rows(weight_rows(w.gate.expert(e), r0, r1), xq, tok_of_pos + p0, n_sel,
-                  g + p0 * n_ff + r0, static_cast<size_t>(n_ff), nullptr);
-    matmul_q_rows(weight_rows(w.up.expert(e), r0, r1), xq_up, tok_of_pos + p0, n_sel,
-                  u + p0 * n_ff + r0, static_cast<size_t>(n_ff), nullptr);
+    matmul_q_rows(weight_rows(w.gate.expert(e), r0, r1), xq, tok_of_pos + p0, n_sel, g + p0 * n_ff + r0,
+                  static_cast<size_t>(n_ff), nullptr);
+    matmul_q_rows(weight_rows(w.up.expert(e), r0, r1), xq_up, tok_of_pos + p0, n_sel, u + p0 * n_ff + r0,
+                  static_cast<size_t>(n_ff), nullptr);
   });
   // B. activation, then each h row quantized for down, in the same pool job (one position's row
   // is a few microseconds of work: a separate quantize pass would cost a pool round trip more).
@@ -86,8 +86,8 @@ void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets,
     const ExpertWeights& w = *refs[a].w;
     const int64_t e = refs[a].index;
     const int64_t p0 = offsets[a], n_sel = offsets[a + 1] - p0;
-    matmul_q_rows(weight_rows(w.down.expert(e), r0, r1), hq, s->iota.data() + p0, n_sel,
-                  y + p0 * n_embd + r0, static_cast<size_t>(n_embd), nullptr);
+    matmul_q_rows(weight_rows(w.down.expert(e), r0, r1), hq, s->iota.data() + p0, n_sel, y + p0 * n_embd + r0,
+                  static_cast<size_t>(n_embd), nullptr);
   });
 }
 

@@ -12,9 +12,8 @@
 // result does not depend on thread count, chunking or the other tokens in the batch.
 #include <algorithm>
 
-
-#include "moesh/moe/expert_stages.h"
 #include "moesh/moe/executor.h"
+#include "moesh/moe/expert_stages.h"
 #include "moesh/tensor/kernels.h"
 #include "moesh/tensor/quant.h"
 
@@ -40,13 +39,14 @@ struct LocalExecutor::Impl {
   Status run(Job& job);
 };
 
-LocalExecutor::LocalExecutor(std::vector<ExpertWeights> layers, ThreadPool* pool)
-    : impl_(std::make_unique<Impl>()) {
+LocalExecutor::LocalExecutor(std::vector<ExpertWeights> layers, ThreadPool* pool) : impl_(std::make_unique<Impl>()) {
   impl_->layers = std::move(layers);
   impl_->pool = pool;
 }
 
-void LocalExecutor::set_pool(ThreadPool* pool) { impl_->pool = pool; }
+void LocalExecutor::set_pool(ThreadPool* pool) {
+  impl_->pool = pool;
+}
 
 LocalExecutor::~LocalExecutor() = default;
 
@@ -71,8 +71,8 @@ Status LocalExecutor::Impl::run(Job& job) {
   const int64_t n_embd = w.n_embd();
   const int k = plan.k;
   if (plan.n_tokens != n_tok) {
-    return make_error(StatusCode::kInvalidArgument, "local executor: plan has {} tokens, x has {}",
-                      plan.n_tokens, n_tok);
+    return make_error(StatusCode::kInvalidArgument, "local executor: plan has {} tokens, x has {}", plan.n_tokens,
+                      n_tok);
   }
   for (int32_t e : plan.experts) {
     if (e < 0 || e >= w.n_expert()) {

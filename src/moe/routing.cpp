@@ -11,9 +11,12 @@ namespace moesh {
 
 const char* gating_func_name(GatingFunc g) {
   switch (g) {
-    case GatingFunc::kSoftmax: return "softmax";
-    case GatingFunc::kSigmoid: return "sigmoid";
-    case GatingFunc::kSoftmaxWeight: return "softmax_weight";
+    case GatingFunc::kSoftmax:
+      return "softmax";
+    case GatingFunc::kSigmoid:
+      return "sigmoid";
+    case GatingFunc::kSoftmaxWeight:
+      return "softmax_weight";
   }
   return "?";
 }
@@ -23,8 +26,7 @@ Status RouterConfig::validate() const {
   if (k <= 0 || k > n_expert) {
     return make_error(StatusCode::kInvalidArgument, "k = {} must be in [1, n_expert = {}]", k, n_expert);
   }
-  if (gating != GatingFunc::kSoftmax && gating != GatingFunc::kSigmoid &&
-      gating != GatingFunc::kSoftmaxWeight) {
+  if (gating != GatingFunc::kSoftmax && gating != GatingFunc::kSigmoid && gating != GatingFunc::kSoftmaxWeight) {
     return make_error(StatusCode::kInvalidArgument, "unknown gating function {}", static_cast<int>(gating));
   }
   if (n_group > 1) {
@@ -32,28 +34,27 @@ Status RouterConfig::validate() const {
       return make_error(StatusCode::kInvalidArgument, "n_group {} exceeds 256", n_group);
     }
     if (n_expert % n_group != 0) {
-      return make_error(StatusCode::kInvalidArgument, "n_expert {} is not a multiple of n_group {}",
-                        n_expert, n_group);
+      return make_error(StatusCode::kInvalidArgument, "n_expert {} is not a multiple of n_group {}", n_expert, n_group);
     }
     if (n_group_used <= 0 || n_group_used > n_group) {
-      return make_error(StatusCode::kInvalidArgument, "n_group_used {} must be in [1, n_group = {}]",
-                        n_group_used, n_group);
+      return make_error(StatusCode::kInvalidArgument, "n_group_used {} must be in [1, n_group = {}]", n_group_used,
+                        n_group);
     }
     const int per_group = n_expert / n_group;
     if (per_group < 2) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "group-limited routing needs >= 2 experts per group (have {})", per_group);
+      return make_error(StatusCode::kInvalidArgument, "group-limited routing needs >= 2 experts per group (have {})",
+                        per_group);
     }
     if (k > n_group_used * per_group) {
-      return make_error(StatusCode::kInvalidArgument, "k = {} exceeds the {} experts of {} kept groups",
-                        k, n_group_used * per_group, n_group_used);
+      return make_error(StatusCode::kInvalidArgument, "k = {} exceeds the {} experts of {} kept groups", k,
+                        n_group_used * per_group, n_group_used);
     }
   }
   return Status::ok();
 }
 
-void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32_t* ids,
-           float* weights, std::vector<float>* scratch) {
+void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32_t* ids, float* weights,
+           std::vector<float>* scratch) {
   const int ne = cfg.n_expert;
   const int k = cfg.k;
   const bool grouped = cfg.n_group > 1;
@@ -96,8 +97,12 @@ void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32
         const float* s = sel + g * per;
         float b1 = neg_inf, b2 = neg_inf;
         for (int j = 0; j < per; ++j) {
-          if (s[j] > b1) { b2 = b1; b1 = s[j]; }
-          else if (s[j] > b2) { b2 = s[j]; }
+          if (s[j] > b1) {
+            b2 = b1;
+            b1 = s[j];
+          } else if (s[j] > b2) {
+            b2 = s[j];
+          }
         }
         group_score[g] = b1 + b2;
       }
@@ -135,8 +140,12 @@ void best_two(const float* s, int n, float* b1, float* b2) {
   *b1 = -std::numeric_limits<float>::infinity();
   *b2 = *b1;
   for (int j = 0; j < n; ++j) {
-    if (s[j] > *b1) { *b2 = *b1; *b1 = s[j]; }
-    else if (s[j] > *b2) { *b2 = s[j]; }
+    if (s[j] > *b1) {
+      *b2 = *b1;
+      *b1 = s[j];
+    } else if (s[j] > *b2) {
+      *b2 = s[j];
+    }
   }
 }
 

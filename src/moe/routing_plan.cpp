@@ -6,8 +6,8 @@
 
 namespace moesh {
 
-Status make_plan(int layer, const int32_t* ids, const float* weights, int64_t n_tokens, int k,
-                 int64_t n_expert, RoutingPlan* plan) {
+Status make_plan(int layer, const int32_t* ids, const float* weights, int64_t n_tokens, int k, int64_t n_expert,
+                 RoutingPlan* plan) {
   if (k <= 0 || n_tokens < 0) {
     return make_error(StatusCode::kInvalidArgument, "plan: bad k {} or n_tokens {}", k, n_tokens);
   }
@@ -21,8 +21,8 @@ Status make_plan(int layer, const int32_t* ids, const float* weights, int64_t n_
     for (int r = 0; r < k; ++r) {
       const int32_t e = ids[t * k + r];
       if (e < 0 || e >= n_expert) {
-        return make_error(StatusCode::kOutOfRange, "plan: token {} rank {} expert {} not in [0, {})",
-                          t, r, e, n_expert);
+        return make_error(StatusCode::kOutOfRange, "plan: token {} rank {} expert {} not in [0, {})", t, r, e,
+                          n_expert);
       }
       for (int q = 0; q < r; ++q) {
         if (ids[t * k + q] == e) {

@@ -22,8 +22,10 @@ class FaultStream final : public ByteStream {
     std::uniform_int_distribution<size_t> pos(0, bytes.empty() ? 0 : bytes.size() - 1);
     switch (kind) {
       case FaultKind::kNone:
-      case FaultKind::kCOUNT: return inner_->write_all(bytes, deadline);
-      case FaultKind::kDrop: return Status::ok();
+      case FaultKind::kCOUNT:
+        return inner_->write_all(bytes, deadline);
+      case FaultKind::kDrop:
+        return Status::ok();
       case FaultKind::kDelay: {
         const Deadline until = std::min(deadline, Clock::now() + plan_.delay);
         std::this_thread::sleep_until(until);

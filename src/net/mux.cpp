@@ -112,8 +112,7 @@ Result<wire::Frame> RequestMux::wait(uint64_t request_id, Deadline deadline) {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     auto it = slots_.find(request_id);
-    if (it == slots_.end())
-      return make_error(StatusCode::kInvalidArgument, "request {} is not in flight", request_id);
+    if (it == slots_.end()) return make_error(StatusCode::kInvalidArgument, "request {} is not in flight", request_id);
     if (it->second.done) {
       Result<wire::Frame> out = std::move(it->second.reply);
       slots_.erase(it);
@@ -181,9 +180,12 @@ namespace {
 
 wire::WireError handshake_error_code(StatusCode c) {
   switch (c) {
-    case StatusCode::kUnsupported: return wire::WireError::kVersionMismatch;
-    case StatusCode::kInvalidArgument: return wire::WireError::kModelMismatch;
-    default: return wire::WireError::kMalformed;
+    case StatusCode::kUnsupported:
+      return wire::WireError::kVersionMismatch;
+    case StatusCode::kInvalidArgument:
+      return wire::WireError::kModelMismatch;
+    default:
+      return wire::WireError::kMalformed;
   }
 }
 

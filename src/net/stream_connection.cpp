@@ -68,8 +68,8 @@ class StreamConnection final : public Connection {
     if (st.code() == StatusCode::kTimeout) return st;
     Status out = st;
     if (st.code() == StatusCode::kUnavailable && mid_frame)
-      out = make_error(StatusCode::kUnavailable, "{}: peer closed mid-frame after {} bytes ({})", describe(),
-                       have_, st.message());
+      out = make_error(StatusCode::kUnavailable, "{}: peer closed mid-frame after {} bytes ({})", describe(), have_,
+                       st.message());
     else
       out = st.with_context(describe());
     recv_error_ = out;

@@ -45,15 +45,12 @@ Status apply_pre_connect_options(int fd, const TcpOptions& o) {
       if (o.require_congestion) return errno_status("TCP_CONGESTION " + o.congestion, err);
       static std::once_flag warned;
       std::call_once(warned, [&] {
-        spdlog::warn("TCP_CONGESTION '{}' refused ({}); using the system default", o.congestion,
-                     std::strerror(err));
+        spdlog::warn("TCP_CONGESTION '{}' refused ({}); using the system default", o.congestion, std::strerror(err));
       });
     }
   }
-  if (o.send_buffer_bytes > 0)
-    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &o.send_buffer_bytes, sizeof(int));
-  if (o.recv_buffer_bytes > 0)
-    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &o.recv_buffer_bytes, sizeof(int));
+  if (o.send_buffer_bytes > 0) (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &o.send_buffer_bytes, sizeof(int));
+  if (o.recv_buffer_bytes > 0) (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &o.recv_buffer_bytes, sizeof(int));
   const int one = o.no_delay ? 1 : 0;
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) return errno_status("TCP_NODELAY", errno);
   return Status::ok();
@@ -232,8 +229,8 @@ void TcpListener::close() {
   if (!closed_.exchange(true)) ::shutdown(fd_, SHUT_RDWR);
 }
 
-Result<std::unique_ptr<TcpListener>> TcpListener::listen(const std::string& host, uint16_t port,
-                                                         const TcpOptions& opts, int backlog) {
+Result<std::unique_ptr<TcpListener>> TcpListener::listen(const std::string& host, uint16_t port, const TcpOptions& opts,
+                                                         int backlog) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -250,13 +247,15 @@ Result<std::unique_ptr<TcpListener>> TcpListener::listen(const std::string& host
   const int one = 1;
   (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   Status st = apply_pre_connect_options(fd, opts);
-  if (st.is_ok() && ::bind(fd, res->ai_addr, res->ai_addrlen) != 0) st = errno_status("bind " + host + ":" + port_s, errno);
+  if (st.is_ok() && ::bind(fd, res->ai_addr, res->ai_addrlen) != 0)
+    st = errno_status("bind " + host + ":" + port_s, errno);
   freeaddrinfo(res);
   if (st.is_ok() && ::listen(fd, backlog) != 0) st = errno_status("listen", errno);
   if (st.is_ok()) st = set_nonblocking(fd);
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
-  if (st.is_ok() && getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) st = errno_status("getsockname", errno);
+  if (st.is_ok() && getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
+    st = errno_status("getsockname", errno);
   if (!st.is_ok()) {
     ::close(fd);
     return st;

@@ -1,10 +1,10 @@
 // Worker addresses as the CLI writes them (--worker, --workers FILE).
-#include <charconv>
-#include <fstream>
+#include "moesh/remote/address.h"
 
 #include <fmt/format.h>
 
-#include "moesh/remote/address.h"
+#include <charconv>
+#include <fstream>
 
 namespace moesh {
 
@@ -20,26 +20,23 @@ Result<WorkerAddress> parse_worker_address(std::string_view s) {
   if (!s.empty() && s.front() == '[') {
     const size_t close = s.find(']');
     if (close == std::string_view::npos || close + 1 >= s.size() || s[close + 1] != ':') {
-      return make_error(StatusCode::kInvalidArgument, "worker address '{}': expected [v6addr]:port",
-                        std::string(s));
+      return make_error(StatusCode::kInvalidArgument, "worker address '{}': expected [v6addr]:port", std::string(s));
     }
     host = s.substr(1, close - 1);
     port = s.substr(close + 2);
   } else {
     const size_t colon = s.rfind(':');
     if (colon == std::string_view::npos || s.find(':') != colon) {
-      return make_error(StatusCode::kInvalidArgument, "worker address '{}': expected HOST:PORT",
-                        std::string(s));
+      return make_error(StatusCode::kInvalidArgument, "worker address '{}': expected HOST:PORT", std::string(s));
     }
     host = s.substr(0, colon);
     port = s.substr(colon + 1);
   }
   unsigned v = 0;
   auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
-  if (host.empty() || port.empty() || ec != std::errc() || p != port.data() + port.size() || v == 0 ||
-      v > 65535) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "worker address '{}': need a host and a port in 1..65535", std::string(s));
+  if (host.empty() || port.empty() || ec != std::errc() || p != port.data() + port.size() || v == 0 || v > 65535) {
+    return make_error(StatusCode::kInvalidArgument, "worker address '{}': need a host and a port in 1..65535",
+                      std::string(s));
   }
   return WorkerAddress{std::string(host), static_cast<uint16_t>(v)};
 }

@@ -1,27 +1,28 @@
 // Combiner: exact rank-order sums and partial sums. See include/moesh/remote/combiner.h.
+#include "moesh/remote/combiner.h"
+
 #include <algorithm>
 #include <vector>
 
 #include "moesh/moe/expert_stages.h"
-#include "moesh/remote/combiner.h"
 
 namespace moesh {
 
-void combine_exact(const RoutingPlan& plan, std::span<const float* const> slot_rows, int64_t n_embd,
-                   float* out, ThreadPool* pool) {
+void combine_exact(const RoutingPlan& plan, std::span<const float* const> slot_rows, int64_t n_embd, float* out,
+                   ThreadPool* pool) {
   const int k = plan.k;
   auto token = [&](int64_t t) {
     float* o = out + t * n_embd;
     const float* wt = plan.weights.data() + t * k;
     // LocalExecutor's stage D, operation for operation: out = y0*w0; out = out + yr*wr.
-    for (int rk = 0; rk < k; ++rk) rank_sum_step(o, slot_rows[static_cast<size_t>(t * k + rk)], wt[rk], n_embd, rk == 0);
+    for (int rk = 0; rk < k; ++rk)
+      rank_sum_step(o, slot_rows[static_cast<size_t>(t * k + rk)], wt[rk], n_embd, rk == 0);
   };
   run_items(plan.n_tokens > 1 ? pool : nullptr, plan.n_tokens, token);
 }
 
 void combine_partial(const RoutingPlan& plan, std::span<const int32_t> local_slots, const float* ylocal,
-                     std::span<const PartialRows> workers, int64_t n_embd, float* out,
-                     std::vector<uint8_t>* seen) {
+                     std::span<const PartialRows> workers, int64_t n_embd, float* out, std::vector<uint8_t>* seen) {
   const int k = plan.k;
   std::vector<uint8_t>& has = *seen;
   has.assign(static_cast<size_t>(plan.n_tokens), 0);

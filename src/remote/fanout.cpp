@@ -1,10 +1,10 @@
 // FanOut: one reader thread per worker link files replies as they arrive; gather() takes them
 // in arrival order. See include/moesh/remote/fanout.h.
-#include <chrono>
+#include "moesh/remote/fanout.h"
 
 #include <fmt/format.h>
 
-#include "moesh/remote/fanout.h"
+#include <chrono>
 
 namespace moesh {
 
@@ -48,7 +48,9 @@ Status FanOut::start(size_t w, uint64_t request_id, std::span<const uint8_t> fra
   return links_[w]->mux->start(request_id, frame, deadline, &done_, w);
 }
 
-void FanOut::cancel(size_t w, uint64_t request_id) { links_[w]->mux->cancel(request_id); }
+void FanOut::cancel(size_t w, uint64_t request_id) {
+  links_[w]->mux->cancel(request_id);
+}
 
 void FanOut::gather(std::span<const Outstanding> reqs, net::Deadline deadline,
                     const std::function<void(Reply&&)>& on_reply) {

@@ -1,8 +1,8 @@
 // The backbone's connections to workers: dial (through the Dialer), HELLO handshake, warm-up
 // PING, and an orderly GOODBYE when the link is dropped.
-#include <fmt/format.h>
-
 #include "moesh/remote/link.h"
+
+#include <fmt/format.h>
 
 namespace moesh {
 

@@ -1,10 +1,10 @@
 // Placement: who holds each (layer, expert), built from the expert ranges workers announce in
 // their HELLOs and the backbone's own expert weights.
-#include <algorithm>
+#include "moesh/remote/placement.h"
 
 #include <fmt/format.h>
 
-#include "moesh/remote/placement.h"
+#include <algorithm>
 
 namespace moesh {
 
@@ -21,7 +21,8 @@ std::string format_id_ranges(const std::vector<int>& ids) {
 }
 
 Placement::Placement(int n_layer, int n_expert)
-    : n_layer_(n_layer), n_expert_(n_expert),
+    : n_layer_(n_layer),
+      n_expert_(n_expert),
       holders_(static_cast<size_t>(n_layer) * static_cast<size_t>(n_expert)),
       local_(holders_.size(), 0) {}
 

@@ -1,9 +1,9 @@
 // Planner: who computes each (token, rank) pair. See include/moesh/remote/planner.h.
-#include <algorithm>
+#include "moesh/remote/planner.h"
 
 #include <fmt/format.h>
 
-#include "moesh/remote/planner.h"
+#include <algorithm>
 
 namespace moesh {
 

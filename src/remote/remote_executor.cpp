@@ -43,16 +43,16 @@ struct RemoteExecutor::Impl {
     int worker = 0;
     bool started = false;
     std::chrono::steady_clock::time_point sent_at;
-    wire::DispatchMsg msg;         // hidden.bytes dropped once encoded (shape kept for checks)
-    std::vector<int32_t> tokens;   // batch index of each dispatched token
-    std::vector<int32_t> slots;    // token*k + rank of each pair, in pair order
-    std::vector<float> rows;       // decoded COMBINE rows
+    wire::DispatchMsg msg;        // hidden.bytes dropped once encoded (shape kept for checks)
+    std::vector<int32_t> tokens;  // batch index of each dispatched token
+    std::vector<int32_t> slots;   // token*k + rank of each pair, in pair order
+    std::vector<float> rows;      // decoded COMBINE rows
   };
   struct Job : SubmittedJob {
     net::Deadline deadline;
-    Status error;                  // a failure found by submit(), reported by wait()
-    int failed_worker = -1;        // the worker a DISPATCH could not be sent to
-    std::vector<Request> reqs;     // reused; the first n_reqs are this job's
+    Status error;               // a failure found by submit(), reported by wait()
+    int failed_worker = -1;     // the worker a DISPATCH could not be sent to
+    std::vector<Request> reqs;  // reused; the first n_reqs are this job's
     size_t n_reqs = 0;
     std::vector<int32_t> local_slots;
     std::vector<float> out;
@@ -62,13 +62,13 @@ struct RemoteExecutor::Impl {
   std::vector<size_t> failed_workers;  // of the last failed wait()
 
   // Reusable buffers.
-  std::vector<float> rows_f32;        // gathered hidden rows of one request
-  std::vector<int64_t> owner_pairs;   // pairs per worker
-  std::vector<int32_t> assign;        // per (token, rank) slot: the worker computing it, or kLocal
+  std::vector<float> rows_f32;       // gathered hidden rows of one request
+  std::vector<int64_t> owner_pairs;  // pairs per worker
+  std::vector<int32_t> assign;       // per (token, rank) slot: the worker computing it, or kLocal
   std::vector<int> req_of_worker;
   std::vector<FanOut::Outstanding> outstanding;
   std::vector<PartialRows> partials;
-  std::vector<float> xl, lw;          // local expanded rows, unit weights
+  std::vector<float> xl, lw;  // local expanded rows, unit weights
   std::vector<int32_t> lids;
   RoutingPlan local_plan;
   std::vector<const float*> slot_src;
@@ -150,12 +150,24 @@ void RemoteExecutor::set_pool(ThreadPool* pool) {
   impl_->local = std::make_unique<LocalExecutor>(impl_->local_weights, pool);
 }
 
-const Placement& RemoteExecutor::placement() const { return impl_->planner.placement(); }
-const Planner& RemoteExecutor::planner() const { return impl_->planner; }
-size_t RemoteExecutor::n_workers() const { return impl_->fan->size(); }
-const WorkerLink& RemoteExecutor::worker(size_t i) const { return impl_->fan->link(i); }
-const RemoteOptions& RemoteExecutor::options() const { return impl_->opts; }
-const std::vector<size_t>& RemoteExecutor::last_failed_workers() const { return impl_->failed_workers; }
+const Placement& RemoteExecutor::placement() const {
+  return impl_->planner.placement();
+}
+const Planner& RemoteExecutor::planner() const {
+  return impl_->planner;
+}
+size_t RemoteExecutor::n_workers() const {
+  return impl_->fan->size();
+}
+const WorkerLink& RemoteExecutor::worker(size_t i) const {
+  return impl_->fan->link(i);
+}
+const RemoteOptions& RemoteExecutor::options() const {
+  return impl_->opts;
+}
+const std::vector<size_t>& RemoteExecutor::last_failed_workers() const {
+  return impl_->failed_workers;
+}
 
 Status RemoteExecutor::set_placement(Placement placement) {
   const Placement& cur = impl_->planner.placement();
@@ -164,8 +176,8 @@ Status RemoteExecutor::set_placement(Placement placement) {
     return make_error(StatusCode::kInvalidArgument,
                       "placement of {} layers x {} experts naming {} workers does not fit this executor "
                       "({} x {}, {} workers)",
-                      placement.n_layer(), placement.n_expert(), placement.n_workers(), cur.n_layer(),
-                      cur.n_expert(), impl_->fan->size());
+                      placement.n_layer(), placement.n_expert(), placement.n_workers(), cur.n_layer(), cur.n_expert(),
+                      impl_->fan->size());
   }
   impl_->planner.set_placement(std::move(placement));
   return Status::ok();
@@ -206,8 +218,12 @@ bool RemoteExecutor::hidden_is_exact() const {
   }
   return true;
 }
-RemoteTraffic RemoteExecutor::traffic() const { return impl_->traffic; }
-void RemoteExecutor::reset_traffic() { impl_->traffic = RemoteTraffic{}; }
+RemoteTraffic RemoteExecutor::traffic() const {
+  return impl_->traffic;
+}
+void RemoteExecutor::reset_traffic() {
+  impl_->traffic = RemoteTraffic{};
+}
 std::vector<WorkerTraffic> RemoteExecutor::worker_traffic() const {
   std::lock_guard<std::mutex> lk(impl_->worker_mu);
   return impl_->workers;
@@ -216,14 +232,13 @@ std::vector<WorkerTraffic> RemoteExecutor::worker_traffic() const {
 std::string RemoteExecutor::describe() const {
   const Impl& m = *impl_;
   // "wire q8/f16": hidden/return; one name when both directions agree.
-  const std::string wire = m.opts.hidden_wire == m.opts.return_wire
-                               ? std::string(wire::wire_dtype_name(m.opts.hidden_wire))
-                               : fmt::format("{}/{}", wire::wire_dtype_name(m.opts.hidden_wire),
-                                             wire::wire_dtype_name(m.opts.return_wire));
+  const std::string wire =
+      m.opts.hidden_wire == m.opts.return_wire
+          ? std::string(wire::wire_dtype_name(m.opts.hidden_wire))
+          : fmt::format("{}/{}", wire::wire_dtype_name(m.opts.hidden_wire), wire::wire_dtype_name(m.opts.return_wire));
   const Placement& p = m.planner.placement();
   std::string s = fmt::format("remote dispatch: wire {}, combine {}, timeout {} ms, {} worker(s)\n", wire,
-                              wire::combine_mode_name(m.opts.combine),
-                              m.opts.timeout.count(), m.fan->size());
+                              wire::combine_mode_name(m.opts.combine), m.opts.timeout.count(), m.fan->size());
   for (size_t i = 0; i < m.fan->size(); ++i) {
     const int64_t replicas = p.count_replicas(static_cast<int>(i));
     s += fmt::format("  worker {} {}: warm-up rtt {:.3f} ms, {} experts placed ({}){}\n", i, m.fan->link(i).label,
@@ -258,8 +273,8 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
   if (job.layer < 0 || job.layer >= planner.placement().n_layer() || plan.n_tokens != n_tok || k < 1 ||
       k > static_cast<int>(wire::kMaxPairsPerToken)) {
     job.error = make_error(StatusCode::kInvalidArgument,
-                           "remote executor: bad dispatch (layer {}, {} tokens, plan of {} tokens, k {})",
-                           job.layer, n_tok, plan.n_tokens, k);
+                           "remote executor: bad dispatch (layer {}, {} tokens, plan of {} tokens, k {})", job.layer,
+                           n_tok, plan.n_tokens, k);
     return;
   }
   // Pass 1: who computes each pair (the planner). Requests are created in worker order, so
@@ -271,8 +286,10 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
   }
   std::fill(owner_pairs.begin(), owner_pairs.end(), 0);
   for (size_t s = 0; s < assign.size(); ++s) {
-    if (assign[s] == Placement::kLocal) job.local_slots.push_back(static_cast<int32_t>(s));
-    else ++owner_pairs[static_cast<size_t>(assign[s])];
+    if (assign[s] == Placement::kLocal)
+      job.local_slots.push_back(static_cast<int32_t>(s));
+    else
+      ++owner_pairs[static_cast<size_t>(assign[s])];
   }
   for (size_t w = 0; w < fan->size(); ++w) {
     req_of_worker[w] = -1;
@@ -299,8 +316,8 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
         r.msg.pair_counts.push_back(0);
       }
       ++r.msg.pair_counts.back();
-      r.msg.pairs.push_back(wire::ExpertPair{static_cast<uint16_t>(plan.ids[s]), static_cast<uint8_t>(rk),
-                                             plan.weights[s]});
+      r.msg.pairs.push_back(
+          wire::ExpertPair{static_cast<uint16_t>(plan.ids[s]), static_cast<uint8_t>(rk), plan.weights[s]});
       r.slots.push_back(static_cast<int32_t>(s));
     }
   }
@@ -317,8 +334,8 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     for (size_t j = 0; j < nt; ++j) {
       std::copy_n(job.x + static_cast<int64_t>(r.tokens[j]) * n_embd, n_embd, rows_f32.data() + j * n_embd);
     }
-    auto rows = wire::encode_rows(hidden_dtype(static_cast<size_t>(r.worker), job.layer), rows_f32.data(), static_cast<uint32_t>(nt),
-                                  static_cast<uint32_t>(n_embd));
+    auto rows = wire::encode_rows(hidden_dtype(static_cast<size_t>(r.worker), job.layer), rows_f32.data(),
+                                  static_cast<uint32_t>(nt), static_cast<uint32_t>(n_embd));
     r.msg.request_id = fan->next_request_id(static_cast<size_t>(r.worker));
     if (!rows) {
       job.error = rows.status().with_context(where(job, r) + ": encoding hidden rows");
@@ -383,8 +400,8 @@ Status RemoteExecutor::Impl::run_local(Job& job, std::span<const float>* y) {
     std::copy_n(job.x + static_cast<int64_t>(s / k) * n_embd, n_embd, xl.data() + i * n_embd);
     lids[i] = plan.ids[s];
   }
-  MOESH_RETURN_IF_ERROR(make_plan(job.layer, lids.data(), lw.data(), static_cast<int64_t>(n), 1, n_expert,
-                                  &local_plan));
+  MOESH_RETURN_IF_ERROR(
+      make_plan(job.layer, lids.data(), lw.data(), static_cast<int64_t>(n), 1, n_expert, &local_plan));
   const Ticket t = local->submit(job.layer, xl.data(), static_cast<int64_t>(n), local_plan);
   auto res = local->wait(t);
   if (!res) return res.status().with_context(fmt::format("backbone experts of layer {}", job.layer));

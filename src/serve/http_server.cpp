@@ -84,8 +84,7 @@ struct HttpServer::Impl {
 
   bool authorized(const httplib::Request& req, httplib::Response& res);
   Result<GenerationRequest> build_generation(const ApiRequest& r, ApiError* err) const;
-  void handle_generate(Endpoint ep, const httplib::Request& req, const std::string& body,
-                       httplib::Response& res);
+  void handle_generate(Endpoint ep, const httplib::Request& req, const std::string& body, httplib::Response& res);
   bool stream_step(StreamState& s, httplib::DataSink& sink);
   // Waits for at least one event (or shutdown); moves them out.
   bool wait_events(Channel& ch, std::deque<GenerationEvent>* out);
@@ -96,8 +95,12 @@ struct HttpServer::Impl {
 };
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-HttpServer::~HttpServer() { stop(); }
-int HttpServer::port() const { return impl_->port; }
+HttpServer::~HttpServer() {
+  stop();
+}
+int HttpServer::port() const {
+  return impl_->port;
+}
 
 bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response& res) {
   if (opts.api_key.empty()) return true;
@@ -152,9 +155,9 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
   const int64_t n_ctx = t.scheduler->n_ctx();
   const int64_t n_prompt = static_cast<int64_t>(g.prompt.size());
   if (n_prompt >= n_ctx) {
-    return fail(400, prompt_param, "context_length_exceeded",
-                fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens",
-                            n_ctx, n_prompt));
+    return fail(
+        400, prompt_param, "context_length_exceeded",
+        fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens", n_ctx, n_prompt));
   }
   if (r.max_tokens) {
     if (n_prompt + *r.max_tokens > n_ctx) {
@@ -267,8 +270,7 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st](size_t /*offset*/, httplib::DataSink& sink) { return stream_step(*st, sink); },
+      "text/event-stream", [this, st](size_t /*offset*/, httplib::DataSink& sink) { return stream_step(*st, sink); },
       [this, st](bool success) {
         // The response is gone without a finished stream (client went away, write error,
         // shutdown): free the slot now instead of generating for nobody.
@@ -364,8 +366,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
   });
   // Errors httplib produces itself (404 unknown path, 413 body too large, 400 unparsable HTTP)
   // get an OpenAI error body too; responses that already have one are left alone.
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
-                                                                httplib::Response& res) {
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.http_status = res.status;

@@ -16,10 +16,14 @@ std::string escape_label(const std::string& v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -32,8 +36,8 @@ void header(std::string& o, const char* name, const char* type, const char* help
 
 // Bucket lines (cumulative, as Prometheus wants), _sum and _count for one label set.
 template <size_t N>
-void histogram_lines(std::string& o, const char* name, const std::string& labels,
-                     const std::array<double, N>& bounds, const uint64_t* counts, double sum) {
+void histogram_lines(std::string& o, const char* name, const std::string& labels, const std::array<double, N>& bounds,
+                     const uint64_t* counts, double sum) {
   uint64_t cum = 0;
   const std::string sep = labels.empty() ? "" : ",";
   for (size_t i = 0; i < N; ++i) {
@@ -62,8 +66,8 @@ std::string render_metrics(const MetricsSnapshot& s) {
   std::string o;
   header(o, "moesh_http_requests_total", "counter", "HTTP requests by endpoint and status code");
   for (const auto& [key, n] : s.requests) {
-    o += fmt::format("moesh_http_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n",
-                     escape_label(key.first), key.second, n);
+    o += fmt::format("moesh_http_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", escape_label(key.first),
+                     key.second, n);
   }
   header(o, "moesh_request_duration_seconds", "histogram",
          "Generation request latency: arrival to the last byte of the response");
@@ -79,22 +83,19 @@ std::string render_metrics(const MetricsSnapshot& s) {
   }
   const SchedulerStats& st = s.sched;
   counter(o, "moesh_prompt_tokens_total", "Prompt tokens of admitted requests", st.prompt_tokens);
-  counter(o, "moesh_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache",
-          st.cached_prompt_tokens);
+  counter(o, "moesh_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache", st.cached_prompt_tokens);
   counter(o, "moesh_generated_tokens_total", "Generated tokens", st.generated_tokens);
   counter(o, "moesh_requests_submitted_total", "Requests accepted by the scheduler", st.requests_submitted);
-  counter(o, "moesh_requests_finished_total", "Requests that ran to a stop or length limit",
-          st.requests_finished);
+  counter(o, "moesh_requests_finished_total", "Requests that ran to a stop or length limit", st.requests_finished);
   counter(o, "moesh_requests_cancelled_total", "Requests cancelled (client gone)", st.requests_cancelled);
   counter(o, "moesh_requests_failed_total", "Requests that failed with an error", st.requests_failed);
-  counter(o, "moesh_requests_rejected_total", "Requests refused (queue full or invalid)",
-          st.requests_rejected);
+  counter(o, "moesh_requests_rejected_total", "Requests refused (queue full or invalid)", st.requests_rejected);
   counter(o, "moesh_batch_steps_total", "Forward passes run by the scheduler", st.steps);
   counter(o, "moesh_batch_tokens_total", "Tokens carried by those forward passes", st.batch_tokens);
   gauge(o, "moesh_max_batch_sequences", "Most sequences seen in one forward pass",
         static_cast<double>(st.max_batch_seen));
-  gauge(o, "moesh_generation_tokens_per_second",
-        "Generated tokens per second of scheduler busy time", st.busy_seconds > 0 ? st.generated_tokens / st.busy_seconds : 0.0);
+  gauge(o, "moesh_generation_tokens_per_second", "Generated tokens per second of scheduler busy time",
+        st.busy_seconds > 0 ? st.generated_tokens / st.busy_seconds : 0.0);
   gauge(o, "moesh_scheduler_busy_seconds", "Time spent in forward passes", st.busy_seconds);
   gauge(o, "moesh_queue_depth", "Requests waiting for a slot", st.queued);
   gauge(o, "moesh_active_slots", "Slots running a request", st.active);
@@ -118,7 +119,8 @@ std::string render_metrics(const MetricsSnapshot& s) {
   header(o, "moesh_worker_compute_seconds_total", "counter",
          "Compute time the worker reported for its requests (latency minus this = network, framing, wake-ups)");
   for (const auto& w : s.workers) {
-    o += fmt::format("moesh_worker_compute_seconds_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.compute_sum_seconds);
+    o += fmt::format("moesh_worker_compute_seconds_total{{worker=\"{}\"}} {}\n", escape_label(w.label),
+                     w.compute_sum_seconds);
   }
   header(o, "moesh_worker_bytes_sent_total", "counter", "Bytes sent to each worker (frames, headers included)");
   for (const auto& w : s.workers) {
@@ -126,8 +128,8 @@ std::string render_metrics(const MetricsSnapshot& s) {
   }
   header(o, "moesh_worker_bytes_received_total", "counter", "Bytes received from each worker");
   for (const auto& w : s.workers) {
-    o += fmt::format("moesh_worker_bytes_received_total{{worker=\"{}\"}} {}\n", escape_label(w.label),
-                     w.bytes_received);
+    o +=
+        fmt::format("moesh_worker_bytes_received_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.bytes_received);
   }
   header(o, "moesh_worker_latency_seconds", "histogram", "DISPATCH to COMBINE latency per worker");
   for (const auto& w : s.workers) {

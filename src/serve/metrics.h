@@ -36,7 +36,7 @@ namespace moesh::serve {
 
 // A fixed-bucket histogram (per-bucket counts, not cumulative; the last is +Inf).
 struct Histogram {
-  static constexpr std::array<double, 14> kBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+  static constexpr std::array<double, 14> kBounds = {0.005, 0.01, 0.025, 0.05, 0.1,  0.25, 0.5,
                                                      1.0,   2.5,  5.0,   10.0, 30.0, 60.0, 120.0};
   std::array<uint64_t, kBounds.size() + 1> counts{};
   double sum = 0;

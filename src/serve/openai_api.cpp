@@ -25,26 +25,32 @@ struct Fail {
 
 const char* json_type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::string: return "string";
-    case json::value_t::array: return "array";
-    case json::value_t::object: return "object";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "number";
-    default: return "value";
+    case json::value_t::number_unsigned:
+      return "integer";
+    case json::value_t::number_float:
+      return "number";
+    default:
+      return "value";
   }
 }
 
 Status wrong_type(const Fail& fail, const std::string& key, const char* want, const json& v) {
-  return fail(key, "invalid_type",
-              fmt::format("'{}' must be {}, got {}", key, want, json_type_name(v)));
+  return fail(key, "invalid_type", fmt::format("'{}' must be {}, got {}", key, want, json_type_name(v)));
 }
 
 // Optional number field in [lo, hi]; null counts as absent.
-Status get_number(const json& o, const char* key, double lo, double hi, const Fail& fail,
-                  std::optional<double>* out) {
+Status get_number(const json& o, const char* key, double lo, double hi, const Fail& fail, std::optional<double>* out) {
   auto it = o.find(key);
   if (it == o.end() || it->is_null()) return Status::ok();
   if (!it->is_number()) return wrong_type(fail, key, "a number", *it);
@@ -57,8 +63,7 @@ Status get_number(const json& o, const char* key, double lo, double hi, const Fa
 }
 
 // Optional integer field in [lo, hi].
-Status get_int(const json& o, const char* key, int64_t lo, int64_t hi, const Fail& fail,
-               std::optional<int64_t>* out) {
+Status get_int(const json& o, const char* key, int64_t lo, int64_t hi, const Fail& fail, std::optional<int64_t>* out) {
   auto it = o.find(key);
   if (it == o.end() || it->is_null()) return Status::ok();
   if (!it->is_number_integer()) return wrong_type(fail, key, "an integer", *it);
@@ -160,9 +165,9 @@ Status parse_messages(const json& o, ApiRequest* r, const Fail& fail) {
           return fail(pw + ".type", "invalid_type", "a content part needs a string 'type'");
         }
         if (*type != "text") {
-          return fail(pw + ".type", "unsupported_value",
-                      fmt::format("content parts of type '{}' are not supported (only 'text')",
-                                  type->get<std::string>()));
+          return fail(
+              pw + ".type", "unsupported_value",
+              fmt::format("content parts of type '{}' are not supported (only 'text')", type->get<std::string>()));
         }
         auto text = part.find("text");
         if (text == part.end() || !text->is_string()) {
@@ -396,12 +401,13 @@ nlohmann::json role_chunk(const CompletionResult& r, bool include_usage) {
   return j;
 }
 
-nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_view text,
-                          bool include_usage) {
+nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_view text, bool include_usage) {
   json j = chunk_base(ep, r, include_usage);
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-  if (ep == Endpoint::kChatCompletions) choice["delta"] = {{"content", std::string(text)}};
-  else choice["text"] = std::string(text);
+  if (ep == Endpoint::kChatCompletions)
+    choice["delta"] = {{"content", std::string(text)}};
+  else
+    choice["text"] = std::string(text);
   j["choices"] = json::array({choice});
   return j;
 }
@@ -409,8 +415,10 @@ nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_vi
 nlohmann::json finish_chunk(Endpoint ep, const CompletionResult& r, bool include_usage) {
   json j = chunk_base(ep, r, include_usage);
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r.finish)}};
-  if (ep == Endpoint::kChatCompletions) choice["delta"] = json::object();
-  else choice["text"] = "";
+  if (ep == Endpoint::kChatCompletions)
+    choice["delta"] = json::object();
+  else
+    choice["text"] = "";
   j["choices"] = json::array({choice});
   return j;
 }
@@ -434,9 +442,9 @@ std::string sse_event(const nlohmann::json& j) {
 }
 
 nlohmann::json models_response(const std::string& model, int64_t created) {
-  return json{{"object", "list"},
-              {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created},
-                                     {"owned_by", "moesh"}}})}};
+  return json{
+      {"object", "list"},
+      {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "moesh"}}})}};
 }
 
 }  // namespace moesh::serve

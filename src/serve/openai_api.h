@@ -10,17 +10,16 @@
 // with a body is a 400 naming the offending field in `param`.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "moesh/text/chat.h"
 #include "moesh/model/sampling.h"
 #include "moesh/serve/scheduler.h"
+#include "moesh/text/chat.h"
 #include "moesh/util/status.h"
 
 namespace moesh::serve {
@@ -51,19 +50,19 @@ inline constexpr size_t kMaxStopStrings = 16;
 // A validated /v1/completions or /v1/chat/completions request.
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string model;                   // as sent ("" when absent); a single model is served
+  std::string model;  // as sent ("" when absent); a single model is served
   // completions: the prompt as text, or as token ids when prompt_is_tokens
   bool prompt_is_tokens = false;
   std::string prompt;
   std::vector<int32_t> prompt_tokens;
-  std::vector<ChatMessage> messages;   // chat
-  std::optional<int32_t> max_tokens;   // max_tokens / max_completion_tokens (>= 1)
-  SamplingParams sampling;             // temp defaults to kDefaultTemperature
-  bool seed_given = false;             // else the caller draws a random seed
+  std::vector<ChatMessage> messages;  // chat
+  std::optional<int32_t> max_tokens;  // max_tokens / max_completion_tokens (>= 1)
+  SamplingParams sampling;            // temp defaults to kDefaultTemperature
+  bool seed_given = false;            // else the caller draws a random seed
   std::vector<std::string> stop;
   bool stream = false;
-  bool include_usage = false;          // stream_options.include_usage
-  bool ignore_eos = false;             // extension (llama.cpp server): generate past EOS
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // extension (llama.cpp server): generate past EOS
 };
 
 // Parses and validates a body. On failure returns the Status and fills *error (status 400, the
@@ -73,8 +72,8 @@ Result<ApiRequest> parse_request(Endpoint ep, std::string_view body, ApiError* e
 
 // What a finished (or finishing) generation reports.
 struct CompletionResult {
-  std::string id;        // "cmpl-..." / "chatcmpl-..."
-  int64_t created = 0;   // unix seconds
+  std::string id;       // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;  // unix seconds
   std::string model;
   std::string text;
   FinishReason finish = FinishReason::kStop;
@@ -92,8 +91,7 @@ nlohmann::json completion_response(Endpoint ep, const CompletionResult& r);
 // Streaming chunks ("text_completion" / "chat.completion.chunk"). When include_usage is on,
 // every chunk carries "usage": null and usage_chunk() adds the final one with empty choices.
 nlohmann::json role_chunk(const CompletionResult& r, bool include_usage);  // chat only
-nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_view text,
-                          bool include_usage);
+nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_view text, bool include_usage);
 nlohmann::json finish_chunk(Endpoint ep, const CompletionResult& r, bool include_usage);
 nlohmann::json usage_chunk(Endpoint ep, const CompletionResult& r);
 

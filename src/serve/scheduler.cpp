@@ -17,11 +17,16 @@ namespace moesh {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -33,16 +38,13 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   return i;
 }
 
-Scheduler::Impl::Impl(const Model& m, const Tokenizer* t, const SchedulerOptions& o,
-                      int64_t n_ctx_)
+Scheduler::Impl::Impl(const Model& m, const Tokenizer* t, const SchedulerOptions& o, int64_t n_ctx_)
     : model(m), tok(t), opts(o), n_ctx(n_ctx_) {}
 
-Result<std::unique_ptr<Scheduler>> Scheduler::create(const Model& model,
-                                                     const Tokenizer* tokenizer,
+Result<std::unique_ptr<Scheduler>> Scheduler::create(const Model& model, const Tokenizer* tokenizer,
                                                      const SchedulerOptions& opts) {
   if (opts.n_slots < 1) {
-    return make_error(StatusCode::kInvalidArgument, "scheduler: n_slots must be >= 1 (got {})",
-                      opts.n_slots);
+    return make_error(StatusCode::kInvalidArgument, "scheduler: n_slots must be >= 1 (got {})", opts.n_slots);
   }
   if (opts.max_batch_tokens < opts.n_slots) {
     return make_error(StatusCode::kInvalidArgument,
@@ -51,23 +53,19 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const Model& model,
                       opts.max_batch_tokens, opts.n_slots);
   }
   if (opts.max_queue < 0) {
-    return make_error(StatusCode::kInvalidArgument, "scheduler: max_queue must be >= 0 (got {})",
-                      opts.max_queue);
+    return make_error(StatusCode::kInvalidArgument, "scheduler: max_queue must be >= 0 (got {})", opts.max_queue);
   }
   const int64_t n_ctx = opts.n_ctx > 0 ? opts.n_ctx : model.hparams().n_ctx_train;
   if (n_ctx < 2) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "scheduler: context of {} cells per slot is too small", n_ctx);
+    return make_error(StatusCode::kInvalidArgument, "scheduler: context of {} cells per slot is too small", n_ctx);
   }
   if (tokenizer != nullptr && tokenizer->n_vocab() > model.hparams().n_vocab) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "scheduler: tokenizer has {} tokens but the model only {}",
+    return make_error(StatusCode::kInvalidArgument, "scheduler: tokenizer has {} tokens but the model only {}",
                       tokenizer->n_vocab(), model.hparams().n_vocab);
   }
 
   auto impl = std::make_unique<Impl>(model, tokenizer, opts, n_ctx);
-  impl->ctx = std::make_unique<Context>(
-      model, ContextParams{opts.n_threads, n_ctx, opts.executor});
+  impl->ctx = std::make_unique<Context>(model, ContextParams{opts.n_threads, n_ctx, opts.executor});
   impl->slots.resize(static_cast<size_t>(opts.n_slots));
   impl->stats.n_slots = opts.n_slots;
   Impl* raw = impl.get();
@@ -77,25 +75,28 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const Model& model,
 
 Scheduler::Scheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Scheduler::~Scheduler() { shutdown(); }
+Scheduler::~Scheduler() {
+  shutdown();
+}
 
-const SchedulerOptions& Scheduler::options() const { return impl_->opts; }
-int64_t Scheduler::n_ctx() const { return impl_->n_ctx; }
+const SchedulerOptions& Scheduler::options() const {
+  return impl_->opts;
+}
+int64_t Scheduler::n_ctx() const {
+  return impl_->n_ctx;
+}
 
 namespace {
 
 // Why a request cannot run; ok when it can.
-Status check_request(const GenerationRequest& r, const Model& model, const Tokenizer* tok,
-                     int64_t n_ctx) {
+Status check_request(const GenerationRequest& r, const Model& model, const Tokenizer* tok, int64_t n_ctx) {
   if (r.prompt.empty()) return make_error(StatusCode::kInvalidArgument, "prompt is empty");
   if (r.max_tokens < 1) {
-    return make_error(StatusCode::kInvalidArgument, "max_tokens must be >= 1 (got {})",
-                      r.max_tokens);
+    return make_error(StatusCode::kInvalidArgument, "max_tokens must be >= 1 (got {})", r.max_tokens);
   }
   MOESH_RETURN_IF_ERROR(r.sampling.validate());
   if (!r.stop.empty() && tok == nullptr) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "stop strings need a tokenizer (this model has none)");
+    return make_error(StatusCode::kInvalidArgument, "stop strings need a tokenizer (this model has none)");
   }
   for (size_t i = 0; i < r.stop.size(); ++i) {
     if (r.stop[i].empty()) {
@@ -105,16 +106,15 @@ Status check_request(const GenerationRequest& r, const Model& model, const Token
   const int64_t n_vocab = model.hparams().n_vocab;
   for (size_t i = 0; i < r.prompt.size(); ++i) {
     if (r.prompt[i] < 0 || r.prompt[i] >= n_vocab) {
-      return make_error(StatusCode::kOutOfRange,
-                        "prompt token {} at index {} is outside the vocabulary [0, {})",
+      return make_error(StatusCode::kOutOfRange, "prompt token {} at index {} is outside the vocabulary [0, {})",
                         r.prompt[i], i, n_vocab);
     }
   }
   const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
   if (need > n_ctx) {
     return make_error(StatusCode::kOutOfRange,
-                      "prompt of {} tokens + max_tokens {} = {} exceeds the context of {} tokens",
-                      r.prompt.size(), r.max_tokens, need, n_ctx);
+                      "prompt of {} tokens + max_tokens {} = {} exceeds the context of {} tokens", r.prompt.size(),
+                      r.max_tokens, need, n_ctx);
   }
   return Status::ok();
 }
@@ -151,8 +151,7 @@ Result<uint64_t> Scheduler::submit(GenerationRequest req, EventSink sink) {
     st = make_error(StatusCode::kUnavailable, "the scheduler is shutting down");
   }
   if (st.is_ok() && s.queue.size() >= static_cast<size_t>(s.opts.max_queue)) {
-    st = make_error(StatusCode::kUnavailable, "server busy: {} requests already waiting",
-                    s.queue.size());
+    st = make_error(StatusCode::kUnavailable, "server busy: {} requests already waiting", s.queue.size());
   }
   if (!st.is_ok()) {
     ++s.stats.requests_rejected;
@@ -201,9 +200,7 @@ void Scheduler::Impl::run() {
     std::vector<uint64_t> cancels;
     {
       std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] {
-        return stopping || !cancel_ids.empty() || !queue.empty() || n_active() > 0;
-      });
+      cv.wait(lk, [&] { return stopping || !cancel_ids.empty() || !queue.empty() || n_active() > 0; });
       if (stopping) break;
       cancels.swap(cancel_ids);
     }
@@ -229,8 +226,8 @@ void Scheduler::Impl::handle_cancels(std::vector<uint64_t> ids) {
     std::unique_ptr<SchedJob> queued;
     {
       std::lock_guard<std::mutex> lk(mu);
-      auto it = std::find_if(queue.begin(), queue.end(),
-                             [&](const std::unique_ptr<SchedJob>& j) { return j->id == id; });
+      auto it =
+          std::find_if(queue.begin(), queue.end(), [&](const std::unique_ptr<SchedJob>& j) { return j->id == id; });
       if (it != queue.end()) {
         queued = std::move(*it);
         queue.erase(it);
@@ -274,9 +271,15 @@ void Scheduler::Impl::finish_job(std::unique_ptr<SchedJob> job, FinishReason why
   {
     std::lock_guard<std::mutex> lk(mu);
     switch (why) {
-      case FinishReason::kCancelled: ++stats.requests_cancelled; break;
-      case FinishReason::kError: ++stats.requests_failed; break;
-      default: ++stats.requests_finished; break;
+      case FinishReason::kCancelled:
+        ++stats.requests_cancelled;
+        break;
+      case FinishReason::kError:
+        ++stats.requests_failed;
+        break;
+      default:
+        ++stats.requests_finished;
+        break;
     }
     if (job->slot >= 0) --stats.active;
   }

@@ -106,9 +106,9 @@ void flush_text(SchedJob& j) {
 // One slot's share of the step's batch.
 struct StepPart {
   int slot;
-  int64_t n;         // tokens in the batch
-  bool logits;       // its last token asks for logits (a token is sampled)
-  bool decode;       // a generated token (else a prompt chunk)
+  int64_t n;    // tokens in the batch
+  bool logits;  // its last token asks for logits (a token is sampled)
+  bool decode;  // a generated token (else a prompt chunk)
 };
 
 void Scheduler::Impl::step() {
@@ -133,8 +133,7 @@ void Scheduler::Impl::step() {
   for (int i = 0; i < static_cast<int>(slots.size()); ++i) {
     if (slots[i].job && slots[i].job->prefilling()) pre.push_back(i);
   }
-  std::sort(pre.begin(), pre.end(),
-            [&](int a, int b) { return slots[a].job->id < slots[b].job->id; });
+  std::sort(pre.begin(), pre.end(), [&](int a, int b) { return slots[a].job->id < slots[b].job->id; });
   int64_t budget = opts.max_batch_tokens - static_cast<int64_t>(batch.size());
   for (int i : pre) {
     if (budget <= 0) break;

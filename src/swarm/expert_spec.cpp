@@ -1,9 +1,9 @@
 // Expert specs (`--experts`): parsing against a model shape, canonical sets, and the model shape
 // itself. The canonical form (sorted, merged) is what HELLOs carry and what slices record.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
-
-#include <fmt/format.h>
 
 #include "moesh/model/model.h"
 #include "moesh/swarm/swarm.h"
@@ -24,8 +24,7 @@ Result<ModelShape> model_shape(const gguf::File& f) {
     MOESH_ASSIGN_OR_RETURN(std::vector<int32_t> ls, f.get<std::vector<int32_t>>(kKeyMoeLayers));
     for (int32_t l : ls) {
       if (l < 0 || static_cast<uint32_t>(l) >= s.n_layer) {
-        return make_error(StatusCode::kCorrupt, "{}: layer {} out of range (n_layer {})",
-                          kKeyMoeLayers, l, s.n_layer);
+        return make_error(StatusCode::kCorrupt, "{}: layer {} out of range (n_layer {})", kKeyMoeLayers, l, s.n_layer);
       }
       s.moe_layers.push_back(static_cast<uint32_t>(l));
     }
@@ -48,9 +47,8 @@ Result<ModelShape> model_shape(const gguf::File& f) {
 
 ExpertSet canonicalize(std::vector<wire::ExpertRange> ranges) {
   std::erase_if(ranges, [](const wire::ExpertRange& r) { return r.count == 0; });
-  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) {
-    return a.layer != b.layer ? a.layer < b.layer : a.first < b.first;
-  });
+  std::sort(ranges.begin(), ranges.end(),
+            [](const auto& a, const auto& b) { return a.layer != b.layer ? a.layer < b.layer : a.first < b.first; });
   ExpertSet out;
   for (const auto& r : ranges) {
     if (!out.ranges.empty()) {
@@ -83,8 +81,7 @@ bool ExpertSet::contains(const ExpertSet& other) const {
     // Canonical sets merge adjacent ranges, so a contained range lies inside one held range.
     bool inside = false;
     for (const auto& h : ranges) {
-      if (h.layer == r.layer && h.first <= r.first &&
-          uint64_t{r.first} + r.count <= uint64_t{h.first} + h.count) {
+      if (h.layer == r.layer && h.first <= r.first && uint64_t{r.first} + r.count <= uint64_t{h.first} + h.count) {
         inside = true;
         break;
       }
@@ -126,8 +123,10 @@ std::string ExpertSet::to_string() const {
     for (size_t q = i; q < j; ++q) {
       const auto& r = ranges[q];
       if (!s.empty()) s += ',';
-      if (r.count == 1) s += fmt::format("{}:{}", layers, r.first);
-      else s += fmt::format("{}:{}-{}", layers, r.first, r.first + r.count - 1);
+      if (r.count == 1)
+        s += fmt::format("{}:{}", layers, r.first);
+      else
+        s += fmt::format("{}:{}-{}", layers, r.first, r.first + r.count - 1);
     }
     i = next;
   }
@@ -149,8 +148,7 @@ Result<uint32_t> parse_number(std::string_view t, std::string_view item) {
   const char* e = t.data() + t.size();
   auto [p, ec] = std::from_chars(b, e, v);
   if (t.empty() || ec != std::errc() || p != e) {
-    return make_error(StatusCode::kInvalidArgument, "expert spec item '{}': '{}' is not a number",
-                      item, t);
+    return make_error(StatusCode::kInvalidArgument, "expert spec item '{}': '{}' is not a number", item, t);
   }
   return v;
 }
@@ -170,8 +168,7 @@ Result<Side> parse_side(std::string_view t, std::string_view item) {
   MOESH_ASSIGN_OR_RETURN(s.lo, parse_number(t.substr(0, dash), item));
   MOESH_ASSIGN_OR_RETURN(s.hi, parse_number(t.substr(dash + 1), item));
   if (s.hi < s.lo) {
-    return make_error(StatusCode::kInvalidArgument, "expert spec item '{}': range {}-{} is reversed",
-                      item, s.lo, s.hi);
+    return make_error(StatusCode::kInvalidArgument, "expert spec item '{}': range {}-{} is reversed", item, s.lo, s.hi);
   }
   return s;
 }
@@ -198,8 +195,8 @@ Result<ExpertSet> parse_expert_spec(std::string_view spec, const ModelShape& sha
     }
     const size_t colon = item.find(':');
     if (colon == std::string_view::npos || item.find(':', colon + 1) != std::string_view::npos) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "expert spec item '{}' must be LAYERS:EXPERTS (e.g. '0-23:*')", item);
+      return make_error(StatusCode::kInvalidArgument, "expert spec item '{}' must be LAYERS:EXPERTS (e.g. '0-23:*')",
+                        item);
     }
     MOESH_ASSIGN_OR_RETURN(Side ls, parse_side(trim(item.substr(0, colon)), item));
     MOESH_ASSIGN_OR_RETURN(Side es, parse_side(trim(item.substr(colon + 1)), item));
@@ -208,16 +205,16 @@ Result<ExpertSet> parse_expert_spec(std::string_view spec, const ModelShape& sha
       ls.hi = shape.n_layer - 1;
     } else if (ls.hi >= shape.n_layer) {
       return make_error(StatusCode::kInvalidArgument,
-                        "expert spec item '{}': layer {} out of range (the model has {} layers)",
-                        item, ls.hi, shape.n_layer);
+                        "expert spec item '{}': layer {} out of range (the model has {} layers)", item, ls.hi,
+                        shape.n_layer);
     }
     if (es.all) {
       es.lo = 0;
       es.hi = shape.n_expert - 1;
     } else if (es.hi >= shape.n_expert) {
       return make_error(StatusCode::kInvalidArgument,
-                        "expert spec item '{}': expert {} out of range (the model has {} experts per layer)",
-                        item, es.hi, shape.n_expert);
+                        "expert spec item '{}': expert {} out of range (the model has {} experts per layer)", item,
+                        es.hi, shape.n_expert);
     }
     bool any = false;
     for (uint32_t l = ls.lo; l <= ls.hi; ++l) {
@@ -227,15 +224,13 @@ Result<ExpertSet> parse_expert_spec(std::string_view spec, const ModelShape& sha
     }
     if (!any) {
       return make_error(StatusCode::kInvalidArgument,
-                        "expert spec item '{}': no MoE layer in layers {}-{} (they are dense)", item,
-                        ls.lo, ls.hi);
+                        "expert spec item '{}': no MoE layer in layers {}-{} (they are dense)", item, ls.lo, ls.hi);
     }
   }
   return canonicalize(std::move(ranges));
 }
 
-Result<ExpertSet> expert_set_from_ranges(const std::vector<wire::ExpertRange>& ranges,
-                                         const ModelShape& shape) {
+Result<ExpertSet> expert_set_from_ranges(const std::vector<wire::ExpertRange>& ranges, const ModelShape& shape) {
   for (const auto& r : ranges) {
     if (r.count == 0 || r.layer >= shape.n_layer || !shape.is_moe(r.layer) ||
         uint64_t{r.first} + r.count > shape.n_expert) {

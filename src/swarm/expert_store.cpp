@@ -1,12 +1,11 @@
 // ExpertStore: zero-copy views of the experts a worker holds, from a full model or an expert
 // slice, plus the page pre-faulting that makes a worker's resident memory ≈ its slab bytes.
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
-
-#include <fmt/format.h>
 
 #include "moesh/swarm/swarm.h"
 
@@ -39,8 +38,8 @@ bool parse_slice_gate_name(std::string_view name, uint32_t* layer, uint32_t* fir
 Status check_triplet(const ExpertWeights& w, const ModelShape& shape) {
   MOESH_RETURN_IF_ERROR(w.validate());
   if (w.n_embd() != shape.n_embd) {
-    return make_error(StatusCode::kCorrupt, "tensor '{}' has n_embd {}, the model has {}",
-                      w.gate.name, w.n_embd(), shape.n_embd);
+    return make_error(StatusCode::kCorrupt, "tensor '{}' has n_embd {}, the model has {}", w.gate.name, w.n_embd(),
+                      shape.n_embd);
   }
   return Status::ok();
 }
@@ -49,14 +48,12 @@ Status check_triplet(const ExpertWeights& w, const ModelShape& shape) {
 
 ExpertStore::~ExpertStore() = default;
 
-Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::File> file,
-                                                       const ExpertSet& held) {
+Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::File> file, const ExpertSet& held) {
   std::unique_ptr<ExpertStore> s(new ExpertStore());
   const gguf::File& f = *file;
   const std::string kind = slice_kind(f);
   if (kind == kKindBackbone) {
-    return make_error(StatusCode::kInvalidArgument, "{} is a backbone slice: it holds no routed experts",
-                      f.path());
+    return make_error(StatusCode::kInvalidArgument, "{} is a backbone slice: it holds no routed experts", f.path());
   }
   MOESH_ASSIGN_OR_RETURN(s->shape_, model_shape(f));
   MOESH_ASSIGN_OR_RETURN(s->id_, model_identity(f));
@@ -97,8 +94,8 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
       }
       MOESH_ASSIGN_OR_RETURN(size_t wi, add_weights(fmt::format("@{}-{}", a, b), l));
       if (s->weights_[wi]->n_expert() != int64_t{b} - a + 1) {
-        return make_error(StatusCode::kCorrupt, "slice tensor '{}' stacks {} experts, its name says {}",
-                          t.name, s->weights_[wi]->n_expert(), b - a + 1);
+        return make_error(StatusCode::kCorrupt, "slice tensor '{}' stacks {} experts, its name says {}", t.name,
+                          s->weights_[wi]->n_expert(), b - a + 1);
       }
       sources.push_back({l, a, b - a + 1, wi});
     }
@@ -112,8 +109,8 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
     for (const auto& r : s->held_.ranges) {
       for (uint32_t e = r.first; e < r.first + r.count; ++e) {
         if (!available.holds(r.layer, e)) {
-          return make_error(StatusCode::kNotFound, "{} does not hold layer {} expert {} (it holds {})",
-                            f.path(), r.layer, e, available.to_string());
+          return make_error(StatusCode::kNotFound, "{} does not hold layer {} expert {} (it holds {})", f.path(),
+                            r.layer, e, available.to_string());
         }
       }
     }
@@ -129,9 +126,8 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
       s->blocks_.push_back({r.layer, lo, hi - lo, int64_t{lo} - src.first, src.w_index});
     }
   }
-  std::sort(s->blocks_.begin(), s->blocks_.end(), [](const Block& a, const Block& b) {
-    return a.layer != b.layer ? a.layer < b.layer : a.first < b.first;
-  });
+  std::sort(s->blocks_.begin(), s->blocks_.end(),
+            [](const Block& a, const Block& b) { return a.layer != b.layer ? a.layer < b.layer : a.first < b.first; });
 
   for (const Block& b : s->blocks_) {
     const ExpertWeights& w = *s->weights_[b.w_index];
@@ -144,8 +140,7 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
       auto hashes = f.get<std::vector<uint64_t>>(key);
       if (!hashes) return hashes.status().with_context("slab hashes of " + f.path());
       if (static_cast<int64_t>(hashes->size()) != t->ne[2]) {
-        return make_error(StatusCode::kCorrupt, "{} has {} hashes for {} experts", key,
-                          hashes->size(), t->ne[2]);
+        return make_error(StatusCode::kCorrupt, "{} has {} hashes for {} experts", key, hashes->size(), t->ne[2]);
       }
       for (uint32_t i = 0; i < b.count; ++i) {
         const int64_t idx = b.index_base + i;

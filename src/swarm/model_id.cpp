@@ -4,11 +4,10 @@
 // is excluded (hashing 100+ GB at start-up is not an option) and so is every `moesh.slice.*` key,
 // so the value only depends on what makes two files "the same model". Slices store the full
 // model's identity, because their own tensor tables differ.
+#include <fmt/format.h>
 #include <xxhash.h>
 
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "moesh/swarm/swarm.h"
 
@@ -65,7 +64,9 @@ class Hasher {
   XXH3_state_t* st_;
 };
 
-bool is_slice_key(std::string_view k) { return k.starts_with("moesh.slice."); }
+bool is_slice_key(std::string_view k) {
+  return k.starts_with("moesh.slice.");
+}
 
 }  // namespace
 
@@ -85,9 +86,12 @@ Result<ModelIdentity> ModelIdentity::from_hex(std::string_view hex) {
     for (size_t j = 0; j < 2; ++j) {
       const char c = hex[2 * i + j];
       int d;
-      if (c >= '0' && c <= '9') d = c - '0';
-      else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-      else return make_error(StatusCode::kCorrupt, "model identity '{}' is not lowercase hex", hex);
+      if (c >= '0' && c <= '9')
+        d = c - '0';
+      else if (c >= 'a' && c <= 'f')
+        d = c - 'a' + 10;
+      else
+        return make_error(StatusCode::kCorrupt, "model identity '{}' is not lowercase hex", hex);
       b = static_cast<uint8_t>(b * 16 + d);
     }
     id.bytes[i] = b;
@@ -126,8 +130,8 @@ Result<ModelIdentity> model_identity(const gguf::File& f) {
   return compute_model_identity(f);
 }
 
-wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape,
-                       const ExpertSet& held, std::string name) {
+wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape, const ExpertSet& held,
+                       std::string name) {
   wire::Hello h;
   h.role = role;
   h.model_id_bytes = 16;
@@ -149,6 +153,5 @@ Result<ExpertActivation> expert_activation_of(const gguf::File& f) {
   if (arch == "qwen3moe" || arch == "llama" || arch == "deepseek2") return ExpertActivation::kSilu;
   return make_error(StatusCode::kUnsupported, "architecture '{}' has no known expert activation", arch);
 }
-
 
 }  // namespace moesh::swarm

@@ -1,9 +1,8 @@
 // Slice files (docs/slice.md): an expert slice holds some experts' slabs for a worker; a backbone
 // slice holds everything except the routed experts. Both keep the model's metadata (so
 // load_hparams works on them) and record the full model's identity.
-#include <xxhash.h>
-
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "moesh/swarm/swarm.h"
 
@@ -11,8 +10,7 @@ namespace moesh::swarm {
 
 namespace {
 
-constexpr const char* kExpTensors[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
-                                        "ffn_down_exps.weight"};
+constexpr const char* kExpTensors[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
 
 bool is_routed_expert_tensor(std::string_view name) {
   return name.find("_exps.") != std::string_view::npos;
@@ -20,8 +18,7 @@ bool is_routed_expert_tensor(std::string_view name) {
 
 // Copies the model's metadata (minus any moesh.slice.* keys of a previous slice) and adds the
 // keys every slice carries.
-Status start_slice(const gguf::File& model, const char* kind, const ModelShape& shape,
-                   gguf::Writer* w) {
+Status start_slice(const gguf::File& model, const char* kind, const ModelShape& shape, gguf::Writer* w) {
   for (const auto& [k, v] : model.kvs()) {
     if (!k.starts_with("moesh.slice.")) w->set(k, v);
   }
@@ -39,7 +36,9 @@ std::string slice_tensor_name(const std::string& base, uint32_t first, uint32_t 
   return fmt::format("{}@{}-{}", base, first, last);
 }
 
-uint64_t slab_hash(const uint8_t* data, size_t n_bytes) { return XXH3_64bits(data, n_bytes); }
+uint64_t slab_hash(const uint8_t* data, size_t n_bytes) {
+  return XXH3_64bits(data, n_bytes);
+}
 
 std::string slice_kind(const gguf::File& f) {
   auto k = f.get_or<std::string>(kKeyKind, "");
@@ -48,16 +47,15 @@ std::string slice_kind(const gguf::File& f) {
 
 Status write_expert_slice(const gguf::File& model, const ExpertSet& experts, const std::string& out) {
   if (!slice_kind(model).empty() && slice_kind(model) != kKindExperts) {
-    return make_error(StatusCode::kInvalidArgument, "{} is a {} slice; it holds no experts",
-                      model.path(), slice_kind(model));
+    return make_error(StatusCode::kInvalidArgument, "{} is a {} slice; it holds no experts", model.path(),
+                      slice_kind(model));
   }
   if (experts.empty()) return make_error(StatusCode::kInvalidArgument, "no experts selected");
   // Open the source through an ExpertStore: it resolves where each slab lives (full model or an
   // existing slice) and verifies a source slice's hashes before they are copied.
   auto src_file = gguf::File::open(model.path());
   if (!src_file) return src_file.status();
-  MOESH_ASSIGN_OR_RETURN(std::unique_ptr<ExpertStore> store,
-                         ExpertStore::open(std::move(*src_file), experts));
+  MOESH_ASSIGN_OR_RETURN(std::unique_ptr<ExpertStore> store, ExpertStore::open(std::move(*src_file), experts));
   gguf::Writer w;
   MOESH_RETURN_IF_ERROR(start_slice(model, kKindExperts, store->shape(), &w));
   w.set(kKeyExperts, gguf::Value::str(experts.to_string()));

@@ -5,13 +5,13 @@
 // Each connection: HELLO handshake as acceptor, then frames until the peer leaves. A frame that
 // fails header/checksum validation leaves the stream unreadable: ERROR MALFORMED (id 0) + close.
 // A well-framed but invalid request gets ERROR with its id and the connection stays usable.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <list>
 #include <mutex>
 #include <thread>
-
-#include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include "moesh/net/transport.h"
 #include "swarm/worker_internal.h"
@@ -21,7 +21,7 @@ namespace moesh::swarm {
 using namespace std::chrono_literals;
 
 namespace {
-constexpr auto kPollSlice = 100ms;   // how often idle loops look at the stop flag
+constexpr auto kPollSlice = 100ms;  // how often idle loops look at the stop flag
 constexpr auto kHandshakeTimeout = 5s;
 constexpr auto kSendTimeout = 10s;
 }  // namespace
@@ -51,8 +51,8 @@ struct Worker::Impl {
   void reap(bool all);
 };
 
-void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f,
-                                   const wire::DecodeLimits& lim, uint32_t max_send_bytes) {
+void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                                   uint32_t max_send_bytes) {
   const auto received = net::Clock::now();
   stats.dispatches.fetch_add(1);
   auto req = wire::decode_dispatch(f, lim);
@@ -92,15 +92,13 @@ void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f,
     out.text = frame ? "COMBINE exceeds the peer's frame limit" : frame.status().message();
   }
   stats.errors.fetch_add(1);
-  spdlog::debug("request {} failed: {} {}", req->request_id, wire::wire_error_name(uint16_t(out.error)),
-                out.text);
+  spdlog::debug("request {} failed: {} {}", req->request_id, wire::wire_error_name(uint16_t(out.error)), out.text);
   net::send_error(conn, req->request_id, out.error, out.text, net::deadline_in(kSendTimeout));
 }
 
 void Worker::Impl::serve(Peer* peer) {
   net::Connection& conn = *peer->conn;
-  wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(),
-                                 opts.name);
+  wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(), opts.name);
   hello.layer_act = detail::layer_activation_dtypes(*store);
   auto session = net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout));
   if (!session) {
@@ -138,8 +136,10 @@ void Worker::Impl::serve(Peer* peer) {
           break;
         }
         const uint64_t now = static_cast<uint64_t>(net::Clock::now().time_since_epoch().count());
-        auto pong = wire::encode_pong({.request_id = p->request_id, .ping_time_ns = p->send_time_ns,
-                                       .reply_time_ns = now, .pad_bytes = p->reply_pad_bytes});
+        auto pong = wire::encode_pong({.request_id = p->request_id,
+                                       .ping_time_ns = p->send_time_ns,
+                                       .reply_time_ns = now,
+                                       .pad_bytes = p->reply_pad_bytes});
         if (pong) (void)conn.send_frame(*pong, net::deadline_in(kSendTimeout));
         break;
       }
@@ -159,15 +159,14 @@ void Worker::Impl::serve(Peer* peer) {
       default:
         // HELLO again, COMBINE or PONG: valid frames a worker never expects.
         net::send_error(conn, f->request_id(), wire::WireError::kProtocol,
-                        fmt::format("unexpected {} frame on a worker connection",
-                                    wire::msg_type_name(f->type())),
+                        fmt::format("unexpected {} frame on a worker connection", wire::msg_type_name(f->type())),
                         net::deadline_in(kSendTimeout));
         break;
     }
   }
   if (stopping()) {
-    auto bye = wire::encode_goodbye({.reason = uint16_t(wire::WireError::kShuttingDown),
-                                     .text = "worker shutting down"});
+    auto bye =
+        wire::encode_goodbye({.reason = uint16_t(wire::WireError::kShuttingDown), .text = "worker shutting down"});
     if (bye) (void)conn.send_frame(*bye, net::deadline_in(1s));
   }
   conn.close();
@@ -207,11 +206,17 @@ Result<std::unique_ptr<Worker>> Worker::start(const ExpertStore* store, const Wo
   return std::unique_ptr<Worker>(new Worker(std::move(impl)));
 }
 
-uint16_t Worker::port() const { return impl_->listener->port(); }
+uint16_t Worker::port() const {
+  return impl_->listener->port();
+}
 
-const WorkerStats& Worker::stats() const { return impl_->stats; }
+const WorkerStats& Worker::stats() const {
+  return impl_->stats;
+}
 
-void Worker::stop() { impl_->stop_flag.store(true, std::memory_order_relaxed); }
+void Worker::stop() {
+  impl_->stop_flag.store(true, std::memory_order_relaxed);
+}
 
 void Worker::serve_connection(std::unique_ptr<net::Connection> conn) {
   Impl& m = *impl_;

@@ -1,10 +1,10 @@
 // One DISPATCH computed on the held slabs. The expert math is expert_ffn (the one definition of a
 // routed expert) and the PARTIAL sum uses the local executor's operation order, so EXACT/F32
 // results are the local bits and PARTIAL/F32 the local routed sum of this worker's ranks.
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "moesh/tensor/quant.h"
 #include "swarm/worker_internal.h"
@@ -31,8 +31,10 @@ std::vector<uint8_t> layer_activation_dtypes(const ExpertStore& store) {
     const GgmlType vdt = quant::vec_dot_type(slot.weights->gate.type);
     // gate and up share the input rows: one dtype can only be exact for both if they agree.
     if (vdt != quant::vec_dot_type(slot.weights->up.type)) continue;
-    if (vdt == GgmlType::Q8_0) act[r.layer] = static_cast<uint8_t>(wire::WireDType::kQ8);
-    else if (vdt == GgmlType::Q8_K) act[r.layer] = static_cast<uint8_t>(wire::WireDType::kQ8K);
+    if (vdt == GgmlType::Q8_0)
+      act[r.layer] = static_cast<uint8_t>(wire::WireDType::kQ8);
+    else if (vdt == GgmlType::Q8_K)
+      act[r.layer] = static_cast<uint8_t>(wire::WireDType::kQ8K);
   }
   return act;
 }
@@ -60,8 +62,8 @@ bool quantized_from_wire(const wire::WireRows& hidden, GgmlType vdt, QuantizedRo
   return true;
 }
 
-ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req,
-                                ComputeScratch* s, ThreadPool* pool) {
+ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req, ComputeScratch* s,
+                                ThreadPool* pool) {
   const auto t0 = std::chrono::steady_clock::now();
   const uint32_t n_tok = req.n_tokens();
   const uint32_t n_embd = req.n_embd();
@@ -78,9 +80,8 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
   for (size_t p = 0; p < n_pairs; ++p) {
     slots[p] = store.find(req.layer, req.pairs[p].expert);
     if (slots[p].weights == nullptr) {
-      return fail(wire::WireError::kNotHeld,
-                  fmt::format("layer {} expert {} is not held by this worker (it holds {})", req.layer,
-                              req.pairs[p].expert, store.held().to_string()));
+      return fail(wire::WireError::kNotHeld, fmt::format("layer {} expert {} is not held by this worker (it holds {})",
+                                                         req.layer, req.pairs[p].expert, store.held().to_string()));
     }
   }
 
@@ -133,8 +134,8 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
     const QuantizedRows& xq_up = quantized(quant::vec_dot_type(w->up.type));
     const size_t n_pos = s->tok_of_pos.size();
     s->y_grouped.resize(n_pos * n_embd);
-    run_expert_groups(s->refs, s->offsets.data(), s->tok_of_pos.data(), xq, xq_up, s->y_grouped.data(),
-                      &s->groups, pool);
+    run_expert_groups(s->refs, s->offsets.data(), s->tok_of_pos.data(), xq, xq_up, s->y_grouped.data(), &s->groups,
+                      pool);
     for (size_t j = 0; j < n_pos; ++j) {
       std::copy_n(s->y_grouped.data() + j * n_embd, n_embd, s->y.data() + size_t(s->pair_of_pos[j]) * n_embd);
     }
@@ -162,8 +163,7 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
       for (uint32_t d = 0; d < n_embd; ++d) {
         if (!std::isfinite(o[d])) {
           return fail(wire::WireError::kNonFinite,
-                      fmt::format("layer {}: weighted sum of token {} is non-finite at column {}",
-                                  req.layer, t, d));
+                      fmt::format("layer {}: weighted sum of token {} is non-finite at column {}", req.layer, t, d));
         }
       }
     }
@@ -183,8 +183,7 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
   out.combine.n_tokens = n_tok;
   out.combine.mode = req.mode;
   out.combine.rows = std::move(*enc);
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::steady_clock::now() - t0).count();
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   out.combine.compute_us = static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX));
   return out;
 }

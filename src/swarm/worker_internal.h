@@ -7,22 +7,22 @@
 #include <vector>
 
 #include "moesh/moe/executor.h"
+#include "moesh/moe/expert_stages.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/tensor/threadpool.h"
-#include "moesh/moe/expert_stages.h"
 #include "moesh/wire/wire.h"
 
 namespace moesh::swarm::detail {
 
 // Reusable buffers of one compute thread (grown on demand).
 struct ComputeScratch {
-  std::vector<float> x;                          // decoded hidden rows [n_tokens][n_embd]
-  std::map<GgmlType, QuantizedRows> xq;          // x quantized per gate vec_dot_type
-  std::vector<float> y;                          // expert outputs in pair order [n_pairs][n_embd]
-  std::vector<float> y_tmp;                      // one expert's outputs, token order
-  std::vector<float> partial;                    // [n_tokens][n_embd]
-  std::vector<float> y_grouped;                  // outputs in group order [n_pairs][n_embd]
-  std::vector<ExpertRef> refs;                   // distinct experts of one slab range
+  std::vector<float> x;                  // decoded hidden rows [n_tokens][n_embd]
+  std::map<GgmlType, QuantizedRows> xq;  // x quantized per gate vec_dot_type
+  std::vector<float> y;                  // expert outputs in pair order [n_pairs][n_embd]
+  std::vector<float> y_tmp;              // one expert's outputs, token order
+  std::vector<float> partial;            // [n_tokens][n_embd]
+  std::vector<float> y_grouped;          // outputs in group order [n_pairs][n_embd]
+  std::vector<ExpertRef> refs;           // distinct experts of one slab range
   std::vector<int32_t> offsets, tok_of_pos, pair_of_pos;
   ExpertGroupScratch groups;
 };
@@ -50,7 +50,7 @@ std::vector<uint8_t> layer_activation_dtypes(const ExpertStore& store);
 // dequantize/re-quantize round. False when the wire dtype is not `vdt`'s format.
 bool quantized_from_wire(const wire::WireRows& hidden, GgmlType vdt, QuantizedRows* out);
 
-ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req,
-                                ComputeScratch* s, ThreadPool* pool);
+ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req, ComputeScratch* s,
+                                ThreadPool* pool);
 
 }  // namespace moesh::swarm::detail

@@ -44,7 +44,7 @@ uint16_t fp32_to_fp16(float f) {
     if (abs < 0x33000000u) return sign;  // < 2^-25 rounds to 0 (2^-25 exactly ties to even 0)
     const uint32_t e = abs >> 23;        // biased exponent, 102..112
     const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;      // so that result = m >> (shift) in units of 2^-24
+    const uint32_t shift = 126 - e;  // so that result = m >> (shift) in units of 2^-24
     uint32_t r = m >> shift;
     const uint32_t rem = m & ((1u << shift) - 1);
     const uint32_t half = 1u << (shift - 1);

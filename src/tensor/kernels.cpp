@@ -11,27 +11,33 @@ namespace moesh {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kCOUNT: break;
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kCOUNT:
+      break;
   }
   return "unknown";
 }
 
 bool cpu_has(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return true;
+    case Isa::kScalar:
+      return true;
 #if defined(MOESH_X86)
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+             __builtin_cpu_supports("bmi2");
     case Isa::kAvx512:
-      return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+      return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni");
 #endif
-    default: return false;
+    default:
+      return false;
   }
 }
 

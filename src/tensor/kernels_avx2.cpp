@@ -5,6 +5,8 @@
 
 namespace moesh {
 
-void fill_kernels_avx2(KernelTable* t) { simd::fill_x86_common(t); }
+void fill_kernels_avx2(KernelTable* t) {
+  simd::fill_x86_common(t);
+}
 
 }  // namespace moesh

@@ -31,8 +31,7 @@ constexpr int64_t k_tile_min_tokens = 4;
 // Chunks per thread for the dynamic schedule of run_plans (see there).
 constexpr int k_chunks_per_thread = 4;
 
-void run(ThreadPool* pool, int64_t n, int64_t grain,
-         const std::function<void(int64_t, int64_t, int)>& fn) {
+void run(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn) {
   if (pool != nullptr) {
     pool->parallel_for(n, fn, grain);
   } else if (n > 0) {
@@ -53,8 +52,7 @@ struct Plan {
   int64_t n_tasks;
 };
 
-Plan make_plan(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y,
-               size_t ldy) {
+Plan make_plan(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y, size_t ldy) {
   const int64_t m = w.ne[1];
   const int64_t n_rb = (m + k_rows_per_task - 1) / k_rows_per_task;
   const int64_t n_tb = (n_tok + k_tokens_per_task - 1) / k_tokens_per_task;
@@ -131,8 +129,8 @@ void run_plans(const Plan* plans, int n_plans, ThreadPool* pool) {
 }
 
 // y rows are ldy floats apart; x rows (already in vec_dot_type) are x_stride bytes apart.
-void matmul_impl(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y,
-                 size_t ldy, ThreadPool* pool) {
+void matmul_impl(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y, size_t ldy,
+                 ThreadPool* pool) {
   const Plan p = make_plan(w, x, x_stride, n_tok, y, ldy);
   run_plans(&p, 1, pool);
 }
@@ -145,8 +143,7 @@ QuantizedRows& scratch_rows() {
 
 }  // namespace
 
-void quantize_rows(GgmlType type, const float* x, int64_t n_rows, int64_t k, QuantizedRows* out,
-                   ThreadPool* pool) {
+void quantize_rows(GgmlType type, const float* x, int64_t n_rows, int64_t k, QuantizedRows* out, ThreadPool* pool) {
   const FromFloatFn from_float = kernels()[type].from_float;
   assert(from_float != nullptr && k % type_block_size(type) == 0);
   out->type = type;
@@ -169,14 +166,12 @@ void matmul(const TensorView& w, const float* x, int64_t n_rows, float* y, Threa
   matmul(w, x, n_rows, y, static_cast<size_t>(w.ne[1]), pool);
 }
 
-void matmul(const TensorView& w, const float* x, int64_t n_rows, float* y, size_t ldy,
-            ThreadPool* pool) {
+void matmul(const TensorView& w, const float* x, int64_t n_rows, float* y, size_t ldy, ThreadPool* pool) {
   const int64_t k = w.ne[0];
   const GgmlType vt = quant::vec_dot_type(w.type);
   if (vt == GgmlType::F32) {
     // F32 activations are already in the dot type: no copy.
-    matmul_impl(w, reinterpret_cast<const uint8_t*>(x), static_cast<size_t>(k) * sizeof(float),
-                n_rows, y, ldy, pool);
+    matmul_impl(w, reinterpret_cast<const uint8_t*>(x), static_cast<size_t>(k) * sizeof(float), n_rows, y, ldy, pool);
     return;
   }
   QuantizedRows& xq = scratch_rows();
@@ -184,8 +179,7 @@ void matmul(const TensorView& w, const float* x, int64_t n_rows, float* y, size_
   matmul_q(w, xq, y, ldy, pool);
 }
 
-void matmul_q(const TensorView& w, const QuantizedRows& xq, float* y, size_t ldy,
-              ThreadPool* pool) {
+void matmul_q(const TensorView& w, const QuantizedRows& xq, float* y, size_t ldy, ThreadPool* pool) {
   assert(xq.type == quant::vec_dot_type(w.type) && xq.n_cols == w.ne[0]);
   assert(ldy >= static_cast<size_t>(w.ne[1]));
   matmul_impl(w, xq.data.data(), xq.row_bytes, xq.n_rows, y, ldy, pool);
@@ -205,8 +199,8 @@ void matmul_q_multi(std::span<const MatmulQ> jobs, ThreadPool* pool) {
   run_plans(plans, n, pool);
 }
 
-void matmul_q_rows(const TensorView& w, const QuantizedRows& xq, const int32_t* rows,
-                   int64_t n_sel, float* y, size_t ldy, ThreadPool* pool) {
+void matmul_q_rows(const TensorView& w, const QuantizedRows& xq, const int32_t* rows, int64_t n_sel, float* y,
+                   size_t ldy, ThreadPool* pool) {
   assert(xq.type == quant::vec_dot_type(w.type) && xq.n_cols == w.ne[0]);
   if (n_sel <= 0) return;
   // Gather the selected rows so the kernel sees a plain strided batch (tiles need one stride).

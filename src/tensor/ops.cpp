@@ -2,6 +2,8 @@
 // and docs/background/moe-architectures.md §2-3. Everything is scalar and row-local: these ops are a small part
 // of a step's time next to the matmuls, and a fixed scalar order keeps every ISA bit-identical.
 // The build uses -ffp-contract=off, so each expression below rounds exactly where written.
+#include "moesh/tensor/ops.h"
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "moesh/tensor/fma_clones.h"
-#include "moesh/tensor/ops.h"
 
 namespace moesh {
 
@@ -40,8 +41,8 @@ inline __attribute__((always_inline)) float v_expf(float x) {
   if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;  // also x = -inf -> 0
   const float u = b * b;
   const float j = std::fmaf(
-      std::fmaf(std::fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-      u, std::fmaf(0x1.ffffecp-1f, b, 1.0f));
+      std::fmaf(std::fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+      std::fmaf(0x1.ffffecp-1f, b, 1.0f));
   return std::ldexp(j, static_cast<int>(n));
 }
 
@@ -80,11 +81,17 @@ MOESH_FMA_CLONES void softmax(float* x, int64_t n) {
   for (int64_t k = 0; k < n; ++k) x[k] *= inv;
 }
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
 
-MOESH_FMA_CLONES float silu_v(float x) { return x / (1.0f + v_expf(0.0f - x)); }
+MOESH_FMA_CLONES float silu_v(float x) {
+  return x / (1.0f + v_expf(0.0f - x));
+}
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
 
 float gelu(float x) {
   constexpr float k_coef_a = 0.044715f;
@@ -112,8 +119,7 @@ namespace {
 // YaRN correction dimension: the pair index whose wavelength spans n_ctx_orig/(2*pi*beta) turns.
 float yarn_corr_dim(int n_rot, int n_ctx_orig, float beta, float base) {
   return static_cast<float>(n_rot) *
-         std::log(static_cast<float>(n_ctx_orig) / (beta * 2.0f * std::numbers::pi_v<float>)) /
-         (2.0f * std::log(base));
+         std::log(static_cast<float>(n_ctx_orig) / (beta * 2.0f * std::numbers::pi_v<float>)) / (2.0f * std::log(base));
 }
 
 // cos/sin (times mscale) of every rotated pair for one position; cs[2i], cs[2i+1].
@@ -150,8 +156,7 @@ void rope_cache(int64_t pos, const RopeParams& p, float* cs) {
 
 }  // namespace
 
-void rope(float* x, int n_heads, int head_dim, size_t head_stride, int64_t pos,
-          const RopeParams& p) {
+void rope(float* x, int n_heads, int head_dim, size_t head_stride, int64_t pos, const RopeParams& p) {
   assert(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= head_dim);
   thread_local std::vector<float> cs;
   cs.resize(static_cast<size_t>(p.n_rot));

@@ -50,7 +50,9 @@ inline float reduce32(float a[32]) {
   return a[0];
 }
 
-inline float h2f(uint16_t h) { return fp16_to_fp32(h); }
+inline float h2f(uint16_t h) {
+  return fp16_to_fp32(h);
+}
 
 // The per-lane block step of quant.h (llama.cpp's x86 order): exact int32 lane sums (lane l =
 // elements 4l..4l+3 of each 32-element group), each converted to f32 and fused with the block's
@@ -87,9 +89,9 @@ inline int iq4xs_scale_code(const BlockIQ4_XS& b, int ib) {
 // ---- per-type routines (n is a multiple of the block size; checked by the dispatchers) ----
 // to_float_X: dequantize; from_float_X: quantize (the canonical activation quantizer for the
 // activation types); vec_dot_X: weight row of X times activation row of vec_dot_type(X).
-#define MOESH_QUANT_REF_DECL(name)                                 \
-  void to_float_##name(const void* x, float* y, int64_t n);        \
-  void from_float_##name(const float* x, void* y, int64_t n);      \
+#define MOESH_QUANT_REF_DECL(name)                            \
+  void to_float_##name(const void* x, float* y, int64_t n);   \
+  void from_float_##name(const float* x, void* y, int64_t n); \
   float vec_dot_##name(int64_t n, const void* w, const void* x);
 
 MOESH_QUANT_REF_DECL(f32)

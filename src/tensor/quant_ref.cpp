@@ -7,8 +7,7 @@
 
 namespace moesh::quant {
 
-const int8_t k_values_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                   1,    13,   25,  38,  53,  69,  89,  113};
+const int8_t k_values_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 const int8_t k_values_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 float e8m0_to_fp32_half(uint8_t e) {
@@ -100,7 +99,9 @@ const RefKernels& ref_kernels(GgmlType t) {
 
 }  // namespace ref
 
-bool type_is_supported(GgmlType t) { return ref::ref_kernels(t).to_float != nullptr; }
+bool type_is_supported(GgmlType t) {
+  return ref::ref_kernels(t).to_float != nullptr;
+}
 
 namespace {
 

@@ -87,8 +87,8 @@ float fit_scale_sym(const float* x, int n, int nneg, int npos) {
   float best_s = max / static_cast<float>(-nneg);
   double best_err = std::numeric_limits<double>::infinity();
   for (int k = -8; k <= 8; ++k) {
-    const float iscale = -(static_cast<float>(nneg) + 0.1f * static_cast<float>(nneg) * 0.25f *
-                                                          static_cast<float>(k)) / max;
+    const float iscale =
+        -(static_cast<float>(nneg) + 0.1f * static_cast<float>(nneg) * 0.25f * static_cast<float>(k)) / max;
     double sqx = 0, sq2 = 0;
     int q[32];
     for (int j = 0; j < n; ++j) {
@@ -141,8 +141,7 @@ uint16_t quantize_signed_scales(const float* v, int n, int cneg, int cpos, int* 
 
 // Q4_K/Q5_K: 8 sub-blocks of 32 with 6-bit scale and min; fills d, dmin, scales[12] and q[256]
 // (0..nmax, as dequantized with the stored scales).
-void quantize_k_asym(const float* x, int nmax, uint16_t* d_out, uint16_t* dmin_out,
-                     uint8_t scales[12], int q[256]) {
+void quantize_k_asym(const float* x, int nmax, uint16_t* d_out, uint16_t* dmin_out, uint8_t scales[12], int q[256]) {
   float s[8], m[8];
   for (int i = 0; i < 8; ++i) fit_scale_min(x + 32 * i, 32, nmax, &s[i], &m[i]);
   int sc[8], mc[8];

@@ -11,8 +11,12 @@ namespace moesh::quant::ref {
 
 // ---------------------------------------------------------------- F32 / F16 / BF16
 
-void to_float_f32(const void* x, float* y, int64_t n) { std::memcpy(y, x, static_cast<size_t>(n) * 4); }
-void from_float_f32(const float* x, void* y, int64_t n) { std::memcpy(y, x, static_cast<size_t>(n) * 4); }
+void to_float_f32(const void* x, float* y, int64_t n) {
+  std::memcpy(y, x, static_cast<size_t>(n) * 4);
+}
+void from_float_f32(const float* x, void* y, int64_t n) {
+  std::memcpy(y, x, static_cast<size_t>(n) * 4);
+}
 
 void to_float_f16(const void* x, float* y, int64_t n) {
   const auto* h = static_cast<const uint16_t*>(x);
@@ -47,21 +51,22 @@ float dot_lanes32(int64_t n, LoadW load_w, LoadX load_x) {
 float vec_dot_f32(int64_t n, const void* w, const void* x) {
   const auto* a = static_cast<const float*>(w);
   const auto* b = static_cast<const float*>(x);
-  return dot_lanes32(n, [a](int64_t i) { return a[i]; }, [b](int64_t i) { return b[i]; });
+  return dot_lanes32(
+      n, [a](int64_t i) { return a[i]; }, [b](int64_t i) { return b[i]; });
 }
 
 float vec_dot_f16(int64_t n, const void* w, const void* x) {
   const auto* a = static_cast<const uint16_t*>(w);
   const auto* b = static_cast<const uint16_t*>(x);
-  return dot_lanes32(n, [a](int64_t i) { return fp16_to_fp32(a[i]); },
-                     [b](int64_t i) { return fp16_to_fp32(b[i]); });
+  return dot_lanes32(
+      n, [a](int64_t i) { return fp16_to_fp32(a[i]); }, [b](int64_t i) { return fp16_to_fp32(b[i]); });
 }
 
 float vec_dot_bf16(int64_t n, const void* w, const void* x) {
   const auto* a = static_cast<const uint16_t*>(w);
   const auto* b = static_cast<const uint16_t*>(x);
-  return dot_lanes32(n, [a](int64_t i) { return bf16_to_fp32(a[i]); },
-                     [b](int64_t i) { return bf16_to_fp32(b[i]); });
+  return dot_lanes32(
+      n, [a](int64_t i) { return bf16_to_fp32(a[i]); }, [b](int64_t i) { return bf16_to_fp32(b[i]); });
 }
 
 namespace {
@@ -94,7 +99,9 @@ void min_max(const float* x, int n, float* mn, float* mx) {
 
 // Element j of a 32-block sits in the low nibble of byte j (j < 16) or the high nibble of byte
 // j-16; q5 types keep bit 4 of element j in bit j of the little-endian u32 qh.
-inline int nibble(const uint8_t* qs, int j) { return j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4); }
+inline int nibble(const uint8_t* qs, int j) {
+  return j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+}
 inline void put_nibble(uint8_t* qs, int j, int v) {
   if (j < 16) {
     qs[j] = static_cast<uint8_t>((qs[j] & 0xF0) | (v & 15));
@@ -107,7 +114,9 @@ inline uint32_t load_u32(const uint8_t* p) {
   std::memcpy(&v, p, 4);  // little-endian hosts only (the engine targets x86-64/arm64 LE)
   return v;
 }
-inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+inline void store_u32(uint8_t* p, uint32_t v) {
+  std::memcpy(p, &v, 4);
+}
 
 // The symmetric "largest magnitude maps to the most negative code" rule of Q4_0/Q5_0: d = max/-half,
 // q = clamp(round(x/d) + half, 0, 2*half-1), quantized with the stored (f16) d so that a
@@ -154,8 +163,12 @@ void quantize_minmax(const float* x, B* y, int64_t n, int levels, uint8_t* (*qh_
   }
 }
 
-uint8_t* qh_q5_0(BlockQ5_0& b) { return b.qh; }
-uint8_t* qh_q5_1(BlockQ5_1& b) { return b.qh; }
+uint8_t* qh_q5_0(BlockQ5_0& b) {
+  return b.qh;
+}
+uint8_t* qh_q5_1(BlockQ5_1& b) {
+  return b.qh;
+}
 
 // Q8_0 and Q8_1 share the canonical activation quantizer; returns the f32 d and sum of q.
 float quantize_q8_block(const float* x, uint16_t* d_out, int8_t* qs, int32_t* sum_q) {
@@ -374,8 +387,7 @@ float iq4_fit_scale(const float* x, int n) {
   double best_err = std::numeric_limits<double>::infinity();
   for (int k = -6; k <= 14; ++k) {
     for (int end = 0; end < 2; ++end) {
-      const float target = end == 0 ? -127.0f + 4.0f * static_cast<float>(k)
-                                    : 113.0f - 4.0f * static_cast<float>(k);
+      const float target = end == 0 ? -127.0f + 4.0f * static_cast<float>(k) : 113.0f - 4.0f * static_cast<float>(k);
       const float s0 = am.max / target;
       const float is0 = 1.0f / s0;
       double sxt = 0, stt = 0;
@@ -496,8 +508,7 @@ float vec_dot_mxfp4(int64_t n, const void* vw, const void* vx) {
   for (int64_t b = 0; b < n / kQK; ++b) {
     int32_t isum = 0;
     for (int j = 0; j < kQK; ++j) isum += k_values_mxfp4[nibble(w[b].qs, j)] * x[b].qs[j];
-    acc[b % 8] =
-        std::fmaf(static_cast<float>(isum), h2f(x[b].d) * e8m0_to_fp32_half(w[b].e), acc[b % 8]);
+    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(x[b].d) * e8m0_to_fp32_half(w[b].e), acc[b % 8]);
   }
   return reduce8(acc);
 }

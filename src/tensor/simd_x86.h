@@ -29,11 +29,17 @@ namespace {
 
 using namespace moesh::quant;
 
-inline __m256i loadu256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m128i loadu128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline __m256i loadu256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+inline __m128i loadu128(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
 
 // F16C conversion: exact for every non-NaN half (NaN payloads may differ from fp16_to_fp32).
-inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+inline float h2f(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 inline float e8m0_half(uint8_t e) {
   const uint32_t bits = e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e) - 1u) << 23;
@@ -77,8 +83,7 @@ inline __m256i hsum_8x8(const __m256i* v) {
   const __m256i d = _mm256_hadd_epi32(v[6], v[7]);
   const __m256i ab = _mm256_hadd_epi32(a, b);  // [v0..v3 low halves | v0..v3 high halves]
   const __m256i cd = _mm256_hadd_epi32(c, d);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20),
-                          _mm256_permute2x128_si256(ab, cd, 0x31));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
 }
 
 inline float hmax_ps(__m256 v) {
@@ -114,8 +119,8 @@ inline __m256i unpack_nibbles16(const uint8_t* qs) {
 
 // Byte j = 0xFF if bit j of `bits` is set, else 0 (j = 0..31).
 inline __m256i bits_to_bytes(uint32_t bits) {
-  const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
-                                          0x0202020202020202, 0x0303030303030303);
+  const __m256i shuf =
+      _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
   const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
   const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuf), mask);
   return _mm256_cmpeq_epi8(v, mask);
@@ -129,7 +134,9 @@ inline __m256i pack_i32x32_to_i8(__m256i i0, __m256i i1, __m256i i2, __m256i i3)
   return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+inline __m256 abs_ps(__m256 v) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
 
 }  // namespace
 }  // namespace moesh::simd

@@ -44,7 +44,6 @@ inline void fill_x86_common(KernelTable* t) {
   at(GgmlType::Q8_K).vec_dot = vec_dot_q8_k;
 
   fill_tiles(t);
-
 }
 
 }  // namespace

@@ -102,7 +102,9 @@ inline __m128i k4_mins4(uint64_t m, const BlockQ8_K& y) {
 }
 
 // sum_g bsums[g] * m[g/2] for eight u8 mins packed in a u64.
-inline int k4_mins(uint64_t m, const BlockQ8_K& y) { return hsum_i32(k4_mins4(m, y)); }
+inline int k4_mins(uint64_t m, const BlockQ8_K& y) {
+  return hsum_i32(k4_mins4(m, y));
+}
 
 // 32 unsigned values (<= 63) x 32 activations, times one scale broadcast as int16.
 inline __m256i scaled_u8s8(__m256i q, const int8_t* y, __m256i scale16) {
@@ -256,8 +258,8 @@ struct PolicyQ3_K {
         const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, bit), _mm256_set1_epi8(1));
         const __m256i v = _mm256_or_si256(q2, _mm256_slli_epi16(hb, 2));
         const int s = 8 * h + 2 * j;
-        acc = _mm256_add_epi32(acc, offset_u8s8(v, off, loadu256(y.qs + 128 * h + 32 * j),
-                                                scale_pair16(S[s] - 32, S[s + 1] - 32)));
+        acc = _mm256_add_epi32(
+            acc, offset_u8s8(v, off, loadu256(y.qs + 128 * h + 32 * j), scale_pair16(S[s] - 32, S[s + 1] - 32)));
       }
     }
     return acc;
@@ -289,7 +291,8 @@ struct PolicyQ2_K {
     const __m128i m = _mm_srli_epi16(_mm_and_si128(sc, _mm_set1_epi8(static_cast<char>(0xF0))), 4);
     const __m128i m_lo = _mm_cvtepu8_epi16(m);
     const __m128i m_hi = _mm_cvtepu8_epi16(_mm_srli_si128(m, 8));
-    return hsum_i32(_mm_add_epi32(_mm_madd_epi16(loadu128(y.bsums), m_lo), _mm_madd_epi16(loadu128(y.bsums + 8), m_hi)));
+    return hsum_i32(
+        _mm_add_epi32(_mm_madd_epi16(loadu128(y.bsums), m_lo), _mm_madd_epi16(loadu128(y.bsums + 8), m_hi)));
   }
   static float scale(const BW& w, const BlockQ8_K& y) { return y.d * h2f(w.d); }
   static float min_scale(const BW& w, const BlockQ8_K& y) { return y.d * h2f(w.dmin); }
@@ -361,7 +364,9 @@ inline void prefetch_ahead(const void* p) {
 }
 
 // Shuffle control that broadcasts int16 element k (0..7) of each 128-bit lane to its lane.
-inline __m256i bcast16_ctrl(int k) { return _mm256_set1_epi16(static_cast<int16_t>((2 * k) | ((2 * k + 1) << 8))); }
+inline __m256i bcast16_ctrl(int k) {
+  return _mm256_set1_epi16(static_cast<int16_t>((2 * k) | ((2 * k + 1) << 8)));
+}
 
 float vec_dot_q4_k(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const BlockQ4_K*>(vw);
@@ -377,8 +382,7 @@ float vec_dot_q4_k(int64_t n, const void* vw, const void* vy) {
     uint64_t sc, m;
     unpack_k4_scales(x.scales, &sc, &m);
     // Eight u8 scales as int16 in both 128-bit lanes; chunk j's scale is element j.
-    const __m256i sc16 =
-        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
     // q <= 15, |y| <= 127: maddubs pairs <= 3810, times a scale <= 63 -- all exact.
     __m256i s_lo = _mm256_setzero_si256();
     __m256i s_hi = _mm256_setzero_si256();
@@ -386,7 +390,8 @@ float vec_dot_q4_k(int64_t n, const void* vw, const void* vy) {
     for (int c = 0; c < 4; ++c) {
       const __m256i q = loadu256(x.qs + 32 * c);
       const __m256i p_lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), loadu256(q8.qs + 64 * c));
-      const __m256i p_hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), loadu256(q8.qs + 64 * c + 32));
+      const __m256i p_hi =
+          _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), loadu256(q8.qs + 64 * c + 32));
       s_lo = _mm256_add_epi32(s_lo, _mm256_madd_epi16(p_lo, _mm256_shuffle_epi8(sc16, bcast16_ctrl(2 * c))));
       s_hi = _mm256_add_epi32(s_hi, _mm256_madd_epi16(p_hi, _mm256_shuffle_epi8(sc16, bcast16_ctrl(2 * c + 1))));
     }
@@ -449,11 +454,21 @@ float vec_dot_q6_k(int64_t n, const void* vw, const void* vy) {
   return reduce8(acc);
 }
 
-float vec_dot_q2_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ2_K>(n, w, y); }
-float vec_dot_q3_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ3_K>(n, w, y); }
-float vec_dot_q5_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ5_K>(n, w, y); }
-float vec_dot_iq4_xs(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyIQ4_XS>(n, w, y); }
-float vec_dot_q8_k(int64_t n, const void* w, const void* y) { return dot_superblocks<PolicyQ8_K>(n, w, y); }
+float vec_dot_q2_k(int64_t n, const void* w, const void* y) {
+  return dot_superblocks<PolicyQ2_K>(n, w, y);
+}
+float vec_dot_q3_k(int64_t n, const void* w, const void* y) {
+  return dot_superblocks<PolicyQ3_K>(n, w, y);
+}
+float vec_dot_q5_k(int64_t n, const void* w, const void* y) {
+  return dot_superblocks<PolicyQ5_K>(n, w, y);
+}
+float vec_dot_iq4_xs(int64_t n, const void* w, const void* y) {
+  return dot_superblocks<PolicyIQ4_XS>(n, w, y);
+}
+float vec_dot_q8_k(int64_t n, const void* w, const void* y) {
+  return dot_superblocks<PolicyQ8_K>(n, w, y);
+}
 
 }  // namespace
 }  // namespace moesh::simd

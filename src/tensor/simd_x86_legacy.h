@@ -151,13 +151,27 @@ struct PolicyQ5_1 {
   static float ysum(const BY& y) { return h2f(y.s); }
 };
 
-float vec_dot_q8_0(int64_t n, const void* w, const void* y) { return dot_blocks32<PolicyQ8_0>(n, w, y); }
-float vec_dot_q4_0(int64_t n, const void* w, const void* y) { return dot_blocks32<PolicyQ4_0>(n, w, y); }
-float vec_dot_q5_0(int64_t n, const void* w, const void* y) { return dot_blocks32<PolicyQ5_0>(n, w, y); }
-float vec_dot_iq4_nl(int64_t n, const void* w, const void* y) { return dot_blocks32<PolicyIQ4_NL>(n, w, y); }
-float vec_dot_mxfp4(int64_t n, const void* w, const void* y) { return dot_blocks32<PolicyMXFP4>(n, w, y); }
-float vec_dot_q4_1(int64_t n, const void* w, const void* y) { return dot_blocks32<PolicyQ4_1>(n, w, y); }
-float vec_dot_q5_1(int64_t n, const void* w, const void* y) { return dot_blocks32<PolicyQ5_1>(n, w, y); }
+float vec_dot_q8_0(int64_t n, const void* w, const void* y) {
+  return dot_blocks32<PolicyQ8_0>(n, w, y);
+}
+float vec_dot_q4_0(int64_t n, const void* w, const void* y) {
+  return dot_blocks32<PolicyQ4_0>(n, w, y);
+}
+float vec_dot_q5_0(int64_t n, const void* w, const void* y) {
+  return dot_blocks32<PolicyQ5_0>(n, w, y);
+}
+float vec_dot_iq4_nl(int64_t n, const void* w, const void* y) {
+  return dot_blocks32<PolicyIQ4_NL>(n, w, y);
+}
+float vec_dot_mxfp4(int64_t n, const void* w, const void* y) {
+  return dot_blocks32<PolicyMXFP4>(n, w, y);
+}
+float vec_dot_q4_1(int64_t n, const void* w, const void* y) {
+  return dot_blocks32<PolicyQ4_1>(n, w, y);
+}
+float vec_dot_q5_1(int64_t n, const void* w, const void* y) {
+  return dot_blocks32<PolicyQ5_1>(n, w, y);
+}
 
 }  // namespace
 }  // namespace moesh::simd

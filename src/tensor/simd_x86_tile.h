@@ -13,7 +13,6 @@
 namespace moesh::simd {
 namespace {
 
-
 // ---- 32-element per-lane block types (Q8_0, Q4_0): one weight row x NC activation rows
 
 // Each weight block is unpacked once (prep) and dotted with NC activation blocks; NC float
@@ -59,8 +58,7 @@ inline void q4k_row_tile(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const*
     const BlockQ4_K& x = w[b];
     uint64_t sc, m;
     unpack_k4_scales(x.scales, &sc, &m);
-    const __m256i sc16 =
-        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
     __m256i isum[NC];
     for (int j = 0; j < NC; ++j) isum[j] = _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -72,7 +70,8 @@ inline void q4k_row_tile(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const*
       const __m256i s_hi = _mm256_shuffle_epi8(sc16, bcast16_ctrl(2 * c + 1));
       for (int j = 0; j < NC; ++j) {
         const int8_t* yq = y[j][b].qs + 64 * c;
-        isum[j] = _mm256_add_epi32(isum[j], _mm256_add_epi32(scaled_u8s8(q_lo, yq, s_lo), scaled_u8s8(q_hi, yq + 32, s_hi)));
+        isum[j] =
+            _mm256_add_epi32(isum[j], _mm256_add_epi32(scaled_u8s8(q_lo, yq, s_lo), scaled_u8s8(q_hi, yq + 32, s_hi)));
       }
     }
     const float dw = h2f(x.d), mw = h2f(x.dmin);
@@ -135,8 +134,8 @@ inline void q6k_row_tile(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const*
 // Rows x tokens in groups of up to 4 tokens, each row against the group through RowTile<NC>
 // (BW weight blocks of kBlock values, BY activation blocks).
 template <class BW, class BY, int kBlock, template <int> class RowTile>
-void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
-               float* out, size_t ldo) {
+void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc, float* out,
+               size_t ldo) {
   const int64_t nb = n / kBlock;
   constexpr int kNC = 4;
   for (int c0 = 0; c0 < nc; c0 += kNC) {
@@ -149,10 +148,18 @@ void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* v
       const auto* w = reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride);
       float* o = out + static_cast<size_t>(c0) * ldo + static_cast<size_t>(r);
       switch (cn) {
-        case 4: RowTile<4>::run(nb, w, y, o, ldo); break;
-        case 3: RowTile<3>::run(nb, w, y, o, ldo); break;
-        case 2: RowTile<2>::run(nb, w, y, o, ldo); break;
-        default: RowTile<1>::run(nb, w, y, o, ldo); break;
+        case 4:
+          RowTile<4>::run(nb, w, y, o, ldo);
+          break;
+        case 3:
+          RowTile<3>::run(nb, w, y, o, ldo);
+          break;
+        case 2:
+          RowTile<2>::run(nb, w, y, o, ldo);
+          break;
+        default:
+          RowTile<1>::run(nb, w, y, o, ldo);
+          break;
       }
     }
   }

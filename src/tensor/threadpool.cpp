@@ -121,8 +121,7 @@ void ThreadPool::worker_loop(int index) {
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
-                              int64_t grain) {
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t max_chunks = std::max<int64_t>(1, n / grain);

@@ -4,13 +4,12 @@
 // text system/user/assistant conversations, rendered the way Hugging Face does it (trim_blocks and
 // lstrip_blocks on, so block tags leave no whitespace of their own). The comments name the template
 // behaviour each branch mirrors, because that behaviour (not our taste) decides every byte.
-#include "moesh/text/chat.h"
-
 #include <algorithm>
 #include <cstdint>
 #include <ctime>
 #include <string>
 
+#include "moesh/text/chat.h"
 #include "moesh/text/tokenizer.h"
 
 namespace moesh {
@@ -28,20 +27,22 @@ struct NameEntry {
 };
 // Accepted names; the first entry of each format is its canonical name.
 constexpr NameEntry kNames[] = {
-    {"chatml", ChatFormat::kChatML},       {"qwen", ChatFormat::kChatML},
-    {"qwen2", ChatFormat::kChatML},        {"qwen3", ChatFormat::kChatML},
-    {"deepseek3", ChatFormat::kDeepseek3}, {"deepseek-v3", ChatFormat::kDeepseek3},
+    {"chatml", ChatFormat::kChatML},         {"qwen", ChatFormat::kChatML},
+    {"qwen2", ChatFormat::kChatML},          {"qwen3", ChatFormat::kChatML},
+    {"deepseek3", ChatFormat::kDeepseek3},   {"deepseek-v3", ChatFormat::kDeepseek3},
     {"deepseek-r1", ChatFormat::kDeepseek3}, {"deepseek2", ChatFormat::kDeepseek2},
     {"deepseek-v2", ChatFormat::kDeepseek2}, {"llama3", ChatFormat::kLlama3},
-    {"harmony", ChatFormat::kHarmony},     {"gpt-oss", ChatFormat::kHarmony},
-    {"mistral", ChatFormat::kMistral},     {"mixtral", ChatFormat::kMistral},
+    {"harmony", ChatFormat::kHarmony},       {"gpt-oss", ChatFormat::kHarmony},
+    {"mistral", ChatFormat::kMistral},       {"mixtral", ChatFormat::kMistral},
 };
 
 bool contains(std::string_view s, std::string_view needle) {
   return s.find(needle) != std::string_view::npos;
 }
 
-Status bad(std::string msg) { return Status(StatusCode::kInvalidArgument, std::move(msg)); }
+Status bad(std::string msg) {
+  return Status(StatusCode::kInvalidArgument, std::move(msg));
+}
 
 // Jinja's `trim` filter is Python's str.strip(): it removes Unicode whitespace, not only ASCII.
 size_t whitespace_len_at(std::string_view s, size_t i) {
@@ -62,8 +63,8 @@ size_t whitespace_len_at(std::string_view s, size_t i) {
   }
   if ((c & 0xf0) == 0xe0) {
     const uint32_t cp = cp_at(3);
-    const bool ws = cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
-                    cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
+    const bool ws = cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f ||
+                    cp == 0x205f || cp == 0x3000;
     return ws ? 3 : 0;
   }
   return 0;
@@ -111,8 +112,7 @@ std::string unescape_literal(std::string_view s) {
 // ('<|im_start|>system\nYou are ...<|im_end|>\n'); Qwen3's only concatenates the caller's.
 std::string find_chatml_default_system(std::string_view src) {
   constexpr std::string_view kHead = "<|im_start|>system";
-  for (size_t pos = src.find(kHead); pos != std::string_view::npos;
-       pos = src.find(kHead, pos + 1)) {
+  for (size_t pos = src.find(kHead); pos != std::string_view::npos; pos = src.find(kHead, pos + 1)) {
     size_t body = pos + kHead.size();
     if (src.substr(body, 2) == "\\n") {
       body += 2;
@@ -147,9 +147,8 @@ Status check_roles(const std::vector<ChatMessage>& msgs, bool allow_developer, c
     if (r == "system" || r == "user" || r == "assistant" || (allow_developer && r == "developer")) {
       continue;
     }
-    return bad("chat template " + std::string(family) + ": message " + std::to_string(i) +
-               " has unknown role '" + r + "' (expected system, user, assistant" +
-               (allow_developer ? ", developer)" : ")"));
+    return bad("chat template " + std::string(family) + ": message " + std::to_string(i) + " has unknown role '" + r +
+               "' (expected system, user, assistant" + (allow_developer ? ", developer)" : ")"));
   }
   return Status::ok();
 }
@@ -189,7 +188,8 @@ std::vector<ChatSegment> render_chatml(const std::vector<ChatMessage>& msgs, boo
 
 // BOS, then the system prompt (collected from every system message, wherever it is), then the
 // turns. Assistant history keeps only the text after </think>: the template drops old reasoning.
-std::vector<ChatSegment> render_deepseek3(const std::vector<ChatMessage>& msgs, bool gen, const ChatTemplateOptions& o) {
+std::vector<ChatSegment> render_deepseek3(const std::vector<ChatMessage>& msgs, bool gen,
+                                          const ChatTemplateOptions& o) {
   Segments out;
   out.t(kDsBos);
   // The system prompt: every system message joined by "\n\n", or only the last one.
@@ -287,8 +287,7 @@ Result<std::vector<ChatSegment>> render_harmony(const std::vector<ChatMessage>& 
     if (m.role == "user") {
       out.t("<|start|>user<|message|>").c(m.content).t("<|end|>");
     } else if (m.role == "assistant") {
-      if (contains(m.content, "<|channel|>analysis<|message|>") ||
-          contains(m.content, "<|channel|>final<|message|>")) {
+      if (contains(m.content, "<|channel|>analysis<|message|>") || contains(m.content, "<|channel|>final<|message|>")) {
         return bad("chat template harmony: message " + std::to_string(i) +
                    " contains <|channel|> tags in its content (the template rejects this)");
       }
@@ -311,8 +310,9 @@ Result<std::vector<ChatSegment>> render_mistral(const std::vector<ChatMessage>& 
   const std::string* system = nullptr;
   if (msgs[0].role == "system") {
     if (o.mistral_legacy) {
-      return bad("chat template mistral (Mixtral v0.1): the template supports only user and "
-                 "assistant roles, not system");
+      return bad(
+          "chat template mistral (Mixtral v0.1): the template supports only user and "
+          "assistant roles, not system");
     }
     system = &msgs[0].content;
     first = 1;
@@ -391,8 +391,7 @@ ChatTemplateOptions detect_chat_options(ChatFormat f, std::string_view src) {
       }
       break;
     case ChatFormat::kMistral:
-      o.mistral_legacy = !contains(src, "' [INST] '") &&
-                         contains(src, "'[INST] ' + message['content'] + ' [/INST]'");
+      o.mistral_legacy = !contains(src, "' [INST] '") && contains(src, "'[INST] ' + message['content'] + ' [/INST]'");
       break;
     default:
       break;
@@ -414,8 +413,7 @@ Result<ChatTemplate> ChatTemplate::from_spec(std::string_view spec) {
 Result<ChatTemplate> ChatTemplate::from_gguf(const gguf::File& file, std::string_view override_spec) {
   if (!override_spec.empty()) return from_spec(override_spec);
   if (!file.has("tokenizer.chat_template")) {
-    return Status(StatusCode::kNotFound,
-                  "the model has no tokenizer.chat_template; name one with --chat-template");
+    return Status(StatusCode::kNotFound, "the model has no tokenizer.chat_template; name one with --chat-template");
   }
   auto src = file.get<std::string>("tokenizer.chat_template");
   if (!src) return src.status();
@@ -427,19 +425,25 @@ Result<std::vector<ChatSegment>> ChatTemplate::render_segments(const std::vector
   const bool harmony = format_ == ChatFormat::kHarmony;
   MOESH_RETURN_IF_ERROR(check_roles(messages, harmony, chat_format_name(format_)));
   switch (format_) {
-    case ChatFormat::kChatML: return render_chatml(messages, add_generation_prompt, opt_);
-    case ChatFormat::kDeepseek3: return render_deepseek3(messages, add_generation_prompt, opt_);
-    case ChatFormat::kDeepseek2: return render_deepseek2(messages, add_generation_prompt);
-    case ChatFormat::kLlama3: return render_llama3(messages, add_generation_prompt);
-    case ChatFormat::kHarmony: return render_harmony(messages, add_generation_prompt, opt_);
-    case ChatFormat::kMistral: return render_mistral(messages, opt_);
-    case ChatFormat::kCOUNT: break;
+    case ChatFormat::kChatML:
+      return render_chatml(messages, add_generation_prompt, opt_);
+    case ChatFormat::kDeepseek3:
+      return render_deepseek3(messages, add_generation_prompt, opt_);
+    case ChatFormat::kDeepseek2:
+      return render_deepseek2(messages, add_generation_prompt);
+    case ChatFormat::kLlama3:
+      return render_llama3(messages, add_generation_prompt);
+    case ChatFormat::kHarmony:
+      return render_harmony(messages, add_generation_prompt, opt_);
+    case ChatFormat::kMistral:
+      return render_mistral(messages, opt_);
+    case ChatFormat::kCOUNT:
+      break;
   }
   return Status(StatusCode::kInternal, "chat template: invalid format");
 }
 
-Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                         bool add_generation_prompt) const {
+Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
   MOESH_ASSIGN_OR_RETURN(std::vector<ChatSegment> segs, render_segments(messages, add_generation_prompt));
   std::string out;
   for (const ChatSegment& s : segs) out += s.text;
@@ -447,8 +451,7 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
 }
 
 Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
-                                           const std::vector<ChatMessage>& messages,
-                                           bool add_generation_prompt) {
+                                           const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
   MOESH_ASSIGN_OR_RETURN(std::vector<ChatSegment> segs, tmpl.render_segments(messages, add_generation_prompt));
   std::string text;
   std::vector<Tokenizer::Span> trusted;  // the template segments: where special tokens may match
@@ -466,14 +469,20 @@ Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTempl
 
 std::vector<std::string> ChatTemplate::stop_strings() const {
   switch (format_) {
-    case ChatFormat::kChatML: return {"<|im_end|>"};
+    case ChatFormat::kChatML:
+      return {"<|im_end|>"};
     case ChatFormat::kDeepseek3:
-    case ChatFormat::kDeepseek2: return {std::string(kDsEos)};
-    case ChatFormat::kLlama3: return {"<|eot_id|>"};
+    case ChatFormat::kDeepseek2:
+      return {std::string(kDsEos)};
+    case ChatFormat::kLlama3:
+      return {"<|eot_id|>"};
     // <|end|> closes the analysis channel mid-answer; only these two end the assistant's turn.
-    case ChatFormat::kHarmony: return {"<|return|>", "<|call|>"};
-    case ChatFormat::kMistral: return {"</s>"};
-    case ChatFormat::kCOUNT: break;
+    case ChatFormat::kHarmony:
+      return {"<|return|>", "<|call|>"};
+    case ChatFormat::kMistral:
+      return {"</s>"};
+    case ChatFormat::kCOUNT:
+      break;
   }
   return {};
 }
@@ -483,8 +492,10 @@ bool ChatTemplate::renders_bos() const {
     case ChatFormat::kDeepseek3:
     case ChatFormat::kDeepseek2:
     case ChatFormat::kLlama3:
-    case ChatFormat::kMistral: return true;
-    default: return false;
+    case ChatFormat::kMistral:
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -6,9 +6,10 @@
 //  - the match that wins is the one that *ends* first (ties: the longest, i.e. the one that starts
 //    first), which is what a byte-by-byte stream would see first. "Starts first" would differ:
 //    with stops "abcd" and "bc", byte-by-byte streaming completes "bc" before "abcd" exists.
+#include "moesh/text/stop_matcher.h"
+
 #include <algorithm>
 
-#include "moesh/text/stop_matcher.h"
 #include "moesh/text/tokenizer.h"
 
 namespace moesh {

@@ -27,8 +27,7 @@ Result<PreInfo> pre_info_for(std::string_view n) {
   };
   if (in({"default"})) {
     p.family = PreTokenizer::kDefault;
-  } else if (in({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-                 "lfm2"})) {
+  } else if (in({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"})) {
     p = {PreTokenizer::kLlama3, true, true, false};
   } else if (in({"dbrx", "smaug-bpe"})) {
     p.family = PreTokenizer::kLlama3;
@@ -45,20 +44,19 @@ Result<PreInfo> pre_info_for(std::string_view n) {
     p.family = PreTokenizer::kGpt4o;
   } else if (in({"bailingmoe", "bailingmoe2", "llada-moe"})) {
     p.family = PreTokenizer::kBailingMoe;
-  } else if (in({"gpt-2", "phi-2", "roberta-bpe", "mellum", "exaone4"}) ||
-             n.substr(0, 5) == "jina-") {
+  } else if (in({"gpt-2", "phi-2", "roberta-bpe", "mellum", "exaone4"}) || n.substr(0, 5) == "jina-") {
     p.family = PreTokenizer::kGpt2;
   } else {
-    return make_error(StatusCode::kUnsupported,
-                      "tokenizer.ggml.pre '{}' is not a supported pre-tokenizer", std::string(n));
+    return make_error(StatusCode::kUnsupported, "tokenizer.ggml.pre '{}' is not a supported pre-tokenizer",
+                      std::string(n));
   }
   return p;
 }
 
 // Token texts that end a turn in the chat formats we know (docs §1, end-of-generation set).
-constexpr std::string_view k_eog_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"};
+constexpr std::string_view k_eog_texts[] = {"<|eot_id|>", "<|im_end|>",    "<|end|>",         "<|return|>",
+                                            "<|call|>",   "<end_of_turn>", "<|endoftext|>",   "<|eom_id|>",
+                                            "<EOT>",      "_<EOT>",        "<|end_of_text|>", "<end_of_utterance>"};
 
 // Reads an optional special-token id. Missing -> `def`; UINT32_MAX / negative -> none (-1);
 // anything else must name a token.
@@ -72,8 +70,7 @@ Status read_special_id(const gguf::File& f, const char* key, int32_t n_vocab, in
     return Status::ok();
   }
   if (v >= n_vocab) {
-    return make_error(StatusCode::kCorrupt, "{} = {} is outside the vocabulary ({} tokens)", key,
-                      v, n_vocab);
+    return make_error(StatusCode::kCorrupt, "{} = {} is outside the vocabulary ({} tokens)", key, v, n_vocab);
   }
   id = static_cast<int32_t>(v);
   return Status::ok();
@@ -93,23 +90,21 @@ Status load(const gguf::File& f, Tokenizer::Impl& t) {
     t.kind = VocabKind::kNone;
     return Status::ok();
   } else {
-    return make_error(StatusCode::kUnsupported,
-                      "tokenizer.ggml.model '{}' is not supported (gpt2, llama, no_vocab)", model);
+    return make_error(StatusCode::kUnsupported, "tokenizer.ggml.model '{}' is not supported (gpt2, llama, no_vocab)",
+                      model);
   }
 
   MOESH_ASSIGN_OR_RETURN(t.text, f.get<std::vector<std::string>>("tokenizer.ggml.tokens"));
   if (t.text.empty()) return make_error(StatusCode::kCorrupt, "tokenizer.ggml.tokens is empty");
   if (t.text.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return make_error(StatusCode::kOutOfRange, "tokenizer.ggml.tokens has {} entries",
-                      t.text.size());
+    return make_error(StatusCode::kOutOfRange, "tokenizer.ggml.tokens has {} entries", t.text.size());
   }
   const size_t n = t.text.size();
   const auto n_vocab = static_cast<int32_t>(n);
   if (f.has("tokenizer.ggml.scores")) {
     MOESH_ASSIGN_OR_RETURN(t.scores, f.get<std::vector<float>>("tokenizer.ggml.scores"));
     if (t.scores.size() != n) {
-      return make_error(StatusCode::kCorrupt,
-                        "tokenizer.ggml.scores has {} entries but tokenizer.ggml.tokens has {}",
+      return make_error(StatusCode::kCorrupt, "tokenizer.ggml.scores has {} entries but tokenizer.ggml.tokens has {}",
                         t.scores.size(), n);
     }
   } else {
@@ -117,17 +112,14 @@ Status load(const gguf::File& f, Tokenizer::Impl& t) {
   }
   t.types.assign(n, TokenType::kNormal);
   if (f.has("tokenizer.ggml.token_type")) {
-    MOESH_ASSIGN_OR_RETURN(std::vector<int32_t> types,
-                           f.get<std::vector<int32_t>>("tokenizer.ggml.token_type"));
+    MOESH_ASSIGN_OR_RETURN(std::vector<int32_t> types, f.get<std::vector<int32_t>>("tokenizer.ggml.token_type"));
     if (types.size() != n) {
       return make_error(StatusCode::kCorrupt,
-                        "tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {}",
-                        types.size(), n);
+                        "tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {}", types.size(), n);
     }
     for (size_t i = 0; i < n; ++i) {
       if (types[i] < 0 || types[i] >= static_cast<int32_t>(TokenType::kCOUNT)) {
-        return make_error(StatusCode::kCorrupt, "tokenizer.ggml.token_type[{}] = {} is not a token type",
-                          i, types[i]);
+        return make_error(StatusCode::kCorrupt, "tokenizer.ggml.token_type[{}] = {} is not a token type", i, types[i]);
       }
       t.types[i] = static_cast<TokenType>(types[i]);
     }
@@ -151,21 +143,21 @@ Status load(const gguf::File& f, Tokenizer::Impl& t) {
     t.pre = pre.family;
     t.ignore_merges = pre.ignore_merges;
     t.add_bos = pre.add_bos;
-    MOESH_ASSIGN_OR_RETURN(std::vector<std::string> merges,
-                           f.get<std::vector<std::string>>("tokenizer.ggml.merges"));
+    MOESH_ASSIGN_OR_RETURN(std::vector<std::string> merges, f.get<std::vector<std::string>>("tokenizer.ggml.merges"));
     t.merge_rank.reserve(merges.size());
     for (size_t r = 0; r < merges.size(); ++r) {
       const std::string& m = merges[r];
       const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
       if (sp == std::string::npos || sp + 1 >= m.size()) {
-        return make_error(StatusCode::kCorrupt,
-                          "tokenizer.ggml.merges[{}] = '{}' is not two space-separated tokens", r, m);
+        return make_error(StatusCode::kCorrupt, "tokenizer.ggml.merges[{}] = '{}' is not two space-separated tokens", r,
+                          m);
       }
       const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
       if (!t.text_to_id.count(left) || !t.text_to_id.count(right)) {
         return make_error(StatusCode::kCorrupt,
                           "tokenizer.ggml.merges[{}] = '{}' names a token that is not in the "
-                          "vocabulary ('{}')", r, m, t.text_to_id.count(left) ? right : left);
+                          "vocabulary ('{}')",
+                          r, m, t.text_to_id.count(left) ? right : left);
       }
       t.merge_rank.emplace(m, static_cast<int32_t>(r));  // first (lowest) rank wins
     }
@@ -193,8 +185,7 @@ Status load(const gguf::File& f, Tokenizer::Impl& t) {
   if (pre.no_bos) t.bos = -1;
   MOESH_ASSIGN_OR_RETURN(t.add_bos, f.get_or<bool>("tokenizer.ggml.add_bos_token", t.add_bos));
   MOESH_ASSIGN_OR_RETURN(t.add_eos, f.get_or<bool>("tokenizer.ggml.add_eos_token", t.add_eos));
-  MOESH_ASSIGN_OR_RETURN(t.add_space_prefix,
-                         f.get_or<bool>("tokenizer.ggml.add_space_prefix", t.add_space_prefix));
+  MOESH_ASSIGN_OR_RETURN(t.add_space_prefix, f.get_or<bool>("tokenizer.ggml.add_space_prefix", t.add_space_prefix));
   if (t.add_bos && t.bos < 0) t.add_bos = false;
   if (t.add_eos && t.eos < 0) t.add_eos = false;
 
@@ -203,8 +194,8 @@ Status load(const gguf::File& f, Tokenizer::Impl& t) {
   for (int32_t id : {t.eos, t.eot, t.eom}) {
     if (id >= 0) t.eog[id] = 1;
   }
-  for (const char* key : {"tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id",
-                          "tokenizer.ggml.fim_sep_token_id"}) {
+  for (const char* key :
+       {"tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id"}) {
     int32_t id = -1;
     MOESH_RETURN_IF_ERROR(read_special_id(f, key, n_vocab, id));
     if (id >= 0) t.eog[id] = 1;
@@ -290,15 +281,24 @@ Result<PreTokenizer> pre_tokenizer_for(std::string_view name) {
 
 const char* pre_tokenizer_name(PreTokenizer p) {
   switch (p) {
-    case PreTokenizer::kDefault: return "default";
-    case PreTokenizer::kGpt2: return "gpt-2";
-    case PreTokenizer::kLlama3: return "llama3";
-    case PreTokenizer::kQwen2: return "qwen2";
-    case PreTokenizer::kDeepseekLlm: return "deepseek-llm";
-    case PreTokenizer::kDeepseek3: return "deepseek-v3";
-    case PreTokenizer::kGpt4o: return "gpt-4o";
-    case PreTokenizer::kBailingMoe: return "bailingmoe";
-    case PreTokenizer::kCOUNT: break;
+    case PreTokenizer::kDefault:
+      return "default";
+    case PreTokenizer::kGpt2:
+      return "gpt-2";
+    case PreTokenizer::kLlama3:
+      return "llama3";
+    case PreTokenizer::kQwen2:
+      return "qwen2";
+    case PreTokenizer::kDeepseekLlm:
+      return "deepseek-llm";
+    case PreTokenizer::kDeepseek3:
+      return "deepseek-v3";
+    case PreTokenizer::kGpt4o:
+      return "gpt-4o";
+    case PreTokenizer::kBailingMoe:
+      return "bailingmoe";
+    case PreTokenizer::kCOUNT:
+      break;
   }
   return "?";
 }
@@ -316,8 +316,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const gguf::File& file) 
 namespace {
 // encode() with an optional guard on where special-token texts may match (encode_guarded).
 Result<std::vector<int32_t>> encode_impl(const Tokenizer::Impl& t, std::string_view text, bool add_special,
-                                         bool parse_special, std::span<const Tokenizer::Span> guard,
-                                         bool guarded) {
+                                         bool parse_special, std::span<const Tokenizer::Span> guard, bool guarded) {
   if (t.kind == VocabKind::kNone) {
     return make_error(StatusCode::kUnsupported, "this model has no vocabulary (no_vocab)");
   }
@@ -338,8 +337,10 @@ Result<std::vector<int32_t>> encode_impl(const Tokenizer::Impl& t, std::string_v
       escaped.clear();
       if (t.add_space_prefix && prev_special) escaped = "\xE2\x96\x81";
       for (char c : run) {
-        if (c == ' ') escaped += "\xE2\x96\x81";
-        else escaped.push_back(c);
+        if (c == ' ')
+          escaped += "\xE2\x96\x81";
+        else
+          escaped.push_back(c);
       }
       t.spm_encode(escaped, out);
     }
@@ -350,8 +351,7 @@ Result<std::vector<int32_t>> encode_impl(const Tokenizer::Impl& t, std::string_v
 }
 }  // namespace
 
-Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special,
-                                               bool parse_special) const {
+Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   return encode_impl(*impl_, text, add_special, parse_special, {}, false);
 }
 
@@ -380,8 +380,10 @@ std::string Tokenizer::Impl::piece(int32_t id, bool special) const {
       out = s;
       break;
     case TokenType::kUnknown:
-      if (kind == VocabKind::kSpm) out = "\xE2\x96\x85";  // llama.cpp renders <unk> as U+2585
-      else if (special) out = s;
+      if (kind == VocabKind::kSpm)
+        out = "\xE2\x96\x85";  // llama.cpp renders <unk> as U+2585
+      else if (special)
+        out = s;
       break;
     case TokenType::kByte:
       if (kind == VocabKind::kSpm && s.size() == 6 && s.compare(0, 3, "<0x") == 0) {
@@ -412,8 +414,10 @@ std::string Tokenizer::Impl::piece(int32_t id, bool special) const {
             continue;
           }
           const int b = tok::unicode_to_byte(cp);
-          if (b >= 0) out.push_back(static_cast<char>(b));
-          else out.append(s, start, i - start);
+          if (b >= 0)
+            out.push_back(static_cast<char>(b));
+          else
+            out.append(s, start, i - start);
         }
       }
       break;
@@ -432,8 +436,10 @@ Result<std::string> Tokenizer::decode(std::span<const int32_t> ids, DecodeOption
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     if (id < 0 || id >= n_vocab()) {
-      return make_error(StatusCode::kOutOfRange, "token id {} at position {} is outside the "
-                        "vocabulary ({} tokens)", id, i, n_vocab());
+      return make_error(StatusCode::kOutOfRange,
+                        "token id {} at position {} is outside the "
+                        "vocabulary ({} tokens)",
+                        id, i, n_vocab());
     }
     std::string p = t.piece(id, opt.special);
     if (is_special(id)) {
@@ -447,11 +453,19 @@ Result<std::string> Tokenizer::decode(std::span<const int32_t> ids, DecodeOption
   return out;
 }
 
-std::string Tokenizer::token_to_piece(int32_t id, bool special) const { return impl_->piece(id, special); }
+std::string Tokenizer::token_to_piece(int32_t id, bool special) const {
+  return impl_->piece(id, special);
+}
 
-VocabKind Tokenizer::kind() const { return impl_->kind; }
-PreTokenizer Tokenizer::pre_tokenizer() const { return impl_->pre; }
-int32_t Tokenizer::n_vocab() const { return static_cast<int32_t>(impl_->text.size()); }
+VocabKind Tokenizer::kind() const {
+  return impl_->kind;
+}
+PreTokenizer Tokenizer::pre_tokenizer() const {
+  return impl_->pre;
+}
+int32_t Tokenizer::n_vocab() const {
+  return static_cast<int32_t>(impl_->text.size());
+}
 const std::string& Tokenizer::token_text(int32_t id) const {
   static const std::string k_empty;
   return id >= 0 && id < n_vocab() ? impl_->text[id] : k_empty;
@@ -459,14 +473,30 @@ const std::string& Tokenizer::token_text(int32_t id) const {
 TokenType Tokenizer::token_type(int32_t id) const {
   return id >= 0 && id < n_vocab() ? impl_->types[id] : TokenType::kUndefined;
 }
-int32_t Tokenizer::token_id(std::string_view text) const { return impl_->find(text); }
-int32_t Tokenizer::bos() const { return impl_->bos; }
-int32_t Tokenizer::eos() const { return impl_->eos; }
-int32_t Tokenizer::eot() const { return impl_->eot; }
-int32_t Tokenizer::unk() const { return impl_->unk; }
-int32_t Tokenizer::pad() const { return impl_->pad; }
-bool Tokenizer::add_bos() const { return impl_->add_bos; }
-bool Tokenizer::add_eos() const { return impl_->add_eos; }
+int32_t Tokenizer::token_id(std::string_view text) const {
+  return impl_->find(text);
+}
+int32_t Tokenizer::bos() const {
+  return impl_->bos;
+}
+int32_t Tokenizer::eos() const {
+  return impl_->eos;
+}
+int32_t Tokenizer::eot() const {
+  return impl_->eot;
+}
+int32_t Tokenizer::unk() const {
+  return impl_->unk;
+}
+int32_t Tokenizer::pad() const {
+  return impl_->pad;
+}
+bool Tokenizer::add_bos() const {
+  return impl_->add_bos;
+}
+bool Tokenizer::add_eos() const {
+  return impl_->add_eos;
+}
 bool Tokenizer::is_eog(int32_t id) const {
   return id >= 0 && id < n_vocab() && impl_->eog[id] != 0;
 }

@@ -78,8 +78,10 @@ Status Tokenizer::Impl::bpe_encode(std::string_view text, std::vector<int32_t>& 
       size_t j = 0;
       while (j < s.size()) {
         const size_t n = std::min(s.size() - j, tok::utf8_len_from_lead(static_cast<uint8_t>(s[j])));
-        if (int32_t id = find(s.substr(j, n)); id >= 0) out.push_back(id);
-        else if (unk >= 0) out.push_back(unk);
+        if (int32_t id = find(s.substr(j, n)); id >= 0)
+          out.push_back(id);
+        else if (unk >= 0)
+          out.push_back(unk);
         j += n;
       }
     }

@@ -10,11 +10,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "moesh/util/status.h"
 #include "moesh/text/bpe_text.h"
 #include "moesh/text/tokenizer.h"
-
-
+#include "moesh/util/status.h"
 
 namespace moesh {
 

@@ -17,8 +17,7 @@ namespace {
 // Contractions with explicit case classes (llama.cpp's rewrite of HF's `(?i:'s|...)`).
 #define MOESH_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 
-const char* const k_gpt2 =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
+const char* const k_gpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
 
 const char* const k_llama3 = MOESH_CONTRACTIONS
     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
@@ -33,10 +32,11 @@ const char* const k_qwen2 = MOESH_CONTRACTIONS
 // letter other than A-Z"; we use the same approximation to tokenize as it does.
 #define MOESH_O200K_U "(?:(?=\\p{L})[^a-z])"
 #define MOESH_O200K_L "(?:(?=\\p{L})[^A-Z])"
-const char* const k_gpt4o =
-    "[^\\r\\n\\p{L}\\p{N}]?" MOESH_O200K_U "*" MOESH_O200K_L "+" MOESH_CONTRACTIONS "?"
-    "|[^\\r\\n\\p{L}\\p{N}]?" MOESH_O200K_U "+" MOESH_O200K_L "*" MOESH_CONTRACTIONS "?"
-    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char* const k_gpt4o = "[^\\r\\n\\p{L}\\p{N}]?" MOESH_O200K_U "*" MOESH_O200K_L "+" MOESH_CONTRACTIONS
+                            "?"
+                            "|[^\\r\\n\\p{L}\\p{N}]?" MOESH_O200K_U "+" MOESH_O200K_L "*" MOESH_CONTRACTIONS
+                            "?"
+                            "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 const char* const k_bailing =
     "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
@@ -67,9 +67,12 @@ std::vector<std::string> regexes_for(PreTokenizer p) {
   switch (p) {
     case PreTokenizer::kDefault:
       return {"[\\p{P}\\$\\+<=>\\^~\\|]+", k_gpt2, "\\p{N}+", "[0-9][0-9][0-9]"};
-    case PreTokenizer::kGpt2: return {k_gpt2};
-    case PreTokenizer::kLlama3: return {k_llama3};
-    case PreTokenizer::kQwen2: return {k_qwen2};
+    case PreTokenizer::kGpt2:
+      return {k_gpt2};
+    case PreTokenizer::kLlama3:
+      return {k_llama3};
+    case PreTokenizer::kQwen2:
+      return {k_qwen2};
     case PreTokenizer::kDeepseekLlm:
       return {"[\\r\\n]",
               k_deepseek_llm_letters,
@@ -79,14 +82,16 @@ std::vector<std::string> regexes_for(PreTokenizer p) {
               "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+",
               "\\p{N}+"};
     case PreTokenizer::kDeepseek3:
-      return {"\\p{N}{1,3}",
-              "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
+      return {"\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
               "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
               "|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*"
               "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"};
-    case PreTokenizer::kGpt4o: return {k_gpt4o};
-    case PreTokenizer::kBailingMoe: return {k_bailing};
-    case PreTokenizer::kCOUNT: break;
+    case PreTokenizer::kGpt4o:
+      return {k_gpt4o};
+    case PreTokenizer::kBailingMoe:
+      return {k_bailing};
+    case PreTokenizer::kCOUNT:
+      break;
   }
   return {};
 }
@@ -101,10 +106,9 @@ Result<std::unique_ptr<RegexSplitter>> RegexSplitter::create(PreTokenizer family
     int err = 0;
     PCRE2_SIZE err_off = 0;
     // DOLLAR_ENDONLY: `$` means the end of the fragment, not "before a final newline".
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(re.data()), re.size(),
-                                     PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY |
-                                         PCRE2_NO_UTF_CHECK,
-                                     &err, &err_off, nullptr);
+    pcre2_code* code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(re.data()), re.size(),
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY | PCRE2_NO_UTF_CHECK, &err, &err_off, nullptr);
     if (code == nullptr) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
@@ -142,8 +146,7 @@ Status RegexSplitter::split(std::string_view text, std::vector<std::string_view>
         if (rc < 0) {
           PCRE2_UCHAR msg[256];
           pcre2_get_error_message(rc, msg, sizeof(msg));
-          st = make_error(StatusCode::kInternal, "pre-tokenizer regex failed: {}",
-                          reinterpret_cast<const char*>(msg));
+          st = make_error(StatusCode::kInternal, "pre-tokenizer regex failed: {}", reinterpret_cast<const char*>(msg));
           break;
         }
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);

@@ -61,8 +61,10 @@ void Tokenizer::Impl::spm_encode(std::string_view text, std::vector<int32_t>& ou
     // Only single characters can lack a token (a merge needs the merged text in the vocab).
     for (char c : s) {
       const int32_t id = byte_token[static_cast<uint8_t>(c)];
-      if (id >= 0) out.push_back(id);
-      else if (unk >= 0) out.push_back(unk);
+      if (id >= 0)
+        out.push_back(id);
+      else if (unk >= 0)
+        out.push_back(unk);
     }
   }
 }

@@ -7,16 +7,22 @@
 namespace moesh::tok {
 namespace {
 
-bool is_cont(uint8_t b) { return (b & 0xC0) == 0x80; }
+bool is_cont(uint8_t b) {
+  return (b & 0xC0) == 0x80;
+}
 
 // Valid range of the second byte after `lead` (excludes overlongs, surrogates, > U+10FFFF).
 void second_byte_range(uint8_t lead, uint8_t& lo, uint8_t& hi) {
   lo = 0x80;
   hi = 0xBF;
-  if (lead == 0xE0) lo = 0xA0;
-  else if (lead == 0xED) hi = 0x9F;
-  else if (lead == 0xF0) lo = 0x90;
-  else if (lead == 0xF4) hi = 0x8F;
+  if (lead == 0xE0)
+    lo = 0xA0;
+  else if (lead == 0xED)
+    hi = 0x9F;
+  else if (lead == 0xF0)
+    lo = 0x90;
+  else if (lead == 0xF4)
+    hi = 0x8F;
 }
 
 // Number of bytes at s[i..] that form a valid (possibly unfinished) prefix of one character;
@@ -108,7 +114,9 @@ const ByteTables& byte_tables() {
 
 }  // namespace
 
-const std::string& byte_to_unicode(uint8_t b) { return byte_tables().to_unicode[b]; }
+const std::string& byte_to_unicode(uint8_t b) {
+  return byte_tables().to_unicode[b];
+}
 
 int unicode_to_byte(uint32_t cp) {
   return cp < 512 ? byte_tables().from_unicode[cp] : -1;

@@ -33,8 +33,7 @@ Status validate_hello(const Hello& m, StatusCode code) {
   if (m.name.size() > kMaxNameBytes)
     return make_error(code, "HELLO: name of {} bytes (max {})", m.name.size(), kMaxNameBytes);
   if (!m.layer_act.empty() && m.n_layer != 0 && m.layer_act.size() != m.n_layer)
-    return make_error(code, "HELLO: activation table of {} layers for a {}-layer model", m.layer_act.size(),
-                      m.n_layer);
+    return make_error(code, "HELLO: activation table of {} layers for a {}-layer model", m.layer_act.size(), m.n_layer);
   if (m.layer_act.size() > 0xFFFF)
     return make_error(code, "HELLO: activation table of {} entries (max 65535)", m.layer_act.size());
   for (size_t l = 0; l < m.layer_act.size(); ++l) {
@@ -105,24 +104,24 @@ Result<Hello> decode_hello(const Frame& f) {
                       f.payload.size());
   m.role = static_cast<PeerRole>(role);
   if (!r.u8(&m.model_id_bytes) || !r.u16(&reserved) || !r.raw(m.model_id.data(), m.model_id.size()) ||
-      !r.u32(&m.n_layer) || !r.u32(&m.n_expert) || !r.u32(&m.n_embd) || !r.u32(&m.dtypes) ||
-      !r.u32(&m.modes) || !r.u32(&m.max_frame_bytes) || !r.u16(&n_ranges) || !r.u16(&name_len))
+      !r.u32(&m.n_layer) || !r.u32(&m.n_expert) || !r.u32(&m.n_embd) || !r.u32(&m.dtypes) || !r.u32(&m.modes) ||
+      !r.u32(&m.max_frame_bytes) || !r.u16(&n_ranges) || !r.u16(&name_len))
     return make_error(StatusCode::kCorrupt, "HELLO payload of {} bytes shorter than its {}-byte fixed part",
                       f.payload.size(), kHelloFixedBytes);
   if (reserved != 0) return make_error(StatusCode::kCorrupt, "HELLO: reserved field is {}", reserved);
   // The header of a HELLO carries the sender's highest version (that is how a newer layout is
   // recognised before the payload is read), so the two must agree.
   if (f.header.version != m.max_version)
-    return make_error(StatusCode::kCorrupt, "HELLO header version {} but payload max_version {}",
-                      f.header.version, m.max_version);
+    return make_error(StatusCode::kCorrupt, "HELLO header version {} but payload max_version {}", f.header.version,
+                      m.max_version);
   if (n_ranges > kMaxExpertRanges)
     return make_error(StatusCode::kCorrupt, "HELLO: {} expert ranges (max {})", n_ranges, kMaxExpertRanges);
   if (name_len > kMaxNameBytes)
     return make_error(StatusCode::kCorrupt, "HELLO: name of {} bytes (max {})", name_len, kMaxNameBytes);
   const size_t need = size_t{kRangeBytes} * n_ranges + name_len;
   if (r.remaining() < need)
-    return make_error(StatusCode::kCorrupt, "HELLO: {} ranges and a {}-byte name need {} bytes, {} left",
-                      n_ranges, name_len, need, r.remaining());
+    return make_error(StatusCode::kCorrupt, "HELLO: {} ranges and a {}-byte name need {} bytes, {} left", n_ranges,
+                      name_len, need, r.remaining());
   // A v1 HELLO ends after the name (it is still read, so negotiation can say which versions the
   // peer speaks).
   if (f.header.version < 2 && r.remaining() != need)
@@ -136,8 +135,8 @@ Result<Hello> decode_hello(const Frame& f) {
     if (!r.u16(&n_act))
       return make_error(StatusCode::kCorrupt, "HELLO v{} without its activation table count", f.header.version);
     if (r.remaining() < n_act)
-      return make_error(StatusCode::kCorrupt, "HELLO: activation table of {} layers needs {} bytes, {} left",
-                        n_act, n_act, r.remaining());
+      return make_error(StatusCode::kCorrupt, "HELLO: activation table of {} layers needs {} bytes, {} left", n_act,
+                        n_act, r.remaining());
     m.layer_act.resize(n_act);
     (void)r.raw(m.layer_act.data(), n_act);
     // A newer version may append fields after ours; in our own version the size is exact.
@@ -178,7 +177,8 @@ Result<Session> negotiate(const Hello& local, const Hello& peer) {
   s.dtypes = local.dtypes & peer.dtypes;
   s.modes = local.modes & peer.modes;
   if (s.dtypes == 0 || s.modes == 0)
-    return make_error(StatusCode::kUnsupported, "no common wire dtype/combine mode with peer '{}' (dtypes 0x{:x}/0x{:x}, modes 0x{:x}/0x{:x})",
+    return make_error(StatusCode::kUnsupported,
+                      "no common wire dtype/combine mode with peer '{}' (dtypes 0x{:x}/0x{:x}, modes 0x{:x}/0x{:x})",
                       peer.name, local.dtypes, peer.dtypes, local.modes, peer.modes);
   s.max_send_bytes = peer.max_frame_bytes;
   s.peer = peer;

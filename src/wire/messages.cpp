@@ -20,20 +20,25 @@ constexpr size_t kDispatchFixedBytes = 24;
 constexpr size_t kCombineFixedBytes = 24;
 constexpr size_t kPairBytes = 8;
 
-size_t align4(size_t n) { return (n + 3) & ~size_t{3}; }
+size_t align4(size_t n) {
+  return (n + 3) & ~size_t{3};
+}
 
-bool dtype_ok(uint8_t v) { return v < static_cast<uint8_t>(WireDType::kCOUNT); }
-bool mode_ok(uint8_t v) { return v < static_cast<uint8_t>(CombineMode::kCOUNT); }
+bool dtype_ok(uint8_t v) {
+  return v < static_cast<uint8_t>(WireDType::kCOUNT);
+}
+bool mode_ok(uint8_t v) {
+  return v < static_cast<uint8_t>(CombineMode::kCOUNT);
+}
 
 Status check_type(const Frame& f, MsgType want) {
   if (f.type() != want)
-    return make_error(StatusCode::kInvalidArgument, "expected a {} frame, got {}",
-                      msg_type_name(want), msg_type_name(f.type()));
+    return make_error(StatusCode::kInvalidArgument, "expected a {} frame, got {}", msg_type_name(want),
+                      msg_type_name(f.type()));
   return Status::ok();
 }
 
-Status check_shape(StatusCode code, const char* what, uint32_t n_tokens, uint32_t n_embd,
-                   const DecodeLimits& lim) {
+Status check_shape(StatusCode code, const char* what, uint32_t n_tokens, uint32_t n_embd, const DecodeLimits& lim) {
   if (n_tokens == 0) return make_error(code, "{}: n_tokens is 0", what);
   if (n_embd == 0 || n_embd > lim.max_n_embd)
     return make_error(code, "{}: n_embd {} outside 1..{}", what, n_embd, lim.max_n_embd);
@@ -51,8 +56,8 @@ Status check_rows(StatusCode code, const char* what, const WireRows& rows, const
     return make_error(code, "{}: unknown wire dtype {}", what, static_cast<int>(rows.dtype));
   const size_t want = wire_row_bytes(rows.dtype, rows.n_cols) * rows.n_rows;
   if (rows.bytes.size() != want)
-    return make_error(code, "{}: rows hold {} bytes, {}x{} {} needs {}", what, rows.bytes.size(),
-                      rows.n_rows, rows.n_cols, wire_dtype_name(rows.dtype), want);
+    return make_error(code, "{}: rows hold {} bytes, {}x{} {} needs {}", what, rows.bytes.size(), rows.n_rows,
+                      rows.n_cols, wire_dtype_name(rows.dtype), want);
   if (!lim.allow_non_finite) {
     Status st = check_rows_finite(rows);
     if (!st.is_ok()) return Status(code, fmt::format("{}: {}", what, st.message()));
@@ -84,20 +89,19 @@ Status validate_dispatch(const DispatchMsg& m, const DecodeLimits& lim, StatusCo
     for (uint32_t i = 0; i < k; ++i) {
       const ExpertPair& p = m.pairs[at + i];
       if (lim.n_expert != 0 && p.expert >= lim.n_expert)
-        return make_error(code, "DISPATCH: token {} expert id {} out of range (layer has {})", t,
-                          p.expert, lim.n_expert);
+        return make_error(code, "DISPATCH: token {} expert id {} out of range (layer has {})", t, p.expert,
+                          lim.n_expert);
       if (!lim.allow_non_finite && !std::isfinite(p.weight))
         return make_error(code, "DISPATCH: token {} expert {} has non-finite weight", t, p.expert);
       for (uint32_t j = 0; j < i; ++j) {
         const ExpertPair& q = m.pairs[at + j];
-        if (q.expert == p.expert)
-          return make_error(code, "DISPATCH: token {} lists expert {} twice", t, p.expert);
+        if (q.expert == p.expert) return make_error(code, "DISPATCH: token {} lists expert {} twice", t, p.expert);
       }
       // Ranks strictly increase within a token: the partial sum and the backbone's exact sum
       // both run in rank order, and a duplicate rank would make that order ambiguous.
       if (i > 0 && p.rank <= m.pairs[at + i - 1].rank)
-        return make_error(code, "DISPATCH: token {} ranks not strictly increasing ({} after {})", t,
-                          p.rank, m.pairs[at + i - 1].rank);
+        return make_error(code, "DISPATCH: token {} ranks not strictly increasing ({} after {})", t, p.rank,
+                          m.pairs[at + i - 1].rank);
     }
     at += k;
   }
@@ -113,8 +117,7 @@ Status validate_combine(const CombineMsg& m, const DecodeLimits& lim, StatusCode
   const uint64_t n_rows = m.rows.n_rows;
   if (m.mode == CombineMode::kPartial && n_rows != m.n_tokens)
     return make_error(code, "COMBINE partial: {} rows for {} tokens", n_rows, m.n_tokens);
-  if (m.mode == CombineMode::kExact &&
-      (n_rows < m.n_tokens || n_rows > uint64_t{m.n_tokens} * kMaxPairsPerToken))
+  if (m.mode == CombineMode::kExact && (n_rows < m.n_tokens || n_rows > uint64_t{m.n_tokens} * kMaxPairsPerToken))
     return make_error(code, "COMBINE exact: {} rows impossible for {} tokens", n_rows, m.n_tokens);
   return check_rows(code, "COMBINE rows", m.rows, lim);
 }
@@ -154,8 +157,7 @@ uint32_t DispatchMsg::n_result_rows() const {
 }
 
 size_t dispatch_payload_bytes(uint32_t n_tokens, uint32_t n_pairs, uint32_t n_embd, WireDType t) {
-  return kDispatchFixedBytes + align4(n_tokens) + kPairBytes * n_pairs +
-         wire_row_bytes(t, n_embd) * n_tokens;
+  return kDispatchFixedBytes + align4(n_tokens) + kPairBytes * n_pairs + wire_row_bytes(t, n_embd) * n_tokens;
 }
 
 size_t combine_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireDType t) {
@@ -165,13 +167,12 @@ size_t combine_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireDType t) {
 // ---- DISPATCH ----
 
 Result<std::vector<uint8_t>> encode_dispatch(const DispatchMsg& m) {
-  MOESH_RETURN_IF_ERROR(validate_dispatch(m, DecodeLimits{.max_frame_bytes = UINT32_MAX,
-                                                          .max_n_embd = UINT32_MAX,
-                                                          .allow_non_finite = true},
-                                          StatusCode::kInvalidArgument));
+  MOESH_RETURN_IF_ERROR(validate_dispatch(
+      m, DecodeLimits{.max_frame_bytes = UINT32_MAX, .max_n_embd = UINT32_MAX, .allow_non_finite = true},
+      StatusCode::kInvalidArgument));
   const uint32_t n_tokens = m.n_tokens();
-  const size_t bytes = dispatch_payload_bytes(n_tokens, static_cast<uint32_t>(m.pairs.size()),
-                                              m.n_embd(), m.hidden.dtype);
+  const size_t bytes =
+      dispatch_payload_bytes(n_tokens, static_cast<uint32_t>(m.pairs.size()), m.n_embd(), m.hidden.dtype);
   if (bytes > UINT32_MAX)
     return make_error(StatusCode::kOutOfRange, "DISPATCH payload of {} bytes is too large", bytes);
   std::vector<uint8_t> payload;
@@ -205,8 +206,8 @@ Result<DispatchMsg> decode_dispatch(const Frame& f, const DecodeLimits& lim) {
   m.request_id = f.request_id();
   uint32_t n_tokens = 0, n_embd = 0, n_pairs = 0;
   uint8_t dtype = 0, mode = 0, rdtype = 0, reserved = 0;
-  if (!r.u32(&m.layer) || !r.u32(&n_tokens) || !r.u32(&n_embd) || !r.u32(&n_pairs) || !r.u8(&dtype) ||
-      !r.u8(&mode) || !r.u8(&rdtype) || !r.u8(&reserved) || !r.u32(&m.deadline_ms))
+  if (!r.u32(&m.layer) || !r.u32(&n_tokens) || !r.u32(&n_embd) || !r.u32(&n_pairs) || !r.u8(&dtype) || !r.u8(&mode) ||
+      !r.u8(&rdtype) || !r.u8(&reserved) || !r.u32(&m.deadline_ms))
     return make_error(StatusCode::kCorrupt, "DISPATCH payload of {} bytes shorter than its {}-byte fixed part",
                       f.payload.size(), kDispatchFixedBytes);
   if (!dtype_ok(dtype)) return make_error(StatusCode::kCorrupt, "DISPATCH: unknown wire dtype {}", dtype);
@@ -220,8 +221,8 @@ Result<DispatchMsg> decode_dispatch(const Frame& f, const DecodeLimits& lim) {
   const size_t want = dispatch_payload_bytes(n_tokens, n_pairs, n_embd, static_cast<WireDType>(dtype));
   if (f.payload.size() != want)
     return make_error(StatusCode::kCorrupt,
-                      "DISPATCH payload is {} bytes but {} tokens, {} pairs, n_embd {} {} need {}",
-                      f.payload.size(), n_tokens, n_pairs, n_embd, wire_dtype_name(static_cast<WireDType>(dtype)), want);
+                      "DISPATCH payload is {} bytes but {} tokens, {} pairs, n_embd {} {} need {}", f.payload.size(),
+                      n_tokens, n_pairs, n_embd, wire_dtype_name(static_cast<WireDType>(dtype)), want);
   m.mode = static_cast<CombineMode>(mode);
   m.return_dtype = static_cast<WireDType>(rdtype);
   m.pair_counts.resize(n_tokens);
@@ -253,13 +254,11 @@ Result<DispatchMsg> decode_dispatch(const Frame& f, const DecodeLimits& lim) {
 // ---- COMBINE ----
 
 Result<std::vector<uint8_t>> encode_combine(const CombineMsg& m) {
-  MOESH_RETURN_IF_ERROR(validate_combine(m, DecodeLimits{.max_frame_bytes = UINT32_MAX,
-                                                         .max_n_embd = UINT32_MAX,
-                                                         .allow_non_finite = true},
-                                         StatusCode::kInvalidArgument));
+  MOESH_RETURN_IF_ERROR(validate_combine(
+      m, DecodeLimits{.max_frame_bytes = UINT32_MAX, .max_n_embd = UINT32_MAX, .allow_non_finite = true},
+      StatusCode::kInvalidArgument));
   const size_t bytes = combine_payload_bytes(m.rows.n_rows, m.rows.n_cols, m.rows.dtype);
-  if (bytes > UINT32_MAX)
-    return make_error(StatusCode::kOutOfRange, "COMBINE payload of {} bytes is too large", bytes);
+  if (bytes > UINT32_MAX) return make_error(StatusCode::kOutOfRange, "COMBINE payload of {} bytes is too large", bytes);
   std::vector<uint8_t> payload;
   payload.reserve(bytes);
   ByteWriter w(&payload);
@@ -283,8 +282,8 @@ Result<CombineMsg> decode_combine(const Frame& f, const DecodeLimits& lim) {
   uint32_t n_embd = 0, n_rows = 0;
   uint8_t mode = 0, dtype = 0;
   uint16_t reserved = 0;
-  if (!r.u32(&m.layer) || !r.u32(&m.n_tokens) || !r.u32(&n_embd) || !r.u32(&n_rows) || !r.u8(&mode) ||
-      !r.u8(&dtype) || !r.u16(&reserved) || !r.u32(&m.compute_us))
+  if (!r.u32(&m.layer) || !r.u32(&m.n_tokens) || !r.u32(&n_embd) || !r.u32(&n_rows) || !r.u8(&mode) || !r.u8(&dtype) ||
+      !r.u16(&reserved) || !r.u32(&m.compute_us))
     return make_error(StatusCode::kCorrupt, "COMBINE payload of {} bytes shorter than its {}-byte fixed part",
                       f.payload.size(), kCombineFixedBytes);
   if (!mode_ok(mode)) return make_error(StatusCode::kCorrupt, "COMBINE: unknown combine mode {}", mode);
@@ -308,8 +307,8 @@ Result<CombineMsg> decode_combine(const Frame& f, const DecodeLimits& lim) {
 
 Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply) {
   auto bad = [&](const std::string& what) {
-    return make_error(StatusCode::kCorrupt, "COMBINE for request {} does not match its DISPATCH: {}",
-                      req.request_id, what);
+    return make_error(StatusCode::kCorrupt, "COMBINE for request {} does not match its DISPATCH: {}", req.request_id,
+                      what);
   };
   if (reply.request_id != req.request_id) return bad(fmt::format("request id {}", reply.request_id));
   if (reply.layer != req.layer) return bad(fmt::format("layer {} vs {}", reply.layer, req.layer));
@@ -398,7 +397,8 @@ Status read_code_and_text(const char* what, const Frame& f, uint16_t* code, std:
   uint16_t len = 0;
   if (!r.u16(code) || !r.u16(&len))
     return make_error(StatusCode::kCorrupt, "{} payload of {} bytes shorter than 4", what, f.payload.size());
-  if (len > kMaxTextBytes) return make_error(StatusCode::kCorrupt, "{}: text length {} over {}", what, len, kMaxTextBytes);
+  if (len > kMaxTextBytes)
+    return make_error(StatusCode::kCorrupt, "{}: text length {} over {}", what, len, kMaxTextBytes);
   if (!read_text(r, len, text))
     return make_error(StatusCode::kCorrupt, "{}: text of {} bytes truncated to {}", what, len, r.remaining());
   return trailing(what, r);

@@ -12,12 +12,17 @@ namespace moesh::wire {
 
 size_t wire_row_bytes(WireDType t, uint32_t n_cols) {
   switch (t) {
-    case WireDType::kF32: return size_t{4} * n_cols;
+    case WireDType::kF32:
+      return size_t{4} * n_cols;
     case WireDType::kF16:
-    case WireDType::kBF16: return size_t{2} * n_cols;
-    case WireDType::kQ8: return kQ8BlockBytes * ((size_t{n_cols} + kQ8BlockSize - 1) / kQ8BlockSize);
-    case WireDType::kQ8K: return kQ8KBlockBytes * ((size_t{n_cols} + kQ8KBlockSize - 1) / kQ8KBlockSize);
-    case WireDType::kCOUNT: break;
+    case WireDType::kBF16:
+      return size_t{2} * n_cols;
+    case WireDType::kQ8:
+      return kQ8BlockBytes * ((size_t{n_cols} + kQ8BlockSize - 1) / kQ8BlockSize);
+    case WireDType::kQ8K:
+      return kQ8KBlockBytes * ((size_t{n_cols} + kQ8KBlockSize - 1) / kQ8KBlockSize);
+    case WireDType::kCOUNT:
+      break;
   }
   return 0;
 }
@@ -113,14 +118,15 @@ Result<WireRows> encode_rows(WireDType t, const float* src, uint32_t n_rows, uin
     const float* x = src + size_t{r} * n_cols;
     uint8_t* dst = out.bytes.data() + row_bytes * r;
     switch (t) {
-      case WireDType::kF32: std::memcpy(dst, x, row_bytes); break;
+      case WireDType::kF32:
+        std::memcpy(dst, x, row_bytes);
+        break;
       case WireDType::kF16:
         for (uint32_t c = 0; c < n_cols; ++c) {
           const uint16_t h = fp32_to_fp16(x[c]);
           // A finite value that became inf would silently corrupt the peer's result.
           if ((h & 0x7c00u) == 0x7c00u && std::isfinite(x[c]))
-            return make_error(StatusCode::kOutOfRange, "value {} at row {} column {} overflows f16",
-                              x[c], r, c);
+            return make_error(StatusCode::kOutOfRange, "value {} at row {} column {} overflows f16", x[c], r, c);
           std::memcpy(dst + 2 * c, &h, 2);
         }
         break;
@@ -148,11 +154,12 @@ Result<WireRows> encode_rows(WireDType t, const float* src, uint32_t n_rows, uin
           uint16_t dh;
           std::memcpy(&dh, dst + b, 2);
           if ((dh & 0x7c00u) == 0x7c00u)
-            return make_error(StatusCode::kOutOfRange,
-                              "q8 block scale of row {} block {} overflows f16", r, b / kQ8BlockBytes);
+            return make_error(StatusCode::kOutOfRange, "q8 block scale of row {} block {} overflows f16", r,
+                              b / kQ8BlockBytes);
         }
         break;
-      case WireDType::kCOUNT: break;
+      case WireDType::kCOUNT:
+        break;
     }
   }
   return out;
@@ -163,7 +170,9 @@ void decode_row(const WireRows& rows, uint32_t r, float* dst) {
   const uint8_t* src = rows.bytes.data() + row_bytes * r;
   const uint32_t n = rows.n_cols;
   switch (rows.dtype) {
-    case WireDType::kF32: std::memcpy(dst, src, row_bytes); break;
+    case WireDType::kF32:
+      std::memcpy(dst, src, row_bytes);
+      break;
     case WireDType::kF16:
       for (uint32_t c = 0; c < n; ++c) {
         uint16_t h;
@@ -178,9 +187,14 @@ void decode_row(const WireRows& rows, uint32_t r, float* dst) {
         dst[c] = bf16_to_fp32(h);
       }
       break;
-    case WireDType::kQ8: q8_decode_row(src, n, dst); break;
-    case WireDType::kQ8K: q8k_decode_row(src, n, dst); break;
-    case WireDType::kCOUNT: break;
+    case WireDType::kQ8:
+      q8_decode_row(src, n, dst);
+      break;
+    case WireDType::kQ8K:
+      q8k_decode_row(src, n, dst);
+      break;
+    case WireDType::kCOUNT:
+      break;
   }
 }
 
@@ -208,8 +222,8 @@ Status check_rows_finite(const WireRows& rows) {
           uint16_t h;
           std::memcpy(&h, src + 2 * c, 2);
           if ((h & exp_mask) == exp_mask)
-            return make_error(StatusCode::kCorrupt, "non-finite {} at row {} column {}",
-                              wire_dtype_name(rows.dtype), r, c);
+            return make_error(StatusCode::kCorrupt, "non-finite {} at row {} column {}", wire_dtype_name(rows.dtype), r,
+                              c);
         }
         break;
       }
@@ -219,8 +233,7 @@ Status check_rows_finite(const WireRows& rows) {
           uint16_t dh;
           std::memcpy(&dh, src + b, 2);
           if ((dh & 0x7c00u) == 0x7c00u)
-            return make_error(StatusCode::kCorrupt, "non-finite q8 scale at row {} block {}", r,
-                              b / kQ8BlockBytes);
+            return make_error(StatusCode::kCorrupt, "non-finite q8 scale at row {} block {}", r, b / kQ8BlockBytes);
         }
         break;
       case WireDType::kQ8K:
@@ -228,11 +241,11 @@ Status check_rows_finite(const WireRows& rows) {
           uint32_t u;
           std::memcpy(&u, src + b, 4);
           if ((u & 0x7f800000u) == 0x7f800000u)
-            return make_error(StatusCode::kCorrupt, "non-finite q8k scale at row {} block {}", r,
-                              b / kQ8KBlockBytes);
+            return make_error(StatusCode::kCorrupt, "non-finite q8k scale at row {} block {}", r, b / kQ8KBlockBytes);
         }
         break;
-      case WireDType::kCOUNT: break;
+      case WireDType::kCOUNT:
+        break;
     }
   }
   return Status::ok();

@@ -3,20 +3,20 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "moesh/make_model/make_model.h"
 #include "moesh/model/model.h"
-#include "moesh/remote/remote.h"
 #include "moesh/model/sampling.h"
+#include "moesh/remote/remote.h"
 
 namespace moesh::test {
 
@@ -125,8 +125,12 @@ struct Agreement {
 inline double top2_margin(const float* x, int64_t n) {
   float a = -INFINITY, b = -INFINITY;
   for (int64_t i = 0; i < n; ++i) {
-    if (x[i] > a) { b = a; a = x[i]; }
-    else if (x[i] > b) { b = x[i]; }
+    if (x[i] > a) {
+      b = a;
+      a = x[i];
+    } else if (x[i] > b) {
+      b = x[i];
+    }
   }
   return static_cast<double>(a) - b;
 }

@@ -12,8 +12,8 @@ namespace moesh::test {
 
 struct GateOutput {
   int64_t rows = 0, pass_rows = 0, bitwise_rows = 0;
-  int64_t agree = 0, total = 0;  // sums of the "N/M" argmax-agree column
-  double cos_min = 1.0;          // min of the "cos min" column
+  int64_t agree = 0, total = 0;               // sums of the "N/M" argmax-agree column
+  double cos_min = 1.0;                       // min of the "cos min" column
   int64_t rejected = -1, ill = -1;            // curation line; -1 when absent
   int64_t flips_header = -1, flip_lines = 0;  // "argmax flips: N;" and the listed flips
 };

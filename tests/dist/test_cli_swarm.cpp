@@ -16,8 +16,9 @@
 namespace moesh::test {
 namespace {
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
+std::string quoted(const std::string& s) {
+  return "'" + s + "'";
+}
 
 TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
   const std::string model = made_qwen3moe();
@@ -25,8 +26,7 @@ TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
   auto b = WorkerProcess::spawn(model, "*:8-15");
   ASSERT_TRUE(a.is_ok()) << a.status().to_string();
   ASSERT_TRUE(b.is_ok()) << b.status().to_string();
-  const std::string workers =
-      " --worker " + (*a)->address().to_string() + " --worker " + (*b)->address().to_string();
+  const std::string workers = " --worker " + (*a)->address().to_string() + " --worker " + (*b)->address().to_string();
 
   RunResult exact = run_moesh("gate -m " + quoted(model) + workers + " --wire f32 --combine exact -t 1");
   EXPECT_EQ(exact.exit_code, 0) << exact.out << exact.err;
@@ -53,7 +53,8 @@ TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
 
   // Default sequences are curated: the gate says how many draws it rejected and that no
   // position stayed ill-conditioned.
-  const std::regex curated(R"(sequences: 4 curated \(seed 42\), 160 positions: (\d+) draws rejected .*, 0 ill-conditioned)");
+  const std::regex curated(
+      R"(sequences: 4 curated \(seed 42\), 160 positions: (\d+) draws rejected .*, 0 ill-conditioned)");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(exact.out, m, curated)) << exact.out;
   EXPECT_GT(std::stoll(m[1]), 0) << "uniform draws hit some near-ties on this random-weight model";
@@ -83,7 +84,8 @@ TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
     std::ofstream f(bad_file);
     f << R"({"sequences":[{"tokens":[5,6,99999999]}]})";
   }
-  RunResult bad_ids = run_moesh("gate -m " + quoted(model) + workers + " --sequences-from " + quoted(bad_file) + " -t 1");
+  RunResult bad_ids =
+      run_moesh("gate -m " + quoted(model) + workers + " --sequences-from " + quoted(bad_file) + " -t 1");
   EXPECT_EQ(bad_ids.exit_code, 1) << bad_ids.out << bad_ids.err;
   EXPECT_NE(bad_ids.err.find("99999999"), std::string::npos) << bad_ids.err;
 
@@ -128,7 +130,8 @@ TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
   const std::regex timing(
       R"(timing: ([0-9.]+) ms per token, of which routed experts ([0-9.]+) ms \(([0-9.]+)%\) in ([0-9.]+) calls of ([0-9.]+) ms)");
   // Signs allowed in every number, so a negative one is caught below rather than left unmatched.
-  const std::regex worker(R"(worker (\d+) \S+ \(.*\): (\d+) requests, latency (-?[0-9.]+) ms = compute (-?[0-9.]+) ms \+ (-?[0-9.]+) ms other)");
+  const std::regex worker(
+      R"(worker (\d+) \S+ \(.*\): (\d+) requests, latency (-?[0-9.]+) ms = compute (-?[0-9.]+) ms \+ (-?[0-9.]+) ms other)");
   auto model_loaded = Model::load(model);
   ASSERT_TRUE(model_loaded.is_ok());
   int n_moe = 0;
@@ -137,9 +140,9 @@ TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
 
   for (bool remote : {false, true}) {
     SCOPED_TRACE(remote ? "two replicas" : "local");
-    const std::string cmd = common + (remote ? " --worker " + (*a)->address().to_string() + " --worker " +
-                                                   (*b)->address().to_string()
-                                             : std::string());
+    const std::string cmd =
+        common + (remote ? " --worker " + (*a)->address().to_string() + " --worker " + (*b)->address().to_string()
+                         : std::string());
     RunResult r = run_moesh(cmd);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     std::smatch m;

@@ -39,13 +39,14 @@ std::vector<std::string> reference_ggufs() {
   return out;
 }
 
-#define SKIP_WITHOUT_REFERENCE(files)                                                                    \
-  if ((files).empty()) {                                                                                 \
+#define SKIP_WITHOUT_REFERENCE(files)                                                                        \
+  if ((files).empty()) {                                                                                     \
     GTEST_SKIP() << "\n\n*** reference folder " << MOESH_REFERENCE_DIR << " absent: gate not checked ***\n"; \
   }
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
+std::string quoted(const std::string& s) {
+  return "'" + s + "'";
+}
 
 // 2 workers with different thirds of the experts; the last third stays on the gate's backbone.
 TEST(Gate, CuratedLossyPathsPassOnEveryReferenceModel) {
@@ -60,19 +61,20 @@ TEST(Gate, CuratedLossyPathsPassOnEveryReferenceModel) {
     auto b = WorkerProcess::spawn(path, fmt::format("*:{}-{}", third, 2 * third - 1));
     ASSERT_TRUE(a.is_ok()) << a.status().to_string();
     ASSERT_TRUE(b.is_ok()) << b.status().to_string();
-    const std::string base = "gate -m " + quoted(path) + " --worker " + (*a)->address().to_string() +
-                             " --worker " + (*b)->address().to_string() + " -t 1";
+    const std::string base = "gate -m " + quoted(path) + " --worker " + (*a)->address().to_string() + " --worker " +
+                             (*b)->address().to_string() + " -t 1";
     const std::string name = std::filesystem::path(path).filename().string();
     // docs/gate.md: on curated sequences every reference file PASSes all three lossy paths with
     // 160/160 argmax agreement (min cosine 0.99977-0.99993), after rejecting 68-120 draws and
     // with no ill-conditioned position.
-    for (const char* mode : {"--wire f16 --combine partial", "--wire f16 --combine exact", "--wire q8 --combine partial"}) {
+    for (const char* mode :
+         {"--wire f16 --combine partial", "--wire f16 --combine exact", "--wire q8 --combine partial"}) {
       SCOPED_TRACE(name + " " + mode);
       RunResult r = run_moesh(base + " " + mode);
       const GateOutput g = parse_gate(r.out);
       std::printf("[gate] %-28s %-28s %s  argmax %lld/%lld  min cos %.6f  rejected %lld\n", name.c_str(), mode,
-                  r.exit_code == 0 ? "PASS" : "FAIL", static_cast<long long>(g.agree),
-                  static_cast<long long>(g.total), g.cos_min, static_cast<long long>(g.rejected));
+                  r.exit_code == 0 ? "PASS" : "FAIL", static_cast<long long>(g.agree), static_cast<long long>(g.total),
+                  g.cos_min, static_cast<long long>(g.rejected));
       EXPECT_EQ(r.exit_code, 0) << "gate did not PASS\n" << r.out << r.err;
       EXPECT_EQ(g.rows, 4) << r.out << r.err;
       EXPECT_EQ(g.pass_rows, 4) << r.out;
@@ -126,11 +128,12 @@ TEST(Gate, CurationIsReproducibleAndConditioned) {
     EXPECT_EQ(raw->draws_rejected, 0);
     EXPECT_TRUE(raw->worst.routing_margin < thr || raw->worst.top1_lead_rel < co.min_top1_lead)
         << path << ": raw worst margin " << raw->worst.routing_margin << ", lead " << raw->worst.top1_lead_rel;
-    std::printf("[curation] %s: %lld positions, %lld draws rejected; worst margin %.4f (raw %.4f), worst lead "
-                "%.3f x RMS (raw %.4f)\n",
-                std::filesystem::path(path).filename().c_str(), static_cast<long long>(c1->positions),
-                static_cast<long long>(c1->draws_rejected), c1->worst.routing_margin, raw->worst.routing_margin,
-                c1->worst.top1_lead_rel, raw->worst.top1_lead_rel);
+    std::printf(
+        "[curation] %s: %lld positions, %lld draws rejected; worst margin %.4f (raw %.4f), worst lead "
+        "%.3f x RMS (raw %.4f)\n",
+        std::filesystem::path(path).filename().c_str(), static_cast<long long>(c1->positions),
+        static_cast<long long>(c1->draws_rejected), c1->worst.routing_margin, raw->worst.routing_margin,
+        c1->worst.top1_lead_rel, raw->worst.top1_lead_rel);
   }
 }
 

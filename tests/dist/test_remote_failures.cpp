@@ -15,7 +15,9 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-std::vector<int32_t> some_tokens(const Model& m, size_t n) { return test_tokens("", m.hparams().n_vocab, n); }
+std::vector<int32_t> some_tokens(const Model& m, size_t n) {
+  return test_tokens("", m.hparams().n_vocab, n);
+}
 
 TEST(RemoteFailures, WorkerGoneBeforeStartup) {
   const std::string path = made_qwen3moe();
@@ -118,8 +120,7 @@ TEST(RemoteFailures, WorkerOfAnotherModelIsRejectedByName) {
   ASSERT_TRUE(w.is_ok()) << w.status().to_string();
   auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, RemoteOptions{});
   ASSERT_FALSE(exec.is_ok());
-  EXPECT_NE(exec.status().message().find((*w)->address().to_string()), std::string::npos)
-      << exec.status().to_string();
+  EXPECT_NE(exec.status().message().find((*w)->address().to_string()), std::string::npos) << exec.status().to_string();
   EXPECT_NE(exec.status().message().find("model"), std::string::npos) << exec.status().to_string();
 }
 
@@ -178,7 +179,8 @@ TEST(RemoteFailures, CombineForTheWrongLayerIsCaught) {
     std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
     auto lg = run_model(**model, some_tokens(**model, 3), remote);
     ASSERT_FALSE(lg.is_ok());
-    EXPECT_NE(lg.status().message().find(fmt::format("127.0.0.1:{} (liar)", port)), std::string::npos) << lg.status().to_string();
+    EXPECT_NE(lg.status().message().find(fmt::format("127.0.0.1:{} (liar)", port)), std::string::npos)
+        << lg.status().to_string();
     EXPECT_NE(lg.status().message().find("layer"), std::string::npos) << lg.status().to_string();
     EXPECT_EQ(answered.load(), 1);
   }  // the executor says GOODBYE; the fake's next recv fails and it exits

@@ -16,8 +16,8 @@
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
-#include "moesh/tensor/quant.h"
 #include "moesh/swarm/swarm.h"
+#include "moesh/tensor/quant.h"
 #include "util/run_moesh.h"
 
 namespace moesh::test {
@@ -28,7 +28,9 @@ struct Case {
   std::string file;  // reference file name, or "" for the make-model model
 };
 
-std::string case_path(const Case& c) { return c.file.empty() ? made_qwen3moe() : reference_path(c.file); }
+std::string case_path(const Case& c) {
+  return c.file.empty() ? made_qwen3moe() : reference_path(c.file);
+}
 
 class RemoteParity : public ::testing::TestWithParam<Case> {};
 
@@ -57,15 +59,16 @@ Result<std::vector<float>> run_remote(Swarm& s, const std::vector<int>& idx, wir
   if (exact_hidden != nullptr) *exact_hidden = shared->hidden_is_exact();
   if (layer_dt != nullptr) {
     layer_dt->clear();
-    for (size_t l = 0; l < s.model->layers.size(); ++l) layer_dt->push_back(shared->hidden_dtype(0, static_cast<int>(l)));
+    for (size_t l = 0; l < s.model->layers.size(); ++l)
+      layer_dt->push_back(shared->hidden_dtype(0, static_cast<int>(l)));
   }
   auto lg = run_model(*s.model, s.tokens, shared);
   if (traffic != nullptr) *traffic = shared->traffic();
   return lg;
 }
 
-Result<std::vector<float>> run_remote(Swarm& s, const std::vector<int>& idx, wire::WireDType dt,
-                                      wire::CombineMode mode, RemoteTraffic* traffic = nullptr) {
+Result<std::vector<float>> run_remote(Swarm& s, const std::vector<int>& idx, wire::WireDType dt, wire::CombineMode mode,
+                                      RemoteTraffic* traffic = nullptr) {
   return run_remote(s, idx, dt, dt, mode, traffic);
 }
 
@@ -112,9 +115,8 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
   // last two experts of the first MoE layer only. With B+C the last two experts run on the
   // backbone; with B+C+D only those of the later layers do.
   const int h = n / 2;
-  const std::vector<std::string> specs = {
-      "*:*", fmt::format("*:0-{}", h - 1), fmt::format("*:{}-{}", h, n - 3),
-      fmt::format("{}:{}-{}", s.first_moe, n - 2, n - 1)};
+  const std::vector<std::string> specs = {"*:*", fmt::format("*:0-{}", h - 1), fmt::format("*:{}-{}", h, n - 3),
+                                          fmt::format("{}:{}-{}", s.first_moe, n - 2, n - 1)};
   for (const auto& sp : specs) {
     auto w = WorkerProcess::spawn(path, sp);
     ASSERT_TRUE(w.is_ok()) << w.status().to_string();
@@ -201,7 +203,8 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
       if (cfg.size() == 1) {
         // Worker 0 holds every layer: "q8" picks the layer's own activation format.
         for (size_t l = 0; l < s.model->layers.size(); ++l) {
-          const wire::WireDType want = s.model->layers[l].is_moe ? int8_format(s.model->layers[l]) : wire::WireDType::kQ8;
+          const wire::WireDType want =
+              s.model->layers[l].is_moe ? int8_format(s.model->layers[l]) : wire::WireDType::kQ8;
           EXPECT_EQ(layer_dt[l], want == wire::WireDType::kF32 ? wire::WireDType::kQ8 : want) << "layer " << l;
         }
       }
@@ -256,8 +259,7 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RemoteParity,
-                         ::testing::Values(Case{"make_qwen3moe_f16", ""},
-                                           Case{"qwen3moe_Q8_0", "qwen3moe-s.Q8_0.gguf"},
+                         ::testing::Values(Case{"make_qwen3moe_f16", ""}, Case{"qwen3moe_Q8_0", "qwen3moe-s.Q8_0.gguf"},
                                            Case{"qwen3moe_Q4_K_M", "qwen3moe-s.Q4_K_M.gguf"},
                                            Case{"mixtral_Q8_0", "mixtral-s.Q8_0.gguf"},
                                            Case{"mixtral_Q4_K_M", "mixtral-s.Q4_K_M.gguf"},

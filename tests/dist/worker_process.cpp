@@ -12,9 +12,8 @@
 
 namespace moesh::test {
 
-Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn(const std::string& model,
-                                                            const std::string& spec, int threads,
-                                                            std::chrono::milliseconds startup) {
+Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn(const std::string& model, const std::string& spec,
+                                                            int threads, std::chrono::milliseconds startup) {
   const std::string bin = std::string(MOESH_BIN_DIR) + "/moesh";
   if (access(bin.c_str(), X_OK) != 0) {
     return make_error(StatusCode::kNotFound, "worker binary {} not found (build the moesh target)", bin);
@@ -22,8 +21,8 @@ Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn(const std::string& m
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return make_error(StatusCode::kIoError, "pipe: {}", std::strerror(errno));
   const std::string th = std::to_string(threads);
-  std::vector<std::string> args = {bin, "worker", "-m", model, "--experts", spec,
-                                   "--listen", "127.0.0.1:0", "--threads", th};
+  std::vector<std::string> args = {bin,  "worker",   "-m",          model,       "--experts",
+                                   spec, "--listen", "127.0.0.1:0", "--threads", th};
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return make_error(StatusCode::kIoError, "fork: {}", std::strerror(errno));
@@ -52,7 +51,8 @@ Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn(const std::string& m
       w->port_ = static_cast<uint16_t>(std::stoi(m[2].str()));
       break;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       return make_error(StatusCode::kTimeout, "worker '{}' printed no port within {} ms; output: {}", spec,
                         startup.count(), buf);
@@ -92,7 +92,10 @@ void WorkerProcess::stop(std::chrono::milliseconds grace) {
     const auto deadline = std::chrono::steady_clock::now() + grace;
     bool reaped = false;
     while (std::chrono::steady_clock::now() < deadline) {
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) { reaped = true; break; }
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        reaped = true;
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     if (!reaped) {
@@ -136,6 +139,8 @@ void WorkerProcess::resume() {
   if (pid_ > 0) kill(pid_, SIGCONT);
 }
 
-WorkerProcess::~WorkerProcess() { stop(std::chrono::milliseconds(3000)); }
+WorkerProcess::~WorkerProcess() {
+  stop(std::chrono::milliseconds(3000));
+}
 
 }  // namespace moesh::test

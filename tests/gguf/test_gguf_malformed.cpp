@@ -37,13 +37,11 @@ Sample make_sample() {
   w.set("t.count", Value::u32(8));
   w.set("t.other", Value::i32(-3));
   w.set("t.tokens", Value::str_array({"a", "bb", "ccc"}));
-  w.set("t.nested",
-        Value::array(ValueType::ARRAY, {Value::i32_array({1, 2}), Value::i32_array({3})}));
+  w.set("t.nested", Value::array(ValueType::ARRAY, {Value::i32_array({1, 2}), Value::i32_array({3})}));
   s.data = {random_bytes(64, 11), random_bytes(68, 12), random_bytes(192, 13)};
   EXPECT_TRUE(w.add_tensor("a.weight", GgmlType::F32, {8, 2}, s.data[0].data()).is_ok());
   EXPECT_TRUE(w.add_tensor("b.weight", GgmlType::Q8_0, {32, 2}, s.data[1].data()).is_ok());
-  EXPECT_TRUE(w.add_tensor("blk.0.ffn_up_exps.weight", GgmlType::F16, {16, 2, 3}, s.data[2].data())
-                  .is_ok());
+  EXPECT_TRUE(w.add_tensor("blk.0.ffn_up_exps.weight", GgmlType::F16, {16, 2, 3}, s.data[2].data()).is_ok());
   auto r = w.write_bytes();
   EXPECT_TRUE(r.is_ok());
   s.bytes = std::move(r).value();
@@ -52,8 +50,7 @@ Sample make_sample() {
 }
 
 // Parses `bytes` and checks the failure: code and every expected substring of the message.
-void expect_error(std::vector<uint8_t> bytes, StatusCode code,
-                  std::initializer_list<std::string> needles) {
+void expect_error(std::vector<uint8_t> bytes, StatusCode code, std::initializer_list<std::string> needles) {
   auto f = File::from_bytes(std::move(bytes));
   ASSERT_FALSE(f.is_ok()) << "corrupt file was accepted";
   EXPECT_EQ(f.status().code(), code) << f.status().to_string();
@@ -63,8 +60,7 @@ void expect_error(std::vector<uint8_t> bytes, StatusCode code,
   }
 }
 
-std::vector<uint8_t> splice(std::vector<uint8_t> b, size_t at, size_t erase_n,
-                            const std::string& insert) {
+std::vector<uint8_t> splice(std::vector<uint8_t> b, size_t at, size_t erase_n, const std::string& insert) {
   b.erase(b.begin() + at, b.begin() + at + erase_n);
   b.insert(b.begin() + at, insert.begin(), insert.end());
   return b;
@@ -121,9 +117,8 @@ TEST(GgufMalformed, KeyValues) {
 
   auto b = s.bytes;
   store<uint32_t>(&b, kv[2].type, 13);
-  expect_error(
-      b, StatusCode::kCorrupt,
-      {"kv 2 ('t.count')", "unknown value type id 13", "offset " + std::to_string(kv[2].type)});
+  expect_error(b, StatusCode::kCorrupt,
+               {"kv 2 ('t.count')", "unknown value type id 13", "offset " + std::to_string(kv[2].type)});
 
   b = s.bytes;
   store<uint32_t>(&b, kv[4].value, 99);  // array element type
@@ -131,9 +126,9 @@ TEST(GgufMalformed, KeyValues) {
 
   b = s.bytes;
   store<uint64_t>(&b, kv[0].value, 1000000);  // string value length
-  expect_error(b, StatusCode::kCorrupt,
-               {"kv 0 ('general.architecture')", "string length 1000000",
-                "offset " + std::to_string(kv[0].value), "exceeds"});
+  expect_error(
+      b, StatusCode::kCorrupt,
+      {"kv 0 ('general.architecture')", "string length 1000000", "offset " + std::to_string(kv[0].value), "exceeds"});
 
   b = s.bytes;
   store<uint64_t>(&b, kv[1].record, uint64_t{1} << 35);  // key length
@@ -155,13 +150,11 @@ TEST(GgufMalformed, KeyValues) {
   // Inner array of t.nested: element 1's count.
   const size_t inner1 = kv[5].value + 12 + (12 + 8);
   store<uint64_t>(&b, inner1 + 4, 1u << 29);
-  expect_error(b, StatusCode::kCorrupt,
-               {"kv 5 ('t.nested')", "element 1", "array count 536870912"});
+  expect_error(b, StatusCode::kCorrupt, {"kv 5 ('t.nested')", "element 1", "array count 536870912"});
 
   b = s.bytes;
   store<uint64_t>(&b, kv[2].record, 0);  // empty key
-  expect_error(b, StatusCode::kCorrupt,
-               {"kv 2 at offset " + std::to_string(kv[2].record), "empty key"});
+  expect_error(b, StatusCode::kCorrupt, {"kv 2 at offset " + std::to_string(kv[2].record), "empty key"});
 
   b = s.bytes;
   std::memcpy(b.data() + kv[3].record + 8, "t.count", 7);  // "t.other" -> "t.count"
@@ -175,8 +168,7 @@ TEST(GgufMalformed, Alignment) {
   for (uint32_t a : {0u, 24u, 33u}) {
     auto b = s.bytes;
     store<uint32_t>(&b, al.value, a);
-    expect_error(b, StatusCode::kCorrupt,
-                 {"general.alignment", std::to_string(a) + " is not a power of two"});
+    expect_error(b, StatusCode::kCorrupt, {"general.alignment", std::to_string(a) + " is not a power of two"});
   }
   auto b = s.bytes;
   store<uint32_t>(&b, al.type, static_cast<uint32_t>(ValueType::INT32));
@@ -198,9 +190,8 @@ TEST(GgufMalformed, TensorInfos) {
 
   b = s.bytes;
   store<int64_t>(&b, t[0].ne, -8);
-  expect_error(
-      b, StatusCode::kCorrupt,
-      {"tensor 0 ('a.weight')", "ne[0] = -8", "negative", "offset " + std::to_string(t[0].ne)});
+  expect_error(b, StatusCode::kCorrupt,
+               {"tensor 0 ('a.weight')", "ne[0] = -8", "negative", "offset " + std::to_string(t[0].ne)});
 
   b = s.bytes;
   store<uint64_t>(&b, t[2].ne + 8, uint64_t{1} << 62);
@@ -218,14 +209,12 @@ TEST(GgufMalformed, TensorInfos) {
 
   b = s.bytes;
   store<uint64_t>(&b, t[1].ne, 48);
-  expect_error(b, StatusCode::kCorrupt,
-               {"tensor 1 ('b.weight')", "ne[0] = 48", "Q8_0 block size 32"});
+  expect_error(b, StatusCode::kCorrupt, {"tensor 1 ('b.weight')", "ne[0] = 48", "Q8_0 block size 32"});
 
   b = s.bytes;
   store<uint64_t>(&b, t[1].offset, load<uint64_t>(b, t[1].offset) + 4);
   expect_error(b, StatusCode::kCorrupt,
-               {"tensor 1 ('b.weight')", "data offset 68", "offset " + std::to_string(t[1].offset),
-                "alignment 32"});
+               {"tensor 1 ('b.weight')", "data offset 68", "offset " + std::to_string(t[1].offset), "alignment 32"});
 
   b = s.bytes;
   store<uint64_t>(&b, t[2].offset, 160 + 3200);
@@ -293,8 +282,7 @@ TEST(GgufMalformed, TruncatedAtEveryByte) {
     ASSERT_FALSE(f.is_ok()) << "prefix of " << n << " bytes accepted";
     ASSERT_EQ(f.status().code(), StatusCode::kCorrupt) << n << ": " << f.status().to_string();
     const std::string& m = f.status().message();
-    const bool explained = m.find("truncated") != std::string::npos ||
-                           m.find("remain") != std::string::npos ||
+    const bool explained = m.find("truncated") != std::string::npos || m.find("remain") != std::string::npos ||
                            m.find("past end of file") != std::string::npos;
     EXPECT_TRUE(explained) << n << ": " << m;
   }
@@ -313,8 +301,7 @@ TEST(GgufMalformed, RandomByteCorruptionNeverCrashes) {
     if (!f.is_ok()) {
       ++n_rejected;
       EXPECT_FALSE(f.status().message().empty());
-      EXPECT_TRUE(f.status().code() == StatusCode::kCorrupt ||
-                  f.status().code() == StatusCode::kUnsupported)
+      EXPECT_TRUE(f.status().code() == StatusCode::kCorrupt || f.status().code() == StatusCode::kUnsupported)
           << f.status().to_string();
     }
   }

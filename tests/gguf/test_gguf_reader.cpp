@@ -39,19 +39,15 @@ std::vector<std::pair<std::string, Value>> all_value_kinds() {
   kv.emplace_back("t.i32s", Value::i32_array({1, -2, 3, 2147483647}));
   kv.emplace_back("t.f32s", Value::f32_array({0.5f, -1.25f, 1e30f}));
   kv.emplace_back("t.empty_arr", Value::array(ValueType::UINT64, {}));
-  kv.emplace_back("t.bools",
-                  Value::array(ValueType::BOOL, {Value::boolean(true), Value::boolean(false)}));
+  kv.emplace_back("t.bools", Value::array(ValueType::BOOL, {Value::boolean(true), Value::boolean(false)}));
   kv.emplace_back("t.u8s", Value::array(ValueType::UINT8, {Value::u8(0), Value::u8(200)}));
-  kv.emplace_back("t.i64s",
-                  Value::array(ValueType::INT64, {Value::i64(-5), Value::i64(1LL << 40)}));
+  kv.emplace_back("t.i64s", Value::array(ValueType::INT64, {Value::i64(-5), Value::i64(1LL << 40)}));
   kv.emplace_back("t.f64s", Value::array(ValueType::FLOAT64, {Value::f64(2.5)}));
-  kv.emplace_back("t.nested",
-                  Value::array(ValueType::ARRAY, {Value::i32_array({1, 2, 3}), Value::i32_array({}),
-                                                  Value::i32_array({-7})}));
+  kv.emplace_back("t.nested", Value::array(ValueType::ARRAY, {Value::i32_array({1, 2, 3}), Value::i32_array({}),
+                                                              Value::i32_array({-7})}));
   kv.emplace_back("t.nested_str", Value::array(ValueType::ARRAY, {Value::str_array({"x", "yy"})}));
   kv.emplace_back("t.nested2",
-                  Value::array(ValueType::ARRAY,
-                               {Value::array(ValueType::ARRAY, {Value::f32_array({1.0f, 2.0f})})}));
+                  Value::array(ValueType::ARRAY, {Value::array(ValueType::ARRAY, {Value::f32_array({1.0f, 2.0f})})}));
   return kv;
 }
 
@@ -82,8 +78,7 @@ std::vector<TensorSpec> sample_tensors() {
   return ts;
 }
 
-Writer build_writer(const std::vector<std::pair<std::string, Value>>& kvs,
-                    const std::vector<TensorSpec>& ts) {
+Writer build_writer(const std::vector<std::pair<std::string, Value>>& kvs, const std::vector<TensorSpec>& ts) {
   Writer w;
   for (const auto& [k, v] : kvs) w.set(k, v);
   for (const auto& t : ts) {
@@ -119,8 +114,7 @@ TEST(GgufRoundTrip, EveryValueTypeAndTensorTypeReadsBackIdentically) {
   for (size_t i = 0; i < kvs.size(); ++i) {
     EXPECT_EQ(f->kvs()[i].first, kvs[i].first) << "KVs must keep insertion order";
     EXPECT_TRUE(values_equal(f->kvs()[i].second, kvs[i].second))
-        << kvs[i].first << ": wrote " << kvs[i].second.to_string() << ", read "
-        << f->kvs()[i].second.to_string();
+        << kvs[i].first << ": wrote " << kvs[i].second.to_string() << ", read " << f->kvs()[i].second.to_string();
   }
 
   ASSERT_EQ(f->tensors().size(), ts.size());
@@ -209,8 +203,7 @@ TEST(GgufRoundTrip, Version2IsAccepted) {
 TEST(GgufRoundTrip, WriteFileThenMmapOpen) {
   const auto ts = sample_tensors();
   Writer w = build_writer(all_value_kinds(), ts);
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("moesh_gguf_test_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("moesh_gguf_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "model.gguf").string();
   ASSERT_TRUE(w.write_file(path).is_ok());
@@ -254,9 +247,7 @@ TEST(GgufExperts, ExpertSlabsMatchWhatWasWritten) {
   w.set("general.architecture", Value::str("testarch"));
   std::vector<uint8_t> norm = random_bytes(4 * 64, 7);
   ASSERT_TRUE(w.add_tensor("blk.0.ffn_norm.weight", GgmlType::F32, {64}, norm.data()).is_ok());
-  ASSERT_TRUE(w.add_tensor_copy("blk.0.ffn_gate_exps.weight", GgmlType::Q8_0, {k_k, k_m, k_e},
-                                stacked.data())
-                  .is_ok());
+  ASSERT_TRUE(w.add_tensor_copy("blk.0.ffn_gate_exps.weight", GgmlType::Q8_0, {k_k, k_m, k_e}, stacked.data()).is_ok());
   stacked.assign(stacked.size(), 0);  // the writer kept its own copy
   auto bytes = w.write_bytes();
   ASSERT_TRUE(bytes.is_ok());
@@ -309,8 +300,7 @@ class GgufAccessors : public ::testing::Test {
     w.set("u8s", Value::array(ValueType::UINT16, {Value::u16(7), Value::u16(300)}));
     w.set("strs", Value::str_array({"x", "y"}));
     w.set("floats", Value::f32_array({1.5f, -2.0f}));
-    w.set("nested",
-          Value::array(ValueType::ARRAY, {Value::i32_array({1}), Value::i32_array({2, 3})}));
+    w.set("nested", Value::array(ValueType::ARRAY, {Value::i32_array({1}), Value::i32_array({2, 3})}));
     w.set("name", Value::str("qwen3moe"));  // replacing keeps one entry
     auto bytes = w.write_bytes();
     ASSERT_TRUE(bytes.is_ok());
@@ -397,8 +387,7 @@ TEST_F(GgufAccessors, Arrays) {
 
   auto narrow = f_->get<std::vector<uint8_t>>("u8s");
   ASSERT_FALSE(narrow.is_ok());
-  EXPECT_EQ(narrow.status().message(),
-            "key 'u8s' element 1 value 300 (UINT16) does not fit in uint8");
+  EXPECT_EQ(narrow.status().message(), "key 'u8s' element 1 value 300 (UINT16) does not fit in uint8");
   auto neg = f_->get<std::vector<uint32_t>>("ints");
   EXPECT_FALSE(neg.is_ok());
   auto wrong = f_->get<std::vector<std::string>>("ints");
@@ -427,19 +416,13 @@ TEST(GgufValue, ToStringAbbreviatesArrays) {
 TEST(GgufWriter, RejectsInvalidTensorsAndValues) {
   Writer w;
   std::vector<uint8_t> buf(1024);
-  EXPECT_EQ(w.add_tensor("q", GgmlType::Q4_K, {100, 2}, buf.data()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(w.add_tensor(std::string(64, 'x'), GgmlType::F32, {4}, buf.data()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(w.add_tensor("five", GgmlType::F32, {1, 1, 1, 1, 1}, buf.data()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(w.add_tensor("neg", GgmlType::F32, {-4}, buf.data()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(w.add_tensor("bad", static_cast<GgmlType>(4), {4}, buf.data()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.add_tensor("q", GgmlType::Q4_K, {100, 2}, buf.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.add_tensor(std::string(64, 'x'), GgmlType::F32, {4}, buf.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.add_tensor("five", GgmlType::F32, {1, 1, 1, 1, 1}, buf.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.add_tensor("neg", GgmlType::F32, {-4}, buf.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.add_tensor("bad", static_cast<GgmlType>(4), {4}, buf.data()).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(w.add_tensor("ok", GgmlType::F32, {4}, buf.data()).is_ok());
-  EXPECT_EQ(w.add_tensor("ok", GgmlType::F32, {4}, buf.data()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.add_tensor("ok", GgmlType::F32, {4}, buf.data()).code(), StatusCode::kInvalidArgument);
 
   Writer mixed;
   mixed.set("mixed", Value::array(ValueType::INT32, {Value::i32(1), Value::str("x")}));

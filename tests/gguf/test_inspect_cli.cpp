@@ -9,20 +9,18 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "util/run_moesh.h"
 #include "gguf/gguf_test_util.h"
 #include "moesh/gguf/gguf.h"
+#include "util/run_moesh.h"
 
 namespace moesh::gguf {
 namespace {
 
-using test::RunResult;
 using test::run_moesh;
-
+using test::RunResult;
 
 // Whitespace-separated fields of every output line that contains `needle`.
-std::vector<std::vector<std::string>> lines_with(const std::string& out,
-                                                 const std::string& needle) {
+std::vector<std::vector<std::string>> lines_with(const std::string& out, const std::string& needle) {
   std::vector<std::vector<std::string>> rows;
   std::istringstream in(out);
   std::string line;
@@ -83,9 +81,7 @@ TEST(InspectCli, JsonOutputIsConsistent) {
   EXPECT_EQ(j["tensors"].size(), 52u);
   uint64_t sum = 0;
   for (const auto& t : j["tensors"]) sum += t["n_bytes"].get<uint64_t>();
-  EXPECT_EQ(
-      j["experts"]["expert_bytes"].get<uint64_t>() + j["experts"]["backbone_bytes"].get<uint64_t>(),
-      sum);
+  EXPECT_EQ(j["experts"]["expert_bytes"].get<uint64_t>() + j["experts"]["backbone_bytes"].get<uint64_t>(), sum);
   // Layer 0 is dense; layers 1 and 2 are MoE with 16 experts in 3 stacked tensors each.
   ASSERT_EQ(j["experts"]["layers"].size(), 2u);
   EXPECT_EQ(j["experts"]["layers"][0]["layer"], 1);
@@ -112,8 +108,7 @@ TEST(InspectCli, VocabArraysAbbreviatedUnlessAllKv) {
   const std::string path = reference("vocab/ggml-vocab-llama-spm.gguf");
   const RunResult brief = run_moesh("inspect '" + path + "'");
   ASSERT_EQ(brief.exit_code, 0) << brief.err;
-  EXPECT_NE(brief.out.find("[32000 x STRING] [\"<unk>\", \"<s>\", \"</s>\""), std::string::npos)
-      << brief.out;
+  EXPECT_NE(brief.out.find("[32000 x STRING] [\"<unk>\", \"<s>\", \"</s>\""), std::string::npos) << brief.out;
   EXPECT_NE(brief.out.find(", ... ]"), std::string::npos);
   EXPECT_NE(brief.out.find("tensors: none"), std::string::npos);
   const RunResult full = run_moesh("inspect --all-kv '" + path + "'");
@@ -139,8 +134,8 @@ TEST(InspectCli, MalformedFileExitsOneWithMessage) {
   auto bytes = w.write_bytes();
   ASSERT_TRUE(bytes.is_ok());
   bytes->resize(bytes->size() - 10);  // cut into the tensor data
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("moesh_inspect_bad_" + std::to_string(::getpid()) + ".gguf");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("moesh_inspect_bad_" + std::to_string(::getpid()) + ".gguf");
   {
     FILE* f = std::fopen(path.c_str(), "wb");
     ASSERT_NE(f, nullptr);

@@ -5,7 +5,9 @@
 
 namespace moesh::test {
 
-std::string reference_dir() { return MOESH_REFERENCE_DIR; }
+std::string reference_dir() {
+  return MOESH_REFERENCE_DIR;
+}
 
 const std::optional<nlohmann::ordered_json>& reference_manifest() {
   static const std::optional<nlohmann::ordered_json> m = []() -> std::optional<nlohmann::ordered_json> {
@@ -19,9 +21,12 @@ const std::optional<nlohmann::ordered_json>& reference_manifest() {
 
 const char* manifest_file_key(MakeFileType t) {
   switch (t) {
-    case MakeFileType::kQ8_0: return "Q8_0";
-    case MakeFileType::kQ4_K_M: return "Q4_K_M";
-    default: return "F32";
+    case MakeFileType::kQ8_0:
+      return "Q8_0";
+    case MakeFileType::kQ4_K_M:
+      return "Q4_K_M";
+    default:
+      return "F32";
   }
 }
 

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <optional>
 #include <string>
 
@@ -19,8 +18,8 @@ inline constexpr ArchCase kArchCases[] = {
     {MakeArch::kLlama, "mixtral-s"},
     {MakeArch::kDeepseek2, "deepseek2-s"},
 };
-inline constexpr MakeFileType kFileTypes[] = {MakeFileType::kF32, MakeFileType::kF16,
-                                              MakeFileType::kQ8_0, MakeFileType::kQ4_K_M};
+inline constexpr MakeFileType kFileTypes[] = {MakeFileType::kF32, MakeFileType::kF16, MakeFileType::kQ8_0,
+                                              MakeFileType::kQ4_K_M};
 
 std::string reference_dir();
 // manifest.json with key order preserved; nullopt when the reference folder is absent.

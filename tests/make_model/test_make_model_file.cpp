@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "make_model/make_model_test_util.h"
-#include "moesh/tensor/fp16.h"
 #include "moesh/gguf/gguf.h"
 #include "moesh/make_model/make_model.h"
+#include "moesh/tensor/fp16.h"
 #include "moesh/tensor/quant.h"
 
 namespace moesh {
@@ -59,12 +59,20 @@ bool dequantize(GgmlType t, const uint8_t* src, float* dst, int64_t n) {
 // RMS of (dequantized - generated) relative to the init std, by storage type.
 double max_rel_rms_error(GgmlType t) {
   switch (t) {
-    case GgmlType::F32: return 0.0;
-    case GgmlType::F16: return 1e-3;
-    case GgmlType::Q8_0: return 0.02;
-    case GgmlType::Q6_K: return 0.05;
-    case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q5_K: return 0.08;
-    default: return 0.15;  // Q4_K
+    case GgmlType::F32:
+      return 0.0;
+    case GgmlType::F16:
+      return 1e-3;
+    case GgmlType::Q8_0:
+      return 0.02;
+    case GgmlType::Q6_K:
+      return 0.05;
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q5_K:
+      return 0.08;
+    default:
+      return 0.15;  // Q4_K
   }
 }
 
@@ -111,8 +119,7 @@ void check_tensor_data(const gguf::File& f, const ModelPlan& plan, uint64_t seed
 // which is ours to set).
 void check_metadata(const gguf::File& f, const MakeModelSpec& spec, const std::string& ref_model) {
   const auto& manifest = test::reference_manifest();
-  const auto& ref_meta =
-      (*manifest)["models"][ref_model]["files"][test::manifest_file_key(spec.type)]["metadata"];
+  const auto& ref_meta = (*manifest)["models"][ref_model]["files"][test::manifest_file_key(spec.type)]["metadata"];
   // Value types come from the reference Q8_0 GGUF (F32 files are not shipped).
   auto ref_q8 = gguf::File::open(test::reference_dir() + "/" + ref_model + ".Q8_0.gguf");
   ASSERT_TRUE(ref_q8.is_ok()) << ref_q8.status().to_string();
@@ -124,8 +131,8 @@ void check_metadata(const gguf::File& f, const MakeModelSpec& spec, const std::s
     ASSERT_EQ(our_key, key);
     const gguf::Value* ref_typed = (*ref_q8)->find(key);
     ASSERT_NE(ref_typed, nullptr) << key;
-    EXPECT_EQ(our_value.type, ref_typed->type) << key << ": " << gguf::value_type_name(our_value.type)
-                                               << " vs " << gguf::value_type_name(ref_typed->type);
+    EXPECT_EQ(our_value.type, ref_typed->type)
+        << key << ": " << gguf::value_type_name(our_value.type) << " vs " << gguf::value_type_name(ref_typed->type);
     if (key == "general.name" || key == "general.description") continue;
     if (key == "general.file_type") {
       EXPECT_EQ(std::get<uint64_t>(our_value.v), make_file_type_ftype(spec.type));
@@ -243,8 +250,7 @@ TEST_F(MakeModelFile, ProgressIsReportedPerTensorAndBadSpecWritesNothing) {
   EXPECT_FALSE(fs::exists(path("bad.gguf")));
   EXPECT_FALSE(fs::exists(path("bad.gguf.partial")));
 
-  const Status io = make_model(MakeModelSpec::defaults_for(MakeArch::kQwen3Moe),
-                               path("no/such/dir/x.gguf"));
+  const Status io = make_model(MakeModelSpec::defaults_for(MakeArch::kQwen3Moe), path("no/such/dir/x.gguf"));
   EXPECT_EQ(io.code(), StatusCode::kIoError);
 }
 
@@ -278,7 +284,7 @@ TEST(MakeModelWeights, GeneratorIsSeededPerRowAndNormal) {
   const double n = double(all.size());
   EXPECT_NEAR(s1 / n, 0.0, 0.01);
   EXPECT_NEAR(s2 / n, 1.0, 0.01);
-  EXPECT_NEAR(s4 / n, 3.0, 0.06);                 // kurtosis of a normal
+  EXPECT_NEAR(s4 / n, 3.0, 0.06);                    // kurtosis of a normal
   EXPECT_NEAR(double(beyond3) / n, 0.0027, 0.0006);  // two-sided 3-sigma tail
 }
 

@@ -120,7 +120,12 @@ TEST(MakeModelSpec, RejectsBadShapesWithClearErrors) {
     s.n_ff = 512;
     EXPECT_NE(validate_message(s).find("n_ff 512 and n_ff_exp 256 must be equal"), std::string::npos);
   }
-  EXPECT_FALSE(plan_model([&] { MakeModelSpec s = q; s.n_expert = 0; return s; }()).is_ok());
+  EXPECT_FALSE(plan_model([&] {
+                 MakeModelSpec s = q;
+                 s.n_expert = 0;
+                 return s;
+               }())
+                   .is_ok());
 }
 
 TEST(MakeModelSpec, NamesRoundTrip) {
@@ -213,7 +218,8 @@ TEST(MakeModelPlan, Q4KMRecipeRulesAndFallbacks) {
   for (int il = 0; il < 16; ++il) {
     const std::string d = "blk." + std::to_string(il) + ".ffn_down_shexp.weight";
     EXPECT_EQ(make_model_tensor_type(q4, d, 2, ne_256, 16, 64, 0, 0),
-              more16.count(il) ? GgmlType::Q6_K : GgmlType::Q4_K) << d;
+              more16.count(il) ? GgmlType::Q6_K : GgmlType::Q4_K)
+        << d;
   }
   EXPECT_EQ(make_model_tensor_type(q4, "output.weight", 2, ne_256, 4, 8, 0, 4), GgmlType::Q6_K);
   EXPECT_EQ(make_model_tensor_type(q4, "token_embd.weight", 2, ne_256, 4, 8, 0, 4), GgmlType::Q4_K);
@@ -225,8 +231,10 @@ TEST(MakeModelPlan, Q4KMRecipeRulesAndFallbacks) {
   EXPECT_EQ(make_model_tensor_type(q4, "blk.0.attn_q.weight", 2, ne_48, 4, 8, 0, 4), GgmlType::F16);
   // Other file types.
   EXPECT_EQ(make_model_tensor_type(MakeFileType::kQ8_0, "output.weight", 2, ne_256, 4, 8, 0, 4), GgmlType::Q8_0);
-  EXPECT_EQ(make_model_tensor_type(MakeFileType::kF16, "blk.0.ffn_up_exps.weight", 3, ne_256, 4, 8, 0, 4), GgmlType::F16);
-  EXPECT_EQ(make_model_tensor_type(MakeFileType::kF16, "blk.0.ffn_gate_inp.weight", 2, ne_256, 4, 8, 0, 4), GgmlType::F32);
+  EXPECT_EQ(make_model_tensor_type(MakeFileType::kF16, "blk.0.ffn_up_exps.weight", 3, ne_256, 4, 8, 0, 4),
+            GgmlType::F16);
+  EXPECT_EQ(make_model_tensor_type(MakeFileType::kF16, "blk.0.ffn_gate_inp.weight", 2, ne_256, 4, 8, 0, 4),
+            GgmlType::F32);
 }
 
 // The perf preset must have the tensor types llama-quantize gave the perf model
@@ -238,10 +246,13 @@ TEST(MakeModelPlan, PerfPresetMatchesPerfReadme) {
   int n_checked = 0;
   for (const auto& t : plan->tensors) {
     std::string want = "Q4_K";
-    if (t.n_dims == 1 || t.name.find("ffn_gate_inp") != std::string::npos) want = "F32";
-    else if (t.name == "output.weight") want = "Q6_K";
-    else if ((t.name.find("attn_v.weight") != std::string::npos ||
-              t.name.find("ffn_down_exps") != std::string::npos) && t.layer >= 2) want = "Q6_K";
+    if (t.n_dims == 1 || t.name.find("ffn_gate_inp") != std::string::npos)
+      want = "F32";
+    else if (t.name == "output.weight")
+      want = "Q6_K";
+    else if ((t.name.find("attn_v.weight") != std::string::npos || t.name.find("ffn_down_exps") != std::string::npos) &&
+             t.layer >= 2)
+      want = "Q6_K";
     EXPECT_EQ(std::string(type_name(t.type)), want) << t.name;
     ++n_checked;
   }

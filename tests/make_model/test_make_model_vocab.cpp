@@ -14,18 +14,18 @@
 #include <string>
 #include <vector>
 
-#include "util/run_moesh.h"
 #include "make_model/make_model_internal.h"
 #include "moesh/gguf/gguf.h"
 #include "moesh/make_model/make_model.h"
 #include "moesh/text/tokenizer.h"
 #include "text/tokenizer_internal.h"
+#include "util/run_moesh.h"
 
 namespace moesh {
 namespace {
 
-using test::RunResult;
 using test::run_moesh;
+using test::RunResult;
 
 namespace fs = std::filesystem;
 
@@ -151,9 +151,8 @@ TEST_F(MakeModelVocab, MergesAreLearned) {
   size_t n_words = 0, n_letters = 0, n_word_tokens = 0, n_single = 0;
   for (std::string_view p : pieces) {
     const std::string_view w = p.substr(p[0] == ' ' ? 1 : 0);
-    if (w.empty() || !std::all_of(w.begin(), w.end(), [](char c) {
-          return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-        })) {
+    if (w.empty() ||
+        !std::all_of(w.begin(), w.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); })) {
       continue;
     }
     auto ids = tok.encode(p);
@@ -168,9 +167,10 @@ TEST_F(MakeModelVocab, MergesAreLearned) {
   const double tokens_per_word = double(n_word_tokens) / double(n_words);
   size_t n_tokens = 0;
   EXPECT_EQ(round_trip(tok, std::string(builtin), &n_tokens), builtin);
-  std::fprintf(stderr, "built-in text: %zu bytes -> %zu tokens; %zu words, %.2f letters/word, "
-               "%.2f tokens/word, %zu words are one token (n_vocab 512)\n", builtin.size(),
-               n_tokens, n_words, chars_per_word, tokens_per_word, n_single);
+  std::fprintf(stderr,
+               "built-in text: %zu bytes -> %zu tokens; %zu words, %.2f letters/word, "
+               "%.2f tokens/word, %zu words are one token (n_vocab 512)\n",
+               builtin.size(), n_tokens, n_words, chars_per_word, tokens_per_word, n_single);
   EXPECT_GT(chars_per_word, 3.5);
   // Measured with 253 merges: 1.90 tokens per word against 4.04 letters (ratio 0.47), 483 of
   // 922 words a single token, 2088 tokens for 5052 bytes. Pure byte tokens would be ratio 1.
@@ -189,8 +189,7 @@ TEST_F(MakeModelVocab, FullVocabularyMakesEveryPieceOneToken) {
   // With every learned merge, each pre-tokenizer piece of the training text is a single token.
   auto max_learned = detail::make_vocab_max_learned();
   ASSERT_TRUE(max_learned.is_ok());
-  std::fprintf(stderr, "built-in text yields %lld learned tokens\n",
-               static_cast<long long>(*max_learned));
+  std::fprintf(stderr, "built-in text yields %lld learned tokens\n", static_cast<long long>(*max_learned));
   ASSERT_GT(*max_learned, 600);
   const int64_t n_vocab = 256 + *max_learned + 3;
   Loaded l = write_and_load(small_spec(n_vocab), path("full.gguf"));
@@ -263,11 +262,16 @@ TEST_F(MakeModelVocab, KeyOrderFollowsTheConverter) {
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
     std::vector<std::string> keys;
     for (const auto& [k, v] : plan->kvs) keys.push_back(k);
-    const std::vector<std::string> tok_keys = {
-        "tokenizer.ggml.model",       "tokenizer.ggml.pre",          "tokenizer.ggml.tokens",
-        "tokenizer.ggml.token_type",  "tokenizer.ggml.merges",       "tokenizer.ggml.eos_token_id",
-        "tokenizer.ggml.padding_token_id", "tokenizer.ggml.bos_token_id",
-        "tokenizer.ggml.add_bos_token", "tokenizer.chat_template"};
+    const std::vector<std::string> tok_keys = {"tokenizer.ggml.model",
+                                               "tokenizer.ggml.pre",
+                                               "tokenizer.ggml.tokens",
+                                               "tokenizer.ggml.token_type",
+                                               "tokenizer.ggml.merges",
+                                               "tokenizer.ggml.eos_token_id",
+                                               "tokenizer.ggml.padding_token_id",
+                                               "tokenizer.ggml.bos_token_id",
+                                               "tokenizer.ggml.add_bos_token",
+                                               "tokenizer.chat_template"};
     auto first = std::find(keys.begin(), keys.end(), tok_keys[0]);
     ASSERT_NE(first, keys.end());
     ASSERT_GE(keys.end() - first, static_cast<ptrdiff_t>(tok_keys.size()));
@@ -313,8 +317,7 @@ TEST_F(MakeModelVocab, NoneKeepsTheIdOnlyFileAndTheSameWeights) {
   const auto& b = **bpe;
   EXPECT_GT(b.data_offset(), a.data_offset() + 2000);
   ASSERT_EQ(a.size() - a.data_offset(), b.size() - b.data_offset());
-  EXPECT_EQ(0, std::memcmp(a.base() + a.data_offset(), b.base() + b.data_offset(),
-                           a.size() - a.data_offset()));
+  EXPECT_EQ(0, std::memcmp(a.base() + a.data_offset(), b.base() + b.data_offset(), a.size() - a.data_offset()));
   ASSERT_EQ(a.tensors().size(), b.tensors().size());
   for (size_t i = 0; i < a.tensors().size(); ++i) {
     EXPECT_EQ(a.tensors()[i].name, b.tensors()[i].name);
@@ -326,8 +329,8 @@ TEST_F(MakeModelVocab, ExactVocabularySizeAndPadding) {
   auto max_learned = detail::make_vocab_max_learned();
   ASSERT_TRUE(max_learned.is_ok());
   const int64_t full = 256 + *max_learned + 3;
-  for (int64_t n_vocab : {int64_t{259}, int64_t{260}, int64_t{512}, full - 1, full, full + 1,
-                          full + 1000, int64_t{151936}}) {
+  for (int64_t n_vocab :
+       {int64_t{259}, int64_t{260}, int64_t{512}, full - 1, full, full + 1, full + 1000, int64_t{151936}}) {
     SCOPED_TRACE("n_vocab " + std::to_string(n_vocab));
     MakeModelSpec spec = small_spec(n_vocab);
     auto plan = plan_model(spec);
@@ -362,8 +365,7 @@ TEST_F(MakeModelVocab, ExactVocabularySizeAndPadding) {
     EXPECT_EQ(std::get<std::string>(tv[tv.size() - 3].v), "<|endoftext|>");
     if (n_pad > 0) {
       EXPECT_EQ(std::get<std::string>(tv[static_cast<size_t>(256 + n_learned)].v), "<|reserved_0|>");
-      EXPECT_EQ(std::get<std::string>(tv[tv.size() - 4].v),
-                "<|reserved_" + std::to_string(n_pad - 1) + "|>");
+      EXPECT_EQ(std::get<std::string>(tv[tv.size() - 4].v), "<|reserved_" + std::to_string(n_pad - 1) + "|>");
     }
     // Merges only grow with the vocabulary, and each one's result is a token.
     const auto& mv = std::get<gguf::Array>(merges->v).items;
@@ -434,11 +436,9 @@ TEST_F(MakeModelVocab, Deterministic) {
   EXPECT_TRUE(a == b) << "two runs gave different bytes";
 }
 
-
 TEST_F(MakeModelVocab, CliVocabFlag) {
   // --vocab none from the command line is the library's kNone file, byte for byte.
-  RunResult r = run_moesh("make-model --arch llama --vocab none --threads 1 --out '" +
-                              path("cli_none.gguf") + "'");
+  RunResult r = run_moesh("make-model --arch llama --vocab none --threads 1 --out '" + path("cli_none.gguf") + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   MakeModelSpec spec = MakeModelSpec::defaults_for(MakeArch::kLlama);
   spec.vocab = MakeVocab::kNone;

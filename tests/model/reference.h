@@ -2,12 +2,11 @@
 // and a forward-pass observer that records routing and hidden states.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -15,7 +14,9 @@
 
 namespace moesh::testing {
 
-inline std::string reference_dir() { return MOESH_REFERENCE_DIR; }
+inline std::string reference_dir() {
+  return MOESH_REFERENCE_DIR;
+}
 
 // *.gguf files of the reference folder, sorted (empty when the folder is absent).
 inline std::vector<std::string> reference_models() {
@@ -91,8 +92,8 @@ class RecordingObserver : public ForwardObserver {
   std::vector<std::vector<float>> layer_out;  // [layer][T*n_embd]
 
   void on_routing(int layer, int64_t n_tokens, int k, const int32_t* ids, const float* w) override {
-    routing.push_back({layer, k, std::vector<int32_t>(ids, ids + n_tokens * k),
-                       std::vector<float>(w, w + n_tokens * k)});
+    routing.push_back(
+        {layer, k, std::vector<int32_t>(ids, ids + n_tokens * k), std::vector<float>(w, w + n_tokens * k)});
   }
   void on_layer_out(int layer, int64_t n_tokens, int64_t n_embd, const float* h) override {
     if (static_cast<int>(layer_out.size()) <= layer) layer_out.resize(layer + 1);

@@ -68,8 +68,8 @@ TEST_P(Batch, InterleavedSequencesEqualEachAlone) {
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
   const Model& model = **m;
   const int64_t V = model.hparams().n_vocab;
-  const std::vector<std::vector<int32_t>> prompts = {
-      random_tokens(V, 7, 1), random_tokens(V, 3, 2), random_tokens(V, 12, 3), random_tokens(V, 1, 4)};
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(V, 7, 1), random_tokens(V, 3, 2),
+                                                     random_tokens(V, 12, 3), random_tokens(V, 1, 4)};
   const int steps = 6;
   std::vector<Rows> alone;
   for (const auto& p : prompts) alone.push_back(run_alone(model, p, steps, 1));
@@ -86,7 +86,8 @@ TEST_P(Batch, InterleavedSequencesEqualEachAlone) {
         if (next[s] == prompts[s].size()) continue;
         any = true;
         const bool last = next[s] + 1 == prompts[s].size();
-        if (last) row_of[s] = static_cast<int>(std::count_if(batch.begin(), batch.end(), [](auto& b) { return b.logits; }));
+        if (last)
+          row_of[s] = static_cast<int>(std::count_if(batch.begin(), batch.end(), [](auto& b) { return b.logits; }));
         batch.push_back({static_cast<int32_t>(10 + s), prompts[s][next[s]++], last});
       }
     }
@@ -224,8 +225,7 @@ TEST_P(Batch, CopiedPrefixContinuesLikeTheWholeSequence) {
   EXPECT_EQ(ctx.kv().seq_copy(3, 3, 1).code(), StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, Batch,
-                         ::testing::Values(MakeArch::kQwen3Moe, MakeArch::kLlama, MakeArch::kDeepseek2),
+INSTANTIATE_TEST_SUITE_P(Archs, Batch, ::testing::Values(MakeArch::kQwen3Moe, MakeArch::kLlama, MakeArch::kDeepseek2),
                          [](const auto& info) { return std::string(make_arch_name(info.param)); });
 
 }  // namespace

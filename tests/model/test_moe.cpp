@@ -13,11 +13,11 @@
 #include <random>
 #include <set>
 
-#include "moesh/moe/executor.h"
 #include "moesh/gguf/gguf.h"
 #include "moesh/model/model.h"
-#include "moesh/tensor/quant.h"
+#include "moesh/moe/executor.h"
 #include "moesh/moe/routing.h"
+#include "moesh/tensor/quant.h"
 
 namespace moesh {
 namespace {
@@ -72,8 +72,10 @@ TEST(Routing, GroupLimitedSigmoidFollowsTheDefinition) {
         EXPECT_FALSE(chosen.count(e)) << "token " << t << " expert " << e << " in a dropped group";
         continue;
       }
-      if (chosen.count(e)) min_chosen = std::min(min_chosen, sel[e]);
-      else max_other = std::max(max_other, sel[e]);
+      if (chosen.count(e))
+        min_chosen = std::min(min_chosen, sel[e]);
+      else
+        max_other = std::max(max_other, sel[e]);
     }
     EXPECT_GE(min_chosen, max_other);
     // Rank order: descending selection score.
@@ -165,8 +167,8 @@ struct Experts {
   std::vector<uint8_t> gate_b, up_b, down_b;
   ExpertWeights w;
   Experts(int64_t d, int64_t f, int64_t n_exp, GgmlType down_type, uint64_t seed) {
-    auto make = [&](std::vector<uint8_t>& buf, TensorView& v, const char* name, GgmlType t,
-                    int64_t k, int64_t m, uint64_t s) {
+    auto make = [&](std::vector<uint8_t>& buf, TensorView& v, const char* name, GgmlType t, int64_t k, int64_t m,
+                    uint64_t s) {
       const std::vector<float> x = randn(static_cast<size_t>(k * m * n_exp), 0.05f, s);
       const size_t rb = type_row_bytes(t, k);
       buf.resize(rb * m * n_exp);
@@ -234,8 +236,7 @@ TEST(LocalExecutor, EqualsExpertFfnSummedInRankOrder) {
     auto out = le.wait(tk);
     ASSERT_TRUE(out.is_ok()) << out.status().to_string();
     ASSERT_EQ(out->size(), static_cast<size_t>(T * d));
-    EXPECT_EQ(std::memcmp(out->data(), ref.data(), ref.size() * sizeof(float)), 0)
-        << n_threads << " threads";
+    EXPECT_EQ(std::memcmp(out->data(), ref.data(), ref.size() * sizeof(float)), 0) << n_threads << " threads";
     // One token per submit gives the same bits.
     for (int64_t t = 0; t < T; ++t) {
       RoutingPlan p1;
@@ -284,15 +285,27 @@ TEST(HParams, MissingKeysAreNamed) {
 TEST(HParams, DeepseekYarnScales) {
   // The reference deepseek2-s settings: factor 4, yarn_log_multiplier 0.1, key_length_mla 96.
   gguf::Writer w;
-  const std::pair<const char*, uint32_t> ints[] = {
-      {"vocab_size", 64}, {"context_length", 256}, {"embedding_length", 64}, {"block_count", 2},
-      {"attention.head_count", 4}, {"attention.head_count_kv", 1}, {"rope.dimension_count", 32},
-      {"feed_forward_length", 128}, {"expert_count", 16}, {"expert_used_count", 4},
-      {"leading_dense_block_count", 1}, {"attention.q_lora_rank", 64},
-      {"attention.kv_lora_rank", 64}, {"attention.key_length_mla", 96},
-      {"attention.value_length_mla", 64}, {"expert_feed_forward_length", 64},
-      {"expert_shared_count", 1}, {"expert_gating_func", 2}, {"expert_group_count", 4},
-      {"expert_group_used_count", 2}, {"rope.scaling.original_context_length", 64}};
+  const std::pair<const char*, uint32_t> ints[] = {{"vocab_size", 64},
+                                                   {"context_length", 256},
+                                                   {"embedding_length", 64},
+                                                   {"block_count", 2},
+                                                   {"attention.head_count", 4},
+                                                   {"attention.head_count_kv", 1},
+                                                   {"rope.dimension_count", 32},
+                                                   {"feed_forward_length", 128},
+                                                   {"expert_count", 16},
+                                                   {"expert_used_count", 4},
+                                                   {"leading_dense_block_count", 1},
+                                                   {"attention.q_lora_rank", 64},
+                                                   {"attention.kv_lora_rank", 64},
+                                                   {"attention.key_length_mla", 96},
+                                                   {"attention.value_length_mla", 64},
+                                                   {"expert_feed_forward_length", 64},
+                                                   {"expert_shared_count", 1},
+                                                   {"expert_gating_func", 2},
+                                                   {"expert_group_count", 4},
+                                                   {"expert_group_used_count", 2},
+                                                   {"rope.scaling.original_context_length", 64}};
   w.set("general.architecture", gguf::Value::str("deepseek2"));
   for (auto [k, v] : ints) w.set(std::string("deepseek2.") + k, gguf::Value::u32(v));
   w.set("deepseek2.attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-6f));

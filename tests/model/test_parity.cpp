@@ -104,13 +104,11 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
       double mx = 0;
       for (int64_t t = 0; t < T; ++t) {
         for (int64_t d = 0; d < hp.n_embd; ++d) {
-          mx = std::max(mx, static_cast<double>(std::fabs(obs.layer_out[l][t * hp.n_embd + d] -
-                                                          seq.hidden[l][t][d])));
+          mx = std::max(mx, static_cast<double>(std::fabs(obs.layer_out[l][t * hp.n_embd + d] - seq.hidden[l][t][d])));
         }
       }
       EXPECT_LE(mx, kMaxHiddenDiff) << "layer " << l << " hidden state";
-      std::printf("  %s %s layer %zu hidden max abs diff %.3g", GetParam().c_str(),
-                  seq.name.c_str(), l, mx);
+      std::printf("  %s %s layer %zu hidden max abs diff %.3g", GetParam().c_str(), seq.name.c_str(), l, mx);
       // Which positions drifted (the first one is where to look); MOESH_PARITY_VERBOSE lists
       // every position that is not bit-identical.
       const double thr = std::getenv("MOESH_PARITY_VERBOSE") != nullptr ? 0.0 : 1e-5;
@@ -119,8 +117,7 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
         for (int64_t t = 0; t < T; ++t) {
           double m = 0;
           for (int64_t d = 0; d < hp.n_embd; ++d) {
-            m = std::max(m, static_cast<double>(std::fabs(obs.layer_out[l][t * hp.n_embd + d] -
-                                                          seq.hidden[l][t][d])));
+            m = std::max(m, static_cast<double>(std::fabs(obs.layer_out[l][t * hp.n_embd + d] - seq.hidden[l][t][d])));
           }
           if (m > thr) std::printf(" %lld(%.2g)", static_cast<long long>(t), m);
         }
@@ -139,8 +136,8 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
         max_abs = std::max(max_abs, static_cast<double>(std::fabs(row[i] - seq.logits[t][i])));
       }
     }
-    std::printf("  %s %s: min cosine %.7f, max abs diff %.4f\n", GetParam().c_str(),
-                seq.name.c_str(), worst_cos, max_abs);
+    std::printf("  %s %s: min cosine %.7f, max abs diff %.4f\n", GetParam().c_str(), seq.name.c_str(), worst_cos,
+                max_abs);
 
     // Expert selection per MoE layer.
     ASSERT_EQ(obs.routing.size(), seq.routing.size());
@@ -163,13 +160,13 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
         for (int j = 0; j < k; ++j) {
           // Mixing weight of each selected expert.
           const int pos = static_cast<int>(std::find(g.begin(), g.end(), w[j]) - g.begin());
-          max_w_diff = std::max(max_w_diff, static_cast<double>(std::fabs(got.weights[t * k + pos] - want.weights[t][j])));
+          max_w_diff =
+              std::max(max_w_diff, static_cast<double>(std::fabs(got.weights[t * k + pos] - want.weights[t][j])));
           EXPECT_NEAR(got.weights[t * k + pos], want.weights[t][j], kMaxWeightDiff)
               << "layer " << want.layer << " token " << t << " expert " << w[j];
           // Order: where the reference weights are clearly apart (softmax: weight order =
           // selection order).
-          if (hp.gating == GatingFunc::kSoftmax && j + 1 < k &&
-              want.weights[t][j] - want.weights[t][j + 1] > 1e-3) {
+          if (hp.gating == GatingFunc::kSoftmax && j + 1 < k && want.weights[t][j] - want.weights[t][j + 1] > 1e-3) {
             EXPECT_EQ(g[j], w[j]) << "rank " << j << " layer " << want.layer << " token " << t;
           }
         }
@@ -222,12 +219,10 @@ TEST_P(Parity, DequantF32Mode) {
     for (size_t t = 0; t < seq.tokens.size(); ++t) {
       EXPECT_EQ(testing::argmax_of(logits.data() + t * V, V), seq.argmax[t]) << "position " << t;
       for (int64_t i = 0; i < V; ++i) {
-        max_abs = std::max(max_abs,
-                           static_cast<double>(std::fabs(logits[t * V + i] - seq.logits[t][i])));
+        max_abs = std::max(max_abs, static_cast<double>(std::fabs(logits[t * V + i] - seq.logits[t][i])));
       }
     }
-    std::printf("  %s %s dequant-f32: max abs diff %.3g\n", GetParam().c_str(), seq.name.c_str(),
-                max_abs);
+    std::printf("  %s %s dequant-f32: max abs diff %.3g\n", GetParam().c_str(), seq.name.c_str(), max_abs);
     // Observed max abs diff over all files and sequences: 2.98e-06 (deepseek2-s.Q8_0 seq64);
     // the bound is 10x that (reference README §7 expects ~1e-4 from an F32 engine).
     EXPECT_LE(max_abs, 3e-5);

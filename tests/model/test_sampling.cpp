@@ -232,8 +232,8 @@ TEST(Sampling, ValidateNamesTheField) {
 }
 
 // Feeds `text` to a matcher in the given chunks; returns everything released.
-std::string run_chunks(const std::vector<std::string>& stops, const std::vector<std::string>& chunks,
-                       bool* stopped, std::string* matched) {
+std::string run_chunks(const std::vector<std::string>& stops, const std::vector<std::string>& chunks, bool* stopped,
+                       std::string* matched) {
   StopMatcher m(stops);
   std::string out;
   for (const auto& c : chunks) {
@@ -247,8 +247,8 @@ std::string run_chunks(const std::vector<std::string>& stops, const std::vector<
   return out;
 }
 
-void expect_all_chunkings(const std::vector<std::string>& stops, const std::string& text,
-                          const std::string& want, const std::string& want_match) {
+void expect_all_chunkings(const std::vector<std::string>& stops, const std::string& text, const std::string& want,
+                          const std::string& want_match) {
   bool stopped;
   std::string matched;
   // Whole, every two-way split, byte by byte, and random splits.
@@ -275,10 +275,8 @@ void expect_all_chunkings(const std::vector<std::string>& stops, const std::stri
 }
 
 TEST(StopMatcher, SameOutputForEveryChunking) {
-  expect_all_chunkings({"<|im_end|>"}, "Hello wörld ✓ <|im_e <|im_end|>tail", "Hello wörld ✓ <|im_e ",
-                       "<|im_end|>");
-  expect_all_chunkings({"<|im_end|>", "\n\nUser:"}, "a\n\nUse b\n\nUser: c<|im_end|>", "a\n\nUse b",
-                       "\n\nUser:");
+  expect_all_chunkings({"<|im_end|>"}, "Hello wörld ✓ <|im_e <|im_end|>tail", "Hello wörld ✓ <|im_e ", "<|im_end|>");
+  expect_all_chunkings({"<|im_end|>", "\n\nUser:"}, "a\n\nUse b\n\nUser: c<|im_end|>", "a\n\nUse b", "\n\nUser:");
   expect_all_chunkings({"STOP"}, "no stop here, STO ST S", "no stop here, STO ST S", "");
   // Overlapping stops: the one that ends first wins (what a byte stream sees first).
   expect_all_chunkings({"abcd", "bc"}, "xxabcdyy", "xxa", "bc");

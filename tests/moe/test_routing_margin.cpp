@@ -99,10 +99,17 @@ TEST(RoutingMargin, NoiseBelowHalfTheMarginNeverFlipsAndTheMarginDoes) {
   std::vector<float> w(T * 4);
   route(rc, lg.data(), T, ids.data(), w.data(), &scratch);
   float lo = 1e9f, hi = 0;
-  for (float x : m) { lo = std::min(lo, x); hi = std::max(hi, x); }
+  for (float x : m) {
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+  }
   EXPECT_GT(hi, 10 * lo) << "margins should vary across tokens";
 
-  auto set_of = [](const int32_t* p) { std::vector<int32_t> s(p, p + 4); std::sort(s.begin(), s.end()); return s; };
+  auto set_of = [](const int32_t* p) {
+    std::vector<int32_t> s(p, p + 4);
+    std::sort(s.begin(), s.end());
+    return s;
+  };
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> noisy = lg, pushed = lg;
   for (int t = 0; t < T; ++t) {
@@ -119,9 +126,7 @@ TEST(RoutingMargin, NoiseBelowHalfTheMarginNeverFlipsAndTheMarginDoes) {
 class MarginRecorder : public ForwardObserver {
  public:
   std::map<int, std::vector<float>> by_layer;
-  void on_routing_margins(int layer, int64_t n, const float* m) override {
-    by_layer[layer].assign(m, m + n);
-  }
+  void on_routing_margins(int layer, int64_t n, const float* m) override { by_layer[layer].assign(m, m + n); }
 };
 
 // The reference models: our margins match llama.cpp's and respect the README's thresholds.

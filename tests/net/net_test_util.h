@@ -17,7 +17,9 @@ namespace moesh::net::testing {
 using namespace std::chrono_literals;
 
 enum class Link { kLoopback, kTcp };
-inline const char* link_name(Link l) { return l == Link::kLoopback ? "loopback" : "tcp"; }
+inline const char* link_name(Link l) {
+  return l == Link::kLoopback ? "loopback" : "tcp";
+}
 
 struct StreamPair {
   std::unique_ptr<ByteStream> client, server;
@@ -48,10 +50,10 @@ inline StreamPair make_stream_pair(Link link) {
 }
 
 struct ServeOptions {
-  bool answer = true;                          // false: swallow every request (a hung worker)
-  size_t batch = 1;                            // answer in reverse order, `batch` at a time
-  std::chrono::milliseconds reply_delay{0};    // wait before answering each batch
-  uint16_t error_code = 0;                     // != 0: answer DISPATCH with this ERROR
+  bool answer = true;                        // false: swallow every request (a hung worker)
+  size_t batch = 1;                          // answer in reverse order, `batch` at a time
+  std::chrono::milliseconds reply_delay{0};  // wait before answering each batch
+  uint16_t error_code = 0;                   // != 0: answer DISPATCH with this ERROR
 };
 
 // Serves until the peer leaves. Answers DISPATCH with a tagged COMBINE and PING with PONG.
@@ -79,14 +81,18 @@ inline int serve(Connection& conn, ServeOptions o) {
         continue;
       }
       if (o.error_code != 0) {
-        reply = wire::encode_error({.request_id = req->request_id, .code = o.error_code, .text = "no such expert"}).value();
+        reply =
+            wire::encode_error({.request_id = req->request_id, .code = o.error_code, .text = "no such expert"}).value();
       } else {
         reply = wire::encode_combine(wire::testing::make_combine_for(*req)).value();
       }
     } else if (f->type() == wire::MsgType::kPing) {
       auto p = wire::decode_ping(*f).value();
-      reply = wire::encode_pong({.request_id = p.request_id, .ping_time_ns = p.send_time_ns, .reply_time_ns = 1,
-                                 .pad_bytes = p.reply_pad_bytes}).value();
+      reply = wire::encode_pong({.request_id = p.request_id,
+                                 .ping_time_ns = p.send_time_ns,
+                                 .reply_time_ns = 1,
+                                 .pad_bytes = p.reply_pad_bytes})
+                  .value();
     } else if (f->type() == wire::MsgType::kGoodbye) {
       return seen;
     } else {

@@ -1,7 +1,6 @@
 // Connection over loopback and TCP: frames both ways, resumable timeouts, closing mid-frame,
 // oversized frames, socket policy.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <fstream>
@@ -143,8 +142,8 @@ TEST(Tcp, SocketPolicyIsApplied) {
     if (geteuid() == 0 || list.find("cubic") != std::string::npos) {
       EXPECT_EQ(info->congestion, "cubic") << info->peer;
     }
-    std::printf("tcp %s: congestion=%s sndbuf=%d rcvbuf=%d nodelay=%d\n", info->peer.c_str(),
-                info->congestion.c_str(), info->send_buffer_bytes, info->recv_buffer_bytes, info->no_delay);
+    std::printf("tcp %s: congestion=%s sndbuf=%d rcvbuf=%d nodelay=%d\n", info->peer.c_str(), info->congestion.c_str(),
+                info->send_buffer_bytes, info->recv_buffer_bytes, info->no_delay);
   }
   auto lb = make_loopback_streams();
   EXPECT_EQ(tcp_socket_info(*lb.first).status().code(), StatusCode::kInvalidArgument);
@@ -158,7 +157,7 @@ TEST(Tcp, ConnectRefusedAndAcceptTimeout) {
   auto a = (*l)->accept(deadline);
   EXPECT_EQ(a.status().code(), StatusCode::kTimeout) << a.status().to_string();
   EXPECT_GE(Clock::now(), deadline) << "kTimeout before the deadline";  // the contract's lower bound
-  l->reset();  // closes the port
+  l->reset();                                                           // closes the port
   auto c = tcp_connect("127.0.0.1", port, TcpOptions{}, deadline_in(1s));
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().to_string();
   EXPECT_FALSE(tcp_connect("no-such-host.invalid", 1, TcpOptions{}, deadline_in(1s)).is_ok());

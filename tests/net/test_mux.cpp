@@ -92,8 +92,9 @@ TEST_P(MuxTest, DeadlinesFireWhenThePeerNeverAnswers) {
   std::thread peer([&, done = short_waits_done.get_future()]() mutable {
     for (int i = 0; i < 4; ++i) ASSERT_TRUE(server->recv_frame(deadline_in(10s)).is_ok());
     ASSERT_EQ(done.wait_for(30s), std::future_status::ready);
-    ASSERT_TRUE(server->send_frame(wire::encode_combine(wire::testing::make_combine_for(leader_req)).value(),
-                                   deadline_in(5s)).is_ok());
+    ASSERT_TRUE(
+        server->send_frame(wire::encode_combine(wire::testing::make_combine_for(leader_req)).value(), deadline_in(5s))
+            .is_ok());
   });
   Result<wire::Frame> leader_reply = Status(StatusCode::kInternal, "unset");
   std::thread leader_waiter([&] { leader_reply = mux.wait(leader, deadline_in(20s)); });
@@ -118,7 +119,8 @@ TEST_P(MuxTest, DeadlinesFireWhenThePeerNeverAnswers) {
   short_waits_done.set_value();
   leader_waiter.join();
   peer.join();
-  ASSERT_TRUE(leader_reply.is_ok()) << "the leader's wait ended before its reply: " << leader_reply.status().to_string();
+  ASSERT_TRUE(leader_reply.is_ok()) << "the leader's wait ended before its reply: "
+                                    << leader_reply.status().to_string();
   auto rep = wire::decode_combine(*leader_reply, wire::DecodeLimits{});
   ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
   EXPECT_TRUE(wire::check_combine_matches(leader_req, *rep).is_ok());
@@ -169,7 +171,8 @@ TEST_P(MuxTest, PeerGoingAwayFailsPendingRequestsPromptly) {
   ASSERT_TRUE(mux.start(id, wire::encode_ping({.request_id = id, .send_time_ns = 1}).value(), deadline_in(1s)).is_ok());
   std::thread bye([&] {
     ASSERT_TRUE(server->recv_frame(deadline_in(5s)).is_ok());
-    ASSERT_TRUE(server->send_frame(wire::encode_goodbye({.reason = 8, .text = "draining"}).value(), deadline_in(1s)).is_ok());
+    ASSERT_TRUE(
+        server->send_frame(wire::encode_goodbye({.reason = 8, .text = "draining"}).value(), deadline_in(1s)).is_ok());
     server->close();
   });
   // "Promptly": the GOODBYE ends the wait (kUnavailable naming the reason), not its deadline

@@ -100,7 +100,9 @@ TEST(Planner, AFailedRequestsPairsMoveToOtherHolders) {
   ASSERT_TRUE(pl.reassign(1, plan3, 1, &moved).is_ok());
   EXPECT_EQ(moved, (std::vector<int32_t>{0, 0, 0, Placement::kLocal, 2, Placement::kLocal}));
   for (size_t s = 0; s < who.size(); ++s) {
-    if (who[s] != 1) EXPECT_EQ(moved[s], who[s]) << s;
+    if (who[s] != 1) {
+      EXPECT_EQ(moved[s], who[s]) << s;
+    }
   }
   // Worker 2 failing moves expert 6 to the backbone's copy; worker 0 failing strands expert 0,
   // which has neither a replica nor a copy.

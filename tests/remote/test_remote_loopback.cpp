@@ -85,7 +85,9 @@ void halves(LoopSwarm* s) {
   ASSERT_NO_FATAL_FAILURE(s->add_worker("*:8-15"));
 }
 
-std::vector<int32_t> tokens_of(const Model& m) { return test_tokens("", m.hparams().n_vocab, 10); }
+std::vector<int32_t> tokens_of(const Model& m) {
+  return test_tokens("", m.hparams().n_vocab, 10);
+}
 
 TEST(RemoteLoopback, ExactWithReplicasAndAnExcludedWorkerEqualsLocal) {
   LoopSwarm s;

@@ -63,8 +63,8 @@ TEST(OpenAiParse, Defaults) {
   EXPECT_TRUE(r.stop.empty());
   EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
   // null means absent, as OpenAI clients send it
-  const ApiRequest n = parse_ok(Endpoint::kCompletions,
-                                R"({"prompt": "x", "max_tokens": null, "stop": null, "seed": null})");
+  const ApiRequest n =
+      parse_ok(Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": null, "stop": null, "seed": null})");
   EXPECT_FALSE(n.max_tokens.has_value());
   EXPECT_FALSE(n.seed_given);
 }
@@ -166,7 +166,8 @@ TEST(OpenAiParse, ErrorsNameTheField) {
 // Random bytes and mutated valid bodies: parsing never crashes and always decides.
 TEST(OpenAiParse, FuzzedBodiesNeverCrash) {
   std::mt19937 rng(1234);
-  const std::string valid = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stop":["a"],"temperature":0.2})";
+  const std::string valid =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stop":["a"],"temperature":0.2})";
   int accepted = 0, rejected = 0;
   for (int it = 0; it < 3000; ++it) {
     std::string body = valid;
@@ -174,9 +175,15 @@ TEST(OpenAiParse, FuzzedBodiesNeverCrash) {
     for (int m = 0; m < n_mut; ++m) {
       const size_t pos = rng() % body.size();
       switch (rng() % 3) {
-        case 0: body[pos] = static_cast<char>(rng() % 256); break;
-        case 1: body.erase(pos, 1); break;
-        default: body.insert(pos, 1, "{}[]\",:0-e"[rng() % 10]); break;
+        case 0:
+          body[pos] = static_cast<char>(rng() % 256);
+          break;
+        case 1:
+          body.erase(pos, 1);
+          break;
+        default:
+          body.insert(pos, 1, "{}[]\",:0-e"[rng() % 10]);
+          break;
       }
     }
     ApiError err;
@@ -311,9 +318,9 @@ TEST(Metrics, Exposition) {
   m.count_request("/v1/completions", 200);
   m.count_request("/v1/completions", 400);
   m.count_request("other", 404);
-  m.observe_duration("/v1/completions", 0.003);   // first bucket
-  m.observe_duration("/v1/completions", 0.3);     // le=0.5
-  m.observe_duration("/v1/completions", 500.0);   // +Inf only
+  m.observe_duration("/v1/completions", 0.003);  // first bucket
+  m.observe_duration("/v1/completions", 0.3);    // le=0.5
+  m.observe_duration("/v1/completions", 500.0);  // +Inf only
   m.observe_ttft("/v1/completions", 0.02);
   MetricsSnapshot s = m.snapshot();
   s.sched.generated_tokens = 300;

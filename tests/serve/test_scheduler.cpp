@@ -4,7 +4,6 @@
 // queueing, cancellation (queued, running, sink returning false), validation, a failing expert
 // executor, and text/stop strings/EOG with a synthetic ASCII tokenizer. No timing assertions.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <atomic>
@@ -41,8 +40,7 @@ const Model& tiny_model() {
     s.head_dim = 32;
     s.n_ff_exp = 128;
     s.n_ctx = kCtx;
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("moesh-sched-" + std::to_string(getpid()));
+    const auto dir = std::filesystem::temp_directory_path() / ("moesh-sched-" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
     const std::string path = (dir / "tiny.gguf").string();
     Status st = make_model(s, path);
@@ -104,8 +102,7 @@ struct Outcome {
 };
 
 // A sink recording into `o`; `hook` runs after recording and decides the return value.
-EventSink collect(std::shared_ptr<Outcome> o,
-                  std::function<bool(const GenerationEvent&)> hook = nullptr) {
+EventSink collect(std::shared_ptr<Outcome> o, std::function<bool(const GenerationEvent&)> hook = nullptr) {
   return [o, hook](const GenerationEvent& ev) {
     {
       std::lock_guard<std::mutex> lk(o->mu);
@@ -211,11 +208,11 @@ TEST(Scheduler, ConcurrentGreedyRequestsMatchPlainDecode) {
   // Every computed token (prompt minus cache, generated minus each request's last) in a step.
   EXPECT_EQ(st.batch_tokens, total_prompt - st.cached_prompt_tokens + total_gen - 7);
   EXPECT_LT(st.steps * 2, st.batch_tokens) << "steps should carry several tokens each";
-  std::printf("[concurrency] %llu steps carried %llu tokens (%llu prompt, %llu generated), "
-              "max %llu sequences per step\n",
-              (unsigned long long)st.steps, (unsigned long long)st.batch_tokens,
-              (unsigned long long)total_prompt, (unsigned long long)total_gen,
-              (unsigned long long)st.max_batch_seen);
+  std::printf(
+      "[concurrency] %llu steps carried %llu tokens (%llu prompt, %llu generated), "
+      "max %llu sequences per step\n",
+      (unsigned long long)st.steps, (unsigned long long)st.batch_tokens, (unsigned long long)total_prompt,
+      (unsigned long long)total_gen, (unsigned long long)st.max_batch_seen);
 }
 
 TEST(Scheduler, SeededSamplingIsTheSameAloneAndBatched) {
@@ -315,12 +312,12 @@ TEST(Scheduler, PrefixIsCopiedFromABusySlot) {
   std::atomic<bool> submitted{false};
   // B is submitted from inside A's sink (a sink may call back), so A is busy when B arrives.
   submit_ok(*s, greedy_request(a, 30), collect(oa, [&](const GenerationEvent& ev) {
-              if (!ev.done && !submitted.exchange(true)) {
-                EXPECT_EQ(sp->stats().active, 1);
-                submit_ok(*sp, greedy_request(b, 12), collect(ob));
-              }
-              return true;
-            }));
+    if (!ev.done && !submitted.exchange(true)) {
+      EXPECT_EQ(sp->stats().active, 1);
+      submit_ok(*sp, greedy_request(b, 12), collect(ob));
+    }
+    return true;
+  }));
   oa->wait_done();
   ob->wait_done();
   EXPECT_EQ(ob->usage.cached_tokens, 30);
@@ -332,11 +329,11 @@ TEST(Scheduler, CancelQueuedAndRunningRequests) {
   auto s = make_scheduler(opts(1));
   Gate gate;
   auto oa = std::make_shared<Outcome>(), ob = std::make_shared<Outcome>();
-  const uint64_t ida = submit_ok(*s, greedy_request(random_prompt(600, 8), 200),
-                                 collect(oa, [&](const GenerationEvent& ev) {
-                                   if (!ev.done) gate.wait();
-                                   return true;
-                                 }));
+  const uint64_t ida =
+      submit_ok(*s, greedy_request(random_prompt(600, 8), 200), collect(oa, [&](const GenerationEvent& ev) {
+        if (!ev.done) gate.wait();
+        return true;
+      }));
   oa->wait_events(1);  // A is running and its sink is blocked
   const uint64_t idb = submit_ok(*s, greedy_request(random_prompt(601, 8), 5), collect(ob));
   EXPECT_EQ(s->stats().queued, 1);
@@ -430,9 +427,9 @@ TEST(Scheduler, FullQueueIsUnavailableAndShutdownCancelsAll) {
   std::vector<std::shared_ptr<Outcome>> out;
   for (int i = 0; i < 3; ++i) out.push_back(std::make_shared<Outcome>());
   submit_ok(*s, greedy_request(random_prompt(900, 5), 100), collect(out[0], [&](const GenerationEvent& ev) {
-              if (!ev.done) gate.wait();
-              return true;
-            }));
+    if (!ev.done) gate.wait();
+    return true;
+  }));
   out[0]->wait_events(1);
   submit_ok(*s, greedy_request(random_prompt(901, 5), 5), collect(out[1]));
   submit_ok(*s, greedy_request(random_prompt(902, 5), 5), collect(out[2]));
@@ -472,14 +469,13 @@ TEST(Scheduler, ShutdownFromASinkCancelsEverything) {
   Scheduler* sp = s.get();
   auto oa = std::make_shared<Outcome>(), ob = std::make_shared<Outcome>();
   Gate b_queued;
-  submit_ok(*s, greedy_request(random_prompt(950, 6), 50),
-            collect(oa, [&](const GenerationEvent& ev) {
-              if (!ev.done && ev.usage.completion_tokens == 2) {
-                b_queued.wait();
-                sp->shutdown();  // must not try to join its own thread
-              }
-              return true;
-            }));
+  submit_ok(*s, greedy_request(random_prompt(950, 6), 50), collect(oa, [&](const GenerationEvent& ev) {
+    if (!ev.done && ev.usage.completion_tokens == 2) {
+      b_queued.wait();
+      sp->shutdown();  // must not try to join its own thread
+    }
+    return true;
+  }));
   oa->wait_events(2);
   submit_ok(*s, greedy_request(random_prompt(951, 6), 5), collect(ob));
   b_queued.open();
@@ -528,14 +524,14 @@ TEST(Scheduler, ExecutorFailureFailsTheStepAndServingGoesOn) {
   // A's first event holds the scheduler until B is queued, so both are running afterwards;
   // B's second token arms the failure for the next step, which carries both.
   submit_ok(*s, greedy_request(pa, 40), collect(oa, [&](const GenerationEvent& ev) {
-              if (ev.usage.completion_tokens == 1) b_queued.wait();
-              return true;
-            }));
+    if (ev.usage.completion_tokens == 1) b_queued.wait();
+    return true;
+  }));
   oa->wait_events(1);
   submit_ok(*s, greedy_request(pb, 40), collect(ob, [&](const GenerationEvent& ev) {
-              if (!ev.done && ev.usage.completion_tokens == 2) ex->arm();
-              return true;
-            }));
+    if (!ev.done && ev.usage.completion_tokens == 2) ex->arm();
+    return true;
+  }));
   b_queued.open();
   oa->wait_done();
   ob->wait_done();

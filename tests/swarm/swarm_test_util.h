@@ -26,8 +26,8 @@ inline std::string temp_dir() {
 // A tiny model of `arch`, `type`, `seed` (cached per process). n_embd 64, 8 experts, 2..3 layers.
 inline std::string small_model(MakeArch arch, MakeFileType type, uint64_t seed) {
   static std::map<std::string, std::string> cache;
-  const std::string key = std::string(make_arch_name(arch)) + "-" + make_file_type_name(type) + "-" +
-                          std::to_string(seed);
+  const std::string key =
+      std::string(make_arch_name(arch)) + "-" + make_file_type_name(type) + "-" + std::to_string(seed);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   MakeModelSpec s = MakeModelSpec::defaults_for(arch);
   s.type = type;

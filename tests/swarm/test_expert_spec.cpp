@@ -105,8 +105,7 @@ TEST(ExpertSpec, Errors) {
     auto r = parse_expert_spec(c.spec, shape());
     ASSERT_FALSE(r.is_ok()) << "'" << c.spec << "' was accepted as " << r->to_string();
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.spec;
-    EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
-        << "'" << c.spec << "': " << r.status().message();
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << "'" << c.spec << "': " << r.status().message();
   }
 }
 

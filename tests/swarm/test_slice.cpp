@@ -114,8 +114,9 @@ void check_round_trip(MakeArch arch, const std::string& spec_text) {
       for (int t = 0; t < 3; ++t) {
         ASSERT_EQ(a[t].type, b[t].type);
         ASSERT_EQ(expert_slab_bytes(w.gate), expert_slab_bytes(s.weights->gate));
-        const size_t n = t == 0 ? expert_slab_bytes(w.gate) : t == 1 ? expert_slab_bytes(w.up)
-                                                                     : expert_slab_bytes(w.down);
+        const size_t n = t == 0   ? expert_slab_bytes(w.gate)
+                         : t == 1 ? expert_slab_bytes(w.up)
+                                  : expert_slab_bytes(w.down);
         EXPECT_EQ(std::memcmp(a[t].data, b[t].data, n), 0) << "layer " << l << " expert " << e;
         ++n_checked;
       }
@@ -127,8 +128,12 @@ void check_round_trip(MakeArch arch, const std::string& spec_text) {
   EXPECT_NE(std::memcmp(w0.gate.expert(0).data, w0.gate.expert(1).data, expert_slab_bytes(w0.gate)), 0);
 }
 
-TEST(Slice, RoundTripQwen) { check_round_trip(MakeArch::kQwen3Moe, "0:1-3,0:6,1:*"); }
-TEST(Slice, RoundTripDeepseekWithDenseLayer) { check_round_trip(MakeArch::kDeepseek2, "*:2-5,2:7"); }
+TEST(Slice, RoundTripQwen) {
+  check_round_trip(MakeArch::kQwen3Moe, "0:1-3,0:6,1:*");
+}
+TEST(Slice, RoundTripDeepseekWithDenseLayer) {
+  check_round_trip(MakeArch::kDeepseek2, "*:2-5,2:7");
+}
 
 TEST(Slice, SliceOfASliceAndUnheldRequests) {
   const std::string path = small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 21);
@@ -148,7 +153,8 @@ TEST(Slice, SliceOfASliceAndUnheldRequests) {
   const ExpertStore::Slot a = (*st2)->find(0, 5), b = (*ref)->find(0, 5);
   ASSERT_NE(a.weights, nullptr);
   EXPECT_EQ(std::memcmp(a.weights->down.expert(a.index).data, b.weights->down.expert(b.index).data,
-                        expert_slab_bytes(b.weights->down)), 0);
+                        expert_slab_bytes(b.weights->down)),
+            0);
   // Asking a slice for experts it lacks names the first missing one.
   auto miss = ExpertStore::open(open_file(s2), spec_of(*full, "0:2-4"));
   ASSERT_FALSE(miss.is_ok());
@@ -203,8 +209,10 @@ TEST(Slice, BackboneSliceHasEverythingButRoutedExperts) {
     ASSERT_NE(o, nullptr) << t.name;
     ++n_kept;
     ASSERT_EQ(o->n_bytes, t.n_bytes);
-    EXPECT_EQ(std::memcmp(bb->base() + bb->data_offset() + o->offset,
-                          full->base() + full->data_offset() + t.offset, t.n_bytes), 0) << t.name;
+    EXPECT_EQ(std::memcmp(bb->base() + bb->data_offset() + o->offset, full->base() + full->data_offset() + t.offset,
+                          t.n_bytes),
+              0)
+        << t.name;
   }
   EXPECT_EQ(n_exps, 6u);  // 2 MoE layers x gate/up/down
   EXPECT_EQ(bb->tensors().size(), n_kept);

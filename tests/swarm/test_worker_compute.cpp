@@ -20,8 +20,8 @@ using testing::random_rows;
 using testing::small_model;
 
 struct Routed {
-  std::vector<int32_t> ids;     // [n_tok][k] rank order
-  std::vector<float> weights;   // [n_tok][k]
+  std::vector<int32_t> ids;    // [n_tok][k] rank order
+  std::vector<float> weights;  // [n_tok][k]
 };
 
 Routed random_routing(uint64_t seed, int n_tok, int k, int n_expert) {
@@ -43,9 +43,8 @@ Routed random_routing(uint64_t seed, int n_tok, int k, int n_expert) {
   return r;
 }
 
-wire::DispatchMsg make_dispatch(uint32_t layer, const std::vector<float>& x, int n_tok, int n_embd,
-                                const Routed& r, int k, wire::CombineMode mode,
-                                wire::WireDType hidden = wire::WireDType::kF32) {
+wire::DispatchMsg make_dispatch(uint32_t layer, const std::vector<float>& x, int n_tok, int n_embd, const Routed& r,
+                                int k, wire::CombineMode mode, wire::WireDType hidden = wire::WireDType::kF32) {
   wire::DispatchMsg m;
   m.request_id = 7;
   m.layer = layer;
@@ -84,8 +83,8 @@ TEST_P(WorkerCompute, ExactAndPartialMatchLocalBits) {
     const Routed r = random_routing(200 + layer, n_tok, k, 8);
 
     // EXACT: each (token, expert) row equals expert_ffn on that token alone.
-    auto exact = detail::compute_dispatch(**store, make_dispatch(layer, x, n_tok, n_embd, r, k, wire::CombineMode::kExact),
-                                          &scratch, &pool);
+    auto exact = detail::compute_dispatch(
+        **store, make_dispatch(layer, x, n_tok, n_embd, r, k, wire::CombineMode::kExact), &scratch, &pool);
     ASSERT_TRUE(exact.ok) << exact.text;
     ASSERT_EQ(exact.combine.rows.n_rows, uint32_t(n_tok * k));
     const std::vector<float> y = rows_of(exact.combine);
@@ -101,9 +100,8 @@ TEST_P(WorkerCompute, ExactAndPartialMatchLocalBits) {
         expert_ffn(w, r.ids[t * k + j], xq, x.data() + t * n_embd, &row0, 1, ref.data(), n_embd, &es, nullptr);
         for (int d = 0; d < n_embd; ++d) {
           const float got = y[(t * k + j) * n_embd + d];
-          ASSERT_EQ(std::memcmp(&got, &ref[d], 4), 0)
-              << "layer " << layer << " token " << t << " rank " << j << " col " << d << ": " << got
-              << " vs " << ref[d];
+          ASSERT_EQ(std::memcmp(&got, &ref[d], 4), 0) << "layer " << layer << " token " << t << " rank " << j << " col "
+                                                      << d << ": " << got << " vs " << ref[d];
           n_nonzero += ref[d] != 0.0f;
         }
       }
@@ -111,8 +109,8 @@ TEST_P(WorkerCompute, ExactAndPartialMatchLocalBits) {
     EXPECT_GT(n_nonzero, n_tok * k * n_embd * 9 / 10);
 
     // PARTIAL/F32 with all k ranks here equals the local executor's routed sum, bit for bit.
-    auto partial = detail::compute_dispatch(**store, make_dispatch(layer, x, n_tok, n_embd, r, k, wire::CombineMode::kPartial),
-                                            &scratch, &pool);
+    auto partial = detail::compute_dispatch(
+        **store, make_dispatch(layer, x, n_tok, n_embd, r, k, wire::CombineMode::kPartial), &scratch, &pool);
     ASSERT_TRUE(partial.ok) << partial.text;
     ASSERT_EQ(partial.combine.rows.n_rows, uint32_t(n_tok));
     RoutingPlan plan;
@@ -167,9 +165,8 @@ size_t count_diffs_vs_local(const ExpertStore& store, const std::vector<ExpertWe
                             const std::vector<float>& x, int n_tok, int n_embd, const Routed& r, int k,
                             wire::WireDType hidden) {
   detail::ComputeScratch scratch;
-  auto out = detail::compute_dispatch(store, make_dispatch(layer, x, n_tok, n_embd, r, k, wire::CombineMode::kExact,
-                                                           hidden),
-                                      &scratch, nullptr);
+  auto out = detail::compute_dispatch(
+      store, make_dispatch(layer, x, n_tok, n_embd, r, k, wire::CombineMode::kExact, hidden), &scratch, nullptr);
   EXPECT_TRUE(out.ok) << out.text;
   if (!out.ok) return SIZE_MAX;
   const std::vector<float> y = rows_of(out.combine);
@@ -250,8 +247,8 @@ TEST(WorkerComputeWire, Q8HiddenOnQ8_0ExpertsIsTheLocalBits) {
   const Routed r = random_routing(501, n_tok, k, 8);
   EXPECT_EQ(count_diffs_vs_local(**store, layers, 1, x, n_tok, n_embd, r, k, wire::WireDType::kQ8), 0u);
   // An F32-weight model takes no INT8 format: nothing is announced.
-  auto f32store = ExpertStore::open(testing::open_gguf(small_model(MakeArch::kQwen3Moe, MakeFileType::kF32, 31)),
-                                    ExpertSet{});
+  auto f32store =
+      ExpertStore::open(testing::open_gguf(small_model(MakeArch::kQwen3Moe, MakeFileType::kF32, 31)), ExpertSet{});
   ASSERT_TRUE(f32store.is_ok());
   for (uint8_t a : detail::layer_activation_dtypes(**f32store)) EXPECT_EQ(a, wire::kNoActDType);
 }
@@ -268,23 +265,26 @@ TEST(WorkerComputeErrors, UnheldExpertWrongLayerAndWidth) {
   detail::ComputeScratch scratch;
   const std::vector<float> x = random_rows(1, 2, 64);
   Routed r{{1, 5, 0, 2}, {0.6f, 0.4f, 0.7f, 0.3f}};
-  auto out = detail::compute_dispatch(**store, make_dispatch(1, x, 2, 64, r, 2, wire::CombineMode::kExact),
-                                      &scratch, nullptr);
+  auto out =
+      detail::compute_dispatch(**store, make_dispatch(1, x, 2, 64, r, 2, wire::CombineMode::kExact), &scratch, nullptr);
   ASSERT_FALSE(out.ok);
   EXPECT_EQ(out.error, wire::WireError::kNotHeld);
   EXPECT_NE(out.text.find("layer 1 expert 5"), std::string::npos) << out.text;
   // Layer 0 is dense in deepseek2: nothing to compute there.
   Routed r0{{1, 2, 0, 3}, {0.6f, 0.4f, 0.7f, 0.3f}};
-  out = detail::compute_dispatch(**store, make_dispatch(0, x, 2, 64, r0, 2, wire::CombineMode::kExact), &scratch, nullptr);
+  out = detail::compute_dispatch(**store, make_dispatch(0, x, 2, 64, r0, 2, wire::CombineMode::kExact), &scratch,
+                                 nullptr);
   ASSERT_FALSE(out.ok);
   EXPECT_EQ(out.error, wire::WireError::kNotHeld);
   // Wrong hidden width.
   const std::vector<float> x32 = random_rows(1, 2, 32);
-  out = detail::compute_dispatch(**store, make_dispatch(1, x32, 2, 32, r0, 2, wire::CombineMode::kExact), &scratch, nullptr);
+  out = detail::compute_dispatch(**store, make_dispatch(1, x32, 2, 32, r0, 2, wire::CombineMode::kExact), &scratch,
+                                 nullptr);
   ASSERT_FALSE(out.ok);
   EXPECT_EQ(out.error, wire::WireError::kModelMismatch);
   // The held ones work, and the result is not degenerate.
-  out = detail::compute_dispatch(**store, make_dispatch(2, x, 2, 64, r0, 2, wire::CombineMode::kPartial), &scratch, nullptr);
+  out = detail::compute_dispatch(**store, make_dispatch(2, x, 2, 64, r0, 2, wire::CombineMode::kPartial), &scratch,
+                                 nullptr);
   ASSERT_TRUE(out.ok) << out.text;
   const std::vector<float> y = rows_of(out.combine);
   double norm = 0;

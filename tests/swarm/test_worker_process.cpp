@@ -3,7 +3,6 @@
 // whose data encodes their request id, an unheld expert, a garbage frame on one connection while
 // another keeps working, SIGTERM -> GOODBYE, and SIGKILL -> a clear client error (not a timeout).
 #include <gtest/gtest.h>
-
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,9 +11,9 @@
 #include <cstring>
 #include <thread>
 
-#include "moesh/tensor/quant.h"
-#include "moesh/swarm/swarm.h"
 #include "moesh/net/transport.h"
+#include "moesh/swarm/swarm.h"
+#include "moesh/tensor/quant.h"
 #include "swarm/swarm_test_util.h"
 
 namespace moesh::swarm {
@@ -35,8 +34,8 @@ class WorkerProcess {
       ::dup2(fds[1], 1);
       ::close(fds[0]);
       const std::string bin = std::string(MOESH_BIN_DIR) + "/moesh";
-      ::execl(bin.c_str(), bin.c_str(), "worker", "-m", model.c_str(), "--experts", spec.c_str(),
-              "--listen", "127.0.0.1:0", "--threads", "2", "--name", "test-worker", (char*)nullptr);
+      ::execl(bin.c_str(), bin.c_str(), "worker", "-m", model.c_str(), "--experts", spec.c_str(), "--listen",
+              "127.0.0.1:0", "--threads", "2", "--name", "test-worker", (char*)nullptr);
       ::_exit(127);
     }
     ::close(fds[1]);
@@ -195,9 +194,12 @@ TEST_F(WorkerProcessTest, ServesExactPartialErrorsAndSurvivesGarbage) {
 
   // Several requests in flight at once; each reply must carry its own request's results.
   std::vector<Request> reqs;
-  reqs.push_back(make_request(c->mux->next_request_id(), 0, {{{3, 0.5f}, {0, 0.3f}}, {{5, 0.9f}}}, wire::CombineMode::kExact, n_embd));
-  reqs.push_back(make_request(c->mux->next_request_id(), 1, {{{7, 0.6f}, {2, 0.2f}, {4, 0.1f}}}, wire::CombineMode::kExact, n_embd));
-  reqs.push_back(make_request(c->mux->next_request_id(), 1, {{{2, 0.7f}, {6, 0.3f}}, {{3, 0.5f}, {4, 0.25f}}, {{7, 1.0f}}},
+  reqs.push_back(make_request(c->mux->next_request_id(), 0, {{{3, 0.5f}, {0, 0.3f}}, {{5, 0.9f}}},
+                              wire::CombineMode::kExact, n_embd));
+  reqs.push_back(make_request(c->mux->next_request_id(), 1, {{{7, 0.6f}, {2, 0.2f}, {4, 0.1f}}},
+                              wire::CombineMode::kExact, n_embd));
+  reqs.push_back(make_request(c->mux->next_request_id(), 1,
+                              {{{2, 0.7f}, {6, 0.3f}}, {{3, 0.5f}, {4, 0.25f}}, {{7, 1.0f}}},
                               wire::CombineMode::kPartial, n_embd));
   for (const Request& r : reqs) {
     ASSERT_TRUE(c->mux->start(r.msg.request_id, *wire::encode_dispatch(r.msg), net::deadline_in(5s)).is_ok());

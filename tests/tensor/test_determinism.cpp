@@ -24,7 +24,9 @@ std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
   return v;
 }
 
-bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+bool same_bits(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
 
 struct Weights {
   std::vector<uint8_t> bytes;
@@ -135,8 +137,8 @@ TEST_P(Determinism, RowSubsetEqualsFullMatmulRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, Determinism,
-                         ::testing::Values(GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0,
-                                           GgmlType::MXFP4, GgmlType::F16, GgmlType::F32),
+                         ::testing::Values(GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::MXFP4,
+                                           GgmlType::F16, GgmlType::F32),
                          [](const auto& info) { return std::string(type_name(info.param)); });
 
 TEST(DeterminismOps, QuantizeRowsIsRowLocal) {

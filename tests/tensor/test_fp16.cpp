@@ -54,7 +54,7 @@ uint16_t slow_fp32_to_fp16(float f) {
     if (half_value(hi) <= a) lo = hi;
   }
   if (half_value(lo) == a) return sign | lo;
-  const uint16_t up = static_cast<uint16_t>(lo + 1);  // 0x7c00 (inf) only above 65504, handled
+  const uint16_t up = static_cast<uint16_t>(lo + 1);           // 0x7c00 (inf) only above 65504, handled
   const double mid = (half_value(lo) + half_value(up)) / 2.0;  // exact: both have <= 12 bits
   uint16_t r;
   if (a < mid) {

@@ -17,9 +17,8 @@
 // activation int8 values of -128 (the quantizers never produce them).
 #include <gtest/gtest.h>
 
-#include <cstdio>
-
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <set>
@@ -34,24 +33,28 @@
 namespace moesh {
 namespace {
 
-const GgmlType k_weight_types[] = {
-    GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,   GgmlType::Q4_0,
-    GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::MXFP4,
-    GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,   GgmlType::Q6_K,
-    GgmlType::IQ4_XS, GgmlType::Q8_K};
+const GgmlType k_weight_types[] = {GgmlType::F32,    GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,   GgmlType::Q4_0,
+                                   GgmlType::Q4_1,   GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::MXFP4,
+                                   GgmlType::Q2_K,   GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,   GgmlType::Q6_K,
+                                   GgmlType::IQ4_XS, GgmlType::Q8_K};
 
-const GgmlType k_act_types[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16,
+const GgmlType k_act_types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,
                                 GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K};
 
 enum class Dist { kNormal, kUniform, kOutliers, kZeros, kTies };
 const Dist k_dists[] = {Dist::kNormal, Dist::kUniform, Dist::kOutliers, Dist::kZeros, Dist::kTies};
 const char* dist_name(Dist d) {
   switch (d) {
-    case Dist::kNormal: return "normal";
-    case Dist::kUniform: return "uniform";
-    case Dist::kOutliers: return "outliers";
-    case Dist::kZeros: return "zeros";
-    case Dist::kTies: return "ties";
+    case Dist::kNormal:
+      return "normal";
+    case Dist::kUniform:
+      return "uniform";
+    case Dist::kOutliers:
+      return "outliers";
+    case Dist::kZeros:
+      return "zeros";
+    case Dist::kTies:
+      return "ties";
   }
   return "?";
 }
@@ -168,26 +171,40 @@ std::vector<uint8_t> make_weights(GgmlType t, int64_t n, uint32_t seed) {
   for (size_t off = 0; off < bytes; off += bb) {
     uint8_t* b = w.data() + off;
     switch (t) {
-      case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL:
+      case GgmlType::Q4_0:
+      case GgmlType::Q5_0:
+      case GgmlType::Q8_0:
+      case GgmlType::IQ4_NL:
       case GgmlType::IQ4_XS:
         put_f16(b, true);
         break;
-      case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
+      case GgmlType::Q4_1:
+      case GgmlType::Q5_1:
+      case GgmlType::Q4_K:
+      case GgmlType::Q5_K:
         put_f16(b, false);
         put_f16(b + 2, true);
         break;
       case GgmlType::MXFP4:
         b[0] = static_cast<uint8_t>(rng() % 8 == 0 ? rng() % 3 : 118 + rng() % 18);  // incl. e = 0, 1, 2
         break;
-      case GgmlType::Q2_K: put_f16(b + 80, false); put_f16(b + 82, false); break;
-      case GgmlType::Q3_K: put_f16(b + 108, true); break;
-      case GgmlType::Q6_K: put_f16(b + 208, true); break;
+      case GgmlType::Q2_K:
+        put_f16(b + 80, false);
+        put_f16(b + 82, false);
+        break;
+      case GgmlType::Q3_K:
+        put_f16(b + 108, true);
+        break;
+      case GgmlType::Q6_K:
+        put_f16(b + 208, true);
+        break;
       case GgmlType::Q8_K: {
         const float d = sc(rng);
         std::memcpy(b, &d, 4);
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
   return w;
@@ -207,8 +224,9 @@ std::vector<uint8_t> quantize_act(const KernelTable& k, GgmlType act, const std:
 const KernelTable* table_or_skip(Isa isa) {
   if (!cpu_has(isa)) return nullptr;
   if (isa == Isa::kAvx512 && !avx512_enabled()) {
-    std::printf("\n*** avx512 is supported by this CPU but NOT ENABLED: set MOESH_ENABLE_AVX512=1 "
-                "to test (and use) the AVX-512 kernels ***\n");
+    std::printf(
+        "\n*** avx512 is supported by this CPU but NOT ENABLED: set MOESH_ENABLE_AVX512=1 "
+        "to test (and use) the AVX-512 kernels ***\n");
     return nullptr;
   }
   const KernelTable* t = kernels_for(isa);
@@ -216,9 +234,9 @@ const KernelTable* table_or_skip(Isa isa) {
   return t;
 }
 
-#define REQUIRE_ISA(isa, tab)                                                                  \
-  const KernelTable* tab = table_or_skip(isa);                                                 \
-  if (tab == nullptr) {                                                                        \
+#define REQUIRE_ISA(isa, tab)                                                                    \
+  const KernelTable* tab = table_or_skip(isa);                                                   \
+  if (tab == nullptr) {                                                                          \
     GTEST_SKIP() << "\n*** " << isa_name(isa) << " NOT SUPPORTED BY THIS CPU: its kernels were " \
                  << "NOT tested here. Run this test on a CPU with " << isa_name(isa) << " ***";  \
   }
@@ -329,7 +347,8 @@ void check_to_float(Isa isa) {
       std::vector<float> a(static_cast<size_t>(n)), b(a.size());
       s[t].to_float(w.data(), a.data(), n);
       v[t].to_float(w.data(), b.data(), n);
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << isa_name(isa) << " to_float " << type_name(t) << " n=" << n;
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0)
+          << isa_name(isa) << " to_float " << type_name(t) << " n=" << n;
     }
   }
   EXPECT_GE(n_specialised, 2);
@@ -365,8 +384,8 @@ void check_tiles(Isa isa) {
             for (int r = 0; r < nr; ++r) {
               const float e = v[t].vec_dot(n, w.data() + r * wrow, x.data() + c * xrow);
               ASSERT_EQ(f32_bits(e), f32_bits(out[c * ldo + r]))
-                  << isa_name(isa) << " tile " << type_name(t) << " n=" << n << " " << nr << "x" << nc
-                  << " r=" << r << " c=" << c;
+                  << isa_name(isa) << " tile " << type_name(t) << " n=" << n << " " << nr << "x" << nc << " r=" << r
+                  << " c=" << c;
             }
             EXPECT_EQ(out[c * ldo + nr], -1.0f) << "tile wrote outside its rows";
           }
@@ -380,17 +399,47 @@ void check_tiles(Isa isa) {
   }
 }
 
-TEST(KernelsSimdAvx2, Specialised) { REQUIRE_ISA(Isa::kAvx2, t); check_specialised(Isa::kAvx2); }
-TEST(KernelsSimdAvx2, FromFloatBitExact) { REQUIRE_ISA(Isa::kAvx2, t); check_from_float(Isa::kAvx2); }
-TEST(KernelsSimdAvx2, VecDotBitExact) { REQUIRE_ISA(Isa::kAvx2, t); check_vec_dot(Isa::kAvx2); }
-TEST(KernelsSimdAvx2, ToFloatBitExact) { REQUIRE_ISA(Isa::kAvx2, t); check_to_float(Isa::kAvx2); }
-TEST(KernelsSimdAvx2, TileMatchesVecDot) { REQUIRE_ISA(Isa::kAvx2, t); check_tiles(Isa::kAvx2); }
+TEST(KernelsSimdAvx2, Specialised) {
+  REQUIRE_ISA(Isa::kAvx2, t);
+  check_specialised(Isa::kAvx2);
+}
+TEST(KernelsSimdAvx2, FromFloatBitExact) {
+  REQUIRE_ISA(Isa::kAvx2, t);
+  check_from_float(Isa::kAvx2);
+}
+TEST(KernelsSimdAvx2, VecDotBitExact) {
+  REQUIRE_ISA(Isa::kAvx2, t);
+  check_vec_dot(Isa::kAvx2);
+}
+TEST(KernelsSimdAvx2, ToFloatBitExact) {
+  REQUIRE_ISA(Isa::kAvx2, t);
+  check_to_float(Isa::kAvx2);
+}
+TEST(KernelsSimdAvx2, TileMatchesVecDot) {
+  REQUIRE_ISA(Isa::kAvx2, t);
+  check_tiles(Isa::kAvx2);
+}
 
-TEST(KernelsSimdAvx512, Specialised) { REQUIRE_ISA(Isa::kAvx512, t); check_specialised(Isa::kAvx512); }
-TEST(KernelsSimdAvx512, FromFloatBitExact) { REQUIRE_ISA(Isa::kAvx512, t); check_from_float(Isa::kAvx512); }
-TEST(KernelsSimdAvx512, VecDotBitExact) { REQUIRE_ISA(Isa::kAvx512, t); check_vec_dot(Isa::kAvx512); }
-TEST(KernelsSimdAvx512, ToFloatBitExact) { REQUIRE_ISA(Isa::kAvx512, t); check_to_float(Isa::kAvx512); }
-TEST(KernelsSimdAvx512, TileMatchesVecDot) { REQUIRE_ISA(Isa::kAvx512, t); check_tiles(Isa::kAvx512); }
+TEST(KernelsSimdAvx512, Specialised) {
+  REQUIRE_ISA(Isa::kAvx512, t);
+  check_specialised(Isa::kAvx512);
+}
+TEST(KernelsSimdAvx512, FromFloatBitExact) {
+  REQUIRE_ISA(Isa::kAvx512, t);
+  check_from_float(Isa::kAvx512);
+}
+TEST(KernelsSimdAvx512, VecDotBitExact) {
+  REQUIRE_ISA(Isa::kAvx512, t);
+  check_vec_dot(Isa::kAvx512);
+}
+TEST(KernelsSimdAvx512, ToFloatBitExact) {
+  REQUIRE_ISA(Isa::kAvx512, t);
+  check_to_float(Isa::kAvx512);
+}
+TEST(KernelsSimdAvx512, TileMatchesVecDot) {
+  REQUIRE_ISA(Isa::kAvx512, t);
+  check_tiles(Isa::kAvx512);
+}
 
 }  // namespace
 }  // namespace moesh

@@ -496,8 +496,8 @@ TEST_P(MatmulTypes, BitEqualToScalarTable) {
       for (int64_t r = 0; r < m; ++r) {
         const float ref = (*scalar)[t].vec_dot(k, w.bytes.data() + r * w.view().nb[1], xs.data());
         ASSERT_EQ(std::bit_cast<uint32_t>(y[c * m + r]), std::bit_cast<uint32_t>(ref))
-            << type_name(t) << " isa " << isa_name(kernels().isa) << " n " << n << " r " << r
-            << " c " << c << ": " << y[c * m + r] << " vs " << ref;
+            << type_name(t) << " isa " << isa_name(kernels().isa) << " n " << n << " r " << r << " c " << c << ": "
+            << y[c * m + r] << " vs " << ref;
         seen.insert(ref);
       }
     }
@@ -507,8 +507,8 @@ TEST_P(MatmulTypes, BitEqualToScalarTable) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes,
-                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::Q8_0,
-                                           GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::MXFP4),
+                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
+                                           GgmlType::MXFP4),
                          [](const auto& info) { return std::string(type_name(info.param)); });
 
 TEST(Matmul, GetRowMatchesDequantize) {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "moesh/tensor/fp16.h"
 #include "moesh/gguf/gguf.h"
+#include "moesh/tensor/fp16.h"
 #include "moesh/tensor/kernels.h"
 #include "moesh/tensor/quant.h"
 #include "tensor/quant_impl.h"
@@ -33,15 +33,15 @@ struct TypeCase {
 
 const std::vector<TypeCase>& all_cases() {
   static const std::vector<TypeCase> cases = {
-      {GgmlType::F32, 0.0, 0.0},         {GgmlType::F16, 2.5e-4, 5e-4},     // 2.1e-4
-      {GgmlType::BF16, 1.9e-3, 4e-3},    {GgmlType::Q4_0, 0.093, 1e-3},     // 1.68e-3, 0.0857
-      {GgmlType::Q4_1, 0.085, 1e-3},     {GgmlType::Q5_0, 0.046, 1e-3},     // 0.0785, 0.0420
-      {GgmlType::Q5_1, 0.042, 1e-3},     {GgmlType::Q8_0, 0.006, 1e-3},     // 0.0378, 0.0053
-      {GgmlType::Q8_1, 0.006, 1e-3},     {GgmlType::IQ4_NL, 0.080, 1e-3},   // 0.0053, 0.0725
-      {GgmlType::MXFP4, 0.12, 0.1},      {GgmlType::Q2_K, 0.29, 2e-3},      // 0.1113, 0.2696
-      {GgmlType::Q3_K, 0.155, 2e-3},     {GgmlType::Q4_K, 0.078, 2e-3},     // 0.1432, 0.0713
-      {GgmlType::Q5_K, 0.039, 2e-3},     {GgmlType::Q6_K, 0.0185, 2e-3},    // 0.0356, 0.01675
-      {GgmlType::Q8_K, 0.0075, 1e-3},    {GgmlType::IQ4_XS, 0.080, 2e-3},   // 0.0069, 0.0733
+      {GgmlType::F32, 0.0, 0.0},      {GgmlType::F16, 2.5e-4, 5e-4},    // 2.1e-4
+      {GgmlType::BF16, 1.9e-3, 4e-3}, {GgmlType::Q4_0, 0.093, 1e-3},    // 1.68e-3, 0.0857
+      {GgmlType::Q4_1, 0.085, 1e-3},  {GgmlType::Q5_0, 0.046, 1e-3},    // 0.0785, 0.0420
+      {GgmlType::Q5_1, 0.042, 1e-3},  {GgmlType::Q8_0, 0.006, 1e-3},    // 0.0378, 0.0053
+      {GgmlType::Q8_1, 0.006, 1e-3},  {GgmlType::IQ4_NL, 0.080, 1e-3},  // 0.0053, 0.0725
+      {GgmlType::MXFP4, 0.12, 0.1},   {GgmlType::Q2_K, 0.29, 2e-3},     // 0.1113, 0.2696
+      {GgmlType::Q3_K, 0.155, 2e-3},  {GgmlType::Q4_K, 0.078, 2e-3},    // 0.1432, 0.0713
+      {GgmlType::Q5_K, 0.039, 2e-3},  {GgmlType::Q6_K, 0.0185, 2e-3},   // 0.0356, 0.01675
+      {GgmlType::Q8_K, 0.0075, 1e-3}, {GgmlType::IQ4_XS, 0.080, 2e-3},  // 0.0069, 0.0733
   };
   return cases;
 }
@@ -72,7 +72,7 @@ TEST(QuantRef, SupportAndPairing) {
 TEST(QuantRef, ScalarKernelTableIsTheReference) {
   const KernelTable* t = kernels_for(Isa::kScalar);
   ASSERT_NE(t, nullptr);
-  const std::set<GgmlType> act = {GgmlType::F32, GgmlType::F16, GgmlType::BF16,
+  const std::set<GgmlType> act = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,
                                   GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K};
   for (int i = 0; i < static_cast<int>(GgmlType::kCOUNT); ++i) {
     const auto type = static_cast<GgmlType>(i);
@@ -115,7 +115,8 @@ TEST(QuantRef, RoundTripErrorOnGaussian) {
 
 TEST(QuantRef, ZeroConstantAndOutlierBlocks) {
   for (const auto& c : all_cases()) {
-    const size_t bs = static_cast<size_t>(type_block_size(c.type)) == 1 ? 32 : static_cast<size_t>(type_block_size(c.type));
+    const size_t bs =
+        static_cast<size_t>(type_block_size(c.type)) == 1 ? 32 : static_cast<size_t>(type_block_size(c.type));
     const size_t n = 256 * 4;
     auto x = gaussian(21, n);
     // Block 0 all zero, block 1 constant 0.7, block 2 constant -3, an outlier in block 3.
@@ -127,7 +128,8 @@ TEST(QuantRef, ZeroConstantAndOutlierBlocks) {
     for (size_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(y[i])) << type_name(c.type) << " " << i;
     for (size_t i = 0; i < bs; ++i) ASSERT_EQ(y[i], 0.0f) << type_name(c.type) << " zero block @" << i;
     for (size_t i = bs; i < 2 * bs; ++i) ASSERT_NEAR(y[i], 0.7f, 0.7 * c.const_tol) << type_name(c.type) << " @" << i;
-    for (size_t i = 2 * bs; i < 3 * bs; ++i) ASSERT_NEAR(y[i], -3.0f, 3.0 * c.const_tol) << type_name(c.type) << " @" << i;
+    for (size_t i = 2 * bs; i < 3 * bs; ++i)
+      ASSERT_NEAR(y[i], -3.0f, 3.0 * c.const_tol) << type_name(c.type) << " @" << i;
     EXPECT_NEAR(y[3 * bs + 5], 50.0f, 50.0 * std::max(0.02, c.const_tol)) << type_name(c.type) << " outlier";
     // The rest of the data (blocks past the outlier's) keeps the type's usual accuracy.
     const std::vector<float> tail_x(x.begin() + 4 * bs, x.end());
@@ -144,7 +146,7 @@ TEST(QuantRef, ZeroConstantAndOutlierBlocks) {
 // grid up to a tiny drift.
 TEST(QuantRef, RequantizationIsStable) {
   const auto x = gaussian(31, k_n);
-  const std::set<GgmlType> exact = {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0,
+  const std::set<GgmlType> exact = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
                                     GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::MXFP4};
   for (const auto& c : all_cases()) {
     const Bytes q1 = quantize(c.type, x);
@@ -152,14 +154,13 @@ TEST(QuantRef, RequantizationIsStable) {
     const Bytes q2 = quantize(c.type, y1);
     const auto y2 = dequantize(c.type, q2, x.size());
     const double drift = rel_rmse(y1, y2);
-    std::printf("  %-7s requantization drift %.3g (first error %.5f)\n", type_name(c.type), drift,
-                rel_rmse(x, y1));
+    std::printf("  %-7s requantization drift %.3g (first error %.5f)\n", type_name(c.type), drift, rel_rmse(x, y1));
     if (exact.count(c.type)) {
       EXPECT_EQ(q1, q2) << type_name(c.type);
     } else if (c.type == GgmlType::Q8_1 || c.type == GgmlType::Q8_K) {
       EXPECT_LE(drift, 1e-6) << type_name(c.type);
       const size_t bb = type_block_bytes(c.type), off = 4;  // qs follow d,s (Q8_1) / f32 d (Q8_K)
-      for (size_t b = 0; b < q1.size() / bb; ++b) {  // the int8 codes are identical
+      for (size_t b = 0; b < q1.size() / bb; ++b) {         // the int8 codes are identical
         ASSERT_EQ(std::memcmp(q1.data() + b * bb + off, q2.data() + b * bb + off, type_block_size(c.type)), 0)
             << type_name(c.type) << " block " << b;
       }

@@ -21,11 +21,11 @@ std::vector<float> deq(GgmlType t, const B& b) {
   return y;
 }
 
-constexpr uint16_t k_h1 = 0x3c00;     // 1.0
-constexpr uint16_t k_h05 = 0x3800;    // 0.5
-constexpr uint16_t k_h025 = 0x3400;   // 0.25
-constexpr uint16_t k_h2 = 0x4000;     // 2.0
-constexpr uint16_t k_hm1 = 0xbc00;    // -1.0
+constexpr uint16_t k_h1 = 0x3c00;    // 1.0
+constexpr uint16_t k_h05 = 0x3800;   // 0.5
+constexpr uint16_t k_h025 = 0x3400;  // 0.25
+constexpr uint16_t k_h2 = 0x4000;    // 2.0
+constexpr uint16_t k_hm1 = 0xbc00;   // -1.0
 
 TEST(QuantBlocks, Legacy) {
   {
@@ -113,11 +113,11 @@ TEST(QuantBlocks, Q2_K) {
   BlockQ2_K b{};
   b.d = k_h1;
   b.dmin = k_h05;
-  b.scales[3] = 0x52;  // group 3 (elements 48..63): sc = 2, m = 5
-  b.scales[1] = 0x31;  // group 1 (16..31): sc = 1, m = 3
-  b.qs[16] = 0x0c;     // element 48 = (h0, j1, l16): q = (qs[16]>>2)&3 = 3; element 16: q = 0
-  b.qs[63] = 0x80;     // element 255 = (h1, j3, l31): q = 2, group 15 (scale 0, min 0)
-  b.scales[15] = 0x24; // sc = 4, m = 2
+  b.scales[3] = 0x52;   // group 3 (elements 48..63): sc = 2, m = 5
+  b.scales[1] = 0x31;   // group 1 (16..31): sc = 1, m = 3
+  b.qs[16] = 0x0c;      // element 48 = (h0, j1, l16): q = (qs[16]>>2)&3 = 3; element 16: q = 0
+  b.qs[63] = 0x80;      // element 255 = (h1, j3, l31): q = 2, group 15 (scale 0, min 0)
+  b.scales[15] = 0x24;  // sc = 4, m = 2
   const auto y = deq(GgmlType::Q2_K, b);
   EXPECT_EQ(y[48], 1.0f * 2 * 3 - 0.5f * 5);  // 3.5
   EXPECT_EQ(y[16], -1.5f);                    // 0 - 0.5*3
@@ -151,7 +151,7 @@ TEST(QuantBlocks, Q3_K) {
   b.qs[63] = 0xc0 | (b.qs[63] & 0x3f);  // low bits 3
   b.hmask[31] &= 0x7f;                  // -> 3 - 4 = -1
   // Element 37 = (h0, j1, l5): qs[5] bits 2-3, hmask[5] bit 1.
-  b.qs[5] &= ~0x0c;   // 0
+  b.qs[5] &= ~0x0c;     // 0
   b.hmask[5] &= ~0x02;  // 0 - 4 = -4
   y = deq(GgmlType::Q3_K, b);
   EXPECT_EQ(y[255], 0.5f * (code[15] - 32) * -1.0f);
@@ -174,16 +174,16 @@ TEST(QuantBlocks, Q4_K) {
   b.d = k_h1;
   b.dmin = k_h025;
   // Literal bytes for sub-blocks 1 and 5: sc1 = 3, m1 = 7; sc5 = 37 (0b10'0101), m5 = 18 (0b01'0010).
-  b.scales[1] = 0x80 | 3;     // sc1 | (sc5>>4)<<6
-  b.scales[5] = 0x40 | 7;     // m1  | (m5>>4)<<6
-  b.scales[9] = 0x25;         // (sc5&15) | (m5&15)<<4 = 5 | 2<<4
-  b.qs[0] = 0xa0;             // element 32 (chunk 0, high nibble -> sub 1): q = 10
-  b.qs[64 + 3] = 0x70;        // element 163 (chunk 2, high nibble -> sub 5): q = 7
+  b.scales[1] = 0x80 | 3;  // sc1 | (sc5>>4)<<6
+  b.scales[5] = 0x40 | 7;  // m1  | (m5>>4)<<6
+  b.scales[9] = 0x25;      // (sc5&15) | (m5&15)<<4 = 5 | 2<<4
+  b.qs[0] = 0xa0;          // element 32 (chunk 0, high nibble -> sub 1): q = 10
+  b.qs[64 + 3] = 0x70;     // element 163 (chunk 2, high nibble -> sub 5): q = 7
   auto y = deq(GgmlType::Q4_K, b);
-  EXPECT_EQ(y[32], 3.0f * 10 - 0.25f * 7);   // 28.25
-  EXPECT_EQ(y[163], 37.0f * 7 - 0.25f * 18); // 254.5
-  EXPECT_EQ(y[162], -0.25f * 18);            // q = 0 in sub 5
-  EXPECT_EQ(y[0], 0.0f);                     // sub 0: zero scale and min
+  EXPECT_EQ(y[32], 3.0f * 10 - 0.25f * 7);    // 28.25
+  EXPECT_EQ(y[163], 37.0f * 7 - 0.25f * 18);  // 254.5
+  EXPECT_EQ(y[162], -0.25f * 18);             // q = 0 in sub 5
+  EXPECT_EQ(y[0], 0.0f);                      // sub 0: zero scale and min
   // Every sub-block distinct: q = 1 everywhere gives d*sc - dmin*m.
   int sc[8], m[8];
   for (int s = 0; s < 8; ++s) sc[s] = (s * 23 + 11) % 64, m[s] = (s * 37 + 3) % 64;
@@ -222,11 +222,11 @@ TEST(QuantBlocks, Q6_K) {
   // All codes 32 (q = 0): low nibble 0, high bits 2 -> qh bytes 0b10101010.
   std::memset(b.qh, 0xaa, sizeof(b.qh));
   // Element 212 = 128*1 + 20 + 64: L = ql+64, H = qh+32, value (L[20]>>4) | ((H[20]>>4)&3)<<4.
-  b.ql[64 + 20] = 0xb0;                      // 11
-  b.qh[32 + 20] = (0xaa & ~0x30) | (2 << 4); // high bits 2 -> 11 + 32 - 32 = 11
+  b.ql[64 + 20] = 0xb0;                       // 11
+  b.qh[32 + 20] = (0xaa & ~0x30) | (2 << 4);  // high bits 2 -> 11 + 32 - 32 = 11
   // Element 40 = 128*0 + 8 + 32: (L[40]&15) | ((H[8]>>2)&3)<<4.
   b.ql[40] = 0x05;
-  b.qh[8] = (0xaa & ~0x0c) | (0 << 2);       // 5 - 32 = -27
+  b.qh[8] = (0xaa & ~0x0c) | (0 << 2);  // 5 - 32 = -27
   const auto y = deq(GgmlType::Q6_K, b);
   EXPECT_EQ(y[212], 0.5f * 5 * 11);   // scale index 212/16 = 13 -> 13-8 = 5: 27.5
   EXPECT_EQ(y[40], 0.5f * -6 * -27);  // scale index 2 -> -6: 81

@@ -58,8 +58,8 @@ TEST(QuantReference, LlamaCppTensorsHaveTheDrawnSpread) {
     GTEST_SKIP() << "reference dir " << k_ref_dir << " absent: llama.cpp layout check NOT run";
   }
   std::map<GgmlType, int> seen;
-  for (const char* file : {"qwen3moe-s.Q4_K_M.gguf", "deepseek2-s.Q4_K_M.gguf", "mixtral-s.Q4_K_M.gguf",
-                           "qwen3moe-s.Q8_0.gguf"}) {
+  for (const char* file :
+       {"qwen3moe-s.Q4_K_M.gguf", "deepseek2-s.Q4_K_M.gguf", "mixtral-s.Q4_K_M.gguf", "qwen3moe-s.Q8_0.gguf"}) {
     auto f = open_or_skip(file);
     ASSERT_NE(f, nullptr) << file;
     for (const auto& info : f->tensors()) {
@@ -80,8 +80,7 @@ TEST(QuantReference, LlamaCppTensorsHaveTheDrawnSpread) {
       ++seen[info.type];
     }
   }
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q5_0,
-                     GgmlType::F32}) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::F32}) {
     EXPECT_GT(seen[t], 0) << "no " << type_name(t) << " tensor checked";
   }
 }
@@ -94,8 +93,10 @@ TEST(QuantReference, KQuantsAgreeWithQ8_0OfTheSameWeights) {
   if (!std::filesystem::exists(k_ref_dir)) {
     GTEST_SKIP() << "reference dir " << k_ref_dir << " absent: llama.cpp layout check NOT run";
   }
-  const std::map<GgmlType, double> bound = {{GgmlType::Q4_K, 0.12}, {GgmlType::Q5_K, 0.06},
-                                            {GgmlType::Q6_K, 0.03}, {GgmlType::Q8_0, 0.012},
+  const std::map<GgmlType, double> bound = {{GgmlType::Q4_K, 0.12},
+                                            {GgmlType::Q5_K, 0.06},
+                                            {GgmlType::Q6_K, 0.03},
+                                            {GgmlType::Q8_0, 0.012},
                                             {GgmlType::Q5_0, 0.06}};
   int n_checked = 0;
   for (const char* model : {"qwen3moe-s", "deepseek2-s", "mixtral-s"}) {
@@ -114,8 +115,8 @@ TEST(QuantReference, KQuantsAgreeWithQ8_0OfTheSameWeights) {
       EXPECT_LE(e_llama, bound.at(info.type)) << model << " " << info.name << " " << type_name(info.type);
       // Our quantizer on the same values (rows are a whole number of blocks).
       const double e_ours = rel_rmse(y8, dequantize(info.type, quantize(info.type, y8), y8.size()));
-      std::printf("  %-12s %-28s %-5s llama.cpp %.4f  ours %.4f\n", model, info.name.c_str(),
-                  type_name(info.type), e_llama, e_ours);
+      std::printf("  %-12s %-28s %-5s llama.cpp %.4f  ours %.4f\n", model, info.name.c_str(), type_name(info.type),
+                  e_llama, e_ours);
       if (info.type != GgmlType::Q8_0) {
         EXPECT_LE(e_ours, 1.25 * e_llama + 0.005) << info.name;
       }

@@ -5,8 +5,8 @@
 
 #include <filesystem>
 
-#include "moesh/text/chat.h"
 #include "moesh/gguf/gguf.h"
+#include "moesh/text/chat.h"
 
 namespace moesh {
 namespace {
@@ -14,10 +14,7 @@ namespace {
 using Msgs = std::vector<ChatMessage>;
 
 const Msgs kSysUser = {{"system", "You are terse."}, {"user", "Hi there"}};
-const Msgs kMulti = {{"system", "Be kind."},
-                     {"user", "What is 2+2?"},
-                     {"assistant", "4"},
-                     {"user", "And 3+3?"}};
+const Msgs kMulti = {{"system", "Be kind."}, {"user", "What is 2+2?"}, {"assistant", "4"}, {"user", "And 3+3?"}};
 const Msgs kUserOnly = {{"user", "Hello"}};
 const Msgs kEndsAssistant = {{"user", "Ping"}, {"assistant", "Pong"}};
 
@@ -51,8 +48,7 @@ TEST(ChatTemplate, ChatMLDefaultSystemFromQwen25Source) {
   auto t = ChatTemplate::from_spec(src);
   ASSERT_TRUE(t.is_ok()) << t.status().to_string();
   EXPECT_EQ(t->format(), ChatFormat::kChatML);
-  EXPECT_EQ(t->options().default_system,
-            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  EXPECT_EQ(t->options().default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
   EXPECT_EQ(render(*t, kUserOnly),
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
             "assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
@@ -70,14 +66,13 @@ TEST(ChatTemplate, ChatMLDefaultSystemFromQwen25Source) {
 
 TEST(ChatTemplate, Deepseek3) {
   ChatTemplate t(ChatFormat::kDeepseek3);
-  EXPECT_EQ(render(t, kSysUser),
-            "<｜begin▁of▁sentence｜>You are terse.<｜User｜>Hi there<｜Assistant｜>");
+  EXPECT_EQ(render(t, kSysUser), "<｜begin▁of▁sentence｜>You are terse.<｜User｜>Hi there<｜Assistant｜>");
   EXPECT_EQ(render(t, kMulti, false),
             "<｜begin▁of▁sentence｜>Be kind.<｜User｜>What is 2+2?<｜Assistant｜>4"
             "<｜end▁of▁sentence｜><｜User｜>And 3+3?");
   // Several system messages are joined, wherever they are; old reasoning is dropped.
-  const Msgs m = {{"system", "A"}, {"user", "q"}, {"assistant", "<think>x</think>ans"},
-                  {"system", "B"}, {"user", "q2"}};
+  const Msgs m = {
+      {"system", "A"}, {"user", "q"}, {"assistant", "<think>x</think>ans"}, {"system", "B"}, {"user", "q2"}};
   EXPECT_EQ(render(t, m),
             "<｜begin▁of▁sentence｜>A\n\nB<｜User｜>q<｜Assistant｜>ans<｜end▁of▁sentence｜>"
             "<｜User｜>q2<｜Assistant｜>");
@@ -145,24 +140,24 @@ TEST(ChatTemplate, Harmony) {
       "Knowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: medium\n\n"
       "# Valid channels: analysis, commentary, final. Channel must be included for every "
       "message.<|end|>";
-  EXPECT_EQ(render(t, kSysUser),
-            sys + "<|start|>developer<|message|># Instructions\n\nYou are terse.\n\n<|end|>"
-                  "<|start|>user<|message|>Hi there<|end|><|start|>assistant");
-  EXPECT_EQ(render(t, kMulti),
-            sys + "<|start|>developer<|message|># Instructions\n\nBe kind.\n\n<|end|>"
-                  "<|start|>user<|message|>What is 2+2?<|end|>"
-                  "<|start|>assistant<|channel|>final<|message|>4<|end|>"
-                  "<|start|>user<|message|>And 3+3?<|end|><|start|>assistant");
+  EXPECT_EQ(render(t, kSysUser), sys +
+                                     "<|start|>developer<|message|># Instructions\n\nYou are terse.\n\n<|end|>"
+                                     "<|start|>user<|message|>Hi there<|end|><|start|>assistant");
+  EXPECT_EQ(render(t, kMulti), sys +
+                                   "<|start|>developer<|message|># Instructions\n\nBe kind.\n\n<|end|>"
+                                   "<|start|>user<|message|>What is 2+2?<|end|>"
+                                   "<|start|>assistant<|channel|>final<|message|>4<|end|>"
+                                   "<|start|>user<|message|>And 3+3?<|end|><|start|>assistant");
   // The final assistant turn ends in <|return|> when no generation prompt follows.
-  EXPECT_EQ(render(t, kEndsAssistant, false),
-            sys + "<|start|>user<|message|>Ping<|end|>"
-                  "<|start|>assistant<|channel|>final<|message|>Pong<|return|>");
+  EXPECT_EQ(render(t, kEndsAssistant, false), sys +
+                                                  "<|start|>user<|message|>Ping<|end|>"
+                                                  "<|start|>assistant<|channel|>final<|message|>Pong<|return|>");
   EXPECT_EQ(render(t, kEndsAssistant, true),
-            sys + "<|start|>user<|message|>Ping<|end|>"
-                  "<|start|>assistant<|channel|>final<|message|>Pong<|end|><|start|>assistant");
+            sys +
+                "<|start|>user<|message|>Ping<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>Pong<|end|><|start|>assistant");
   // "developer" is a role of its own here; an empty one is not rendered.
-  EXPECT_EQ(render(t, {{"developer", ""}, {"user", "x"}}),
-            sys + "<|start|>user<|message|>x<|end|><|start|>assistant");
+  EXPECT_EQ(render(t, {{"developer", ""}, {"user", "x"}}), sys + "<|start|>user<|message|>x<|end|><|start|>assistant");
   EXPECT_FALSE(t.renders_bos());
   EXPECT_EQ(t.stop_strings(), (std::vector<std::string>{"<|return|>", "<|call|>"}));
   // Without a fixed date the line carries today's date: YYYY-MM-DD.
@@ -190,8 +185,7 @@ TEST(ChatTemplate, HarmonyRejects) {
 TEST(ChatTemplate, Mistral) {
   ChatTemplate t(ChatFormat::kMistral);
   EXPECT_EQ(render(t, kSysUser), "<s> [INST] You are terse.\n\nHi there [/INST]");
-  EXPECT_EQ(render(t, kMulti, false),
-            "<s> [INST] Be kind.\n\nWhat is 2+2? [/INST] 4</s> [INST] And 3+3? [/INST]");
+  EXPECT_EQ(render(t, kMulti, false), "<s> [INST] Be kind.\n\nWhat is 2+2? [/INST] 4</s> [INST] And 3+3? [/INST]");
   // add_generation_prompt changes nothing: [/INST] already hands over the turn.
   EXPECT_EQ(render(t, kUserOnly, true), render(t, kUserOnly, false));
   EXPECT_EQ(render(t, kEndsAssistant), "<s> [INST] Ping [/INST] Pong</s>");
@@ -355,8 +349,7 @@ TEST(ChatTemplate, ReferenceTemplatesDetected) {
     }
   }
   EXPECT_GT(files, 0) << "no .gguf files under " << dir;
-  std::printf("[chat] %d reference GGUFs scanned, %d chat templates found and checked\n", files,
-              templates);
+  std::printf("[chat] %d reference GGUFs scanned, %d chat templates found and checked\n", files, templates);
   // Nothing to recognise is not a pass: say so to ctest (the current reference set has no
   // tokenizer.chat_template key in any file; DetectFromSources covers the known sources).
   if (templates == 0) GTEST_SKIP() << "no chat template in the " << files << " reference GGUFs: nothing checked";

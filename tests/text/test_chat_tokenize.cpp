@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "moesh/text/chat.h"
 #include "moesh/gguf/gguf.h"
 #include "moesh/make_model/make_model.h"
+#include "moesh/text/chat.h"
 #include "moesh/text/tokenizer.h"
 
 namespace moesh {
@@ -76,7 +76,9 @@ TEST(ChatSegments, ConcatenateToRenderForEveryFamily) {
         for (size_t i = 0; i < segs->size(); ++i) {
           const ChatSegment& s = (*segs)[i];
           EXPECT_FALSE(s.text.empty());
-          if (i > 0) EXPECT_NE(s.is_content, (*segs)[i - 1].is_content) << "segment " << i;
+          if (i > 0) {
+            EXPECT_NE(s.is_content, (*segs)[i - 1].is_content) << "segment " << i;
+          }
           joined += s.text;
           with_content += s.is_content;
         }
@@ -100,9 +102,9 @@ TEST(ChatSegments, ContentIsExactlyTheMessagesForChatML) {
   std::vector<std::string> content, tmpl;
   for (const auto& s : *segs) (s.is_content ? content : tmpl).push_back(s.text);
   EXPECT_EQ(content, (std::vector<std::string>{"sys <|im_start|>", "a\nb", "c"}));
-  EXPECT_EQ(tmpl, (std::vector<std::string>{"<|im_start|>system\n", "<|im_end|>\n<|im_start|>user\n",
-                                            "<|im_end|>\n<|im_start|>assistant\n",
-                                            "<|im_end|>\n<|im_start|>assistant\n"}));
+  EXPECT_EQ(tmpl,
+            (std::vector<std::string>{"<|im_start|>system\n", "<|im_end|>\n<|im_start|>user\n",
+                                      "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>assistant\n"}));
   // Templates that transform content keep the transformed text as content: llama3 trims,
   // deepseek3 drops the reasoning before </think>, mistral puts the system text in the first turn.
   auto l3 = ChatTemplate(ChatFormat::kLlama3).render_segments({{"user", "  hi \n"}}, false);
@@ -163,7 +165,9 @@ std::vector<int32_t> enc(const Tokenizer& tok, std::string_view s, bool parse_sp
   return r.is_ok() ? *r : std::vector<int32_t>{};
 }
 
-size_t count(const std::vector<int32_t>& v, int32_t id) { return std::count(v.begin(), v.end(), id); }
+size_t count(const std::vector<int32_t>& v, int32_t id) {
+  return std::count(v.begin(), v.end(), id);
+}
 
 TEST(TokenizeChat, InjectedMarkersInContentStayText) {
   const MadeModel& mm = made();
@@ -251,10 +255,10 @@ std::unique_ptr<Tokenizer> spm_tokenizer(bool add_bos) {
     types.push_back(6);
   }
   float score = -1;
-  for (const std::string& t : {u, std::string("["), std::string("]"), std::string("/"), std::string("I"),
-                               std::string("N"), std::string("S"), std::string("T"), u + "[", std::string("IN"),
-                               std::string("INST"), std::string("hi"), u + "hi", std::string("h"), std::string("i"),
-                               std::string("<"), std::string(">"), std::string("s"), std::string("x")}) {
+  for (const std::string& t :
+       {u, std::string("["), std::string("]"), std::string("/"), std::string("I"), std::string("N"), std::string("S"),
+        std::string("T"), u + "[", std::string("IN"), std::string("INST"), std::string("hi"), u + "hi",
+        std::string("h"), std::string("i"), std::string("<"), std::string(">"), std::string("s"), std::string("x")}) {
     tokens.push_back(t);
     scores.push_back(score);
     types.push_back(1);

@@ -8,18 +8,17 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "util/run_moesh.h"
 #include "moesh/gguf/gguf.h"
 #include "text/tokenizer_internal.h"
+#include "util/run_moesh.h"
 
 namespace moesh {
 namespace {
 
-using test::RunResult;
 using test::run_moesh;
+using test::RunResult;
 
 namespace fs = std::filesystem;
-
 
 TEST(TokenizeCli, SyntheticVocabulary) {
   // Byte tokens plus "he" (256) and "llo" (258), one control token <|end|> (259).
@@ -65,8 +64,7 @@ TEST(TokenizeCli, SyntheticVocabulary) {
 TEST(TokenizeCli, ReferenceVocabularies) {
   const fs::path dir = fs::path(MOESH_REFERENCE_DIR) / "vocab";
   if (!fs::exists(dir / "ggml-vocab-gpt-2.gguf")) GTEST_SKIP() << "SKIP: " << dir << " not found";
-  RunResult r = run_moesh("tokenize -m '" + (dir / "ggml-vocab-gpt-2.gguf").string() +
-                          "' -p 'Hello world' --ids");
+  RunResult r = run_moesh("tokenize -m '" + (dir / "ggml-vocab-gpt-2.gguf").string() + "' -p 'Hello world' --ids");
   EXPECT_EQ(r.out, "15496,995\n") << r.err;
   // SPM adds BOS by default; --no-bos drops it.
   const std::string spm = "-m '" + (dir / "ggml-vocab-llama-spm.gguf").string() + "' ";

@@ -58,7 +58,9 @@ struct BpeVocab {
   }
 };
 
-int32_t byte_id(char c) { return static_cast<uint8_t>(c); }
+int32_t byte_id(char c) {
+  return static_cast<uint8_t>(c);
+}
 
 TEST(TokenizerBpe, MergeRankDecidesSegmentation) {
   // "hell" has two competing first merges: (e,l) and (l,l). Whichever has the lower rank wins.
@@ -120,9 +122,9 @@ TEST(TokenizerBpe, PreTokenizerBoundsMergesAndSpecialTokens) {
 
 // Seeded random text from ASCII, Latin-1, Cyrillic, CJK and emoji code points.
 std::string random_text(std::mt19937& rng, int n_chars) {
-  static const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
-      {0x20, 0x7E}, {0x20, 0x20}, {0x0A, 0x0A}, {0x30, 0x39}, {0xC0, 0xFF},
-      {0x410, 0x44F}, {0x4E00, 0x4FFF}, {0x1F600, 0x1F64F}};
+  static const std::vector<std::pair<uint32_t, uint32_t>> ranges = {{0x20, 0x7E},     {0x20, 0x20},      {0x0A, 0x0A},
+                                                                    {0x30, 0x39},     {0xC0, 0xFF},      {0x410, 0x44F},
+                                                                    {0x4E00, 0x4FFF}, {0x1F600, 0x1F64F}};
   std::string s;
   for (int i = 0; i < n_chars; ++i) {
     const auto& r = ranges[rng() % ranges.size()];
@@ -137,10 +139,9 @@ TEST(TokenizerBpe, RandomTextRoundTripsAndStreamsValidUtf8) {
   v.merge(sp, "t");
   v.merge("h", "e");
   v.merge(sp + "t", "he");
-  for (PreTokenizer p : {PreTokenizer::kGpt2, PreTokenizer::kLlama3, PreTokenizer::kQwen2,
-                         PreTokenizer::kDeepseek3, PreTokenizer::kGpt4o,
-                         PreTokenizer::kBailingMoe, PreTokenizer::kDefault,
-                         PreTokenizer::kDeepseekLlm}) {
+  for (PreTokenizer p :
+       {PreTokenizer::kGpt2, PreTokenizer::kLlama3, PreTokenizer::kQwen2, PreTokenizer::kDeepseek3,
+        PreTokenizer::kGpt4o, PreTokenizer::kBailingMoe, PreTokenizer::kDefault, PreTokenizer::kDeepseekLlm}) {
     auto t = build(v.kvs(pre_tokenizer_name(p)));
     ASSERT_TRUE(t) << pre_tokenizer_name(p) << ": " << t.status().to_string();
     EXPECT_EQ((*t)->pre_tokenizer(), p);
@@ -180,7 +181,9 @@ TEST(StreamDecoder, InvalidBytesBecomeReplacementCharacters) {
   for (int b : {0x80, 0xF0, 0x9F, 0x61, 0xE4, 0xB8}) out += sd.push(b);
   EXPECT_EQ(sd.pending_bytes(), 2u);
   out += sd.flush();
-  EXPECT_EQ(out, "\xEF\xBF\xBD\xEF\xBF\xBD" "a\xEF\xBF\xBD");
+  EXPECT_EQ(out,
+            "\xEF\xBF\xBD\xEF\xBF\xBD"
+            "a\xEF\xBF\xBD");
   EXPECT_TRUE(utf8_is_valid(out));
   EXPECT_EQ(utf8_complete_prefix("ab\xE4\xB8"), 2u);
   EXPECT_EQ(utf8_complete_prefix("ab\xE4\xB8\xAD"), 5u);
@@ -261,7 +264,9 @@ TEST(PreTokenizer, FamiliesSplitAsSpecified) {
   EXPECT_EQ(split(PreTokenizer::kQwen2, "a1234"), (V{"a", "1", "2", "3", "4"}));
   EXPECT_EQ(split(PreTokenizer::kGpt2, "I'M ok  "), (V{"I", "'", "M", " ok", "  "}));
   EXPECT_EQ(split(PreTokenizer::kLlama3, "a\n\n b"), (V{"a", "\n\n", " b"}));
-  EXPECT_EQ(split(PreTokenizer::kDeepseek3, "\xE6\x88\x91\xE6\x83\xB3" "apple12345"),
+  EXPECT_EQ(split(PreTokenizer::kDeepseek3,
+                  "\xE6\x88\x91\xE6\x83\xB3"
+                  "apple12345"),
             (V{"\xE6\x88\x91\xE6\x83\xB3", "apple", "123", "45"}));
   EXPECT_EQ(split(PreTokenizer::kGpt4o, "HelloWorld ok"), (V{"Hello", "World", " ok"}));
   EXPECT_EQ(split(PreTokenizer::kBailingMoe, "we'll 42"), (V{"we", "'ll", " ", "4", "2"}));
@@ -304,32 +309,26 @@ TEST(TokenizerMalformed, ClearErrors) {
   const KVs good = v.kvs();
   ASSERT_TRUE(build(good));
   expect_error(without(good, "tokenizer.ggml.model"), StatusCode::kNotFound, "tokenizer.ggml.model");
-  expect_error(with(good, "tokenizer.ggml.model", Value::str("wordpiece?")), StatusCode::kUnsupported,
-               "wordpiece?");
+  expect_error(with(good, "tokenizer.ggml.model", Value::str("wordpiece?")), StatusCode::kUnsupported, "wordpiece?");
   expect_error(without(good, "tokenizer.ggml.tokens"), StatusCode::kNotFound, "tokenizer.ggml.tokens");
-  expect_error(with(good, "tokenizer.ggml.tokens", Value::i32_array({1, 2})),
-               StatusCode::kTypeMismatch, "tokenizer.ggml.tokens");
-  expect_error(with(good, "tokenizer.ggml.tokens", Value::str_array({})), StatusCode::kCorrupt,
-               "empty");
+  expect_error(with(good, "tokenizer.ggml.tokens", Value::i32_array({1, 2})), StatusCode::kTypeMismatch,
+               "tokenizer.ggml.tokens");
+  expect_error(with(good, "tokenizer.ggml.tokens", Value::str_array({})), StatusCode::kCorrupt, "empty");
   expect_error(without(good, "tokenizer.ggml.merges"), StatusCode::kNotFound, "tokenizer.ggml.merges");
-  expect_error(with(good, "tokenizer.ggml.merges", Value::str_array({"a b", "a zz"})),
-               StatusCode::kCorrupt, "'zz'");
-  expect_error(with(good, "tokenizer.ggml.merges", Value::str_array({"ab"})), StatusCode::kCorrupt,
-               "merges[0]");
-  expect_error(with(good, "tokenizer.ggml.scores", Value::f32_array({1.0f, 2.0f})),
-               StatusCode::kCorrupt, "scores has 2 entries but tokenizer.ggml.tokens has 257");
+  expect_error(with(good, "tokenizer.ggml.merges", Value::str_array({"a b", "a zz"})), StatusCode::kCorrupt, "'zz'");
+  expect_error(with(good, "tokenizer.ggml.merges", Value::str_array({"ab"})), StatusCode::kCorrupt, "merges[0]");
+  expect_error(with(good, "tokenizer.ggml.scores", Value::f32_array({1.0f, 2.0f})), StatusCode::kCorrupt,
+               "scores has 2 entries but tokenizer.ggml.tokens has 257");
   expect_error(with(good, "tokenizer.ggml.token_type", Value::i32_array({1})), StatusCode::kCorrupt,
                "token_type has 1 entries");
   std::vector<int32_t> types(257, 1);
   types[5] = 42;
   expect_error(with(good, "tokenizer.ggml.token_type", Value::i32_array(types)), StatusCode::kCorrupt,
                "token_type[5] = 42");
-  expect_error(with(good, "tokenizer.ggml.pre", Value::str("klingon")), StatusCode::kUnsupported,
-               "klingon");
-  expect_error(with(good, "tokenizer.ggml.eos_token_id", Value::u32(999)), StatusCode::kCorrupt,
-               "eos_token_id = 999");
-  expect_error(with(good, "tokenizer.ggml.add_bos_token", Value::str("yes")),
-               StatusCode::kTypeMismatch, "add_bos_token");
+  expect_error(with(good, "tokenizer.ggml.pre", Value::str("klingon")), StatusCode::kUnsupported, "klingon");
+  expect_error(with(good, "tokenizer.ggml.eos_token_id", Value::u32(999)), StatusCode::kCorrupt, "eos_token_id = 999");
+  expect_error(with(good, "tokenizer.ggml.add_bos_token", Value::str("yes")), StatusCode::kTypeMismatch,
+               "add_bos_token");
   SpmVocab s;
   expect_error(with(s.kvs(), "tokenizer.ggml.scores", Value::f32_array({0.0f})), StatusCode::kCorrupt,
                "scores has 1 entries");
@@ -381,16 +380,16 @@ TEST(TokenizerMalformed, RandomMergeListsNeverCrash) {
 // With the reference GPT-2 vocabulary: emoji/CJK streamed token by token stay valid UTF-8, and
 // <|endoftext|> is parsed only when asked.
 TEST(TokenizerReference, Gpt2StreamingAndSpecial) {
-  const std::filesystem::path p =
-      std::filesystem::path(MOESH_REFERENCE_DIR) / "vocab" / "ggml-vocab-gpt-2.gguf";
+  const std::filesystem::path p = std::filesystem::path(MOESH_REFERENCE_DIR) / "vocab" / "ggml-vocab-gpt-2.gguf";
   if (!std::filesystem::exists(p)) GTEST_SKIP() << "SKIP: " << p << " not found";
   auto f = gguf::File::open(p.string());
   ASSERT_TRUE(f);
   auto t = Tokenizer::from_gguf(**f);
   ASSERT_TRUE(t);
   const Tokenizer& tk = **t;
-  const std::string text = "Emoji \xF0\x9F\xA6\x99\xF0\x9F\x98\x81 and \xE6\x88\x91\xE6\x83\xB3\xE5\x9C\xA8 "
-                           "\xE1\x9E\x80\xE1\x9E\xB6 ok";
+  const std::string text =
+      "Emoji \xF0\x9F\xA6\x99\xF0\x9F\x98\x81 and \xE6\x88\x91\xE6\x83\xB3\xE5\x9C\xA8 "
+      "\xE1\x9E\x80\xE1\x9E\xB6 ok";
   auto ids = *tk.encode(text);
   StreamDecoder sd(tk);
   std::string streamed;

@@ -89,13 +89,19 @@ void run_vocab(const std::string& name, bool lossless) {
     }
   }
   EXPECT_GT(n_nonempty, cases.size() / 2);  // the file is not degenerate
-  std::printf("[vocab %s] %zu/%zu strings encode to the reference ids; %zu round-trip exactly\n",
-              name.c_str(), n_pass, cases.size(), n_roundtrip);
+  std::printf("[vocab %s] %zu/%zu strings encode to the reference ids; %zu round-trip exactly\n", name.c_str(), n_pass,
+              cases.size(), n_roundtrip);
 }
 
-TEST(TokenizerVocab, Gpt2) { run_vocab("gpt-2", true); }
-TEST(TokenizerVocab, LlamaSpm) { run_vocab("llama-spm", true); }
-TEST(TokenizerVocab, DeepseekLlm) { run_vocab("deepseek-llm", true); }
+TEST(TokenizerVocab, Gpt2) {
+  run_vocab("gpt-2", true);
+}
+TEST(TokenizerVocab, LlamaSpm) {
+  run_vocab("llama-spm", true);
+}
+TEST(TokenizerVocab, DeepseekLlm) {
+  run_vocab("deepseek-llm", true);
+}
 
 // The qwen2 and llama-bpe test strings ship without their .gguf (the vocabularies are > 4 MiB and
 // were not copied); they need the tokenizer metadata of a real Qwen2/3 or LLaMA-3 GGUF.
@@ -107,9 +113,10 @@ TEST(TokenizerVocab, Qwen2NeedsRealGguf) {
       run_vocab(name, true);
       continue;
     }
-    std::printf("[vocab %s] SKIPPED: %s exists but %s does not; these ids can only be checked "
-                "against the tokenizer metadata of a real %s GGUF\n",
-                name, inp.filename().c_str(), gguf_path.filename().c_str(), name);
+    std::printf(
+        "[vocab %s] SKIPPED: %s exists but %s does not; these ids can only be checked "
+        "against the tokenizer metadata of a real %s GGUF\n",
+        name, inp.filename().c_str(), gguf_path.filename().c_str(), name);
   }
   GTEST_SKIP() << "qwen2 / llama-bpe: test strings present, vocabulary GGUFs absent (see log)";
 }

@@ -21,10 +21,10 @@ struct RunResult {
 // `args` is appended to the binary path as shell text (quote paths yourself).
 inline RunResult run_moesh(const std::string& args) {
   static std::atomic<int> counter{0};
-  const std::string err_path = (std::filesystem::temp_directory_path() /
-                                ("moesh_cli_err_" + std::to_string(::getpid()) + "_" +
-                                 std::to_string(counter.fetch_add(1))))
-                                   .string();
+  const std::string err_path =
+      (std::filesystem::temp_directory_path() /
+       ("moesh_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1))))
+          .string();
   const std::string cmd = std::string("'") + MOESH_BIN_DIR + "/moesh' " + args + " 2>'" + err_path + "'";
   RunResult r;
   FILE* p = ::popen(cmd.c_str(), "r");

@@ -76,8 +76,8 @@ TEST(WireCodec, CombineRoundTripsAndMatchesItsRequest) {
   for (uint8_t d = 0; d < static_cast<uint8_t>(WireDType::kCOUNT); ++d)
     for (uint8_t mo = 0; mo < static_cast<uint8_t>(CombineMode::kCOUNT); ++mo) {
       const auto dtype = static_cast<WireDType>(d);
-      DispatchMsg req = make_dispatch(900 + d * 2 + mo, 1, 4, 64, 3, WireDType::kF32,
-                                      static_cast<CombineMode>(mo), dtype);
+      DispatchMsg req =
+          make_dispatch(900 + d * 2 + mo, 1, 4, 64, 3, WireDType::kF32, static_cast<CombineMode>(mo), dtype);
       CombineMsg c = make_combine_for(req);
       ASSERT_EQ(c.rows.n_rows, mo == 0 ? 12u : 4u);
       auto bytes = encode_combine(c);
@@ -160,7 +160,7 @@ TEST(WireCodec, NewerHelloIsReadableThroughItsFrozenPrefix) {
   Frame f = reparse(bytes);
   f.payload.insert(f.payload.end(), {9, 9, 9, 9});
   f.header.version = kVersion + 1;
-  f.payload[52] |= 0x80;  // dtype bit 7: unknown to us
+  f.payload[52] |= 0x80;                 // dtype bit 7: unknown to us
   f.payload[f.payload.size() - 5] = 42;  // last activation entry: a dtype id we do not know
   auto got = decode_hello(f);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();

@@ -38,14 +38,22 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
   auto f = parse_frame(bytes, lim.max_frame_bytes);
   if (!f.is_ok()) return f.status();
   switch (f->type()) {
-    case MsgType::kHello: return decode_hello(*f).status();
-    case MsgType::kDispatch: return decode_dispatch(*f, lim).status();
-    case MsgType::kCombine: return decode_combine(*f, lim).status();
-    case MsgType::kPing: return decode_ping(*f).status();
-    case MsgType::kPong: return decode_pong(*f).status();
-    case MsgType::kGoodbye: return decode_goodbye(*f).status();
-    case MsgType::kError: return decode_error(*f).status();
-    case MsgType::kCOUNT: break;
+    case MsgType::kHello:
+      return decode_hello(*f).status();
+    case MsgType::kDispatch:
+      return decode_dispatch(*f, lim).status();
+    case MsgType::kCombine:
+      return decode_combine(*f, lim).status();
+    case MsgType::kPing:
+      return decode_ping(*f).status();
+    case MsgType::kPong:
+      return decode_pong(*f).status();
+    case MsgType::kGoodbye:
+      return decode_goodbye(*f).status();
+    case MsgType::kError:
+      return decode_error(*f).status();
+    case MsgType::kCOUNT:
+      break;
   }
   return Status(StatusCode::kInternal, "unreachable");
 }
@@ -54,14 +62,22 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
 std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
   Frame f = parse_frame(bytes, lim.max_frame_bytes).value();
   switch (f.type()) {
-    case MsgType::kHello: return encode_hello(decode_hello(f).value()).value();
-    case MsgType::kDispatch: return encode_dispatch(decode_dispatch(f, lim).value()).value();
-    case MsgType::kCombine: return encode_combine(decode_combine(f, lim).value()).value();
-    case MsgType::kPing: return encode_ping(decode_ping(f).value()).value();
-    case MsgType::kPong: return encode_pong(decode_pong(f).value()).value();
-    case MsgType::kGoodbye: return encode_goodbye(decode_goodbye(f).value()).value();
-    case MsgType::kError: return encode_error(decode_error(f).value()).value();
-    case MsgType::kCOUNT: break;
+    case MsgType::kHello:
+      return encode_hello(decode_hello(f).value()).value();
+    case MsgType::kDispatch:
+      return encode_dispatch(decode_dispatch(f, lim).value()).value();
+    case MsgType::kCombine:
+      return encode_combine(decode_combine(f, lim).value()).value();
+    case MsgType::kPing:
+      return encode_ping(decode_ping(f).value()).value();
+    case MsgType::kPong:
+      return encode_pong(decode_pong(f).value()).value();
+    case MsgType::kGoodbye:
+      return encode_goodbye(decode_goodbye(f).value()).value();
+    case MsgType::kError:
+      return encode_error(decode_error(f).value()).value();
+    case MsgType::kCOUNT:
+      break;
   }
   return {};
 }
@@ -70,17 +86,19 @@ const DecodeLimits kLim{.max_frame_bytes = 1u << 20, .max_n_embd = 4096, .n_expe
 
 std::vector<uint8_t> good_dispatch() {
   // 3 tokens x 2 pairs, n_embd 32, f32: counts at 24 (pad to 28), pairs at 28, rows at 76.
-  return encode_dispatch(make_dispatch(11, 2, 3, 32, 2, WireDType::kF32, CombineMode::kExact, WireDType::kF32))
-      .value();
+  return encode_dispatch(make_dispatch(11, 2, 3, 32, 2, WireDType::kF32, CombineMode::kExact, WireDType::kF32)).value();
 }
 
 void expect_code(const std::vector<uint8_t>& bytes, StatusCode code, const char* needle) {
   Status st = decode_any(bytes, kLim);
   EXPECT_EQ(st.code(), code) << st.to_string();
-  EXPECT_NE(st.message().find(needle), std::string::npos) << "message '" << st.message() << "' lacks '" << needle << "'";
+  EXPECT_NE(st.message().find(needle), std::string::npos)
+      << "message '" << st.message() << "' lacks '" << needle << "'";
 }
 
-TEST(WireMalformed, BaselineIsValid) { EXPECT_TRUE(decode_any(good_dispatch(), kLim).is_ok()); }
+TEST(WireMalformed, BaselineIsValid) {
+  EXPECT_TRUE(decode_any(good_dispatch(), kLim).is_ok());
+}
 
 TEST(WireMalformed, HeaderDamage) {
   auto b = good_dispatch();
@@ -151,28 +169,34 @@ TEST(WireMalformed, DispatchFields) {
   expect_code(edit([](auto& b) { put<uint8_t>(b, 19, 1); }), StatusCode::kCorrupt, "reserved");
   expect_code(edit([](auto& b) { put<uint32_t>(b, 0, 8); }), StatusCode::kCorrupt, "layer 8");
   // Pair counts: a zero count, or counts that do not sum to n_pairs.
-  expect_code(edit([](auto& b) { put<uint8_t>(b, 24, 0); put<uint8_t>(b, 25, 4); }), StatusCode::kCorrupt,
-              "no expert pairs");
+  expect_code(edit([](auto& b) {
+                put<uint8_t>(b, 24, 0);
+                put<uint8_t>(b, 25, 4);
+              }),
+              StatusCode::kCorrupt, "no expert pairs");
   expect_code(edit([](auto& b) { put<uint8_t>(b, 24, 1); }), StatusCode::kCorrupt, "sum to 5");
   expect_code(edit([](auto& b) { put<uint8_t>(b, 24, 5); }), StatusCode::kCorrupt, "sum to 9");
   expect_code(edit([](auto& b) { put<uint8_t>(b, 27, 1); }), StatusCode::kCorrupt, "padding");
   // Pairs at 28: (u16 expert, u8 rank, u8 reserved, f32 weight).
   expect_code(edit([](auto& b) { put<uint16_t>(b, 28, 64); }), StatusCode::kCorrupt, "expert id 64 out of range");
-  expect_code(edit([](auto& b) { put<uint16_t>(b, 36, b[kHeaderBytes + 28]); put<uint8_t>(b, 37, 0); }),
+  expect_code(edit([](auto& b) {
+                put<uint16_t>(b, 36, b[kHeaderBytes + 28]);
+                put<uint8_t>(b, 37, 0);
+              }),
               StatusCode::kCorrupt, "twice");
   expect_code(edit([](auto& b) { put<uint8_t>(b, 38, b[kHeaderBytes + 30]); }), StatusCode::kCorrupt,
               "not strictly increasing");
   expect_code(edit([](auto& b) { put<uint8_t>(b, 31, 1); }), StatusCode::kCorrupt, "reserved byte");
-  expect_code(edit([](auto& b) { put<float>(b, 32, std::numeric_limits<float>::quiet_NaN()); }),
-              StatusCode::kCorrupt, "non-finite weight");
+  expect_code(edit([](auto& b) { put<float>(b, 32, std::numeric_limits<float>::quiet_NaN()); }), StatusCode::kCorrupt,
+              "non-finite weight");
   expect_code(edit([](auto& b) { put<float>(b, 76 + 4 * 40, std::numeric_limits<float>::infinity()); }),
               StatusCode::kCorrupt, "non-finite f32 at row 1 column 8");
 }
 
 TEST(WireMalformed, Q8KRows) {
   // 3 tokens x 2 pairs, n_embd 300 (two Q8K blocks, the second padded): rows at 76, 520 B each.
-  const auto good = encode_dispatch(
-      make_dispatch(11, 2, 3, 300, 2, WireDType::kQ8K, CombineMode::kExact, WireDType::kQ8K)).value();
+  const auto good =
+      encode_dispatch(make_dispatch(11, 2, 3, 300, 2, WireDType::kQ8K, CombineMode::kExact, WireDType::kQ8K)).value();
   ASSERT_EQ(good.size(), kHeaderBytes + 76 + 3 * 520u);
   auto dec = decode_dispatch(parse_frame(good, kLim.max_frame_bytes).value(), kLim);
   ASSERT_TRUE(dec.is_ok()) << dec.status().to_string();
@@ -277,8 +301,8 @@ TEST(WireMalformed, OtherMessages) {
 TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
   std::vector<std::vector<uint8_t>> seeds;
   for (uint8_t d = 0; d < 4; ++d) {
-    auto req = make_dispatch(100 + d, d, 1 + d, 64, 1 + d, static_cast<WireDType>(d),
-                             static_cast<CombineMode>(d % 2), static_cast<WireDType>(3 - d));
+    auto req = make_dispatch(100 + d, d, 1 + d, 64, 1 + d, static_cast<WireDType>(d), static_cast<CombineMode>(d % 2),
+                             static_cast<WireDType>(3 - d));
     seeds.push_back(encode_dispatch(req).value());
     seeds.push_back(encode_combine(make_combine_for(req)).value());
   }

@@ -219,7 +219,7 @@ std::vector<std::vector<float>> q8k_test_rows(uint32_t n) {
   }
   {
     std::vector<float> v = random_rows(n, 79, 1.f);
-    v[0] = 3.0e38f;                                    // near FLT_MAX
+    v[0] = 3.0e38f;  // near FLT_MAX
     v[1] = -1.0e-38f;
     if (n > 256 + 5) v[256 + 5] = std::numeric_limits<float>::denorm_min(), v[256 + 6] = 1e-30f;
     rows.push_back(std::move(v));

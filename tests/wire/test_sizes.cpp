@@ -47,8 +47,8 @@ TEST(WireSizes, PerTokenBytesMatchTheFormulas) {
       const double comb_tok = double(big.combine - one.combine) / (n_big - n_small);
       EXPECT_DOUBLE_EQ(disp_tok, 1 + 8.0 * k + row);
       EXPECT_DOUBLE_EQ(comb_tok, double(rows_back * row));
-      std::printf("| %s | %s | %.0f | %.0f | %.0f | %zu |\n", wire_dtype_name(dtype), combine_mode_name(mode),
-                  disp_tok, comb_tok, disp_tok + comb_tok, one.dispatch + one.combine - n_small * size_t(disp_tok + comb_tok));
+      std::printf("| %s | %s | %.0f | %.0f | %.0f | %zu |\n", wire_dtype_name(dtype), combine_mode_name(mode), disp_tok,
+                  comb_tok, disp_tok + comb_tok, one.dispatch + one.combine - n_small * size_t(disp_tok + comb_tok));
     }
   // The reference points quoted in the design: f32 exact is 12,353 + 98,304 bytes per token.
   const Sizes f32 = frame_sizes(n_big, WireDType::kF32, CombineMode::kExact);
@@ -75,7 +75,8 @@ TEST(WireSizes, Q8KHiddenWithQ8Return) {
     const size_t comb_tok = (big.combine - one.combine) / (n_big - n_small);
     EXPECT_EQ(disp_tok, 1 + 64 + 3120u);
     EXPECT_EQ(comb_tok, mode == CombineMode::kExact ? 8 * 3264u : 3264u);
-    std::printf("| q8k/q8 | %s | %zu | %zu | %zu |\n", combine_mode_name(mode), disp_tok, comb_tok, disp_tok + comb_tok);
+    std::printf("| q8k/q8 | %s | %zu | %zu | %zu |\n", combine_mode_name(mode), disp_tok, comb_tok,
+                disp_tok + comb_tok);
   }
   // Q8K hidden + Q8 partial: 3,185 + 3,264 = 6,449 B per token per layer.
   const Sizes a = frame_sizes(n_big, WireDType::kQ8K, CombineMode::kPartial, WireDType::kQ8);

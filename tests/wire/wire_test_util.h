@@ -22,9 +22,9 @@ inline float tagged_value(uint64_t request_id, uint32_t token, uint32_t col) {
 
 // A DISPATCH with n_tokens tokens, each with k distinct experts (< n_expert) in increasing rank,
 // ranks drawn from 0..(k+2) so gaps appear (other ranks live on other workers).
-inline DispatchMsg make_dispatch(uint64_t request_id, uint32_t layer, uint32_t n_tokens, uint32_t n_embd,
-                                 uint32_t k, WireDType dtype, CombineMode mode, WireDType rdtype,
-                                 uint32_t n_expert = 64, uint64_t seed = 7) {
+inline DispatchMsg make_dispatch(uint64_t request_id, uint32_t layer, uint32_t n_tokens, uint32_t n_embd, uint32_t k,
+                                 WireDType dtype, CombineMode mode, WireDType rdtype, uint32_t n_expert = 64,
+                                 uint64_t seed = 7) {
   std::mt19937_64 rng(seed ^ request_id);
   DispatchMsg m;
   m.request_id = request_id;

@@ -139,9 +139,8 @@ int run_bench(const BenchArgs& a) {
   };
 
   std::printf("| %-40s | %10s | %7s | %8s | %20s |\n", "model", "size", "threads", "test", "t/s");
-  std::printf("| %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(),
-              std::string(10, '-').c_str(), std::string(7, '-').c_str(),
-              std::string(8, '-').c_str(), std::string(20, '-').c_str());
+  std::printf("| %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(), std::string(10, '-').c_str(),
+              std::string(7, '-').c_str(), std::string(8, '-').c_str(), std::string(20, '-').c_str());
   const double mib = static_cast<double>(model->file().size()) / (1024.0 * 1024.0);
   std::string shown = model->file().path();
   if (shown.size() > 40) shown = "..." + shown.substr(shown.size() - 37);
@@ -169,28 +168,28 @@ int run_bench(const BenchArgs& a) {
       wall += n / *x;
     }
     const Stat s = stats(tps);
-    std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib,
-                ctx.pool().n_threads(), fmt::format("{}{}", which == 0 ? "pp" : "tg", n).c_str(),
+    std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
+                fmt::format("{}{}", which == 0 ? "pp" : "tg", n).c_str(),
                 fmt::format("{:.2f} ± {:.2f}", s.mean, s.std).c_str());
     if (timed) print_timing(*timed, remote.get(), before, wall, static_cast<double>(n) * a.reps);
   }
   return 0;
 }
 
-const CommandRegistrar k_reg{Command{
-    "bench", "Prompt-processing and generation throughput (llama-bench style)",
-    [](CLI::App* sub) -> std::function<int()> {
-      auto a = std::make_shared<BenchArgs>();
-      sub->add_option("-m,--model", a->model, "GGUF model file")->required();
-      sub->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens (pp test; 0: skip)")->capture_default_str();
-      sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
-      sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
-      sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
-      sub->add_flag("--timing", a->timing,
-                    "Also print where each step's time went (routed experts; per worker latency vs compute)");
-      add_swarm_options(sub, &a->swarm);
-      return [a] { return run_bench(*a); };
-    }}};
+const CommandRegistrar k_reg{
+    Command{"bench", "Prompt-processing and generation throughput (llama-bench style)",
+            [](CLI::App* sub) -> std::function<int()> {
+              auto a = std::make_shared<BenchArgs>();
+              sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+              sub->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens (pp test; 0: skip)")->capture_default_str();
+              sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
+              sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
+              sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
+              sub->add_flag("--timing", a->timing,
+                            "Also print where each step's time went (routed experts; per worker latency vs compute)");
+              add_swarm_options(sub, &a->swarm);
+              return [a] { return run_bench(*a); };
+            }}};
 
 }  // namespace
 }  // namespace moesh::cli

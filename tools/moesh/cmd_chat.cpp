@@ -6,12 +6,12 @@
 // the request's usage and speed and, from the gateway's /metrics, the swarm traffic it caused
 // (dispatch round trips and wire bytes per token per MoE layer). docs/chat.md.
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -76,8 +76,11 @@ class Client {
   bool valid() const { return cli_.is_valid(); }
 
   Result<Turn> send(const json& messages, bool echo) {
-    json body = {{"model", "moesh"}, {"messages", messages}, {"max_tokens", a_.max_tokens},
-                 {"temperature", a_.temp}, {"stream", !a_.no_stream}};
+    json body = {{"model", "moesh"},
+                 {"messages", messages},
+                 {"max_tokens", a_.max_tokens},
+                 {"temperature", a_.temp},
+                 {"stream", !a_.no_stream}};
     if (a_.seed >= 0) body["seed"] = a_.seed;
     if (!a_.no_stream) body["stream_options"] = {{"include_usage", true}};
     Turn turn;
@@ -176,10 +179,10 @@ void print_summary(const Turn& t, const std::optional<std::map<std::string, doub
   }
   const double gen_s = t.total_s - t.ttft_s;
   std::printf("summary: prompt %lld tokens (%lld from the prefix cache), answer %lld tokens, finish %s\n",
-              static_cast<long long>(prompt), static_cast<long long>(cached),
-              static_cast<long long>(completion), t.finish.c_str());
-  std::printf("summary: first token after %.1f ms, %.1f tok/s after it, %.2f s in all\n",
-              t.ttft_s * 1e3, completion > 1 && gen_s > 0 ? (completion - 1) / gen_s : 0.0, t.total_s);
+              static_cast<long long>(prompt), static_cast<long long>(cached), static_cast<long long>(completion),
+              t.finish.c_str());
+  std::printf("summary: first token after %.1f ms, %.1f tok/s after it, %.2f s in all\n", t.ttft_s * 1e3,
+              completion > 1 && gen_s > 0 ? (completion - 1) / gen_s : 0.0, t.total_s);
   if (!before || !after) return;
   auto get = [](const std::map<std::string, double>& m, const char* name) {
     auto it = m.find(name);
@@ -195,8 +198,8 @@ void print_summary(const Turn& t, const std::optional<std::map<std::string, doub
     std::printf("summary: no remote dispatches (every expert ran on the gateway)\n");
     return;
   }
-  std::printf("summary: %.0f MoE-layer round trips (%.0f worker requests), %.1f tokens per trip\n",
-              calls, reqs, calls > 0 ? token_layers / calls : 0.0);
+  std::printf("summary: %.0f MoE-layer round trips (%.0f worker requests), %.1f tokens per trip\n", calls, reqs,
+              calls > 0 ? token_layers / calls : 0.0);
   std::printf("summary: wire bytes per token per layer: %.0f dispatch + %.0f combine = %.0f\n",
               token_layers > 0 ? sent / token_layers : 0.0, token_layers > 0 ? recv / token_layers : 0.0,
               token_layers > 0 ? (sent + recv) / token_layers : 0.0);
@@ -236,22 +239,21 @@ int run_chat(const ChatArgs& a) {
   return 0;
 }
 
-CommandRegistrar reg{Command{
-    "chat", "Talk to a `moesh serve` gateway (OpenAI chat API, streamed)",
-    [](CLI::App* sub) {
-      auto a = std::make_shared<ChatArgs>();
-      sub->add_option("message", a->message, "One user message (omit: read turns from stdin)");
-      sub->add_option("--url", a->url, "Gateway base URL")->capture_default_str();
-      sub->add_option("-s,--system", a->system, "System message");
-      sub->add_option("-n,--max-tokens", a->max_tokens, "Most tokens per answer")->capture_default_str();
-      sub->add_option("--temp", a->temp, "Temperature (0: greedy)")->capture_default_str();
-      sub->add_option("--seed", a->seed, "Sampling seed");
-      sub->add_option("--api-key", a->api_key, "Bearer token, when the gateway wants one");
-      sub->add_option("--timeout", a->timeout_s, "Seconds to wait for the answer")->capture_default_str();
-      sub->add_flag("--no-stream", a->no_stream, "One JSON response instead of SSE");
-      sub->add_flag("--summary", a->summary, "Print usage, speed and the swarm traffic of each answer");
-      return [a] { return run_chat(*a); };
-    }}};
+CommandRegistrar reg{
+    Command{"chat", "Talk to a `moesh serve` gateway (OpenAI chat API, streamed)", [](CLI::App* sub) {
+              auto a = std::make_shared<ChatArgs>();
+              sub->add_option("message", a->message, "One user message (omit: read turns from stdin)");
+              sub->add_option("--url", a->url, "Gateway base URL")->capture_default_str();
+              sub->add_option("-s,--system", a->system, "System message");
+              sub->add_option("-n,--max-tokens", a->max_tokens, "Most tokens per answer")->capture_default_str();
+              sub->add_option("--temp", a->temp, "Temperature (0: greedy)")->capture_default_str();
+              sub->add_option("--seed", a->seed, "Sampling seed");
+              sub->add_option("--api-key", a->api_key, "Bearer token, when the gateway wants one");
+              sub->add_option("--timeout", a->timeout_s, "Seconds to wait for the answer")->capture_default_str();
+              sub->add_flag("--no-stream", a->no_stream, "One JSON response instead of SSE");
+              sub->add_flag("--summary", a->summary, "Print usage, speed and the swarm traffic of each answer");
+              return [a] { return run_chat(*a); };
+            }}};
 
 }  // namespace
 }  // namespace moesh::cli

@@ -36,16 +36,14 @@ struct GateArgs {
 
 void print_traffic(const char* what, const RemoteTraffic& tr) {
   const double tl = static_cast<double>(std::max<uint64_t>(tr.token_layers, 1));
-  std::printf("traffic %s: %llu DISPATCH (%llu B) + %llu COMBINE (%llu B) over %llu token-layers: "
-              "%.1f + %.1f = %.1f B per token per layer; %llu pairs remote, %llu local\n",
-              what, static_cast<unsigned long long>(tr.dispatch_frames),
-              static_cast<unsigned long long>(tr.dispatch_bytes),
-              static_cast<unsigned long long>(tr.combine_frames),
-              static_cast<unsigned long long>(tr.combine_bytes),
-              static_cast<unsigned long long>(tr.token_layers), tr.dispatch_bytes / tl,
-              tr.combine_bytes / tl, (tr.dispatch_bytes + tr.combine_bytes) / tl,
-              static_cast<unsigned long long>(tr.remote_pairs),
-              static_cast<unsigned long long>(tr.local_pairs));
+  std::printf(
+      "traffic %s: %llu DISPATCH (%llu B) + %llu COMBINE (%llu B) over %llu token-layers: "
+      "%.1f + %.1f = %.1f B per token per layer; %llu pairs remote, %llu local\n",
+      what, static_cast<unsigned long long>(tr.dispatch_frames), static_cast<unsigned long long>(tr.dispatch_bytes),
+      static_cast<unsigned long long>(tr.combine_frames), static_cast<unsigned long long>(tr.combine_bytes),
+      static_cast<unsigned long long>(tr.token_layers), tr.dispatch_bytes / tl, tr.combine_bytes / tl,
+      (tr.dispatch_bytes + tr.combine_bytes) / tl, static_cast<unsigned long long>(tr.remote_pairs),
+      static_cast<unsigned long long>(tr.local_pairs));
 }
 
 // "wire f16" (one place that names the path's wire dtype).
@@ -135,19 +133,20 @@ int run_gate(const GateArgs& a) {
   cmp.min_cosine = a.min_cosine;
   cmp.bitwise = !a.no_bitwise && gate::is_bit_exact_path(*remote);
 
-  std::printf("gate: %s | %s, combine %s, %zu worker(s) | criterion: %s\n", a.model.c_str(),
-              wire_description(ro).c_str(), wire::combine_mode_name(ro.combine), remote->n_workers(),
-              cmp.bitwise ? "bit-identical logits"
-                          : fmt::format("argmax agreement >= {:.4f}, min cosine >= {:.6f}", a.min_argmax,
-                                        a.min_cosine).c_str());
+  std::printf(
+      "gate: %s | %s, combine %s, %zu worker(s) | criterion: %s\n", a.model.c_str(), wire_description(ro).c_str(),
+      wire::combine_mode_name(ro.combine), remote->n_workers(),
+      cmp.bitwise
+          ? "bit-identical logits"
+          : fmt::format("argmax agreement >= {:.4f}, min cosine >= {:.6f}", a.min_argmax, a.min_cosine).c_str());
   std::printf("%s\n", curation_line.c_str());
   auto rep = gate::run_gate(*model, remote, seqs, cmp, a.threads);
   if (!rep) {
     std::fprintf(stderr, "moesh gate: error: %s\n", rep.status().to_string().c_str());
     return 1;
   }
-  std::printf("%-4s %7s %16s %10s %10s %12s %8s  %s\n", "seq", "tokens", "argmax agree", "cos min",
-              "cos mean", "top-k agree", "bitwise", "result");
+  std::printf("%-4s %7s %16s %10s %10s %12s %8s  %s\n", "seq", "tokens", "argmax agree", "cos min", "cos mean",
+              "top-k agree", "bitwise", "result");
   std::vector<gate::Flip> flips;
   double local_s = 0, remote_s = 0;
   for (size_t si = 0; si < rep->sequences.size(); ++si) {
@@ -188,8 +187,7 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_option("--sequences", a->n_seq, "Token sequences to compare")->capture_default_str();
       sub->add_option("--seed", a->seed, "Seed of the token sequences")->capture_default_str();
-      sub->add_flag("--raw-sequences", a->raw,
-                    "Uniform random tokens, no curation (positions may be near-ties)");
+      sub->add_flag("--raw-sequences", a->raw, "Uniform random tokens, no curation (positions may be near-ties)");
       sub->add_option("--sequences-from", a->sequences_from,
                       "Compare these sequences instead (JSON {\"sequences\":[{\"tokens\":[...]}]})");
       sub->add_option("--min-routing-margin", a->min_routing_margin,
@@ -204,8 +202,7 @@ const CommandRegistrar k_reg{Command{
           ->capture_default_str();
       sub->add_option("--min-cosine", a->min_cosine, "Lossy paths: minimum cosine of any logits row")
           ->capture_default_str();
-      sub->add_flag("--no-bitwise", a->no_bitwise,
-                    "Judge exact+f32 by the lossy thresholds instead of bit identity");
+      sub->add_flag("--no-bitwise", a->no_bitwise, "Judge exact+f32 by the lossy thresholds instead of bit identity");
       add_swarm_options(sub, &a->swarm);
       return [a] { return run_gate(*a); };
     }}};

@@ -148,8 +148,7 @@ void print_json(const File& f, bool all_kv) {
   j["kv_count"] = f.kvs().size();
   nlohmann::ordered_json kvs = nlohmann::ordered_json::array();
   for (const auto& [key, v] : f.kvs()) {
-    kvs.push_back(
-        {{"key", key}, {"type", gguf::value_type_name(v.type)}, {"value", value_json(v, all_kv)}});
+    kvs.push_back({{"key", key}, {"type", gguf::value_type_name(v.type)}, {"value", value_json(v, all_kv)}});
   }
   j["metadata"] = std::move(kvs);
   nlohmann::ordered_json ts = nlohmann::ordered_json::array();
@@ -177,12 +176,10 @@ void print_json(const File& f, bool all_kv) {
     lj["total_bytes"] = total;
     layers.push_back(std::move(lj));
   }
-  j["experts"] = {{"layers", std::move(layers)},
-                  {"expert_bytes", s.expert_bytes},
-                  {"backbone_bytes", s.backbone_bytes}};
+  j["experts"] = {
+      {"layers", std::move(layers)}, {"expert_bytes", s.expert_bytes}, {"backbone_bytes", s.backbone_bytes}};
   // Token strings need not be valid UTF-8; replace bad bytes rather than throw.
-  std::fputs(j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str(),
-             stdout);
+  std::fputs(j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str(), stdout);
   std::fputc('\n', stdout);
 }
 
@@ -199,8 +196,7 @@ void print_text(const File& f, bool all_kv) {
   for (const auto& kv : f.kvs()) key_w = std::max(key_w, kv.first.size());
   fmt::print("\nmetadata ({} keys)\n", f.kvs().size());
   for (const auto& [key, v] : f.kvs()) {
-    fmt::print("  {:<{}}  {:<7}  {}\n", key, key_w, gguf::value_type_name(v.type),
-               render_value(v, all_kv));
+    fmt::print("  {:<{}}  {:<7}  {}\n", key, key_w, gguf::value_type_name(v.type), render_value(v, all_kv));
   }
 
   if (f.tensors().empty()) {
@@ -210,12 +206,12 @@ void print_text(const File& f, bool all_kv) {
   size_t name_w = 4;
   for (const auto& t : f.tensors()) name_w = std::max(name_w, t.name.size());
   fmt::print("\ntensors ({})\n", f.tensors().size());
-  fmt::print("  {:>4}  {:<{}}  {:<6}  {:<18}  {:>12}  {:>12}\n", "#", "name", name_w, "type",
-             "shape (ne)", "bytes", "offset");
+  fmt::print("  {:>4}  {:<{}}  {:<6}  {:<18}  {:>12}  {:>12}\n", "#", "name", name_w, "type", "shape (ne)", "bytes",
+             "offset");
   for (size_t i = 0; i < f.tensors().size(); ++i) {
     const TensorInfo& t = f.tensors()[i];
-    fmt::print("  {:>4}  {:<{}}  {:<6}  {:<18}  {:>12}  {:>12}\n", i, t.name, name_w,
-               type_name(t.type), shape_string(t), t.n_bytes, t.offset);
+    fmt::print("  {:>4}  {:<{}}  {:<6}  {:<18}  {:>12}  {:>12}\n", i, t.name, name_w, type_name(t.type),
+               shape_string(t), t.n_bytes, t.offset);
   }
 
   const ExpertSummary s = summarize_experts(f);
@@ -226,26 +222,25 @@ void print_text(const File& f, bool all_kv) {
       for (const auto& r : rows) tw = std::max(tw, r.tensor.size());
     }
     fmt::print("\nexperts ({} MoE layers)\n", s.layers.size());
-    fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", "layer", "tensor", tw, "type",
-               "n_expert", "bytes/expert", "total");
+    fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", "layer", "tensor", tw, "type", "n_expert",
+               "bytes/expert", "total");
     for (const auto& [layer, rows] : s.layers) {
       uint64_t layer_total = 0, layer_slab = 0;
       for (const auto& r : rows) {
-        fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", layer, r.tensor, tw, r.type,
-                   r.n_expert, r.slab_bytes, r.total_bytes);
+        fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", layer, r.tensor, tw, r.type, r.n_expert,
+                   r.slab_bytes, r.total_bytes);
         layer_total += r.total_bytes;
         layer_slab += r.slab_bytes;
       }
-      fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", layer, "(layer total)", tw, "",
-                 "", layer_slab, layer_total);
+      fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", layer, "(layer total)", tw, "", "", layer_slab,
+                 layer_total);
     }
   }
-  const double pct =
-      total ? 100.0 * static_cast<double>(s.expert_bytes) / static_cast<double>(total) : 0.0;
-  fmt::print("\nexpert bytes    {:>12}  ({}, {:.1f}% of tensor data)\n", s.expert_bytes,
-             human_bytes(s.expert_bytes), pct);
-  fmt::print("backbone bytes  {:>12}  ({}, {:.1f}%)\n", s.backbone_bytes,
-             human_bytes(s.backbone_bytes), total ? 100.0 - pct : 0.0);
+  const double pct = total ? 100.0 * static_cast<double>(s.expert_bytes) / static_cast<double>(total) : 0.0;
+  fmt::print("\nexpert bytes    {:>12}  ({}, {:.1f}% of tensor data)\n", s.expert_bytes, human_bytes(s.expert_bytes),
+             pct);
+  fmt::print("backbone bytes  {:>12}  ({}, {:.1f}%)\n", s.backbone_bytes, human_bytes(s.backbone_bytes),
+             total ? 100.0 - pct : 0.0);
 }
 
 struct InspectOptions {

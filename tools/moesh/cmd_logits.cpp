@@ -1,15 +1,14 @@
 // `moesh logits -m MODEL --tokens 1,2,3 [--threads N] [--incremental] [--dequant-f32] --out F`:
 // decodes the tokens at positions 0..n-1 and writes every position's logits as JSON
 // (docs/logits.md): {"tokens": [...], "argmax": [...], "logits": [[...n_vocab], ...]}.
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "command.h"
 #include "model_cli.h"
-#include "swarm_cli.h"
 #include "moesh/model/sampling.h"
+#include "swarm_cli.h"
 
 namespace moesh::cli {
 namespace {
@@ -68,24 +67,23 @@ int run_logits(const LogitsArgs& a) {
     return 1;
   }
   out << j.dump() << "\n";
-  std::printf("wrote %lld x %lld logits to %s\n", static_cast<long long>(T),
-              static_cast<long long>(V), a.out.c_str());
+  std::printf("wrote %lld x %lld logits to %s\n", static_cast<long long>(T), static_cast<long long>(V), a.out.c_str());
   return out.good() ? 0 : 1;
 }
 
-const CommandRegistrar k_reg{Command{
-    "logits", "Decode token ids and write the logits of every position as JSON",
-    [](CLI::App* sub) -> std::function<int()> {
-      auto a = std::make_shared<LogitsArgs>();
-      sub->add_option("-m,--model", a->model, "GGUF model file")->required();
-      sub->add_option("--tokens", a->tokens, "Comma-separated token ids")->required();
-      sub->add_option("--out", a->out, "Output JSON file")->required();
-      sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
-      sub->add_flag("--incremental", a->incremental, "Decode one token at a time through the KV cache");
-      sub->add_flag("--dequant-f32", a->dequant_f32, "Dequantize every weight to F32 at load (debug)");
-      add_swarm_options(sub, &a->swarm);
-      return [a] { return run_logits(*a); };
-    }}};
+const CommandRegistrar k_reg{
+    Command{"logits", "Decode token ids and write the logits of every position as JSON",
+            [](CLI::App* sub) -> std::function<int()> {
+              auto a = std::make_shared<LogitsArgs>();
+              sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+              sub->add_option("--tokens", a->tokens, "Comma-separated token ids")->required();
+              sub->add_option("--out", a->out, "Output JSON file")->required();
+              sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
+              sub->add_flag("--incremental", a->incremental, "Decode one token at a time through the KV cache");
+              sub->add_flag("--dequant-f32", a->dequant_f32, "Dequantize every weight to F32 at load (debug)");
+              add_swarm_options(sub, &a->swarm);
+              return [a] { return run_logits(*a); };
+            }}};
 
 }  // namespace
 }  // namespace moesh::cli

@@ -77,15 +77,13 @@ void print_summary(const MakeModelSpec& spec, const ModelPlan& plan) {
     e.first += 1;
     e.second += t.n_bytes;
   }
-  std::printf("model: %s, type %s, seed %llu, vocab %s\n", make_arch_name(spec.arch),
-              make_file_type_name(spec.type), static_cast<unsigned long long>(spec.seed),
-              make_vocab_name(spec.vocab));
+  std::printf("model: %s, type %s, seed %llu, vocab %s\n", make_arch_name(spec.arch), make_file_type_name(spec.type),
+              static_cast<unsigned long long>(spec.seed), make_vocab_name(spec.vocab));
   std::printf("  n_vocab %lld  n_embd %lld  n_layer %lld  n_head %lld  n_expert %lld (top-%lld)  n_ff_exp %lld\n",
-              (long long)spec.n_vocab, (long long)spec.n_embd, (long long)spec.n_layer,
-              (long long)spec.n_head, (long long)spec.n_expert, (long long)spec.n_expert_used,
-              (long long)spec.n_ff_exp);
-  std::printf("  %zu metadata keys, %zu tensors, %s of tensor data\n", plan.kvs.size(),
-              plan.tensors.size(), human_bytes(plan.data_bytes).c_str());
+              (long long)spec.n_vocab, (long long)spec.n_embd, (long long)spec.n_layer, (long long)spec.n_head,
+              (long long)spec.n_expert, (long long)spec.n_expert_used, (long long)spec.n_ff_exp);
+  std::printf("  %zu metadata keys, %zu tensors, %s of tensor data\n", plan.kvs.size(), plan.tensors.size(),
+              human_bytes(plan.data_bytes).c_str());
   for (const auto& [name, e] : by_type) {
     std::printf("    %-5s x%-3d %s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
   }
@@ -99,8 +97,8 @@ void print_summary(const MakeModelSpec& spec, const ModelPlan& plan) {
     int last = il;
     while (last + 1 < spec.n_layer && plan.expert_bytes(last + 1) == eb) ++last;
     const std::string blk = last == il ? fmt::format("blk.{}", il) : fmt::format("blk.{}-{}", il, last);
-    std::printf("  %s experts: %s%s (%s per expert)\n", blk.c_str(), human_bytes(eb).c_str(),
-                last == il ? "" : " each", human_bytes(eb / static_cast<uint64_t>(spec.n_expert)).c_str());
+    std::printf("  %s experts: %s%s (%s per expert)\n", blk.c_str(), human_bytes(eb).c_str(), last == il ? "" : " each",
+                human_bytes(eb / static_cast<uint64_t>(spec.n_expert)).c_str());
     il = last + 1;
   }
 }
@@ -164,12 +162,11 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
     const auto& t = *p.tensor;
     const double pct = p.bytes_total ? 100.0 * double(p.bytes_done) / double(p.bytes_total) : 100.0;
     if (verbose) {
-      std::fprintf(stderr, "[%3zu/%zu] %-32s %-5s %-18s %10s  %5.1f%%  %.1fs\n", p.tensor_index + 1,
-                   p.n_tensors, t.name.c_str(), type_name(t.type), shape_str(t).c_str(),
-                   human_bytes(t.n_bytes).c_str(), pct, p.seconds);
-    } else if (tty) {
-      std::fprintf(stderr, "\rwriting tensor %zu/%zu  %5.1f%%  %.1fs", p.tensor_index + 1, p.n_tensors, pct,
+      std::fprintf(stderr, "[%3zu/%zu] %-32s %-5s %-18s %10s  %5.1f%%  %.1fs\n", p.tensor_index + 1, p.n_tensors,
+                   t.name.c_str(), type_name(t.type), shape_str(t).c_str(), human_bytes(t.n_bytes).c_str(), pct,
                    p.seconds);
+    } else if (tty) {
+      std::fprintf(stderr, "\rwriting tensor %zu/%zu  %5.1f%%  %.1fs", p.tensor_index + 1, p.n_tensors, pct, p.seconds);
       if (p.tensor_index + 1 == p.n_tensors) std::fprintf(stderr, "\n");
     }
   };
@@ -182,31 +179,30 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
   return 0;
 }
 
-CommandRegistrar reg{Command{
-    "make-model", "Write a random-weight MoE model (GGUF) that llama.cpp also loads",
-    [](CLI::App* sub) -> std::function<int()> {
-      auto a = std::make_shared<MakeModelArgs>();
-      sub->add_option("--arch", a->arch, "qwen3moe | llama (Mixtral) | deepseek2")
-          ->capture_default_str();
-      sub->add_option("--out", a->out, "output .gguf path");
-      sub->add_option("--type", a->type, "f32 | f16 | q8_0 | q4_k_m (default f32; preset: q4_k_m)");
-      sub->add_option("--seed", a->seed, "weight seed (default: the reference model's seed)");
-      sub->add_option("--preset", a->preset, "perf-30b-a3b: the Qwen3-30B-A3B-shaped perf model");
-      sub->add_option("--name", a->name, "general.name");
-      sub->add_option("--vocab", a->vocab,
-                      "bpe (default): a byte-level BPE tokenizer learned from a built-in text, "
-                      "with ChatML specials and chat template | none: ids only (no_vocab)");
-      sub->add_option("--threads", a->threads, "quantization threads (default: all cores)");
-      sub->add_option("--rope-base", a->rope_base, "rope.freq_base");
-      sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");
-      sub->add_flag("--dry-run", a->dry_run, "print the summary, write nothing");
-      sub->add_flag("-v,--verbose", a->verbose, "one line per tensor written");
-      for (const auto& f : kIntFlags) {
-        // CLI11 needs a stable target per option; the map node lives as long as `a`.
-        sub->add_option(f.flag, a->ints[f.flag], f.help);
-      }
-      return [a, sub] { return run_make_model(*a, sub); };
-    }}};
+CommandRegistrar reg{
+    Command{"make-model", "Write a random-weight MoE model (GGUF) that llama.cpp also loads",
+            [](CLI::App* sub) -> std::function<int()> {
+              auto a = std::make_shared<MakeModelArgs>();
+              sub->add_option("--arch", a->arch, "qwen3moe | llama (Mixtral) | deepseek2")->capture_default_str();
+              sub->add_option("--out", a->out, "output .gguf path");
+              sub->add_option("--type", a->type, "f32 | f16 | q8_0 | q4_k_m (default f32; preset: q4_k_m)");
+              sub->add_option("--seed", a->seed, "weight seed (default: the reference model's seed)");
+              sub->add_option("--preset", a->preset, "perf-30b-a3b: the Qwen3-30B-A3B-shaped perf model");
+              sub->add_option("--name", a->name, "general.name");
+              sub->add_option("--vocab", a->vocab,
+                              "bpe (default): a byte-level BPE tokenizer learned from a built-in text, "
+                              "with ChatML specials and chat template | none: ids only (no_vocab)");
+              sub->add_option("--threads", a->threads, "quantization threads (default: all cores)");
+              sub->add_option("--rope-base", a->rope_base, "rope.freq_base");
+              sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");
+              sub->add_flag("--dry-run", a->dry_run, "print the summary, write nothing");
+              sub->add_flag("-v,--verbose", a->verbose, "one line per tensor written");
+              for (const auto& f : kIntFlags) {
+                // CLI11 needs a stable target per option; the map node lives as long as `a`.
+                sub->add_option(f.flag, a->ints[f.flag], f.help);
+              }
+              return [a, sub] { return run_make_model(*a, sub); };
+            }}};
 
 }  // namespace
 }  // namespace moesh::cli

@@ -1,21 +1,20 @@
 // `moesh run -m MODEL (-p TEXT | --chat TEXT | --tokens 1,2,3) -n N [sampling options] [--stop S]
 //  [--json] [--threads N]`: prefill the prompt, then generate N tokens one at a time through the
 // KV cache, printing the text (or token ids) and a timing line (docs/run.md).
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "command.h"
 #include "model_cli.h"
-#include "swarm_cli.h"
-#include "moesh/text/chat.h"
 #include "moesh/model/sampling.h"
+#include "moesh/text/chat.h"
 #include "moesh/text/stop_matcher.h"
 #include "moesh/text/tokenizer.h"
+#include "swarm_cli.h"
 
 namespace moesh::cli {
 namespace {
@@ -192,9 +191,9 @@ int run_run(const RunArgs& a) {
     j["text"] = text;
     j["finish_reason"] = finished ? "stop" : "length";
     if (stop.stopped()) j["stop"] = stop.matched();
-    j["timings"] = {{"prompt_n", prompt.size()}, {"prompt_ms", t_prefill * 1e3},
-                    {"prompt_per_second", pp_tps}, {"predicted_n", out.size()},
-                    {"predicted_ms", t_decode * 1e3}, {"predicted_per_second", tg_tps},
+    j["timings"] = {{"prompt_n", prompt.size()},        {"prompt_ms", t_prefill * 1e3},
+                    {"prompt_per_second", pp_tps},      {"predicted_n", out.size()},
+                    {"predicted_ms", t_decode * 1e3},   {"predicted_per_second", tg_tps},
                     {"threads", ctx.pool().n_threads()}};
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -204,16 +203,17 @@ int run_run(const RunArgs& a) {
       for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
       std::printf("\n");
     }
-    std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.2f tok/s) | decode: %d tokens in %.1f ms (%.2f tok/s) | %d thread%s\n",
-                 prompt.size(), t_prefill * 1e3, pp_tps, n_dec, t_decode * 1e3, tg_tps,
-                 ctx.pool().n_threads(), ctx.pool().n_threads() == 1 ? "" : "s");
+    std::fprintf(
+        stderr,
+        "prefill: %zu tokens in %.1f ms (%.2f tok/s) | decode: %d tokens in %.1f ms (%.2f tok/s) | %d thread%s\n",
+        prompt.size(), t_prefill * 1e3, pp_tps, n_dec, t_decode * 1e3, tg_tps, ctx.pool().n_threads(),
+        ctx.pool().n_threads() == 1 ? "" : "s");
   }
   return 0;
 }
 
 const CommandRegistrar k_reg{Command{
-    "run", "Generate text or tokens from a prompt",
-    [](CLI::App* sub) -> std::function<int()> {
+    "run", "Generate text or tokens from a prompt", [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<RunArgs>();
       sub->add_option("-m,--model", a->model, "GGUF model file")->required();
       sub->add_option("-p,--prompt", a->prompt, "Prompt text (needs a tokenizer)");
@@ -224,15 +224,11 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("--top-p", a->top_p, "Top-p (1: off)")->capture_default_str();
       sub->add_option("--min-p", a->min_p, "Min-p: keep tokens with p >= min_p * p_max (0: off)")
           ->capture_default_str();
-      sub->add_option("--repeat-penalty", a->repeat_penalty, "Repetition penalty (1: off)")
+      sub->add_option("--repeat-penalty", a->repeat_penalty, "Repetition penalty (1: off)")->capture_default_str();
+      sub->add_option("--repeat-last-n", a->repeat_last_n, "Tokens of history the penalties look at (0: off, -1: all)")
           ->capture_default_str();
-      sub->add_option("--repeat-last-n", a->repeat_last_n,
-                      "Tokens of history the penalties look at (0: off, -1: all)")
-          ->capture_default_str();
-      sub->add_option("--presence-penalty", a->presence_penalty, "Presence penalty (0: off)")
-          ->capture_default_str();
-      sub->add_option("--frequency-penalty", a->frequency_penalty, "Frequency penalty (0: off)")
-          ->capture_default_str();
+      sub->add_option("--presence-penalty", a->presence_penalty, "Presence penalty (0: off)")->capture_default_str();
+      sub->add_option("--frequency-penalty", a->frequency_penalty, "Frequency penalty (0: off)")->capture_default_str();
       sub->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
       sub->add_option("--stop", a->stops, "Stop generating at this text (repeatable)");
       sub->add_option("--chat", a->chat, "A user message, wrapped in the model's chat template");

@@ -17,10 +17,10 @@
 #include "command.h"
 #include "model_cli.h"
 #include "moesh/serve/http_server.h"
-#include "swarm_cli.h"
-#include "moesh/text/chat.h"
 #include "moesh/serve/scheduler.h"
+#include "moesh/text/chat.h"
 #include "moesh/text/tokenizer.h"
+#include "swarm_cli.h"
 
 namespace moesh::cli {
 namespace {
@@ -126,9 +126,8 @@ int run_serve(const ServeArgs& a) {
     sch->shutdown();
     srv->stop();
   });
-  std::fprintf(stderr, "moesh serve: model %s, %d slots x %lld ctx, batch %lld tokens, %s\n",
-               ho.model_name.c_str(), so.n_slots, static_cast<long long>(sch->n_ctx()),
-               static_cast<long long>(so.max_batch_tokens),
+  std::fprintf(stderr, "moesh serve: model %s, %d slots x %lld ctx, batch %lld tokens, %s\n", ho.model_name.c_str(),
+               so.n_slots, static_cast<long long>(sch->n_ctx()), static_cast<long long>(so.max_batch_tokens),
                tmpl ? chat_format_name(tmpl->format()) : "no chat template");
   std::printf("listening on %s:%d\n", ho.host.c_str(), srv->port());
   std::fflush(stdout);
@@ -167,8 +166,7 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("--alias", a->alias, "Model name reported by the API (default: file name)");
       sub->add_option("--http-threads", a->http_threads,
                       "HTTP threads = most concurrent connections (default: max(64, 4*parallel+16))");
-      sub->add_option("--max-body", a->max_body, "Largest request body in bytes (413 beyond)")
-          ->capture_default_str();
+      sub->add_option("--max-body", a->max_body, "Largest request body in bytes (413 beyond)")->capture_default_str();
       add_swarm_options(sub, &a->swarm);
       return [a] { return run_serve(*a); };
     }}};

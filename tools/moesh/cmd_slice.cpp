@@ -39,21 +39,20 @@ int run_slice(const SliceArgs& a) {
   if (!set) return fail(set.status());
   if (Status s = swarm::write_expert_slice(**file, *set, a.out); !s.is_ok()) return fail(s);
   std::printf("wrote expert slice %s: %llu experts (%s), model id %s\n", a.out.c_str(),
-              static_cast<unsigned long long>(set->n_pairs()), set->to_string().c_str(),
-              id->hex().c_str());
+              static_cast<unsigned long long>(set->n_pairs()), set->to_string().c_str(), id->hex().c_str());
   return 0;
 }
 
-const CommandRegistrar kReg{Command{
-    "slice", "Write an expert slice (--experts) or a backbone slice (--backbone) of a model",
-    [](CLI::App* sub) -> std::function<int()> {
-      auto a = std::make_shared<SliceArgs>();
-      sub->add_option("-m,--model", a->model, "Model GGUF (or an expert slice to cut further)")->required();
-      sub->add_option("--experts", a->experts, "Experts to keep: LAYERS:EXPERTS items, e.g. '*:0-63'");
-      sub->add_flag("--backbone", a->backbone, "Keep everything except the routed expert tensors");
-      sub->add_option("-o,--out", a->out, "Output GGUF")->required();
-      return [a] { return run_slice(*a); };
-    }}};
+const CommandRegistrar kReg{
+    Command{"slice", "Write an expert slice (--experts) or a backbone slice (--backbone) of a model",
+            [](CLI::App* sub) -> std::function<int()> {
+              auto a = std::make_shared<SliceArgs>();
+              sub->add_option("-m,--model", a->model, "Model GGUF (or an expert slice to cut further)")->required();
+              sub->add_option("--experts", a->experts, "Experts to keep: LAYERS:EXPERTS items, e.g. '*:0-63'");
+              sub->add_flag("--backbone", a->backbone, "Keep everything except the routed expert tensors");
+              sub->add_option("-o,--out", a->out, "Output GGUF")->required();
+              return [a] { return run_slice(*a); };
+            }}};
 
 }  // namespace
 }  // namespace moesh::cli

@@ -24,12 +24,18 @@ std::string printable(const std::string& s) {
   std::string out;
   const bool valid = utf8_is_valid(s);
   for (unsigned char c : s) {
-    if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\'') out += "\\'";
-    else if (c < 0x20 || c == 0x7F || (!valid && c >= 0x80)) out += fmt::format("\\x{:02x}", c);
-    else out.push_back(static_cast<char>(c));
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\'')
+      out += "\\'";
+    else if (c < 0x20 || c == 0x7F || (!valid && c >= 0x80))
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out.push_back(static_cast<char>(c));
   }
   return out;
 }
@@ -81,20 +87,20 @@ int run_tokenize(const TokenizeArgs& a) {
   return 0;
 }
 
-const CommandRegistrar k_reg{Command{
-    "tokenize", "Show the token ids of a text, or the text of token ids (--detok)",
-    [](CLI::App* sub) -> std::function<int()> {
-      auto a = std::make_shared<TokenizeArgs>();
-      sub->add_option("-m,--model", a->model, "GGUF file with tokenizer metadata")->required();
-      sub->add_option("-p,--prompt", a->prompt, "Text to tokenize");
-      sub->add_option("--detok", a->detok, "Comma-separated token ids to turn back into text");
-      sub->add_flag("--ids", a->ids_only, "Print only the ids, comma-separated");
-      sub->add_flag("--special", a->special,
-                    "Parse special-token text (e.g. <|im_end|>) as those tokens; with --detok, "
-                    "render control tokens");
-      sub->add_flag("--no-bos", a->no_bos, "Do not add BOS/EOS even if the vocabulary asks for them");
-      return [a] { return run_tokenize(*a); };
-    }}};
+const CommandRegistrar k_reg{
+    Command{"tokenize", "Show the token ids of a text, or the text of token ids (--detok)",
+            [](CLI::App* sub) -> std::function<int()> {
+              auto a = std::make_shared<TokenizeArgs>();
+              sub->add_option("-m,--model", a->model, "GGUF file with tokenizer metadata")->required();
+              sub->add_option("-p,--prompt", a->prompt, "Text to tokenize");
+              sub->add_option("--detok", a->detok, "Comma-separated token ids to turn back into text");
+              sub->add_flag("--ids", a->ids_only, "Print only the ids, comma-separated");
+              sub->add_flag("--special", a->special,
+                            "Parse special-token text (e.g. <|im_end|>) as those tokens; with --detok, "
+                            "render control tokens");
+              sub->add_flag("--no-bos", a->no_bos, "Do not add BOS/EOS even if the vocabulary asks for them");
+              return [a] { return run_tokenize(*a); };
+            }}};
 
 }  // namespace
 }  // namespace moesh::cli

@@ -62,8 +62,8 @@ int run_worker(const WorkerArgs& a) {
     if (!set) return fail(set.status());
     held = std::move(*set);
   } else if (swarm::slice_kind(**file).empty()) {
-    return fail(make_error(StatusCode::kInvalidArgument,
-                           "--experts is required with a full model (e.g. --experts '*:0-7')"));
+    return fail(
+        make_error(StatusCode::kInvalidArgument, "--experts is required with a full model (e.g. --experts '*:0-7')"));
   }
   const uint64_t rss0 = resident_bytes();
   auto store = swarm::ExpertStore::open(std::move(*file), held);
@@ -82,8 +82,8 @@ int run_worker(const WorkerArgs& a) {
               s.held().to_string().c_str());
   std::printf("slab bytes: %llu (%.2f MiB)\n", static_cast<unsigned long long>(s.slab_bytes()),
               s.slab_bytes() / 1048576.0);
-  std::printf("rss: %llu bytes (%.2f MiB; %.2f MiB before touching slabs)\n",
-              static_cast<unsigned long long>(rss1), rss1 / 1048576.0, rss0 / 1048576.0);
+  std::printf("rss: %llu bytes (%.2f MiB; %.2f MiB before touching slabs)\n", static_cast<unsigned long long>(rss1),
+              rss1 / 1048576.0, rss0 / 1048576.0);
   std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));
   std::fflush(stdout);
 
@@ -99,26 +99,25 @@ int run_worker(const WorkerArgs& a) {
   const auto& st = (*worker)->stats();
   std::printf("worker stopped: %llu connections, %llu dispatches, %llu errors\n",
               static_cast<unsigned long long>(st.connections.load()),
-              static_cast<unsigned long long>(st.dispatches.load()),
-              static_cast<unsigned long long>(st.errors.load()));
+              static_cast<unsigned long long>(st.dispatches.load()), static_cast<unsigned long long>(st.errors.load()));
   std::fflush(stdout);
   return 0;
 }
 
-const CommandRegistrar kReg{Command{
-    "worker", "Serve routed experts of a model or expert slice to backbones over TCP",
-    [](CLI::App* sub) -> std::function<int()> {
-      auto a = std::make_shared<WorkerArgs>();
-      sub->add_option("-m,--model", a->model, "Model GGUF or expert slice")->required();
-      sub->add_option("--experts", a->experts,
-                      "Experts to hold: LAYERS:EXPERTS items, e.g. '*:0-63' or '0-23:*,24-47:0-7' "
-                      "(default with a slice: all it holds)");
-      sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)");
-      sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");
-      sub->add_option("--name", a->name, "Name announced in the handshake");
-      sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
-      return [a] { return run_worker(*a); };
-    }}};
+const CommandRegistrar kReg{
+    Command{"worker", "Serve routed experts of a model or expert slice to backbones over TCP",
+            [](CLI::App* sub) -> std::function<int()> {
+              auto a = std::make_shared<WorkerArgs>();
+              sub->add_option("-m,--model", a->model, "Model GGUF or expert slice")->required();
+              sub->add_option("--experts", a->experts,
+                              "Experts to hold: LAYERS:EXPERTS items, e.g. '*:0-63' or '0-23:*,24-47:0-7' "
+                              "(default with a slice: all it holds)");
+              sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)");
+              sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");
+              sub->add_option("--name", a->name, "Name announced in the handshake");
+              sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
+              return [a] { return run_worker(*a); };
+            }}};
 
 }  // namespace
 }  // namespace moesh::cli

@@ -25,8 +25,7 @@ inline Result<std::vector<int32_t>> parse_token_list(std::string_view s) {
     int32_t v = -1;
     auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (item.empty() || ec != std::errc() || p != item.data() + item.size() || v < 0) {
-      return make_error(StatusCode::kInvalidArgument, "--tokens: '{}' is not a token id",
-                        std::string(item));
+      return make_error(StatusCode::kInvalidArgument, "--tokens: '{}' is not a token id", std::string(item));
     }
     out.push_back(v);
     i = j + 1;
@@ -35,8 +34,7 @@ inline Result<std::vector<int32_t>> parse_token_list(std::string_view s) {
 }
 
 // Loads a model, printing the error and returning null on failure.
-inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool dequant_f32,
-                                                   const char* cmd) {
+inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool dequant_f32, const char* cmd) {
   LoadOptions o;
   o.dequant_f32 = dequant_f32;
   auto m = Model::load(path, o);

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -69,8 +68,7 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
   sub->add_option("--timeout-ms", a->timeout_ms, "Deadline of each remote request")
       ->check(CLI::Range(1, 3600 * 1000))
       ->capture_default_str();
-  sub->add_option("--congestion", a->congestion,
-                  "TCP congestion control set before connect ('' = system default)")
+  sub->add_option("--congestion", a->congestion, "TCP congestion control set before connect ('' = system default)")
       ->capture_default_str();
 }
 

@@ -52,8 +52,8 @@ struct CuratedSequences {
   double min_routing_margin = 0;  // the thresholds used
   double min_top1_lead = 0;
   int64_t positions = 0;
-  int64_t draws_rejected = 0;     // draws that made an ill-conditioned position
-  int64_t ill_conditioned = 0;    // positions where max_tries draws all failed (best one kept)
+  int64_t draws_rejected = 0;   // draws that made an ill-conditioned position
+  int64_t ill_conditioned = 0;  // positions where max_tries draws all failed (best one kept)
   std::vector<int64_t> rejected_per_sequence;
   // Over every kept position (curated or raw): the worst margin and lead seen.
   Conditioning worst{};
@@ -69,8 +69,7 @@ Result<CuratedSequences> curate_sequences(const Model& model, const CurationOpti
 
 // Conditioning of every position of `tokens` decoded from an empty cache by a local context
 // (tests, and to report the conditioning of --sequences-from sequences).
-Result<std::vector<Conditioning>> measure_conditioning(const Model& model,
-                                                       const std::vector<int32_t>& tokens,
+Result<std::vector<Conditioning>> measure_conditioning(const Model& model, const std::vector<int32_t>& tokens,
                                                        int n_threads = 0);
 
 // Sequences from a JSON file in the reference format {"sequences":[{"tokens":[...]}, ...]};

@@ -17,15 +17,27 @@
 #include <variant>
 #include <vector>
 
-#include "moesh/util/status.h"
 #include "moesh/tensor/tensor.h"
 #include "moesh/tensor/types.h"
+#include "moesh/util/status.h"
 
 namespace moesh::gguf {
 
 enum class ValueType : uint32_t {
-  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12, kCOUNT = 13
+  UINT8 = 0,
+  INT8 = 1,
+  UINT16 = 2,
+  INT16 = 3,
+  UINT32 = 4,
+  INT32 = 5,
+  FLOAT32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  UINT64 = 10,
+  INT64 = 11,
+  FLOAT64 = 12,
+  kCOUNT = 13
 };
 const char* value_type_name(ValueType t);
 
@@ -140,11 +152,9 @@ class Writer {
   // Adds or replaces a key (file order = first insertion order).
   void set(const std::string& key, Value v);
   // Adds a tensor; `data` must hold n_bytes(type, ne) bytes and stay alive until write().
-  Status add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                    const void* data);
+  Status add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, const void* data);
   // Same, but the writer keeps its own copy of the bytes.
-  Status add_tensor_copy(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                         const void* data);
+  Status add_tensor_copy(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, const void* data);
   Status write_file(const std::string& path) const;
   Result<std::vector<uint8_t>> write_bytes() const;
 

@@ -38,8 +38,8 @@
 #include <vector>
 
 #include "moesh/gguf/gguf.h"
-#include "moesh/util/status.h"
 #include "moesh/tensor/types.h"
+#include "moesh/util/status.h"
 
 namespace moesh {
 
@@ -49,13 +49,13 @@ enum class MakeFileType : uint8_t { kF32, kF16, kQ8_0, kQ4_K_M, kCOUNT };
 // The tokenizer written into the file: a learned byte-level BPE vocabulary, or none (ids only).
 enum class MakeVocab : uint8_t { kBpe, kNone, kCOUNT };
 
-const char* make_arch_name(MakeArch a);                       // "qwen3moe" | "llama" | "deepseek2"
-bool make_arch_from_name(std::string_view s, MakeArch* out);  // accepts "mixtral" for llama
-const char* make_file_type_name(MakeFileType t);              // "f32" | "f16" | "q8_0" | "q4_k_m"
+const char* make_arch_name(MakeArch a);                                // "qwen3moe" | "llama" | "deepseek2"
+bool make_arch_from_name(std::string_view s, MakeArch* out);           // accepts "mixtral" for llama
+const char* make_file_type_name(MakeFileType t);                       // "f32" | "f16" | "q8_0" | "q4_k_m"
 bool make_file_type_from_name(std::string_view s, MakeFileType* out);  // case-insensitive
-uint32_t make_file_type_ftype(MakeFileType t);                // general.file_type: 0, 1, 7, 15
-const char* make_vocab_name(MakeVocab v);                     // "bpe" | "none"
-bool make_vocab_from_name(std::string_view s, MakeVocab* out);  // case-insensitive
+uint32_t make_file_type_ftype(MakeFileType t);                         // general.file_type: 0, 1, 7, 15
+const char* make_vocab_name(MakeVocab v);                              // "bpe" | "none"
+bool make_vocab_from_name(std::string_view s, MakeVocab* out);         // case-insensitive
 
 // The shape of the model to write. Start from defaults_for(arch) (the reference "-s" model of
 // that arch) or perf_30b_a3b(), change fields, then validate(). Fields an arch does not use are
@@ -73,12 +73,12 @@ struct MakeModelSpec {
   int64_t n_embd = 256;
   int64_t n_layer = 2;
   int64_t n_head = 8;
-  int64_t n_head_kv = 2;      // qwen3moe, llama (deepseek2 writes 1: MLA)
-  int64_t head_dim = 64;      // qwen3moe, llama (deepseek2: qk_nope/qk_rope/v_head)
+  int64_t n_head_kv = 2;  // qwen3moe, llama (deepseek2 writes 1: MLA)
+  int64_t head_dim = 64;  // qwen3moe, llama (deepseek2: qk_nope/qk_rope/v_head)
   int64_t n_expert = 8;
   int64_t n_expert_used = 2;
-  int64_t n_ff_exp = 256;     // routed (and per shared) expert width; llama: = feed_forward_length
-  int64_t n_ff = 256;         // dense FFN width (deepseek2 leading dense layers); llama: = n_ff_exp
+  int64_t n_ff_exp = 256;  // routed (and per shared) expert width; llama: = feed_forward_length
+  int64_t n_ff = 256;      // dense FFN width (deepseek2 leading dense layers); llama: = n_ff_exp
   float rope_base = 1e6f;
   float rms_eps = 1e-6f;
 
@@ -89,15 +89,15 @@ struct MakeModelSpec {
   int64_t qk_rope = 32;
   int64_t v_head = 64;
   int64_t n_expert_shared = 1;
-  int64_t n_group = 4;          // expert_group_count (1 = no group-limited routing)
+  int64_t n_group = 4;  // expert_group_count (1 = no group-limited routing)
   int64_t n_group_used = 2;
   int64_t n_leading_dense = 1;  // leading_dense_block_count
   uint32_t gating_func = 2;     // 1 softmax, 2 sigmoid (adds exp_probs_b), 3 softmax_weight
   bool expert_weights_norm = true;
   float expert_weights_scale = 2.5f;
-  float yarn_factor = 4.0f;     // rope.scaling.factor; <= 1 writes no rope.scaling.* keys
+  float yarn_factor = 4.0f;  // rope.scaling.factor; <= 1 writes no rope.scaling.* keys
   int64_t yarn_orig_ctx = 64;
-  float yarn_log_mul = 0.1f;    // rope.scaling.yarn_log_multiplier (0.1 * mscale_all_dim)
+  float yarn_log_mul = 0.1f;  // rope.scaling.yarn_log_multiplier (0.1 * mscale_all_dim)
 
   // The reference models of ../shared/reference §3: qwen3moe-s (seed 1001), mixtral-s (llama,
   // seed 1002), deepseek2-s (seed 1003).
@@ -136,7 +136,7 @@ constexpr uint64_t kMakeModelAlignment = 32;  // GGUF default; no general.alignm
 struct ModelPlan {
   std::vector<std::pair<std::string, gguf::Value>> kvs;  // in file order
   std::vector<PlannedTensor> tensors;                    // in file order
-  uint64_t data_bytes = 0;  // data section size (tensors padded to the alignment)
+  uint64_t data_bytes = 0;                               // data section size (tensors padded to the alignment)
 
   // Sum of the *_exps tensor bytes of block `layer`.
   uint64_t expert_bytes(int layer) const;
@@ -149,14 +149,12 @@ Result<ModelPlan> plan_model(const MakeModelSpec& spec);
 // n_expert == 8 bumps, the more-bits layer rule and the fallbacks when ne[0] % 256 != 0.
 // `i_attn_v`/`n_attn_v`: index of this tensor among the attn_v tensors and their count.
 // Returns F32 for tensors that stay unquantized (1-D, *_norm, ffn_gate_inp, non-.weight).
-GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int n_dims,
-                                const int64_t ne[4], int64_t n_layer, int64_t n_expert,
-                                int i_attn_v, int n_attn_v);
+GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int n_dims, const int64_t ne[4],
+                                int64_t n_layer, int64_t n_expert, int i_attn_v, int n_attn_v);
 
 // Writes `rows` consecutive rows (each ne[0] values) of a tensor's f32 weights starting at row
 // `row0`, exactly the values make_model quantizes. Deterministic in (seed, name, row).
-void make_model_fill_rows(uint64_t seed, const PlannedTensor& t, int64_t row0, int64_t rows,
-                          float* out);
+void make_model_fill_rows(uint64_t seed, const PlannedTensor& t, int64_t row0, int64_t rows, float* out);
 
 struct MakeModelProgress {
   size_t tensor_index = 0;  // the tensor just finished
@@ -164,18 +162,17 @@ struct MakeModelProgress {
   const PlannedTensor* tensor = nullptr;
   uint64_t bytes_done = 0;  // data bytes written so far
   uint64_t bytes_total = 0;
-  double seconds = 0;       // since the start
+  double seconds = 0;  // since the start
 };
 
 struct MakeModelOptions {
-  int n_threads = 0;  // <= 0: all cores
+  int n_threads = 0;                                          // <= 0: all cores
   std::function<void(const MakeModelProgress&)> on_progress;  // after each tensor
 };
 
 // Validates `spec`, then streams the model to `out_path` (via `<out_path>.partial`).
 // Errors: kInvalidArgument (spec), kIoError (file system), kInternal (a quantizer refused a type).
 Status make_model(const MakeModelSpec& spec, const std::string& out_path);
-Status make_model(const MakeModelSpec& spec, const std::string& out_path,
-                  const MakeModelOptions& options);
+Status make_model(const MakeModelSpec& spec, const std::string& out_path, const MakeModelOptions& options);
 
 }  // namespace moesh

@@ -16,14 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "moesh/moe/executor.h"
 #include "moesh/gguf/gguf.h"
 #include "moesh/model/kv_cache.h"
-#include "moesh/tensor/ops.h"
+#include "moesh/moe/executor.h"
 #include "moesh/moe/routing.h"
-#include "moesh/util/status.h"
+#include "moesh/tensor/ops.h"
 #include "moesh/tensor/tensor.h"
 #include "moesh/tensor/threadpool.h"
+#include "moesh/util/status.h"
 
 namespace moesh {
 
@@ -39,11 +39,11 @@ struct HParams {
   int64_t n_layer = 0;
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
-  int64_t head_dim_k = 0;   // per-head K/Q width as attention sees it (MLA: kv_lora + n_rot)
-  int64_t head_dim_v = 0;   // per-head V width (MLA: kv_lora)
+  int64_t head_dim_k = 0;  // per-head K/Q width as attention sees it (MLA: kv_lora + n_rot)
+  int64_t head_dim_v = 0;  // per-head V width (MLA: kv_lora)
   int64_t n_rot = 0;
   float rms_eps = 1e-5f;
-  int64_t n_ff = 0;         // dense FFN width (llama: expert width)
+  int64_t n_ff = 0;  // dense FFN width (llama: expert width)
 
   // MoE
   int64_t n_expert = 0;
@@ -63,8 +63,8 @@ struct HParams {
   int64_t head_dim_qk_mla = 0;  // nope + rope (key_length_mla)
   int64_t head_dim_v_mla = 0;   // value_length_mla
 
-  RopeParams rope;           // mode, n_rot, base, YaRN (freq_factors set by the loader)
-  float kq_scale = 1.0f;     // attention score scale
+  RopeParams rope;        // mode, n_rot, base, YaRN (freq_factors set by the loader)
+  float kq_scale = 1.0f;  // attention score scale
 
   int64_t head_dim_qk_nope() const { return head_dim_qk_mla - n_rot; }
 };
@@ -99,8 +99,7 @@ struct LoadOptions {
 class Model {
  public:
   static Result<std::unique_ptr<Model>> load(const std::string& path, const LoadOptions& opts = {});
-  static Result<std::unique_ptr<Model>> from_file(std::unique_ptr<gguf::File> file,
-                                                  const LoadOptions& opts = {});
+  static Result<std::unique_ptr<Model>> from_file(std::unique_ptr<gguf::File> file, const LoadOptions& opts = {});
   ~Model();
 
   const HParams& hparams() const { return hp_; }
@@ -128,8 +127,7 @@ class ForwardObserver {
  public:
   virtual ~ForwardObserver() = default;
   // ids/weights [n_tokens][k] of MoE layer `layer`, in rank order.
-  virtual void on_routing(int layer, int64_t n_tokens, int k, const int32_t* ids,
-                          const float* weights) {}
+  virtual void on_routing(int layer, int64_t n_tokens, int k, const int32_t* ids, const float* weights) {}
   // Routing margin of each token of MoE layer `layer` (routing_margins in routing.h), called
   // right after on_routing. Computed only while an observer is attached.
   virtual void on_routing_margins(int layer, int64_t n_tokens, const float* margins) {}
@@ -138,8 +136,8 @@ class ForwardObserver {
 };
 
 struct ContextParams {
-  int n_threads = 0;    // <= 0: all cores
-  int64_t n_ctx = 0;    // cells per sequence; <= 0: the model's context_length
+  int n_threads = 0;  // <= 0: all cores
+  int64_t n_ctx = 0;  // cells per sequence; <= 0: the model's context_length
   // Expert executor; null: a LocalExecutor over the model's experts on this context's pool.
   std::shared_ptr<ExpertExecutor> executor;
 };
@@ -153,8 +151,7 @@ class Context {
 
   // Runs n tokens of sequence `seq` at the positions following its cached cells. When `logits`
   // is non-null it receives n rows of n_vocab logits (all_logits) or one row for the last token.
-  Status decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits,
-                bool all_logits = true);
+  Status decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits = true);
 
   // One token of a multi-sequence batch (continuous batching).
   struct BatchToken {

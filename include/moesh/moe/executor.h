@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "moesh/tensor/ops.h"
-#include "moesh/util/status.h"
 #include "moesh/tensor/tensor.h"
 #include "moesh/tensor/threadpool.h"
+#include "moesh/util/status.h"
 
 namespace moesh {
 
@@ -60,9 +60,8 @@ struct ExpertScratch {
 // token once and reuse it across experts). y has row stride ldy >= n_embd. Raw output: the caller
 // applies the mixing weight. `x_f32` (the same rows in f32) is used only when `up` needs a
 // different activation type than `gate`. pool may be null.
-void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, const float* x_f32,
-                const int32_t* rows, int64_t n_sel, float* y, size_t ldy, ExpertScratch* s,
-                ThreadPool* pool);
+void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, const float* x_f32, const int32_t* rows,
+                int64_t n_sel, float* y, size_t ldy, ExpertScratch* s, ThreadPool* pool);
 
 // One step of the rank-order weighted sum — THE arithmetic of the routed sum, shared by the
 // local executor, the remote executor's exact combine and the worker's partial sums, so they
@@ -96,8 +95,8 @@ struct RoutingPlan {
 
 // Fills `plan` (reusing its buffers) from ids/weights [n_tokens][k]. Rejects an id outside
 // [0, n_expert) or an expert used twice by one token.
-Status make_plan(int layer, const int32_t* ids, const float* weights, int64_t n_tokens, int k,
-                 int64_t n_expert, RoutingPlan* plan);
+Status make_plan(int layer, const int32_t* ids, const float* weights, int64_t n_tokens, int k, int64_t n_expert,
+                 RoutingPlan* plan);
 
 // Handle of one submitted MoE dispatch.
 using Ticket = uint64_t;

@@ -32,11 +32,14 @@ struct SubmittedJob {
 
 // A finished job of `jobs` (or a new one) made pending with the next ticket and these inputs.
 template <class Job>
-Job& start_job(std::vector<Job>& jobs, Ticket* next_ticket, int layer, const float* x,
-               int64_t n_tokens, const RoutingPlan& plan) {
+Job& start_job(std::vector<Job>& jobs, Ticket* next_ticket, int layer, const float* x, int64_t n_tokens,
+               const RoutingPlan& plan) {
   Job* job = nullptr;
   for (auto& j : jobs) {
-    if (!j.pending) { job = &j; break; }
+    if (!j.pending) {
+      job = &j;
+      break;
+    }
   }
   if (job == nullptr) job = &jobs.emplace_back();
   job->ticket = (*next_ticket)++;
@@ -68,8 +71,10 @@ void run_items(ThreadPool* pool, int64_t n, const F& fn) {
   auto body = [&fn](int64_t a, int64_t b, int) {
     for (int64_t i = a; i < b; ++i) fn(i);
   };
-  if (pool != nullptr) pool->parallel_for(n, body);
-  else body(0, n, 0);
+  if (pool != nullptr)
+    pool->parallel_for(n, body);
+  else
+    body(0, n, 0);
 }
 
 // One expert of a layer: its stacked tensors and its index in them.
@@ -93,8 +98,8 @@ struct ExpertGroupScratch {
 // Every output element is one vec_dot over a whole row, as in expert_ffn(), so the bits do not
 // depend on thread count, chunking or grouping. All refs must share one ExpertWeights shape and
 // tensor types (the experts of one layer).
-void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets,
-                       const int32_t* tok_of_pos, const QuantizedRows& xq,
-                       const QuantizedRows& xq_up, float* y, ExpertGroupScratch* s, ThreadPool* pool);
+void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets, const int32_t* tok_of_pos,
+                       const QuantizedRows& xq, const QuantizedRows& xq_up, float* y, ExpertGroupScratch* s,
+                       ThreadPool* pool);
 
 }  // namespace moesh

@@ -23,12 +23,12 @@ const char* gating_func_name(GatingFunc g);
 struct RouterConfig {
   GatingFunc gating = GatingFunc::kSoftmax;
   int n_expert = 0;
-  int k = 0;                          // experts per token
-  const float* sel_bias = nullptr;    // exp_probs_b [n_expert] or null
-  int n_group = 0;                    // <= 1: no group-limited routing
+  int k = 0;                        // experts per token
+  const float* sel_bias = nullptr;  // exp_probs_b [n_expert] or null
+  int n_group = 0;                  // <= 1: no group-limited routing
   int n_group_used = 0;
   bool norm_w = false;
-  float w_scale = 0.0f;               // 0 or 1: no scaling
+  float w_scale = 0.0f;  // 0 or 1: no scaling
 
   // n_expert divisible by n_group, k <= experts in kept groups, 1 <= k <= n_expert, ...
   Status validate() const;
@@ -39,8 +39,8 @@ constexpr float kMoeWeightSumFloor = 6.103515625e-5f;
 
 // Per-token routing for logits[n_tokens][n_expert] -> ids/weights [n_tokens][k] (rank order).
 // `scratch` is grown as needed (3 * n_expert floats). cfg must be valid.
-void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32_t* ids,
-           float* weights, std::vector<float>* scratch);
+void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32_t* ids, float* weights,
+           std::vector<float>* scratch);
 
 // Per-token routing margin: how far the router's decision is from flipping, in selection-score
 // units (reference README §5, the definition the llama.cpp reference sequences were chosen by):

@@ -39,7 +39,9 @@ namespace moesh::net {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
-inline Deadline deadline_in(std::chrono::milliseconds ms) { return Clock::now() + ms; }
+inline Deadline deadline_in(std::chrono::milliseconds ms) {
+  return Clock::now() + ms;
+}
 
 // ---- byte streams ----------------------------------------------------------------------------
 
@@ -79,8 +81,7 @@ class Connection {
   virtual std::string describe() const = 0;
 };
 
-std::unique_ptr<Connection> make_stream_connection(std::unique_ptr<ByteStream> stream,
-                                                   ConnectionOptions opts = {});
+std::unique_ptr<Connection> make_stream_connection(std::unique_ptr<ByteStream> stream, ConnectionOptions opts = {});
 
 // ---- in-process loopback ---------------------------------------------------------------------
 
@@ -88,8 +89,7 @@ std::unique_ptr<Connection> make_stream_connection(std::unique_ptr<ByteStream> s
 // which is the backpressure a socket has).
 std::pair<std::unique_ptr<ByteStream>, std::unique_ptr<ByteStream>> make_loopback_streams(
     size_t capacity_bytes = size_t{8} << 20);
-std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>> make_loopback_pair(
-    ConnectionOptions opts = {});
+std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>> make_loopback_pair(ConnectionOptions opts = {});
 
 // ---- TCP ---------------------------------------------------------------------------------------
 
@@ -113,16 +113,16 @@ struct TcpSocketInfo {
 };
 
 // Connects to host:port (numeric IPv4/IPv6 or a name) before the deadline.
-Result<std::unique_ptr<ByteStream>> tcp_connect(const std::string& host, uint16_t port,
-                                                const TcpOptions& opts, Deadline deadline);
+Result<std::unique_ptr<ByteStream>> tcp_connect(const std::string& host, uint16_t port, const TcpOptions& opts,
+                                                Deadline deadline);
 // kInvalidArgument if `stream` is not a TCP stream.
 Result<TcpSocketInfo> tcp_socket_info(const ByteStream& stream);
 
 class TcpListener {
  public:
   // port 0 picks a free port (see port()).
-  static Result<std::unique_ptr<TcpListener>> listen(const std::string& host, uint16_t port,
-                                                     const TcpOptions& opts, int backlog = 64);
+  static Result<std::unique_ptr<TcpListener>> listen(const std::string& host, uint16_t port, const TcpOptions& opts,
+                                                     int backlog = 64);
   ~TcpListener();
   TcpListener(const TcpListener&) = delete;
   TcpListener& operator=(const TcpListener&) = delete;
@@ -178,8 +178,7 @@ std::unique_ptr<ByteStream> wrap_with_faults(std::unique_ptr<ByteStream> inner, 
 // The HELLO exchange (PROTOCOL.md §3). The initiator (the side that connected) sends its HELLO
 // first; the acceptor answers with its own HELLO, or with ERROR if it cannot talk to the peer.
 // Either side that rejects the other sends ERROR before returning the error; the caller closes.
-Result<wire::Session> handshake(Connection& conn, const wire::Hello& local, bool initiator,
-                                Deadline deadline);
+Result<wire::Session> handshake(Connection& conn, const wire::Hello& local, bool initiator, Deadline deadline);
 
 // Best-effort ERROR frame (request_id 0 = the connection); failures to send are ignored because
 // the connection is usually being torn down anyway.
@@ -193,9 +192,9 @@ void send_error(Connection& conn, uint64_t request_id, wire::WireError code, con
 class CompletionQueue {
  public:
   struct Entry {
-    uint64_t tag = 0;         // what the request was started with (the fan-out: worker index)
+    uint64_t tag = 0;  // what the request was started with (the fan-out: worker index)
     uint64_t request_id = 0;
-    Clock::time_point at;     // when the reply (or the connection's failure) was filed
+    Clock::time_point at;  // when the reply (or the connection's failure) was filed
   };
   void push(uint64_t tag, uint64_t request_id);
   // The oldest entry; false if none arrived by the deadline.
@@ -266,7 +265,6 @@ class RequestMux {
 
 // Round trip of one PING through a mux (PONG must echo its timestamp). With padding it doubles
 // as the warm-up exchange that opens the congestion window after connect (docs/background/netstack.md).
-Result<std::chrono::nanoseconds> ping(RequestMux& mux, uint32_t pad_bytes, uint32_t reply_pad_bytes,
-                                      Deadline deadline);
+Result<std::chrono::nanoseconds> ping(RequestMux& mux, uint32_t pad_bytes, uint32_t reply_pad_bytes, Deadline deadline);
 
 }  // namespace moesh::net

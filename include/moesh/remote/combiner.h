@@ -18,8 +18,8 @@
 namespace moesh {
 
 // slot_rows[t*k + r] points at the raw output of slot (t, r), n_embd floats. out: [n_tokens][n_embd].
-void combine_exact(const RoutingPlan& plan, std::span<const float* const> slot_rows, int64_t n_embd,
-                   float* out, ThreadPool* pool);
+void combine_exact(const RoutingPlan& plan, std::span<const float* const> slot_rows, int64_t n_embd, float* out,
+                   ThreadPool* pool);
 
 // One worker's partial sums: rows[j] belongs to batch token tokens[j].
 struct PartialRows {
@@ -30,7 +30,6 @@ struct PartialRows {
 // workers: in worker order. Every token must be covered by at least one source. `seen` is
 // reusable scratch.
 void combine_partial(const RoutingPlan& plan, std::span<const int32_t> local_slots, const float* ylocal,
-                     std::span<const PartialRows> workers, int64_t n_embd, float* out,
-                     std::vector<uint8_t>* seen);
+                     std::span<const PartialRows> workers, int64_t n_embd, float* out, std::vector<uint8_t>* seen);
 
 }  // namespace moesh

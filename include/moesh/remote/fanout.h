@@ -40,15 +40,14 @@ class FanOut {
     uint64_t request_id = 0;
   };
   struct Reply {
-    size_t index = 0;                    // into the gathered list
+    size_t index = 0;  // into the gathered list
     Result<wire::Frame> frame = Status(StatusCode::kInternal, "no reply");
-    net::Clock::time_point arrived;      // when it was filed (or the deadline, for a timeout)
+    net::Clock::time_point arrived;  // when it was filed (or the deadline, for a timeout)
   };
   // Hands every request of `reqs` to on_reply exactly once: replies in the order they arrived,
   // then a kTimeout for each one still unanswered at the deadline (those are cancelled, so a late
   // reply is discarded).
-  void gather(std::span<const Outstanding> reqs, net::Deadline deadline,
-              const std::function<void(Reply&&)>& on_reply);
+  void gather(std::span<const Outstanding> reqs, net::Deadline deadline, const std::function<void(Reply&&)>& on_reply);
 
  private:
   void read_loop(size_t w);

@@ -21,8 +21,8 @@
 namespace moesh {
 
 // A connected frame transport to `addr`, made before the deadline.
-using Dialer = std::function<Result<std::unique_ptr<net::Connection>>(const WorkerAddress& addr,
-                                                                       net::Deadline deadline)>;
+using Dialer =
+    std::function<Result<std::unique_ptr<net::Connection>>(const WorkerAddress& addr, net::Deadline deadline)>;
 Dialer tcp_dialer(net::TcpOptions tcp);
 
 struct LinkOptions {

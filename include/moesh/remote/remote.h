@@ -50,12 +50,12 @@ struct RemoteOptions {
   // Dtype of the expert results returned (COMBINE). kQ8 stays 32-value blocks (smaller error).
   wire::WireDType return_wire = wire::WireDType::kF32;
   wire::CombineMode combine = wire::CombineMode::kExact;
-  std::chrono::milliseconds timeout{10000};          // per request (dispatch -> combine)
-  std::chrono::milliseconds connect_timeout{5000};   // connect + handshake + warm-up, per worker
-  net::TcpOptions tcp;                               // congestion control, buffers, NODELAY
-  uint32_t warmup_pad_bytes = 100 * 1024;            // warm-up PING padding each way
-  std::string name = "backbone";                     // announced in HELLO
-  Dialer dialer;                                     // empty: TCP with `tcp`
+  std::chrono::milliseconds timeout{10000};         // per request (dispatch -> combine)
+  std::chrono::milliseconds connect_timeout{5000};  // connect + handshake + warm-up, per worker
+  net::TcpOptions tcp;                              // congestion control, buffers, NODELAY
+  uint32_t warmup_pad_bytes = 100 * 1024;           // warm-up PING padding each way
+  std::string name = "backbone";                    // announced in HELLO
+  Dialer dialer;                                    // empty: TCP with `tcp`
   PlannerPolicy planner;
 
   // The link options these imply (dtypes and mode the workers must speak).
@@ -71,10 +71,10 @@ Result<wire::Hello> backbone_hello(const Model& model, const RemoteOptions& opts
 struct RemoteTraffic {
   uint64_t dispatch_frames = 0, dispatch_bytes = 0;
   uint64_t combine_frames = 0, combine_bytes = 0;
-  uint64_t layer_calls = 0;        // submit() calls that involved at least one worker
-  uint64_t token_layers = 0;       // Σ over those calls of n_tokens
-  uint64_t remote_pairs = 0;       // (token, expert) pairs sent to workers
-  uint64_t local_pairs = 0;        // pairs computed by the backbone
+  uint64_t layer_calls = 0;   // submit() calls that involved at least one worker
+  uint64_t token_layers = 0;  // Σ over those calls of n_tokens
+  uint64_t remote_pairs = 0;  // (token, expert) pairs sent to workers
+  uint64_t local_pairs = 0;   // pairs computed by the backbone
 };
 
 // Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be
@@ -83,9 +83,9 @@ struct WorkerTraffic {
   // Upper bounds (seconds) of the DISPATCH -> COMBINE latency histogram buckets.
   static constexpr std::array<double, 12> kLatencyBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                             0.05,   0.1,   0.25,   0.5,   1.0,  5.0};
-  std::string label;               // "host:port (name)"
-  uint64_t requests = 0;           // DISPATCH frames sent
-  uint64_t errors = 0;             // requests that failed (send error, timeout, bad COMBINE)
+  std::string label;      // "host:port (name)"
+  uint64_t requests = 0;  // DISPATCH frames sent
+  uint64_t errors = 0;    // requests that failed (send error, timeout, bad COMBINE)
   uint64_t bytes_sent = 0, bytes_received = 0;
   // latency_counts[i]: requests with latency <= kLatencyBounds[i] and above the previous bound;
   // the last entry counts those above every bound (not cumulative).
@@ -102,8 +102,7 @@ class RemoteExecutor final : public ExpertExecutor {
   // placement over `model`'s layers. `model` must outlive the executor. The backbone's own
   // expert weights (model.expert_weights()) serve experts no worker holds (or, with
   // PlannerPolicy::prefer_local, every expert it has).
-  static Result<std::unique_ptr<RemoteExecutor>> connect(const Model& model,
-                                                         const std::vector<WorkerAddress>& workers,
+  static Result<std::unique_ptr<RemoteExecutor>> connect(const Model& model, const std::vector<WorkerAddress>& workers,
                                                          const RemoteOptions& opts);
   ~RemoteExecutor() override;
 

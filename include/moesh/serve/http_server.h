@@ -19,32 +19,32 @@
 #include <memory>
 #include <string>
 
-#include "moesh/text/chat.h"
 #include "moesh/model/model.h"
 #include "moesh/remote/remote.h"
 #include "moesh/serve/scheduler.h"
-#include "moesh/util/status.h"
+#include "moesh/text/chat.h"
 #include "moesh/text/tokenizer.h"
+#include "moesh/util/status.h"
 
 namespace moesh::serve {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                  // 0: any free port (see HttpServer::port())
-  std::string model_name = "moesh"; // reported by /v1/models and in every response
-  std::string api_key;              // non-empty: /v1/* need "Authorization: Bearer <key>"
-  size_t max_body_bytes = 4u << 20; // larger bodies get 413
-  int http_threads = 0;             // <= 0: max(64, 4 * slots + 16)
-  int io_timeout_s = 30;            // socket read/write timeout of a connection
+  int port = 8080;                   // 0: any free port (see HttpServer::port())
+  std::string model_name = "moesh";  // reported by /v1/models and in every response
+  std::string api_key;               // non-empty: /v1/* need "Authorization: Bearer <key>"
+  size_t max_body_bytes = 4u << 20;  // larger bodies get 413
+  int http_threads = 0;              // <= 0: max(64, 4 * slots + 16)
+  int io_timeout_s = 30;             // socket read/write timeout of a connection
 };
 
 // What the gateway serves. Everything must outlive the HttpServer.
 struct ServeTarget {
   Scheduler* scheduler = nullptr;
   const Model* model = nullptr;
-  const Tokenizer* tokenizer = nullptr;          // null: token-id prompts only, no text out
-  const ChatTemplate* chat_template = nullptr;   // null: /v1/chat/completions answers 400
-  const RemoteExecutor* remote = nullptr;        // null: no per-worker metrics
+  const Tokenizer* tokenizer = nullptr;         // null: token-id prompts only, no text out
+  const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
+  const RemoteExecutor* remote = nullptr;       // null: no per-worker metrics
 };
 
 class HttpServer {

@@ -39,20 +39,20 @@
 #include <string>
 #include <vector>
 
-#include "moesh/moe/executor.h"
 #include "moesh/model/model.h"
 #include "moesh/model/sampling.h"
-#include "moesh/util/status.h"
+#include "moesh/moe/executor.h"
 #include "moesh/text/tokenizer.h"
+#include "moesh/util/status.h"
 
 namespace moesh {
 
 struct GenerationRequest {
-  std::vector<int32_t> prompt;       // token ids, BOS/template already applied; non-empty
-  int32_t max_tokens = 16;           // generated tokens at most (>= 1)
+  std::vector<int32_t> prompt;  // token ids, BOS/template already applied; non-empty
+  int32_t max_tokens = 16;      // generated tokens at most (>= 1)
   SamplingParams sampling;
-  std::vector<std::string> stop;     // stop strings (not included in the output)
-  bool ignore_eos = false;           // keep going past end-of-generation tokens
+  std::vector<std::string> stop;  // stop strings (not included in the output)
+  bool ignore_eos = false;        // keep going past end-of-generation tokens
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -66,37 +66,37 @@ struct Usage {
 
 struct GenerationEvent {
   uint64_t request_id = 0;
-  std::string text;               // new text since the last event (may be empty)
-  std::vector<int32_t> tokens;    // tokens generated since the last event
+  std::string text;             // new text since the last event (may be empty)
+  std::vector<int32_t> tokens;  // tokens generated since the last event
   bool done = false;
   FinishReason finish = FinishReason::kNone;
-  Status error;                   // set when finish == kError
-  Usage usage;                    // running counts; final when done
+  Status error;  // set when finish == kError
+  Usage usage;   // running counts; final when done
 };
 
 // Called on the scheduler thread; return false to cancel (the client went away).
 using EventSink = std::function<bool(const GenerationEvent&)>;
 
 struct SchedulerOptions {
-  int n_slots = 4;                 // --parallel: sequences decoded together
-  int64_t n_ctx = 0;               // cells per slot; <= 0: the model's context length
-  int n_threads = 0;               // Context thread pool; <= 0: all cores
+  int n_slots = 4;                           // --parallel: sequences decoded together
+  int64_t n_ctx = 0;                         // cells per slot; <= 0: the model's context length
+  int n_threads = 0;                         // Context thread pool; <= 0: all cores
   std::shared_ptr<ExpertExecutor> executor;  // null: local experts
-  int64_t max_batch_tokens = 256;  // tokens per forward pass (decode tokens first, then prefill);
-                                   // must be >= n_slots so every stream fits in each step
-  int max_queue = 256;             // waiting requests beyond this are refused (kUnavailable)
+  int64_t max_batch_tokens = 256;            // tokens per forward pass (decode tokens first, then prefill);
+                                             // must be >= n_slots so every stream fits in each step
+  int max_queue = 256;                       // waiting requests beyond this are refused (kUnavailable)
 };
 
 // Counters since create(). requests_submitted counts accepted requests; each one ends as exactly
 // one of finished (stop / length), cancelled or failed. requests_rejected counts submit() errors.
 struct SchedulerStats {
-  uint64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0,
-           requests_failed = 0, requests_rejected = 0;
+  uint64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0, requests_failed = 0,
+           requests_rejected = 0;
   uint64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
-  uint64_t steps = 0, batch_tokens = 0;   // forward passes and the tokens they carried
-  uint64_t max_batch_seen = 0;            // largest number of sequences in one step
+  uint64_t steps = 0, batch_tokens = 0;  // forward passes and the tokens they carried
+  uint64_t max_batch_seen = 0;           // largest number of sequences in one step
   int active = 0, queued = 0, n_slots = 0;
-  double busy_seconds = 0;                // time spent inside decode_batch
+  double busy_seconds = 0;  // time spent inside decode_batch
 };
 
 class Scheduler {

@@ -27,9 +27,9 @@
 #include <string_view>
 #include <vector>
 
+#include "moesh/gguf/gguf.h"
 #include "moesh/moe/executor.h"
 #include "moesh/net/transport.h"
-#include "moesh/gguf/gguf.h"
 #include "moesh/util/status.h"
 #include "moesh/wire/wire.h"
 
@@ -82,8 +82,7 @@ ExpertSet canonicalize(std::vector<wire::ExpertRange> ranges);
 // (garbage, reversed range "5-3", layer/expert out of range, dense layer, empty spec).
 Result<ExpertSet> parse_expert_spec(std::string_view spec, const ModelShape& shape);
 // Checks a range list received in a HELLO against the shape and canonicalizes it.
-Result<ExpertSet> expert_set_from_ranges(const std::vector<wire::ExpertRange>& ranges,
-                                         const ModelShape& shape);
+Result<ExpertSet> expert_set_from_ranges(const std::vector<wire::ExpertRange>& ranges, const ModelShape& shape);
 
 // ---- model identity ----------------------------------------------------------------------------
 
@@ -110,8 +109,8 @@ inline constexpr uint32_t kAllModes = (1u << static_cast<int>(wire::CombineMode:
 // The HELLO a process sends: model_id_bytes = 16 with the identity bytes, n_layer/n_expert/
 // n_embd from the shape, dtypes = kAllDTypes, modes = kAllModes, the held experts' ranges (empty
 // for a backbone), the name.
-wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape,
-                       const ExpertSet& held, std::string name);
+wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape, const ExpertSet& held,
+                       std::string name);
 
 // ---- held expert slabs ---------------------------------------------------------------------
 
@@ -124,8 +123,7 @@ class ExpertStore {
   // `held` empty: everything the file holds (a slice's experts; all experts of a full model).
   // Otherwise every held pair must be in the file (kNotFound naming it). A slice's slab hashes
   // are verified for the held slabs (kCorrupt naming the tensor and expert on mismatch).
-  static Result<std::unique_ptr<ExpertStore>> open(std::unique_ptr<gguf::File> file,
-                                                   const ExpertSet& held);
+  static Result<std::unique_ptr<ExpertStore>> open(std::unique_ptr<gguf::File> file, const ExpertSet& held);
   ~ExpertStore();
 
   struct Slot {
@@ -149,8 +147,8 @@ class ExpertStore {
   ExpertStore() = default;
   struct Block {  // a run of held experts of one layer inside one stacked (or range) tensor
     uint32_t layer = 0, first = 0, count = 0;  // global expert ids [first, first + count)
-    int64_t index_base = 0;                   // index in `w` of expert `first`
-    size_t w_index = 0;                       // into weights_
+    int64_t index_base = 0;                    // index in `w` of expert `first`
+    size_t w_index = 0;                        // into weights_
   };
   std::unique_ptr<gguf::File> file_;
   ModelShape shape_;

@@ -24,8 +24,8 @@ using ToFloatFn = void (*)(const void* x, float* y, int64_t n);
 // Tile: out[c*ldo + r] = dot(w_row[r], x_row[c]) for r < nr, c < nc, rows given by base + stride.
 // Must equal nr*nc calls of VecDotFn bit for bit (same per-element order); it exists so GEMM
 // can reuse loaded activations/weights. May be null (the caller loops over vec_dot).
-using VecDotTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int nr, const void* x,
-                              size_t x_stride, int nc, float* out, size_t ldo);
+using VecDotTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride, int nc,
+                              float* out, size_t ldo);
 
 struct TypeKernels {
   VecDotFn vec_dot = nullptr;

@@ -57,21 +57,85 @@ constexpr int kQK = 32;    // legacy block
 constexpr int kQKK = 256;  // K-quant super-block
 
 #pragma pack(push, 1)
-struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };
-struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[16]; };
-struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };
-struct BlockQ5_1 { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[16]; };
-struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };
-struct BlockQ8_1 { uint16_t d; uint16_t s; int8_t qs[32]; };
-struct BlockIQ4_NL { uint16_t d; uint8_t qs[16]; };
-struct BlockMXFP4 { uint8_t e; uint8_t qs[16]; };
-struct BlockQ2_K { uint8_t scales[16]; uint8_t qs[64]; uint16_t d; uint16_t dmin; };
-struct BlockQ3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; };
-struct BlockQ4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[128]; };
-struct BlockQ5_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
-struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
-struct BlockQ8_K { float d; int8_t qs[256]; int16_t bsums[16]; };
-struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+struct BlockQ8_1 {
+  uint16_t d;
+  uint16_t s;
+  int8_t qs[32];
+};
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct BlockMXFP4 {
+  uint8_t e;
+  uint8_t qs[16];
+};
+struct BlockQ2_K {
+  uint8_t scales[16];
+  uint8_t qs[64];
+  uint16_t d;
+  uint16_t dmin;
+};
+struct BlockQ3_K {
+  uint8_t hmask[32];
+  uint8_t qs[64];
+  uint8_t scales[12];
+  uint16_t d;
+};
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qs[128];
+};
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+struct BlockQ6_K {
+  uint8_t ql[128];
+  uint8_t qh[64];
+  int8_t scales[16];
+  uint16_t d;
+};
+struct BlockQ8_K {
+  float d;
+  int8_t qs[256];
+  int16_t bsums[16];
+};
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[4];
+  uint8_t qs[128];
+};
 #pragma pack(pop)
 
 static_assert(sizeof(BlockQ4_0) == 18);

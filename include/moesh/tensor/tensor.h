@@ -39,7 +39,11 @@ struct TensorView {
 };
 
 // Byte offset of expert e's slab inside a stacked tensor, and the bytes of one slab.
-inline size_t expert_slab_offset(const TensorView& t, int64_t e) { return static_cast<size_t>(e) * t.nb[2]; }
-inline size_t expert_slab_bytes(const TensorView& t) { return t.nb[2]; }
+inline size_t expert_slab_offset(const TensorView& t, int64_t e) {
+  return static_cast<size_t>(e) * t.nb[2];
+}
+inline size_t expert_slab_bytes(const TensorView& t) {
+  return t.nb[2];
+}
 
 }  // namespace moesh

@@ -27,8 +27,7 @@ class ThreadPool {
   // fn(begin, end, thread_index) over chunks of [0, n); blocks until all chunks are done.
   // Chunks are at least `grain` long (so tiny loops stay on one thread). Not reentrant:
   // calling parallel_for from inside fn runs the inner loop serially on the caller.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
-                    int64_t grain = 1);
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain = 1);
 
  private:
   void worker_loop(int index);

@@ -40,21 +40,31 @@ enum class GgmlType : uint32_t {
 };
 
 struct TypeTraits {
-  const char* name;       // "Q4_K"
-  int64_t block_size;     // elements per block (1 for plain types)
-  size_t block_bytes;     // bytes per block
+  const char* name;    // "Q4_K"
+  int64_t block_size;  // elements per block (1 for plain types)
+  size_t block_bytes;  // bytes per block
   bool is_quantized;
-  bool is_known;          // a valid ggml id with known geometry
+  bool is_known;  // a valid ggml id with known geometry
 };
 
 // Traits for any u32 id read from a file; unknown ids give is_known == false.
 const TypeTraits& type_traits(uint32_t id);
-inline const TypeTraits& type_traits(GgmlType t) { return type_traits(static_cast<uint32_t>(t)); }
+inline const TypeTraits& type_traits(GgmlType t) {
+  return type_traits(static_cast<uint32_t>(t));
+}
 
-inline const char* type_name(GgmlType t) { return type_traits(t).name; }
-inline int64_t type_block_size(GgmlType t) { return type_traits(t).block_size; }
-inline size_t type_block_bytes(GgmlType t) { return type_traits(t).block_bytes; }
-inline bool type_is_known(uint32_t id) { return type_traits(id).is_known; }
+inline const char* type_name(GgmlType t) {
+  return type_traits(t).name;
+}
+inline int64_t type_block_size(GgmlType t) {
+  return type_traits(t).block_size;
+}
+inline size_t type_block_bytes(GgmlType t) {
+  return type_traits(t).block_bytes;
+}
+inline bool type_is_known(uint32_t id) {
+  return type_traits(id).is_known;
+}
 
 // Bytes of one row of n elements (n must be a multiple of the block size).
 inline size_t type_row_bytes(GgmlType t, int64_t n) {

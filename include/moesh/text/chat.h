@@ -62,7 +62,7 @@ struct ChatTemplateOptions {
 ChatTemplateOptions detect_chat_options(ChatFormat f, std::string_view jinja_source);
 
 struct ChatMessage {
-  std::string role;     // "system" | "user" | "assistant" (| "developer" for harmony)
+  std::string role;  // "system" | "user" | "assistant" (| "developer" for harmony)
   std::string content;
 };
 
@@ -91,8 +91,7 @@ class ChatTemplate {
   // The prompt text. add_generation_prompt appends the assistant turn header so the model
   // answers next. Errors (kInvalidArgument): an unknown role, an empty message list, or an
   // ordering the template itself rejects (e.g. mistral requires user/assistant alternation).
-  Result<std::string> render(const std::vector<ChatMessage>& messages,
-                             bool add_generation_prompt = true) const;
+  Result<std::string> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
   // The same prompt as render() (the concatenated texts are render()'s output byte for byte;
   // render() is built on this), split into maximal runs of template text and message content.
   // Segments are never empty and neighbours always differ in is_content.
@@ -123,7 +122,6 @@ class ChatTemplate {
 // when the vocabulary asks for it and the template does not render its own; EOS is never
 // appended (the model is to continue the prompt).
 Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
-                                           const std::vector<ChatMessage>& messages,
-                                           bool add_generation_prompt = true);
+                                           const std::vector<ChatMessage>& messages, bool add_generation_prompt = true);
 
 }  // namespace moesh

@@ -17,16 +17,16 @@ namespace moesh {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument,   // caller passed something unusable (bad CLI value, bad shape)
-  kCorrupt,           // a file or frame violates its format
-  kNotFound,          // missing key, tensor, file
-  kTypeMismatch,      // a value exists but has another type
-  kUnsupported,       // valid input we do not handle (yet)
-  kIoError,           // OS-level failure (open, mmap, read, socket)
-  kOutOfRange,        // index/count past a limit
-  kTimeout,           // a network wait ran past its deadline
-  kUnavailable,       // a peer is unreachable or went away
-  kInternal,          // a bug: an invariant did not hold
+  kInvalidArgument,  // caller passed something unusable (bad CLI value, bad shape)
+  kCorrupt,          // a file or frame violates its format
+  kNotFound,         // missing key, tensor, file
+  kTypeMismatch,     // a value exists but has another type
+  kUnsupported,      // valid input we do not handle (yet)
+  kIoError,          // OS-level failure (open, mmap, read, socket)
+  kOutOfRange,       // index/count past a limit
+  kTimeout,          // a network wait ran past its deadline
+  kUnavailable,      // a peer is unreachable or went away
+  kInternal,         // a bug: an invariant did not hold
   kCOUNT
 };
 
@@ -91,16 +91,15 @@ class [[nodiscard]] Result {
 }  // namespace moesh
 
 // Early-return helpers for Status / Result plumbing.
-#define MOESH_RETURN_IF_ERROR(expr)        \
-  do {                                     \
-    ::moesh::Status _st = (expr);          \
-    if (!_st.is_ok()) return _st;          \
+#define MOESH_RETURN_IF_ERROR(expr) \
+  do {                              \
+    ::moesh::Status _st = (expr);   \
+    if (!_st.is_ok()) return _st;   \
   } while (0)
 
 #define MOESH_CONCAT_INNER(a, b) a##b
 #define MOESH_CONCAT(a, b) MOESH_CONCAT_INNER(a, b)
-#define MOESH_ASSIGN_OR_RETURN(lhs, expr)                         \
-  auto MOESH_CONCAT(_res_, __LINE__) = (expr);                    \
-  if (!MOESH_CONCAT(_res_, __LINE__).is_ok())                     \
-    return MOESH_CONCAT(_res_, __LINE__).status();                \
+#define MOESH_ASSIGN_OR_RETURN(lhs, expr)                                                    \
+  auto MOESH_CONCAT(_res_, __LINE__) = (expr);                                               \
+  if (!MOESH_CONCAT(_res_, __LINE__).is_ok()) return MOESH_CONCAT(_res_, __LINE__).status(); \
   lhs = std::move(MOESH_CONCAT(_res_, __LINE__)).value()

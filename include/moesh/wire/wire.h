@@ -25,16 +25,16 @@ namespace moesh::wire {
 
 // ---- constants -------------------------------------------------------------------------------
 
-constexpr uint32_t kMagic = 0x48534F4Du;        // bytes "MOSH" on the wire (little-endian u32)
-constexpr uint16_t kVersion = 2;                 // the only protocol version this build speaks
-                                                 // (v2 = v1 + Q8K + the HELLO activation table)
-constexpr size_t kHeaderBytes = 32;              // frozen across all versions
+constexpr uint32_t kMagic = 0x48534F4Du;               // bytes "MOSH" on the wire (little-endian u32)
+constexpr uint16_t kVersion = 2;                       // the only protocol version this build speaks
+                                                       // (v2 = v1 + Q8K + the HELLO activation table)
+constexpr size_t kHeaderBytes = 32;                    // frozen across all versions
 constexpr uint32_t kDefaultMaxFrameBytes = 64u << 20;  // payload limit unless configured
-constexpr uint32_t kQ8BlockSize = 32;            // elements per Q8 block
-constexpr size_t kQ8BlockBytes = 34;             // f16 scale + 32 int8 (== ggml block_q8_0)
-constexpr uint32_t kQ8KBlockSize = 256;          // elements per Q8K block
-constexpr size_t kQ8KBlockBytes = 260;           // f32 scale + 256 int8 (ggml block_q8_K minus bsums)
-constexpr uint32_t kMaxTextBytes = 1024;         // ERROR / GOODBYE text, worker name (<= 255)
+constexpr uint32_t kQ8BlockSize = 32;                  // elements per Q8 block
+constexpr size_t kQ8BlockBytes = 34;                   // f16 scale + 32 int8 (== ggml block_q8_0)
+constexpr uint32_t kQ8KBlockSize = 256;                // elements per Q8K block
+constexpr size_t kQ8KBlockBytes = 260;                 // f32 scale + 256 int8 (ggml block_q8_K minus bsums)
+constexpr uint32_t kMaxTextBytes = 1024;               // ERROR / GOODBYE text, worker name (<= 255)
 constexpr uint32_t kMaxNameBytes = 255;
 constexpr uint32_t kMaxPairsPerToken = 255;      // per-token pair count is a u8
 constexpr uint32_t kMaxExpertRanges = 4096;      // HELLO expert-range list
@@ -128,11 +128,10 @@ struct Frame {
 // kCorrupt for damage, kUnsupported for a version we do not speak, kOutOfRange for length.
 Result<FrameHeader> parse_header(std::span<const uint8_t> bytes, uint32_t max_payload_bytes);
 // Checks the checksum of a parsed header against its payload (kCorrupt on mismatch).
-Status verify_checksum(std::span<const uint8_t> header_bytes, std::span<const uint8_t> payload,
-                       uint64_t expected);
+Status verify_checksum(std::span<const uint8_t> header_bytes, std::span<const uint8_t> payload, uint64_t expected);
 // Builds a complete frame (header + payload) with the checksum filled in.
-std::vector<uint8_t> build_frame(MsgType type, uint64_t request_id,
-                                 std::span<const uint8_t> payload, uint16_t version = kVersion);
+std::vector<uint8_t> build_frame(MsgType type, uint64_t request_id, std::span<const uint8_t> payload,
+                                 uint16_t version = kVersion);
 // Parses a complete frame held in memory (header, exact length, checksum). Used by tests and by
 // transports that receive whole messages.
 Result<Frame> parse_frame(std::span<const uint8_t> bytes, uint32_t max_payload_bytes);
@@ -180,9 +179,9 @@ void q8k_row_to_blocks(const uint8_t* src, uint32_t n, void* dst);
 struct DecodeLimits {
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;  // payload limit
   uint32_t max_n_embd = 1u << 16;
-  uint32_t n_expert = 0;           // expert ids must be < n_expert (0: only the u16 range)
-  uint32_t n_layer = 0;            // layers must be < n_layer (0: unchecked)
-  bool allow_non_finite = false;   // reject inf/NaN in rows and weights (see PROTOCOL.md)
+  uint32_t n_expert = 0;          // expert ids must be < n_expert (0: only the u16 range)
+  uint32_t n_layer = 0;           // layers must be < n_layer (0: unchecked)
+  bool allow_non_finite = false;  // reject inf/NaN in rows and weights (see PROTOCOL.md)
 };
 
 enum class PeerRole : uint8_t { kBackbone = 1, kWorker = 2, kCOUNT };
@@ -205,16 +204,16 @@ struct Hello {
   uint16_t min_version = kVersion;
   uint16_t max_version = kVersion;
   PeerRole role = PeerRole::kBackbone;
-  uint8_t model_id_bytes = 32;              // 16 or 32
-  std::array<uint8_t, 32> model_id{};       // hash of GGUF metadata + tensor table
-  uint32_t n_layer = 0;                     // model shape, so ids can be range-checked
+  uint8_t model_id_bytes = 32;         // 16 or 32
+  std::array<uint8_t, 32> model_id{};  // hash of GGUF metadata + tensor table
+  uint32_t n_layer = 0;                // model shape, so ids can be range-checked
   uint32_t n_expert = 0;
   uint32_t n_embd = 0;
-  uint32_t dtypes = 0;                      // bit (1 << WireDType) per dtype accepted/sent
-  uint32_t modes = 0;                       // bit (1 << CombineMode) per mode supported
+  uint32_t dtypes = 0;                               // bit (1 << WireDType) per dtype accepted/sent
+  uint32_t modes = 0;                                // bit (1 << CombineMode) per mode supported
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;  // what this side accepts
-  std::vector<ExpertRange> experts;         // held (workers); empty for a backbone
-  std::string name;                         // human-readable, <= 255 bytes
+  std::vector<ExpertRange> experts;                  // held (workers); empty for a backbone
+  std::string name;                                  // human-readable, <= 255 bytes
   // Since v2. Per model layer (empty, or n_layer entries): the wire dtype whose blocks are exactly
   // what this worker's gate dot products of that layer consume — kQ8 (Q8_0 activations), kQ8K
   // (Q8_K activations) — or kNoActDType. Lets a backbone without expert weights pick the
@@ -244,14 +243,14 @@ struct ExpertPair {
 // DISPATCH: the tokens of one layer routed to this worker. Token t's pairs are
 // pairs[begin_t .. begin_t + pair_counts[t]), with strictly increasing rank within a token.
 struct DispatchMsg {
-  uint64_t request_id = 0;       // != 0
+  uint64_t request_id = 0;  // != 0
   uint32_t layer = 0;
-  uint32_t deadline_ms = 0;      // compute budget from receipt; 0 = none
+  uint32_t deadline_ms = 0;  // compute budget from receipt; 0 = none
   CombineMode mode = CombineMode::kExact;
   WireDType return_dtype = WireDType::kF32;
   std::vector<uint8_t> pair_counts;  // n_tokens entries, each 1..255
   std::vector<ExpertPair> pairs;
-  WireRows hidden;               // n_tokens x n_embd
+  WireRows hidden;  // n_tokens x n_embd
 
   uint32_t n_tokens() const { return hidden.n_rows; }
   uint32_t n_embd() const { return hidden.n_cols; }
@@ -265,8 +264,8 @@ struct CombineMsg {
   uint32_t layer = 0;
   uint32_t n_tokens = 0;
   CombineMode mode = CombineMode::kExact;
-  uint32_t compute_us = 0;       // worker's compute time (scheduling statistics only)
-  WireRows rows;                 // exact: one row per pair; partial: one row per token
+  uint32_t compute_us = 0;  // worker's compute time (scheduling statistics only)
+  WireRows rows;            // exact: one row per pair; partial: one row per token
 };
 
 struct PingMsg {
@@ -277,22 +276,22 @@ struct PingMsg {
 };
 
 struct PongMsg {
-  uint64_t request_id = 0;       // the PING's
-  uint64_t ping_time_ns = 0;     // echoed PING send_time_ns
-  uint64_t reply_time_ns = 0;    // responder's clock
+  uint64_t request_id = 0;     // the PING's
+  uint64_t ping_time_ns = 0;   // echoed PING send_time_ns
+  uint64_t reply_time_ns = 0;  // responder's clock
   uint32_t pad_bytes = 0;
 };
 
 struct GoodbyeMsg {
-  uint16_t reason = 0;           // a WireError code, or 0 for a normal close
+  uint16_t reason = 0;  // a WireError code, or 0 for a normal close
   std::string text;
 };
 
 struct ErrorMsg {
-  uint64_t request_id = 0;       // 0: the connection as a whole
+  uint64_t request_id = 0;  // 0: the connection as a whole
   uint16_t code = static_cast<uint16_t>(WireError::kInternal);
   std::string text;
-  Status to_status() const;      // maps the code, keeps the text
+  Status to_status() const;  // maps the code, keeps the text
 };
 
 // Encoders validate the message (kInvalidArgument naming the field) and return the full frame.
