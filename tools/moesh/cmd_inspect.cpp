@@ -224,16 +224,33 @@ void print_text(const File& f, bool all_kv) {
     fmt::print("\nexperts ({} MoE layers)\n", s.layers.size());
     fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", "layer", "tensor", tw, "type", "n_expert",
                "bytes/expert", "total");
-    for (const auto& [layer, rows] : s.layers) {
+    // Consecutive layers whose expert tensors agree in every column share one block ("0-47"),
+    // so a 48-layer model prints a few lines, not 192.
+    auto same = [](const std::vector<ExpertRow>& a, const std::vector<ExpertRow>& b) {
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i].tensor != b[i].tensor || a[i].type != b[i].type || a[i].n_expert != b[i].n_expert ||
+            a[i].slab_bytes != b[i].slab_bytes || a[i].total_bytes != b[i].total_bytes)
+          return false;
+      }
+      return true;
+    };
+    for (auto it = s.layers.begin(); it != s.layers.end();) {
+      auto last = it;
+      for (auto next = std::next(it);
+           next != s.layers.end() && next->first == last->first + 1 && same(next->second, it->second); ++next)
+        last = next;
+      const std::string label = last == it ? std::to_string(it->first) : fmt::format("{}-{}", it->first, last->first);
       uint64_t layer_total = 0, layer_slab = 0;
-      for (const auto& r : rows) {
-        fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", layer, r.tensor, tw, r.type, r.n_expert,
+      for (const auto& r : it->second) {
+        fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", label, r.tensor, tw, r.type, r.n_expert,
                    r.slab_bytes, r.total_bytes);
         layer_total += r.total_bytes;
         layer_slab += r.slab_bytes;
       }
-      fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", layer, "(layer total)", tw, "", "", layer_slab,
+      fmt::print("  {:>5}  {:<{}}  {:<6}  {:>8}  {:>12}  {:>12}\n", label, "(layer total)", tw, "", "", layer_slab,
                  layer_total);
+      it = std::next(last);
     }
   }
   const double pct = total ? 100.0 * static_cast<double>(s.expert_bytes) / static_cast<double>(total) : 0.0;
