@@ -14,6 +14,7 @@
 #include <random>
 
 #include "dist/dist_util.h"
+#include "moesh/model/speculative.h"
 #include "moesh/net/transport.h"
 #include "moesh/remote/fanout.h"
 #include "moesh/remote/remote.h"
@@ -203,6 +204,76 @@ TEST(RemoteLoopback, RepliesAreTakenInArrivalOrder) {
   });
   ASSERT_EQ(order, (std::vector<size_t>{1, 0})) << "replies were not handed over in arrival order";
   EXPECT_LE(at[0], at[1]);
+}
+
+// Proposes the known continuation (every draft kept) or a shifted one (every draft rejected).
+class KnownDraft final : public DraftSource {
+ public:
+  KnownDraft(std::vector<int32_t> truth, size_t prompt_len, int shift)
+      : truth_(std::move(truth)), prompt_len_(prompt_len), shift_(shift) {}
+  void propose(std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
+    out->clear();
+    for (size_t i = h.size() - prompt_len_; i < truth_.size() && static_cast<int>(out->size()) < max_tokens; ++i) {
+      const int32_t t = truth_[i];
+      out->push_back(shift_ == 0 ? t : (t == 0 ? 1 : t - 1));  // a valid id that is not the truth
+    }
+  }
+  std::string name() const override { return "known"; }
+
+ private:
+  std::vector<int32_t> truth_;
+  size_t prompt_len_;
+  int shift_;
+};
+
+TEST(RemoteLoopback, SpeculativeDecodingThroughWorkersIsPlainLocalWithFewerTrips) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(halves(&s));
+  const auto prompt = tokens_of(*s.model);
+  constexpr int kN = 24;
+  const int64_t V = s.model->hparams().n_vocab;
+  int n_moe = 0;
+  for (const auto& l : s.model->layers) n_moe += l.is_moe;
+  // Plain greedy, all local.
+  std::vector<int32_t> want;
+  {
+    Context ctx(*s.model, ContextParams{1, 128, nullptr});
+    std::vector<float> lg(static_cast<size_t>(V));
+    ASSERT_TRUE(ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), lg.data(), false).is_ok());
+    while (static_cast<int>(want.size()) < kN) {
+      const int32_t t = argmax(lg.data(), V);
+      want.push_back(t);
+      ASSERT_TRUE(ctx.decode(0, &t, 1, lg.data(), false).is_ok());
+    }
+  }
+  for (const int shift : {0, 1}) {
+    SCOPED_TRACE(shift == 0 ? "drafts always right" : "drafts always wrong");
+    auto exec = s.connect();
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    Context ctx(*s.model, ContextParams{1, 128, *exec});
+    Sampler sampler(SamplingParams{});
+    KnownDraft draft(want, prompt.size(), shift);
+    SpeculativeDecoder dec(&ctx, 0, &sampler, &draft, SpeculativeParams{8, /*adaptive=*/false});
+    int32_t first = -1;
+    ASSERT_TRUE(dec.start(prompt, &first).is_ok());
+    (*exec)->reset_traffic();  // count the generation's trips only
+    std::vector<int32_t> got = {first}, step;
+    while (static_cast<int>(got.size()) < kN) {
+      Status st = dec.step(kN - static_cast<int>(got.size()), &step);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      got.insert(got.end(), step.begin(), step.end());
+    }
+    EXPECT_EQ(got, want);
+    // One executor call (a star round trip to the workers) per MoE layer per forward pass.
+    const RemoteTraffic t = (*exec)->traffic();
+    EXPECT_EQ(t.layer_calls, static_cast<uint64_t>(dec.stats().steps * n_moe));
+    if (shift == 0) {
+      EXPECT_LT(dec.stats().steps * 3, kN - 1) << "right drafts should need far fewer passes";
+    } else {
+      EXPECT_EQ(dec.stats().accepted, 0);
+      EXPECT_EQ(dec.stats().steps, kN - 1);
+    }
+  }
 }
 
 }  // namespace

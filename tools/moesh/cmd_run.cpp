@@ -11,6 +11,7 @@
 #include "command.h"
 #include "model_cli.h"
 #include "moesh/model/sampling.h"
+#include "moesh/model/speculative.h"
 #include "moesh/text/chat.h"
 #include "moesh/text/stop_matcher.h"
 #include "moesh/text/tokenizer.h"
@@ -35,6 +36,8 @@ struct RunArgs {
   float frequency_penalty = 0.0f;
   uint64_t seed = 0;
   bool json = false;
+  std::string draft;  // "" = no drafting; "ngram"
+  int draft_max = 16;
   SwarmArgs swarm;
 };
 
@@ -135,14 +138,25 @@ int run_run(const RunArgs& a) {
   cp.executor = remote;
   Context ctx(*model, cp);
   Sampler sampler(sp);
-  std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
+  std::unique_ptr<DraftSource> draft;
+  if (!a.draft.empty()) {
+    auto d = make_draft_source(a.draft);
+    if (!d) {
+      std::fprintf(stderr, "moesh run: error: --draft: %s\n", d.status().message().c_str());
+      return 2;
+    }
+    draft = std::move(*d);
+  }
+  // One loop for plain and speculative decoding: without a draft source every step feeds one
+  // token; with one, a step verifies the drafts in the same forward pass (the output is the same).
+  SpeculativeDecoder dec(&ctx, 0, &sampler, draft.get(), SpeculativeParams{a.draft_max, true});
 
   auto t0 = std::chrono::steady_clock::now();
-  Status st = ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), logits.data(),
-                         /*all_logits=*/false);
+  int32_t first = -1;
+  Status st = a.n_predict > 0 ? dec.start(prompt, &first)
+                              : ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), nullptr);
   const double t_prefill = seconds_since(t0);
   std::vector<int32_t> out;
-  std::vector<int32_t> history = prompt;  // for the penalties: prompt, then generated tokens
   // Text is decoded as it is generated so a stop string can end generation early. The streaming
   // decoder holds back split UTF-8 characters; ids past the tokenizer's vocab render as U+FFFD.
   std::string text;
@@ -150,24 +164,28 @@ int run_run(const RunArgs& a) {
   if (tok) sd.emplace(*tok);
   StopMatcher stop(stops);
   bool finished = false;  // an end-of-generation token or a stop string (not the length limit)
-  t0 = std::chrono::steady_clock::now();
-  while (st.is_ok() && static_cast<int>(out.size()) < a.n_predict) {
-    const int32_t id = sampler.sample(logits.data(), hp.n_vocab, history);
+  // Takes one emitted token; false once generation must end.
+  auto take = [&](int32_t id) {
     out.push_back(id);
-    history.push_back(id);
     if (sd) {
       text += stop.push(sd->push(id));
       if (stop.stopped()) {
         finished = true;
-        break;
+        return false;
       }
     }
     if (id == eos || (tok && tok->is_eog(id))) {
       finished = true;
-      break;
+      return false;
     }
-    if (static_cast<int>(out.size()) == a.n_predict) break;
-    st = ctx.decode(0, &id, 1, logits.data(), false);
+    return static_cast<int>(out.size()) < a.n_predict;
+  };
+  t0 = std::chrono::steady_clock::now();
+  bool more = st.is_ok() && a.n_predict > 0 && take(first);
+  std::vector<int32_t> got;
+  while (st.is_ok() && more) {
+    st = dec.step(a.n_predict - static_cast<int>(out.size()), &got);
+    for (size_t i = 0; st.is_ok() && more && i < got.size(); ++i) more = take(got[i]);
   }
   if (sd && !stop.stopped()) {
     text += stop.push(sd->flush());
@@ -179,9 +197,9 @@ int run_run(const RunArgs& a) {
     std::fprintf(stderr, "moesh run: error: %s\n", st.to_string().c_str());
     return 1;
   }
-  // Decode timing counts the forward passes of generated tokens (n - 1: the first comes from
-  // the prefill's logits).
+  // Decode timing counts the tokens after the first (which comes from the prefill's logits).
   const int n_dec = std::max<int>(0, static_cast<int>(out.size()) - 1);
+  const SpeculativeStats& ss = dec.stats();
   const double pp_tps = t_prefill > 0 ? prompt.size() / t_prefill : 0.0;
   const double tg_tps = t_decode > 0 && n_dec > 0 ? n_dec / t_decode : 0.0;
   if (a.json) {
@@ -195,6 +213,13 @@ int run_run(const RunArgs& a) {
                     {"prompt_per_second", pp_tps},      {"predicted_n", out.size()},
                     {"predicted_ms", t_decode * 1e3},   {"predicted_per_second", tg_tps},
                     {"threads", ctx.pool().n_threads()}};
+    if (draft) {
+      j["draft"] = {{"source", draft->name()},
+                    {"passes", ss.steps},
+                    {"drafted", ss.drafted},
+                    {"accepted", ss.accepted},
+                    {"emitted", ss.emitted}};
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     if (tok) {
@@ -208,6 +233,14 @@ int run_run(const RunArgs& a) {
         "prefill: %zu tokens in %.1f ms (%.2f tok/s) | decode: %d tokens in %.1f ms (%.2f tok/s) | %d thread%s\n",
         prompt.size(), t_prefill * 1e3, pp_tps, n_dec, t_decode * 1e3, tg_tps, ctx.pool().n_threads(),
         ctx.pool().n_threads() == 1 ? "" : "s");
+    if (draft) {
+      std::fprintf(stderr,
+                   "draft %s: %lld forward passes for %lld tokens (%.2f per pass), %lld of %lld drafts accepted "
+                   "(%.1f%%)\n",
+                   draft->name().c_str(), static_cast<long long>(ss.steps), static_cast<long long>(ss.emitted),
+                   ss.steps ? double(ss.emitted) / double(ss.steps) : 0.0, static_cast<long long>(ss.accepted),
+                   static_cast<long long>(ss.drafted), ss.drafted ? 100.0 * ss.accepted / ss.drafted : 0.0);
+    }
   }
   return 0;
 }
@@ -238,6 +271,10 @@ const CommandRegistrar k_reg{Command{
                       "mistral) or Jinja source, instead of the file's");
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_flag("--json", a->json, "Print one JSON object instead of text");
+      sub->add_option("--draft", a->draft,
+                      "Speculative decoding with this draft source: ngram (prompt lookup). The output is "
+                      "the same as without; more tokens per forward pass (and per round trip)");
+      sub->add_option("--draft-max", a->draft_max, "Most drafts verified per forward pass")->capture_default_str();
       add_swarm_options(sub, &a->swarm);
       return [a] { return run_run(*a); };
     }}};

@@ -1,0 +1,110 @@
+// Speculative decoding: more tokens per forward pass, so a step over a WAN costs one round trip
+// per MoE layer for 1 + n_draft tokens instead of one.
+//
+// A DraftSource proposes how the sequence may continue (prompt lookup / n-grams today; a model's
+// own MTP/NextN head can be another source). The decoder feeds the next token plus the drafts in
+// ONE forward pass, samples each position's logits in order — exactly one Sampler call per
+// emitted token, with the same logits bits and history as plain decoding (batch == incremental)
+// — accepts drafts while they equal what was sampled, emits the first token that differs, and
+// truncates the rejected drafts' KV cells. So the output is the plain decoding output, token for
+// token, for greedy AND for seeded sampling (the RNG is consumed identically), not just the same
+// distribution.
+//
+// How many drafts to verify is decided per step by a cost model: it measures the step time for
+// each number of tokens fed and the acceptance rate of each draft position, and picks the draft
+// length with the best expected tokens per second, 0 (plain decoding) when drafting would lose.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moesh/model/model.h"
+#include "moesh/model/sampling.h"
+#include "moesh/util/status.h"
+
+namespace moesh {
+
+class DraftSource {
+ public:
+  virtual ~DraftSource() = default;
+  // Appends up to max_tokens proposed continuations of `history` (prompt + every token emitted so
+  // far, oldest first) to *out (cleared first). Proposing nothing is always allowed.
+  virtual void propose(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>* out) = 0;
+  virtual std::string name() const = 0;
+};
+
+// Prompt lookup: the longest suffix of the history of n_max..n_min tokens that occurred earlier
+// in the history is matched against its most recent earlier occurrence, and the tokens that
+// followed it there are proposed (llama.cpp's "ngram" / prompt-lookup family). Quoting, code
+// editing and repetitive text draft well; novel text proposes nothing, which costs nothing.
+class NgramDraft final : public DraftSource {
+ public:
+  explicit NgramDraft(int n_min = 1, int n_max = 4);
+  void propose(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>* out) override;
+  std::string name() const override { return "ngram"; }
+
+ private:
+  int n_min_, n_max_;
+};
+
+// "ngram" -> NgramDraft; kInvalidArgument naming the known sources otherwise.
+Result<std::unique_ptr<DraftSource>> make_draft_source(const std::string& name);
+
+struct SpeculativeParams {
+  int draft_max = 16;    // most drafts verified in one step
+  bool adaptive = true;  // false: always verify what the source proposes (up to draft_max)
+};
+
+struct SpeculativeStats {
+  int64_t steps = 0;        // forward passes after the prompt
+  int64_t emitted = 0;      // tokens emitted by step()
+  int64_t drafted = 0;      // draft tokens fed to the model
+  int64_t accepted = 0;     // draft tokens that matched and were kept
+  double step_seconds = 0;  // time in the forward passes of step()
+};
+
+// Generates one sequence of a Context with optional drafting (draft may be null: plain decoding
+// through the same code path).
+class SpeculativeDecoder {
+ public:
+  SpeculativeDecoder(Context* ctx, int32_t seq, Sampler* sampler, DraftSource* draft, SpeculativeParams p = {});
+
+  // Feeds the prompt (the sequence's cells continue from what it holds) and emits the first
+  // token, which *first receives.
+  Status start(std::span<const int32_t> prompt, int32_t* first);
+  // Emits 1..1+draft tokens into *out (cleared first), at most max_new (>= 1). The tokens are
+  // what plain decoding would have produced next. After an error the sequence holds exactly the
+  // cells it had before the call.
+  Status step(int max_new, std::vector<int32_t>* out);
+
+  // History: prompt + emitted tokens. The last emitted token is not in the KV cache yet.
+  const std::vector<int32_t>& history() const { return history_; }
+  const SpeculativeStats& stats() const { return stats_; }
+  // The draft length the cost model would choose now (for tests and `--timing`).
+  int planned_draft() const;
+
+ private:
+  int choose_draft(int cap) const;
+
+  Context* ctx_;
+  int32_t seq_;
+  Sampler* sampler_;
+  DraftSource* draft_;
+  SpeculativeParams p_;
+  std::vector<int32_t> history_;
+  std::vector<int32_t> feed_, proposal_;
+  std::vector<float> logits_;
+  SpeculativeStats stats_;
+  // Cost model: mean step seconds by tokens fed (index n = 1 + drafts) and, per draft position
+  // i, how often it was fed and how often it was accepted.
+  std::vector<double> t_sum_;
+  std::vector<int64_t> t_n_;
+  std::vector<int64_t> pos_fed_, pos_acc_;
+  int64_t since_probe_ = 0;
+};
+
+}  // namespace moesh

@@ -1,0 +1,199 @@
+// Speculative decoding: the n-gram draft source, and the decoder's contract — its output is the
+// plain decoding output token for token (greedy and seeded sampling, every architecture),
+// whatever the drafts are (always right, always wrong, n-gram), and rejected drafts leave no KV
+// cells behind.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "moesh/make_model/make_model.h"
+#include "moesh/model/model.h"
+#include "moesh/model/sampling.h"
+#include "moesh/model/speculative.h"
+
+namespace moesh {
+namespace {
+
+TEST(NgramDraft, ProposesWhatFollowedTheLongestEarlierMatch) {
+  NgramDraft d(2, 4);
+  std::vector<int32_t> out;
+  // Suffix "7 8 9" occurred at 1..3 (followed by 4 5) and "8 9" also at 5..6 (followed by 1):
+  // the longest match wins.
+  const std::vector<int32_t> h = {6, 7, 8, 9, 4, 5, 8, 9, 1, 7, 8, 9};
+  d.propose(h, 8, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{4, 5, 8, 9, 1, 7, 8, 9}));
+  d.propose(h, 2, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{4, 5}));
+  // The most recent earlier occurrence of the 2-gram "1 2".
+  d.propose(std::vector<int32_t>{1, 2, 3, 1, 2, 4, 1, 2}, 4, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{4, 1, 2}));
+  // No earlier occurrence: nothing.
+  d.propose(std::vector<int32_t>{1, 2, 3, 4, 5}, 4, &out);
+  EXPECT_TRUE(out.empty());
+  d.propose(std::vector<int32_t>{1, 2, 1, 2}, 0, &out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_FALSE(make_draft_source("eagle").is_ok());
+  EXPECT_TRUE(make_draft_source("ngram").is_ok());
+}
+
+std::string model_path(MakeArch arch) {
+  static std::map<MakeArch, std::string> cache;
+  auto it = cache.find(arch);
+  if (it != cache.end()) return it->second;
+  const auto dir = std::filesystem::temp_directory_path() / ("moesh-spec-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  MakeModelSpec s = MakeModelSpec::defaults_for(arch);
+  s.type = MakeFileType::kQ8_0;
+  s.n_ctx = 256;
+  s.vocab = MakeVocab::kNone;
+  const std::string path = (dir / (std::string(make_arch_name(arch)) + ".gguf")).string();
+  Status st = make_model(s, path);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  cache[arch] = path;
+  return path;
+}
+
+// A repetitive prompt, so n-gram drafts have something to match.
+std::vector<int32_t> prompt_of(int64_t n_vocab) {
+  std::vector<int32_t> p;
+  for (int r = 0; r < 4; ++r) {
+    for (int32_t t : {11, 42, 7, 99, 3, 58}) p.push_back(t % static_cast<int32_t>(n_vocab));
+  }
+  return p;
+}
+
+// Plain decoding: one token per forward pass.
+std::vector<int32_t> plain(const Model& m, const std::vector<int32_t>& prompt, int n, const SamplingParams& sp) {
+  const int64_t V = m.hparams().n_vocab;
+  Context ctx(m, ContextParams{1, 256, nullptr});
+  Sampler sampler(sp);
+  std::vector<float> lg(static_cast<size_t>(V));
+  EXPECT_TRUE(ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), lg.data(), false).is_ok());
+  std::vector<int32_t> hist = prompt, out;
+  while (static_cast<int>(out.size()) < n) {
+    const int32_t t = sampler.sample(lg.data(), V, hist);
+    out.push_back(t);
+    hist.push_back(t);
+    if (static_cast<int>(out.size()) == n) break;
+    EXPECT_TRUE(ctx.decode(0, &t, 1, lg.data(), false).is_ok());
+  }
+  return out;
+}
+
+// Proposes a fixed continuation: the true one (every draft kept) or a wrong one (every draft
+// rejected), to drive the accept and the rollback paths on purpose.
+class ScriptedDraft final : public DraftSource {
+ public:
+  ScriptedDraft(std::vector<int32_t> truth, size_t prompt_len, bool wrong)
+      : truth_(std::move(truth)), prompt_len_(prompt_len), wrong_(wrong) {}
+  void propose(std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
+    out->clear();
+    const size_t done = h.size() - prompt_len_;  // tokens emitted so far
+    for (size_t i = done; i < truth_.size() && static_cast<int>(out->size()) < max_tokens; ++i) {
+      out->push_back(wrong_ ? (truth_[i] + 1) % 50 : truth_[i]);
+    }
+  }
+  std::string name() const override { return wrong_ ? "wrong" : "oracle"; }
+
+ private:
+  std::vector<int32_t> truth_;
+  size_t prompt_len_;
+  bool wrong_;
+};
+
+struct SpecRun {
+  std::vector<int32_t> tokens;
+  SpeculativeStats stats;
+  int64_t cells = 0;
+};
+
+SpecRun speculative(const Model& m, const std::vector<int32_t>& prompt, int n, const SamplingParams& sp,
+                    DraftSource* draft, bool adaptive, int draft_max = 8) {
+  Context ctx(m, ContextParams{1, 256, nullptr});
+  Sampler sampler(sp);
+  SpeculativeDecoder dec(&ctx, 0, &sampler, draft, SpeculativeParams{draft_max, adaptive});
+  SpecRun r;
+  int32_t first = -1;
+  EXPECT_TRUE(dec.start(prompt, &first).is_ok());
+  r.tokens.push_back(first);
+  std::vector<int32_t> got;
+  while (static_cast<int>(r.tokens.size()) < n) {
+    Status st = dec.step(n - static_cast<int>(r.tokens.size()), &got);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    if (!st.is_ok()) break;
+    EXPECT_GE(got.size(), 1u);
+    r.tokens.insert(r.tokens.end(), got.begin(), got.end());
+  }
+  r.stats = dec.stats();
+  r.cells = ctx.kv().seq_len(0);
+  return r;
+}
+
+class Speculative : public ::testing::TestWithParam<MakeArch> {};
+
+TEST_P(Speculative, OutputEqualsPlainDecodingWhateverTheDrafts) {
+  auto m = Model::load(model_path(GetParam()));
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  const auto prompt = prompt_of((*m)->hparams().n_vocab);
+  constexpr int kN = 40;
+  for (const bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "sampled (temp 0.9, seed 5)" : "greedy");
+    SamplingParams sp;
+    if (sampled) {
+      sp.temp = 0.9f;
+      sp.seed = 5;
+    }
+    const auto want = plain(**m, prompt, kN, sp);
+    ASSERT_EQ(want.size(), static_cast<size_t>(kN));
+    ScriptedDraft oracle(want, prompt.size(), false), wrong(want, prompt.size(), true);
+    NgramDraft ngram(2, 4);
+    struct Case {
+      const char* name;
+      DraftSource* src;
+      bool adaptive;
+    };
+    for (const Case& c : {Case{"none", nullptr, true}, Case{"oracle", &oracle, false}, Case{"wrong", &wrong, false},
+                          Case{"ngram", &ngram, false}, Case{"ngram adaptive", &ngram, true}}) {
+      SCOPED_TRACE(c.name);
+      const SpecRun r = speculative(**m, prompt, kN, sp, c.src, c.adaptive);
+      EXPECT_EQ(r.tokens, want);
+      // The last emitted token is not in the cache yet: prompt + n - 1 cells, no rejected ones.
+      EXPECT_EQ(r.cells, static_cast<int64_t>(prompt.size() + kN - 1));
+      EXPECT_EQ(r.stats.emitted, kN - 1);
+      if (c.src == &oracle) {
+        EXPECT_EQ(r.stats.accepted, r.stats.drafted);
+        EXPECT_GT(r.stats.accepted, 0);
+        EXPECT_LT(r.stats.steps, kN / 4) << "an always-right draft should need few passes";
+      }
+      if (c.src == &wrong) {
+        EXPECT_GT(r.stats.drafted, 0);
+        EXPECT_EQ(r.stats.accepted, 0);
+      }
+      // (Whether n-gram drafts occur depends on what a random model generates; the draft source's
+      // matching is tested above, and the oracle/wrong cases drive acceptance and rollback.)
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, Speculative,
+                         ::testing::Values(MakeArch::kQwen3Moe, MakeArch::kLlama, MakeArch::kDeepseek2),
+                         [](const auto& info) { return std::string(make_arch_name(info.param)); });
+
+TEST(SpeculativeCostModel, StopsDraftingWhenDraftsAreNeverKept) {
+  auto m = Model::load(model_path(MakeArch::kQwen3Moe));
+  ASSERT_TRUE(m.is_ok());
+  const auto prompt = prompt_of((*m)->hparams().n_vocab);
+  SamplingParams sp;
+  const auto want = plain(**m, prompt, 80, sp);
+  ScriptedDraft wrong(want, prompt.size(), true);
+  const SpecRun r = speculative(**m, prompt, 80, sp, &wrong, /*adaptive=*/true);
+  EXPECT_EQ(r.tokens, want);
+  // Each rejected position lowers its estimate; after a few steps the model stops drafting and
+  // only probes one draft every 32 steps. (Structure, not time: counts of drafted tokens.)
+  EXPECT_LT(r.stats.drafted, 40) << "kept drafting although nothing was ever accepted";
+}
+
+}  // namespace
+}  // namespace moesh
