@@ -43,10 +43,6 @@ SpeculativeDecoder::SpeculativeDecoder(Context* ctx, int32_t seq, Sampler* sampl
                                        SpeculativeParams p)
     : ctx_(ctx), seq_(seq), sampler_(sampler), draft_(draft), p_(p) {
   p_.draft_max = std::max(0, p_.draft_max);
-  t_sum_.assign(static_cast<size_t>(p_.draft_max) + 2, 0.0);
-  t_n_.assign(t_sum_.size(), 0);
-  pos_fed_.assign(t_sum_.size(), 0);
-  pos_acc_.assign(t_sum_.size(), 0);
 }
 
 Status SpeculativeDecoder::start(std::span<const int32_t> prompt, int32_t* first) {
@@ -62,47 +58,69 @@ Status SpeculativeDecoder::start(std::span<const int32_t> prompt, int32_t* first
   return Status::ok();
 }
 
-int SpeculativeDecoder::choose_draft(int cap) const {
-  if (cap <= 0) return 0;
-  // Step time for n tokens fed: the measured mean, else a line through the measured means (least
-  // squares), else (only one-token steps measured) the one-token time — drafts assumed free, so
-  // they get tried.
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+void StepTimeModel::record(int64_t n_tokens, double seconds) {
+  const size_t b = static_cast<size_t>(std::clamp<int64_t>(n_tokens, 1, kMaxTracked));
+  if (n_[b] == 0) ++n_points_;
+  sum_[b] += seconds;
+  ++n_[b];
+}
+
+bool StepTimeModel::measured(int64_t n_tokens) const {
+  return n_[static_cast<size_t>(std::clamp<int64_t>(n_tokens, 1, kMaxTracked))] > 0;
+}
+
+double StepTimeModel::predict(int64_t n_tokens) const {
+  const size_t b = static_cast<size_t>(std::clamp<int64_t>(n_tokens, 1, kMaxTracked));
+  if (n_[b] > 0) return sum_[b] / static_cast<double>(n_[b]);
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, only = 0;
   int m = 0;
-  for (size_t n = 1; n < t_n_.size(); ++n) {
-    if (t_n_[n] == 0) continue;
-    const double y = t_sum_[n] / static_cast<double>(t_n_[n]);
+  for (size_t n = 1; n < n_.size(); ++n) {
+    if (n_[n] == 0) continue;
+    const double y = sum_[n] / static_cast<double>(n_[n]);
     sx += static_cast<double>(n);
     sy += y;
-    sxx += static_cast<double>(n * n);
+    sxx += static_cast<double>(n) * static_cast<double>(n);
     sxy += static_cast<double>(n) * y;
+    only = y;
     ++m;
   }
-  const double t1 = t_n_[1] > 0 ? t_sum_[1] / static_cast<double>(t_n_[1]) : 0.0;
-  double slope = 0, icpt = t1;
-  if (m >= 2) {
-    const double den = m * sxx - sx * sx;
-    if (den > 0) {
-      slope = std::max(0.0, (m * sxy - sx * sy) / den);
-      icpt = (sy - slope * sx) / m;
-    }
+  if (m == 0) return 0.0;
+  if (m == 1) return only;
+  const double den = m * sxx - sx * sx;
+  const double slope = den > 0 ? std::max(0.0, (m * sxy - sx * sy) / den) : 0.0;
+  const double icpt = (sy - slope * sx) / m;
+  return std::max(1e-9, icpt + slope * static_cast<double>(b));
+}
+
+void DraftAcceptance::record(int position, bool kept) {
+  if (position < 1) return;
+  if (fed_.size() <= static_cast<size_t>(position)) {
+    fed_.resize(static_cast<size_t>(position) + 1, 0);
+    kept_.resize(fed_.size(), 0);
   }
-  auto t_of = [&](int n) {
-    if (t_n_[static_cast<size_t>(n)] > 0) return t_sum_[static_cast<size_t>(n)] / static_cast<double>(t_n_[n]);
-    return std::max(1e-9, icpt + slope * n);
-  };
-  // Nothing measured: explore with every draft. Drafted steps measured but no plain one: take one
-  // plain step, so there is a baseline to compare with.
-  if (t_n_[1] == 0) return m == 0 ? cap : 0;
-  // Expected tokens emitted with k drafts: 1 + Σ_i Π_{j<=i} a_j, a_j = P(draft j kept | j-1 kept)
-  // with a Laplace prior, so an untried position counts as a coin flip.
-  double best_rate = 1.0 / t_of(1), expect = 1.0, keep = 1.0;
+  ++fed_[static_cast<size_t>(position)];
+  kept_[static_cast<size_t>(position)] += kept ? 1 : 0;
+}
+
+double DraftAcceptance::keep(int position) const {
+  const size_t p = static_cast<size_t>(position);
+  const double fed = p < fed_.size() ? static_cast<double>(fed_[p]) : 0.0;
+  const double kept = p < kept_.size() ? static_cast<double>(kept_[p]) : 0.0;
+  return (kept + 1.0) / (fed + 2.0);
+}
+
+int choose_draft_length(const StepTimeModel& t, const DraftAcceptance& a, int cap, int64_t n_base) {
+  if (cap <= 0) return 0;
+  n_base = std::max<int64_t>(n_base, 1);
+  if (t.empty()) return cap;
+  if (!t.measured(n_base) && t.points() < 2) return 0;
+  const double others = static_cast<double>(n_base - 1);
+  double best_rate = (others + 1.0) / t.predict(n_base), expect = 1.0, keep = 1.0;
   int best = 0;
   for (int k = 1; k <= cap; ++k) {
-    const double a = (static_cast<double>(pos_acc_[k]) + 1.0) / (static_cast<double>(pos_fed_[k]) + 2.0);
-    keep *= a;
+    keep *= a.keep(k);
     expect += keep;
-    const double rate = expect / t_of(1 + k);
+    const double rate = (others + expect) / t.predict(n_base + k);
     if (rate > best_rate * 1.0001) {
       best_rate = rate;
       best = k;
@@ -112,7 +130,7 @@ int SpeculativeDecoder::choose_draft(int cap) const {
 }
 
 int SpeculativeDecoder::planned_draft() const {
-  return choose_draft(p_.draft_max);
+  return choose_draft_length(times_, acceptance_, p_.draft_max, 1);
 }
 
 Status SpeculativeDecoder::step(int max_new, std::vector<int32_t>* out) {
@@ -127,7 +145,7 @@ Status SpeculativeDecoder::step(int max_new, std::vector<int32_t>* out) {
   if (draft_ != nullptr && cap > 0) draft_->propose(history_, cap, &proposal_);
   int k = static_cast<int>(proposal_.size());
   if (p_.adaptive && k > 0) {
-    const int chosen = choose_draft(k);
+    const int chosen = choose_draft_length(times_, acceptance_, k, 1);
     if (chosen == 0 && ++since_probe_ >= kProbeEvery) {
       since_probe_ = 0;
       k = 1;
@@ -146,8 +164,7 @@ Status SpeculativeDecoder::step(int max_new, std::vector<int32_t>* out) {
   ++stats_.steps;
   stats_.step_seconds += dt;
   stats_.drafted += k;
-  t_sum_[static_cast<size_t>(1 + k)] += dt;
-  ++t_n_[static_cast<size_t>(1 + k)];
+  times_.record(1 + k, dt);
   // Position i's logits give the token after feed_[i]. Sample in order, exactly as plain
   // decoding would: a draft is kept while it equals the sampled token; the first token that
   // differs (or the one after the last draft) is emitted and becomes the next step's feed.
@@ -156,9 +173,9 @@ Status SpeculativeDecoder::step(int max_new, std::vector<int32_t>* out) {
     out->push_back(s);
     history_.push_back(s);
     if (i < k) {
-      ++pos_fed_[static_cast<size_t>(i + 1)];
-      if (s == proposal_[static_cast<size_t>(i)]) {
-        ++pos_acc_[static_cast<size_t>(i + 1)];
+      const bool kept = s == proposal_[static_cast<size_t>(i)];
+      acceptance_.record(i + 1, kept);
+      if (kept) {
         ++stats_.accepted;
         continue;
       }

@@ -356,10 +356,16 @@ const char* openai_finish_reason(FinishReason r) {
 }
 
 nlohmann::json usage_json(const Usage& u) {
-  return json{{"prompt_tokens", u.prompt_tokens},
-              {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  json j{{"prompt_tokens", u.prompt_tokens},
+         {"completion_tokens", u.completion_tokens},
+         {"total_tokens", u.prompt_tokens + u.completion_tokens},
+         {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  // Speculative decoding (moesh serve --draft): OpenAI's names for predicted-output tokens.
+  if (u.draft_tokens > 0) {
+    j["completion_tokens_details"] = {{"accepted_prediction_tokens", u.accepted_draft_tokens},
+                                      {"rejected_prediction_tokens", u.draft_tokens - u.accepted_draft_tokens}};
+  }
+  return j;
 }
 
 namespace {

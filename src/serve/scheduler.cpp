@@ -64,7 +64,17 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const Model& model, const T
                       tokenizer->n_vocab(), model.hparams().n_vocab);
   }
 
+  if (opts.draft_max < 0) {
+    return make_error(StatusCode::kInvalidArgument, "scheduler: draft_max must be >= 0 (got {})", opts.draft_max);
+  }
+  std::shared_ptr<DraftSource> draft = opts.draft_source;
+  if (!draft && !opts.draft.empty()) {
+    auto d = make_draft_source(opts.draft);
+    if (!d) return d.status().with_context("scheduler");
+    draft = std::move(*d);
+  }
   auto impl = std::make_unique<Impl>(model, tokenizer, opts, n_ctx);
+  impl->draft = std::move(draft);
   impl->ctx = std::make_unique<Context>(model, ContextParams{opts.n_threads, n_ctx, opts.executor});
   impl->slots.resize(static_cast<size_t>(opts.n_slots));
   impl->stats.n_slots = opts.n_slots;

@@ -39,6 +39,8 @@ struct SchedJob {
   int32_t next_token = -1;       // sampled, fed to the model at the next step
   int64_t n_generated = 0;
   Usage usage;
+  DraftAcceptance acceptance;   // this request's drafts (speculative decoding)
+  std::vector<int32_t> drafts;  // fed this step after next_token
 
   // Output gathered during a step, sent after it.
   std::string out_text;
@@ -83,6 +85,8 @@ struct Scheduler::Impl {
   uint64_t tick = 0;
   std::vector<Context::BatchToken> batch;
   std::vector<float> logits;
+  std::shared_ptr<DraftSource> draft;  // null: no speculative decoding
+  StepTimeModel step_times;            // by tokens per forward pass, for the draft cost model
 
   void run();  // the scheduler thread
 

@@ -108,7 +108,7 @@ struct StepPart {
   int slot;
   int64_t n;    // tokens in the batch
   bool logits;  // its last token asks for logits (a token is sampled)
-  bool decode;  // a generated token (else a prompt chunk)
+  bool decode;  // a generated token plus j.drafts (else a prompt chunk)
 };
 
 void Scheduler::Impl::step() {
@@ -116,7 +116,10 @@ void Scheduler::Impl::step() {
   batch.clear();
   std::vector<StepPart> parts;
 
-  // 1. Decode tokens.
+  // 1. Decode tokens (and drafts). The cost model judges each request's drafts against a pass
+  // carrying every generating slot's token plus the drafts chosen so far.
+  int64_t n_base = 0;
+  for (const SchedSlot& s : slots) n_base += s.job && !s.job->prefilling() ? 1 : 0;
   for (int i = 0; i < static_cast<int>(slots.size()); ++i) {
     SchedSlot& s = slots[i];
     if (!s.job || s.job->prefilling()) continue;
@@ -125,8 +128,21 @@ void Scheduler::Impl::step() {
       finish_job(std::move(s.job), FinishReason::kLength);
       continue;
     }
-    batch.push_back({i, s.job->next_token, true});
-    parts.push_back({i, 1, true, true});
+    SchedJob& j = *s.job;
+    // Speculative decoding: drafts ride along; each position's logits are sampled in order below.
+    j.drafts.clear();
+    const int want = j.req.draft_max < 0 ? opts.draft_max : j.req.draft_max;
+    if (draft && want > 0) {
+      const int64_t cap = std::min<int64_t>({want, j.req.max_tokens - j.n_generated - 1, n_ctx - kv.seq_len(i) - 1,
+                                             opts.max_batch_tokens - static_cast<int64_t>(batch.size()) - 1});
+      if (cap > 0) draft->propose(j.history, static_cast<int>(cap), &j.drafts);
+      const int k = choose_draft_length(step_times, j.acceptance, static_cast<int>(j.drafts.size()), n_base);
+      j.drafts.resize(static_cast<size_t>(k));
+      n_base += k;
+    }
+    batch.push_back({i, j.next_token, true});
+    for (const int32_t d : j.drafts) batch.push_back({i, d, true});
+    parts.push_back({i, 1 + static_cast<int64_t>(j.drafts.size()), true, true});
   }
   // 2. Prompt chunks, oldest request first.
   std::vector<int> pre;
@@ -151,7 +167,7 @@ void Scheduler::Impl::step() {
 
   const int64_t n_vocab = model.hparams().n_vocab;
   int64_t n_rows = 0;
-  for (const StepPart& p : parts) n_rows += p.logits ? 1 : 0;
+  for (const StepPart& p : parts) n_rows += p.decode ? p.n : (p.logits ? 1 : 0);
   logits.resize(static_cast<size_t>(n_rows * n_vocab));
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -164,6 +180,7 @@ void Scheduler::Impl::step() {
     stats.max_batch_seen = std::max<uint64_t>(stats.max_batch_seen, parts.size());
     stats.busy_seconds += dt;
   }
+  if (st.is_ok()) step_times.record(static_cast<int64_t>(batch.size()), dt);
 
   if (!st.is_ok()) {
     // decode_batch rolled every sequence back, so each slot's `cells` still mirrors its KV.
@@ -173,42 +190,70 @@ void Scheduler::Impl::step() {
     return;
   }
 
-  // Record the new cells and sample. Logits rows come in batch order, one per part with logits.
-  uint64_t n_sampled = 0;
+  // Record the new cells and sample. Logits rows come in batch order: one per prompt chunk that
+  // ends its prompt, 1 + drafts per decode part.
+  uint64_t n_sampled = 0, n_drafted = 0, n_kept = 0;
   int64_t row = 0;
-  for (const StepPart& p : parts) {
-    SchedSlot& s = slots[p.slot];
-    SchedJob& j = *s.job;
-    if (p.decode) {
-      s.cells.push_back(j.next_token);
-    } else {
-      const auto first = j.req.prompt.begin() + j.n_prompt_fed;
-      s.cells.insert(s.cells.end(), first, first + p.n);
-      j.n_prompt_fed += p.n;
-    }
-    if (!p.logits) continue;
-
-    const int32_t t = j.sampler.sample(logits.data() + row * n_vocab, n_vocab, j.history);
-    ++row;
+  // Samples one row for the job and handles the token; false when the job finished.
+  auto emit = [&](SchedJob& j, const float* lg) {
+    const int32_t t = j.sampler.sample(lg, n_vocab, j.history);
     ++n_sampled;
     j.history.push_back(t);
     ++j.n_generated;
     ++j.usage.completion_tokens;
+    j.next_token = t;
     if (tok != nullptr && !j.req.ignore_eos && tok->is_eog(t)) {
       j.finish = FinishReason::kStop;
       flush_text(j);
-      continue;
+      return false;
     }
     j.out_tokens.push_back(t);
     if (j.decoder) add_text(j, j.decoder->push(t));
-    if (j.finish != FinishReason::kNone) continue;  // a stop string completed
+    if (j.finish != FinishReason::kNone) return false;  // a stop string completed
     if (j.n_generated >= j.req.max_tokens) {
       flush_text(j);
       // A stop string can complete only in the flushed bytes; it still counts as a stop.
       j.finish = j.stop && j.stop->stopped() ? FinishReason::kStop : FinishReason::kLength;
+      return false;
+    }
+    return true;
+  };
+  for (const StepPart& p : parts) {
+    SchedSlot& s = slots[p.slot];
+    SchedJob& j = *s.job;
+    if (!p.decode) {
+      const auto first = j.req.prompt.begin() + j.n_prompt_fed;
+      s.cells.insert(s.cells.end(), first, first + p.n);
+      j.n_prompt_fed += p.n;
+      if (!p.logits) continue;
+      emit(j, logits.data() + row * n_vocab);
+      ++row;
       continue;
     }
-    j.next_token = t;
+    // next_token, then the drafts: a draft is kept while it equals what its position samples;
+    // the first token that differs is emitted as the next token and the later drafts' cells go.
+    s.cells.push_back(j.next_token);
+    const int64_t k = p.n - 1;
+    for (int64_t q = 0; q <= k; ++q) {
+      const bool go_on = emit(j, logits.data() + (row + q) * n_vocab);
+      if (q == k) break;
+      const bool kept = j.next_token == j.drafts[static_cast<size_t>(q)];
+      j.acceptance.record(static_cast<int>(q) + 1, kept);
+      ++n_drafted;
+      ++j.usage.draft_tokens;
+      if (!kept || !go_on) break;
+      ++n_kept;
+      ++j.usage.accepted_draft_tokens;
+      s.cells.push_back(j.drafts[static_cast<size_t>(q)]);  // its K/V from this pass stays
+    }
+    // Drafts not checked (the job finished first) count as verified-and-dropped too.
+    kv.seq_truncate(p.slot, static_cast<int64_t>(s.cells.size()));
+    row += p.n;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    stats.draft_tokens += n_drafted;
+    stats.accepted_draft_tokens += n_kept;
   }
   {
     std::lock_guard<std::mutex> lk(mu);

@@ -27,6 +27,22 @@ ApiError parse_err(Endpoint ep, const std::string& body) {
   return err;
 }
 
+TEST(OpenAiUsage, DraftTokensUseOpenAisPredictionFields) {
+  Usage u;
+  u.prompt_tokens = 10;
+  u.completion_tokens = 20;
+  u.cached_tokens = 4;
+  json j = usage_json(u);
+  EXPECT_EQ(j["total_tokens"], 30);
+  EXPECT_EQ(j["prompt_tokens_details"]["cached_tokens"], 4);
+  EXPECT_FALSE(j.contains("completion_tokens_details")) << "no drafting, no prediction fields";
+  u.draft_tokens = 12;
+  u.accepted_draft_tokens = 9;
+  j = usage_json(u);
+  EXPECT_EQ(j["completion_tokens_details"]["accepted_prediction_tokens"], 9);
+  EXPECT_EQ(j["completion_tokens_details"]["rejected_prediction_tokens"], 3);
+}
+
 TEST(OpenAiParse, CompletionAllFields) {
   const ApiRequest r = parse_ok(Endpoint::kCompletions, R"({
     "model": "m", "prompt": "Hello", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,

@@ -662,3 +662,81 @@ TEST(Scheduler, EndOfGenerationStopsUnlessIgnored) {
 
 }  // namespace
 }  // namespace moesh
+
+namespace moesh {
+namespace {
+
+// Proposes, for each request (told apart by its prompt), the known greedy continuation — or a
+// wrong one — so the scheduler's accept and rollback paths run on purpose.
+class KnownContinuation final : public DraftSource {
+ public:
+  KnownContinuation(std::vector<std::vector<int32_t>> prompts, std::vector<std::vector<int32_t>> outs, bool wrong)
+      : prompts_(std::move(prompts)), outs_(std::move(outs)), wrong_(wrong) {}
+  void propose(std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
+    out->clear();
+    for (size_t r = 0; r < prompts_.size(); ++r) {
+      const auto& p = prompts_[r];
+      if (h.size() < p.size() || !std::equal(p.begin(), p.end(), h.begin())) continue;
+      for (size_t i = h.size() - p.size(); i < outs_[r].size() && static_cast<int>(out->size()) < max_tokens; ++i) {
+        const int32_t t = outs_[r][i];
+        out->push_back(wrong_ ? (t == 0 ? 1 : t - 1) : t);
+      }
+      return;
+    }
+  }
+  std::string name() const override { return "known"; }
+
+ private:
+  std::vector<std::vector<int32_t>> prompts_, outs_;
+  bool wrong_;
+};
+
+TEST(SchedulerDraft, BatchedSpeculativeRequestsMatchPlainDecode) {
+  const std::vector<size_t> prompt_len = {9, 30, 4};
+  const std::vector<int> max_tokens = {24, 18, 30};
+  std::vector<std::vector<int32_t>> prompts, expected;
+  for (size_t i = 0; i < prompt_len.size(); ++i) {
+    prompts.push_back(random_prompt(900 + i, prompt_len[i]));
+    expected.push_back(greedy_alone(prompts.back(), max_tokens[i]));
+  }
+  for (const char* mode : {"right", "wrong", "ngram"}) {
+    SCOPED_TRACE(mode);
+    SchedulerOptions o = opts(3);
+    o.draft_max = 6;
+    if (std::string(mode) == "ngram") {
+      o.draft = "ngram";
+    } else {
+      o.draft_source = std::make_shared<KnownContinuation>(prompts, expected, std::string(mode) == "wrong");
+    }
+    auto s = make_scheduler(o);
+    ASSERT_NE(s, nullptr);
+    std::vector<std::shared_ptr<Outcome>> outs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      outs.push_back(std::make_shared<Outcome>());
+      submit_ok(*s, greedy_request(prompts[i], max_tokens[i]), collect(outs.back()));
+    }
+    int64_t drafted = 0, kept = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      outs[i]->wait_done();
+      EXPECT_EQ(outs[i]->tokens, expected[i]) << "request " << i;
+      EXPECT_EQ(outs[i]->finish, FinishReason::kLength);
+      EXPECT_EQ(outs[i]->usage.completion_tokens, max_tokens[i]);
+      drafted += outs[i]->usage.draft_tokens;
+      kept += outs[i]->usage.accepted_draft_tokens;
+    }
+    const SchedulerStats st = s->stats();
+    EXPECT_EQ(st.draft_tokens, static_cast<uint64_t>(drafted));
+    EXPECT_EQ(st.accepted_draft_tokens, static_cast<uint64_t>(kept));
+    if (std::string(mode) == "right") {
+      EXPECT_GT(kept, 0);
+      // Fewer forward passes than tokens: 72 tokens in all, of which 3 come from prefill steps.
+      EXPECT_LT(st.steps, 40u);
+    }
+    if (std::string(mode) == "wrong") {
+      EXPECT_EQ(kept, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moesh

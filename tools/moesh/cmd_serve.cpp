@@ -39,6 +39,8 @@ struct ServeArgs {
   std::string alias;
   int http_threads = 0;
   size_t max_body = 4u << 20;
+  std::string draft;
+  int draft_max = 16;
   SwarmArgs swarm;
 };
 
@@ -97,6 +99,8 @@ int run_serve(const ServeArgs& a) {
   so.executor = remote;
   so.max_batch_tokens = a.batch_tokens;
   so.max_queue = a.max_queue;
+  so.draft = a.draft;
+  so.draft_max = a.draft_max;
   auto sched = Scheduler::create(*model, tok.get(), so);
   if (!sched) return fail(sched.status());
 
@@ -126,9 +130,10 @@ int run_serve(const ServeArgs& a) {
     sch->shutdown();
     srv->stop();
   });
-  std::fprintf(stderr, "moesh serve: model %s, %d slots x %lld ctx, batch %lld tokens, %s\n", ho.model_name.c_str(),
+  std::fprintf(stderr, "moesh serve: model %s, %d slots x %lld ctx, batch %lld tokens, %s%s\n", ho.model_name.c_str(),
                so.n_slots, static_cast<long long>(sch->n_ctx()), static_cast<long long>(so.max_batch_tokens),
-               tmpl ? chat_format_name(tmpl->format()) : "no chat template");
+               tmpl ? chat_format_name(tmpl->format()) : "no chat template",
+               so.draft.empty() ? "" : fmt::format(", draft {} (up to {})", so.draft, so.draft_max).c_str());
   std::printf("listening on %s:%d\n", ho.host.c_str(), srv->port());
   std::fflush(stdout);
   Status st = srv->run();
@@ -156,6 +161,12 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_option("--chat-template", a->chat_template,
                       "Chat template family (chatml, llama3, deepseek3, ...) overriding the file's");
+      sub->add_option("--draft", a->draft,
+                      "Speculative decoding for every request with this draft source: ngram (same output, "
+                      "more tokens per forward pass; usage reports accepted drafts)");
+      sub->add_option("--draft-max", a->draft_max, "Most drafts a request verifies per step")
+          ->check(CLI::Range(0, 256))
+          ->capture_default_str();
       sub->add_option("--batch-tokens", a->batch_tokens, "Tokens per forward pass (decode first, then prefill)")
           ->check(CLI::Range(1, 1 << 20))
           ->capture_default_str();

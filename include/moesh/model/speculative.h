@@ -54,6 +54,45 @@ class NgramDraft final : public DraftSource {
 // "ngram" -> NgramDraft; kInvalidArgument naming the known sources otherwise.
 Result<std::unique_ptr<DraftSource>> make_draft_source(const std::string& name);
 
+// The cost model's parts, shared by SpeculativeDecoder (one sequence) and the serving scheduler
+// (many sequences in one forward pass).
+//
+// Step time by tokens fed: the measured mean for that count, else a least-squares line through
+// the measured means, else (one count measured) that count's time — drafts assumed free, so they
+// get tried.
+class StepTimeModel {
+ public:
+  void record(int64_t n_tokens, double seconds);
+  bool empty() const { return n_points_ == 0; }
+  int points() const { return n_points_; }  // distinct token counts measured
+  bool measured(int64_t n_tokens) const;
+  double predict(int64_t n_tokens) const;
+
+ private:
+  static constexpr int64_t kMaxTracked = 1024;  // larger batches share the last bucket
+  std::vector<double> sum_ = std::vector<double>(kMaxTracked + 1, 0.0);
+  std::vector<int64_t> n_ = std::vector<int64_t>(kMaxTracked + 1, 0);
+  int n_points_ = 0;
+};
+
+// How often draft position i (1-based) was kept when it was checked (all before it kept), with a
+// prior of one half, so an untried position counts as a coin flip.
+class DraftAcceptance {
+ public:
+  void record(int position, bool kept);
+  double keep(int position) const;
+
+ private:
+  std::vector<int64_t> fed_, kept_;
+};
+
+// The draft length k in [0, cap] with the best expected tokens per second for a forward pass
+// that already carries n_base tokens emitting about one token each:
+//   maximise (n_base - 1 + E_k) / t(n_base + k),  E_k = 1 + sum_{i<=k} prod_{j<=i} keep(j).
+// Nothing measured: cap (explore). One token count measured and it is not n_base: 0 (measure
+// the baseline first). Otherwise unmeasured counts are predicted from the fitted line.
+int choose_draft_length(const StepTimeModel& t, const DraftAcceptance& a, int cap, int64_t n_base);
+
 struct SpeculativeParams {
   int draft_max = 16;    // most drafts verified in one step
   bool adaptive = true;  // false: always verify what the source proposes (up to draft_max)
@@ -88,8 +127,6 @@ class SpeculativeDecoder {
   int planned_draft() const;
 
  private:
-  int choose_draft(int cap) const;
-
   Context* ctx_;
   int32_t seq_;
   Sampler* sampler_;
@@ -99,11 +136,8 @@ class SpeculativeDecoder {
   std::vector<int32_t> feed_, proposal_;
   std::vector<float> logits_;
   SpeculativeStats stats_;
-  // Cost model: mean step seconds by tokens fed (index n = 1 + drafts) and, per draft position
-  // i, how often it was fed and how often it was accepted.
-  std::vector<double> t_sum_;
-  std::vector<int64_t> t_n_;
-  std::vector<int64_t> pos_fed_, pos_acc_;
+  StepTimeModel times_;
+  DraftAcceptance acceptance_;
   int64_t since_probe_ = 0;
 };
 

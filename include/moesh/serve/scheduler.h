@@ -41,6 +41,7 @@
 
 #include "moesh/model/model.h"
 #include "moesh/model/sampling.h"
+#include "moesh/model/speculative.h"
 #include "moesh/moe/executor.h"
 #include "moesh/text/tokenizer.h"
 #include "moesh/util/status.h"
@@ -53,6 +54,10 @@ struct GenerationRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings (not included in the output)
   bool ignore_eos = false;        // keep going past end-of-generation tokens
+  // Speculative decoding for this request (with the scheduler's draft source): -1 = the
+  // scheduler's draft_max, 0 = off, N = at most N drafts per step. The output is the same either
+  // way; drafts only change how many tokens a step carries.
+  int draft_max = -1;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -61,7 +66,9 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+  int64_t cached_tokens = 0;          // prompt tokens whose KV came from the prefix cache
+  int64_t draft_tokens = 0;           // drafted tokens verified (speculative decoding)
+  int64_t accepted_draft_tokens = 0;  // of which kept (each saved a forward pass)
 };
 
 struct GenerationEvent {
@@ -85,6 +92,16 @@ struct SchedulerOptions {
   int64_t max_batch_tokens = 256;            // tokens per forward pass (decode tokens first, then prefill);
                                              // must be >= n_slots so every stream fits in each step
   int max_queue = 256;                       // waiting requests beyond this are refused (kUnavailable)
+  // Speculative decoding: a draft source name (make_draft_source: "ngram") or "" for none, and
+  // the most drafts one request verifies per step. Drafts ride in the same forward pass as every
+  // other stream's tokens; how many is chosen per request and step by the cost model
+  // (choose_draft_length) from the measured step time per batch size and the request's own
+  // acceptance. Tokens are the same as without drafting (one sampler call per emitted token).
+  std::string draft;
+  int draft_max = 16;
+  // A draft source given directly (tests, embedders); overrides `draft`. Called on the scheduler
+  // thread only.
+  std::shared_ptr<DraftSource> draft_source;
 };
 
 // Counters since create(). requests_submitted counts accepted requests; each one ends as exactly
@@ -93,8 +110,9 @@ struct SchedulerStats {
   uint64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0, requests_failed = 0,
            requests_rejected = 0;
   uint64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
-  uint64_t steps = 0, batch_tokens = 0;  // forward passes and the tokens they carried
-  uint64_t max_batch_seen = 0;           // largest number of sequences in one step
+  uint64_t steps = 0, batch_tokens = 0;                  // forward passes and the tokens they carried
+  uint64_t max_batch_seen = 0;                           // largest number of sequences in one step
+  uint64_t draft_tokens = 0, accepted_draft_tokens = 0;  // speculative decoding
   int active = 0, queued = 0, n_slots = 0;
   double busy_seconds = 0;  // time spent inside decode_batch
 };
