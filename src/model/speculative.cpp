@@ -112,8 +112,9 @@ double DraftAcceptance::keep(int position) const {
 int choose_draft_length(const StepTimeModel& t, const DraftAcceptance& a, int cap, int64_t n_base) {
   if (cap <= 0) return 0;
   n_base = std::max<int64_t>(n_base, 1);
-  if (t.empty()) return cap;
-  if (!t.measured(n_base) && t.points() < 2) return 0;
+  // Too little measured to predict: learn cheaply. Nothing yet, or only this pass size: one draft
+  // (measures what one more token costs); only another size: a plain pass (the baseline).
+  if (t.points() < 2) return t.measured(n_base) || t.empty() ? std::min(cap, 1) : 0;
   const double others = static_cast<double>(n_base - 1);
   double best_rate = (others + 1.0) / t.predict(n_base), expect = 1.0, keep = 1.0;
   int best = 0;

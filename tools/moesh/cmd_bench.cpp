@@ -10,6 +10,8 @@
 
 #include "command.h"
 #include "model_cli.h"
+#include "moesh/model/sampling.h"
+#include "moesh/model/speculative.h"
 #include "swarm_cli.h"
 
 namespace moesh::cli {
@@ -22,6 +24,8 @@ struct BenchArgs {
   int threads = 0;
   int reps = 3;
   bool timing = false;
+  std::string draft;  // "" = no speculative rows
+  int draft_max = 16;
   SwarmArgs swarm;
 };
 
@@ -110,7 +114,11 @@ int run_bench(const BenchArgs& a) {
   if (!open_remote_or_report(*model, a.swarm, "bench", &remote)) return 1;
   ContextParams cp;
   cp.n_threads = a.threads;
-  cp.n_ctx = std::max(a.n_prompt, a.n_gen) + 1;
+  // Speculative rows generate greedily after a grounded prompt: a 16-token phrase said 4 times.
+  std::vector<int32_t> grounded;
+  for (int r = 0; r < 4; ++r)
+    grounded.insert(grounded.end(), toks.begin(), toks.begin() + std::min<size_t>(16, toks.size()));
+  cp.n_ctx = std::max<int64_t>(std::max(a.n_prompt, a.n_gen), static_cast<int64_t>(grounded.size()) + a.n_gen) + 1;
   cp.executor = remote;
   std::shared_ptr<TimedExecutor> timed;
   if (a.timing) {
@@ -136,6 +144,35 @@ int run_bench(const BenchArgs& a) {
       MOESH_RETURN_IF_ERROR(ctx.decode(0, &toks[i], 1, logits.data(), false));
     }
     return a.n_gen / std::chrono::duration<double>(clock::now() - t0).count();
+  };
+
+  // gen: greedy generation of n_gen tokens after the grounded prompt, plain (no source) or with
+  // drafts; the same SpeculativeDecoder path, so the two rows differ only in the drafting.
+  std::unique_ptr<DraftSource> draft;
+  if (!a.draft.empty()) {
+    auto d = make_draft_source(a.draft);
+    if (!d) {
+      std::fprintf(stderr, "moesh bench: error: --draft: %s\n", d.status().message().c_str());
+      return 2;
+    }
+    draft = std::move(*d);
+  }
+  SpeculativeStats last_spec;
+  auto time_gen = [&](DraftSource* src) -> Result<double> {
+    ctx.kv().clear();
+    Sampler greedy(SamplingParams{});
+    SpeculativeDecoder dec(&ctx, 0, &greedy, src, SpeculativeParams{a.draft_max, true});
+    int32_t first = -1;
+    MOESH_RETURN_IF_ERROR(dec.start(grounded, &first));
+    const auto t0 = clock::now();
+    int64_t n = 1;
+    std::vector<int32_t> got;
+    while (n < a.n_gen) {
+      MOESH_RETURN_IF_ERROR(dec.step(static_cast<int>(a.n_gen - n), &got));
+      n += static_cast<int64_t>(got.size());
+    }
+    last_spec = dec.stats();
+    return static_cast<double>(a.n_gen - 1) / std::chrono::duration<double>(clock::now() - t0).count();
   };
 
   std::printf("| %-40s | %10s | %7s | %8s | %20s |\n", "model", "size", "threads", "test", "t/s");
@@ -173,6 +210,36 @@ int run_bench(const BenchArgs& a) {
                 fmt::format("{:.2f} ± {:.2f}", s.mean, s.std).c_str());
     if (timed) print_timing(*timed, remote.get(), before, wall, static_cast<double>(n) * a.reps);
   }
+  if (draft && a.n_gen > 1) {
+    // Plain and drafted greedy generation, alternated rep by rep so drift hits both alike.
+    std::vector<double> plain_tps, spec_tps;
+    int64_t drafted = 0, accepted = 0, passes = 0, emitted = 0;
+    for (int r = 0; r <= a.reps; ++r) {  // rep 0 warms up
+      auto p = time_gen(nullptr);
+      auto q = p ? time_gen(draft.get()) : Result<double>(p.status());
+      if (!q) {
+        std::fprintf(stderr, "moesh bench: error: %s\n", q.status().to_string().c_str());
+        return 1;
+      }
+      if (r == 0) continue;
+      plain_tps.push_back(*p);
+      spec_tps.push_back(*q);
+      drafted += last_spec.drafted;
+      accepted += last_spec.accepted;
+      passes += last_spec.steps;
+      emitted += last_spec.emitted;
+    }
+    const Stat sp = stats(plain_tps), sq = stats(spec_tps);
+    const std::string base = fmt::format("gen{}", a.n_gen);
+    std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(), base.c_str(),
+                fmt::format("{:.2f} ± {:.2f}", sp.mean, sp.std).c_str());
+    std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
+                (base + "+" + draft->name()).c_str(), fmt::format("{:.2f} ± {:.2f}", sq.mean, sq.std).c_str());
+    std::printf("draft %s: %.2fx plain; %.2f tokens per forward pass, %lld of %lld drafts accepted\n",
+                draft->name().c_str(), sp.mean > 0 ? sq.mean / sp.mean : 0.0,
+                passes ? double(emitted) / double(passes) : 0.0, static_cast<long long>(accepted),
+                static_cast<long long>(drafted));
+  }
   return 0;
 }
 
@@ -187,6 +254,10 @@ const CommandRegistrar k_reg{
               sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
               sub->add_flag("--timing", a->timing,
                             "Also print where each step's time went (routed experts; per worker latency vs compute)");
+              sub->add_option("--draft", a->draft,
+                              "Also time greedy generation after a grounded (repeated) prompt, plain vs with "
+                              "this draft source (ngram): rows genN and genN+ngram");
+              sub->add_option("--draft-max", a->draft_max, "Most drafts per forward pass")->capture_default_str();
               add_swarm_options(sub, &a->swarm);
               return [a] { return run_bench(*a); };
             }}};

@@ -89,8 +89,8 @@ class DraftAcceptance {
 // The draft length k in [0, cap] with the best expected tokens per second for a forward pass
 // that already carries n_base tokens emitting about one token each:
 //   maximise (n_base - 1 + E_k) / t(n_base + k),  E_k = 1 + sum_{i<=k} prod_{j<=i} keep(j).
-// Nothing measured: cap (explore). One token count measured and it is not n_base: 0 (measure
-// the baseline first). Otherwise unmeasured counts are predicted from the fitted line.
+// Fewer than two pass sizes measured: 1 when nothing or only n_base is measured (learn what one
+// more token costs, cheaply), 0 when only another size is (measure the baseline first).
 int choose_draft_length(const StepTimeModel& t, const DraftAcceptance& a, int cap, int64_t n_base);
 
 struct SpeculativeParams {
