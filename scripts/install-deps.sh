@@ -9,7 +9,7 @@ PKGS=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libxxhash-dev
   libasio-dev libpcre2-dev libcpp-httplib-dev
   clang-format graphviz
-  curl
+  curl iproute2
 )
 
 missing=()

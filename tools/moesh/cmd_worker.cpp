@@ -6,6 +6,7 @@
 #include "command.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/util/process.h"
+#include "moesh/wan/host_tcp.h"
 
 namespace moesh::cli {
 namespace {
@@ -75,6 +76,10 @@ int run_worker(const WorkerArgs& a) {
   o.name = a.name;
   auto worker = swarm::Worker::start(store->get(), o);
   if (!worker) return fail(worker.status());
+  // Host TCP settings that only the operator can change (docs/wan-emu.md): say so at start-up.
+  for (const std::string& w : wan::check_host_tcp_settings(a.congestion)) {
+    std::fprintf(stderr, "moesh worker: warning: %s\n", w.c_str());
+  }
 
   const swarm::ExpertStore& s = **store;
   std::printf("model %s (id %s)\n", s.file().path().c_str(), s.identity().hex().c_str());

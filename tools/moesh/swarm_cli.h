@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moesh/remote/remote.h"
+#include "moesh/wan/host_tcp.h"
 
 namespace moesh::cli {
 
@@ -114,6 +115,10 @@ inline bool open_remote_or_report(const Model& model, const SwarmArgs& a, const 
   };
   auto opts = remote_options(a);
   if (!opts) return fail(opts.status());
+  // Host TCP settings that only the operator can change (docs/wan-emu.md): say so at start-up.
+  for (const std::string& w : wan::check_host_tcp_settings(a.congestion)) {
+    std::fprintf(stderr, "moesh %s: warning: %s\n", cmd, w.c_str());
+  }
   auto addrs = worker_addresses(a);
   if (!addrs) return fail(addrs.status());
   auto exec = RemoteExecutor::connect(model, *addrs, *opts);

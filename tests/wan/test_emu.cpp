@@ -1,0 +1,160 @@
+// `moesh wan-emu` end to end (root only; label slow): a hub and two peers 20 ms and 5 ms away,
+// TCP round trips hub <-> each peer and peer <-> peer through the kernel's own TCP, the sysctls
+// set inside the namespaces, stale-namespace clean-up, and `down` removing everything. Timing is
+// asserted only as a lower bound (each round trip crosses the one-way delay twice).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "moesh/wan/emulator.h"
+#include "moesh/wan/netns.h"
+#include "util/run_moesh.h"
+#include "wan/wan_test_util.h"
+
+namespace moesh::wan {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string skip_reason() {
+  if (::geteuid() != 0) return "needs root (network namespaces and TUN devices); CI runs it as root";
+  if (!std::filesystem::exists("/dev/net/tun")) return "/dev/net/tun is missing";
+  if (!run_program({"ip", "-V"}).is_ok()) return "iproute2's `ip` is not installed";
+  // Root in a container may still lack CAP_SYS_ADMIN: try one namespace before relying on it.
+  const std::string probe = "moesh-probe-" + std::to_string(::getpid());
+  if (!run_program({"ip", "netns", "add", probe}).is_ok()) return "this root cannot create network namespaces";
+  (void)run_program({"ip", "netns", "del", probe});
+  return "";
+}
+
+// "peer a netns=moesh-x-a hub_addr=10.77.1.1 peer_addr=10.77.1.2 ..." -> key/value map.
+std::map<std::string, std::string> parse_peer_line(const std::string& line) {
+  std::map<std::string, std::string> kv;
+  std::istringstream in(line);
+  std::string w;
+  in >> w >> kv["name"];
+  while (in >> w) {
+    const size_t eq = w.find('=');
+    if (eq != std::string::npos) kv[w.substr(0, eq)] = w.substr(eq + 1);
+  }
+  return kv;
+}
+
+// A listener created inside `netns` (it stays there after the thread leaves).
+std::unique_ptr<net::TcpListener> listen_in(const std::string& netns, const std::string& addr) {
+  auto in = ScopedNetns::enter(netns);
+  EXPECT_TRUE(in.is_ok()) << in.status().to_string();
+  if (!in) return nullptr;
+  auto l = net::TcpListener::listen(addr, 0, {});
+  EXPECT_TRUE(l.is_ok()) << l.status().to_string();
+  return l.is_ok() ? std::move(*l) : nullptr;
+}
+
+// The smallest of `n` TCP round trips (64 bytes each way) from `netns` to addr:port, in ms; -1 on
+// failure.
+double min_rtt_ms(const std::string& netns, const std::string& addr, uint16_t port, int n) {
+  auto in = ScopedNetns::enter(netns);
+  EXPECT_TRUE(in.is_ok()) << in.status().to_string();
+  if (!in) return -1;
+  auto s = net::tcp_connect(addr, port, {}, net::deadline_in(5s));
+  EXPECT_TRUE(s.is_ok()) << netns << " -> " << addr << ": " << s.status().to_string();
+  if (!s) return -1;
+  double best = 1e9;
+  std::vector<uint8_t> msg(64, 7), buf(64);
+  for (int i = 0; i < n; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!(*s)->write_all(msg, net::deadline_in(5s)).is_ok()) return -1;
+    size_t got = 0;
+    while (got < buf.size()) {
+      auto r = (*s)->read_some({buf.data() + got, buf.size() - got}, net::deadline_in(5s));
+      if (!r) {
+        ADD_FAILURE() << r.status().to_string();
+        return -1;
+      }
+      got += *r;
+    }
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+TEST(WanEmu, HubAndTwoPeersWithTheirOwnDelays) {
+  if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string name = "t" + std::to_string(::getpid());
+  // A namespace left over by a killed run of this name: `up` must remove it.
+  ASSERT_TRUE(add_netns("moesh-" + name + "-stale").is_ok());
+
+  testing::MoeshChild up({"wan-emu", "up", "--name", name, "--peer", "a:delay=20ms", "--peer", "b:delay=5ms"});
+  ASSERT_TRUE(up.started());
+  std::vector<std::map<std::string, std::string>> peers;
+  std::string line;
+  while (up.read_line(&line, 15s) && line != "ready") {
+    if (line.rfind("peer ", 0) == 0) peers.push_back(parse_peer_line(line));
+  }
+  ASSERT_EQ(line, "ready") << up.output();
+  EXPECT_NE(up.output().find("removed stale namespace moesh-" + name + "-stale"), std::string::npos) << up.output();
+  ASSERT_EQ(peers.size(), 2u) << up.output();
+  const std::string hub = hub_netns_name(name);
+  EXPECT_EQ(peers[0]["netns"], "moesh-" + name + "-a");
+  EXPECT_EQ(peers[0]["hub_addr"], "10.77.1.1");
+  EXPECT_EQ(peers[0]["peer_addr"], "10.77.1.2");
+  EXPECT_EQ(peers[1]["peer_addr"], "10.77.2.2");
+  EXPECT_EQ(emu_namespaces(name).size(), 3u);
+  for (const std::string& ns : {hub, peers[0]["netns"], peers[1]["netns"]}) {
+    auto v = read_sysctl(ns, "net/ipv4/tcp_slow_start_after_idle");
+    ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+    EXPECT_EQ(*v, "0") << ns;
+  }
+
+  const double one_way_ms[2] = {20, 5};
+  std::vector<std::unique_ptr<testing::EchoServer>> servers;
+  for (auto& p : peers) {
+    auto l = listen_in(p["netns"], p["peer_addr"]);
+    ASSERT_TRUE(l);
+    servers.push_back(std::make_unique<testing::EchoServer>(std::move(l)));
+  }
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const double rtt = min_rtt_ms(hub, peers[i]["peer_addr"], servers[i]->port(), 5);
+    EXPECT_GE(rtt, 2 * one_way_ms[i]) << "hub <-> " << peers[i]["name"];
+    std::printf("hub <-> %s: min TCP round trip %.2f ms (one-way delay %.0f ms)\n", peers[i]["name"].c_str(), rtt,
+                one_way_ms[i]);
+  }
+  // a -> b crosses both links, through the hub.
+  const double ab = min_rtt_ms(peers[0]["netns"], peers[1]["peer_addr"], servers[1]->port(), 3);
+  EXPECT_GE(ab, 2 * (one_way_ms[0] + one_way_ms[1]));
+  std::printf("a <-> b: min TCP round trip %.2f ms\n", ab);
+  servers.clear();
+
+  const auto down = test::run_moesh("wan-emu down --name " + name);
+  EXPECT_EQ(down.exit_code, 0) << down.out << down.err;
+  up.drain(10s);
+  EXPECT_EQ(up.wait_exit(10s), 0) << up.output();
+  EXPECT_NE(up.output().find("peer a hub->peer: "), std::string::npos) << up.output();
+  EXPECT_TRUE(emu_namespaces(name).empty());
+  for (const auto& ns : list_netns()) EXPECT_EQ(ns.rfind("moesh-" + name + "-", 0), std::string::npos) << ns;
+  EXPECT_FALSE(std::filesystem::exists(emu_pidfile(name)));
+}
+
+TEST(WanEmu, SigtermCleansUpAndASecondUpIsRefused) {
+  if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string name = "s" + std::to_string(::getpid());
+  testing::MoeshChild up({"wan-emu", "up", "--name", name, "--peer", "w:delay=1ms,rate=100mbit,loss=0%"});
+  ASSERT_TRUE(up.started());
+  std::string line;
+  ASSERT_TRUE(up.read_until("ready", &line, 15s)) << up.output();
+  const auto again = test::run_moesh("wan-emu up --name " + name + " --peer x");
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find("already up"), std::string::npos) << again.err;
+  ::kill(up.pid(), SIGTERM);
+  up.drain(10s);
+  EXPECT_EQ(up.wait_exit(10s), 0) << up.output();
+  EXPECT_TRUE(emu_namespaces(name).empty());
+  // Nothing left: `down` has nothing to do and says so with success.
+  EXPECT_EQ(test::run_moesh("wan-emu down --name " + name).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace moesh::wan
