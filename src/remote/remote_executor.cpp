@@ -374,6 +374,8 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     ++traffic.dispatch_frames;
     traffic.dispatch_bytes += frame->size();
     traffic.remote_pairs += r.msg.pairs.size();
+    // Nothing of this call is gathered before wait(), so every request started so far is out.
+    traffic.max_in_flight = std::max<uint64_t>(traffic.max_in_flight, i + 1);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "dist/dist_util.h"
 #include "moesh/wan/emulator.h"
 #include "moesh/wan/netns.h"
 #include "util/run_moesh.h"
@@ -154,6 +155,104 @@ TEST(WanEmu, SigtermCleansUpAndASecondUpIsRefused) {
   EXPECT_TRUE(emu_namespaces(name).empty());
   // Nothing left: `down` has nothing to do and says so with success.
   EXPECT_EQ(test::run_moesh("wan-emu down --name " + name).exit_code, 0);
+}
+
+// Counts, for a local run of the same tokens, the trips the placement predicts: one per MoE layer
+// call, one DISPATCH per worker owning at least one of the call's experts.
+struct TripCounter final : ForwardObserver {
+  int split = 0;  // experts < split: worker 0, else worker 1
+  uint64_t calls = 0, dispatches = 0;
+  void on_routing(int, int64_t n_tokens, int k, const int32_t* ids, const float*) override {
+    bool w[2] = {false, false};
+    for (int64_t i = 0; i < n_tokens * k; ++i) w[ids[i] < split ? 0 : 1] = true;
+    ++calls;
+    dispatches += uint64_t(w[0]) + uint64_t(w[1]);
+  }
+};
+
+TEST(WanEmu, SwarmRoundTripsOverTheEmulatedWanAreWhatThePlacementPredicts) {
+  if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string name = "d" + std::to_string(::getpid());
+  testing::MoeshChild up({"wan-emu", "up", "--name", name, "--peer", "a:delay=20ms", "--peer", "b:delay=20ms"});
+  ASSERT_TRUE(up.started());
+  std::vector<std::map<std::string, std::string>> peers;
+  std::string line;
+  while (up.read_line(&line, 15s) && line != "ready") {
+    if (line.rfind("peer ", 0) == 0) peers.push_back(parse_peer_line(line));
+  }
+  ASSERT_EQ(line, "ready") << up.output();
+  ASSERT_EQ(peers.size(), 2u);
+
+  const std::string model_path = test::made_qwen3moe();  // 16 experts, top-4
+  auto model = Model::load(model_path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const int n_expert = static_cast<int>((*model)->hparams().n_expert);
+  // Worker a holds the lower half of every layer's experts, b the upper half.
+  std::vector<std::unique_ptr<testing::MoeshChild>> workers;
+  std::vector<std::string> addrs;
+  const std::string specs[2] = {fmt::format("*:0-{}", n_expert / 2 - 1),
+                                fmt::format("*:{}-{}", n_expert / 2, n_expert - 1)};
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(std::make_unique<testing::MoeshChild>(
+        std::vector<std::string>{"worker", "-m", model_path, "--experts", specs[i], "--listen",
+                                 peers[i]["peer_addr"] + ":0", "-t", "1"},
+        peers[i]["netns"]));
+    std::string l;
+    while (workers.back()->read_line(&l, 30s) && l.rfind("listening on ", 0) != 0) {
+    }
+    ASSERT_EQ(l.rfind("listening on ", 0), 0u) << workers.back()->output();
+    addrs.push_back(l.substr(std::string("listening on ").size()));
+  }
+
+  // Local reference: the tokens, and the trips the placement predicts for them.
+  const std::vector<int32_t> prompt = {5, 17, 99, 3, 42, 8};
+  constexpr int kN = 4;
+  TripCounter trips;
+  trips.split = n_expert / 2;
+  std::vector<int32_t> want;
+  {
+    Context ctx(**model, ContextParams{1, 64, nullptr});
+    ctx.set_observer(&trips);
+    const int64_t V = (*model)->hparams().n_vocab;
+    std::vector<float> lg(static_cast<size_t>(V));
+    ASSERT_TRUE(ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), lg.data(), false).is_ok());
+    while (static_cast<int>(want.size()) < kN) {
+      want.push_back(argmax(lg.data(), V));
+      if (static_cast<int>(want.size()) == kN) break;
+      ASSERT_TRUE(ctx.decode(0, &want.back(), 1, lg.data(), false).is_ok());
+    }
+  }
+  std::string toks;
+  for (int32_t t : prompt) toks += (toks.empty() ? "" : ",") + std::to_string(t);
+  testing::MoeshChild run({"run", "-m", model_path, "--tokens", toks, "-n", std::to_string(kN), "-t", "1", "--json",
+                           "--worker", addrs[0], "--worker", addrs[1]},
+                          hub_netns_name(name));
+  ASSERT_TRUE(run.started());
+  std::string json_line;
+  while (run.read_line(&line, 120s)) {
+    if (!line.empty() && line[0] == '{') json_line = line;
+  }
+  ASSERT_EQ(run.wait_exit(30s), 0) << run.output();
+  const auto j = nlohmann::json::parse(json_line, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << json_line;
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want) << "exact dispatch over the WAN changed the tokens";
+  const auto& r = j["remote"];
+  // Structure, not time: one star trip per MoE layer per forward pass, one DISPATCH per worker
+  // the layer's routing needs, and every DISPATCH of a layer in flight together.
+  EXPECT_EQ(r["layer_calls"].get<uint64_t>(), trips.calls);
+  EXPECT_EQ(r["dispatch_frames"].get<uint64_t>(), trips.dispatches);
+  EXPECT_EQ(r["combine_frames"].get<uint64_t>(), trips.dispatches);
+  EXPECT_EQ(r["max_in_flight"].get<uint64_t>(), 2u);
+  EXPECT_EQ(r["local_pairs"].get<uint64_t>(), 0u);
+  std::printf("over 40 ms RTT: %llu layer calls, %llu DISPATCHes for %d tokens\n",
+              static_cast<unsigned long long>(trips.calls), static_cast<unsigned long long>(trips.dispatches), kN);
+
+  workers.clear();
+  const auto down = test::run_moesh("wan-emu down --name " + name);
+  EXPECT_EQ(down.exit_code, 0) << down.out << down.err;
+  up.drain(10s);
+  EXPECT_EQ(up.wait_exit(10s), 0) << up.output();
+  EXPECT_TRUE(emu_namespaces(name).empty());
 }
 
 }  // namespace

@@ -24,10 +24,13 @@ namespace moesh::wan::testing {
 // `moesh ARGS...` with stdout on a pipe (stderr passes through to the test's).
 class MoeshChild {
  public:
-  explicit MoeshChild(const std::vector<std::string>& args) {
+  // With `netns`, runs inside that network namespace (`ip netns exec NETNS moesh ...`).
+  explicit MoeshChild(const std::vector<std::string>& args, const std::string& netns = "") {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return;
-    std::vector<std::string> argv{std::string(MOESH_BIN_DIR) + "/moesh"};
+    std::vector<std::string> argv;
+    if (!netns.empty()) argv = {"/usr/sbin/ip", "netns", "exec", netns};
+    argv.push_back(std::string(MOESH_BIN_DIR) + "/moesh");
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());

@@ -220,6 +220,15 @@ int run_run(const RunArgs& a) {
                     {"accepted", ss.accepted},
                     {"emitted", ss.emitted}};
     }
+    if (remote) {
+      // Round-trip structure of the whole run (prompt and generation): what the WAN tests check.
+      const RemoteTraffic t = remote->traffic();
+      j["remote"] = {{"layer_calls", t.layer_calls},       {"dispatch_frames", t.dispatch_frames},
+                     {"combine_frames", t.combine_frames}, {"token_layers", t.token_layers},
+                     {"remote_pairs", t.remote_pairs},     {"local_pairs", t.local_pairs},
+                     {"max_in_flight", t.max_in_flight},   {"dispatch_bytes", t.dispatch_bytes},
+                     {"combine_bytes", t.combine_bytes}};
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     if (tok) {

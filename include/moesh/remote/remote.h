@@ -75,6 +75,9 @@ struct RemoteTraffic {
   uint64_t token_layers = 0;  // Σ over those calls of n_tokens
   uint64_t remote_pairs = 0;  // (token, expert) pairs sent to workers
   uint64_t local_pairs = 0;   // pairs computed by the backbone
+  // Most DISPATCHes of one layer call outstanding at the same time (sent, no COMBINE taken yet):
+  // with star fan-out every involved worker's request is in flight together.
+  uint64_t max_in_flight = 0;
 };
 
 // Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be
