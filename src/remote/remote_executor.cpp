@@ -50,8 +50,10 @@ struct RemoteExecutor::Impl {
   };
   struct Job : SubmittedJob {
     net::Deadline deadline;
-    Status error;               // a failure found by submit(), reported by wait()
-    int failed_worker = -1;     // the worker a DISPATCH could not be sent to
+    Status error;            // a failure found by submit(), reported by wait()
+    int failed_worker = -1;  // the worker a DISPATCH could not be sent to
+    // For the hidden-trip counters: submit() returned, first DISPATCH sent, last COMBINE filed.
+    std::chrono::steady_clock::time_point submitted, first_sent, last_arrival;
     std::vector<Request> reqs;  // reused; the first n_reqs are this job's
     size_t n_reqs = 0;
     std::vector<int32_t> local_slots;
@@ -263,6 +265,7 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
   job->n_reqs = 0;
   job->local_slots.clear();
   m.split_and_send(*job);
+  job->submitted = std::chrono::steady_clock::now();
   return job->ticket;
 }
 
@@ -366,6 +369,7 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     }
     r.started = true;
     r.sent_at = std::chrono::steady_clock::now();
+    if (i == 0) job.first_sent = r.sent_at;
     {
       std::lock_guard<std::mutex> lk(worker_mu);
       ++workers[r.worker].requests;
@@ -414,6 +418,7 @@ Status RemoteExecutor::Impl::run_local(Job& job, std::span<const float>* y) {
 Status RemoteExecutor::Impl::gather(Job& job) {
   // Replies are handled in arrival order; every failed request is reported, not just the first.
   outstanding.clear();
+  job.last_arrival = job.first_sent;
   for (size_t i = 0; i < job.n_reqs; ++i) {
     outstanding.push_back(FanOut::Outstanding{static_cast<size_t>(job.reqs[i].worker), job.reqs[i].msg.request_id});
   }
@@ -421,6 +426,7 @@ Status RemoteExecutor::Impl::gather(Job& job) {
   fan->gather(outstanding, job.deadline, [&](FanOut::Reply&& rep) {
     Request& r = job.reqs[rep.index];
     r.started = false;
+    job.last_arrival = std::max(job.last_arrival, rep.arrived);
     const WorkerLink& link = fan->link(static_cast<size_t>(r.worker));
     auto fail = [&](Status st) {
       note_error(r.worker);
@@ -494,11 +500,22 @@ Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
   }
   // The backbone's share runs while the workers compute theirs.
   std::span<const float> ylocal;
+  const auto wait_start = std::chrono::steady_clock::now();
   Status st = m.run_local(*job, &ylocal);
+  const auto local_end = std::chrono::steady_clock::now();
   if (st.is_ok()) st = m.gather(*job);
   if (!st.is_ok()) {
     m.cancel_all(*job);
     return st;
+  }
+  if (job->n_reqs > 0) {
+    using sec = std::chrono::duration<double>;
+    // Local work while the trip was out: the caller's (submit -> wait) plus the backbone's experts.
+    const double local = sec(wait_start - job->submitted).count() + sec(local_end - wait_start).count();
+    const double trip = sec(job->last_arrival - job->first_sent).count();
+    m.traffic.trip_seconds += trip;
+    m.traffic.local_seconds += local;
+    m.traffic.hidden_seconds += std::min(local, trip);
   }
   m.combine(*job, ylocal);
   return std::span<const float>(job->out.data(), job->out.size());

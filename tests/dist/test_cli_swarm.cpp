@@ -163,12 +163,21 @@ TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
       // The breakdown adds up (each term printed to 0.001 ms).
       EXPECT_NEAR(latency, compute + other, 0.0015 + 1e-9) << (*it)[0];
     }
+    const std::regex hidden(
+        R"(hidden: ([0-9.]+) ms of local work per trip of ([0-9.]+) ms, ([0-9.]+)% of the trip hidden \((\d+) trips\))");
+    std::smatch h;
     if (remote) {
       EXPECT_EQ(workers_seen, 2) << r.out;
       // 6 tokens x 2 reps x n_moe layers; each call sends to both replicas (top-k >= 2 spreads).
       EXPECT_EQ(requests, int64_t{2} * 6 * 2 * n_moe) << r.out;
+      // The hidden-trip report covers every trip of the timed runs and is a fraction.
+      ASSERT_TRUE(std::regex_search(r.out, h, hidden)) << r.out;
+      EXPECT_EQ(std::stoll(h[4]), int64_t{6} * 2 * n_moe);
+      EXPECT_GE(std::stod(h[3]), 0.0);
+      EXPECT_LE(std::stod(h[3]), 100.0);
     } else {
       EXPECT_EQ(workers_seen, 0) << r.out;
+      EXPECT_FALSE(std::regex_search(r.out, h, hidden)) << "no trips without workers";
     }
   }
 }

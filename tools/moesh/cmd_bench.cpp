@@ -95,6 +95,14 @@ void print_timing(const TimedExecutor& t, const RemoteExecutor* remote, const st
     std::printf("  worker %zu %s: %.0f requests, latency %.3f ms = compute %.3f ms + %.3f ms other\n", i,
                 now[i].label.c_str(), req, 1e3 * lat, 1e3 * comp, 1e3 * (lat - comp));
   }
+  // How much of the trips the backbone's own work (shared experts, dense work, its routed
+  // experts) covered: the hidden fraction.
+  const RemoteTraffic tr = remote->traffic();
+  if (tr.layer_calls > 0 && tr.trip_seconds > 0) {
+    std::printf("  hidden: %.3f ms of local work per trip of %.3f ms, %.1f%% of the trip hidden (%.0f trips)\n",
+                1e3 * tr.local_seconds / tr.layer_calls, 1e3 * tr.trip_seconds / tr.layer_calls,
+                100.0 * tr.hidden_seconds / tr.trip_seconds, static_cast<double>(tr.layer_calls));
+  }
 }
 
 int run_bench(const BenchArgs& a) {
@@ -193,7 +201,10 @@ int run_bench(const BenchArgs& a) {
     std::vector<double> tps;
     if (timed) timed->reset();
     std::vector<WorkerTraffic> before;
-    if (remote) before = remote->worker_traffic();
+    if (remote) {
+      before = remote->worker_traffic();
+      remote->reset_traffic();
+    }
     double wall = 0;
     for (int r = 0; r < a.reps; ++r) {
       auto x = which == 0 ? time_pp() : time_tg();

@@ -78,6 +78,11 @@ struct RemoteTraffic {
   // Most DISPATCHes of one layer call outstanding at the same time (sent, no COMBINE taken yet):
   // with star fan-out every involved worker's request is in flight together.
   uint64_t max_in_flight = 0;
+  // Hiding the trip (layer calls with at least one DISPATCH): trip = first DISPATCH sent -> last
+  // COMBINE in; local = the backbone's own work meanwhile (the model's shared experts and dense
+  // work between submit() and wait(), then the backbone's share of the routed experts); hidden =
+  // the part of the trip that local work covered, min(local, trip) per call.
+  double trip_seconds = 0, local_seconds = 0, hidden_seconds = 0;
 };
 
 // Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be

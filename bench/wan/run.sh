@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Decode through workers over the emulated WAN (moesh wan-emu: real kernel TCP over TUN links):
+# tok/s vs RTT x rate cap x number of workers, as CSV and a gnuplot PNG. Root only.
+#
+#   bench/wan/run.sh [BUILD_DIR] [OUT_DIR]        (default build/, docs/perf/)
+#   RTTS="0 5 20 50 80 100 200" RATES="0 100 10" WORKERS="1 2 4" N=8 bench/wan/run.sh
+#
+# Each configuration: `wan-emu up` with one peer per worker at delay RTT/2 (rate R Mbit/s, 0 =
+# unlimited), workers splitting every layer's experts evenly in the peer namespaces, and
+# `moesh bench -p 0 -n N -r 1` in the hub namespace (one untimed warm-up run first). Only the
+# trip structure matters here, so the model is narrow: qwen3moe 4 layers, 1024 wide, 32 experts
+# top-4, Q8_0.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+build="$(cd "${1:-$root/build}" && pwd)"
+out="${2:-$root/docs/perf}"
+moesh="$build/bin/moesh"
+rtts="${RTTS:-0 5 20 50 80 100 200}"
+rates="${RATES:-0 100 10}"
+workers_list="${WORKERS:-1 2 4}"
+n="${N:-8}"
+[ "$(id -u)" -eq 0 ] || { echo "bench-wan: needs root (network namespaces)" >&2; exit 1; }
+[ -x "$moesh" ] || { echo "bench-wan: $moesh not built" >&2; exit 1; }
+mkdir -p "$out"
+model="${MODEL:-${TMPDIR:-/tmp}/moesh-wan-bench.gguf}"
+if [ ! -f "$model" ]; then
+  "$moesh" make-model --arch qwen3moe --type q8_0 --vocab none --out "$model" --n-embd 1024 --n-layer 4 \
+    --n-head 16 --n-head-kv 4 --head-dim 64 --n-expert 32 --n-expert-used 4 --n-ff-exp 512 --n-vocab 2048 \
+    --n-ctx 512 >/dev/null
+fi
+n_expert=32
+logs="$(mktemp -d)"
+emu_pid=""
+cleanup() {
+  pkill -f "moesh worker -m $model" 2>/dev/null || true
+  [ -n "$emu_pid" ] && kill "$emu_pid" 2>/dev/null || true
+  "$moesh" wan-emu down --name wb >/dev/null 2>&1 || true
+  rm -rf "$logs"
+}
+trap cleanup EXIT
+
+csv="$out/wan.csv"
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$root" rev-parse --short HEAD) model $(basename "$model") tg$n" > "$csv"
+echo "rtt_ms,rate_mbit,workers,tg_tps,ms_per_token" >> "$csv"
+for w in $workers_list; do
+  for rate in $rates; do
+    for rtt in $rtts; do
+      half=$(python3 -c "print($rtt / 2)")
+      peers=()
+      for i in $(seq 1 "$w"); do
+        spec="p$i:delay=${half}ms"
+        [ "$rate" != 0 ] && spec="$spec,rate=${rate}mbit"
+        peers+=(--peer "$spec")
+      done
+      "$moesh" wan-emu up --name wb "${peers[@]}" >"$logs/emu" 2>&1 &
+      emu_pid=$!
+      for _ in $(seq 1 100); do grep -q '^ready' "$logs/emu" && break; sleep 0.1; done
+      grep -q '^ready' "$logs/emu" || { cat "$logs/emu" >&2; exit 1; }
+      args=()
+      per=$((n_expert / w))
+      for i in $(seq 1 "$w"); do
+        first=$(( (i - 1) * per )); last=$(( i * per - 1 ))
+        ns="moesh-wb-p$i"; addr="10.77.$i.2"
+        ip netns exec "$ns" "$moesh" worker -m "$model" --experts "*:$first-$last" --listen "$addr:0" -t 1 \
+          >"$logs/w$i" 2>&1 &
+        for _ in $(seq 1 100); do grep -q 'listening on' "$logs/w$i" && break; sleep 0.1; done
+        port=$(grep -o 'listening on [0-9.]*:[0-9]*' "$logs/w$i" | sed 's/.*://')
+        args+=(--worker "$addr:$port")
+      done
+      tps=$(ip netns exec moesh-wb-hub "$moesh" bench -m "$model" -p 0 -n "$n" -r 1 -t 1 "${args[@]}" 2>/dev/null |
+            grep -o "tg$n *| *[0-9.]*" | grep -o '[0-9.]*$')
+      ms=$(python3 -c "print(f'{1000 / $tps:.1f}')")
+      echo "$rtt,$rate,$w,$tps,$ms" | tee -a "$csv"
+      pkill -f "moesh worker -m $model" 2>/dev/null || true
+      kill "$emu_pid"; wait "$emu_pid" 2>/dev/null || true; emu_pid=""
+    done
+  done
+done
+
+if command -v gnuplot >/dev/null 2>&1; then
+  gnuplot <<GP
+set datafile separator ","
+set terminal pngcairo size 900,560 noenhanced
+set output "$out/wan.png"
+set title "moesh decode over the emulated WAN (4 MoE layers, tg$n): tokens/s vs RTT"
+set xlabel "RTT (ms)"; set ylabel "tokens/s"; set logscale y; set grid; set key outside right
+plot for [w in "$workers_list"] for [r in "$rates"] "$csv" using (\$3==w+0 && \$2==r+0 ? \$1 : 1/0):4 \
+  with linespoints title sprintf("%s worker(s), %s", w, r+0==0 ? "unlimited" : r." Mbit/s")
+GP
+  echo "bench-wan: wrote $csv and $out/wan.png"
+else
+  echo "bench-wan: wrote $csv (gnuplot not installed: no plot)"
+fi
