@@ -8,7 +8,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libxxhash-dev
   libasio-dev libpcre2-dev libcpp-httplib-dev
-  clang-format graphviz
+  clang-format graphviz gnuplot-nox
   curl iproute2
 )
 
