@@ -20,21 +20,10 @@ FanOut::FanOut(std::vector<std::unique_ptr<WorkerLink>> links) : links_(std::mov
 
 FanOut::~FanOut() {
   stopping_.store(true);
-  // GOODBYE and close: a reader blocked in recv_frame returns at once.
-  for (auto& l : links_) {
-    if (l->conn) {
-      wire::GoodbyeMsg g;
-      g.text = "backbone closing";
-      auto f = wire::encode_goodbye(g);
-      if (f.is_ok()) (void)l->conn->send_frame(*f, net::deadline_in(std::chrono::milliseconds(200)));
-      l->conn->close();
-    }
-  }
+  // GOODBYE and close: a reader blocked in recv_frame returns at once. The links (and the
+  // connections the readers use) are destroyed only after the readers are joined.
+  for (auto& l : links_) l->shut_down();
   for (auto& t : readers_) t.join();
-  for (auto& l : links_) {
-    l->mux.reset();
-    l->conn.reset();  // already closed and said goodbye; the link's destructor has nothing to do
-  }
 }
 
 void FanOut::read_loop(size_t w) {

@@ -14,14 +14,18 @@ Dialer tcp_dialer(net::TcpOptions tcp) {
   };
 }
 
+void WorkerLink::shut_down() {
+  if (shut_ || !conn) return;
+  shut_ = true;
+  wire::GoodbyeMsg g;
+  g.text = "backbone closing";
+  auto f = wire::encode_goodbye(g);
+  if (f.is_ok()) (void)conn->send_frame(*f, net::deadline_in(std::chrono::milliseconds(200)));
+  conn->close();
+}
+
 WorkerLink::~WorkerLink() {
-  if (conn) {
-    wire::GoodbyeMsg g;
-    g.text = "backbone closing";
-    auto f = wire::encode_goodbye(g);
-    if (f.is_ok()) (void)conn->send_frame(*f, net::deadline_in(std::chrono::milliseconds(200)));
-    conn->close();
-  }
+  shut_down();
 }
 
 Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, const wire::Hello& local,

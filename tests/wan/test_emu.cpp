@@ -82,6 +82,16 @@ double min_rtt_ms(const std::string& netns, const std::string& addr, uint16_t po
   return best;
 }
 
+// Reads `wan-emu up`'s peer lines until "ready".
+void wait_ready(testing::MoeshChild* up, std::vector<std::map<std::string, std::string>>* peers) {
+  ASSERT_TRUE(up->started());
+  std::string line;
+  while (up->read_line(&line, 15s) && line != "ready") {
+    if (line.rfind("peer ", 0) == 0) peers->push_back(parse_peer_line(line));
+  }
+  ASSERT_EQ(line, "ready") << up->output();
+}
+
 TEST(WanEmu, HubAndTwoPeersWithTheirOwnDelays) {
   if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
   const std::string name = "t" + std::to_string(::getpid());
@@ -89,13 +99,8 @@ TEST(WanEmu, HubAndTwoPeersWithTheirOwnDelays) {
   ASSERT_TRUE(add_netns("moesh-" + name + "-stale").is_ok());
 
   testing::MoeshChild up({"wan-emu", "up", "--name", name, "--peer", "a:delay=20ms", "--peer", "b:delay=5ms"});
-  ASSERT_TRUE(up.started());
   std::vector<std::map<std::string, std::string>> peers;
-  std::string line;
-  while (up.read_line(&line, 15s) && line != "ready") {
-    if (line.rfind("peer ", 0) == 0) peers.push_back(parse_peer_line(line));
-  }
-  ASSERT_EQ(line, "ready") << up.output();
+  ASSERT_NO_FATAL_FAILURE(wait_ready(&up, &peers));
   EXPECT_NE(up.output().find("removed stale namespace moesh-" + name + "-stale"), std::string::npos) << up.output();
   ASSERT_EQ(peers.size(), 2u) << up.output();
   const std::string hub = hub_netns_name(name);
@@ -174,13 +179,9 @@ TEST(WanEmu, SwarmRoundTripsOverTheEmulatedWanAreWhatThePlacementPredicts) {
   if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
   const std::string name = "d" + std::to_string(::getpid());
   testing::MoeshChild up({"wan-emu", "up", "--name", name, "--peer", "a:delay=20ms", "--peer", "b:delay=20ms"});
-  ASSERT_TRUE(up.started());
   std::vector<std::map<std::string, std::string>> peers;
+  ASSERT_NO_FATAL_FAILURE(wait_ready(&up, &peers));
   std::string line;
-  while (up.read_line(&line, 15s) && line != "ready") {
-    if (line.rfind("peer ", 0) == 0) peers.push_back(parse_peer_line(line));
-  }
-  ASSERT_EQ(line, "ready") << up.output();
   ASSERT_EQ(peers.size(), 2u);
 
   const std::string model_path = test::made_qwen3moe();  // 16 experts, top-4

@@ -44,7 +44,13 @@ struct WorkerLink {
   wire::Session session;      // negotiated; session.peer is the worker's HELLO
   wire::DecodeLimits limits;  // for decoding its COMBINEs
   std::chrono::nanoseconds warmup_rtt{0};
-  ~WorkerLink();  // sends GOODBYE (best effort) and closes
+  // Sends GOODBYE (best effort) and closes the connection, waking a thread blocked reading it;
+  // idempotent. The objects stay until destruction, so a reader may still touch them.
+  void shut_down();
+  ~WorkerLink();  // shut_down()
+
+ private:
+  bool shut_ = false;
 };
 
 // Dials one worker and runs handshake + warm-up. Errors name the address.
