@@ -23,17 +23,13 @@ n="${N:-8}"
 [ -x "$moesh" ] || { echo "bench-wan: $moesh not built" >&2; exit 1; }
 mkdir -p "$out"
 model="${MODEL:-${TMPDIR:-/tmp}/moesh-wan-bench.gguf}"
-if [ ! -f "$model" ]; then
-  "$moesh" make-model --arch qwen3moe --type q8_0 --vocab none --out "$model" --n-embd 1024 --n-layer 4 \
-    --n-head 16 --n-head-kv 4 --head-dim 64 --n-expert 32 --n-expert-used 4 --n-ff-exp 512 --n-vocab 2048 \
-    --n-ctx 512 >/dev/null
-fi
+source "$root/bench/wan/common.sh"
+wan_make_model
 n_expert=32
 logs="$(mktemp -d)"
 emu_pid=""
 cleanup() {
-  pkill -f "moesh worker -m $model" 2>/dev/null || true
-  [ -n "$emu_pid" ] && kill "$emu_pid" 2>/dev/null || true
+  wan_down
   "$moesh" wan-emu down --name wb >/dev/null 2>&1 || true
   rm -rf "$logs"
 }
@@ -52,27 +48,13 @@ for w in $workers_list; do
         [ "$rate" != 0 ] && spec="$spec,rate=${rate}mbit"
         peers+=(--peer "$spec")
       done
-      "$moesh" wan-emu up --name wb "${peers[@]}" >"$logs/emu" 2>&1 &
-      emu_pid=$!
-      for _ in $(seq 1 100); do grep -q '^ready' "$logs/emu" && break; sleep 0.1; done
-      grep -q '^ready' "$logs/emu" || { cat "$logs/emu" >&2; exit 1; }
-      args=()
-      per=$((n_expert / w))
-      for i in $(seq 1 "$w"); do
-        first=$(( (i - 1) * per )); last=$(( i * per - 1 ))
-        ns="moesh-wb-p$i"; addr="10.77.$i.2"
-        ip netns exec "$ns" "$moesh" worker -m "$model" --experts "*:$first-$last" --listen "$addr:0" -t 1 \
-          >"$logs/w$i" 2>&1 &
-        for _ in $(seq 1 100); do grep -q 'listening on' "$logs/w$i" && break; sleep 0.1; done
-        port=$(grep -o 'listening on [0-9.]*:[0-9]*' "$logs/w$i" | sed 's/.*://')
-        args+=(--worker "$addr:$port")
-      done
-      tps=$(ip netns exec moesh-wb-hub "$moesh" bench -m "$model" -p 0 -n "$n" -r 1 -t 1 "${args[@]}" 2>/dev/null |
+      wan_up wb "${peers[@]}"
+      wan_workers wb "$w" "$n_expert"
+      tps=$(ip netns exec moesh-wb-hub "$moesh" bench -m "$model" -p 0 -n "$n" -r 1 -t 1 "${worker_args[@]}" 2>/dev/null |
             grep -o "tg$n *| *[0-9.]*" | grep -o '[0-9.]*$')
       ms=$(python3 -c "print(f'{1000 / $tps:.1f}')")
       echo "$rtt,$rate,$w,$tps,$ms" | tee -a "$csv"
-      pkill -f "moesh worker -m $model" 2>/dev/null || true
-      kill "$emu_pid"; wait "$emu_pid" 2>/dev/null || true; emu_pid=""
+      wan_down
     done
   done
 done

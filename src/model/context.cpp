@@ -9,6 +9,10 @@
 // Tokens are appended to their sequence's KV cells first; attention then reads the cache, so a
 // batch and the same tokens one at a time see identical keys in identical order.
 #include <algorithm>
+#include <bit>
+#include <chrono>
+#include <memory>
+#include <optional>
 
 #include "model/layers.h"
 
@@ -30,7 +34,8 @@ Context::Context(const Model& model, const ContextParams& params)
       kv_(model.hparams().n_layer, kv_widths(model.hparams()).first, kv_widths(model.hparams()).second,
           params.n_ctx > 0 ? params.n_ctx : model.hparams().n_ctx_train),
       executor_(params.executor),
-      scratch_(std::make_unique<Scratch>()) {
+      scratch_(std::make_unique<Scratch>()),
+      micro_batching_(params.micro_batching) {
   if (!executor_)
     executor_ = std::make_shared<LocalExecutor>(model.expert_weights(), pool_.get());
   else
@@ -106,38 +111,136 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     for (const SeqStep& st : steps) kv_.seq_truncate(st.seq, st.n_before);
   };
 
-  detail::Fwd f{model_, hp, pool_.get(), kv_, s, *executor_, observer_, detail::Batch{T, seq, pos, cell}};
-  const size_t n_act = static_cast<size_t>(T * D);
-  float* h = detail::grow(s.h, n_act);
-  float* xn = detail::grow(s.xn, n_act);
-  float* attn_out = detail::grow(s.attn_out, n_act);
-  float* ffn_out = detail::grow(s.ffn_out, n_act);
+  // One micro-batch, or two (whole sequences each; ContextParams::micro_batching).
+  int n_parts = 1;
+  bool auto_decided = false;
+  if (steps.size() >= 2 && observer_ == nullptr && executor_->overlaps_submits()) {
+    if (micro_batching_ == MicroBatching::kOn) n_parts = 2;
+    if (micro_batching_ == MicroBatching::kAuto) {
+      n_parts = mb_policy_.choose_split(static_cast<int>(steps.size())) ? 2 : 1;
+      auto_decided = true;
+    }
+  }
+  const auto t_start = std::chrono::steady_clock::now();
+  if (!scratch2_ && n_parts == 2) scratch2_ = std::make_unique<Scratch>();
+  Scratch* part_scratch[2] = {&s, scratch2_.get()};
+
+  // Rows of each part: the first sequences (in order of appearance) up to half the tokens go
+  // to part 0, the rest to part 1. row_of[i] = (part, row within the part).
+  std::vector<std::pair<int, int64_t>> row_of(static_cast<size_t>(T));
+  std::vector<int32_t> part_of_seq(steps.size(), 0);
+  if (n_parts == 2) {
+    int64_t acc = 0;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      part_of_seq[k] = (k > 0 && (acc >= (T + 1) / 2 || k + 1 == steps.size())) ? 1 : 0;
+      acc += steps[k].n_new;
+    }
+  }
+  int64_t n_rows[2] = {0, 0};
+  for (int64_t i = 0; i < T; ++i) {
+    size_t k = 0;
+    while (steps[k].seq != seq[i]) ++k;
+    const int p = part_of_seq[k];
+    row_of[i] = {p, n_rows[p]++};
+  }
+  struct Part {
+    std::vector<int32_t> seq;
+    std::vector<int64_t> pos, cell;
+    float *h = nullptr, *xn = nullptr, *attn_out = nullptr, *ffn_out = nullptr;
+    std::optional<detail::Fwd> f;
+    detail::MoeCall call;
+  };
+  Part parts[2];
+  for (int p = 0; p < n_parts; ++p) {
+    Part& pt = parts[p];
+    Scratch& ps = *part_scratch[p];
+    const int64_t n = n_parts == 1 ? T : n_rows[p];
+    const int32_t* pseq = seq;
+    const int64_t *ppos = pos, *pcell = cell;
+    if (n_parts == 2) {
+      pt.seq.resize(n);
+      pt.pos.resize(n);
+      pt.cell.resize(n);
+      for (int64_t i = 0; i < T; ++i) {
+        if (row_of[i].first != p) continue;
+        pt.seq[row_of[i].second] = seq[i];
+        pt.pos[row_of[i].second] = pos[i];
+        pt.cell[row_of[i].second] = cell[i];
+      }
+      pseq = pt.seq.data();
+      ppos = pt.pos.data();
+      pcell = pt.cell.data();
+    }
+    pt.f.emplace(
+        detail::Fwd{model_, hp, pool_.get(), kv_, ps, *executor_, observer_, detail::Batch{n, pseq, ppos, pcell}});
+    const size_t n_act = static_cast<size_t>(n * D);
+    pt.h = detail::grow(ps.h, n_act);
+    pt.xn = detail::grow(ps.xn, n_act);
+    pt.attn_out = detail::grow(ps.attn_out, n_act);
+    pt.ffn_out = detail::grow(ps.ffn_out, n_act);
+  }
 
   // Embeddings (a dequantized row for quantized tables).
-  for (int64_t i = 0; i < T; ++i) get_row_f32(model_.tok_embd, batch[i].token, h + i * D);
+  for (int64_t i = 0; i < T; ++i) {
+    get_row_f32(model_.tok_embd, batch[i].token, parts[row_of[i].first].h + row_of[i].second * D);
+  }
 
-  for (int il = 0; il < hp.n_layer; ++il) {
+  // Layer il of one part up to its dispatch (for a dense layer: the whole FFN) ...
+  auto pre = [&](Part& pt, int il) -> Status {
+    detail::Fwd& f = *pt.f;
     const LayerWeights& lw = model_.layers[static_cast<size_t>(il)];
+    const size_t n_act = static_cast<size_t>(f.batch.n * D);
     // Attention block.
-    detail::rms_norm_rows(h, lw.attn_norm, xn, T, D, hp.rms_eps);
+    detail::rms_norm_rows(pt.h, lw.attn_norm, pt.xn, f.batch.n, D, hp.rms_eps);
     if (hp.arch == Arch::kDeepseek2)
-      detail::attention_mla(f, il, lw, xn, attn_out);
+      detail::attention_mla(f, il, lw, pt.xn, pt.attn_out);
     else
-      detail::attention_gqa(f, il, lw, xn, attn_out);
-    for (size_t i = 0; i < n_act; ++i) h[i] = attn_out[i] + h[i];
+      detail::attention_gqa(f, il, lw, pt.xn, pt.attn_out);
+    for (size_t i = 0; i < n_act; ++i) pt.h[i] = pt.attn_out[i] + pt.h[i];
     // FFN block.
-    detail::rms_norm_rows(h, lw.ffn_norm, xn, T, D, hp.rms_eps);
-    if (lw.is_moe) {
-      Status st = detail::moe_ffn(f, il, lw, xn, ffn_out);
-      if (!st.is_ok()) {
-        rollback();  // leave the cache as it was
-        return st;
-      }
-    } else {
-      detail::dense_ffn(f, lw.ffn_gate, lw.ffn_up, lw.ffn_down, xn, ffn_out);
+    detail::rms_norm_rows(pt.h, lw.ffn_norm, pt.xn, f.batch.n, D, hp.rms_eps);
+    if (lw.is_moe) return detail::moe_begin(f, il, lw, pt.xn, &pt.call);
+    detail::dense_ffn(f, lw.ffn_gate, lw.ffn_up, lw.ffn_down, pt.xn, pt.ffn_out);
+    return Status::ok();
+  };
+  // ... and the rest: the routed experts' result, the residual.
+  auto post = [&](Part& pt, int il) -> Status {
+    detail::Fwd& f = *pt.f;
+    if (model_.layers[static_cast<size_t>(il)].is_moe) {
+      MOESH_RETURN_IF_ERROR(detail::moe_end(f, il, &pt.call, pt.ffn_out));
     }
-    for (size_t i = 0; i < n_act; ++i) h[i] = ffn_out[i] + h[i];
-    if (observer_ != nullptr) observer_->on_layer_out(il, T, D, h);
+    const size_t n_act = static_cast<size_t>(f.batch.n * D);
+    for (size_t i = 0; i < n_act; ++i) pt.h[i] = pt.ffn_out[i] + pt.h[i];
+    if (observer_ != nullptr) observer_->on_layer_out(il, f.batch.n, D, pt.h);
+    return Status::ok();
+  };
+
+  // One part: pre, post per layer. Two: part 1's layer il runs while part 0's experts are out,
+  // and part 0's layer il+1 while part 1's are:  pre0(0) pre1(0) | post0(l) pre0(l+1) post1(l) pre1(l+1) | ...
+  Status st = Status::ok();
+  if (n_parts == 1) {
+    for (int il = 0; il < hp.n_layer && st.is_ok(); ++il) {
+      st = pre(parts[0], il);
+      if (st.is_ok()) st = post(parts[0], il);
+    }
+  } else {
+    st = pre(parts[0], 0);
+    if (st.is_ok()) st = pre(parts[1], 0);
+    for (int il = 0; il < hp.n_layer && st.is_ok(); ++il) {
+      for (int p = 0; p < 2 && st.is_ok(); ++p) {
+        st = post(parts[p], il);
+        if (st.is_ok() && il + 1 < hp.n_layer) st = pre(parts[p], il + 1);
+      }
+    }
+  }
+  if (!st.is_ok()) {
+    // A part whose experts are still out is waited for (and its result dropped), so the
+    // executor has nothing pending for this step.
+    for (int p = 0; p < n_parts; ++p) {
+      if (parts[p].call.pending) (void)detail::moe_end(*parts[p].f, 0, &parts[p].call, parts[p].ffn_out);
+    }
+    rollback();  // leave the cache as it was
+    return st;
   }
 
   if (n_out > 0) {
@@ -146,12 +249,36 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     int64_t r = 0;
     for (int64_t i = 0; i < T; ++i) {
       if (!batch[i].logits) continue;
-      detail::rms_norm_rows(h + i * D, model_.output_norm, rows + r * D, 1, D, hp.rms_eps);
+      const float* hi = parts[row_of[i].first].h + row_of[i].second * D;
+      detail::rms_norm_rows(hi, model_.output_norm, rows + r * D, 1, D, hp.rms_eps);
       ++r;
     }
-    detail::project(f, rows, n_out, D, {{&model_.output, logits}});
+    detail::project(*parts[0].f, rows, n_out, D, {{&model_.output, logits}});
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (auto_decided) mb_policy_.record(static_cast<int>(steps.size()), n_parts == 2, seconds);
+  ++(n_parts == 2 ? mb_stats_.steps_split : mb_stats_.steps_whole);
   return Status::ok();
+}
+
+bool Context::MicroBatchPolicy::choose_split(int n_seq) {
+  const int b = std::min(kBuckets - 1, static_cast<int>(std::bit_width(static_cast<unsigned>(n_seq))) - 1);
+  const uint64_t d = decisions[b]++;
+  // Two samples of each way first, then the faster, with the other re-measured now and then
+  // (the network and the load change).
+  if (n[b][0] < 2) return false;
+  if (n[b][1] < 2) return true;
+  const bool split_faster = mean_s[b][1] < mean_s[b][0];
+  return (d % kAutoProbeEvery == kAutoProbeEvery - 1) ? !split_faster : split_faster;
+}
+
+void Context::MicroBatchPolicy::record(int n_seq, bool split, double seconds) {
+  const int b = std::min(kBuckets - 1, static_cast<int>(std::bit_width(static_cast<unsigned>(n_seq))) - 1);
+  double& m = mean_s[b][split ? 1 : 0];
+  uint64_t& c = n[b][split ? 1 : 0];
+  // An exponential mean that forgets: what the network does now matters, not an hour ago.
+  m = c == 0 ? seconds : 0.8 * m + 0.2 * seconds;
+  ++c;
 }
 
 }  // namespace moesh

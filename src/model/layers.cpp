@@ -194,7 +194,7 @@ void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const Tenso
   project(f, h, T, n_ff, {{&down, out}});
 }
 
-Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out) {
+Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCall* call) {
   const HParams& hp = f.hp;
   const int64_t T = f.batch.n;
   const int64_t n_embd = hp.n_embd;
@@ -227,14 +227,23 @@ Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* o
 
   // THE DISPATCH POINT: routed experts go to the executor; shared experts run meanwhile.
   MOESH_RETURN_IF_ERROR(make_plan(il, ids, w, T, k, hp.n_expert, &f.s.plan));
-  const Ticket ticket = f.executor.submit(il, xn, T, f.s.plan);
-  const bool has_shexp = lw.gate_shexp.valid();
-  float* shexp = nullptr;
-  if (has_shexp) {
-    shexp = grow(f.s.shexp, static_cast<size_t>(T * n_embd));
+  call->ticket = f.executor.submit(il, xn, T, f.s.plan);
+  call->pending = true;
+  call->has_shexp = lw.gate_shexp.valid();
+  if (call->has_shexp) {
+    float* shexp = grow(f.s.shexp, static_cast<size_t>(T * n_embd));
     dense_ffn(f, lw.gate_shexp, lw.up_shexp, lw.down_shexp, xn, shexp);
   }
-  auto routed = f.executor.wait(ticket);
+  return Status::ok();
+}
+
+Status moe_end(Fwd& f, int il, MoeCall* call, float* out) {
+  const int64_t T = f.batch.n;
+  const int64_t n_embd = f.hp.n_embd;
+  const bool has_shexp = call->has_shexp;
+  const float* shexp = f.s.shexp.data();
+  call->pending = false;
+  auto routed = f.executor.wait(call->ticket);
   if (!routed) return routed.status().with_context(fmt::format("layer {} experts", il));
   if (static_cast<int64_t>(routed->size()) != T * n_embd) {
     return make_error(StatusCode::kInternal, "layer {}: executor returned {} floats, expected {}", il, routed->size(),
@@ -248,6 +257,12 @@ Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* o
     std::copy_n(r, T * n_embd, out);
   }
   return Status::ok();
+}
+
+Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out) {
+  MoeCall call;
+  MOESH_RETURN_IF_ERROR(moe_begin(f, il, lw, xn, &call));
+  return moe_end(f, il, &call, out);
 }
 
 }  // namespace moesh::detail

@@ -97,6 +97,16 @@ void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const Tenso
 // The MoE FFN of docs/background/moe-architectures.md §1 for every architecture: router (f32), routing, plan,
 // executor submit, shared experts while it runs, wait, out = routed (+ shared).
 Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+// The same in two halves, so the caller can run other work (another micro-batch) while the
+// routed experts are out: moe_begin routes, submits and computes the shared experts; moe_end
+// waits and writes out. xn and f.s must stay untouched in between.
+struct MoeCall {
+  Ticket ticket = 0;
+  bool pending = false;
+  bool has_shexp = false;
+};
+Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCall* call);
+Status moe_end(Fwd& f, int il, MoeCall* call, float* out);
 
 // ---- per-architecture hooks (one file each) ----
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace moesh {
@@ -34,10 +35,24 @@ void FanOut::read_loop(size_t w) {
 }
 
 Status FanOut::start(size_t w, uint64_t request_id, std::span<const uint8_t> frame, net::Deadline deadline) {
-  return links_[w]->mux->start(request_id, frame, deadline, &done_, w);
+  Status st = links_[w]->mux->start(request_id, frame, deadline, &done_, w);
+  if (st.is_ok()) live_.push_back(Outstanding{w, request_id});
+  return st;
+}
+
+bool FanOut::forget(size_t w, uint64_t request_id) {
+  for (size_t i = 0; i < live_.size(); ++i) {
+    if (live_[i].worker == w && live_[i].request_id == request_id) {
+      live_[i] = live_.back();
+      live_.pop_back();
+      return true;
+    }
+  }
+  return false;
 }
 
 void FanOut::cancel(size_t w, uint64_t request_id) {
+  forget(w, request_id);
   links_[w]->mux->cancel(request_id);
 }
 
@@ -45,12 +60,38 @@ void FanOut::gather(std::span<const Outstanding> reqs, net::Deadline deadline,
                     const std::function<void(Reply&&)>& on_reply) {
   answered_.assign(reqs.size(), 0);
   size_t left = reqs.size();
-  net::CompletionQueue::Entry e;
-  while (left > 0 && done_.pop(&e, deadline)) {
+  auto index_of = [&](const net::CompletionQueue::Entry& e) {
     size_t i = 0;
     while (i < reqs.size() && (answered_[i] || reqs[i].worker != e.tag || reqs[i].request_id != e.request_id)) ++i;
-    if (i == reqs.size()) continue;  // a cancelled request of an earlier call
+    return i;
+  };
+  // Completions another gather took out of the queue first (they arrived earliest).
+  std::vector<net::CompletionQueue::Entry> mine;
+  for (size_t j = 0; j < early_.size();) {
+    if (index_of(early_[j]) < reqs.size()) {
+      mine.push_back(early_[j]);
+      early_[j] = early_.back();
+      early_.pop_back();
+    } else {
+      ++j;
+    }
+  }
+  std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.at < b.at; });
+  size_t next_mine = 0;
+  net::CompletionQueue::Entry e;
+  while (left > 0 && (next_mine < mine.size() || done_.pop(&e, deadline))) {
+    if (next_mine < mine.size()) e = mine[next_mine++];
+    const size_t i = index_of(e);
+    if (i == reqs.size()) {
+      // Another call's request still in flight: keep it for that call's gather. Otherwise a
+      // cancelled request of an earlier call: dropped.
+      bool live = false;
+      for (const Outstanding& o : live_) live = live || (o.worker == e.tag && o.request_id == e.request_id);
+      if (live) early_.push_back(e);
+      continue;
+    }
     answered_[i] = 1;
+    forget(reqs[i].worker, reqs[i].request_id);
     --left;
     Reply r;
     r.index = i;
@@ -62,7 +103,7 @@ void FanOut::gather(std::span<const Outstanding> reqs, net::Deadline deadline,
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
     if (answered_[i]) continue;
-    links_[reqs[i].worker]->mux->cancel(reqs[i].request_id);
+    cancel(reqs[i].worker, reqs[i].request_id);
     Reply r;
     r.index = i;
     r.frame = make_error(StatusCode::kTimeout, "request {} on {}: no reply before its deadline", reqs[i].request_id,

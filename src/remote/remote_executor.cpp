@@ -258,6 +258,7 @@ std::string RemoteExecutor::describe() const {
 
 Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) {
   Impl& m = *impl_;
+  const bool overlapped = std::any_of(m.jobs.begin(), m.jobs.end(), [](const Impl::Job& j) { return j.pending; });
   Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);
   job->deadline = net::deadline_in(m.opts.timeout);
   job->error = Status::ok();
@@ -265,6 +266,7 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
   job->n_reqs = 0;
   job->local_slots.clear();
   m.split_and_send(*job);
+  if (overlapped && job->n_reqs > 0) ++m.traffic.overlapped_calls;
   job->submitted = std::chrono::steady_clock::now();
   return job->ticket;
 }

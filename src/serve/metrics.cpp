@@ -88,6 +88,8 @@ std::string render_metrics(const MetricsSnapshot& s) {
   counter(o, "moesh_draft_tokens_total", "Drafted tokens verified (speculative decoding)", st.draft_tokens);
   counter(o, "moesh_draft_accepted_tokens_total", "Drafted tokens kept (each saved a forward pass)",
           st.accepted_draft_tokens);
+  counter(o, "moesh_split_steps_total", "Forward passes run as two micro-batches (remote trips overlapped)",
+          st.split_steps);
   counter(o, "moesh_requests_submitted_total", "Requests accepted by the scheduler", st.requests_submitted);
   counter(o, "moesh_requests_finished_total", "Requests that ran to a stop or length limit", st.requests_finished);
   counter(o, "moesh_requests_cancelled_total", "Requests cancelled (client gone)", st.requests_cancelled);

@@ -179,6 +179,7 @@ void Scheduler::Impl::step() {
     stats.batch_tokens += batch.size();
     stats.max_batch_seen = std::max<uint64_t>(stats.max_batch_seen, parts.size());
     stats.busy_seconds += dt;
+    stats.split_steps = ctx->micro_batch_stats().steps_split;
   }
   if (st.is_ok()) step_times.record(static_cast<int64_t>(batch.size()), dt);
 

@@ -276,5 +276,85 @@ TEST(RemoteLoopback, SpeculativeDecodingThroughWorkersIsPlainLocalWithFewerTrips
   }
 }
 
+// A multi-sequence run: 5 prompts of different lengths prefilled in one batch, then kSteps decode
+// steps of all 5 together. Returns every logits row, in order.
+Result<std::vector<float>> run_streams(const Model& m, std::shared_ptr<ExpertExecutor> exec, MicroBatching mb,
+                                       int steps, MicroBatchStats* stats = nullptr) {
+  constexpr int kSeqs = 5;
+  Context ctx(m, ContextParams{1, 64, std::move(exec), mb});
+  const int64_t V = m.hparams().n_vocab;
+  std::vector<Context::BatchToken> batch;
+  for (int q = 0; q < kSeqs; ++q) {
+    const auto toks = test_tokens("stream" + std::to_string(q), m.hparams().n_vocab, 3 + 2 * q);
+    for (size_t i = 0; i < toks.size(); ++i) batch.push_back({q, toks[i], i + 1 == toks.size()});
+  }
+  std::vector<float> all, lg(static_cast<size_t>(kSeqs * V));
+  for (int step = 0; step <= steps; ++step) {
+    MOESH_RETURN_IF_ERROR(ctx.decode_batch(batch, lg.data()));
+    all.insert(all.end(), lg.begin(), lg.end());
+    batch.clear();
+    for (int q = 0; q < kSeqs; ++q) batch.push_back({q, argmax(lg.data() + q * V, V), true});
+  }
+  if (stats != nullptr) *stats = ctx.micro_batch_stats();
+  return all;
+}
+
+TEST(RemoteLoopback, TwoMicroBatchesGiveTheSameBitsWithTheirTripsOverlapped) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(halves(&s));
+  constexpr int kSteps = 6;
+  int n_moe = 0;
+  for (const auto& l : s.model->layers) n_moe += l.is_moe;
+  ASSERT_EQ(n_moe, s.model->hparams().n_layer);  // the schedule below counts on every layer being MoE
+  auto local = run_streams(*s.model, nullptr, MicroBatching::kOn, kSteps);  // local: never split
+  ASSERT_TRUE(local.is_ok()) << local.status().to_string();
+
+  for (const MicroBatching mb : {MicroBatching::kOff, MicroBatching::kOn, MicroBatching::kAuto}) {
+    SCOPED_TRACE(static_cast<int>(mb));
+    auto exec = s.connect();
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    MicroBatchStats st;
+    auto got = run_streams(*s.model, *exec, mb, kSteps, &st);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    ASSERT_EQ(got->size(), local->size());
+    EXPECT_EQ(std::memcmp(got->data(), local->data(), local->size() * sizeof(float)), 0);
+    const RemoteTraffic t = (*exec)->traffic();
+    EXPECT_EQ(st.steps_whole + st.steps_split, static_cast<uint64_t>(kSteps + 1));
+    // Split steps make two calls per layer; all but a step's first are submitted while the other
+    // half's call is still out (pre0(0) pre1(0) | post0(l) pre0(l+1) post1(l) pre1(l+1) ...).
+    EXPECT_EQ(t.layer_calls, (st.steps_whole + 2 * st.steps_split) * n_moe);
+    EXPECT_EQ(t.overlapped_calls, st.steps_split * (2 * n_moe - 1));
+    if (mb == MicroBatching::kOff) EXPECT_EQ(st.steps_split, 0u);
+    if (mb == MicroBatching::kOn) EXPECT_EQ(st.steps_whole, 0u);
+    // kAuto measures both ways before it chooses: two whole steps, then two split ones.
+    if (mb == MicroBatching::kAuto) {
+      EXPECT_GE(st.steps_whole, 2u);
+      EXPECT_GE(st.steps_split, 2u);
+    }
+  }
+}
+
+TEST(RemoteLoopback, AWorkerFailingUnderTwoMicroBatchesFailsTheStepAndLeavesNothingPending) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(halves(&s));
+  net::FaultPlan fp;
+  fp.schedule = {{4, net::FaultKind::kCloseMidFrame}};  // HELLO, PONG, 2 COMBINEs, then cut
+  s.faults[1] = fp;
+  auto local = run_streams(*s.model, nullptr, MicroBatching::kOn, 2);
+  ASSERT_TRUE(local.is_ok());
+  auto exec = s.connect();
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  auto bad = run_streams(*s.model, *exec, MicroBatching::kOn, 2);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("(w1)"), std::string::npos) << bad.status().message();
+  // The same executor, worker 1 excluded: nothing of the failed step is left in flight.
+  (*exec)->set_excluded(1, true);
+  MicroBatchStats st;
+  auto good = run_streams(*s.model, *exec, MicroBatching::kOn, 2, &st);
+  ASSERT_TRUE(good.is_ok()) << good.status().to_string();
+  EXPECT_EQ(std::memcmp(good->data(), local->data(), local->size() * sizeof(float)), 0);
+  EXPECT_EQ(st.steps_split, 3u);
+}
+
 }  // namespace
 }  // namespace moesh::test

@@ -26,6 +26,8 @@ struct BenchArgs {
   bool timing = false;
   std::string draft;  // "" = no speculative rows
   int draft_max = 16;
+  int streams = 1;                     // > 1: also a tgNxS row, S sequences decoded together
+  bool compare_micro_batches = false;  // the tgNxS row with micro-batching off and on, alternated
   SwarmArgs swarm;
 };
 
@@ -37,16 +39,25 @@ class TimedExecutor final : public ExpertExecutor {
  public:
   explicit TimedExecutor(std::shared_ptr<ExpertExecutor> inner) : inner_(std::move(inner)) {}
   Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override {
-    started_ = std::chrono::steady_clock::now();
-    return inner_->submit(layer, x, n_tokens, plan);
+    const auto now = std::chrono::steady_clock::now();
+    const Ticket t = inner_->submit(layer, x, n_tokens, plan);
+    started_.emplace_back(t, now);
+    return t;
   }
   Result<std::span<const float>> wait(Ticket t) override {
     auto r = inner_->wait(t);
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    // Two micro-batches have two calls out at once; each is timed from its own submit().
+    for (size_t i = 0; i < started_.size(); ++i) {
+      if (started_[i].first != t) continue;
+      seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_[i].second).count();
+      started_.erase(started_.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
     ++calls_;
     return r;
   }
   void set_pool(ThreadPool* pool) override { inner_->set_pool(pool); }
+  bool overlaps_submits() const override { return inner_->overlaps_submits(); }
   void reset() {
     seconds_ = 0;
     calls_ = 0;
@@ -56,7 +67,7 @@ class TimedExecutor final : public ExpertExecutor {
 
  private:
   std::shared_ptr<ExpertExecutor> inner_;
-  std::chrono::steady_clock::time_point started_;
+  std::vector<std::pair<Ticket, std::chrono::steady_clock::time_point>> started_;
   double seconds_ = 0;
   uint64_t calls_ = 0;
 };
@@ -106,8 +117,8 @@ void print_timing(const TimedExecutor& t, const RemoteExecutor* remote, const st
 }
 
 int run_bench(const BenchArgs& a) {
-  if (a.n_prompt < 0 || a.n_gen < 0 || a.reps < 1) {
-    std::fprintf(stderr, "moesh bench: error: -p and -n must be >= 0 and -r >= 1\n");
+  if (a.n_prompt < 0 || a.n_gen < 0 || a.reps < 1 || a.streams < 1) {
+    std::fprintf(stderr, "moesh bench: error: -p and -n must be >= 0, -r and --streams >= 1\n");
     return 2;
   }
   auto model = load_model_or_report(a.model, false, "bench");
@@ -128,6 +139,7 @@ int run_bench(const BenchArgs& a) {
     grounded.insert(grounded.end(), toks.begin(), toks.begin() + std::min<size_t>(16, toks.size()));
   cp.n_ctx = std::max<int64_t>(std::max(a.n_prompt, a.n_gen), static_cast<int64_t>(grounded.size()) + a.n_gen) + 1;
   cp.executor = remote;
+  cp.micro_batching = micro_batching_of(a.swarm);
   std::shared_ptr<TimedExecutor> timed;
   if (a.timing) {
     std::shared_ptr<ExpertExecutor> inner = remote;
@@ -152,6 +164,20 @@ int run_bench(const BenchArgs& a) {
       MOESH_RETURN_IF_ERROR(ctx.decode(0, &toks[i], 1, logits.data(), false));
     }
     return a.n_gen / std::chrono::duration<double>(clock::now() - t0).count();
+  };
+
+  // tgNxS: S sequences decoded together, one token each per step (continuous batching's decode).
+  auto time_tg_streams = [&]() -> Result<double> {
+    ctx.kv().clear();
+    std::vector<Context::BatchToken> batch(static_cast<size_t>(a.streams));
+    const auto t0 = clock::now();
+    for (int i = 0; i < a.n_gen; ++i) {
+      for (int q = 0; q < a.streams; ++q) {
+        batch[q] = {q, toks[(static_cast<size_t>(i) * a.streams + q) % toks.size()], false};
+      }
+      MOESH_RETURN_IF_ERROR(ctx.decode_batch(batch, nullptr));
+    }
+    return static_cast<double>(a.n_gen) * a.streams / std::chrono::duration<double>(clock::now() - t0).count();
   };
 
   // gen: greedy generation of n_gen tokens after the grounded prompt, plain (no source) or with
@@ -183,12 +209,13 @@ int run_bench(const BenchArgs& a) {
     return static_cast<double>(a.n_gen - 1) / std::chrono::duration<double>(clock::now() - t0).count();
   };
 
-  std::printf("| %-40s | %10s | %7s | %8s | %20s |\n", "model", "size", "threads", "test", "t/s");
+  std::printf("| %-40s | %10s | %7s | %16s | %20s |\n", "model", "size", "threads", "test", "t/s");
   std::printf("| %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(), std::string(10, '-').c_str(),
-              std::string(7, '-').c_str(), std::string(8, '-').c_str(), std::string(20, '-').c_str());
+              std::string(7, '-').c_str(), std::string(16, '-').c_str(), std::string(20, '-').c_str());
   const double mib = static_cast<double>(model->file().size()) / (1024.0 * 1024.0);
   std::string shown = model->file().path();
   if (shown.size() > 40) shown = "..." + shown.substr(shown.size() - 37);
+  double tg_mean = 0;
   for (int which = 0; which < 2; ++which) {
     const int n = which == 0 ? a.n_prompt : a.n_gen;
     if (n == 0) continue;
@@ -216,10 +243,54 @@ int run_bench(const BenchArgs& a) {
       wall += n / *x;
     }
     const Stat s = stats(tps);
-    std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
+    std::printf("| %-40s | %6.2f MiB | %7d | %16s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
                 fmt::format("{}{}", which == 0 ? "pp" : "tg", n).c_str(),
                 fmt::format("{:.2f} ± {:.2f}", s.mean, s.std).c_str());
     if (timed) print_timing(*timed, remote.get(), before, wall, static_cast<double>(n) * a.reps);
+    if (which == 1) tg_mean = s.mean;
+  }
+  if (a.streams > 1 && a.n_gen > 0) {
+    // Micro-batching off and on alternated rep by rep (--compare-micro-batches), or as configured.
+    const std::vector<MicroBatching> modes = a.compare_micro_batches
+                                                 ? std::vector<MicroBatching>{MicroBatching::kOff, MicroBatching::kOn}
+                                                 : std::vector<MicroBatching>{ctx.micro_batching()};
+    std::vector<std::vector<double>> tps(modes.size());
+    std::vector<MicroBatchStats> mb(modes.size());
+    if (remote) remote->reset_traffic();
+    for (int r = 0; r <= a.reps; ++r) {  // rep 0 warms up
+      for (size_t m = 0; m < modes.size(); ++m) {
+        ctx.set_micro_batching(modes[m]);
+        const MicroBatchStats before = ctx.micro_batch_stats();
+        auto x = time_tg_streams();
+        if (!x) {
+          std::fprintf(stderr, "moesh bench: error: %s\n", x.status().to_string().c_str());
+          return 1;
+        }
+        if (r == 0) continue;
+        tps[m].push_back(*x);
+        mb[m].steps_split += ctx.micro_batch_stats().steps_split - before.steps_split;
+        mb[m].steps_whole += ctx.micro_batch_stats().steps_whole - before.steps_whole;
+      }
+    }
+    static const char* kMbName[] = {"off", "on", "auto"};
+    std::vector<Stat> st;
+    for (size_t m = 0; m < modes.size(); ++m) {
+      st.push_back(stats(tps[m]));
+      std::string test = fmt::format("tg{}x{}", a.n_gen, a.streams);
+      if (remote) test += fmt::format(" mb={}", kMbName[static_cast<int>(modes[m])]);
+      std::printf("| %-40s | %6.2f MiB | %7d | %16s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
+                  test.c_str(), fmt::format("{:.2f} ± {:.2f}", st[m].mean, st[m].std).c_str());
+    }
+    for (size_t m = 0; m < modes.size(); ++m) {
+      std::printf("streams: %d streams give %.2fx the single-stream token rate (mb=%s: %llu of %llu steps split)\n",
+                  a.streams, tg_mean > 0 ? st[m].mean / tg_mean : 0.0, kMbName[static_cast<int>(modes[m])],
+                  static_cast<unsigned long long>(mb[m].steps_split),
+                  static_cast<unsigned long long>(mb[m].steps_split + mb[m].steps_whole));
+    }
+    if (modes.size() == 2 && st[0].mean > 0) {
+      std::printf("micro-batches: on/off = %.3fx\n", st[1].mean / st[0].mean);
+    }
+    ctx.set_micro_batching(micro_batching_of(a.swarm));
   }
   if (draft && a.n_gen > 1) {
     // Plain and drafted greedy generation, alternated rep by rep so drift hits both alike.
@@ -242,9 +313,9 @@ int run_bench(const BenchArgs& a) {
     }
     const Stat sp = stats(plain_tps), sq = stats(spec_tps);
     const std::string base = fmt::format("gen{}", a.n_gen);
-    std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(), base.c_str(),
+    std::printf("| %-40s | %6.2f MiB | %7d | %16s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(), base.c_str(),
                 fmt::format("{:.2f} ± {:.2f}", sp.mean, sp.std).c_str());
-    std::printf("| %-40s | %6.2f MiB | %7d | %8s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
+    std::printf("| %-40s | %6.2f MiB | %7d | %16s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
                 (base + "+" + draft->name()).c_str(), fmt::format("{:.2f} ± {:.2f}", sq.mean, sq.std).c_str());
     std::printf("draft %s: %.2fx plain; %.2f tokens per forward pass, %lld of %lld drafts accepted\n",
                 draft->name().c_str(), sp.mean > 0 ? sq.mean / sp.mean : 0.0,
@@ -269,6 +340,11 @@ const CommandRegistrar k_reg{
                               "Also time greedy generation after a grounded (repeated) prompt, plain vs with "
                               "this draft source (ngram): rows genN and genN+ngram");
               sub->add_option("--draft-max", a->draft_max, "Most drafts per forward pass")->capture_default_str();
+              sub->add_option("--streams", a->streams,
+                              "Also time S sequences decoded together (row tgNxS) and its ratio to tgN")
+                  ->capture_default_str();
+              sub->add_flag("--compare-micro-batches", a->compare_micro_batches,
+                            "With --streams and workers: the tgNxS row with --micro-batches off and on, alternated");
               add_swarm_options(sub, &a->swarm);
               return [a] { return run_bench(*a); };
             }}};

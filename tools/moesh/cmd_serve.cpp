@@ -101,6 +101,7 @@ int run_serve(const ServeArgs& a) {
   so.max_queue = a.max_queue;
   so.draft = a.draft;
   so.draft_max = a.draft_max;
+  so.micro_batching = micro_batching_of(a.swarm);
   auto sched = Scheduler::create(*model, tok.get(), so);
   if (!sched) return fail(sched.status());
 

@@ -22,6 +22,7 @@ struct SwarmArgs {
   std::string combine = "exact";
   int timeout_ms = 10000;
   std::string congestion = "cubic";
+  std::string micro_batches = "auto";
 
   bool enabled() const { return !workers.empty() || !workers_file.empty(); }
 };
@@ -71,6 +72,17 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
       ->capture_default_str();
   sub->add_option("--congestion", a->congestion, "TCP congestion control set before connect ('' = system default)")
       ->capture_default_str();
+  sub->add_option("--micro-batches", a->micro_batches,
+                  "Steps of several sequences as two halves whose trips overlap: off|on|auto (auto: whichever "
+                  "measures faster)")
+      ->check(CLI::IsMember({"off", "on", "auto"}))
+      ->capture_default_str();
+}
+
+inline MicroBatching micro_batching_of(const SwarmArgs& a) {
+  if (a.micro_batches == "off") return MicroBatching::kOff;
+  if (a.micro_batches == "on") return MicroBatching::kOn;
+  return MicroBatching::kAuto;
 }
 
 inline Result<wire::CombineMode> parse_combine_mode(const std::string& s) {

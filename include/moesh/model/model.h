@@ -135,11 +135,29 @@ class ForwardObserver {
   virtual void on_layer_out(int layer, int64_t n_tokens, int64_t n_embd, const float* h) {}
 };
 
+// Two micro-batches (DeepSeek's dual micro-batch overlap): a step that carries several
+// sequences runs as two halves of whole sequences, interleaved layer by layer, so while one
+// half's routed experts are on the wire the backbone computes the other half's attention. Only
+// with an executor whose submits overlap (remote workers). Every row's bits are the same either
+// way (rows are batch-invariant), so it is purely a speed choice:
+//   kOff  — never;  kOn — whenever a step has two or more sequences;
+//   kAuto — measures step time both ways per batch size (log2 bucket of the sequence count) and
+//           uses the faster, re-checking the other one every kAutoProbeEvery steps.
+// Steps with an observer attached are never split (observers see whole-batch calls).
+enum class MicroBatching { kOff = 0, kOn, kAuto };
+inline constexpr int kAutoProbeEvery = 32;
+
+struct MicroBatchStats {
+  uint64_t steps_whole = 0;  // steps run as one batch (eligible or not)
+  uint64_t steps_split = 0;  // steps run as two micro-batches
+};
+
 struct ContextParams {
   int n_threads = 0;  // <= 0: all cores
   int64_t n_ctx = 0;  // cells per sequence; <= 0: the model's context_length
   // Expert executor; null: a LocalExecutor over the model's experts on this context's pool.
   std::shared_ptr<ExpertExecutor> executor;
+  MicroBatching micro_batching = MicroBatching::kAuto;
 };
 
 class Context {
@@ -171,16 +189,32 @@ class Context {
   KvCache& kv() { return kv_; }
   ThreadPool& pool() { return *pool_; }
   void set_observer(ForwardObserver* obs) { observer_ = obs; }
+  void set_micro_batching(MicroBatching m) { micro_batching_ = m; }
+  MicroBatching micro_batching() const { return micro_batching_; }
+  const MicroBatchStats& micro_batch_stats() const { return mb_stats_; }
 
   struct Scratch;  // forward-pass buffers (src/model/layers.h)
 
  private:
+  // kAuto's measurements: per log2 bucket of the sequence count, mean step seconds of each way.
+  struct MicroBatchPolicy {
+    static constexpr int kBuckets = 8;
+    double mean_s[kBuckets][2] = {};
+    uint64_t n[kBuckets][2] = {};
+    uint64_t decisions[kBuckets] = {};
+    bool choose_split(int n_seq);
+    void record(int n_seq, bool split, double seconds);
+  };
+
   const Model& model_;
   std::unique_ptr<ThreadPool> pool_;
   KvCache kv_;
   std::shared_ptr<ExpertExecutor> executor_;
   ForwardObserver* observer_ = nullptr;
-  std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<Scratch> scratch_, scratch2_;  // the second is the other micro-batch's
+  MicroBatching micro_batching_ = MicroBatching::kAuto;
+  MicroBatchPolicy mb_policy_;
+  MicroBatchStats mb_stats_;
 };
 
 }  // namespace moesh

@@ -113,6 +113,10 @@ class ExpertExecutor {
   // The pool for expert work this executor does in-process (the Context hands over its own when
   // it is created, so every executor's local share uses the context's threads). Default: unused.
   virtual void set_pool(ThreadPool* pool) { (void)pool; }
+  // True when submit() sends the work elsewhere (workers over a network) and returns before it
+  // is done, so the caller gains by computing something else — another micro-batch — before
+  // wait(). Several tickets may be pending at once on every executor; only these overlap them.
+  virtual bool overlaps_submits() const { return false; }
 };
 
 // Runs every routed expert in this process on the compute pool. `layers[l]` are the stacked

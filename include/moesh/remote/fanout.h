@@ -46,7 +46,8 @@ class FanOut {
   };
   // Hands every request of `reqs` to on_reply exactly once: replies in the order they arrived,
   // then a kTimeout for each one still unanswered at the deadline (those are cancelled, so a late
-  // reply is discarded).
+  // reply is discarded). Requests of several calls may be in flight together (two micro-batches):
+  // a completion of a started request that is not in `reqs` is kept for the gather that asks for it.
   void gather(std::span<const Outstanding> reqs, net::Deadline deadline, const std::function<void(Reply&&)>& on_reply);
 
  private:
@@ -57,6 +58,11 @@ class FanOut {
   std::atomic<bool> stopping_{false};
   std::vector<std::thread> readers_;
   std::vector<uint8_t> answered_;  // gather's scratch
+  // Started, neither gathered nor cancelled: (worker, request id). Only the executor's thread
+  // touches these, so they need no lock.
+  std::vector<Outstanding> live_;
+  std::vector<net::CompletionQueue::Entry> early_;  // completions of live requests not yet gathered
+  bool forget(size_t w, uint64_t request_id);       // removes from live_; false if it was not there
 };
 
 }  // namespace moesh

@@ -78,6 +78,9 @@ struct RemoteTraffic {
   // Most DISPATCHes of one layer call outstanding at the same time (sent, no COMBINE taken yet):
   // with star fan-out every involved worker's request is in flight together.
   uint64_t max_in_flight = 0;
+  // Layer calls submitted while another call of this executor was still pending (two
+  // micro-batches: one half's trip out while the other half's is).
+  uint64_t overlapped_calls = 0;
   // Hiding the trip (layer calls with at least one DISPATCH): trip = first DISPATCH sent -> last
   // COMBINE in; local = the backbone's own work meanwhile (the model's shared experts and dense
   // work between submit() and wait(), then the backbone's share of the routed experts); hidden =
@@ -119,6 +122,7 @@ class RemoteExecutor final : public ExpertExecutor {
 
   Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override;
   Result<std::span<const float>> wait(Ticket t) override;
+  bool overlaps_submits() const override { return true; }
 
   const Placement& placement() const;
   // Replaces the placement (same model shape; worker indices < n_workers()); later calls plan

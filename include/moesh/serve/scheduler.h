@@ -102,6 +102,8 @@ struct SchedulerOptions {
   // A draft source given directly (tests, embedders); overrides `draft`. Called on the scheduler
   // thread only.
   std::shared_ptr<DraftSource> draft_source;
+  // Two micro-batches per step with remote workers (ContextParams::micro_batching).
+  MicroBatching micro_batching = MicroBatching::kAuto;
 };
 
 // Counters since create(). requests_submitted counts accepted requests; each one ends as exactly
@@ -113,6 +115,7 @@ struct SchedulerStats {
   uint64_t steps = 0, batch_tokens = 0;                  // forward passes and the tokens they carried
   uint64_t max_batch_seen = 0;                           // largest number of sequences in one step
   uint64_t draft_tokens = 0, accepted_draft_tokens = 0;  // speculative decoding
+  uint64_t split_steps = 0;                              // steps run as two micro-batches
   int active = 0, queued = 0, n_slots = 0;
   double busy_seconds = 0;  // time spent inside decode_batch
 };
