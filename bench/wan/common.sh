@@ -1,5 +1,24 @@
-# Shared by bench/wan/*.sh (sourced): the narrow benchmark model, the emulator and the workers.
-# Expects $moesh, $model, $logs set by the caller; sets $emu_pid and $worker_args.
+# Shared by bench/wan/*.sh (sourced): paths, the narrow benchmark model, the emulator and the
+# workers. Source it, then `wan_init NAME "$@"`; sets $root $build $out $moesh $model $logs
+# $emu_pid and (wan_workers) $worker_args.
+
+# wan_init NAME [BUILD_DIR] [OUT_DIR]: paths, root and binary checks, the model, a log dir, and a
+# trap that tears the workers and the emulator NAME down on exit.
+wan_init() {
+  wan_name="$1"
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+  build="$(cd "${2:-$root/build}" && pwd)"
+  out="${3:-$root/docs/perf}"
+  moesh="$build/bin/moesh"
+  model="${MODEL:-${TMPDIR:-/tmp}/moesh-wan-bench.gguf}"
+  [ "$(id -u)" -eq 0 ] || { echo "$(basename "$0"): needs root (network namespaces)" >&2; exit 1; }
+  [ -x "$moesh" ] || { echo "$(basename "$0"): $moesh not built" >&2; exit 1; }
+  mkdir -p "$out"
+  wan_make_model
+  logs="$(mktemp -d)"
+  emu_pid=""
+  trap 'wan_down; "$moesh" wan-emu down --name "$wan_name" >/dev/null 2>&1 || true; rm -rf "$logs"' EXIT
+}
 
 # The narrow model every WAN benchmark uses (only the trip structure matters): qwen3moe,
 # 4 layers, 1024 wide, 32 experts top-4, Q8_0.

@@ -11,29 +11,13 @@
 # trip structure matters here, so the model is narrow: qwen3moe 4 layers, 1024 wide, 32 experts
 # top-4, Q8_0.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-build="$(cd "${1:-$root/build}" && pwd)"
-out="${2:-$root/docs/perf}"
-moesh="$build/bin/moesh"
+source "$(dirname "$0")/common.sh"
+wan_init wb "$@"
 rtts="${RTTS:-0 5 20 50 80 100 200}"
 rates="${RATES:-0 100 10}"
 workers_list="${WORKERS:-1 2 4}"
 n="${N:-8}"
-[ "$(id -u)" -eq 0 ] || { echo "bench-wan: needs root (network namespaces)" >&2; exit 1; }
-[ -x "$moesh" ] || { echo "bench-wan: $moesh not built" >&2; exit 1; }
-mkdir -p "$out"
-model="${MODEL:-${TMPDIR:-/tmp}/moesh-wan-bench.gguf}"
-source "$root/bench/wan/common.sh"
-wan_make_model
 n_expert=32
-logs="$(mktemp -d)"
-emu_pid=""
-cleanup() {
-  wan_down
-  "$moesh" wan-emu down --name wb >/dev/null 2>&1 || true
-  rm -rf "$logs"
-}
-trap cleanup EXIT
 
 csv="$out/wan.csv"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$root" rev-parse --short HEAD) model $(basename "$model") tg$n" > "$csv"

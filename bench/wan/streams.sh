@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Many streams over the emulated WAN (moesh wan-emu): S sequences decoded together vs one, with
-# two micro-batches off and on, alternated rep by rep in the same process. Root only.
+# two micro-batches off, on and auto, alternated rep by rep in the same process. Root only.
 #
 #   bench/wan/streams.sh [BUILD_DIR] [OUT_DIR]          (default build/, docs/perf/)
 #   RTTS="0 5 20 80" STREAMS=16 WORKERS=2 N=8 R=2 bench/wan/streams.sh
@@ -8,37 +8,21 @@
 # Each RTT: `wan-emu up` with one peer per worker at delay RTT/2, workers splitting every layer's
 # experts evenly in the peer namespaces, then in the hub namespace
 #   moesh bench -p 0 -n N -r R -t 1 --streams S --compare-micro-batches --worker ...
-# which prints tgN (one stream), tgNxS with micro-batching off and on, and the ratios. The model
+# which prints tgN (one stream), tgNxS with micro-batching off, on and auto, and the ratios. The model
 # is the narrow one of bench/wan/run.sh (qwen3moe, 4 layers, 1024 wide, 32 experts top-4, Q8_0).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-build="$(cd "${1:-$root/build}" && pwd)"
-out="${2:-$root/docs/perf}"
-moesh="$build/bin/moesh"
+source "$(dirname "$0")/common.sh"
+wan_init ws "$@"
 rtts="${RTTS:-0 5 20 80}"
 streams="${STREAMS:-16}"
 w="${WORKERS:-2}"
 n="${N:-8}"
 reps="${R:-2}"
-[ "$(id -u)" -eq 0 ] || { echo "bench-wan-streams: needs root (network namespaces)" >&2; exit 1; }
-[ -x "$moesh" ] || { echo "bench-wan-streams: $moesh not built" >&2; exit 1; }
-mkdir -p "$out"
-model="${MODEL:-${TMPDIR:-/tmp}/moesh-wan-bench.gguf}"
-source "$root/bench/wan/common.sh"
-wan_make_model
 n_expert=32
-logs="$(mktemp -d)"
-emu_pid=""
-cleanup() {
-  wan_down
-  "$moesh" wan-emu down --name ws >/dev/null 2>&1 || true
-  rm -rf "$logs"
-}
-trap cleanup EXIT
 
 csv="$out/wan-streams.csv"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$root" rev-parse --short HEAD) model $(basename "$model") tg$n x $streams streams, $w workers" > "$csv"
-echo "rtt_ms,tg1_tps,tgS_off_tps,tgS_on_tps,streams_gain_off,streams_gain_on,on_over_off" >> "$csv"
+echo "rtt_ms,tg1_tps,tgS_off_tps,tgS_on_tps,tgS_auto_tps,streams_gain_off,streams_gain_on,on_over_off,auto_over_off" >> "$csv"
 for rtt in $rtts; do
   half=$(python3 -c "print($rtt / 2)")
   peers=()
@@ -51,7 +35,8 @@ for rtt in $rtts; do
   tg1=$(grep -o "| *tg$n *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$')
   off=$(grep -o "tg${n}x$streams mb=off *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$')
   on=$(grep -o "tg${n}x$streams mb=on *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$')
-  python3 -c "print(f'$rtt,$tg1,$off,$on,{$off/$tg1:.2f},{$on/$tg1:.2f},{$on/$off:.3f}')" | tee -a "$csv"
+  auto=$(grep -o "tg${n}x$streams mb=auto *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$')
+  python3 -c "print(f'$rtt,$tg1,$off,$on,$auto,{$off/$tg1:.2f},{$on/$tg1:.2f},{$on/$off:.3f},{$auto/$off:.3f}')" | tee -a "$csv"
   wan_down
 done
 echo "bench-wan-streams: wrote $csv"

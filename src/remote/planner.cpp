@@ -30,11 +30,27 @@ bool Planner::excluded(int worker) const {
   return worker >= 0 && static_cast<size_t>(worker) < excluded_.size() && excluded_[static_cast<size_t>(worker)] != 0;
 }
 
+void Planner::set_worker_costs(std::vector<double> costs) {
+  costs_ = std::move(costs);
+}
+
+void Planner::set_computed_locally(std::vector<uint8_t> mask) {
+  local_mask_ = std::move(mask);
+}
+
 int Planner::choose(int layer, int32_t e, int skip, const std::vector<int>& tok_pairs) const {
-  if (policy_.prefer_local && placement_.local_copy(layer, e)) return Placement::kLocal;
+  if ((policy_.prefer_local || computed_locally(layer, e)) && placement_.local_copy(layer, e)) return Placement::kLocal;
+  auto cost = [&](int32_t w) { return static_cast<size_t>(w) < costs_.size() ? costs_[static_cast<size_t>(w)] : 0.0; };
+  double nearest = -1;
+  for (const int32_t w : placement_.holders(layer, e)) {
+    if (w == skip || excluded(w)) continue;
+    if (nearest < 0 || cost(w) < nearest) nearest = cost(w);
+  }
   int o = Placement::kNone;
   for (const int32_t w : placement_.holders(layer, e)) {
     if (w == skip || excluded(w)) continue;
+    if (cost(w) > nearest * policy_.near_factor + policy_.near_slack_s)
+      continue;  // a far replica: only when no near one lives
     // Fewest of this token's pairs so far; ties keep the lowest index (holders are ascending).
     if (o == Placement::kNone || tok_pairs[static_cast<size_t>(w)] < tok_pairs[static_cast<size_t>(o)]) o = w;
   }

@@ -14,7 +14,9 @@
 #include "moesh/moe/expert_stages.h"
 #include "moesh/remote/combiner.h"
 #include "moesh/remote/fanout.h"
+#include "moesh/remote/local_experts.h"
 #include "moesh/remote/remote.h"
+#include "moesh/remote/trip_planner.h"
 #include "moesh/swarm/swarm.h"
 
 namespace moesh {
@@ -24,12 +26,17 @@ struct RemoteExecutor::Impl {
   RemoteOptions opts;
   std::unique_ptr<FanOut> fan;
   Planner planner;
-  std::vector<ExpertWeights> local_weights;
+  std::unique_ptr<LocalExperts> mine;  // what the backbone can compute itself
   std::unique_ptr<LocalExecutor> local;
   ThreadPool* pool = nullptr;
   int64_t n_embd = 0;
   int64_t n_expert = 0;
   RemoteTraffic traffic;
+  // Activations: [layer * n_expert + expert] pairs routed, and tokens per layer.
+  std::vector<uint64_t> act, act_tokens;
+  int first_moe = -1;
+  uint64_t next_hot_plan = 0;  // tokens at first_moe when the hot set is chosen next
+  HotExpertReport hot;
   // Per-worker counters: written by the executor's thread, read by monitoring threads.
   mutable std::mutex worker_mu;
   std::vector<WorkerTraffic> workers;
@@ -89,6 +96,9 @@ struct RemoteExecutor::Impl {
     return fmt::format("worker {}, layer {}, request {}", fan->link(r.worker).label, j.layer, r.msg.request_id);
   }
   void split_and_send(Job& job);
+  Status plan_hot();
+  Result<wire::SlabMsg> fetch(size_t w, int layer, int expert);
+  std::vector<double> worker_costs() const;
   void cancel_all(Job& job);
   Status run_local(Job& job, std::span<const float>* y);
   Status gather(Job& job);
@@ -108,8 +118,15 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   const HParams& hp = model.hparams();
   impl->n_embd = hp.n_embd;
   impl->n_expert = hp.n_expert;
-  impl->local_weights = model.expert_weights();
-  impl->local = std::make_unique<LocalExecutor>(impl->local_weights, nullptr);
+  impl->mine = std::make_unique<LocalExperts>(model);
+  impl->local = std::make_unique<LocalExecutor>(impl->mine->weights(), nullptr);
+  impl->act.assign(static_cast<size_t>(hp.n_layer * hp.n_expert), 0);
+  impl->act_tokens.assign(static_cast<size_t>(hp.n_layer), 0);
+  for (int l = 0; l < hp.n_layer && impl->first_moe < 0; ++l) {
+    if (model.layers[static_cast<size_t>(l)].is_moe) impl->first_moe = l;
+  }
+  impl->next_hot_plan = static_cast<uint64_t>(std::max<int64_t>(opts.hot_plan_after_tokens, 1));
+  impl->hot.budget_bytes = opts.local_experts_bytes;
 
   MOESH_ASSIGN_OR_RETURN(wire::Hello hello, backbone_hello(model, opts));
   MOESH_ASSIGN_OR_RETURN(swarm::ModelShape shape, swarm::model_shape(model.file()));
@@ -144,12 +161,32 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   impl->owner_pairs.assign(n, 0);
   impl->workers.resize(n);
   for (size_t i = 0; i < n; ++i) impl->workers[i].label = impl->fan->link(i).label;
+  // Replicas: the near ones take the load (planner.h); until trips are measured, the warm-up RTT.
+  impl->planner.set_worker_costs(impl->worker_costs());
   return std::unique_ptr<RemoteExecutor>(new RemoteExecutor(std::move(impl)));
 }
 
 void RemoteExecutor::set_pool(ThreadPool* pool) {
   impl_->pool = pool;
-  impl_->local = std::make_unique<LocalExecutor>(impl_->local_weights, pool);
+  impl_->local = std::make_unique<LocalExecutor>(impl_->mine->weights(), pool);
+}
+
+const std::vector<uint64_t>& RemoteExecutor::activation_counts() const {
+  return impl_->act;
+}
+const std::vector<uint64_t>& RemoteExecutor::routed_tokens() const {
+  return impl_->act_tokens;
+}
+HotExpertReport RemoteExecutor::hot_experts() const {
+  return impl_->hot;
+}
+Status RemoteExecutor::plan_local_experts_now() {
+  for (const Impl::Job& j : impl_->jobs) {
+    if (j.pending) {
+      return make_error(StatusCode::kInvalidArgument, "hot experts: cannot re-plan with a layer call pending");
+    }
+  }
+  return impl_->plan_hot();
 }
 
 const Placement& RemoteExecutor::placement() const {
@@ -183,6 +220,10 @@ Status RemoteExecutor::set_placement(Placement placement) {
   }
   impl_->planner.set_placement(std::move(placement));
   return Status::ok();
+}
+
+void RemoteExecutor::set_worker_costs(std::vector<double> costs) {
+  impl_->planner.set_worker_costs(std::move(costs));
 }
 
 void RemoteExecutor::set_excluded(size_t worker, bool excluded) {
@@ -251,6 +292,20 @@ std::string RemoteExecutor::describe() const {
   const int64_t n_local = p.count(Placement::kLocal);
   s += n_local == 0 ? std::string("  local: none (every routed expert is on a worker)\n")
                     : fmt::format("  local: {} experts ({})\n", n_local, p.describe(Placement::kLocal));
+  if (m.opts.local_experts_bytes > 0) {
+    const HotExpertReport& h = m.hot;
+    s += h.plans == 0
+             ? fmt::format("  hot experts: up to {:.1f} MiB, {} by {}, chosen after {} tokens\n",
+                           m.opts.local_experts_bytes / 1048576.0,
+                           m.opts.local_policy == LocalExpertPolicy::kHottest ? "hottest" : "trip-aware",
+                           m.opts.local_policy == LocalExpertPolicy::kHottest ? "activation" : "expected latency",
+                           m.opts.hot_plan_after_tokens)
+             : fmt::format(
+                   "  hot experts: {} computed here ({:.1f} of {:.1f} MiB), {} layers without a trip; "
+                   "predicted trip latency {:.3f} -> {:.3f} ms per token; {} fetched, {} failed\n",
+                   h.experts, h.bytes / 1048576.0, h.budget_bytes / 1048576.0, h.layers_all_local,
+                   1e3 * h.predicted_s_none, 1e3 * h.predicted_s_chosen, h.fetched, h.fetch_failures);
+  }
   return s;
 }
 
@@ -259,6 +314,13 @@ std::string RemoteExecutor::describe() const {
 Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) {
   Impl& m = *impl_;
   const bool overlapped = std::any_of(m.jobs.begin(), m.jobs.end(), [](const Impl::Job& j) { return j.pending; });
+  // The hot set is re-chosen between steps (nothing in flight), on the first MoE layer's call.
+  if (m.opts.local_experts_bytes > 0 && !overlapped && layer == m.first_moe && m.first_moe >= 0 &&
+      m.act_tokens[static_cast<size_t>(layer)] >= m.next_hot_plan) {
+    (void)m.plan_hot();  // failures are in the report; the step goes on with the old set
+    m.next_hot_plan = m.act_tokens[static_cast<size_t>(layer)] +
+                      static_cast<uint64_t>(std::max<int64_t>(m.opts.hot_replan_every_tokens, 1));
+  }
   Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);
   job->deadline = net::deadline_in(m.opts.timeout);
   job->error = Status::ok();
@@ -284,6 +346,13 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
   }
   // Pass 1: who computes each pair (the planner). Requests are created in worker order, so
   // PARTIAL sums are added in a fixed order whatever the routing or arrival order.
+  {
+    uint64_t* a = act.data() + static_cast<size_t>(job.layer) * static_cast<size_t>(n_expert);
+    for (const int32_t e : plan.ids) {
+      if (e >= 0 && e < n_expert) ++a[e];
+    }
+    act_tokens[static_cast<size_t>(job.layer)] += static_cast<uint64_t>(n_tok);
+  }
   Status planned = planner.assign(job.layer, plan, &assign);
   if (!planned.is_ok()) {
     job.error = planned;
@@ -406,7 +475,12 @@ Status RemoteExecutor::Impl::run_local(Job& job, std::span<const float>* y) {
   for (size_t i = 0; i < n; ++i) {
     const int32_t s = job.local_slots[i];
     std::copy_n(job.x + static_cast<int64_t>(s / k) * n_embd, n_embd, xl.data() + i * n_embd);
-    lids[i] = plan.ids[s];
+    // The backbone's copy of the expert may be a compact stack of received ones (local_experts.h).
+    lids[i] = mine->slot(job.layer, plan.ids[s]);
+    if (lids[i] < 0) {
+      return make_error(StatusCode::kInternal, "layer {}: expert {} planned locally but the backbone has no copy",
+                        job.layer, plan.ids[s]);
+    }
   }
   MOESH_RETURN_IF_ERROR(
       make_plan(job.layer, lids.data(), lw.data(), static_cast<int64_t>(n), 1, n_expert, &local_plan));
@@ -521,6 +595,193 @@ Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
   }
   m.combine(*job, ylocal);
   return std::span<const float>(job->out.data(), job->out.size());
+}
+
+// ---- hot experts ---------------------------------------------------------------------------------
+
+std::vector<double> RemoteExecutor::Impl::worker_costs() const {
+  // A trip's cost per worker: given, or the mean measured DISPATCH -> COMBINE latency (before
+  // any, the warm-up RTT).
+  if (opts.worker_costs.size() == fan->size()) return opts.worker_costs;
+  std::lock_guard<std::mutex> lk(worker_mu);
+  std::vector<double> c(fan->size());
+  for (size_t w = 0; w < c.size(); ++w) {
+    const WorkerTraffic& t = workers[w];
+    c[w] = t.requests > t.errors && t.latency_sum_seconds > 0
+               ? t.latency_sum_seconds / static_cast<double>(t.requests - t.errors)
+               : std::chrono::duration<double>(fan->link(w).warmup_rtt).count();
+  }
+  return c;
+}
+
+Result<wire::SlabMsg> RemoteExecutor::Impl::fetch(size_t w, int layer, int expert) {
+  const WorkerLink& link = fan->link(w);
+  if ((link.session.features & wire::kFeatureFetch) == 0) {
+    return make_error(StatusCode::kUnsupported, "worker {} does not serve FETCH", link.label);
+  }
+  wire::FetchMsg req;
+  req.request_id = fan->next_request_id(w);
+  req.layer = static_cast<uint32_t>(layer);
+  req.expert = static_cast<uint32_t>(expert);
+  MOESH_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, wire::encode_fetch(req));
+  // A slab is megabytes: more time than a layer call, still a deadline.
+  const net::Deadline deadline = net::deadline_in(std::max(opts.timeout, std::chrono::milliseconds(30000)));
+  MOESH_RETURN_IF_ERROR(fan->start(w, req.request_id, frame, deadline));
+  const FanOut::Outstanding one{w, req.request_id};
+  Result<wire::SlabMsg> out = Status(StatusCode::kInternal, "no reply");
+  fan->gather(std::span<const FanOut::Outstanding>(&one, 1), deadline, [&](FanOut::Reply&& rep) {
+    if (!rep.frame) {
+      out = rep.frame.status();
+      return;
+    }
+    auto slab = wire::decode_slab(*rep.frame, link.limits);
+    if (!slab) {
+      out = slab.status();
+      return;
+    }
+    Status st = wire::check_slab_matches(req, *slab);
+    if (!st.is_ok()) {
+      out = st;
+      return;
+    }
+    out = std::move(*slab);
+  });
+  if (!out)
+    return out.status().with_context(fmt::format("FETCH layer {} expert {} from {}", layer, expert, link.label));
+  return out;
+}
+
+Status RemoteExecutor::Impl::plan_hot() {
+  const Placement& cur = planner.placement();
+  const int L = cur.n_layer(), E = cur.n_expert();
+  const std::vector<double> costs = worker_costs();
+  planner.set_worker_costs(costs);
+
+  // The problem of trip_planner.h from what was counted and measured. Each expert a worker would
+  // serve goes to its nearest live holder (what the planner does with replicas).
+  TripProblem pb;
+  pb.n_layer = L;
+  pb.n_expert = E;
+  pb.budget_bytes = opts.local_experts_bytes;
+  pb.p.assign(static_cast<size_t>(L), std::vector<double>(static_cast<size_t>(E), 0.0));
+  pb.bytes.assign(static_cast<size_t>(L), std::vector<uint64_t>(static_cast<size_t>(E), 0));
+  pb.workers.resize(fan->size());
+  std::vector<double> compute(fan->size(), 0.0);
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    for (size_t w = 0; w < fan->size(); ++w) {
+      const WorkerTraffic& t = workers[w];
+      if (t.requests > t.errors) compute[w] = t.compute_sum_seconds / static_cast<double>(t.requests - t.errors);
+    }
+  }
+  for (size_t w = 0; w < fan->size(); ++w) {
+    pb.workers[w].compute_s = std::min(compute[w], costs[w]);
+    pb.workers[w].rtt_s = costs[w] - pb.workers[w].compute_s;
+    pb.workers[w].experts.assign(static_cast<size_t>(L), {});
+  }
+  for (int l = 0; l < L; ++l) {
+    const uint64_t tokens = act_tokens[static_cast<size_t>(l)];
+    const uint64_t slab = mine->slab_bytes(l);
+    for (int e = 0; e < E; ++e) {
+      if (tokens > 0) {
+        pb.p[l][e] = std::min(1.0, static_cast<double>(act[static_cast<size_t>(l) * E + e]) / tokens);
+      }
+      // Unknown size: cannot be budgeted, so never chosen.
+      pb.bytes[l][e] = slab > 0 ? slab : opts.local_experts_bytes + 1;
+      int best = -1;
+      for (const int32_t w : cur.holders(l, e)) {
+        if (planner.excluded(w)) continue;
+        if (best < 0 || costs[static_cast<size_t>(w)] < costs[static_cast<size_t>(best)]) best = w;
+      }
+      if (best >= 0) pb.workers[static_cast<size_t>(best)].experts[static_cast<size_t>(l)].push_back(e);
+    }
+  }
+
+  TripPlan plan;
+  if (opts.local_policy == LocalExpertPolicy::kHottest) {
+    // By activation per byte, wherever they are: what load-only placement does.
+    plan.local.assign(static_cast<size_t>(L), std::vector<bool>(static_cast<size_t>(E), false));
+    std::vector<std::pair<double, std::pair<int, int>>> order;
+    for (size_t w = 0; w < pb.workers.size(); ++w) {
+      for (int l = 0; l < L; ++l) {
+        for (const int32_t e : pb.workers[w].experts[static_cast<size_t>(l)]) {
+          order.push_back({pb.p[l][e] / static_cast<double>(std::max<uint64_t>(pb.bytes[l][e], 1)), {l, e}});
+        }
+      }
+    }
+    std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const auto& [score, le] : order) {
+      const uint64_t b = pb.bytes[le.first][le.second];
+      if (score <= 0 || plan.bytes + b > pb.budget_bytes) continue;
+      plan.local[le.first][le.second] = true;
+      plan.bytes += b;
+    }
+    plan.expected_latency_s = expected_trip_latency(pb, plan.local);
+  } else {
+    MOESH_ASSIGN_OR_RETURN(plan, plan_local_experts(pb));
+  }
+
+  // Obtain what is chosen: mapped layers have it; otherwise a copy from the nearest holder.
+  Placement next = cur;
+  std::vector<uint8_t> mask(static_cast<size_t>(L) * E, 0);
+  HotExpertReport& r = hot;
+  r.experts = 0;
+  r.bytes = 0;
+  for (int l = 0; l < L; ++l) {
+    std::vector<bool> keep(static_cast<size_t>(E), false);
+    for (int e = 0; e < E; ++e) {
+      if (!plan.local[l][e]) continue;
+      if (!mine->has(l, e)) {
+        int best = -1;
+        for (const int32_t w : cur.holders(l, e)) {
+          if (planner.excluded(w)) continue;
+          if (best < 0 || costs[static_cast<size_t>(w)] < costs[static_cast<size_t>(best)]) best = w;
+        }
+        Status st =
+            best < 0 ? make_error(StatusCode::kUnavailable, "layer {} expert {}: no live holder", l, e) : Status::ok();
+        if (st.is_ok()) {
+          auto slab = fetch(static_cast<size_t>(best), l, e);
+          st = slab ? mine->add(l, e, *slab) : slab.status();
+          if (st.is_ok()) {
+            ++r.fetched;
+            r.fetched_bytes += mine->slab_bytes(l);
+          }
+        }
+        if (!st.is_ok()) {
+          ++r.fetch_failures;
+          r.last_fetch_error = st.to_string();
+          continue;  // stays remote
+        }
+      }
+      keep[static_cast<size_t>(e)] = true;
+      mask[static_cast<size_t>(l) * E + e] = 1;
+      ++r.experts;
+      r.bytes += mine->slab_bytes(l);
+    }
+    mine->retain(l, keep);
+    for (int e = 0; e < E; ++e) next.set_local_copy(l, e, mine->has(l, e));
+  }
+  planner.set_placement(std::move(next));
+  planner.set_computed_locally(std::move(mask));
+  local = std::make_unique<LocalExecutor>(mine->weights(), pool);
+
+  r.layers_all_local = 0;
+  const Placement& now = planner.placement();
+  for (int l = 0; l < L; ++l) {
+    if (!model->layers[static_cast<size_t>(l)].is_moe) continue;
+    bool all = true;
+    for (int e = 0; e < E && all; ++e)
+      all = now.local_copy(l, e) && (planner.computed_locally(l, e) || now.holders(l, e).empty());
+    r.layers_all_local += all ? 1 : 0;
+  }
+  ++r.plans;
+  r.predicted_s_none = expected_trip_latency(pb, {});
+  std::vector<std::vector<bool>> chosen(static_cast<size_t>(L), std::vector<bool>(static_cast<size_t>(E), false));
+  for (int l = 0; l < L; ++l) {
+    for (int e = 0; e < E; ++e) chosen[l][e] = planner.computed_locally(l, e);
+  }
+  r.predicted_s_chosen = expected_trip_latency(pb, chosen);
+  return Status::ok();
 }
 
 }  // namespace moesh

@@ -141,6 +141,7 @@ wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const Model
   h.n_embd = shape.n_embd;
   h.dtypes = kAllDTypes;
   h.modes = kAllModes;
+  h.features = wire::kFeatureFetch;
   if (role == wire::PeerRole::kWorker) h.experts = held.ranges;
   if (name.size() > wire::kMaxNameBytes) name.resize(wire::kMaxNameBytes);
   h.name = std::move(name);

@@ -1,6 +1,7 @@
 // Slice files (docs/slice.md): an expert slice holds some experts' slabs for a worker; a backbone
 // slice holds everything except the routed experts. Both keep the model's metadata (so
-// load_hparams works on them) and record the full model's identity.
+// load_hparams works on them) and record the full model's identity. Both carry an XXH3-64 per
+// expert slab, so whoever holds a slice can check slabs it gets from elsewhere.
 #include <fmt/format.h>
 #include <xxhash.h>
 
@@ -28,6 +29,21 @@ Status start_slice(const gguf::File& model, const char* kind, const ModelShape& 
   std::vector<int32_t> ls(shape.moe_layers.begin(), shape.moe_layers.end());
   w->set(kKeyMoeLayers, gguf::Value::i32_array(ls));
   return Status::ok();
+}
+
+// XXH3-64 of each expert slab of a stacked [ne0, ne1, n_expert] tensor, in stacking order.
+std::vector<uint64_t> hash_slabs(const TensorView& v) {
+  std::vector<uint64_t> out(static_cast<size_t>(v.ne[2]));
+  for (int64_t e = 0; e < v.ne[2]; ++e)
+    out[static_cast<size_t>(e)] = slab_hash(v.data + expert_slab_offset(v, e), expert_slab_bytes(v));
+  return out;
+}
+
+gguf::Value u64_array(const std::vector<uint64_t>& xs) {
+  std::vector<gguf::Value> items;
+  items.reserve(xs.size());
+  for (uint64_t x : xs) items.push_back(gguf::Value::u64(x));
+  return gguf::Value::array(gguf::ValueType::UINT64, std::move(items));
 }
 
 }  // namespace
@@ -104,13 +120,89 @@ Status write_backbone_slice(const gguf::File& model, const std::string& out) {
   MOESH_ASSIGN_OR_RETURN(ModelShape shape, model_shape(model));
   gguf::Writer w;
   MOESH_RETURN_IF_ERROR(start_slice(model, kKindBackbone, shape, &w));
+  // A backbone slice of a backbone slice has no expert data to hash: keep the source's hashes.
+  if (slice_kind(model) == kKindBackbone) {
+    for (const auto& [k, v] : model.kvs())
+      if (k.starts_with(kKeyHashPrefix) || k.starts_with(kKeyLayoutPrefix)) w.set(k, v);
+  }
   for (const auto& t : model.tensors()) {
-    if (is_routed_expert_tensor(t.name)) continue;
+    if (is_routed_expert_tensor(t.name)) {
+      // The slabs stay out, their hashes go in: a backbone on this slice can then verify an
+      // expert it receives (wire SLAB) without trusting the worker that sent it. This reads
+      // every expert slab once.
+      if (t.n_dims == 3) {
+        w.set(kKeyHashPrefix + t.name, u64_array(hash_slabs(model.view(t))));
+        w.set(kKeyLayoutPrefix + t.name, u64_array({static_cast<uint64_t>(t.type), static_cast<uint64_t>(t.ne[0]),
+                                                    static_cast<uint64_t>(t.ne[1]), static_cast<uint64_t>(t.ne[2])}));
+      }
+      continue;
+    }
     const TensorView v = model.view(t);
     std::vector<int64_t> ne(v.ne, v.ne + t.n_dims);
     MOESH_RETURN_IF_ERROR(w.add_tensor(t.name, t.type, ne, v.data));  // zero-copy from the map
   }
   return w.write_file(out);
+}
+
+Result<std::vector<uint64_t>> expert_slab_hashes(const gguf::File& f, const std::string& tensor_name) {
+  const std::string key = kKeyHashPrefix + tensor_name;
+  const gguf::TensorInfo* ti = f.find_tensor(tensor_name);
+  if (ti != nullptr && ti->n_dims != 3) {
+    return make_error(StatusCode::kInvalidArgument, "{}: tensor '{}' has {} dimensions, not a stacked expert tensor",
+                      f.path(), tensor_name, ti->n_dims);
+  }
+  if (f.has(key)) {
+    MOESH_ASSIGN_OR_RETURN(std::vector<uint64_t> hashes, f.get<std::vector<uint64_t>>(key));
+    // One hash per expert: the tensor's stacking depth, or the model's expert count when the
+    // tensor itself is not in the file (a backbone slice).
+    int64_t want = 0;
+    if (ti != nullptr) {
+      want = ti->ne[2];
+    } else {
+      MOESH_ASSIGN_OR_RETURN(ModelShape shape, model_shape(f));
+      want = shape.n_expert;
+    }
+    if (static_cast<int64_t>(hashes.size()) != want) {
+      return make_error(StatusCode::kCorrupt, "{}: {} has {} hashes for {} experts", f.path(), key, hashes.size(),
+                        want);
+    }
+    return hashes;
+  }
+  if (ti == nullptr) {
+    return make_error(StatusCode::kNotFound, "{} holds neither tensor '{}' nor its slab hashes ('{}'){}", f.path(),
+                      tensor_name, key,
+                      slice_kind(f) == kKindBackbone ? "; rewrite the backbone slice with this moesh to add them" : "");
+  }
+  return hash_slabs(f.view(*ti));
+}
+
+Result<ExpertTensorLayout> expert_tensor_layout(const gguf::File& f, const std::string& tensor_name) {
+  ExpertTensorLayout l;
+  if (const gguf::TensorInfo* ti = f.find_tensor(tensor_name); ti != nullptr) {
+    if (ti->n_dims != 3) {
+      return make_error(StatusCode::kInvalidArgument, "{}: tensor '{}' is not a stacked expert tensor", f.path(),
+                        tensor_name);
+    }
+    l.type = ti->type;
+    l.ne0 = static_cast<uint64_t>(ti->ne[0]);
+    l.ne1 = static_cast<uint64_t>(ti->ne[1]);
+    l.ne2 = static_cast<uint64_t>(ti->ne[2]);
+    return l;
+  }
+  const std::string key = kKeyLayoutPrefix + tensor_name;
+  if (!f.has(key))
+    return make_error(StatusCode::kNotFound, "{}: no tensor '{}' and no '{}'", f.path(), tensor_name, key);
+  MOESH_ASSIGN_OR_RETURN(std::vector<uint64_t> v, f.get<std::vector<uint64_t>>(key));
+  if (v.size() != 4 || !type_is_known(static_cast<uint32_t>(v[0])) || v[1] == 0 || v[2] == 0 || v[3] == 0 ||
+      v[1] > UINT32_MAX || v[2] > UINT32_MAX || v[3] > 65536 ||
+      v[1] % static_cast<uint64_t>(type_block_size(static_cast<GgmlType>(v[0]))) != 0) {
+    return make_error(StatusCode::kCorrupt, "{}: {} is not [type, ne0, ne1, experts] of a valid tensor", f.path(), key);
+  }
+  l.type = static_cast<GgmlType>(v[0]);
+  l.ne0 = v[1];
+  l.ne1 = v[2];
+  l.ne2 = v[3];
+  return l;
 }
 
 }  // namespace moesh::swarm

@@ -5,11 +5,15 @@
 // Each connection: HELLO handshake as acceptor, then frames until the peer leaves. A frame that
 // fails header/checksum validation leaves the stream unreadable: ERROR MALFORMED (id 0) + close.
 // A well-framed but invalid request gets ERROR with its id and the connection stays usable.
+// FETCH (a backbone copying one expert's weights) is answered on the connection's own thread: it
+// is a copy of mapped bytes, not compute.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <list>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -44,10 +48,17 @@ struct Worker::Impl {
   std::mutex peers_mu;
   std::list<Peer> peers;
 
+  // XXH3-64 of the gate/up/down slabs of each expert fetched so far: the mapped bytes never
+  // change, so each is hashed once however often it is fetched.
+  std::mutex hash_mu;
+  std::map<std::pair<uint32_t, uint32_t>, std::array<uint64_t, 3>> slab_hashes;
+
   bool stopping() const { return stop_flag.load(std::memory_order_relaxed); }
   void serve(Peer* peer);
   void handle_dispatch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                        uint32_t max_send_bytes);
+  void handle_fetch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                    const wire::Session& session);
   void reap(bool all);
 };
 
@@ -96,6 +107,63 @@ void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f, 
   net::send_error(conn, req->request_id, out.error, out.text, net::deadline_in(kSendTimeout));
 }
 
+void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                                const wire::Session& session) {
+  stats.fetches.fetch_add(1);
+  auto fail = [&](wire::WireError code, const std::string& text) {
+    stats.errors.fetch_add(1);
+    spdlog::debug("FETCH {} failed: {} {}", f.request_id(), wire::wire_error_name(uint16_t(code)), text);
+    net::send_error(conn, f.request_id(), code, text, net::deadline_in(kSendTimeout));
+  };
+  auto req = wire::decode_fetch(f, lim);
+  if (!req) return fail(wire::WireError::kMalformed, req.status().message());
+  // Like a dtype, a feature is only used when both HELLOs offered it.
+  if ((session.features & wire::kFeatureFetch) == 0)
+    return fail(wire::WireError::kUnsupported, "FETCH was not negotiated (the backbone's HELLO lacks the feature)");
+  if (!store->shape().is_moe(req->layer))
+    return fail(wire::WireError::kNotHeld, fmt::format("layer {} has no routed experts", req->layer));
+  const ExpertStore::Slot slot = store->find(req->layer, req->expert);
+  if (slot.weights == nullptr)
+    return fail(wire::WireError::kNotHeld, fmt::format("layer {} expert {} is not held by this worker (it holds {})",
+                                                       req->layer, req->expert, store->held().to_string()));
+  const TensorView* views[3] = {&slot.weights->gate, &slot.weights->up, &slot.weights->down};
+  const uint8_t* data[3];
+  size_t n[3];
+  for (int t = 0; t < 3; ++t) {
+    data[t] = views[t]->data + expert_slab_offset(*views[t], slot.index);
+    n[t] = expert_slab_bytes(*views[t]);
+  }
+  // Checked before copying anything: an expert too large for one frame cannot be fetched.
+  const size_t payload = wire::slab_payload_bytes(n[0], n[1], n[2]);
+  if (payload > session.max_send_bytes)
+    return fail(wire::WireError::kUnsupported,
+                fmt::format("SLAB of layer {} expert {} is {} bytes, over the backbone's frame limit of {}", req->layer,
+                            req->expert, payload, session.max_send_bytes));
+  std::array<uint64_t, 3> hashes;
+  {
+    std::lock_guard<std::mutex> lock(hash_mu);
+    auto [it, fresh] = slab_hashes.try_emplace({req->layer, req->expert});
+    if (fresh)
+      for (int t = 0; t < 3; ++t) it->second[t] = slab_hash(data[t], n[t]);
+    hashes = it->second;
+  }
+  wire::SlabMsg m;
+  m.request_id = req->request_id;
+  m.layer = req->layer;
+  m.expert = req->expert;
+  for (int t = 0; t < 3; ++t) {
+    wire::SlabTensor& st = m.tensors[t];
+    st.type = views[t]->type;
+    st.ne0 = static_cast<uint64_t>(views[t]->ne[0]);
+    st.ne1 = static_cast<uint64_t>(views[t]->ne[1]);
+    st.hash = hashes[t];
+    st.bytes.assign(data[t], data[t] + n[t]);
+  }
+  auto frame = wire::encode_slab(m);
+  if (!frame) return fail(wire::WireError::kInternal, frame.status().message());
+  (void)conn.send_frame(*frame, net::deadline_in(kSendTimeout));
+}
+
 void Worker::Impl::serve(Peer* peer) {
   net::Connection& conn = *peer->conn;
   wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(), opts.name);
@@ -128,6 +196,9 @@ void Worker::Impl::serve(Peer* peer) {
       case wire::MsgType::kDispatch:
         handle_dispatch(conn, *f, lim, session->max_send_bytes);
         break;
+      case wire::MsgType::kFetch:
+        handle_fetch(conn, *f, lim, *session);
+        break;
       case wire::MsgType::kPing: {
         auto p = wire::decode_ping(*f);
         if (!p) {
@@ -157,7 +228,7 @@ void Worker::Impl::serve(Peer* peer) {
         }
         break;
       default:
-        // HELLO again, COMBINE or PONG: valid frames a worker never expects.
+        // HELLO again, COMBINE, SLAB or PONG: valid frames a worker never expects.
         net::send_error(conn, f->request_id(), wire::WireError::kProtocol,
                         fmt::format("unexpected {} frame on a worker connection", wire::msg_type_name(f->type())),
                         net::deadline_in(kSendTimeout));

@@ -24,6 +24,10 @@ const char* msg_type_name(MsgType t) {
       return "GOODBYE";
     case MsgType::kError:
       return "ERROR";
+    case MsgType::kFetch:
+      return "FETCH";
+    case MsgType::kSlab:
+      return "SLAB";
     case MsgType::kCOUNT:
       break;
   }

@@ -28,6 +28,11 @@ Status validate_hello(const Hello& m, StatusCode code) {
     if (m.model_id[i] != 0) return make_error(code, "HELLO: model id bytes past {} not zero", m.model_id_bytes);
   if ((m.dtypes & ~kAllDtypes) != 0 || (m.modes & ~kAllModes) != 0)
     return make_error(code, "HELLO: unknown capability bits (dtypes 0x{:x}, modes 0x{:x})", m.dtypes, m.modes);
+  if ((m.features & ~kAllFeatures) != 0)
+    return make_error(code, "HELLO: unknown feature bits 0x{:x}", m.features & ~kAllFeatures);
+  // A HELLO claiming an older max_version has that version's layout, which has no features field.
+  if (m.features != 0 && m.max_version < 3)
+    return make_error(code, "HELLO: features 0x{:x} in a v{} HELLO (the field is v3)", m.features, m.max_version);
   if (m.experts.size() > kMaxExpertRanges)
     return make_error(code, "HELLO: {} expert ranges (max {})", m.experts.size(), kMaxExpertRanges);
   if (m.name.size() > kMaxNameBytes)
@@ -86,6 +91,7 @@ Result<std::vector<uint8_t>> encode_hello(const Hello& m) {
     w.u16(static_cast<uint16_t>(m.layer_act.size()));
     w.raw(m.layer_act.data(), m.layer_act.size());
   }
+  if (m.max_version >= 3) w.u32(m.features);
   // The frame header carries our highest version: a newer peer reads our HELLO that way.
   return build_frame(MsgType::kHello, 0, payload, m.max_version);
 }
@@ -139,15 +145,18 @@ Result<Hello> decode_hello(const Frame& f) {
                         n_act, r.remaining());
     m.layer_act.resize(n_act);
     (void)r.raw(m.layer_act.data(), n_act);
-    // A newer version may append fields after ours; in our own version the size is exact.
-    if (f.header.version == kVersion && r.remaining() != 0)
-      return make_error(StatusCode::kCorrupt, "HELLO: {} unexpected trailing bytes", r.remaining());
   }
+  if (f.header.version >= 3 && !r.u32(&m.features))
+    return make_error(StatusCode::kCorrupt, "HELLO v{}: payload ends before its features field", f.header.version);
+  // A newer version may append fields after ours; the layouts up to our own are exact.
+  if (f.header.version <= kVersion && r.remaining() != 0)
+    return make_error(StatusCode::kCorrupt, "HELLO: {} unexpected trailing bytes", r.remaining());
   if (f.header.version > kVersion) {
     // Capabilities we do not know of are a newer peer's to offer, not an error: the
     // intersection in negotiate() simply never picks them.
     m.dtypes &= kAllDtypes;
     m.modes &= kAllModes;
+    m.features &= kAllFeatures;
     for (uint8_t& a : m.layer_act)
       if (a != static_cast<uint8_t>(WireDType::kQ8) && a != static_cast<uint8_t>(WireDType::kQ8K)) a = kNoActDType;
   }
@@ -181,6 +190,8 @@ Result<Session> negotiate(const Hello& local, const Hello& peer) {
                       "no common wire dtype/combine mode with peer '{}' (dtypes 0x{:x}/0x{:x}, modes 0x{:x}/0x{:x})",
                       peer.name, local.dtypes, peer.dtypes, local.modes, peer.modes);
   s.max_send_bytes = peer.max_frame_bytes;
+  // Optional: a session without common features still works (DISPATCH/COMBINE need none).
+  s.features = local.features & peer.features;
   s.peer = peer;
   return s;
 }

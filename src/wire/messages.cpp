@@ -1,8 +1,10 @@
-// DISPATCH / COMBINE / PING / PONG / GOODBYE / ERROR payload codecs (PROTOCOL.md §4).
+// DISPATCH / COMBINE / FETCH / SLAB / PING / PONG / GOODBYE / ERROR payload codecs (PROTOCOL.md §4).
 //
 // Each message has one validate_* routine shared by its encoder (a bad message is the caller's
 // bug: kInvalidArgument) and its decoder (a bad frame is the peer's: kCorrupt), so what we send
 // and what we accept can never drift apart.
+#include <xxhash.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -19,6 +21,10 @@ using detail::ByteWriter;
 constexpr size_t kDispatchFixedBytes = 24;
 constexpr size_t kCombineFixedBytes = 24;
 constexpr size_t kPairBytes = 8;
+constexpr size_t kFetchBytes = 8;
+constexpr size_t kSlabFixedBytes = 8;
+constexpr size_t kSlabTensorHeaderBytes = 36;  // u32 type, u64 ne0, ne1, byte count, hash
+constexpr const char* kSlabTensorNames[3] = {"gate", "up", "down"};
 
 size_t align4(size_t n) {
   return (n + 3) & ~size_t{3};
@@ -122,6 +128,43 @@ Status validate_combine(const CombineMsg& m, const DecodeLimits& lim, StatusCode
   return check_rows(code, "COMBINE rows", m.rows, lim);
 }
 
+// Expert ids are u32 in FETCH/SLAB; without a model shape the HELLO range bound applies.
+Status check_expert(StatusCode code, const char* what, uint32_t expert, const DecodeLimits& lim) {
+  const uint64_t n = lim.n_expert != 0 ? lim.n_expert : 65536u;
+  if (expert >= n) return make_error(code, "{}: expert {} out of range (layer has {})", what, expert, n);
+  return Status::ok();
+}
+
+// The header of one SLAB tensor starting at payload offset `at` (byte count and hash follow at
+// at+20 and at+28). The byte count must be exactly what the type and shape need, so a frame can
+// neither hide extra bytes nor claim a slab it does not carry.
+Status check_slab_tensor(StatusCode code, int t, size_t at, uint32_t type, uint64_t ne0, uint64_t ne1,
+                         uint64_t n_bytes) {
+  const char* name = kSlabTensorNames[t];
+  if (!type_is_known(type)) return make_error(code, "SLAB {}: unknown ggml type {} at offset {}", name, type, at);
+  const GgmlType gt = static_cast<GgmlType>(type);
+  if (ne0 == 0 || ne0 > kMaxSlabDim)
+    return make_error(code, "SLAB {}: ne0 {} at offset {} outside 1..{}", name, ne0, at + 4, kMaxSlabDim);
+  if (ne1 == 0 || ne1 > kMaxSlabDim)
+    return make_error(code, "SLAB {}: ne1 {} at offset {} outside 1..{}", name, ne1, at + 12, kMaxSlabDim);
+  if (ne0 % static_cast<uint64_t>(type_block_size(gt)) != 0)
+    return make_error(code, "SLAB {}: ne0 {} at offset {} is not a multiple of the {} block of {}", name, ne0, at + 4,
+                      type_name(gt), type_block_size(gt));
+  // ne0 < 2^32 keeps a row under 2^35 bytes, and the check divides rather than multiplies, so a
+  // hostile ne1 cannot overflow it.
+  const uint64_t row = type_row_bytes(gt, static_cast<int64_t>(ne0));
+  if (n_bytes % row != 0 || n_bytes / row != ne1) {
+    const std::string need = row > UINT64_MAX / ne1 ? "over 2^64" : std::to_string(row * ne1);
+    return make_error(code, "SLAB {}: byte count {} at offset {} but {} [{} x {}] is {} bytes", name, n_bytes, at + 20,
+                      type_name(gt), ne0, ne1, need);
+  }
+  return Status::ok();
+}
+
+uint64_t slab_bytes_hash(std::span<const uint8_t> b) {
+  return XXH3_64bits(b.data(), b.size());
+}
+
 Status check_text(StatusCode code, const char* what, const std::string& s, size_t max) {
   if (s.size() > max) return make_error(code, "{}: text of {} bytes exceeds {}", what, s.size(), max);
   return Status::ok();
@@ -162,6 +205,10 @@ size_t dispatch_payload_bytes(uint32_t n_tokens, uint32_t n_pairs, uint32_t n_em
 
 size_t combine_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireDType t) {
   return kCombineFixedBytes + wire_row_bytes(t, n_embd) * n_rows;
+}
+
+size_t slab_payload_bytes(uint64_t gate_bytes, uint64_t up_bytes, uint64_t down_bytes) {
+  return kSlabFixedBytes + 3 * kSlabTensorHeaderBytes + gate_bytes + up_bytes + down_bytes;
 }
 
 // ---- DISPATCH ----
@@ -319,6 +366,107 @@ Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply) {
   if (reply.rows.n_cols != req.n_embd()) return bad(fmt::format("n_embd {} vs {}", reply.rows.n_cols, req.n_embd()));
   if (reply.rows.n_rows != req.n_result_rows())
     return bad(fmt::format("{} rows vs {}", reply.rows.n_rows, req.n_result_rows()));
+  return Status::ok();
+}
+
+// ---- FETCH / SLAB ----
+
+Result<std::vector<uint8_t>> encode_fetch(const FetchMsg& m) {
+  if (m.request_id == 0) return make_error(StatusCode::kInvalidArgument, "FETCH: request id 0 is reserved");
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kInvalidArgument, "FETCH", m.expert, DecodeLimits{}));
+  std::vector<uint8_t> payload;
+  ByteWriter w(&payload);
+  w.u32(m.layer);
+  w.u32(m.expert);
+  return build_frame(MsgType::kFetch, m.request_id, payload);
+}
+
+Result<FetchMsg> decode_fetch(const Frame& f, const DecodeLimits& lim) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kFetch));
+  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "FETCH: request id 0 is reserved");
+  if (f.payload.size() != kFetchBytes)
+    return make_error(StatusCode::kCorrupt, "FETCH payload is {} bytes (must be {})", f.payload.size(), kFetchBytes);
+  ByteReader r(f.payload);
+  FetchMsg m;
+  m.request_id = f.request_id();
+  (void)(r.u32(&m.layer) && r.u32(&m.expert));
+  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, "FETCH", m.layer, lim));
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, "FETCH", m.expert, lim));
+  return m;
+}
+
+Result<std::vector<uint8_t>> encode_slab(const SlabMsg& m) {
+  constexpr StatusCode kBad = StatusCode::kInvalidArgument;
+  if (m.request_id == 0) return make_error(kBad, "SLAB: request id 0 is reserved");
+  MOESH_RETURN_IF_ERROR(check_expert(kBad, "SLAB", m.expert, DecodeLimits{}));
+  size_t at = kSlabFixedBytes;
+  for (int t = 0; t < 3; ++t) {
+    const SlabTensor& s = m.tensors[t];
+    MOESH_RETURN_IF_ERROR(check_slab_tensor(kBad, t, at, static_cast<uint32_t>(s.type), s.ne0, s.ne1, s.bytes.size()));
+    // The hash is not recomputed here: the sender may have cached it, and decode_slab checks it.
+    at += kSlabTensorHeaderBytes + s.bytes.size();
+  }
+  const size_t bytes =
+      slab_payload_bytes(m.tensors[0].bytes.size(), m.tensors[1].bytes.size(), m.tensors[2].bytes.size());
+  if (bytes > UINT32_MAX) return make_error(StatusCode::kOutOfRange, "SLAB payload of {} bytes is too large", bytes);
+  std::vector<uint8_t> payload;
+  payload.reserve(bytes);
+  ByteWriter w(&payload);
+  w.u32(m.layer);
+  w.u32(m.expert);
+  for (const SlabTensor& s : m.tensors) {
+    w.u32(static_cast<uint32_t>(s.type));
+    w.u64(s.ne0);
+    w.u64(s.ne1);
+    w.u64(s.bytes.size());
+    w.u64(s.hash);
+    w.raw(s.bytes.data(), s.bytes.size());
+  }
+  return build_frame(MsgType::kSlab, m.request_id, payload);
+}
+
+Result<SlabMsg> decode_slab(const Frame& f, const DecodeLimits& lim) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kSlab));
+  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "SLAB: request id 0 is reserved");
+  ByteReader r(f.payload);
+  SlabMsg m;
+  m.request_id = f.request_id();
+  if (!r.u32(&m.layer) || !r.u32(&m.expert))
+    return make_error(StatusCode::kCorrupt, "SLAB payload of {} bytes shorter than its {}-byte fixed part",
+                      f.payload.size(), kSlabFixedBytes);
+  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, "SLAB", m.layer, lim));
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, "SLAB", m.expert, lim));
+  for (int t = 0; t < 3; ++t) {
+    SlabTensor& s = m.tensors[t];
+    const size_t at = r.pos();
+    uint32_t type = 0;
+    uint64_t n_bytes = 0;
+    if (!r.u32(&type) || !r.u64(&s.ne0) || !r.u64(&s.ne1) || !r.u64(&n_bytes) || !r.u64(&s.hash))
+      return make_error(StatusCode::kCorrupt, "SLAB {}: payload ends inside the tensor header at offset {}",
+                        kSlabTensorNames[t], at);
+    MOESH_RETURN_IF_ERROR(check_slab_tensor(StatusCode::kCorrupt, t, at, type, s.ne0, s.ne1, n_bytes));
+    // Only bytes that are present are looked at (and only they are ever allocated).
+    std::span<const uint8_t> data;
+    if (!r.view(n_bytes, &data))
+      return make_error(StatusCode::kCorrupt, "SLAB {}: byte count {} at offset {} but only {} bytes follow",
+                        kSlabTensorNames[t], n_bytes, at + 20, r.remaining());
+    const uint64_t h = slab_bytes_hash(data);
+    if (h != s.hash)
+      return make_error(StatusCode::kCorrupt,
+                        "SLAB {}: bytes at offset {} hash to {:016x}, the hash at offset {} says {:016x}",
+                        kSlabTensorNames[t], at + kSlabTensorHeaderBytes, h, at + 28, s.hash);
+    s.type = static_cast<GgmlType>(type);
+    s.bytes.assign(data.begin(), data.end());
+  }
+  MOESH_RETURN_IF_ERROR(trailing("SLAB", r));
+  return m;
+}
+
+Status check_slab_matches(const FetchMsg& req, const SlabMsg& reply) {
+  if (reply.request_id != req.request_id || reply.layer != req.layer || reply.expert != req.expert)
+    return make_error(StatusCode::kCorrupt,
+                      "SLAB for request {} (layer {} expert {}) does not answer FETCH {} of layer {} expert {}",
+                      reply.request_id, reply.layer, reply.expert, req.request_id, req.layer, req.expert);
   return Status::ok();
 }
 

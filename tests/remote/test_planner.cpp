@@ -133,5 +133,36 @@ TEST(Planner, WorkersBeyondSixtyFour) {
   EXPECT_FALSE(pl.assign(1, plan_of({7, 0}, 2), &who).is_ok());
 }
 
+TEST(Planner, NearReplicasTakeTheLoadAndFarOnesOnlyStandIn) {
+  Planner pl(sample());
+  std::vector<int32_t> who;
+  // Experts 2-3 are on workers 0 and 1. Worker 0 far (80 ms), worker 1 near (10 ms): all to 1.
+  pl.set_worker_costs({0.080, 0.010, 0.010});
+  ASSERT_TRUE(pl.assign(1, plan_of({2, 3, 3, 2}, 2), &who).is_ok());
+  EXPECT_EQ(who, (std::vector<int32_t>{1, 1, 1, 1}));
+  // The near one excluded: the far replica stands in.
+  pl.set_excluded(1, true);
+  ASSERT_TRUE(pl.assign(1, plan_of({2, 3}, 2), &who).is_ok());
+  EXPECT_EQ(who, (std::vector<int32_t>{0, 0}));
+  pl.set_excluded(1, false);
+  // Costs within the slack (LAN noise): balanced again, one pair each.
+  pl.set_worker_costs({0.0100, 0.0104, 0.010});
+  ASSERT_TRUE(pl.assign(1, plan_of({2, 3}, 2), &who).is_ok());
+  EXPECT_EQ(who, (std::vector<int32_t>{0, 1}));
+}
+
+TEST(Planner, ExpertsChosenToBeComputedLocallyGoToTheBackboneWhenItHasThem) {
+  Planner pl(sample());
+  std::vector<uint8_t> mask(kLayers * kExperts, 0);
+  mask[1 * kExperts + 5] = 1;  // has a copy
+  mask[1 * kExperts + 2] = 1;  // no copy: stays on its worker
+  pl.set_computed_locally(mask);
+  std::vector<int32_t> who;
+  ASSERT_TRUE(pl.assign(1, plan_of({5, 2, 6, 7}, 2), &who).is_ok());
+  EXPECT_EQ(who, (std::vector<int32_t>{Placement::kLocal, 0, 2, Placement::kLocal}));
+  EXPECT_TRUE(pl.computed_locally(1, 5));
+  EXPECT_FALSE(pl.computed_locally(1, 6));
+}
+
 }  // namespace
 }  // namespace moesh

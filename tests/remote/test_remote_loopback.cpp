@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -32,8 +34,9 @@ struct LoopSwarm {
   std::map<int, net::FaultPlan> faults;  // worker index -> faults on the worker's writes
   std::vector<WorkerAddress> addrs;
 
-  void add_worker(const std::string& spec) {
-    auto f = gguf::File::open(path);
+  // `file`: what the worker serves (default: the model; another file plays a lying worker).
+  void add_worker(const std::string& spec, const std::string& file = "") {
+    auto f = gguf::File::open(file.empty() ? path : file);
     ASSERT_TRUE(f.is_ok()) << f.status().to_string();
     auto shape = swarm::model_shape(**f);
     ASSERT_TRUE(shape.is_ok());
@@ -354,6 +357,172 @@ TEST(RemoteLoopback, AWorkerFailingUnderTwoMicroBatchesFailsTheStepAndLeavesNoth
   ASSERT_TRUE(good.is_ok()) << good.status().to_string();
   EXPECT_EQ(std::memcmp(good->data(), local->data(), local->size() * sizeof(float)), 0);
   EXPECT_EQ(st.steps_split, 3u);
+}
+
+// ---- hot experts kept on the backbone (--local-experts-mb) ----------------------------------------
+
+uint64_t expert_bytes(const Model& m) {
+  const ExpertWeights& w = m.layers[0].experts;
+  return expert_slab_bytes(w.gate) + expert_slab_bytes(w.up) + expert_slab_bytes(w.down);
+}
+
+// Greedy decode of n tokens after `prompt` (one sequence); returns every logits row.
+Result<std::vector<float>> greedy_rows(const Model& m, std::shared_ptr<ExpertExecutor> exec, int n,
+                                       const std::function<void(int)>& after_step = {}) {
+  Context ctx(m, ContextParams{1, 128, std::move(exec)});
+  const int64_t V = m.hparams().n_vocab;
+  const auto prompt = tokens_of(m);
+  std::vector<float> lg(static_cast<size_t>(V)), all;
+  MOESH_RETURN_IF_ERROR(ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), lg.data(), false));
+  all = lg;
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = argmax(lg.data(), V);
+    MOESH_RETURN_IF_ERROR(ctx.decode(0, &t, 1, lg.data(), false));
+    all.insert(all.end(), lg.begin(), lg.end());
+    if (after_step) after_step(i);
+  }
+  return all;
+}
+
+TEST(RemoteLoopback, HotExpertsWithinABudgetTakeAWholeLayerOffTheWireAndKeepTheBits) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(halves(&s));
+  const int n_moe = static_cast<int>(s.model->hparams().n_layer);
+  const int64_t E = s.model->hparams().n_expert;
+  auto local = greedy_rows(*s.model, nullptr, 12);
+  ASSERT_TRUE(local.is_ok());
+  for (const LocalExpertPolicy pol : {LocalExpertPolicy::kTripAware, LocalExpertPolicy::kHottest}) {
+    SCOPED_TRACE(pol == LocalExpertPolicy::kTripAware ? "trip-aware" : "hottest");
+    RemoteOptions o;
+    o.local_experts_bytes = static_cast<uint64_t>(E) * expert_bytes(*s.model);  // one layer's worth
+    o.local_policy = pol;
+    o.hot_plan_after_tokens = 8;      // the prompt's 10 tokens are enough
+    o.worker_costs = {0.010, 0.010};  // equal links (measured loopback latencies are noise)
+    auto exec = s.connect(o);
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    RemoteTraffic before_plan, after_plan;
+    auto got = greedy_rows(*s.model, *exec, 12, [&](int i) {
+      if (i == 3) (*exec)->reset_traffic();
+      if (i == 11) after_plan = (*exec)->traffic();
+    });
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    // Exact mode: where an expert runs never changes the bits.
+    EXPECT_EQ(std::memcmp(got->data(), local->data(), local->size() * sizeof(float)), 0);
+    const HotExpertReport h = (*exec)->hot_experts();
+    EXPECT_GE(h.plans, 1u);
+    EXPECT_GT(h.experts, 0);
+    EXPECT_LE(h.bytes, o.local_experts_bytes);
+    EXPECT_EQ(h.fetched, 0u);  // a backbone on the full model maps them from its own file
+    EXPECT_GT(after_plan.local_pairs, 0u);
+    // Counted activations: every token of every layer, k each.
+    uint64_t pairs = 0;
+    for (const uint64_t c : (*exec)->activation_counts()) pairs += c;
+    EXPECT_EQ(pairs, (*exec)->routed_tokens()[0] * n_moe * s.model->hparams().n_expert_used);
+    if (pol == LocalExpertPolicy::kTripAware) {
+      // Uniform-ish activations, 8 experts per worker: scattered hot experts cannot remove a trip,
+      // a whole local layer removes one per token — the trip-aware planner takes the layer.
+      EXPECT_EQ(h.layers_all_local, 1);
+      EXPECT_EQ(after_plan.layer_calls, static_cast<uint64_t>(8 * (n_moe - 1)));  // 8 tokens after the reset
+      EXPECT_LT(h.predicted_s_chosen, h.predicted_s_none);
+    }
+  }
+}
+
+TEST(RemoteLoopback, ABackboneSliceFetchesHotExpertsAndChecksThemAgainstTheModelsHashes) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(halves(&s));
+  auto full = gguf::File::open(s.path);
+  ASSERT_TRUE(full.is_ok());
+  const std::string bb = temp_dir() + "/hot-backbone.gguf";
+  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
+  auto bbm = Model::load(bb);
+  ASSERT_TRUE(bbm.is_ok()) << bbm.status().to_string();
+  auto local = greedy_rows(*s.model, nullptr, 10);
+  ASSERT_TRUE(local.is_ok());
+
+  RemoteOptions o;
+  o.local_experts_bytes = 16 * expert_bytes(*s.model);
+  o.hot_plan_after_tokens = 8;
+  o.worker_costs = {0.010, 0.010};
+  o.dialer = s.dialer();
+  auto e = RemoteExecutor::connect(**bbm, s.addrs, o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  std::shared_ptr<RemoteExecutor> exec(std::move(*e));
+  auto got = greedy_rows(**bbm, exec, 10);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(std::memcmp(got->data(), local->data(), local->size() * sizeof(float)), 0);
+  const HotExpertReport h = exec->hot_experts();
+  EXPECT_EQ(h.fetch_failures, 0u) << h.last_fetch_error;
+  EXPECT_EQ(h.fetched, 16u);
+  EXPECT_EQ(h.fetched_bytes, 16 * expert_bytes(*s.model));
+  EXPECT_EQ(h.layers_all_local, 1);
+  EXPECT_GT(exec->traffic().local_pairs, 0u);
+}
+
+TEST(RemoteLoopback, AWorkerServingOtherWeightsIsCaughtByTheHashAndItsExpertsStayRemote) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  // A copy of the model with some bytes of every gate expert changed: the same metadata (so
+  // the same identity in HELLO), other weights — a worker that lies.
+  const std::string liar = temp_dir() + "/qwen3moe-e16-other-weights.gguf";
+  {
+    auto f = gguf::File::open(s.path);
+    ASSERT_TRUE(f.is_ok());
+    std::ifstream in(s.path, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (int l = 0; l < s.model->hparams().n_layer; ++l) {
+      const gguf::TensorInfo* ti = (*f)->find_tensor(fmt::format("blk.{}.ffn_gate_exps.weight", l));
+      ASSERT_NE(ti, nullptr);
+      const size_t at = (*f)->data_offset() + ti->offset;
+      for (size_t i = 0; i < ti->n_bytes; i += 64) bytes[at + i] ^= 0x11;  // every expert's slab
+    }
+    std::ofstream(liar, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*", liar));
+  auto full = gguf::File::open(s.path);
+  ASSERT_TRUE(full.is_ok());
+  const std::string bb = temp_dir() + "/hot-backbone-liar.gguf";
+  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
+  auto bbm = Model::load(bb);
+  ASSERT_TRUE(bbm.is_ok());
+  RemoteOptions o;
+  o.local_experts_bytes = 16 * expert_bytes(*s.model);
+  o.hot_plan_after_tokens = 8;
+  o.dialer = s.dialer();
+  auto e = RemoteExecutor::connect(**bbm, s.addrs, o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  std::shared_ptr<RemoteExecutor> exec(std::move(*e));
+  auto got = greedy_rows(**bbm, exec, 4);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const HotExpertReport h = exec->hot_experts();
+  EXPECT_EQ(h.fetched, 0u);
+  EXPECT_GT(h.fetch_failures, 0u);
+  EXPECT_NE(h.last_fetch_error.find("not the model's weights"), std::string::npos) << h.last_fetch_error;
+  EXPECT_EQ(h.experts, 0);
+  EXPECT_EQ(exec->traffic().local_pairs, 0u);  // nothing computed with unchecked weights
+}
+
+TEST(RemoteLoopback, ANearReplicaTakesTheLoadOffAFarHolder) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-7"));   // worker 0: far
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-15"));  // worker 1: near, replicas of all of worker 0's
+  auto local = run_model(*s.model, tokens_of(*s.model));
+  ASSERT_TRUE(local.is_ok());
+  auto exec = s.connect();
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  // Measured costs (as the executor sets them from trip latencies): 80 ms vs 10 ms.
+  (*exec)->set_worker_costs({0.080, 0.010});
+  auto lg = run_model(*s.model, tokens_of(*s.model), *exec);
+  ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+  EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+  EXPECT_EQ((*exec)->worker_traffic()[0].requests, 0u);  // the far trip is never made
+  EXPECT_GT((*exec)->worker_traffic()[1].requests, 0u);
+  // Equal costs: the replicas share the load again.
+  (*exec)->set_worker_costs({0.010, 0.0105});
+  lg = run_model(*s.model, tokens_of(*s.model), *exec);
+  ASSERT_TRUE(lg.is_ok());
+  EXPECT_GT((*exec)->worker_traffic()[0].requests, 0u);
 }
 
 }  // namespace

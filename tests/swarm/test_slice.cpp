@@ -226,5 +226,118 @@ TEST(Slice, BackboneSliceHasEverythingButRoutedExperts) {
   EXPECT_NE(st.status().message().find("backbone"), std::string::npos);
 }
 
+// The backbone slice stores one hash per expert slab of every *_exps tensor, equal to what the
+// full model's data hashes to; expert_slab_hashes reads them there and computes them on the model.
+void check_backbone_hashes(MakeArch arch) {
+  const std::string path = small_model(arch, MakeFileType::kQ8_0, 23);
+  auto full = open_file(path);
+  const std::string out = temp_dir() + "/bb-hash-" + make_arch_name(arch) + ".gguf";
+  ASSERT_TRUE(write_backbone_slice(*full, out).is_ok());
+  auto bb = open_file(out);
+  const ModelShape shape = *model_shape(*full);
+  size_t n_tensors = 0;
+  for (const auto& t : full->tensors()) {
+    if (t.name.find("_exps.") == std::string::npos) continue;
+    ++n_tensors;
+    ASSERT_EQ(bb->find_tensor(t.name), nullptr) << t.name;
+    auto stored = bb->get<std::vector<uint64_t>>(kKeyHashPrefix + t.name);
+    ASSERT_TRUE(stored.is_ok()) << stored.status().to_string();
+    // Hashed independently here, slab by slab from the model's mapped data.
+    const TensorView v = full->view(t);
+    ASSERT_EQ(stored->size(), shape.n_expert) << t.name;
+    for (uint32_t e = 0; e < shape.n_expert; ++e) {
+      const TensorView x = v.expert(e);
+      EXPECT_EQ((*stored)[e], slab_hash(x.data, expert_slab_bytes(v))) << t.name << " expert " << e;
+    }
+    EXPECT_NE((*stored)[0], (*stored)[1]) << t.name;  // distinct slabs, distinct hashes
+    auto from_slice = expert_slab_hashes(*bb, t.name);
+    auto from_model = expert_slab_hashes(*full, t.name);
+    ASSERT_TRUE(from_slice.is_ok()) << from_slice.status().to_string();
+    ASSERT_TRUE(from_model.is_ok()) << from_model.status().to_string();
+    EXPECT_EQ(*from_slice, *stored);
+    EXPECT_EQ(*from_model, *stored);
+  }
+  EXPECT_EQ(n_tensors, 3 * shape.moe_layers.size());
+}
+
+TEST(Slice, BackboneSliceCarriesSlabHashesQwen) {
+  check_backbone_hashes(MakeArch::kQwen3Moe);
+}
+TEST(Slice, BackboneSliceCarriesSlabHashesDeepseekWithDenseLayer) {
+  check_backbone_hashes(MakeArch::kDeepseek2);
+}
+
+TEST(Slice, ExpertSlabHashesOnEveryKindOfFile) {
+  const std::string path = small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 23);
+  auto full = open_file(path);
+  const std::string bs = temp_dir() + "/esh-backbone.gguf", bs2 = temp_dir() + "/esh-backbone2.gguf",
+                    es = temp_dir() + "/esh-experts.gguf";
+  ASSERT_TRUE(write_backbone_slice(*full, bs).is_ok());
+  ASSERT_TRUE(write_expert_slice(*full, spec_of(*full, "1:2-5"), es).is_ok());
+  auto bb = open_file(bs), ex = open_file(es);
+  const std::string name = "blk.1.ffn_down_exps.weight";
+  const std::vector<uint64_t> want = *expert_slab_hashes(*full, name);
+  ASSERT_EQ(want.size(), 8u);
+  // An expert slice's range tensor: its stored array, slab i = expert 2 + i.
+  auto sliced = expert_slab_hashes(*ex, slice_tensor_name(name, 2, 5));
+  ASSERT_TRUE(sliced.is_ok()) << sliced.status().to_string();
+  EXPECT_EQ(*sliced, std::vector<uint64_t>(want.begin() + 2, want.begin() + 6));
+  // A backbone slice cut from a backbone slice keeps the hashes (it has no slabs to hash).
+  ASSERT_TRUE(write_backbone_slice(*bb, bs2).is_ok());
+  auto bb2 = open_file(bs2);
+  EXPECT_EQ(*expert_slab_hashes(*bb2, name), want);
+  // Neither tensor nor hashes: kNotFound naming both.
+  auto missing = expert_slab_hashes(*bb, "blk.7.ffn_down_exps.weight");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("neither tensor 'blk.7.ffn_down_exps.weight'"), std::string::npos)
+      << missing.status().message();
+  EXPECT_EQ(expert_slab_hashes(*ex, name).status().code(), StatusCode::kNotFound);  // only the @2-5 range
+  // Not a stacked tensor.
+  EXPECT_EQ(expert_slab_hashes(*full, "token_embd.weight").status().code(), StatusCode::kInvalidArgument);
+  // The layout of the left-out tensors travels with the hashes (a backbone prices a copy by it).
+  for (const auto* f : {full.get(), bb.get(), bb2.get()}) {
+    auto lay = expert_tensor_layout(*f, name);
+    ASSERT_TRUE(lay.is_ok()) << lay.status().to_string();
+    const gguf::TensorInfo* ti = full->find_tensor(name);
+    EXPECT_EQ(lay->type, ti->type);
+    EXPECT_EQ(lay->ne0, static_cast<uint64_t>(ti->ne[0]));
+    EXPECT_EQ(lay->ne1, static_cast<uint64_t>(ti->ne[1]));
+    EXPECT_EQ(lay->ne2, 8u);
+  }
+  EXPECT_EQ(expert_tensor_layout(*bb, "blk.7.ffn_down_exps.weight").status().code(), StatusCode::kNotFound);
+
+  // A backbone slice from before the hashes (rebuilt here without them), and one whose array has
+  // the wrong length.
+  auto rewrite = [&](const std::string& dst, bool drop, bool truncate) {
+    gguf::Writer w;
+    for (const auto& [k, v] : bb->kvs()) {
+      if (!k.starts_with(kKeyHashPrefix)) {
+        w.set(k, v);
+      } else if (!drop) {
+        gguf::Value cut = v;
+        if (truncate) std::get<gguf::Array>(cut.v).items.pop_back();
+        w.set(k, cut);
+      }
+    }
+    for (const auto& t : bb->tensors()) {
+      const TensorView v = bb->view(t);
+      ASSERT_TRUE(w.add_tensor(t.name, t.type, std::vector<int64_t>(v.ne, v.ne + t.n_dims), v.data).is_ok());
+    }
+    ASSERT_TRUE(w.write_file(dst).is_ok());
+  };
+  const std::string old = temp_dir() + "/esh-old.gguf", cut = temp_dir() + "/esh-cut.gguf";
+  rewrite(old, /*drop=*/true, false);
+  rewrite(cut, false, /*truncate=*/true);
+  auto fo = open_file(old), fc = open_file(cut);
+  auto stale = expert_slab_hashes(*fo, name);
+  EXPECT_EQ(stale.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(stale.status().message().find("rewrite the backbone slice"), std::string::npos) << stale.status().message();
+  auto short_array = expert_slab_hashes(*fc, name);
+  EXPECT_EQ(short_array.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(short_array.status().message().find("7 hashes for 8 experts"), std::string::npos)
+      << short_array.status().message();
+}
+
 }  // namespace
 }  // namespace moesh::swarm

@@ -1,7 +1,9 @@
 // A real `moesh worker` process on 127.0.0.1, driven through the transport: handshake values,
 // EXACT bits against expert_ffn, PARTIAL against the rank-order sum, several requests in flight
 // whose data encodes their request id, an unheld expert, a garbage frame on one connection while
-// another keeps working, SIGTERM -> GOODBYE, and SIGKILL -> a clear client error (not a timeout).
+// another keeps working, SIGTERM -> GOODBYE, and SIGKILL -> a clear client error (not a timeout);
+// FETCH: an expert's slabs byte-equal to the model's and matching a backbone slice's hashes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -92,13 +94,14 @@ struct Client {
   wire::Session session;
 };
 
-Result<Client> connect_backbone(uint16_t port, const gguf::File& model) {
+Result<Client> connect_backbone(uint16_t port, const gguf::File& model, uint32_t features = wire::kFeatureFetch) {
   MOESH_ASSIGN_OR_RETURN(auto stream, net::tcp_connect("127.0.0.1", port, net::TcpOptions{}, net::deadline_in(5s)));
   Client c;
   c.conn = net::make_stream_connection(std::move(stream));
   MOESH_ASSIGN_OR_RETURN(ModelShape shape, model_shape(model));
   MOESH_ASSIGN_OR_RETURN(ModelIdentity id, model_identity(model));
-  const wire::Hello hello = make_hello(wire::PeerRole::kBackbone, id, shape, {}, "test-backbone");
+  wire::Hello hello = make_hello(wire::PeerRole::kBackbone, id, shape, {}, "test-backbone");
+  hello.features = features;
   MOESH_ASSIGN_OR_RETURN(c.session, net::handshake(*c.conn, hello, true, net::deadline_in(5s)));
   c.mux = std::make_unique<net::RequestMux>(c.conn.get());
   return c;
@@ -158,6 +161,19 @@ std::vector<float> decode_combine_rows(const Request& r, const wire::Frame& f, c
   std::vector<float> out(size_t{c->rows.n_rows} * c->rows.n_cols);
   wire::decode_rows(c->rows, out.data());
   return out;
+}
+
+// FETCH (layer, expert) through the mux: the decoded SLAB, checked to answer this request; an
+// ERROR reply comes back as its Status.
+Result<wire::SlabMsg> fetch(Client& c, uint32_t layer, uint32_t expert) {
+  const wire::FetchMsg q{.request_id = c.mux->next_request_id(), .layer = layer, .expert = expert};
+  MOESH_ASSIGN_OR_RETURN(auto frame, wire::encode_fetch(q));
+  MOESH_RETURN_IF_ERROR(c.mux->start(q.request_id, frame, net::deadline_in(5s)));
+  MOESH_ASSIGN_OR_RETURN(wire::Frame f, c.mux->wait(q.request_id, net::deadline_in(10s)));
+  const wire::DecodeLimits lim{.n_expert = c.session.peer.n_expert, .n_layer = c.session.peer.n_layer};
+  MOESH_ASSIGN_OR_RETURN(wire::SlabMsg m, wire::decode_slab(f, lim));
+  MOESH_RETURN_IF_ERROR(wire::check_slab_matches(q, m));
+  return m;
 }
 
 class WorkerProcessTest : public ::testing::Test {
@@ -341,6 +357,87 @@ TEST_F(WorkerProcessTest, StartsFromASliceAndKilledWorkerFailsFastWithinDeadline
   // A fresh connection to the dead port is refused at once.
   auto s = net::tcp_connect("127.0.0.1", w.port(), net::TcpOptions{}, net::deadline_in(2s));
   EXPECT_FALSE(s.is_ok());
+}
+
+TEST_F(WorkerProcessTest, FetchGivesTheModelsSlabsVerifiedByTheBackboneSlicesHashes) {
+  // Worker on an expert slice, backbone on a backbone slice: neither process reads the model, yet
+  // the fetched bytes must be the model's slabs and hash to what the backbone slice recorded.
+  auto shape = model_shape(*file_);
+  ASSERT_TRUE(shape.is_ok());
+  const std::string es = testing::temp_dir() + "/fetch-experts.gguf", bs = testing::temp_dir() + "/fetch-bb.gguf";
+  ASSERT_TRUE(write_expert_slice(*file_, *parse_expert_spec("*:4-7", *shape), es).is_ok());
+  ASSERT_TRUE(write_backbone_slice(*file_, bs).is_ok());
+  auto bb = gguf::File::open(bs);
+  ASSERT_TRUE(bb.is_ok()) << bb.status().to_string();
+  WorkerProcess w(es, "*:4-7");
+  ASSERT_NE(w.port(), 0) << "worker did not start; output:\n" << w.output();
+  auto c = connect_backbone(w.port(), **bb);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->session.features, wire::kFeatureFetch);
+  EXPECT_NE(c->session.peer.features & wire::kFeatureFetch, 0u);
+
+  const char* kinds[3] = {"gate", "up", "down"};
+  auto check = [&](uint32_t layer, uint32_t expert) {
+    auto m = fetch(*c, layer, expert);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    for (int t = 0; t < 3; ++t) {
+      const std::string name = fmt::format("blk.{}.ffn_{}_exps.weight", layer, kinds[t]);
+      auto v = file_->tensor(name);
+      ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+      const wire::SlabTensor& st = m->tensors[t];
+      EXPECT_EQ(st.type, v->type) << name;
+      EXPECT_EQ(st.ne0, uint64_t(v->ne[0])) << name;
+      EXPECT_EQ(st.ne1, uint64_t(v->ne[1])) << name;
+      ASSERT_EQ(st.bytes.size(), expert_slab_bytes(*v)) << name;
+      EXPECT_EQ(std::memcmp(st.bytes.data(), v->data + expert_slab_offset(*v, expert), st.bytes.size()), 0)
+          << name << " expert " << expert;
+      // What a backbone on the backbone slice trusts: the slice's hash, not the worker's word.
+      auto trusted = expert_slab_hashes(**bb, name);
+      ASSERT_TRUE(trusted.is_ok()) << trusted.status().to_string();
+      EXPECT_EQ(st.hash, (*trusted)[expert]) << name << " expert " << expert;
+      EXPECT_EQ(st.hash, slab_hash(st.bytes.data(), st.bytes.size()));
+    }
+  };
+  check(1, 5);
+  check(0, 4);
+  check(1, 7);
+  check(1, 5);  // again, from the worker's hash cache
+
+  // Experts it does not hold, ids out of range, and a hostile FETCH: ERROR with the request id,
+  // naming what was wrong; the connection stays usable.
+  auto unheld = fetch(*c, 1, 1);
+  ASSERT_FALSE(unheld.is_ok());
+  EXPECT_EQ(unheld.status().code(), StatusCode::kNotFound) << unheld.status().to_string();
+  EXPECT_NE(unheld.status().message().find("layer 1 expert 1 is not held"), std::string::npos)
+      << unheld.status().message();
+  auto bad_layer = fetch(*c, 5, 4);
+  ASSERT_FALSE(bad_layer.is_ok());
+  EXPECT_EQ(bad_layer.status().code(), StatusCode::kCorrupt) << bad_layer.status().to_string();
+  EXPECT_NE(bad_layer.status().message().find("layer 5 out of range"), std::string::npos)
+      << bad_layer.status().message();
+  auto bad_expert = fetch(*c, 1, 8);
+  ASSERT_FALSE(bad_expert.is_ok());
+  EXPECT_NE(bad_expert.status().message().find("expert 8 out of range"), std::string::npos)
+      << bad_expert.status().message();
+  {
+    const uint64_t id = c->mux->next_request_id();
+    const uint8_t junk[3] = {1, 2, 3};
+    ASSERT_TRUE(c->mux->start(id, wire::build_frame(wire::MsgType::kFetch, id, junk), net::deadline_in(5s)).is_ok());
+    auto r = c->mux->wait(id, net::deadline_in(10s));
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kCorrupt) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("FETCH payload is 3 bytes"), std::string::npos) << r.status().message();
+  }
+  check(0, 7);
+
+  // A backbone that did not offer the feature is refused FETCH (like an un-negotiated dtype).
+  auto plain = connect_backbone(w.port(), **bb, /*features=*/0);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->session.features, 0u);
+  auto refused = fetch(*plain, 1, 5);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("not negotiated"), std::string::npos) << refused.status().message();
 }
 
 TEST_F(WorkerProcessTest, ConcurrentBackbonesGetTheirOwnResults) {

@@ -11,6 +11,7 @@ namespace {
 
 using testing::make_combine_for;
 using testing::make_dispatch;
+using testing::make_slab;
 
 Frame reparse(const std::vector<uint8_t>& bytes) {
   auto f = parse_frame(bytes, kDefaultMaxFrameBytes);
@@ -151,46 +152,50 @@ TEST(WireCodec, HelloRoundTripsAndNegotiates) {
 }
 
 TEST(WireCodec, NewerHelloIsReadableThroughItsFrozenPrefix) {
-  // A version-3 peer may append HELLO fields and offer capabilities we do not know; we still
-  // read it (its unknown bits dropped) and talk v2 when its range includes 2.
+  // A newer peer may append HELLO fields and offer capabilities we do not know; we still read
+  // it (its unknown bits dropped) and talk our version when its range includes it.
   Hello w = sample_hello(PeerRole::kWorker, 32);
   w.max_version = kVersion + 1;
   w.layer_act.assign(w.n_layer, kNoActDType);
+  w.features = kFeatureFetch;
   auto bytes = encode_hello(w).value();
   Frame f = reparse(bytes);
   f.payload.insert(f.payload.end(), {9, 9, 9, 9});
   f.header.version = kVersion + 1;
   f.payload[52] |= 0x80;                 // dtype bit 7: unknown to us
-  f.payload[f.payload.size() - 5] = 42;  // last activation entry: a dtype id we do not know
+  f.payload[f.payload.size() - 9] = 42;  // last activation entry: a dtype id we do not know
+  f.payload[f.payload.size() - 6] = 1;   // features bit 16: unknown to us
   auto got = decode_hello(f);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(got->max_version, kVersion + 1);
   EXPECT_EQ(got->dtypes, 0x1Fu & w.dtypes);
+  EXPECT_EQ(got->features, kFeatureFetch);
   ASSERT_EQ(got->layer_act.size(), w.n_layer);
   EXPECT_EQ(got->layer_act.back(), kNoActDType);
   auto s = negotiate(sample_hello(PeerRole::kBackbone, 32), *got);
   ASSERT_TRUE(s.is_ok());
   EXPECT_EQ(s->version, kVersion);
-  // The same bytes claiming our own version are malformed (v2 sizes are exact).
+  // The same bytes claiming our own version are malformed (our sizes are exact).
   f.header.version = kVersion;
   EXPECT_EQ(decode_hello(f).status().code(), StatusCode::kCorrupt);
 }
 
 TEST(WireCodec, HelloActivationTable) {
-  // v2 appends one byte per layer: the INT8 wire dtype the worker's gate/up consume there.
+  // v2 appends one byte per layer: the INT8 wire dtype the worker's gate/up consume there (then
+  // v3's 4-byte features field).
   Hello w = sample_hello(PeerRole::kWorker, 16);
   w.dtypes = 0x1F;
   w.layer_act.assign(w.n_layer, kNoActDType);
   w.layer_act[0] = static_cast<uint8_t>(WireDType::kQ8K);
   w.layer_act[1] = static_cast<uint8_t>(WireDType::kQ8);
   auto bytes = encode_hello(w).value();
-  EXPECT_EQ(bytes.size(), kHeaderBytes + 68 + 12 * 3 + w.name.size() + 2 + 48);
+  EXPECT_EQ(bytes.size(), kHeaderBytes + 68 + 12 * 3 + w.name.size() + 2 + 48 + 4);
   auto got = decode_hello(reparse(bytes));
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(got->layer_act, w.layer_act);
   // A backbone's table is empty: 2 bytes.
   Hello b = sample_hello(PeerRole::kBackbone, 16);
-  EXPECT_EQ(encode_hello(b).value().size(), kHeaderBytes + 68 + b.name.size() + 2);
+  EXPECT_EQ(encode_hello(b).value().size(), kHeaderBytes + 68 + b.name.size() + 2 + 4);
   EXPECT_TRUE(decode_hello(reparse(encode_hello(b).value()))->layer_act.empty());
   // Wrong table length, an entry that is not q8/q8k/none, a truncated table.
   Hello bad = w;
@@ -200,16 +205,17 @@ TEST(WireCodec, HelloActivationTable) {
   bad.layer_act[5] = static_cast<uint8_t>(WireDType::kF16);
   EXPECT_EQ(encode_hello(bad).status().code(), StatusCode::kInvalidArgument);
   Frame f = reparse(bytes);
-  f.payload[f.payload.size() - 48 + 7] = 2;  // bf16 is no activation format
+  const size_t table = f.payload.size() - 4 - 48;  // the table, then the features field
+  f.payload[table + 7] = 2;                        // bf16 is no activation format
   Status st = decode_hello(f).status();
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("layer 7 activation dtype 2"), std::string::npos) << st.message();
   f = reparse(bytes);
-  f.payload.resize(f.payload.size() - 1);
+  f.payload.resize(table + 47);
   st = decode_hello(f).status();
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("activation table of 48 layers"), std::string::npos) << st.message();
-  f.payload.resize(f.payload.size() - 48);  // no count at all
+  f.payload.resize(table - 2);  // no count at all
   EXPECT_EQ(decode_hello(f).status().code(), StatusCode::kCorrupt);
 }
 
@@ -228,6 +234,142 @@ TEST(WireCodec, Version1HelloIsReadButNotSpoken) {
   auto s = negotiate(sample_hello(PeerRole::kBackbone, 16), *got);
   EXPECT_EQ(s.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(s.status().message().find("no common protocol version"), std::string::npos);
+}
+
+TEST(WireCodec, Version2HelloIsReadButNotSpoken) {
+  // A v2 peer (activation table, no features field) is refused the same way.
+  Hello old = sample_hello(PeerRole::kWorker, 16);
+  old.min_version = 2;
+  old.max_version = 2;
+  old.layer_act.assign(old.n_layer, kNoActDType);
+  auto bytes = encode_hello(old).value();
+  EXPECT_EQ(bytes.size(), kHeaderBytes + 68 + 12 * 3 + old.name.size() + 2 + 48);
+  auto got = decode_hello(reparse(bytes));
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->features, 0u);
+  auto s = negotiate(sample_hello(PeerRole::kBackbone, 16), *got);
+  EXPECT_EQ(s.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.status().message().find("no common protocol version"), std::string::npos);
+  // A v2 HELLO has no features field to carry them.
+  old.features = kFeatureFetch;
+  EXPECT_EQ(encode_hello(old).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(WireCodec, HelloFeaturesAreNegotiatedByIntersection) {
+  // v3 appends u32 features after the activation table; FETCH needs the bit on both sides.
+  Hello w = sample_hello(PeerRole::kWorker, 16);
+  w.features = kFeatureFetch;
+  auto bytes = encode_hello(w).value();
+  uint32_t on_wire = 0;
+  std::memcpy(&on_wire, bytes.data() + bytes.size() - 4, 4);
+  EXPECT_EQ(on_wire, kFeatureFetch);
+  auto got = decode_hello(reparse(bytes));
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->features, kFeatureFetch);
+  Hello b = sample_hello(PeerRole::kBackbone, 16);
+  b.features = kFeatureFetch;
+  EXPECT_EQ(negotiate(b, *got)->features, kFeatureFetch);
+  b.features = 0;  // a backbone that will not fetch: the session has no feature, and still works
+  auto s = negotiate(b, *got);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->features, 0u);
+  // Bits this version does not define are refused at our own version, both ways.
+  Hello bad = w;
+  bad.features = 1u << 9;
+  EXPECT_EQ(encode_hello(bad).status().code(), StatusCode::kInvalidArgument);
+  Frame f = reparse(bytes);
+  f.payload[f.payload.size() - 3] = 0x02;  // bit 9
+  Status st = decode_hello(f).status();
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("unknown feature bits 0x200"), std::string::npos) << st.message();
+  // A v3 HELLO cut before its features field.
+  f = reparse(bytes);
+  f.payload.resize(f.payload.size() - 2);
+  st = decode_hello(f).status();
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("features field"), std::string::npos) << st.message();
+}
+
+TEST(WireCodec, FetchAndSlabRoundTrip) {
+  const DecodeLimits lim{.n_expert = 64, .n_layer = 8};
+  FetchMsg q{.request_id = 0x1234567890ull, .layer = 7, .expert = 63};
+  auto qb = encode_fetch(q);
+  ASSERT_TRUE(qb.is_ok()) << qb.status().to_string();
+  ASSERT_EQ(qb->size(), kHeaderBytes + 8);
+  EXPECT_EQ((*qb)[6], static_cast<uint8_t>(MsgType::kFetch));
+  EXPECT_EQ((*qb)[kHeaderBytes], 7);
+  EXPECT_EQ((*qb)[kHeaderBytes + 4], 63);
+  auto qg = decode_fetch(reparse(*qb), lim);
+  ASSERT_TRUE(qg.is_ok()) << qg.status().to_string();
+  EXPECT_EQ(qg->request_id, q.request_id);
+  EXPECT_EQ(qg->layer, 7u);
+  EXPECT_EQ(qg->expert, 63u);
+
+  SlabMsg m = make_slab(q.request_id, 7, 63);
+  auto sb = encode_slab(m);
+  ASSERT_TRUE(sb.is_ok()) << sb.status().to_string();
+  const size_t n0 = 34 * 2 * 3, n1 = 144 * 2, n2 = 4 * 5 * 2;  // Q8_0, Q4_K, F32 slabs
+  ASSERT_EQ(m.tensors[0].bytes.size(), n0);
+  ASSERT_EQ(m.tensors[1].bytes.size(), n1);
+  ASSERT_EQ(sb->size(), kHeaderBytes + slab_payload_bytes(n0, n1, n2));
+  EXPECT_EQ(slab_payload_bytes(n0, n1, n2), 8 + 3 * 36 + n0 + n1 + n2);
+  // Layout: tensor headers at 8, 44 + n0, 80 + n0 + n1 (u32 type, u64 ne0, ne1, bytes, hash).
+  const uint8_t* p = sb->data() + kHeaderBytes;
+  auto u64_at = [&](size_t off) {
+    uint64_t v;
+    std::memcpy(&v, p + off, 8);
+    return v;
+  };
+  EXPECT_EQ(p[8], static_cast<uint8_t>(GgmlType::Q8_0));
+  EXPECT_EQ(u64_at(12), 64u);
+  EXPECT_EQ(u64_at(20), 3u);
+  EXPECT_EQ(u64_at(28), n0);
+  EXPECT_EQ(u64_at(36), m.tensors[0].hash);
+  EXPECT_EQ(std::memcmp(p + 44, m.tensors[0].bytes.data(), n0), 0);
+  EXPECT_EQ(p[44 + n0], static_cast<uint8_t>(GgmlType::Q4_K));
+  EXPECT_EQ(p[80 + n0 + n1], static_cast<uint8_t>(GgmlType::F32));
+  auto got = decode_slab(reparse(*sb), lim);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->request_id, q.request_id);
+  EXPECT_EQ(got->layer, 7u);
+  EXPECT_EQ(got->expert, 63u);
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(got->tensors[t].type, m.tensors[t].type) << t;
+    EXPECT_EQ(got->tensors[t].ne0, m.tensors[t].ne0) << t;
+    EXPECT_EQ(got->tensors[t].ne1, m.tensors[t].ne1) << t;
+    EXPECT_EQ(got->tensors[t].hash, m.tensors[t].hash) << t;
+    EXPECT_EQ(got->tensors[t].bytes, m.tensors[t].bytes) << t;
+  }
+  EXPECT_EQ(encode_slab(*got).value(), *sb);  // canonical
+  EXPECT_TRUE(check_slab_matches(*qg, *got).is_ok());
+  SlabMsg wrong = *got;
+  wrong.expert = 62;
+  EXPECT_EQ(check_slab_matches(*qg, wrong).code(), StatusCode::kCorrupt);
+  wrong = *got;
+  wrong.request_id += 1;
+  EXPECT_EQ(check_slab_matches(*qg, wrong).code(), StatusCode::kCorrupt);
+}
+
+TEST(WireCodec, FetchAndSlabEncodersRejectInvalidMessages) {
+  EXPECT_EQ(encode_fetch({.request_id = 0, .layer = 1, .expert = 2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(encode_fetch({.request_id = 1, .layer = 1, .expert = 65536}).status().code(), StatusCode::kInvalidArgument);
+  const SlabMsg good = make_slab(5, 1, 2);
+  SlabMsg bad = good;
+  bad.request_id = 0;
+  EXPECT_EQ(encode_slab(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = good;
+  bad.tensors[1].bytes.pop_back();  // no longer Q4_K [256 x 2]
+  Status st = encode_slab(bad).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("SLAB up: byte count 287"), std::string::npos) << st.message();
+  bad = good;
+  bad.tensors[0].ne0 = 48;  // not a whole number of Q8_0 blocks
+  st = encode_slab(bad).status();
+  EXPECT_NE(st.message().find("not a multiple"), std::string::npos) << st.message();
+  bad = good;
+  bad.tensors[2].type = static_cast<GgmlType>(4);  // an id ggml removed
+  st = encode_slab(bad).status();
+  EXPECT_NE(st.message().find("SLAB down: unknown ggml type 4"), std::string::npos) << st.message();
 }
 
 TEST(WireCodec, PingPongGoodbyeErrorRoundTrip) {

@@ -16,6 +16,7 @@ namespace {
 
 using testing::make_combine_for;
 using testing::make_dispatch;
+using testing::make_slab;
 
 // Rebuilds a frame around an edited payload with a correct checksum, so the semantic checks
 // behind the checksum are what gets tested.
@@ -52,6 +53,10 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_goodbye(*f).status();
     case MsgType::kError:
       return decode_error(*f).status();
+    case MsgType::kFetch:
+      return decode_fetch(*f, lim).status();
+    case MsgType::kSlab:
+      return decode_slab(*f, lim).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -76,6 +81,10 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_goodbye(decode_goodbye(f).value()).value();
     case MsgType::kError:
       return encode_error(decode_error(f).value()).value();
+    case MsgType::kFetch:
+      return encode_fetch(decode_fetch(f, lim).value()).value();
+    case MsgType::kSlab:
+      return encode_slab(decode_slab(f, lim).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -106,7 +115,10 @@ TEST(WireMalformed, HeaderDamage) {
   expect_code(b, StatusCode::kCorrupt, "magic");
   b = good_dispatch();
   b[4] = kVersion + 1;  // DISPATCH in a version we do not speak
-  expect_code(b, StatusCode::kUnsupported, "version 3");
+  expect_code(b, StatusCode::kUnsupported, "version 4");
+  b = good_dispatch();
+  b[4] = 2;  // ...nor in the pre-FETCH version 2
+  expect_code(b, StatusCode::kUnsupported, "version 2");
   b = good_dispatch();
   b[4] = 1;  // ...nor in the pre-Q8K version 1
   expect_code(b, StatusCode::kUnsupported, "version 1");
@@ -296,6 +308,84 @@ TEST(WireMalformed, OtherMessages) {
   expect_code(reseal(b), StatusCode::kCorrupt, "nonzero padding");
 }
 
+TEST(WireMalformed, FetchFields) {
+  const auto good = encode_fetch({.request_id = 21, .layer = 3, .expert = 5}).value();
+  ASSERT_TRUE(decode_any(good, kLim).is_ok());
+  auto edit = [&](auto fn) {
+    auto b = good;
+    fn(b);
+    return reseal(b);
+  };
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 0, 8); }), StatusCode::kCorrupt, "FETCH: layer 8 out of range");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 4, 64); }), StatusCode::kCorrupt, "FETCH: expert 64 out of range");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 4, 0xffffffffu); }), StatusCode::kCorrupt, "expert 4294967295");
+  expect_code(edit([](auto& b) { b.pop_back(); }), StatusCode::kCorrupt, "FETCH payload is 7 bytes");
+  expect_code(edit([](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "FETCH payload is 9 bytes");
+  expect_code(edit([](auto& b) { std::memset(b.data() + 8, 0, 8); }), StatusCode::kCorrupt, "request id 0");
+}
+
+// The SLAB of make_slab(31, 2, 7): gate Q8_0 [64 x 3] 204 B, up Q4_K [256 x 2] 288 B, down F32
+// [5 x 2] 40 B. Tensor headers at payload offsets 8, 248, 572; each: +0 type, +4 ne0, +12 ne1,
+// +20 byte count, +28 hash, +36 bytes.
+std::vector<uint8_t> good_slab() {
+  return encode_slab(make_slab(31, 2, 7)).value();
+}
+
+TEST(WireMalformed, SlabFields) {
+  const auto good = good_slab();
+  ASSERT_EQ(good.size(), kHeaderBytes + 8 + 3 * 36 + 204 + 288 + 40u);
+  ASSERT_TRUE(decode_any(good, kLim).is_ok());
+  auto edit = [&](auto fn) {
+    auto b = good;
+    fn(b);
+    return reseal(b);
+  };
+  // Fixed part and ids.
+  expect_code(edit([](auto& b) { b.resize(kHeaderBytes + 6); }), StatusCode::kCorrupt, "fixed part");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 0, 9); }), StatusCode::kCorrupt, "SLAB: layer 9 out of range");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 4, 64); }), StatusCode::kCorrupt, "SLAB: expert 64 out of range");
+  expect_code(edit([](auto& b) { std::memset(b.data() + 8, 0, 8); }), StatusCode::kCorrupt, "request id 0");
+  // Truncated inside a tensor header, inside the bytes, and trailing junk.
+  expect_code(edit([](auto& b) { b.resize(kHeaderBytes + 248 + 30); }), StatusCode::kCorrupt,
+              "SLAB up: payload ends inside the tensor header at offset 248");
+  expect_code(edit([](auto& b) { b.resize(b.size() - 1); }), StatusCode::kCorrupt,
+              "SLAB down: byte count 40 at offset 592 but only 39 bytes follow");
+  expect_code(edit([](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "1 unexpected trailing bytes");
+  // Types and shapes.
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 248, 99); }), StatusCode::kCorrupt,
+              "SLAB up: unknown ggml type 99 at offset 248");
+  expect_code(edit([](auto& b) { put<uint32_t>(b, 8, 4); }), StatusCode::kCorrupt, "unknown ggml type 4");
+  expect_code(edit([](auto& b) { put<uint64_t>(b, 12, 0); }), StatusCode::kCorrupt, "SLAB gate: ne0 0 at offset 12");
+  expect_code(edit([](auto& b) { put<uint64_t>(b, 20, uint64_t{1} << 40); }), StatusCode::kCorrupt,
+              "SLAB gate: ne1 1099511627776 at offset 20 outside");
+  expect_code(edit([](auto& b) { put<uint64_t>(b, 252, 128); }), StatusCode::kCorrupt,
+              "ne0 128 at offset 252 is not a multiple of the Q4_K block of 256");
+  // A byte count that disagrees with type x shape: short, long, and absurd (never allocated).
+  expect_code(edit([](auto& b) { put<uint64_t>(b, 28, 203); }), StatusCode::kCorrupt,
+              "SLAB gate: byte count 203 at offset 28 but Q8_0 [64 x 3] is 204 bytes");
+  expect_code(edit([](auto& b) { put<uint64_t>(b, 268, 288 + 144); }), StatusCode::kCorrupt,
+              "SLAB up: byte count 432 at offset 268");
+  expect_code(edit([](auto& b) { put<uint64_t>(b, 268, ~uint64_t{0}); }), StatusCode::kCorrupt,
+              "SLAB up: byte count 18446744073709551615");
+  // A shape and byte count that agree but claim more than the frame carries.
+  expect_code(edit([](auto& b) {
+                put<uint64_t>(b, 260, 1u << 20);
+                put<uint64_t>(b, 268, uint64_t{144} << 20);
+              }),
+              StatusCode::kCorrupt, "SLAB up: byte count 150994944 at offset 268 but only");
+  // Bytes that do not match their hash (a flipped byte, a flipped hash).
+  expect_code(edit([](auto& b) { b[kHeaderBytes + 248 + 36 + 100] ^= 1; }), StatusCode::kCorrupt,
+              "SLAB up: bytes at offset 284 hash to");
+  expect_code(edit([](auto& b) { b[kHeaderBytes + 572 + 28] ^= 1; }), StatusCode::kCorrupt,
+              "the hash at offset 600 says");
+  // Oversized: over the receiver's frame limit, refused from the header before any allocation.
+  auto h = parse_header(good, 512);
+  ASSERT_FALSE(h.is_ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(h.status().message().find("SLAB payload of 648 bytes exceeds the limit of 512"), std::string::npos)
+      << h.status().message();
+}
+
 // Mutations: bit flips, byte overwrites, truncation, extension, header field edits; half of
 // them resealed so they get past the checksum to the field checks.
 TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
@@ -314,11 +404,14 @@ TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
   h.n_expert = 64;
   h.name = "fuzz";
   h.experts = {{1, 0, 8}, {2, 8, 8}};
+  h.features = kFeatureFetch;
   seeds.push_back(encode_hello(h).value());
   seeds.push_back(encode_ping({.request_id = 9, .send_time_ns = 1, .pad_bytes = 16, .reply_pad_bytes = 4}).value());
   seeds.push_back(encode_pong({.request_id = 9, .ping_time_ns = 1, .reply_time_ns = 2, .pad_bytes = 8}).value());
   seeds.push_back(encode_goodbye({.reason = 0, .text = "bye"}).value());
   seeds.push_back(encode_error({.request_id = 4, .code = 2, .text = "nope"}).value());
+  seeds.push_back(encode_fetch({.request_id = 6, .layer = 3, .expert = 9}).value());
+  seeds.push_back(good_slab());
   for (const auto& s : seeds) ASSERT_TRUE(decode_any(s, kLim).is_ok());
 
   std::mt19937_64 rng(20240611);

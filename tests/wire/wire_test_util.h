@@ -2,6 +2,8 @@
 // layer, token, expert), so a misrouted or mixed-up row breaks an invariant the test checks.
 #pragma once
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -67,6 +69,29 @@ inline CombineMsg make_combine_for(const DispatchMsg& req) {
       y[size_t{r} * req.n_embd() + col] = tagged_value(req.request_id * 31 + req.layer, r, col);
   c.rows = encode_rows(req.return_dtype, y.data(), n_rows, req.n_embd()).value();
   return c;
+}
+
+// A SLAB for (layer, expert) with three small tensors of different block geometry: gate Q8_0
+// [64 x 3], up Q4_K [256 x 2], down F32 [5 x 2]. Bytes are a pattern of (request, tensor, index),
+// hashes are right.
+inline SlabMsg make_slab(uint64_t request_id, uint32_t layer, uint32_t expert) {
+  SlabMsg m;
+  m.request_id = request_id;
+  m.layer = layer;
+  m.expert = expert;
+  const GgmlType types[3] = {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F32};
+  const uint64_t ne0[3] = {64, 256, 5}, ne1[3] = {3, 2, 2};
+  for (int t = 0; t < 3; ++t) {
+    SlabTensor& s = m.tensors[t];
+    s.type = types[t];
+    s.ne0 = ne0[t];
+    s.ne1 = ne1[t];
+    s.bytes.resize(type_row_bytes(s.type, static_cast<int64_t>(s.ne0)) * s.ne1);
+    for (size_t i = 0; i < s.bytes.size(); ++i)
+      s.bytes[i] = static_cast<uint8_t>((request_id * 131 + expert * 17 + t * 59 + i * 7) & 0xff);
+    s.hash = XXH3_64bits(s.bytes.data(), s.bytes.size());
+  }
+  return m;
 }
 
 }  // namespace moesh::wire::testing

@@ -248,12 +248,31 @@ int run_bench(const BenchArgs& a) {
                 fmt::format("{:.2f} ± {:.2f}", s.mean, s.std).c_str());
     if (timed) print_timing(*timed, remote.get(), before, wall, static_cast<double>(n) * a.reps);
     if (which == 1) tg_mean = s.mean;
+    if (remote && which == 1) {
+      // Round trips per generated token (one per MoE layer call that went to a worker).
+      std::printf("  trips: %.2f per token (%llu layer calls to workers, %llu pairs local, %llu remote)\n",
+                  static_cast<double>(remote->traffic().layer_calls) / (static_cast<double>(n) * a.reps),
+                  static_cast<unsigned long long>(remote->traffic().layer_calls),
+                  static_cast<unsigned long long>(remote->traffic().local_pairs),
+                  static_cast<unsigned long long>(remote->traffic().remote_pairs));
+    }
+  }
+  if (remote && a.swarm.local_experts_mb > 0) {
+    const HotExpertReport h = remote->hot_experts();
+    std::printf(
+        "hot experts: %lld computed here (%.2f of %.2f MiB), %d MoE layers without a trip; predicted trip "
+        "latency %.3f -> %.3f ms per token; %llu fetched, %llu failed%s%s\n",
+        static_cast<long long>(h.experts), h.bytes / 1048576.0, h.budget_bytes / 1048576.0, h.layers_all_local,
+        1e3 * h.predicted_s_none, 1e3 * h.predicted_s_chosen, static_cast<unsigned long long>(h.fetched),
+        static_cast<unsigned long long>(h.fetch_failures), h.last_fetch_error.empty() ? "" : ": ",
+        h.last_fetch_error.c_str());
   }
   if (a.streams > 1 && a.n_gen > 0) {
     // Micro-batching off and on alternated rep by rep (--compare-micro-batches), or as configured.
-    const std::vector<MicroBatching> modes = a.compare_micro_batches
-                                                 ? std::vector<MicroBatching>{MicroBatching::kOff, MicroBatching::kOn}
-                                                 : std::vector<MicroBatching>{ctx.micro_batching()};
+    const std::vector<MicroBatching> modes =
+        a.compare_micro_batches
+            ? std::vector<MicroBatching>{MicroBatching::kOff, MicroBatching::kOn, MicroBatching::kAuto}
+            : std::vector<MicroBatching>{ctx.micro_batching()};
     std::vector<std::vector<double>> tps(modes.size());
     std::vector<MicroBatchStats> mb(modes.size());
     if (remote) remote->reset_traffic();
@@ -287,8 +306,9 @@ int run_bench(const BenchArgs& a) {
                   static_cast<unsigned long long>(mb[m].steps_split),
                   static_cast<unsigned long long>(mb[m].steps_split + mb[m].steps_whole));
     }
-    if (modes.size() == 2 && st[0].mean > 0) {
-      std::printf("micro-batches: on/off = %.3fx\n", st[1].mean / st[0].mean);
+    if (modes.size() == 3 && st[0].mean > 0) {
+      std::printf("micro-batches: on/off = %.3fx, auto/off = %.3fx\n", st[1].mean / st[0].mean,
+                  st[2].mean / st[0].mean);
     }
     ctx.set_micro_batching(micro_batching_of(a.swarm));
   }
@@ -325,29 +345,29 @@ int run_bench(const BenchArgs& a) {
   return 0;
 }
 
-const CommandRegistrar k_reg{
-    Command{"bench", "Prompt-processing and generation throughput (llama-bench style)",
-            [](CLI::App* sub) -> std::function<int()> {
-              auto a = std::make_shared<BenchArgs>();
-              sub->add_option("-m,--model", a->model, "GGUF model file")->required();
-              sub->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens (pp test; 0: skip)")->capture_default_str();
-              sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
-              sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
-              sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
-              sub->add_flag("--timing", a->timing,
-                            "Also print where each step's time went (routed experts; per worker latency vs compute)");
-              sub->add_option("--draft", a->draft,
-                              "Also time greedy generation after a grounded (repeated) prompt, plain vs with "
-                              "this draft source (ngram): rows genN and genN+ngram");
-              sub->add_option("--draft-max", a->draft_max, "Most drafts per forward pass")->capture_default_str();
-              sub->add_option("--streams", a->streams,
-                              "Also time S sequences decoded together (row tgNxS) and its ratio to tgN")
-                  ->capture_default_str();
-              sub->add_flag("--compare-micro-batches", a->compare_micro_batches,
-                            "With --streams and workers: the tgNxS row with --micro-batches off and on, alternated");
-              add_swarm_options(sub, &a->swarm);
-              return [a] { return run_bench(*a); };
-            }}};
+const CommandRegistrar k_reg{Command{
+    "bench", "Prompt-processing and generation throughput (llama-bench style)",
+    [](CLI::App* sub) -> std::function<int()> {
+      auto a = std::make_shared<BenchArgs>();
+      sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+      sub->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens (pp test; 0: skip)")->capture_default_str();
+      sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
+      sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
+      sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
+      sub->add_flag("--timing", a->timing,
+                    "Also print where each step's time went (routed experts; per worker latency vs compute)");
+      sub->add_option("--draft", a->draft,
+                      "Also time greedy generation after a grounded (repeated) prompt, plain vs with "
+                      "this draft source (ngram): rows genN and genN+ngram");
+      sub->add_option("--draft-max", a->draft_max, "Most drafts per forward pass")->capture_default_str();
+      sub->add_option("--streams", a->streams,
+                      "Also time S sequences decoded together (row tgNxS) and its ratio to tgN")
+          ->capture_default_str();
+      sub->add_flag("--compare-micro-batches", a->compare_micro_batches,
+                    "With --streams and workers: the tgNxS row with --micro-batches off, on and auto, alternated");
+      add_swarm_options(sub, &a->swarm);
+      return [a] { return run_bench(*a); };
+    }}};
 
 }  // namespace
 }  // namespace moesh::cli

@@ -228,6 +228,19 @@ int run_run(const RunArgs& a) {
                      {"remote_pairs", t.remote_pairs},     {"local_pairs", t.local_pairs},
                      {"max_in_flight", t.max_in_flight},   {"dispatch_bytes", t.dispatch_bytes},
                      {"combine_bytes", t.combine_bytes}};
+      if (a.swarm.local_experts_mb > 0) {
+        const HotExpertReport h = remote->hot_experts();
+        j["hot_experts"] = {{"plans", h.plans},
+                            {"experts", h.experts},
+                            {"layers_all_local", h.layers_all_local},
+                            {"bytes", h.bytes},
+                            {"budget_bytes", h.budget_bytes},
+                            {"fetched", h.fetched},
+                            {"fetch_failures", h.fetch_failures},
+                            {"predicted_ms_none", 1e3 * h.predicted_s_none},
+                            {"predicted_ms_chosen", 1e3 * h.predicted_s_chosen}};
+        if (!h.last_fetch_error.empty()) j["hot_experts"]["last_fetch_error"] = h.last_fetch_error;
+      }
     }
     std::printf("%s\n", j.dump().c_str());
   } else {

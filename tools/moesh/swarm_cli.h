@@ -23,6 +23,8 @@ struct SwarmArgs {
   int timeout_ms = 10000;
   std::string congestion = "cubic";
   std::string micro_batches = "auto";
+  double local_experts_mb = 0;
+  std::string local_experts_policy = "trip";
 
   bool enabled() const { return !workers.empty() || !workers_file.empty(); }
 };
@@ -77,6 +79,16 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
                   "measures faster)")
       ->check(CLI::IsMember({"off", "on", "auto"}))
       ->capture_default_str();
+  sub->add_option("--local-experts-mb", a->local_experts_mb,
+                  "Compute the hottest experts here, at most this many MiB of them, chosen from counted "
+                  "activations (mapped from this file, or fetched from a worker and checked by hash); 0: off")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
+  sub->add_option("--local-experts-policy", a->local_experts_policy,
+                  "trip: minimise expected trip latency (whole local layers can win); hottest: most activated "
+                  "experts per byte")
+      ->check(CLI::IsMember({"trip", "hottest"}))
+      ->capture_default_str();
 }
 
 inline MicroBatching micro_batching_of(const SwarmArgs& a) {
@@ -99,6 +111,8 @@ inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
   MOESH_ASSIGN_OR_RETURN(o.combine, parse_combine_mode(a.combine));
   o.timeout = std::chrono::milliseconds(a.timeout_ms);
   o.tcp.congestion = a.congestion;
+  o.local_experts_bytes = static_cast<uint64_t>(a.local_experts_mb * 1024.0 * 1024.0);
+  o.local_policy = a.local_experts_policy == "hottest" ? LocalExpertPolicy::kHottest : LocalExpertPolicy::kTripAware;
   return o;
 }
 

@@ -41,6 +41,12 @@
 
 namespace moesh {
 
+// How the hot experts kept on the backbone (RemoteOptions::local_experts_bytes) are chosen.
+enum class LocalExpertPolicy {
+  kTripAware = 0,  // trip_planner.h: minimise the expected per-token trip latency (whole layers can win)
+  kHottest,        // the most activated experts per byte, wherever they are (load only, EPLB-like)
+};
+
 struct RemoteOptions {
   // Dtype of the hidden rows sent (DISPATCH). kQ8 means "the INT8 block format the worker's
   // gate dot products consume": per (worker, layer), Q8K where the worker's HELLO says that
@@ -57,6 +63,18 @@ struct RemoteOptions {
   std::string name = "backbone";                    // announced in HELLO
   Dialer dialer;                                    // empty: TCP with `tcp`
   PlannerPolicy planner;
+  // Hot experts (--local-experts-mb): the backbone counts expert activations per layer and, once
+  // hot_plan_after_tokens tokens have passed the first MoE layer (and every
+  // hot_replan_every_tokens after that), computes the chosen experts itself, at most this many
+  // bytes of them: mapped from its own file, or received from a worker (FETCH) and checked
+  // against the model's slab hashes. 0: off.
+  uint64_t local_experts_bytes = 0;
+  LocalExpertPolicy local_policy = LocalExpertPolicy::kTripAware;
+  int64_t hot_plan_after_tokens = 32;
+  int64_t hot_replan_every_tokens = 1024;
+  // Trip cost per worker (seconds) to plan with instead of the measured ones (one per worker;
+  // empty: measure). For links whose cost is known, and for tests that must not depend on timing.
+  std::vector<double> worker_costs;
 
   // The link options these imply (dtypes and mode the workers must speak).
   LinkOptions link_options() const;
@@ -86,6 +104,21 @@ struct RemoteTraffic {
   // work between submit() and wait(), then the backbone's share of the routed experts); hidden =
   // the part of the trip that local work covered, min(local, trip) per call.
   double trip_seconds = 0, local_seconds = 0, hidden_seconds = 0;
+};
+
+// What the hot-expert choice did (RemoteOptions::local_experts_bytes).
+struct HotExpertReport {
+  uint64_t plans = 0;        // times the set was chosen
+  int64_t experts = 0;       // experts the backbone computes by choice (beyond those only it has)
+  int layers_all_local = 0;  // MoE layers whose routed experts are all computed here: no trip
+  uint64_t bytes = 0;        // their weights
+  uint64_t budget_bytes = 0;
+  uint64_t fetched = 0, fetched_bytes = 0;  // copies received from workers (all plans)
+  uint64_t fetch_failures = 0;              // refused, failed or not the model's weights
+  std::string last_fetch_error;
+  // Expected trip latency per token from the activations counted (trip_planner.h), with no hot
+  // experts and with the chosen ones.
+  double predicted_s_none = 0, predicted_s_chosen = 0;
 };
 
 // Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be
@@ -131,6 +164,9 @@ class RemoteExecutor final : public ExpertExecutor {
   // An excluded worker gets no pairs (its experts go to replicas or the backbone's copies) until
   // included again; a layer that then has no holder for a routed expert fails, naming it.
   void set_excluded(size_t worker, bool excluded);
+  // Trip cost per worker in seconds, by which replicas are judged near or far (planner.h). Set
+  // from the warm-up RTTs at connect and from measured trip latencies at each hot-expert plan.
+  void set_worker_costs(std::vector<double> costs);
   const Planner& planner() const;
   size_t n_workers() const;
   const WorkerLink& worker(size_t i) const;
@@ -150,6 +186,16 @@ class RemoteExecutor final : public ExpertExecutor {
   std::vector<WorkerTraffic> worker_traffic() const;
   // The workers whose requests failed in the last wait() that returned an error (ascending).
   const std::vector<size_t>& last_failed_workers() const;
+
+  // Expert activations counted so far: [layer * n_expert + expert] routed (token, expert) pairs,
+  // and per layer the tokens routed.
+  const std::vector<uint64_t>& activation_counts() const;
+  const std::vector<uint64_t>& routed_tokens() const;
+  // Chooses the hot experts now from the counts (normally automatic, see RemoteOptions); must
+  // not be called with a submit() pending. Fetch failures are reported in the HotExpertReport,
+  // not as an error: those experts simply stay remote.
+  Status plan_local_experts_now();
+  HotExpertReport hot_experts() const;
 
   struct Impl;
 

@@ -42,6 +42,9 @@ inline constexpr const char* kKeyExperts = "moesh.slice.experts";       // canon
 inline constexpr const char* kKeyMoeLayers = "moesh.slice.moe_layers";  // i32 array
 // Per slice tensor T: `moesh.slice.hash.` + T = u64 array, XXH3-64 of each expert slab in T.
 inline constexpr const char* kKeyHashPrefix = "moesh.slice.hash.";
+// Backbone slices: [ggml type, ne0, ne1, ne2] of each stacked `*_exps` tensor left out, so a
+// backbone knows what an expert copy costs before it fetches one.
+inline constexpr const char* kKeyLayoutPrefix = "moesh.slice.layout.";
 inline constexpr const char* kKindExperts = "experts";
 inline constexpr const char* kKindBackbone = "backbone";
 
@@ -107,8 +110,9 @@ inline constexpr uint32_t kAllDTypes = (1u << static_cast<int>(wire::WireDType::
 inline constexpr uint32_t kAllModes = (1u << static_cast<int>(wire::CombineMode::kCOUNT)) - 1;
 
 // The HELLO a process sends: model_id_bytes = 16 with the identity bytes, n_layer/n_expert/
-// n_embd from the shape, dtypes = kAllDTypes, modes = kAllModes, the held experts' ranges (empty
-// for a backbone), the name.
+// n_embd from the shape, dtypes = kAllDTypes, modes = kAllModes, features = kFeatureFetch (a
+// worker serves FETCH, a backbone may send it), the held experts' ranges (empty for a backbone),
+// the name.
 wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape, const ExpertSet& held,
                        std::string name);
 
@@ -169,14 +173,28 @@ Result<ExpertActivation> expert_activation_of(const gguf::File& f);
 // (minus moesh.slice.*), kind, spec, MoE layers, the identity and a slab hash array per tensor.
 // `model` (a full model or an expert slice) must come from File::open: its path is reopened.
 Status write_expert_slice(const gguf::File& model, const ExpertSet& experts, const std::string& out);
-// Backbone slice: every tensor except `*_exps`, the metadata, kind = backbone, MoE layers and the
-// identity.
+// Backbone slice: every tensor except `*_exps`, the metadata, kind = backbone, MoE layers, the
+// identity, and for each stacked (3-D) `*_exps` tensor of the model its slab hash array
+// (`moesh.slice.hash.` + name, one XXH3-64 per expert), so experts received later can be checked.
 Status write_backbone_slice(const gguf::File& model, const std::string& out);
 // The name of the slice tensor holding experts [first, last] of `base` (e.g.
 // "blk.3.ffn_up_exps.weight@0-7").
 std::string slice_tensor_name(const std::string& base, uint32_t first, uint32_t last);
 // XXH3-64 of one slab (what the hash arrays hold).
 uint64_t slab_hash(const uint8_t* data, size_t n_bytes);
+// The slab hashes of stacked expert tensor `tensor_name` (one per expert, in stacking order):
+// the stored `moesh.slice.hash.<name>` array when the file has it (backbone and expert slices;
+// kCorrupt if its length is not the expert count), else computed from the tensor's data (a full
+// model). kNotFound when the file has neither (e.g. a backbone slice from before the hashes);
+// kInvalidArgument when the tensor is not 3-D.
+Result<std::vector<uint64_t>> expert_slab_hashes(const gguf::File& f, const std::string& tensor_name);
+// Type and shape of stacked expert tensor `tensor_name`: from the file's tensor table, or from a
+// backbone slice's `moesh.slice.layout.<name>`; kNotFound with neither, kCorrupt for a bad entry.
+struct ExpertTensorLayout {
+  GgmlType type = GgmlType::F32;
+  uint64_t ne0 = 0, ne1 = 0, ne2 = 0;  // ne2: experts
+};
+Result<ExpertTensorLayout> expert_tensor_layout(const gguf::File& f, const std::string& tensor_name);
 // "experts", "backbone", or "" for a full model.
 std::string slice_kind(const gguf::File& f);
 
@@ -194,12 +212,14 @@ struct WorkerOptions {
 struct WorkerStats {
   std::atomic<uint64_t> connections{0};
   std::atomic<uint64_t> dispatches{0};
+  std::atomic<uint64_t> fetches{0};  // FETCH requests, answered or not
   std::atomic<uint64_t> errors{0};
 };
 
 // Serves backbones until stop() (or a signal handler calling it). Connections are served
 // concurrently (a reader thread each); DISPATCH compute goes through one shared thread pool, one
-// request at a time. The store must outlive the worker.
+// request at a time. FETCH is answered with a SLAB of the held expert's mapped bytes (or ERROR
+// NOT_HELD) on the connection's thread. The store must outlive the worker.
 class Worker {
  public:
   static Result<std::unique_ptr<Worker>> start(const ExpertStore* store, const WorkerOptions& opts);

@@ -1,7 +1,8 @@
 // The moesh wire protocol: frames, messages and row codecs for remote expert dispatch.
 //
 // The backbone sends each worker, per MoE layer, the hidden rows of the tokens routed to that
-// worker's experts (DISPATCH) and gets back expert outputs (COMBINE). docs/PROTOCOL.md is the
+// worker's experts (DISPATCH) and gets back expert outputs (COMBINE); it may also fetch a copy of
+// one expert's weights (FETCH -> SLAB) to compute a hot expert itself. docs/PROTOCOL.md is the
 // normative byte-level spec; this header is its C++ face. Everything here is pure (no I/O):
 // transports (moesh/transport.h) move whole frames, this module builds and checks them.
 //
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "moesh/tensor/types.h"
 #include "moesh/util/status.h"
 
 namespace moesh::wire {
@@ -26,8 +28,9 @@ namespace moesh::wire {
 // ---- constants -------------------------------------------------------------------------------
 
 constexpr uint32_t kMagic = 0x48534F4Du;               // bytes "MOSH" on the wire (little-endian u32)
-constexpr uint16_t kVersion = 2;                       // the only protocol version this build speaks
-                                                       // (v2 = v1 + Q8K + the HELLO activation table)
+constexpr uint16_t kVersion = 3;                       // the only protocol version this build speaks
+                                                       // (v2 = v1 + Q8K + the HELLO activation table;
+                                                       // v3 = v2 + HELLO features + FETCH/SLAB)
 constexpr size_t kHeaderBytes = 32;                    // frozen across all versions
 constexpr uint32_t kDefaultMaxFrameBytes = 64u << 20;  // payload limit unless configured
 constexpr uint32_t kQ8BlockSize = 32;                  // elements per Q8 block
@@ -39,6 +42,12 @@ constexpr uint32_t kMaxNameBytes = 255;
 constexpr uint32_t kMaxPairsPerToken = 255;      // per-token pair count is a u8
 constexpr uint32_t kMaxExpertRanges = 4096;      // HELLO expert-range list
 constexpr uint32_t kMaxPingPadBytes = 1u << 20;  // warm-up padding per PING / PONG
+constexpr uint64_t kMaxSlabDim = UINT32_MAX;     // SLAB ne0/ne1 bound (keeps size arithmetic exact)
+
+// HELLO feature bits (Hello::features, since v3). A feature is used on a connection only when
+// both HELLOs set its bit (Session::features).
+constexpr uint32_t kFeatureFetch = 1u << 0;  // worker: answers FETCH with SLAB; backbone: may send FETCH
+constexpr uint32_t kAllFeatures = kFeatureFetch;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
@@ -49,6 +58,8 @@ enum class MsgType : uint16_t {
   kPong = 5,      // answer to PING (same request id), echoes its timestamp
   kGoodbye = 6,   // orderly close: no more requests will be sent
   kError = 7,     // failure of one request (request id != 0) or of the connection (id 0)
+  kFetch = 8,     // backbone -> worker: send me the weights of (layer, expert)   [v3, kFeatureFetch]
+  kSlab = 9,      // worker -> backbone: one expert's gate/up/down slabs (same request id as the FETCH)
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -219,6 +230,8 @@ struct Hello {
   // (Q8_K activations) — or kNoActDType. Lets a backbone without expert weights pick the
   // hidden dtype that avoids re-quantization. Empty for a backbone.
   std::vector<uint8_t> layer_act;
+  // Since v3. kFeature* bits: what this side offers (worker) or is willing to use (backbone).
+  uint32_t features = 0;
 };
 
 // Pure outcome of two HELLOs: the version both speak and the intersected capabilities.
@@ -227,6 +240,7 @@ struct Session {
   uint32_t dtypes = 0;
   uint32_t modes = 0;
   uint32_t max_send_bytes = 0;  // the peer's max_frame_bytes: never send a larger payload
+  uint32_t features = 0;        // kFeature* bits both HELLOs set
   Hello peer;
 };
 // kUnsupported: no common version / no common dtype or mode; kInvalidArgument: model identity
@@ -268,6 +282,33 @@ struct CombineMsg {
   WireRows rows;            // exact: one row per pair; partial: one row per token
 };
 
+// FETCH: asks a worker for a copy of one expert's weights (e.g. a hot expert the backbone will
+// compute itself). Answered with SLAB, or ERROR with the same request id.
+struct FetchMsg {
+  uint64_t request_id = 0;  // != 0
+  uint32_t layer = 0;
+  uint32_t expert = 0;
+};
+
+// One expert's slab of one stacked tensor: the 2-D [ne0, ne1] block of `type`, bytes exactly as
+// in the model file.
+struct SlabTensor {
+  GgmlType type = GgmlType::F32;
+  uint64_t ne0 = 0;            // row length (elements), a multiple of the type's block size
+  uint64_t ne1 = 0;            // rows
+  uint64_t hash = 0;           // XXH3-64 (seed 0) of bytes: swarm::slab_hash, what slice files store
+  std::vector<uint8_t> bytes;  // type_row_bytes(type, ne0) * ne1
+};
+
+// SLAB: the answer to a FETCH. Decoding checks every tensor's bytes against its own hash; the
+// receiver compares those hashes with ones it trusts (a backbone slice's) before using them.
+struct SlabMsg {
+  uint64_t request_id = 0;  // the FETCH's
+  uint32_t layer = 0;
+  uint32_t expert = 0;
+  std::array<SlabTensor, 3> tensors;  // gate, up, down
+};
+
 struct PingMsg {
   uint64_t request_id = 0;
   uint64_t send_time_ns = 0;     // sender's steady clock
@@ -298,6 +339,10 @@ struct ErrorMsg {
 Result<std::vector<uint8_t>> encode_hello(const Hello& m);
 Result<std::vector<uint8_t>> encode_dispatch(const DispatchMsg& m);
 Result<std::vector<uint8_t>> encode_combine(const CombineMsg& m);
+Result<std::vector<uint8_t>> encode_fetch(const FetchMsg& m);
+// encode_slab checks types, shapes and byte counts but trusts the hashes (a sender may cache them);
+// decode_slab recomputes each one and rejects a mismatch.
+Result<std::vector<uint8_t>> encode_slab(const SlabMsg& m);
 Result<std::vector<uint8_t>> encode_ping(const PingMsg& m);
 Result<std::vector<uint8_t>> encode_pong(const PongMsg& m);
 Result<std::vector<uint8_t>> encode_goodbye(const GoodbyeMsg& m);
@@ -308,6 +353,8 @@ Result<std::vector<uint8_t>> encode_error(const ErrorMsg& m);
 Result<Hello> decode_hello(const Frame& f);
 Result<DispatchMsg> decode_dispatch(const Frame& f, const DecodeLimits& lim);
 Result<CombineMsg> decode_combine(const Frame& f, const DecodeLimits& lim);
+Result<FetchMsg> decode_fetch(const Frame& f, const DecodeLimits& lim);
+Result<SlabMsg> decode_slab(const Frame& f, const DecodeLimits& lim);
 Result<PingMsg> decode_ping(const Frame& f);
 Result<PongMsg> decode_pong(const Frame& f);
 Result<GoodbyeMsg> decode_goodbye(const Frame& f);
@@ -315,9 +362,13 @@ Result<ErrorMsg> decode_error(const Frame& f);
 
 // The backbone's check that a COMBINE answers its DISPATCH (id, layer, mode, dtype, shape).
 Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply);
+// The backbone's check that a SLAB answers its FETCH (id, layer, expert).
+Status check_slab_matches(const FetchMsg& req, const SlabMsg& reply);
 
 // Payload sizes (bytes after the 32-byte header) — the formulas PROTOCOL.md tabulates.
 size_t dispatch_payload_bytes(uint32_t n_tokens, uint32_t n_pairs, uint32_t n_embd, WireDType t);
 size_t combine_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireDType t);
+// SLAB: 8 + 3 * 36 + the three tensors' byte counts (gate, up, down).
+size_t slab_payload_bytes(uint64_t gate_bytes, uint64_t up_bytes, uint64_t down_bytes);
 
 }  // namespace moesh::wire
