@@ -101,10 +101,13 @@ Result<TripPlan> plan_local_experts(const TripProblem& pb) {
     }
     return best;
   }
-  // Greedy by latency saved per byte over single experts and whole-layer bundles.
+  // Greedy by latency saved per byte over single experts and whole-layer bundles. Every move
+  // stays within one layer and the objective is a sum over layers, so a move is judged by its
+  // layer's latency alone (O(workers x experts) per move, not the whole model's).
   auto& local = best.local;
+  std::vector<double> layer_cost(static_cast<size_t>(pb.n_layer));
+  for (int l = 0; l < pb.n_layer; ++l) layer_cost[static_cast<size_t>(l)] = layer_latency(pb, l, local);
   while (true) {
-    const double base = best.expected_latency_s;
     double best_gain = 0;
     std::vector<std::pair<int, int>> move;
     uint64_t move_bytes = 0;
@@ -112,8 +115,10 @@ Result<TripPlan> plan_local_experts(const TripProblem& pb) {
       uint64_t b = 0;
       for (const auto& [l, e] : m) b += pb.bytes[l][e];
       if (m.empty() || best.bytes + b > pb.budget_bytes) return;
+      const int layer = m.front().first;
       for (const auto& [l, e] : m) local[l][e] = true;
-      const double gain = (base - expected_trip_latency(pb, local)) / static_cast<double>(std::max<uint64_t>(b, 1));
+      const double gain = (layer_cost[static_cast<size_t>(layer)] - layer_latency(pb, layer, local)) /
+                          static_cast<double>(std::max<uint64_t>(b, 1));
       for (const auto& [l, e] : m) local[l][e] = false;
       if (gain > best_gain) {
         best_gain = gain;
@@ -134,7 +139,10 @@ Result<TripPlan> plan_local_experts(const TripProblem& pb) {
     if (move.empty()) break;
     for (const auto& [l, e] : move) local[l][e] = true;
     best.bytes += move_bytes;
-    best.expected_latency_s = expected_trip_latency(pb, local);
+    const int moved = move.front().first;
+    layer_cost[static_cast<size_t>(moved)] = layer_latency(pb, moved, local);
+    best.expected_latency_s = 0;
+    for (const double c : layer_cost) best.expected_latency_s += c;
   }
   return best;
 }
