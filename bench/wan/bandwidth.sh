@@ -40,10 +40,10 @@ for rate in $rates; do
     for combine in $combines; do
       ip netns exec moesh-wbw-hub "$moesh" bench -m "$model" -p "$p" -n 8 -r 1 -t 1 --streams 32 \
         --micro-batches off --wire "$wire" --combine "$combine" --timeout-ms 600000 "${worker_args[@]}" \
-        2>/dev/null > "$logs/bench"
-      pp=$(grep -o "| *pp$p *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$')
-      tg=$(grep -o "| *tg8 *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$')
-      tg32=$(grep -o "tg8x32[^|]*| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$')
+        2>"$logs/bench.err" > "$logs/bench" || { echo "bench failed ($rate Mbit, $wire, $combine):" >&2; tail -5 "$logs/bench.err" >&2; }
+      pp=$(grep -o "| *pp$p *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$' || echo "")
+      tg=$(grep -o "| *tg8 *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$' || echo "")
+      tg32=$(grep -o "tg8x32[^|]*| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$' || echo "")
       echo "$rate,$wire,$combine,$pp,$tg,$tg32" | tee -a "$csv"
     done
   done

@@ -49,8 +49,8 @@ wan_workers() {
     ns="moesh-$name-p$i"; addr="10.77.$i.2"
     ip netns exec "$ns" "$moesh" worker -m "$model" --experts "*:$first-$last" --listen "$addr:0" -t 1 \
       >"$logs/w$i" 2>&1 &
-    for _ in $(seq 1 100); do grep -q 'listening on' "$logs/w$i" && break; sleep 0.1; done
-    port=$(grep -o 'listening on [0-9.]*:[0-9]*' "$logs/w$i" | sed 's/.*://')
+    for _ in $(seq 1 100); do grep -aq 'listening on' "$logs/w$i" && break; sleep 0.1; done
+    port=$(grep -ao 'listening on [0-9.]*:[0-9]*' "$logs/w$i" | sed 's/.*://')
     worker_args+=(--worker "$addr:$port")
   done
 }

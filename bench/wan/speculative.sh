@@ -30,10 +30,12 @@ csv="$out/wan-speculative.csv"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$root" rev-parse --short HEAD) gen$n, RTT $rtt ms, 1 worker" > "$csv"
 echo "model,plain_tps,ngram_tps,ratio,tokens_per_pass,accepted,drafted" >> "$csv"
 for which in cycling narrow; do
-  m="$model"
-  [ "$which" = cycling ] && m="$cycling"
+  m="$model" ne=32
+  [ "$which" = cycling ] && m="$cycling" ne=16
   pkill -f "moesh worker -m" 2>/dev/null || true
-  model="$m" wan_workers wsp 1 16
+  sleep 0.5
+  rm -f "$logs"/w*
+  model="$m" wan_workers wsp 1 "$ne"
   ip netns exec moesh-wsp-hub "$moesh" bench -m "$m" -p 0 -n "$n" -r "$reps" -t 1 --draft ngram "${worker_args[@]}" \
     2>/dev/null > "$logs/bench"
   plain=$(grep -o "| *gen$n *| *[0-9.]*" "$logs/bench" | grep -o '[0-9.]*$')

@@ -28,6 +28,11 @@ namespace {
 constexpr auto kPollSlice = 100ms;  // how often idle loops look at the stop flag
 constexpr auto kHandshakeTimeout = 5s;
 constexpr auto kSendTimeout = 10s;
+// A large reply on a slow link takes longer than kSendTimeout (16 MB of COMBINE is 13 s at
+// 10 Mbit/s): its send may take as long as the link's floor rate of 1 Mbit/s needs, on top.
+net::Deadline send_deadline(size_t bytes) {
+  return net::deadline_in(kSendTimeout + std::chrono::milliseconds(static_cast<int64_t>(bytes / 125)));
+}
 }  // namespace
 
 struct Worker::Impl {
@@ -96,7 +101,11 @@ void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f, 
   if (out.ok) {
     auto frame = wire::encode_combine(out.combine);
     if (frame && frame->size() - wire::kHeaderBytes <= max_send_bytes) {
-      (void)conn.send_frame(*frame, net::deadline_in(kSendTimeout));
+      // The backbone waits for this reply until the request's deadline, so sending may take
+      // that long too.
+      net::Deadline d = send_deadline(frame->size());
+      if (has_deadline) d = std::max(d, deadline);
+      (void)conn.send_frame(*frame, d);
       return;
     }
     out.error = wire::WireError::kInternal;
@@ -161,7 +170,7 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
   }
   auto frame = wire::encode_slab(m);
   if (!frame) return fail(wire::WireError::kInternal, frame.status().message());
-  (void)conn.send_frame(*frame, net::deadline_in(kSendTimeout));
+  (void)conn.send_frame(*frame, send_deadline(frame->size()));
 }
 
 void Worker::Impl::serve(Peer* peer) {
