@@ -20,7 +20,12 @@ void NgramDraft::propose(std::span<const int32_t> h, int max_tokens, std::vector
     // The most recent earlier occurrence: recent text predicts the continuation best.
     for (int64_t j = L - n - 1; j >= 0; --j) {
       if (!std::equal(suffix, suffix + n, h.data() + j)) continue;
-      for (int64_t q = j + n; q < L && static_cast<int>(out->size()) < max_tokens; ++q) out->push_back(h[q]);
+      // What followed the match, and past the end of the history the draft itself: a match d
+      // tokens back means text repeating with period d, so the period keeps going (a loop, a
+      // repeated phrase) instead of the draft stopping at the present.
+      for (int64_t q = j + n; static_cast<int>(out->size()) < max_tokens; ++q) {
+        out->push_back(q < L ? h[q] : (*out)[static_cast<size_t>(q - L)]);
+      }
       return;
     }
   }

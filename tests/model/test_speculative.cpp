@@ -26,9 +26,12 @@ TEST(NgramDraft, ProposesWhatFollowedTheLongestEarlierMatch) {
   EXPECT_EQ(out, (std::vector<int32_t>{4, 5, 8, 9, 1, 7, 8, 9}));
   d.propose(h, 2, &out);
   EXPECT_EQ(out, (std::vector<int32_t>{4, 5}));
-  // The most recent earlier occurrence of the 2-gram "1 2".
+  // The most recent earlier occurrence of the 2-gram "1 2"; past the present the period (3) goes on.
   d.propose(std::vector<int32_t>{1, 2, 3, 1, 2, 4, 1, 2}, 4, &out);
-  EXPECT_EQ(out, (std::vector<int32_t>{4, 1, 2}));
+  EXPECT_EQ(out, (std::vector<int32_t>{4, 1, 2, 4}));
+  // A loop of period 2 keeps looping for as many tokens as asked.
+  d.propose(std::vector<int32_t>{9, 5, 6, 5, 6}, 7, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{5, 6, 5, 6, 5, 6, 5}));
   // No earlier occurrence: nothing.
   d.propose(std::vector<int32_t>{1, 2, 3, 4, 5}, 4, &out);
   EXPECT_TRUE(out.empty());

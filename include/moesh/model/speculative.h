@@ -39,7 +39,8 @@ class DraftSource {
 
 // Prompt lookup: the longest suffix of the history of n_max..n_min tokens that occurred earlier
 // in the history is matched against its most recent earlier occurrence, and the tokens that
-// followed it there are proposed (llama.cpp's "ngram" / prompt-lookup family). Quoting, code
+// followed it there are proposed, continuing periodically past the end of the history (a match d
+// tokens back predicts text of period d) (llama.cpp's "ngram" / prompt-lookup family). Quoting, code
 // editing and repetitive text draft well; novel text proposes nothing, which costs nothing.
 class NgramDraft final : public DraftSource {
  public:
