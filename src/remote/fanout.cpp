@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 namespace moesh {
 
@@ -15,8 +16,22 @@ constexpr std::chrono::milliseconds kReaderSlice{500};
 }  // namespace
 
 FanOut::FanOut(std::vector<std::unique_ptr<WorkerLink>> links) : links_(std::move(links)) {
+  // One link: gather() reads it itself (no reader thread, so a reply wakes the waiting thread
+  // directly instead of a reader that then wakes it). Several: a reader each, for arrival order.
+  inline_ = links_.size() == 1 && std::getenv("MOESH_FANOUT_READERS") == nullptr;
+  if (inline_) return;
   readers_.reserve(links_.size());
   for (size_t w = 0; w < links_.size(); ++w) readers_.emplace_back([this, w] { read_loop(w); });
+}
+
+bool FanOut::next_completion(net::CompletionQueue::Entry* e, net::Deadline deadline) {
+  if (!inline_) return done_.pop(e, deadline);
+  for (;;) {
+    if (done_.pop(e, net::Clock::now())) return true;
+    if (net::Clock::now() >= deadline) return false;
+    // Reads and files one frame; a failed connection fails its pending requests (they complete).
+    if (!links_[0]->mux->pump(deadline).is_ok()) return done_.pop(e, deadline);
+  }
 }
 
 FanOut::~FanOut() {
@@ -79,7 +94,7 @@ void FanOut::gather(std::span<const Outstanding> reqs, net::Deadline deadline,
   std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.at < b.at; });
   size_t next_mine = 0;
   net::CompletionQueue::Entry e;
-  while (left > 0 && (next_mine < mine.size() || done_.pop(&e, deadline))) {
+  while (left > 0 && (next_mine < mine.size() || next_completion(&e, deadline))) {
     if (next_mine < mine.size()) e = mine[next_mine++];
     const size_t i = index_of(e);
     if (i == reqs.size()) {

@@ -52,10 +52,12 @@ class FanOut {
 
  private:
   void read_loop(size_t w);
+  bool next_completion(net::CompletionQueue::Entry* e, net::Deadline deadline);
 
   std::vector<std::unique_ptr<WorkerLink>> links_;
   net::CompletionQueue done_;
   std::atomic<bool> stopping_{false};
+  bool inline_ = false;  // one link, read by gather() itself
   std::vector<std::thread> readers_;
   std::vector<uint8_t> answered_;  // gather's scratch
   // Started, neither gathered nor cancelled: (worker, request id). Only the executor's thread
