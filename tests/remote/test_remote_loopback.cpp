@@ -525,5 +525,32 @@ TEST(RemoteLoopback, ANearReplicaTakesTheLoadOffAFarHolder) {
   EXPECT_GT((*exec)->worker_traffic()[0].requests, 0u);
 }
 
+TEST(RemoteLoopback, OneWorkerIsReadByTheWaitingThreadAndItsFailureIsStillNamed) {
+  // One link: the fan-out has no reader thread, gather() reads the connection itself.
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
+  const auto tokens = tokens_of(*s.model);
+  auto local = run_model(*s.model, tokens);
+  ASSERT_TRUE(local.is_ok());
+  {
+    auto exec = s.connect();
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    auto lg = run_model(*s.model, tokens, *exec);
+    ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+    EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+    EXPECT_GT((*exec)->worker_traffic()[0].requests, 0u);
+  }
+  net::FaultPlan fp;
+  fp.schedule = {{3, net::FaultKind::kCloseMidFrame}};  // HELLO, PONG, one COMBINE, then cut
+  s.faults[0] = fp;
+  auto exec = s.connect();
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  auto bad = run_model(*s.model, tokens, *exec);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("(w0)"), std::string::npos) << bad.status().message();
+  EXPECT_EQ((*exec)->last_failed_workers(), std::vector<size_t>{0});
+}
+
 }  // namespace
 }  // namespace moesh::test

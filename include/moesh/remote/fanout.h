@@ -1,10 +1,11 @@
 // The fan-out: requests to many workers in flight at once, replies taken in arrival order.
 //
-// Each link has a reader thread that files replies as they arrive (RequestMux::pump) and reports
-// them to one CompletionQueue, so gather() hands over each reply the moment it is in, with its
-// true arrival time: a slow worker does not delay the handling of a fast one, and each worker's
-// latency is its own (gathering in worker order made a later worker's figure include the wait
-// for earlier ones). A link whose connection fails fails its pending and later requests at once.
+// With several links each has a reader thread that files replies as they arrive
+// (RequestMux::pump) and reports them to one CompletionQueue, so gather() hands over each reply
+// the moment it is in, with its true arrival time (with one link, gather() pumps it itself: one
+// wake-up fewer per trip; MOESH_FANOUT_READERS=1 forces the reader): a slow worker does not delay the handling of a
+// fast one, and each worker's latency is its own (gathering in worker order made a later worker's figure include the
+// wait for earlier ones). A link whose connection fails fails its pending and later requests at once.
 #pragma once
 
 #include <atomic>
