@@ -99,7 +99,9 @@ double condition_score(const Conditioning& c, double min_margin, double min_lead
 }  // namespace
 
 double default_min_routing_margin(const HParams& hp) {
-  return hp.gating == GatingFunc::kSigmoid ? 0.0125 : 0.05;
+  // Sigmoid scores (+ bias) are what sigmoid gating selects on, except where the top-k is taken
+  // on the raw logits (llama4): margins are then in logit units, like softmax's.
+  return hp.gating == GatingFunc::kSigmoid && !hp.select_on_logits ? 0.0125 : 0.05;
 }
 
 std::vector<int64_t> sequence_lengths(int n, int64_t n_ctx) {

@@ -32,6 +32,8 @@ const char* make_arch_name(MakeArch a) {
       return "llama";
     case MakeArch::kDeepseek2:
       return "deepseek2";
+    case MakeArch::kRegistry:
+      return "registry";
     case MakeArch::kCOUNT:
       break;
   }
@@ -144,6 +146,8 @@ MakeModelSpec MakeModelSpec::defaults_for(MakeArch arch) {
       s.n_ff = 256;
       s.rms_eps = 1e-5f;
       break;
+    case MakeArch::kRegistry:  // use defaults_for_name
+      break;
     case MakeArch::kDeepseek2:  // deepseek2-s
       s.seed = 1003;
       s.n_layer = 3;
@@ -218,6 +222,15 @@ Status validate_spec_fields(const MakeModelSpec& s) {
     return make_error(StatusCode::kInvalidArgument, "rope_base must be > 0, got {}", s.rope_base);
   }
 
+  if (s.arch == MakeArch::kRegistry) {
+    if (s.registry_arch.empty()) return make_error(StatusCode::kInvalidArgument, "registry arch without a name");
+    if (s.head_dim <= 0 || s.head_dim % 2 != 0) {
+      return make_error(StatusCode::kInvalidArgument, "head_dim {} must be positive and even (RoPE rotates pairs)",
+                        s.head_dim);
+    }
+    // The arch file checks the rest exactly as a loader would (its read_hparams).
+    MOESH_RETURN_IF_ERROR(registry_make_plan(s).status());
+  }
   if (s.arch == MakeArch::kQwen3Moe || s.arch == MakeArch::kLlama) {
     if (s.n_head_kv <= 0 || s.n_head_kv > s.n_head || s.n_head % s.n_head_kv != 0) {
       return make_error(StatusCode::kInvalidArgument, "n_head_kv {} must divide n_head {} (GQA groups are whole)",

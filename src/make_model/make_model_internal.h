@@ -8,12 +8,16 @@
 
 #include "moesh/gguf/gguf.h"
 #include "moesh/make_model/make_model.h"
+#include "moesh/model/make_arch.h"
 
 namespace moesh::detail {
 
 // Tensor names, shapes, init and types in file order (offsets/n_bytes filled). Assumes the
 // structural checks of MakeModelSpec::validate passed; block-size checks are done on its result.
 std::vector<PlannedTensor> make_model_layout(const MakeModelSpec& spec);
+
+// The registry's description of a MakeArch::kRegistry spec (make_model_registry.cpp).
+Result<ArchMakePlan> registry_make_plan(const MakeModelSpec& spec);
 
 // Metadata in the order llama.cpp's tools write it.
 std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelSpec& spec);

@@ -218,13 +218,47 @@ GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int
   return t;
 }
 
+// The arch file's own tensor table (the loader's), with the reference generator's stds by role.
+WeightInit registry_init(const std::string& arch, const std::string& name) {
+  if (name == "token_embd.weight") return kInitEmbd;
+  if (name == "output.weight") return kInitOutput;
+  if (contains(name, "norm.weight")) return kInitNorm;
+  if (contains(name, "attn_sinks")) return {0.0f, 1.0f};
+  if (contains(name, "exp_probs_b")) return kInitProbsBias;
+  if (contains(name, "ffn_gate_inp.bias")) return {0.0f, 0.1f};
+  if (ends_with(name, ".bias")) return {0.0f, 0.02f};
+  if (contains(name, "ffn_gate_inp")) return kInitRouter;  // router and shared-expert gate
+  if (arch == "gpt-oss") {  // reference README §3: the +-7 clamp must really be exercised
+    if (contains(name, "ffn_gate_exps") || contains(name, "ffn_up_exps")) return {0.0f, 0.3f};
+    if (contains(name, "ffn_down_exps")) return {0.0f, 0.015f};
+  }
+  if (contains(name, "_exps.") || contains(name, "_shexp.")) return kInitExpert;
+  if (contains(name, "ffn_")) return kInitDense;
+  return kInitAttn;
+}
+
+void layout_registry(LayoutBuilder& b) {
+  const MakeModelSpec& s = b.spec();
+  auto plan = detail::registry_make_plan(s);
+  if (!plan) return;  // validate() reported it
+  for (const ArchTensorSpec& t : plan->tensors) {
+    if (s.tied_embeddings && t.name == "output.weight") continue;
+    b.add(t.name, t.ne, registry_init(s.registry_arch, t.name), t.layer,
+          t.ne.size() == 3 && contains(t.name, "_exps."));
+  }
+}
+
 namespace detail {
 
 std::vector<PlannedTensor> make_model_layout(const MakeModelSpec& s) {
   LayoutBuilder b(s);
-  b.add("token_embd.weight", {s.n_embd, s.n_vocab}, kInitEmbd, -1);
-  b.add("output_norm.weight", {s.n_embd}, kInitNorm, -1);
-  b.add("output.weight", {s.n_embd, s.n_vocab}, kInitOutput, -1);
+  if (s.arch == MakeArch::kRegistry) {
+    layout_registry(b);
+  } else {
+    b.add("token_embd.weight", {s.n_embd, s.n_vocab}, kInitEmbd, -1);
+    b.add("output_norm.weight", {s.n_embd}, kInitNorm, -1);
+    if (!s.tied_embeddings) b.add("output.weight", {s.n_embd, s.n_vocab}, kInitOutput, -1);
+  }
   switch (s.arch) {
     case MakeArch::kQwen3Moe:
       layout_qwen3moe(b);
@@ -235,6 +269,7 @@ std::vector<PlannedTensor> make_model_layout(const MakeModelSpec& s) {
     case MakeArch::kDeepseek2:
       layout_deepseek2(b);
       break;
+    case MakeArch::kRegistry:
     case MakeArch::kCOUNT:
       break;
   }
@@ -261,7 +296,7 @@ std::vector<PlannedTensor> make_model_layout(const MakeModelSpec& s) {
 }
 
 std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelSpec& s) {
-  const std::string a = make_arch_name(s.arch);
+  const std::string a = s.arch_name();
   const bool quantized = s.type == MakeFileType::kQ8_0 || s.type == MakeFileType::kQ4_K_M;
   Kvs kvs;
   put(kvs, "general.architecture", gguf::Value::str(a));
@@ -272,6 +307,19 @@ std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelS
   // Converters write file_type early; llama-quantize re-adds it at the end (below).
   if (!quantized) put(kvs, "general.file_type", u32(make_file_type_ftype(s.type)));
 
+  if (s.arch == MakeArch::kRegistry) {
+    // The arch file's own keys (the inverse of its read_hparams), then the tokenizer.
+    if (auto plan = registry_make_plan(s); plan.is_ok()) {
+      for (auto& [k, v] : plan->kvs) put(kvs, k, v);
+    }
+    if (s.vocab == MakeVocab::kNone) put(kvs, "tokenizer.ggml.model", gguf::Value::str("no_vocab"));
+    if (s.vocab == MakeVocab::kBpe) append_make_vocab_kvs(s, kvs);
+    if (quantized) {
+      put(kvs, "general.quantization_version", gguf::Value::u32(2));
+      put(kvs, "general.file_type", u32(make_file_type_ftype(s.type)));
+    }
+    return kvs;
+  }
   put(kvs, a + ".vocab_size", u32(s.n_vocab));
   put(kvs, a + ".context_length", u32(s.n_ctx));
   put(kvs, a + ".embedding_length", u32(s.n_embd));
@@ -293,6 +341,8 @@ std::vector<std::pair<std::string, gguf::Value>> make_model_kvs(const MakeModelS
       put(kvs, a + ".rope.dimension_count", u32(s.head_dim));
       // Mixtral's expert width lives in feed_forward_length.
       put(kvs, a + ".feed_forward_length", u32(s.n_ff_exp));
+      break;
+    case MakeArch::kRegistry:
       break;
     case MakeArch::kDeepseek2:
       // MLA as the converter writes it: one latent KV head of kv_lora + rope dims.

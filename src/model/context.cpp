@@ -14,24 +14,14 @@
 #include <memory>
 #include <optional>
 
-#include "model/layers.h"
+#include "model/arch.h"
 
 namespace moesh {
-
-namespace {
-
-// K/V widths per cache cell and layer.
-std::pair<int64_t, int64_t> kv_widths(const HParams& hp) {
-  if (hp.arch == Arch::kDeepseek2) return {hp.kv_lora_rank + hp.n_rot, hp.kv_lora_rank};
-  return {hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v};
-}
-
-}  // namespace
 
 Context::Context(const Model& model, const ContextParams& params)
     : model_(model),
       pool_(std::make_unique<ThreadPool>(params.n_threads)),
-      kv_(model.hparams().n_layer, kv_widths(model.hparams()).first, kv_widths(model.hparams()).second,
+      kv_(model.hparams().n_layer, model.hparams().kv_k_width, model.hparams().kv_v_width,
           params.n_ctx > 0 ? params.n_ctx : model.hparams().n_ctx_train),
       executor_(params.executor),
       scratch_(std::make_unique<Scratch>()),
@@ -192,10 +182,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     const size_t n_act = static_cast<size_t>(f.batch.n * D);
     // Attention block.
     detail::rms_norm_rows(pt.h, lw.attn_norm, pt.xn, f.batch.n, D, hp.rms_eps);
-    if (hp.arch == Arch::kDeepseek2)
-      detail::attention_mla(f, il, lw, pt.xn, pt.attn_out);
-    else
-      detail::attention_gqa(f, il, lw, pt.xn, pt.attn_out);
+    hp.arch->mixer(f, il, lw, pt.xn, pt.attn_out);
     for (size_t i = 0; i < n_act; ++i) pt.h[i] = pt.attn_out[i] + pt.h[i];
     // FFN block.
     detail::rms_norm_rows(pt.h, lw.ffn_norm, pt.xn, f.batch.n, D, hp.rms_eps);

@@ -62,8 +62,8 @@ MOESH_FMA_CLONES MOESH_VECTORIZE float kq_dot(const float* k, const float* q, in
 // llama.cpp's tinyBLAS kernel; storing the 16 lanes of an output dv floats apart (lane-major)
 // rather than side by side makes each cell one contiguous, vectorisable row update.
 MOESH_FMA_CLONES MOESH_VECTORIZE void kqv_accumulate(float* lanes, const float* v, size_t stride, const float* p,
-                                                     int64_t n_vis, int64_t dv) {
-  for (int64_t c = 0; c < n_vis; ++c) {
+                                                     int64_t c_begin, int64_t n_vis, int64_t dv) {
+  for (int64_t c = c_begin; c < n_vis; ++c) {
     const float pc = p[c];
     const float* vc = v + c * stride;
     float* lc = lanes + (c & 15) * dv;
@@ -92,7 +92,7 @@ int64_t padded16(int64_t n) {
 }  // namespace
 
 void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk, int64_t dv,
-                    float kq_scale, float* o) {
+                    float kq_scale, float* o, const AttnCoreOpts& opts) {
   const Batch& b = f.batch;
   // Per token: its sequence's cells (all of this step's cells are already appended).
   const size_t T = static_cast<size_t>(b.n);
@@ -130,18 +130,28 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       const int64_t* cp = cell_pos[t];
       int64_t n_vis = 0;
       while (n_vis < n_cells[t] && cp[n_vis] <= pos) ++n_vis;
+      // Sliding window: cells before pos - window + 1 are masked (-inf, probability 0). The row
+      // still starts at a multiple of 16 so softmax's 16-groups line up with llama.cpp's full
+      // row; groups that are wholly masked add exactly 0 and are skipped.
+      int64_t min_pos = 0;
+      if (opts.window > 0) min_pos = pos - opts.window + 1;
+      if (opts.chunk > 0) min_pos = std::max(min_pos, pos / opts.chunk * opts.chunk);
+      int64_t c0 = 0;
+      while (c0 < n_vis && cp[c0] < min_pos) ++c0;
+      const int64_t base = c0 & ~static_cast<int64_t>(15);
       const float* kt = k0[t];
-      for (int64_t c = 0; c < n_vis; ++c) {
+      std::fill(sc + base, sc + c0, -INFINITY);
+      for (int64_t c = c0; c < n_vis; ++c) {
         sc[c] = kq_dot(kt + c * stride + g * dk, qh, dk) * kq_scale;
       }
       const int64_t n_row = padded16(n_vis);
       std::fill(sc + n_vis, sc + n_row, -INFINITY);
-      softmax(sc, n_row);
+      softmax(sc + base, n_row - base, opts.sinks != nullptr ? opts.sinks + h : nullptr);
       // KQV = mul_mat(V^T, P): tinyBLAS (F32, AVX-512) gives each output 16 lanes over the cells
       // (cell c -> lane c % 16, fused multiply-add in cell order) and a halving-tree sum. The
       // masked cells have p = 0 and add nothing.
       std::fill(lanes, lanes + 16 * dv, 0.0f);
-      kqv_accumulate(lanes, v0[t] + g * dv, stride, sc, n_vis, dv);
+      kqv_accumulate(lanes, v0[t] + g * dv, stride, sc, c0, n_vis, dv);
       kqv_reduce(lanes, dv, o + (t * n_head + h) * dv);
     }
   };
@@ -159,26 +169,79 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
   const int64_t T = f.batch.n;
   const int64_t n_head = hp.n_head, n_kv = hp.n_head_kv;
   const int64_t dk = hp.head_dim_k, dv = hp.head_dim_v;
-  float* q = grow(f.s.q, static_cast<size_t>(T * n_head * dk));
+  const int64_t q_width = n_head * dk * (hp.q_gated ? 2 : 1);
+  float* qp = grow(f.s.qa, static_cast<size_t>(T * q_width));
   float* k = grow(f.s.k, static_cast<size_t>(T * n_kv * dk));
   float* v = grow(f.s.v, static_cast<size_t>(T * n_kv * dv));
-  project(f, xn, T, hp.n_embd, {{&lw.wq, q}, {&lw.wk, k}, {&lw.wv, v}});
+  project(f, xn, T, hp.n_embd, {{&lw.wq, qp}, {&lw.wk, k}, {&lw.wv, v}});
+  // Biases are separate adds after the matmuls (ggml_add), as in llama.cpp.
+  auto add_bias = [T](float* y, const TensorView& b, int64_t n) {
+    if (!b.valid()) return;
+    const float* bd = f32(b);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < n; ++i) y[t * n + i] = y[t * n + i] + bd[i];
+    }
+  };
+  add_bias(qp, lw.bq, q_width);
+  add_bias(k, lw.bk, n_kv * dk);
+  add_bias(v, lw.bv, n_kv * dv);
 
+  // A gated query (qwen3next) holds [query | gate] per head: split into q and the gate.
+  float* q = qp;
+  float* gate = nullptr;
+  if (hp.q_gated) {
+    q = grow(f.s.q, static_cast<size_t>(T * n_head * dk));
+    gate = grow(f.s.o2, static_cast<size_t>(T * n_head * dk));
+    for (int64_t r = 0; r < T * n_head; ++r) {
+      std::copy_n(qp + r * 2 * dk, dk, q + r * dk);
+      std::copy_n(qp + r * 2 * dk + dk, dk, gate + r * dk);
+    }
+  }
+
+  const int nh = static_cast<int>(n_head), nkv = static_cast<int>(n_kv), idk = static_cast<int>(dk);
   for (int64_t t = 0; t < T; ++t) {
     float* qt = q + t * n_head * dk;
     float* kt = k + t * n_kv * dk;
-    // qwen3moe: per-head RMSNorm of Q and K before RoPE.
-    if (lw.q_norm.valid()) rms_norm_rows(qt, lw.q_norm, qt, n_head, dk, hp.rms_eps);
-    if (lw.k_norm.valid()) rms_norm_rows(kt, lw.k_norm, kt, n_kv, dk, hp.rms_eps);
-    rope(qt, static_cast<int>(n_head), static_cast<int>(dk), static_cast<size_t>(dk), f.batch.pos[t], hp.rope);
-    rope(kt, static_cast<int>(n_kv), static_cast<int>(dk), static_cast<size_t>(dk), f.batch.pos[t], hp.rope);
+    switch (hp.qk_norm) {
+      case QkNorm::kPerHead:  // qwen3moe, glm4moe, qwen3next: per head, before RoPE
+        rms_norm_rows(qt, lw.q_norm, qt, n_head, dk, hp.rms_eps);
+        rms_norm_rows(kt, lw.k_norm, kt, n_kv, dk, hp.rms_eps);
+        break;
+      case QkNorm::kFull:  // minimax-m2: over the whole projection, before the head split
+        rms_norm_rows(qt, lw.q_norm, qt, 1, n_head * dk, hp.rms_eps);
+        rms_norm_rows(kt, lw.k_norm, kt, 1, n_kv * dk, hp.rms_eps);
+        break;
+      default:
+        break;
+    }
+    if (lw.rope) {
+      rope(qt, nh, idk, static_cast<size_t>(dk), f.batch.pos[t], hp.rope);
+      rope(kt, nkv, idk, static_cast<size_t>(dk), f.batch.pos[t], hp.rope);
+      if (hp.qk_norm == QkNorm::kUnweighted) {  // llama4: after RoPE, no weight, RoPE layers only
+        rms_norm_rows(qt, TensorView{}, qt, n_head, dk, hp.rms_eps);
+        rms_norm_rows(kt, TensorView{}, kt, n_kv, dk, hp.rms_eps);
+      }
+    } else if (hp.attn_temp_scale > 0.0f) {
+      // llama4 NoPE layers: Q *= 1 + s * ln(floor((pos + 1) / floor_scale) + 1) (1 below floor_scale).
+      const float scale =
+          1.0f +
+          hp.attn_temp_scale * std::log(std::floor(static_cast<float>(f.batch.pos[t] + 1) / hp.attn_temp_floor) + 1.0f);
+      for (int64_t i = 0; i < n_head * dk; ++i) qt[i] = qt[i] * scale;
+    }
     const int64_t cell = f.batch.cell[t];
     std::copy_n(kt, n_kv * dk, f.kv.k(f.batch.seq[t], il, cell));
     std::copy_n(v + t * n_kv * dv, n_kv * dv, f.kv.v(f.batch.seq[t], il, cell));
   }
   float* o = grow(f.s.o, static_cast<size_t>(T * n_head * dv));
-  attention_core(f, il, q, n_head, n_kv, dk, dv, hp.kq_scale, o);
+  AttnCoreOpts opts;
+  if (lw.swa) (hp.swa_chunked ? opts.chunk : opts.window) = hp.n_swa;
+  opts.sinks = lw.sinks.valid() ? f32(lw.sinks) : nullptr;
+  attention_core(f, il, q, n_head, n_kv, dk, dv, hp.kq_scale, o, opts);
+  if (gate != nullptr) {
+    for (int64_t i = 0; i < T * n_head * dv; ++i) o[i] = o[i] * sigmoid(gate[i]);
+  }
   project(f, o, T, n_head * dv, {{&lw.wo, out}});
+  add_bias(out, lw.bo, hp.n_embd);
 }
 
 void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x,
@@ -194,15 +257,71 @@ void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const Tenso
   project(f, h, T, n_ff, {{&down, out}});
 }
 
+namespace {
+
+// One router logit as llama.cpp computes it for a batch on x86 (AVX-512, the reference
+// machine): mul_mat(ffn_gate_inp, x) with F32 weights and F32 activations is taken by
+// llamafile's tinyBLAS (ggml-cpu/llamafile/sgemm.cpp, tinyBLAS::gemm_bloc, KN = 16 floats per
+// __m512): element i -> lane i % 16, fused multiply-add in element order, then
+// _mm512_reduce_add_ps, a halving tree (8, 4, 2, 1). Requires n % 16 == 0.
+MOESH_FMA_CLONES MOESH_VECTORIZE float router_dot16(const float* w, const float* x, int64_t n) {
+  float acc[16] = {};
+  for (int64_t i = 0; i < n; i += 16) {
+    for (int l = 0; l < 16; ++l) acc[l] = std::fmaf(w[i + l], x[i + l], acc[l]);
+  }
+  for (int h = 8; h >= 1; h /= 2) {
+    for (int l = 0; l < h; ++l) acc[l] += acc[l + h];
+  }
+  return acc[0];
+}
+
+// Router logits [T][n_expert]. moesh's canonical F32 dot (32 lanes, quant.h) differs from
+// tinyBLAS in the last bit for about 2/3 of the logits, so the mixing weights differed by an ulp
+// and the residual stream by ulps at nearly every token; Q8_0/Q8_K activation quantization
+// hides that until one value sits on a rounding boundary, and from there the logits drift
+// (~1e-2, at that and every later position). tinyBLAS takes the matmul when n_embd % 16 == 0
+// and n_expert % 4 == 0 (else ggml's vec_dot_f32: the 64-lane order of kq_dot). llama.cpp uses
+// vec_dot_f32 for a single token too; we keep the batch order for every T, so a token's
+// routing does not depend on its batch (decode == batch bit for bit).
+void router_logits(Fwd& f, const TensorView& router, const float* xn, int64_t T, int64_t n_embd, float* logits) {
+  if (router.type != GgmlType::F32) {
+    project(f, xn, T, n_embd, {{&router, logits}});
+    return;
+  }
+  const int64_t n_expert = router.ne[1];
+  const bool tinyblas = n_embd % 16 == 0 && n_expert % 4 == 0;
+  auto body = [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / n_expert, e = i % n_expert;
+      const float* w = reinterpret_cast<const float*>(router.row(e));
+      logits[i] = tinyblas ? router_dot16(w, xn + t * n_embd, n_embd) : kq_dot(w, xn + t * n_embd, n_embd);
+    }
+  };
+  if (f.pool != nullptr) {
+    f.pool->parallel_for(
+        T * n_expert, [&body](int64_t a, int64_t c, int th) { body(a, c, th); }, n_expert);
+  } else {
+    body(0, T * n_expert, 0);
+  }
+}
+
+}  // namespace
+
 Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCall* call) {
   const HParams& hp = f.hp;
   const int64_t T = f.batch.n;
   const int64_t n_embd = hp.n_embd;
   const int k = static_cast<int>(hp.n_expert_used);
 
-  // 1. router logits in f32 (the router is never quantized, so neither is its input)
+  // 1. router logits in f32 (the router is never quantized, so neither is its input), + bias
   float* logits = grow(f.s.router_logits, static_cast<size_t>(T * hp.n_expert));
-  project(f, xn, T, n_embd, {{&lw.router, logits}});
+  router_logits(f, lw.router, xn, T, n_embd, logits);
+  if (lw.router_b.valid()) {
+    const float* b = f32(lw.router_b);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < hp.n_expert; ++e) logits[t * hp.n_expert + e] = logits[t * hp.n_expert + e] + b[e];
+    }
+  }
 
   // 2-9. gating, selection bias, groups, top-k, weights
   RouterConfig rc;
@@ -214,6 +333,7 @@ Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCal
   rc.n_group_used = static_cast<int>(hp.n_group_used);
   rc.norm_w = hp.norm_w;
   rc.w_scale = hp.w_scale;
+  rc.select_on_logits = hp.select_on_logits;
   int32_t* ids = grow(f.s.moe_ids, static_cast<size_t>(T * k));
   float* w = grow(f.s.moe_w, static_cast<size_t>(T * k));
   route(rc, logits, T, ids, w, &f.s.route_scratch);
@@ -226,13 +346,46 @@ Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCal
   }
 
   // THE DISPATCH POINT: routed experts go to the executor; shared experts run meanwhile.
-  MOESH_RETURN_IF_ERROR(make_plan(il, ids, w, T, k, hp.n_expert, &f.s.plan));
-  call->ticket = f.executor.submit(il, xn, T, f.s.plan);
+  call->input_scaled = hp.expert_ffn.input_scaled;
+  if (call->input_scaled) {
+    // llama4: the weight multiplies the expert's input and the outputs are summed unweighted.
+    // Each (token, rank) becomes its own row w·x with one expert of weight 1, so executors and
+    // workers run ordinary rows; moe_end sums a token's k rows in rank order.
+    float* xs = grow(f.s.moe_x, static_cast<size_t>(T * k * n_embd));
+    for (int64_t t = 0; t < T; ++t) {
+      for (int j = 0; j < k; ++j) {
+        float* row = xs + (t * k + j) * n_embd;
+        const float wj = w[t * k + j];
+        for (int64_t d = 0; d < n_embd; ++d) row[d] = xn[t * n_embd + d] * wj;
+      }
+    }
+    float* ones = grow(f.s.moe_ones, static_cast<size_t>(T * k));
+    std::fill(ones, ones + T * k, 1.0f);
+    MOESH_RETURN_IF_ERROR(make_plan(il, ids, ones, T * k, 1, hp.n_expert, &f.s.plan));
+    call->ticket = f.executor.submit(il, xs, T * k, f.s.plan);
+  } else {
+    MOESH_RETURN_IF_ERROR(make_plan(il, ids, w, T, k, hp.n_expert, &f.s.plan));
+    call->ticket = f.executor.submit(il, xn, T, f.s.plan);
+  }
   call->pending = true;
+  call->k = k;
   call->has_shexp = lw.gate_shexp.valid();
   if (call->has_shexp) {
     float* shexp = grow(f.s.shexp, static_cast<size_t>(T * n_embd));
     dense_ffn(f, lw.gate_shexp, lw.up_shexp, lw.down_shexp, xn, shexp);
+    if (lw.shexp_gate.valid()) {
+      // qwen3next / qwen35moe: shexp *= sigmoid(ffn_gate_inp_shexp · x), one scalar per token.
+      TensorView g = lw.shexp_gate;  // [n_embd] used as an [n_embd, 1] matrix
+      g.ne[1] = 1;
+      g.n_dims = 2;
+      g.set_contiguous_strides();
+      float* gl = grow(f.s.shexp_gl, static_cast<size_t>(T));
+      project(f, xn, T, n_embd, {{&g, gl}});
+      for (int64_t t = 0; t < T; ++t) {
+        const float sg = sigmoid(gl[t]);
+        for (int64_t d = 0; d < n_embd; ++d) shexp[t * n_embd + d] = shexp[t * n_embd + d] * sg;
+      }
+    }
   }
   return Status::ok();
 }
@@ -245,11 +398,22 @@ Status moe_end(Fwd& f, int il, MoeCall* call, float* out) {
   call->pending = false;
   auto routed = f.executor.wait(call->ticket);
   if (!routed) return routed.status().with_context(fmt::format("layer {} experts", il));
-  if (static_cast<int64_t>(routed->size()) != T * n_embd) {
+  const int64_t rows = call->input_scaled ? T * call->k : T;
+  if (static_cast<int64_t>(routed->size()) != rows * n_embd) {
     return make_error(StatusCode::kInternal, "layer {}: executor returned {} floats, expected {}", il, routed->size(),
-                      T * n_embd);
+                      rows * n_embd);
   }
   const float* r = routed->data();
+  if (call->input_scaled) {
+    // Σ_j expert_j(w_j x) in rank order (weight 1: the same adds as llama.cpp's moe_out chain).
+    float* sum = grow(f.s.moe_sum, static_cast<size_t>(T * n_embd));
+    for (int64_t t = 0; t < T; ++t) {
+      for (int j = 0; j < call->k; ++j) {
+        rank_sum_step(sum + t * n_embd, r + (t * call->k + j) * n_embd, 1.0f, n_embd, j == 0);
+      }
+    }
+    r = sum;
+  }
   // MoE output first, then the shared expert (llama.cpp: moe_out + shexp).
   if (has_shexp) {
     for (int64_t i = 0; i < T * n_embd; ++i) out[i] = r[i] + shexp[i];

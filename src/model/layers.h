@@ -1,8 +1,8 @@
-// Internal building blocks of the forward pass, shared by every architecture file:
-// row-wise RMSNorm, projections that quantize a shared input once, the attention core over the
-// KV cache, the dense SwiGLU FFN and THE MoE FFN (router -> plan -> executor -> + shared).
-// Per-architecture code (tensor binding, attention variant) lives in qwen3moe.cpp, llama.cpp
-// and deepseek2.cpp.
+// The layer library: the building blocks of the forward pass shared by every architecture file
+// (arch_*.cpp, registered in arch.h): row-wise RMSNorm, projections that quantize a shared input
+// once, the attention core over the KV cache, the GQA attention family (biases, Q/K norms, sinks,
+// sliding window, NoPE, gated output), MLA, the dense SwiGLU FFN and THE MoE FFN (router -> plan
+// -> executor -> + shared expert).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,7 @@ struct Context::Scratch {
   std::vector<float> q, k, v, o, o2, qa, tmp;   // attention projections
   std::vector<float> scores;                    // [n_threads][n_cells]
   std::vector<float> router_logits, route_scratch, moe_w, shexp;
+  std::vector<float> moe_x, moe_ones, moe_sum, shexp_gl;  // input-scaled rows, gated shared expert
   std::vector<float> ffn_g, ffn_u, ffn_h;
   std::vector<int32_t> moe_ids;
   std::vector<int64_t> pos, cell;
@@ -84,10 +85,17 @@ void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer
 // KV head in the cache; o: [T][n_head][dv]. Query head h reads KV head h / (n_head / n_head_kv).
 // Each (token, head) row is computed alone in a fixed order (cells in cache order), so a row's
 // bits do not depend on the other rows of the batch.
+struct AttnCoreOpts {
+  int64_t window = 0;            // > 0: a query at position p sees cells with pos > p - window
+  int64_t chunk = 0;             // > 0: ... and only cells of its own chunk (pos / chunk equal; llama4)
+  const float* sinks = nullptr;  // [n_head] extra softmax logit per head (no value), or null
+};
 void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk, int64_t dv,
-                    float kq_scale, float* o);
+                    float kq_scale, float* o, const AttnCoreOpts& opts = {});
 
-// Standard GQA attention (qwen3moe with per-head QK RMSNorm before RoPE; llama without).
+// The GQA attention family: q/k/v projections (+ biases), Q/K norm per hp.qk_norm, RoPE unless
+// the layer is NoPE, the cache, attention (sliding window for swa layers, sinks when bound),
+// the gated output of hp.q_gated, the output projection (+ bias).
 void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 
 // Dense SwiGLU FFN: out = down(silu(gate x) * (up x)).
@@ -104,11 +112,13 @@ struct MoeCall {
   Ticket ticket = 0;
   bool pending = false;
   bool has_shexp = false;
+  bool input_scaled = false;  // k rows per token were submitted (ExpertFfn::input_scaled)
+  int k = 0;
 };
 Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCall* call);
 Status moe_end(Fwd& f, int il, MoeCall* call, float* out);
 
-// ---- per-architecture hooks (one file each) ----
+// ---- tensor binding (the arch files' tensor tables) ----
 
 // Looks up tensors by name, checks their shape, and in dequant-f32 mode returns F32 copies.
 class TensorBinder {
@@ -118,13 +128,24 @@ class TensorBinder {
   virtual Result<TensorView> take(const std::string& name, std::vector<int64_t> ne, bool required = true) = 0;
 };
 
-Status bind_layer_qwen3moe(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
-Status bind_layer_llama(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
-Status bind_layer_deepseek2(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
-// Shared by all: MoE tensors (router, bias, stacked experts, shared expert) or the dense FFN.
-Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeights* lw);
+// "blk.<il>." + name.
+std::string blk(int il, const char* name);
+// Shared by all: the FFN half of block il — `norm` (the pre-FFN norm's name: ffn_norm, or
+// post_attention_norm), then the MoE tensors (router (+ bias), selection bias, stacked experts
+// (+ biases), shared expert (+ its gate)) or the dense FFN.
+// `need` names the MoE tensors the architecture always has (otherwise optional): "s" the
+// selection bias exp_probs_b, "r" the router bias ffn_gate_inp.bias.
+Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeights* lw,
+                const char* norm = "ffn_norm.weight", const char* need = "");
+// The GQA family's tensors of block il: attn_norm, attn_q/k/v/output (+ biases where `biases`
+// names them: any of "qkvo"), per-head or full Q/K norms per hp.qk_norm, attn_sinks when `sinks`.
+Status bind_gqa(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw, const char* biases = "",
+                bool sinks = false);
 
-// MLA attention (deepseek2.cpp).
+// rope_freqs.weight [n_rot/2] (F32, optional): per-pair RoPE frequency divisors (llama, llama4).
+Status bind_rope_freqs(TensorBinder& b, HParams* hp);
+
+// MLA attention (layers_mla.cpp; deepseek2).
 void attention_mla(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 
 }  // namespace detail

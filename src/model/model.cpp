@@ -2,7 +2,7 @@
 // In dequant-f32 mode each non-F32 weight is dequantized once into an owned F32 buffer.
 #include <utility>
 
-#include "model/layers.h"
+#include "model/arch.h"
 #include "moesh/tensor/quant.h"
 
 namespace moesh {
@@ -22,7 +22,7 @@ class FileBinder final : public detail::TensorBinder {
   Result<TensorView> take(const std::string& name, std::vector<int64_t> ne, bool required = true) override {
     const gguf::TensorInfo* info = f_.find_tensor(name);
     if (info == nullptr) {
-      const bool routed = name.ends_with("_exps.weight");
+      const bool routed = name.ends_with("_exps.weight") || name.ends_with("_exps.bias");
       if (!required || (routed && no_routed_experts_)) return TensorView{};
       return make_error(StatusCode::kNotFound, "tensor '{}' missing", name);
     }
@@ -66,40 +66,111 @@ class FileBinder final : public detail::TensorBinder {
 
 namespace detail {
 
-Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeights* lw) {
-  const std::string p = "blk." + std::to_string(il) + ".";
+std::string blk(int il, const char* name) {
+  return "blk." + std::to_string(il) + "." + name;
+}
+
+namespace {
+
+Status require_f32(const TensorView& t) {
+  if (t.valid() && t.type != GgmlType::F32) {
+    return make_error(StatusCode::kUnsupported, "tensor '{}' is {}, must be F32", t.name, type_name(t.type));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status bind_rope_freqs(TensorBinder& b, HParams* hp) {
+  MOESH_ASSIGN_OR_RETURN(TensorView rf, b.take("rope_freqs.weight", {hp->n_rot / 2}, false));
+  if (rf.valid()) {
+    MOESH_RETURN_IF_ERROR(require_f32(rf));
+    hp->rope.freq_factors = f32(rf);
+  }
+  return Status::ok();
+}
+
+Status bind_gqa(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw, const char* biases, bool sinks) {
+  const int64_t d = hp.n_embd, dk = hp.head_dim_k, dv = hp.head_dim_v;
+  const int64_t H = hp.n_head, Hkv = hp.n_head_kv;
+  const std::string bs = biases;
+  // A gated query (qwen3next) emits [query | gate] per head: twice the width.
+  const int64_t q_width = H * dk * (hp.q_gated ? 2 : 1);
+  MOESH_ASSIGN_OR_RETURN(lw->attn_norm, b.take(blk(il, "attn_norm.weight"), {d}));
+  MOESH_ASSIGN_OR_RETURN(lw->wq, b.take(blk(il, "attn_q.weight"), {d, q_width}));
+  MOESH_ASSIGN_OR_RETURN(lw->wk, b.take(blk(il, "attn_k.weight"), {d, Hkv * dk}));
+  MOESH_ASSIGN_OR_RETURN(lw->wv, b.take(blk(il, "attn_v.weight"), {d, Hkv * dv}));
+  MOESH_ASSIGN_OR_RETURN(lw->wo, b.take(blk(il, "attn_output.weight"), {H * dv, d}));
+  if (bs.find('q') != std::string::npos) {
+    MOESH_ASSIGN_OR_RETURN(lw->bq, b.take(blk(il, "attn_q.bias"), {q_width}));
+  }
+  if (bs.find('k') != std::string::npos) {
+    MOESH_ASSIGN_OR_RETURN(lw->bk, b.take(blk(il, "attn_k.bias"), {Hkv * dk}));
+  }
+  if (bs.find('v') != std::string::npos) {
+    MOESH_ASSIGN_OR_RETURN(lw->bv, b.take(blk(il, "attn_v.bias"), {Hkv * dv}));
+  }
+  if (bs.find('o') != std::string::npos) {
+    MOESH_ASSIGN_OR_RETURN(lw->bo, b.take(blk(il, "attn_output.bias"), {d}));
+  }
+  if (hp.qk_norm == QkNorm::kPerHead) {
+    MOESH_ASSIGN_OR_RETURN(lw->q_norm, b.take(blk(il, "attn_q_norm.weight"), {dk}));
+    MOESH_ASSIGN_OR_RETURN(lw->k_norm, b.take(blk(il, "attn_k_norm.weight"), {dk}));
+  } else if (hp.qk_norm == QkNorm::kFull) {
+    MOESH_ASSIGN_OR_RETURN(lw->q_norm, b.take(blk(il, "attn_q_norm.weight"), {H * dk}));
+    MOESH_ASSIGN_OR_RETURN(lw->k_norm, b.take(blk(il, "attn_k_norm.weight"), {Hkv * dk}));
+  }
+  if (sinks) {
+    MOESH_ASSIGN_OR_RETURN(lw->sinks, b.take(blk(il, "attn_sinks.weight"), {H}));
+  }
+  for (const TensorView* t : {&lw->bq, &lw->bk, &lw->bv, &lw->bo, &lw->sinks}) MOESH_RETURN_IF_ERROR(require_f32(*t));
+  return Status::ok();
+}
+
+Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeights* lw, const char* norm,
+                const char* need) {
+  const std::string needs = need;
   const int64_t d = hp.n_embd;
-  MOESH_ASSIGN_OR_RETURN(lw->ffn_norm, b.take(p + "ffn_norm.weight", {d}));
+  MOESH_ASSIGN_OR_RETURN(lw->ffn_norm, b.take(blk(il, norm), {d}));
   lw->is_moe = moe;
   if (!moe) {
     const int64_t f = hp.n_ff;
-    MOESH_ASSIGN_OR_RETURN(lw->ffn_gate, b.take(p + "ffn_gate.weight", {d, f}));
-    MOESH_ASSIGN_OR_RETURN(lw->ffn_up, b.take(p + "ffn_up.weight", {d, f}));
-    MOESH_ASSIGN_OR_RETURN(lw->ffn_down, b.take(p + "ffn_down.weight", {f, d}));
+    MOESH_ASSIGN_OR_RETURN(lw->ffn_gate, b.take(blk(il, "ffn_gate.weight"), {d, f}));
+    MOESH_ASSIGN_OR_RETURN(lw->ffn_up, b.take(blk(il, "ffn_up.weight"), {d, f}));
+    MOESH_ASSIGN_OR_RETURN(lw->ffn_down, b.take(blk(il, "ffn_down.weight"), {f, d}));
     return Status::ok();
   }
   const int64_t e = hp.n_expert, fe = hp.n_ff_exp;
-  MOESH_ASSIGN_OR_RETURN(lw->router, b.take(p + "ffn_gate_inp.weight", {d, e}));
+  MOESH_ASSIGN_OR_RETURN(lw->router, b.take(blk(il, "ffn_gate_inp.weight"), {d, e}));
   if (lw->router.type != GgmlType::F32) {
     return make_error(StatusCode::kUnsupported, "tensor '{}' is {}, the router must be F32", lw->router.name,
                       type_name(lw->router.type));
   }
-  MOESH_ASSIGN_OR_RETURN(lw->exp_probs_b, b.take(p + "exp_probs_b.bias", {e}, false));
-  if (lw->exp_probs_b.valid() && lw->exp_probs_b.type != GgmlType::F32) {
-    return make_error(StatusCode::kUnsupported, "tensor '{}' must be F32", lw->exp_probs_b.name);
+  MOESH_ASSIGN_OR_RETURN(lw->router_b, b.take(blk(il, "ffn_gate_inp.bias"), {e}, needs.find('r') != std::string::npos));
+  MOESH_ASSIGN_OR_RETURN(lw->exp_probs_b,
+                         b.take(blk(il, "exp_probs_b.bias"), {e}, needs.find('s') != std::string::npos));
+  MOESH_ASSIGN_OR_RETURN(lw->experts.gate, b.take(blk(il, "ffn_gate_exps.weight"), {d, fe, e}));
+  MOESH_ASSIGN_OR_RETURN(lw->experts.up, b.take(blk(il, "ffn_up_exps.weight"), {d, fe, e}));
+  MOESH_ASSIGN_OR_RETURN(lw->experts.down, b.take(blk(il, "ffn_down_exps.weight"), {fe, d, e}));
+  if (hp.expert_ffn.biases) {
+    MOESH_ASSIGN_OR_RETURN(lw->experts.gate_b, b.take(blk(il, "ffn_gate_exps.bias"), {fe, e}));
+    MOESH_ASSIGN_OR_RETURN(lw->experts.up_b, b.take(blk(il, "ffn_up_exps.bias"), {fe, e}));
+    MOESH_ASSIGN_OR_RETURN(lw->experts.down_b, b.take(blk(il, "ffn_down_exps.bias"), {d, e}));
   }
-  MOESH_ASSIGN_OR_RETURN(lw->experts.gate, b.take(p + "ffn_gate_exps.weight", {d, fe, e}));
-  MOESH_ASSIGN_OR_RETURN(lw->experts.up, b.take(p + "ffn_up_exps.weight", {d, fe, e}));
-  MOESH_ASSIGN_OR_RETURN(lw->experts.down, b.take(p + "ffn_down_exps.weight", {fe, d, e}));
+  lw->experts.act = hp.expert_ffn.act;
   // All three absent = a backbone slice's layer (experts served remotely).
   const bool has_experts = lw->experts.gate.valid() || lw->experts.up.valid() || lw->experts.down.valid();
   if (has_experts) MOESH_RETURN_IF_ERROR(lw->experts.validate());
   if (hp.n_expert_shared > 0) {
-    const int64_t fs = hp.n_ff_exp * hp.n_expert_shared;
-    MOESH_ASSIGN_OR_RETURN(lw->gate_shexp, b.take(p + "ffn_gate_shexp.weight", {d, fs}));
-    MOESH_ASSIGN_OR_RETURN(lw->up_shexp, b.take(p + "ffn_up_shexp.weight", {d, fs}));
-    MOESH_ASSIGN_OR_RETURN(lw->down_shexp, b.take(p + "ffn_down_shexp.weight", {fs, d}));
+    const int64_t fs = hp.n_ff_shexp > 0 ? hp.n_ff_shexp : hp.n_ff_exp * hp.n_expert_shared;
+    MOESH_ASSIGN_OR_RETURN(lw->gate_shexp, b.take(blk(il, "ffn_gate_shexp.weight"), {d, fs}));
+    MOESH_ASSIGN_OR_RETURN(lw->up_shexp, b.take(blk(il, "ffn_up_shexp.weight"), {d, fs}));
+    MOESH_ASSIGN_OR_RETURN(lw->down_shexp, b.take(blk(il, "ffn_down_shexp.weight"), {fs, d}));
+    if (hp.shexp_gated) {
+      MOESH_ASSIGN_OR_RETURN(lw->shexp_gate, b.take(blk(il, "ffn_gate_inp_shexp.weight"), {d}));
+    }
   }
+  for (const TensorView* t : {&lw->router_b, &lw->exp_probs_b, &lw->shexp_gate}) MOESH_RETURN_IF_ERROR(require_f32(*t));
   return Status::ok();
 }
 
@@ -134,32 +205,11 @@ Status Model::bind_tensors() {
   if (output_norm.type != GgmlType::F32) {
     return make_error(StatusCode::kUnsupported, "tensor 'output_norm.weight' must be F32");
   }
-  if (hp.arch == Arch::kLlama) {
-    MOESH_ASSIGN_OR_RETURN(TensorView rf, b.take("rope_freqs.weight", {hp.n_rot / 2}, false));
-    if (rf.valid()) {
-      if (rf.type != GgmlType::F32) {
-        return make_error(StatusCode::kUnsupported, "tensor 'rope_freqs.weight' must be F32");
-      }
-      hp_.rope.freq_factors = detail::f32(rf);
-    }
-  }
+  if (hp.arch->bind_globals != nullptr) MOESH_RETURN_IF_ERROR(hp.arch->bind_globals(b, &hp_));
   layers.resize(static_cast<size_t>(hp.n_layer));
   for (int il = 0; il < hp.n_layer; ++il) {
     LayerWeights* lw = &layers[static_cast<size_t>(il)];
-    Status st;
-    switch (hp.arch) {
-      case Arch::kQwen3Moe:
-        st = detail::bind_layer_qwen3moe(b, hp, il, lw);
-        break;
-      case Arch::kLlama:
-        st = detail::bind_layer_llama(b, hp, il, lw);
-        break;
-      case Arch::kDeepseek2:
-        st = detail::bind_layer_deepseek2(b, hp, il, lw);
-        break;
-      default:
-        st = make_error(StatusCode::kUnsupported, "architecture not supported");
-    }
+    Status st = hp.arch->bind_layer(b, hp, il, lw);
     MOESH_RETURN_IF_ERROR(st);
     // Norm weights are read as plain floats.
     for (const TensorView* t :

@@ -27,7 +27,38 @@ Status ExpertWeights::validate() const {
                       gate.name, gate.ne[0], gate.ne[1], gate.ne[2], up.name, up.ne[0], up.ne[1], up.ne[2], down.name,
                       down.ne[0], down.ne[1], down.ne[2]);
   }
+  if (gate_b.valid() || up_b.valid() || down_b.valid()) {
+    const TensorView* bs[3] = {&gate_b, &up_b, &down_b};
+    const int64_t want[3] = {f, f, d};
+    for (int i = 0; i < 3; ++i) {
+      const TensorView* b = bs[i];
+      if (!b->valid())
+        return make_error(StatusCode::kCorrupt, "expert biases incomplete (one of gate/up/down missing)");
+      if (b->type != GgmlType::F32 || b->ne[0] != want[i] || b->ne[1] != e || b->ne[2] != 1) {
+        return make_error(StatusCode::kCorrupt, "expert bias '{}' must be F32 [{}, {}], is {} [{}, {}, {}]", b->name,
+                          want[i], e, type_name(b->type), b->ne[0], b->ne[1], b->ne[2]);
+      }
+    }
+  }
   return Status::ok();
+}
+
+const char* expert_activation_name(ExpertActivation a) {
+  switch (a) {
+    case ExpertActivation::kSilu:
+      return "silu";
+    case ExpertActivation::kSwigluOai:
+      return "swiglu-oai";
+    default:
+      return "?";
+  }
+}
+
+std::string ExpertFfn::describe() const {
+  std::string s = expert_activation_name(act);
+  if (biases) s += "+bias";
+  if (input_scaled) s += ", weight on input";
+  return s;
 }
 
 TensorView weight_rows(const TensorView& w, int64_t r0, int64_t r1) {
@@ -37,6 +68,14 @@ TensorView weight_rows(const TensorView& w, int64_t r0, int64_t r1) {
   v.nb[2] = v.nb[1] * static_cast<size_t>(v.ne[1]);
   v.nb[3] = v.nb[2];
   return v;
+}
+
+void add_expert_bias(const TensorView& b, int64_t e, int64_t r0, int64_t r1, float* y, int64_t ld, int64_t n_rows) {
+  const float* be = reinterpret_cast<const float*>(b.data + static_cast<size_t>(e) * b.nb[1]);
+  for (int64_t j = 0; j < n_rows; ++j) {
+    float* yj = y + j * ld;
+    for (int64_t r = r0; r < r1; ++r) yj[r] = yj[r] + be[r];
+  }
 }
 
 void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n) {
@@ -78,11 +117,16 @@ void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, cons
     quantize_rows(quant::vec_dot_type(up.type), gathered.data(), n_sel, n_embd, &s->xq_up, pool);
     matmul_q(up, s->xq_up, s->u.data(), static_cast<size_t>(n_ff), pool);
   }
+  if (w.has_biases()) {  // separate adds after each matmul (ggml_add_id), as llama.cpp
+    add_expert_bias(w.gate_b, e, 0, n_ff, s->g.data(), n_ff, n_sel);
+    add_expert_bias(w.up_b, e, 0, n_ff, s->u.data(), n_ff, n_sel);
+  }
   for (int64_t j = 0; j < n_sel; ++j) {
     expert_activation(w.act, s->g.data() + j * n_ff, s->u.data() + j * n_ff, s->h.data() + j * n_ff, n_ff);
   }
   quantize_rows(quant::vec_dot_type(down.type), s->h.data(), n_sel, n_ff, &s->hq, pool);
   matmul_q(down, s->hq, y, ldy, pool);
+  if (w.has_biases()) add_expert_bias(w.down_b, e, 0, n_embd, y, static_cast<int64_t>(ldy), n_sel);
 }
 
 }  // namespace moesh

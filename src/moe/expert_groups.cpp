@@ -59,6 +59,10 @@ void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets, 
                   static_cast<size_t>(n_ff), nullptr);
     matmul_q_rows(weight_rows(w.up.expert(e), r0, r1), xq_up, tok_of_pos + p0, n_sel, u + p0 * n_ff + r0,
                   static_cast<size_t>(n_ff), nullptr);
+    if (w.has_biases()) {
+      add_expert_bias(w.gate_b, e, r0, r1, g + p0 * n_ff, n_ff, n_sel);
+      add_expert_bias(w.up_b, e, r0, r1, u + p0 * n_ff, n_ff, n_sel);
+    }
   });
   // B. activation, then each h row quantized for down, in the same pool job (one position's row
   // is a few microseconds of work: a separate quantize pass would cost a pool round trip more).
@@ -88,6 +92,7 @@ void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets, 
     const int64_t p0 = offsets[a], n_sel = offsets[a + 1] - p0;
     matmul_q_rows(weight_rows(w.down.expert(e), r0, r1), hq, s->iota.data() + p0, n_sel, y + p0 * n_embd + r0,
                   static_cast<size_t>(n_embd), nullptr);
+    if (w.has_biases()) add_expert_bias(w.down_b, e, r0, r1, y + p0 * n_embd, n_embd, n_sel);
   });
 }
 

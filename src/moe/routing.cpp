@@ -85,7 +85,9 @@ void route(const RouterConfig& cfg, const float* logits, int64_t n_tokens, int32
         break;
     }
     // 3. selection bias: chooses, never weighs
-    if (cfg.sel_bias != nullptr) {
+    if (cfg.select_on_logits) {
+      std::copy(lg, lg + ne, sel);  // llama4: top-k of the raw logits, sigmoid only weighs
+    } else if (cfg.sel_bias != nullptr) {
       for (int e = 0; e < ne; ++e) sel[e] = probs[e] + cfg.sel_bias[e];
     } else {
       std::copy(probs, probs + ne, sel);
@@ -168,7 +170,7 @@ void routing_margins(const RouterConfig& cfg, const float* logits, int64_t n_tok
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float* lg = logits + t * ne;
     // Selection scores in the space the README measures margins in.
-    if (cfg.gating == GatingFunc::kSigmoid) {
+    if (cfg.gating == GatingFunc::kSigmoid && !cfg.select_on_logits) {
       for (int e = 0; e < ne; ++e) sel[e] = sigmoid(lg[e]);
     } else {
       std::copy(lg, lg + ne, sel);

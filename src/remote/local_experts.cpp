@@ -21,8 +21,7 @@ std::string stacked_name(int layer, int which) {
 }  // namespace
 
 LocalExperts::LocalExperts(const Model& model) : model_(model), n_expert_(model.hparams().n_expert) {
-  auto act = swarm::expert_activation_of(model.file());
-  if (act.is_ok()) act_ = *act;
+  act_ = model.hparams().expert_ffn.act;
   const std::vector<ExpertWeights> file = model.expert_weights();
   layers_.resize(file.size());
   for (size_t l = 0; l < file.size(); ++l) {
@@ -174,6 +173,30 @@ void LocalExperts::rebuild_view(Layer& L) {
     v.data = L.buf[w].data();
   }
   L.view.act = act_;
+  // Expert biases (the backbone file keeps them; they are tiny): the same rows, compacted by slot.
+  const size_t l = static_cast<size_t>(&L - layers_.data());
+  const ExpertWeights& model_w = model_.layers[l].experts;
+  if (model_w.has_biases()) {
+    const TensorView* src[3] = {&model_w.gate_b, &model_w.up_b, &model_w.down_b};
+    TensorView* dst[3] = {&L.view.gate_b, &L.view.up_b, &L.view.down_b};
+    for (int w = 0; w < 3; ++w) {
+      const int64_t n = src[w]->ne[0];
+      L.bias[w].resize(static_cast<size_t>(n) * L.ids.size());
+      for (size_t i = 0; i < L.ids.size(); ++i) {
+        const float* row = reinterpret_cast<const float*>(src[w]->data + static_cast<size_t>(L.ids[i]) * src[w]->nb[1]);
+        std::copy_n(row, n, L.bias[w].data() + i * static_cast<size_t>(n));
+      }
+      TensorView& v = *dst[w];
+      v.name = fmt::format("received {} bias", kWeightName[w]);
+      v.type = GgmlType::F32;
+      v.n_dims = 2;
+      v.ne[0] = n;
+      v.ne[1] = static_cast<int64_t>(L.ids.size());
+      v.ne[2] = v.ne[3] = 1;
+      v.set_contiguous_strides();
+      v.data = reinterpret_cast<const uint8_t*>(L.bias[w].data());
+    }
+  }
 }
 
 }  // namespace moesh

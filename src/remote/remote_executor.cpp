@@ -40,6 +40,9 @@ struct RemoteExecutor::Impl {
   // Per-worker counters: written by the executor's thread, read by monitoring threads.
   mutable std::mutex worker_mu;
   std::vector<WorkerTraffic> workers;
+  // Per worker, the fastest DISPATCH -> COMBINE trip seen (0: none yet): the planner's cost. The
+  // minimum is the path's latency without queueing; a mean follows every load spike of the host.
+  std::vector<double> min_latency;
   void note_error(int w) {
     std::lock_guard<std::mutex> lk(worker_mu);
     ++workers[w].errors;
@@ -431,6 +434,9 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
                              where(job, r), frame->size() - wire::kHeaderBytes, link.session.max_send_bytes);
       return;
     }
+    // Stamped before the send: a fast worker's reply can be filed by a reader before start()
+    // returns, and a trip must never measure negative.
+    const auto sent_at = std::chrono::steady_clock::now();
     Status st = fan->start(static_cast<size_t>(r.worker), r.msg.request_id, *frame, job.deadline);
     if (!st.is_ok()) {
       note_error(r.worker);
@@ -439,7 +445,7 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
       return;
     }
     r.started = true;
-    r.sent_at = std::chrono::steady_clock::now();
+    r.sent_at = sent_at;
     if (i == 0) job.first_sent = r.sent_at;
     {
       std::lock_guard<std::mutex> lk(worker_mu);
@@ -522,6 +528,9 @@ Status RemoteExecutor::Impl::gather(Job& job) {
       wt.bytes_received += wire::kHeaderBytes + frame.payload.size();
       ++wt.latency_counts[b];
       wt.latency_sum_seconds += sec;
+      if (min_latency.size() < workers.size()) min_latency.resize(workers.size(), 0.0);
+      double& mn = min_latency[static_cast<size_t>(r.worker)];
+      if (sec > 0 && (mn == 0.0 || sec < mn)) mn = sec;
     }
     auto reply = wire::decode_combine(frame, link.limits);
     if (!reply) return fail(reply.status().with_context(where(job, r) + ": COMBINE"));
@@ -600,15 +609,15 @@ Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
 // ---- hot experts ---------------------------------------------------------------------------------
 
 std::vector<double> RemoteExecutor::Impl::worker_costs() const {
-  // A trip's cost per worker: given, or the mean measured DISPATCH -> COMBINE latency (before
-  // any, the warm-up RTT).
+  // A trip's cost per worker: given, or the fastest measured DISPATCH -> COMBINE latency (before
+  // any, the warm-up RTT). The minimum, not the mean: on a loaded host the mean of a near
+  // replica jumps with every stall, and near replicas would flip to "far" at random.
   if (opts.worker_costs.size() == fan->size()) return opts.worker_costs;
   std::lock_guard<std::mutex> lk(worker_mu);
   std::vector<double> c(fan->size());
   for (size_t w = 0; w < c.size(); ++w) {
-    const WorkerTraffic& t = workers[w];
-    c[w] = t.requests > t.errors && t.latency_sum_seconds > 0
-               ? t.latency_sum_seconds / static_cast<double>(t.requests - t.errors)
+    c[w] = w < min_latency.size() && min_latency[w] > 0
+               ? min_latency[w]
                : std::chrono::duration<double>(fan->link(w).warmup_rtt).count();
   }
   return c;

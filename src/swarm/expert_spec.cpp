@@ -20,6 +20,7 @@ Result<ModelShape> model_shape(const gguf::File& f) {
   s.n_layer = static_cast<uint32_t>(hp.n_layer);
   s.n_expert = static_cast<uint32_t>(hp.n_expert);
   s.n_embd = static_cast<uint32_t>(hp.n_embd);
+  s.expert_ffn = hp.expert_ffn;
   if (f.has(kKeyMoeLayers)) {
     MOESH_ASSIGN_OR_RETURN(std::vector<int32_t> ls, f.get<std::vector<int32_t>>(kKeyMoeLayers));
     for (int32_t l : ls) {

@@ -57,7 +57,8 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
   }
   MOESH_ASSIGN_OR_RETURN(s->shape_, model_shape(f));
   MOESH_ASSIGN_OR_RETURN(s->id_, model_identity(f));
-  MOESH_ASSIGN_OR_RETURN(ExpertActivation act, expert_activation_of(f));
+  MOESH_ASSIGN_OR_RETURN(ExpertFfn ffn, expert_ffn_of(f));
+  const ExpertActivation act = ffn.act;
 
   // What the file offers: one source block per stacked (full model) or range (slice) tensor.
   struct Source {
@@ -71,6 +72,11 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
     MOESH_ASSIGN_OR_RETURN(w->gate, f.tensor(p + kGate + suffix));
     MOESH_ASSIGN_OR_RETURN(w->up, f.tensor(p + kUp + suffix));
     MOESH_ASSIGN_OR_RETURN(w->down, f.tensor(p + kDown + suffix));
+    if (ffn.biases) {  // gpt-oss: per-expert bias rows next to the weights (a slice: its range's rows)
+      MOESH_ASSIGN_OR_RETURN(w->gate_b, f.tensor(p + "ffn_gate_exps.bias" + suffix));
+      MOESH_ASSIGN_OR_RETURN(w->up_b, f.tensor(p + "ffn_up_exps.bias" + suffix));
+      MOESH_ASSIGN_OR_RETURN(w->down_b, f.tensor(p + "ffn_down_exps.bias" + suffix));
+    }
     w->act = act;
     MOESH_RETURN_IF_ERROR(check_triplet(*w, s->shape_));
     s->weights_.push_back(std::move(w));
@@ -131,20 +137,25 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
 
   for (const Block& b : s->blocks_) {
     const ExpertWeights& w = *s->weights_[b.w_index];
-    const TensorView* ts[3] = {&w.gate, &w.up, &w.down};
+    const TensorView* ts[6] = {&w.gate, &w.up, &w.down, &w.gate_b, &w.up_b, &w.down_b};
     for (const TensorView* t : ts) {
-      s->slab_bytes_ += uint64_t{b.count} * expert_slab_bytes(*t);
+      if (!t->valid()) continue;
+      const bool bias = t->n_dims == 2;  // a bias tensor: one row per expert
+      const size_t slab = bias ? t->nb[1] : expert_slab_bytes(*t);
+      const int64_t n_stack = bias ? t->ne[1] : t->ne[2];
+      if (!bias) s->slab_bytes_ += uint64_t{b.count} * slab;
       if (kind.empty()) continue;
       // A slice carries a hash per slab: a damaged or tampered slice must not serve wrong numbers.
       const std::string key = kKeyHashPrefix + t->name;
       auto hashes = f.get<std::vector<uint64_t>>(key);
       if (!hashes) return hashes.status().with_context("slab hashes of " + f.path());
-      if (static_cast<int64_t>(hashes->size()) != t->ne[2]) {
-        return make_error(StatusCode::kCorrupt, "{} has {} hashes for {} experts", key, hashes->size(), t->ne[2]);
+      if (static_cast<int64_t>(hashes->size()) != n_stack) {
+        return make_error(StatusCode::kCorrupt, "{} has {} hashes for {} experts", key, hashes->size(), n_stack);
       }
       for (uint32_t i = 0; i < b.count; ++i) {
         const int64_t idx = b.index_base + i;
-        const uint64_t h = slab_hash(t->data + expert_slab_offset(*t, idx), expert_slab_bytes(*t));
+        const size_t off = bias ? static_cast<size_t>(idx) * t->nb[1] : expert_slab_offset(*t, idx);
+        const uint64_t h = slab_hash(t->data + off, slab);
         if (h != (*hashes)[static_cast<size_t>(idx)]) {
           return make_error(StatusCode::kCorrupt,
                             "{}: slab of layer {} expert {} in tensor '{}' fails its hash "

@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "moesh/model/model.h"
 #include "moesh/swarm/swarm.h"
 
 namespace moesh::swarm {
@@ -142,17 +143,21 @@ wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const Model
   h.dtypes = kAllDTypes;
   h.modes = kAllModes;
   h.features = wire::kFeatureFetch;
+  h.expert_act =
+      shape.expert_ffn.act == ExpertActivation::kSwigluOai ? wire::kExpertActSwigluOai : wire::kExpertActSilu;
+  h.expert_flags = static_cast<uint8_t>((shape.expert_ffn.biases ? wire::kExpertFlagBiases : 0) |
+                                        (shape.expert_ffn.input_scaled ? wire::kExpertFlagInputScaled : 0));
   if (role == wire::PeerRole::kWorker) h.experts = held.ranges;
   if (name.size() > wire::kMaxNameBytes) name.resize(wire::kMaxNameBytes);
   h.name = std::move(name);
   return h;
 }
 
-Result<ExpertActivation> expert_activation_of(const gguf::File& f) {
-  MOESH_ASSIGN_OR_RETURN(std::string arch, f.get<std::string>("general.architecture"));
-  // Every architecture moesh loads today uses SiLU-gated experts (docs/background/moe-architectures.md).
-  if (arch == "qwen3moe" || arch == "llama" || arch == "deepseek2") return ExpertActivation::kSilu;
-  return make_error(StatusCode::kUnsupported, "architecture '{}' has no known expert activation", arch);
+Result<ExpertFfn> expert_ffn_of(const gguf::File& f) {
+  // The architecture's own definition (its file in the model registry), never a guess here.
+  auto hp = load_hparams(f);
+  if (!hp) return hp.status();
+  return hp->expert_ffn;
 }
 
 }  // namespace moesh::swarm

@@ -13,8 +13,11 @@ namespace {
 
 constexpr const char* kExpTensors[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
 
+constexpr const char* kExpBiases[3] = {"ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"};
+
+// The stacked routed-expert weights (the per-expert biases are tiny and stay in a backbone slice).
 bool is_routed_expert_tensor(std::string_view name) {
-  return name.find("_exps.") != std::string_view::npos;
+  return name.find("_exps.") != std::string_view::npos && !name.ends_with(".bias");
 }
 
 // Copies the model's metadata (minus any moesh.slice.* keys of a previous slice) and adds the
@@ -108,6 +111,28 @@ Status write_expert_slice(const gguf::File& model, const ExpertSet& experts, con
         MOESH_RETURN_IF_ERROR(w.add_tensor_copy(name, sv.type, ne, buf.data()));
       }
       w.set(kKeyHashPrefix + name, gguf::Value::array(gguf::ValueType::UINT64, std::move(hashes)));
+    }
+    // Per-expert biases (gpt-oss): the range's rows [ne0, count] in F32, hashed per row.
+    if (s0.weights->has_biases()) {
+      for (int t = 0; t < 3; ++t) {
+        auto pick = [t](const ExpertWeights* ew) -> const TensorView& {
+          return t == 0 ? ew->gate_b : t == 1 ? ew->up_b : ew->down_b;
+        };
+        const int64_t n = pick(s0.weights).ne[0];
+        std::vector<uint8_t> buf(static_cast<size_t>(n) * sizeof(float) * r.count);
+        std::vector<gguf::Value> hashes;
+        for (uint32_t i = 0; i < r.count; ++i) {
+          const ExpertStore::Slot s = store->find(r.layer, r.first + i);
+          const TensorView& v = pick(s.weights);
+          const uint8_t* p = v.data + static_cast<size_t>(s.index) * v.nb[1];
+          std::copy_n(p, n * sizeof(float), buf.data() + static_cast<size_t>(n) * sizeof(float) * i);
+          hashes.push_back(gguf::Value::u64(slab_hash(p, n * sizeof(float))));
+        }
+        const std::string name =
+            slice_tensor_name(fmt::format("blk.{}.{}", r.layer, kExpBiases[t]), r.first, r.first + r.count - 1);
+        MOESH_RETURN_IF_ERROR(w.add_tensor_copy(name, GgmlType::F32, {n, int64_t{r.count}}, buf.data()));
+        w.set(kKeyHashPrefix + name, gguf::Value::array(gguf::ValueType::UINT64, std::move(hashes)));
+      }
     }
   }
   return w.write_file(out);

@@ -56,10 +56,11 @@ float reduce16(float a[16]) {
 
 }  // namespace
 
-MOESH_FMA_CLONES void softmax(float* x, int64_t n) {
+MOESH_FMA_CLONES void softmax(float* x, int64_t n, const float* sink) {
   if (n <= 0) return;
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  if (sink != nullptr) mx = std::max(mx, *sink);
   // ggml_vec_soft_max_f32 on AVX-512: 16 at a time with v_expf, each group summed in f32 by a
   // halving tree and added to a double; the n % 16 tail with expf, added one by one.
   double sum = 0.0;
@@ -77,6 +78,7 @@ MOESH_FMA_CLONES void softmax(float* x, int64_t n) {
     x[i] = e;
     sum += static_cast<double>(e);
   }
+  if (sink != nullptr) sum += static_cast<double>(std::exp(*sink - mx));
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t k = 0; k < n; ++k) x[k] *= inv;
 }
@@ -132,7 +134,9 @@ void rope_cache(int64_t pos, const RopeParams& p, float* cs) {
     lo = std::max(0.0f, std::floor(yarn_corr_dim(p.n_rot, p.n_ctx_orig, p.beta_fast, p.freq_base)));
     hi = std::min(static_cast<float>(p.n_rot - 1),
                   std::ceil(yarn_corr_dim(p.n_rot, p.n_ctx_orig, p.beta_slow, p.freq_base)));
-    mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+    // ggml builds with -march=native and GNU C++ (-ffp-contract=fast): this and the mix below
+    // are fused multiply-adds in llama.cpp's binary.
+    mscale *= std::fmaf(0.1f, std::log(1.0f / p.freq_scale), 1.0f);
   }
   // theta_i = pos * base^(-2i/n_rot), built by repeated f32 multiplication as ggml does, so
   // positions far into the context round the same way llama.cpp's do.
@@ -146,7 +150,7 @@ void rope_cache(int64_t pos, const RopeParams& p, float* cs) {
       const float r = (static_cast<float>(i) - lo) / std::max(0.001f, hi - lo);
       const float ramp = 1.0f - std::min(1.0f, std::max(0.0f, r));
       const float mix = ramp * p.ext_factor;
-      t = theta_interp * (1.0f - mix) + theta_extrap * mix;
+      t = std::fmaf(theta_interp, 1.0f - mix, theta_extrap * mix);
     }
     cs[2 * i] = std::cos(t) * mscale;
     cs[2 * i + 1] = std::sin(t) * mscale;
@@ -156,24 +160,42 @@ void rope_cache(int64_t pos, const RopeParams& p, float* cs) {
 
 }  // namespace
 
-void rope(float* x, int n_heads, int head_dim, size_t head_stride, int64_t pos, const RopeParams& p) {
+// The rotation as llama.cpp's rotate_pairs is compiled (GCC, -march=native, GNU mode, so the
+// products are contracted; checked bit for bit against ggml_rope_ext of the reference commit for
+// NORM and NEOX, n_rot 2..128, with and without YaRN, on AVX2; GCC 12 emits the same instructions
+// for -march=sapphirerapids, the reference machine): x0*c - x1*s becomes
+// fma(x0, c, -(x1*s)) and x0*s + x1*c becomes fma(x0, s, x1*c). NEOX's loop stays scalar. NORM's
+// loop is vectorised (4 and 2 pairs a step, the same contraction), and an odd last pair goes
+// through vaddsubps with both products rounded. Rounding the products separately everywhere
+// differed from llama.cpp in the last bit for ~20% of the rotated values; the Q8_0 input of wo
+// usually hides that, but where one value sits on a rounding boundary it flips an int8 (gptoss-a
+// seq64 position 62, glm4moe-a seq64 position 19: 0.067 and 0.019 in the logits).
+MOESH_FMA_CLONES void rope(float* x, int n_heads, int head_dim, size_t head_stride, int64_t pos, const RopeParams& p) {
   assert(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= head_dim);
   thread_local std::vector<float> cs;
   cs.resize(static_cast<size_t>(p.n_rot));
   rope_cache(pos, p, cs.data());
   const int n_pairs = p.n_rot / 2;
+  const bool norm = p.mode == RopeMode::kNorm;
+  // NORM with an odd number of pairs: the last one is not fused (see above).
+  const int n_fused = norm ? n_pairs & ~1 : n_pairs;
   for (int h = 0; h < n_heads; ++h) {
     float* v = x + static_cast<size_t>(h) * head_stride;
     for (int i = 0; i < n_pairs; ++i) {
       // NORM rotates adjacent pairs; NEOX pairs element i with i + n_rot/2.
-      const int i0 = p.mode == RopeMode::kNorm ? 2 * i : i;
-      const int i1 = p.mode == RopeMode::kNorm ? 2 * i + 1 : i + n_pairs;
+      const int i0 = norm ? 2 * i : i;
+      const int i1 = norm ? 2 * i + 1 : i + n_pairs;
       const float c = cs[2 * i];
       const float s = cs[2 * i + 1];
       const float x0 = v[i0];
       const float x1 = v[i1];
-      v[i0] = x0 * c - x1 * s;
-      v[i1] = x0 * s + x1 * c;
+      if (i < n_fused) {
+        v[i0] = std::fmaf(x0, c, -(x1 * s));
+        v[i1] = std::fmaf(x0, s, x1 * c);
+      } else {
+        v[i0] = x0 * c - x1 * s;
+        v[i1] = x0 * s + x1 * c;
+      }
     }
   }
 }

@@ -1,6 +1,7 @@
 // HELLO codec and version/capability negotiation (PROTOCOL.md §3).
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "moesh/wire/wire.h"
 #include "wire/bytes.h"
@@ -33,6 +34,10 @@ Status validate_hello(const Hello& m, StatusCode code) {
   // A HELLO claiming an older max_version has that version's layout, which has no features field.
   if (m.features != 0 && m.max_version < 3)
     return make_error(code, "HELLO: features 0x{:x} in a v{} HELLO (the field is v3)", m.features, m.max_version);
+  if (m.expert_act > kExpertActSwigluOai || (m.expert_flags & ~(kExpertFlagBiases | kExpertFlagInputScaled)) != 0)
+    return make_error(code, "HELLO: unknown expert FFN (activation {}, flags 0x{:x})", m.expert_act, m.expert_flags);
+  if ((m.expert_act != 0 || m.expert_flags != 0) && m.max_version < 4)
+    return make_error(code, "HELLO: an expert FFN definition in a v{} HELLO (the field is v4)", m.max_version);
   if (m.experts.size() > kMaxExpertRanges)
     return make_error(code, "HELLO: {} expert ranges (max {})", m.experts.size(), kMaxExpertRanges);
   if (m.name.size() > kMaxNameBytes)
@@ -92,6 +97,10 @@ Result<std::vector<uint8_t>> encode_hello(const Hello& m) {
     w.raw(m.layer_act.data(), m.layer_act.size());
   }
   if (m.max_version >= 3) w.u32(m.features);
+  if (m.max_version >= 4) {
+    w.u8(m.expert_act);
+    w.u8(m.expert_flags);
+  }
   // The frame header carries our highest version: a newer peer reads our HELLO that way.
   return build_frame(MsgType::kHello, 0, payload, m.max_version);
 }
@@ -148,6 +157,9 @@ Result<Hello> decode_hello(const Frame& f) {
   }
   if (f.header.version >= 3 && !r.u32(&m.features))
     return make_error(StatusCode::kCorrupt, "HELLO v{}: payload ends before its features field", f.header.version);
+  if (f.header.version >= 4 && !(r.u8(&m.expert_act) && r.u8(&m.expert_flags)))
+    return make_error(StatusCode::kCorrupt, "HELLO v{}: payload ends before its expert FFN definition",
+                      f.header.version);
   // A newer version may append fields after ours; the layouts up to our own are exact.
   if (f.header.version <= kVersion && r.remaining() != 0)
     return make_error(StatusCode::kCorrupt, "HELLO: {} unexpected trailing bytes", r.remaining());
@@ -165,12 +177,25 @@ Result<Hello> decode_hello(const Frame& f) {
   return m;
 }
 
+std::string expert_ffn_name(uint8_t act, uint8_t flags) {
+  std::string s = act == kExpertActSilu        ? "silu"
+                  : act == kExpertActSwigluOai ? "swiglu-oai"
+                                               : "activation " + std::to_string(act);
+  if (flags & kExpertFlagBiases) s += "+bias";
+  if (flags & kExpertFlagInputScaled) s += ", weight on input";
+  return s;
+}
+
 Result<Session> negotiate(const Hello& local, const Hello& peer) {
   const uint16_t lo = std::max(local.min_version, peer.min_version);
   const uint16_t hi = std::min(local.max_version, peer.max_version);
   if (lo > hi)
-    return make_error(StatusCode::kUnsupported, "no common protocol version: we speak {}..{}, peer '{}' {}..{}",
-                      local.min_version, local.max_version, peer.name, peer.min_version, peer.max_version);
+    return make_error(StatusCode::kUnsupported, "no common protocol version: we speak {}..{}, peer '{}' {}..{}{}",
+                      local.min_version, local.max_version, peer.name, peer.min_version, peer.max_version,
+                      peer.max_version < 4 && local.min_version >= 4
+                          ? " (v4 puts the model's expert FFN definition in the handshake, which a "
+                            "worker must agree to: upgrade the peer)"
+                          : "");
   if (local.model_id_bytes != peer.model_id_bytes ||
       std::memcmp(local.model_id.data(), peer.model_id.data(), local.model_id_bytes) != 0)
     return make_error(StatusCode::kInvalidArgument, "peer '{}' serves a different model (identity hash differs)",
@@ -181,6 +206,12 @@ Result<Session> negotiate(const Hello& local, const Hello& peer) {
                       peer.n_layer, peer.n_expert, peer.n_embd, local.n_layer, local.n_expert, local.n_embd);
   if (local.role == peer.role)
     return make_error(StatusCode::kInvalidArgument, "peer '{}' has the same role as we do", peer.name);
+  if (hi >= 4 && (local.expert_act != peer.expert_act || local.expert_flags != peer.expert_flags))
+    return make_error(StatusCode::kInvalidArgument,
+                      "peer '{}' computes routed experts as {}, our model defines them as {}: refusing a "
+                      "worker that would return another function",
+                      peer.name, expert_ffn_name(peer.expert_act, peer.expert_flags),
+                      expert_ffn_name(local.expert_act, local.expert_flags));
   Session s;
   s.version = hi;
   s.dtypes = local.dtypes & peer.dtypes;

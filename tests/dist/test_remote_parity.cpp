@@ -150,6 +150,9 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
     std::vector<WorkerAddress> addrs = {s.workers[0]->address(), s.workers[1]->address()};
     RemoteOptions o;
     o.timeout = std::chrono::milliseconds(20000);
+    // Equal, fixed trip costs: both replicas are "near" whatever a loaded host measures, so the
+    // spread (and this structural check) depends on the routing alone.
+    o.worker_costs = {1e-3, 1e-3};
     auto exec = RemoteExecutor::connect(*s.model, addrs, o);
     ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
     std::shared_ptr<RemoteExecutor> shared(std::move(*exec));
@@ -161,7 +164,9 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
     const auto wt = shared->worker_traffic();
     ASSERT_EQ(wt.size(), 2u);
     EXPECT_GT(wt[0].requests, 0u);
-    EXPECT_GT(wt[1].requests, 0u) << "the replica holder got no work";
+    // Input-scaled experts (llama4) reach the executor as one row per (token, expert) with k = 1,
+    // so there is no second pair of a token to spread to the other replica.
+    if (!hp.expert_ffn.input_scaled) EXPECT_GT(wt[1].requests, 0u) << "the replica holder got no work";
 
     o.combine = wire::CombineMode::kPartial;
     auto pexec = RemoteExecutor::connect(*s.model, addrs, o);
@@ -264,7 +269,11 @@ INSTANTIATE_TEST_SUITE_P(Models, RemoteParity,
                                            Case{"mixtral_Q8_0", "mixtral-s.Q8_0.gguf"},
                                            Case{"mixtral_Q4_K_M", "mixtral-s.Q4_K_M.gguf"},
                                            Case{"deepseek2_Q8_0", "deepseek2-s.Q8_0.gguf"},
-                                           Case{"deepseek2_Q4_K_M", "deepseek2-s.Q4_K_M.gguf"}),
+                                           Case{"deepseek2_Q4_K_M", "deepseek2-s.Q4_K_M.gguf"},
+                                           Case{"gptoss_MXFP4_MOE", "archs/gptoss-a.MXFP4_MOE.gguf"},
+                                           Case{"glm4moe_Q4_K_M", "archs/glm4moe-a.Q4_K_M.gguf"},
+                                           Case{"llama4_Q8_0", "archs/llama4-a.Q8_0.gguf"},
+                                           Case{"minimaxm2_Q8_0", "archs/minimaxm2-a.Q8_0.gguf"}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.label; });
 
 // `--wire HIDDEN,RETURN` through the CLI: q8,f16 runs and prints both dtypes; hidden q8 with an

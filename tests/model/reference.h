@@ -18,16 +18,34 @@ inline std::string reference_dir() {
   return MOESH_REFERENCE_DIR;
 }
 
-// *.gguf files of the reference folder, sorted (empty when the folder is absent).
+// *.gguf files of the reference folder and of its archs/ subfolder (as "archs/<name>"), sorted
+// (empty when the folder is absent).
 inline std::vector<std::string> reference_models() {
   std::vector<std::string> out;
   std::error_code ec;
   if (!std::filesystem::is_directory(reference_dir(), ec)) return out;
-  for (const auto& e : std::filesystem::directory_iterator(reference_dir(), ec)) {
-    if (e.path().extension() == ".gguf") out.push_back(e.path().filename().string());
+  for (const char* sub : {"", "archs/"}) {
+    const std::string dir = reference_dir() + "/" + sub;
+    if (!std::filesystem::is_directory(dir, ec)) continue;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      if (e.path().extension() == ".gguf") out.push_back(sub + e.path().filename().string());
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// The general.architecture of a reference file when this build does not run it yet (for a loud
+// skip naming it), "" when it is supported or unreadable (then loading reports the error).
+inline std::string unsupported_reference_arch(const std::string& file) {
+  auto f = gguf::File::open(reference_dir() + "/" + file);
+  if (!f) return "";
+  auto arch = (*f)->get_or<std::string>("general.architecture", "");
+  if (!arch.is_ok() || arch->empty()) return "";
+  for (const std::string& a : supported_architectures()) {
+    if (a == *arch) return "";
+  }
+  return *arch;
 }
 
 inline nlohmann::json load_json(const std::string& path) {

@@ -62,6 +62,23 @@ std::vector<float> decode_batch(const Model& m, const std::vector<int32_t>& toks
   return logits;
 }
 
+// Mixing weights are compared exactly on Q8_0 / MXFP4 files: the router's F32 products follow
+// llama.cpp's batch order (tinyBLAS, src/model/layers.cpp router_logits) and RoPE its compiled
+// fused multiply-adds (src/tensor/ops.cpp rope), so the weights and, through them, the whole
+// residual stream are bit-identical. Q4_K_M files: weights within 5e-6 (observed <= 1.2e-7),
+// except deepseek2-s.Q4_K_M, whose seq64 still drifts (weights 2.5e-4, logits 0.042, min
+// cosine 0.99993: one activation-quantization rounding step flipped upstream, cause open).
+struct Tolerance {
+  double weight = 5e-6;  // mixing weights
+  double hidden = 1e-5;  // residual stream after each layer (seq16)
+};
+Tolerance tolerance_for(const std::string& file) {
+  Tolerance t;
+  if (file.find("Q8_0") != std::string::npos || file.find("MXFP4") != std::string::npos) t.weight = 0.0;
+  if (file == "deepseek2-s.Q4_K_M.gguf") t.weight = 2.5e-3;
+  return t;
+}
+
 class Parity : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -80,7 +97,9 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
   ASSERT_NE(model, nullptr);
   const HParams& hp = model->hparams();
   const int64_t V = hp.n_vocab;
-  const double min_cos = is_q8() ? 0.9999 : 0.999;
+  const Tolerance tol = tolerance_for(GetParam());
+  const bool q8_like = is_q8() || GetParam().find("MXFP4") != std::string::npos;
+  const double min_cos = q8_like ? 0.9999 : 0.999;
 
   for (const RefSequence& seq : ref.seqs) {
     SCOPED_TRACE(GetParam() + " " + seq.name);
@@ -96,7 +115,7 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
     // Hidden states after every layer (seq16 carries them): bounded, and the drifting positions
     // printed. Observed max abs diff over all reference files: 9.54e-07 (deepseek2-s.Q4_K_M
     // layer 2); the bound is 10x that.
-    constexpr double kMaxHiddenDiff = 1e-5;
+    const double kMaxHiddenDiff = tol.hidden;
     if (!seq.hidden.empty()) {
       ASSERT_EQ(obs.layer_out.size(), seq.hidden.size());
     }
@@ -144,7 +163,7 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
     // Mixing weights of the selected experts. Observed max abs diff per file over both
     // sequences: deepseek2-s.Q4_K_M 2.46e-04 (seq64, where its logits drift as well: max abs
     // diff 0.042, min cosine 0.99993), every other file <= 5.07e-07. Bounds: ~10x those.
-    const double kMaxWeightDiff = GetParam() == "deepseek2-s.Q4_K_M.gguf" ? 2.5e-3 : 5e-6;
+    const double kMaxWeightDiff = tol.weight;
     double max_w_diff = 0.0;
     for (size_t r = 0; r < seq.routing.size(); ++r) {
       const auto& want = seq.routing[r];
@@ -242,8 +261,13 @@ TEST_P(Parity, ThreadCountDoesNotChangeBits) {
   EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0);
 }
 
+// Reference files of architectures this build does not run yet are left to
+// test_parity_pending.cpp, which reports them as Skipped.
 std::vector<std::string> params() {
-  auto m = testing::reference_models();
+  std::vector<std::string> m;
+  for (const std::string& f : testing::reference_models()) {
+    if (testing::unsupported_reference_arch(f).empty()) m.push_back(f);
+  }
   if (m.empty()) m.push_back("");  // one loud skip
   return m;
 }

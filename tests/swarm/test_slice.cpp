@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "moesh/model/model.h"
@@ -337,6 +338,73 @@ TEST(Slice, ExpertSlabHashesOnEveryKindOfFile) {
   EXPECT_EQ(short_array.status().code(), StatusCode::kCorrupt);
   EXPECT_NE(short_array.status().message().find("7 hashes for 8 experts"), std::string::npos)
       << short_array.status().message();
+}
+
+}  // namespace
+}  // namespace moesh::swarm
+
+namespace moesh::swarm {
+namespace {
+
+// gpt-oss experts carry per-expert biases: an expert slice holds its range's bias rows (hashed),
+// a backbone slice keeps the bias tensors, the store serves the same rows as the full model, and
+// both ends' HELLOs state the same expert FFN (swiglu-oai + biases).
+TEST(Slice, ExpertBiasesTravelWithTheirExperts) {
+  const std::string path = std::string(MOESH_REFERENCE_DIR) + "/archs/gptoss-a.MXFP4_MOE.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "SKIPPED: " << path << " absent";
+  auto full = open_file(path);
+  const std::string es = temp_dir() + "/gptoss-experts.gguf", bs = temp_dir() + "/gptoss-backbone.gguf";
+  ASSERT_TRUE(write_expert_slice(*full, spec_of(*full, "0:2-5,1:7"), es).is_ok());
+  ASSERT_TRUE(write_backbone_slice(*full, bs).is_ok());
+  auto slice = ExpertStore::open(open_file(es), ExpertSet{});
+  ASSERT_TRUE(slice.is_ok()) << slice.status().to_string();
+  auto ref = ExpertStore::open(open_file(path), ExpertSet{});
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  for (auto [layer, e] : {std::pair{0u, 2u}, {0u, 5u}, {1u, 7u}}) {
+    const ExpertStore::Slot a = (*slice)->find(layer, e), b = (*ref)->find(layer, e);
+    ASSERT_NE(a.weights, nullptr);
+    ASSERT_TRUE(a.weights->has_biases()) << "layer " << layer << " expert " << e;
+    const TensorView* ab[3] = {&a.weights->gate_b, &a.weights->up_b, &a.weights->down_b};
+    const TensorView* bb[3] = {&b.weights->gate_b, &b.weights->up_b, &b.weights->down_b};
+    for (int t = 0; t < 3; ++t) {
+      EXPECT_EQ(std::memcmp(ab[t]->data + a.index * ab[t]->nb[1], bb[t]->data + b.index * bb[t]->nb[1],
+                            ab[t]->ne[0] * sizeof(float)),
+                0)
+          << ab[t]->name << " expert " << e;
+    }
+  }
+  // A flipped byte in a bias row is caught by its hash, like a weight slab's.
+  {
+    std::vector<uint8_t> bytes = read_all(es);
+    auto f = open_file(es);
+    const gguf::TensorInfo* ti = f->find_tensor("blk.0.ffn_up_exps.bias@2-5");
+    ASSERT_NE(ti, nullptr);
+    bytes[f->data_offset() + ti->offset + 3] ^= 0x40;
+    auto damaged = gguf::File::from_bytes(std::move(bytes));
+    ASSERT_TRUE(damaged.is_ok());
+    auto st = ExpertStore::open(std::move(*damaged), ExpertSet{});
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.status().message().find("ffn_up_exps.bias"), std::string::npos) << st.status().to_string();
+  }
+  // The backbone slice keeps the bias tensors and drops only the stacked weights.
+  auto bf = open_file(bs);
+  EXPECT_NE(bf->find_tensor("blk.1.ffn_down_exps.bias"), nullptr);
+  EXPECT_EQ(bf->find_tensor("blk.1.ffn_down_exps.weight"), nullptr);
+  auto bb = Model::from_file(open_file(bs));
+  ASSERT_TRUE(bb.is_ok()) << bb.status().to_string();
+  EXPECT_TRUE((*bb)->layers[1].experts.down_b.valid());
+  // Both ends state swiglu-oai + biases in HELLO v4.
+  auto shape = model_shape(*bf);
+  ASSERT_TRUE(shape.is_ok());
+  const wire::Hello hb = make_hello(wire::PeerRole::kBackbone, *model_identity(*bf), *shape, {}, "b");
+  EXPECT_EQ(hb.expert_act, wire::kExpertActSwigluOai);
+  EXPECT_EQ(hb.expert_flags, wire::kExpertFlagBiases);
+  const wire::Hello hw =
+      make_hello(wire::PeerRole::kWorker, (*slice)->identity(), (*slice)->shape(), (*slice)->held(), "w");
+  EXPECT_TRUE(wire::negotiate(hb, hw).is_ok());
+  wire::Hello lying = hw;
+  lying.expert_flags = 0;  // a worker that would compute the experts without their biases
+  EXPECT_FALSE(wire::negotiate(hb, lying).is_ok());
 }
 
 }  // namespace

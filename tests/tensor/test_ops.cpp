@@ -212,7 +212,7 @@ std::vector<double> rope_ref(const std::vector<float>& x, int64_t pos, const Rop
     if (p.ext_factor != 0) {
       const float r = (float(i) - float(lo)) / std::max(0.001f, float(hi - lo));
       const float mix = (1.0f - std::clamp(r, 0.0f, 1.0f)) * p.ext_factor;
-      t = ti * (1.0f - mix) + te * mix;
+      t = std::fmaf(ti, 1.0f - mix, te * mix);  // fused, as ggml's compiled rope_yarn (ops.cpp rope)
     }
     const int i0 = p.mode == RopeMode::kNorm ? 2 * i : i;
     const int i1 = p.mode == RopeMode::kNorm ? 2 * i + 1 : i + np;

@@ -162,9 +162,9 @@ TEST(WireCodec, NewerHelloIsReadableThroughItsFrozenPrefix) {
   Frame f = reparse(bytes);
   f.payload.insert(f.payload.end(), {9, 9, 9, 9});
   f.header.version = kVersion + 1;
-  f.payload[52] |= 0x80;                 // dtype bit 7: unknown to us
-  f.payload[f.payload.size() - 9] = 42;  // last activation entry: a dtype id we do not know
-  f.payload[f.payload.size() - 6] = 1;   // features bit 16: unknown to us
+  f.payload[52] |= 0x80;                  // dtype bit 7: unknown to us
+  f.payload[f.payload.size() - 11] = 42;  // last activation entry: a dtype id we do not know
+  f.payload[f.payload.size() - 8] = 1;    // features bit 16: unknown to us (then v4's 2 expert bytes)
   auto got = decode_hello(f);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(got->max_version, kVersion + 1);
@@ -189,13 +189,13 @@ TEST(WireCodec, HelloActivationTable) {
   w.layer_act[0] = static_cast<uint8_t>(WireDType::kQ8K);
   w.layer_act[1] = static_cast<uint8_t>(WireDType::kQ8);
   auto bytes = encode_hello(w).value();
-  EXPECT_EQ(bytes.size(), kHeaderBytes + 68 + 12 * 3 + w.name.size() + 2 + 48 + 4);
+  EXPECT_EQ(bytes.size(), kHeaderBytes + 68 + 12 * 3 + w.name.size() + 2 + 48 + 4 + 2);
   auto got = decode_hello(reparse(bytes));
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(got->layer_act, w.layer_act);
   // A backbone's table is empty: 2 bytes.
   Hello b = sample_hello(PeerRole::kBackbone, 16);
-  EXPECT_EQ(encode_hello(b).value().size(), kHeaderBytes + 68 + b.name.size() + 2 + 4);
+  EXPECT_EQ(encode_hello(b).value().size(), kHeaderBytes + 68 + b.name.size() + 2 + 4 + 2);
   EXPECT_TRUE(decode_hello(reparse(encode_hello(b).value()))->layer_act.empty());
   // Wrong table length, an entry that is not q8/q8k/none, a truncated table.
   Hello bad = w;
@@ -205,8 +205,8 @@ TEST(WireCodec, HelloActivationTable) {
   bad.layer_act[5] = static_cast<uint8_t>(WireDType::kF16);
   EXPECT_EQ(encode_hello(bad).status().code(), StatusCode::kInvalidArgument);
   Frame f = reparse(bytes);
-  const size_t table = f.payload.size() - 4 - 48;  // the table, then the features field
-  f.payload[table + 7] = 2;                        // bf16 is no activation format
+  const size_t table = f.payload.size() - 2 - 4 - 48;  // the table, the features, the expert FFN
+  f.payload[table + 7] = 2;                            // bf16 is no activation format
   Status st = decode_hello(f).status();
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("layer 7 activation dtype 2"), std::string::npos) << st.message();
@@ -261,7 +261,7 @@ TEST(WireCodec, HelloFeaturesAreNegotiatedByIntersection) {
   w.features = kFeatureFetch;
   auto bytes = encode_hello(w).value();
   uint32_t on_wire = 0;
-  std::memcpy(&on_wire, bytes.data() + bytes.size() - 4, 4);
+  std::memcpy(&on_wire, bytes.data() + bytes.size() - 6, 4);  // v4's two expert FFN bytes follow
   EXPECT_EQ(on_wire, kFeatureFetch);
   auto got = decode_hello(reparse(bytes));
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
@@ -278,16 +278,59 @@ TEST(WireCodec, HelloFeaturesAreNegotiatedByIntersection) {
   bad.features = 1u << 9;
   EXPECT_EQ(encode_hello(bad).status().code(), StatusCode::kInvalidArgument);
   Frame f = reparse(bytes);
-  f.payload[f.payload.size() - 3] = 0x02;  // bit 9
+  f.payload[f.payload.size() - 5] = 0x02;  // bit 9
   Status st = decode_hello(f).status();
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("unknown feature bits 0x200"), std::string::npos) << st.message();
-  // A v3 HELLO cut before its features field.
+  // A HELLO cut inside its features field.
   f = reparse(bytes);
-  f.payload.resize(f.payload.size() - 2);
+  f.payload.resize(f.payload.size() - 4);
   st = decode_hello(f).status();
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("features field"), std::string::npos) << st.message();
+}
+
+TEST(WireCodec, HelloV4CarriesTheExpertFfnAndMismatchesAreRefused) {
+  // v4 appends the model's expert FFN definition (activation, flags); both ends must agree.
+  Hello w = sample_hello(PeerRole::kWorker, 16);
+  w.expert_act = kExpertActSwigluOai;
+  w.expert_flags = kExpertFlagBiases;
+  auto bytes = encode_hello(w).value();
+  EXPECT_EQ(bytes[bytes.size() - 2], kExpertActSwigluOai);
+  EXPECT_EQ(bytes[bytes.size() - 1], kExpertFlagBiases);
+  auto got = decode_hello(reparse(bytes));
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->expert_act, kExpertActSwigluOai);
+  EXPECT_EQ(got->expert_flags, kExpertFlagBiases);
+  Hello b = sample_hello(PeerRole::kBackbone, 16);
+  b.expert_act = kExpertActSwigluOai;
+  b.expert_flags = kExpertFlagBiases;
+  EXPECT_TRUE(negotiate(b, *got).is_ok());
+  // The same model id but another expert function (a worker built for another definition).
+  b.expert_flags = kExpertFlagBiases | kExpertFlagInputScaled;
+  Status st = negotiate(b, *got).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("swiglu-oai+bias"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("weight on input"), std::string::npos) << st.message();
+  b.expert_act = kExpertActSilu;
+  b.expert_flags = 0;
+  EXPECT_FALSE(negotiate(b, *got).is_ok());
+  // Unknown definitions are malformed, and a v3 peer (no definition) is refused, saying why.
+  Hello bad = w;
+  bad.expert_act = 7;
+  EXPECT_EQ(encode_hello(bad).status().code(), StatusCode::kInvalidArgument);
+  Frame f = reparse(bytes);
+  f.payload.back() = 0x80;
+  EXPECT_EQ(decode_hello(f).status().code(), StatusCode::kCorrupt);
+  f = reparse(bytes);
+  f.payload.resize(f.payload.size() - 1);
+  st = decode_hello(f).status();
+  EXPECT_NE(st.message().find("expert FFN definition"), std::string::npos) << st.message();
+  Hello v3 = sample_hello(PeerRole::kWorker, 16);
+  v3.min_version = v3.max_version = 3;
+  st = negotiate(b, v3).status();
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_NE(st.message().find("upgrade the peer"), std::string::npos) << st.message();
 }
 
 TEST(WireCodec, FetchAndSlabRoundTrip) {

@@ -15,6 +15,7 @@
 
 #include "command.h"
 #include "moesh/gguf/gguf.h"
+#include "moesh/model/model.h"
 
 namespace moesh::cli {
 namespace {
@@ -137,6 +138,52 @@ nlohmann::ordered_json value_json(const Value& v, bool all_kv) {
   return nullptr;
 }
 
+// What the model registry makes of the file: the architecture and the settings its file in
+// src/model/ derives (or why it cannot run it).
+struct ModelDesc {
+  bool ok = false;
+  std::string error;
+  std::vector<std::pair<std::string, std::string>> rows;
+};
+
+ModelDesc describe_model(const File& f) {
+  ModelDesc d;
+  auto hp = load_hparams(f);
+  if (!hp) {
+    d.error = hp.status().message();
+    return d;
+  }
+  d.ok = true;
+  const HParams& h = *hp;
+  auto add = [&](std::string k, std::string v) { d.rows.emplace_back(std::move(k), std::move(v)); };
+  add("architecture", h.arch_name + " (supported)");
+  add("blocks", fmt::format("{} decoder{}", h.n_layer,
+                            h.n_nextn > 0 ? fmt::format(" + {} NextN/MTP (loaded, not run)", h.n_nextn) : ""));
+  const char* qk = h.qk_norm == QkNorm::kPerHead      ? ", per-head Q/K norm"
+                   : h.qk_norm == QkNorm::kFull       ? ", Q/K norm over the whole projection"
+                   : h.qk_norm == QkNorm::kUnweighted ? ", unweighted Q/K norm after RoPE"
+                                                      : "";
+  add("attention",
+      fmt::format("{} heads / {} KV, head {}/{}, rope {} dims {}{}{}{}", h.n_head, h.n_head_kv, h.head_dim_k,
+                  h.head_dim_v, h.n_rot, h.rope.mode == RopeMode::kNeox ? "neox" : "normal",
+                  h.rope_scaling.yarn ? fmt::format(" yarn x{}", h.rope_scaling.factor) : "", qk,
+                  h.n_swa > 0 ? fmt::format(", {} {}", h.swa_chunked ? "chunks of" : "window", h.n_swa) : ""));
+  if (h.n_expert > 0) {
+    add("experts",
+        fmt::format("{} routed, top-{}, {} gating{}{}{}, width {}", h.n_expert, h.n_expert_used,
+                    gating_func_name(h.gating), h.select_on_logits ? " (selected on raw logits)" : "",
+                    h.norm_w ? ", renormalised" : "",
+                    h.w_scale != 0.0f && h.w_scale != 1.0f ? fmt::format(", x{}", h.w_scale) : "", h.n_ff_exp));
+    add("expert ffn", h.expert_ffn.describe());
+    if (h.n_expert_shared > 0) {
+      add("shared expert",
+          fmt::format("{} x width {}{}", h.n_expert_shared, h.n_ff_shexp > 0 ? h.n_ff_shexp : h.n_ff_exp,
+                      h.shexp_gated ? ", sigmoid-gated" : ""));
+    }
+  }
+  return d;
+}
+
 void print_json(const File& f, bool all_kv) {
   nlohmann::ordered_json j;
   j["file"] = f.path();
@@ -178,9 +225,26 @@ void print_json(const File& f, bool all_kv) {
   }
   j["experts"] = {
       {"layers", std::move(layers)}, {"expert_bytes", s.expert_bytes}, {"backbone_bytes", s.backbone_bytes}};
+  {
+    const ModelDesc d = describe_model(f);
+    nlohmann::ordered_json mj = {{"supported", d.ok}};
+    if (!d.ok) mj["error"] = d.error;
+    for (const auto& [k, v] : d.rows) mj[k] = v;
+    j["model"] = std::move(mj);
+  }
   // Token strings need not be valid UTF-8; replace bad bytes rather than throw.
   std::fputs(j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str(), stdout);
   std::fputc('\n', stdout);
+}
+
+void print_model(const File& f) {
+  const ModelDesc d = describe_model(f);
+  fmt::print("\nmodel\n");
+  if (!d.ok) {
+    fmt::print("  cannot run: {}\n", d.error);
+    return;
+  }
+  for (const auto& [k, v] : d.rows) fmt::print("  {:<14} {}\n", k, v);
 }
 
 void print_text(const File& f, bool all_kv) {
@@ -198,6 +262,8 @@ void print_text(const File& f, bool all_kv) {
   for (const auto& [key, v] : f.kvs()) {
     fmt::print("  {:<{}}  {:<7}  {}\n", key, key_w, gguf::value_type_name(v.type), render_value(v, all_kv));
   }
+
+  print_model(f);
 
   if (f.tensors().empty()) {
     fmt::print("\ntensors: none\n");

@@ -23,6 +23,7 @@ struct MakeModelArgs {
   int threads = 0;
   bool dry_run = false;
   bool verbose = false;
+  bool tied_embeddings = false;
   // Shape overrides; applied only when given on the command line.
   std::map<std::string, int64_t> ints;
   double rope_base = 0, rms_eps = 0;
@@ -77,7 +78,7 @@ void print_summary(const MakeModelSpec& spec, const ModelPlan& plan) {
     e.first += 1;
     e.second += t.n_bytes;
   }
-  std::printf("model: %s, type %s, seed %llu, vocab %s\n", make_arch_name(spec.arch), make_file_type_name(spec.type),
+  std::printf("model: %s, type %s, seed %llu, vocab %s\n", spec.arch_name().c_str(), make_file_type_name(spec.type),
               static_cast<unsigned long long>(spec.seed), make_vocab_name(spec.vocab));
   std::printf("  n_vocab %lld  n_embd %lld  n_layer %lld  n_head %lld  n_expert %lld (top-%lld)  n_ff_exp %lld\n",
               (long long)spec.n_vocab, (long long)spec.n_embd, (long long)spec.n_layer, (long long)spec.n_head,
@@ -112,12 +113,12 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
     }
     spec = MakeModelSpec::perf_30b_a3b();
   } else {
-    MakeArch arch;
-    if (!make_arch_from_name(a.arch, &arch)) {
-      std::fprintf(stderr, "make-model: unknown --arch '%s' (qwen3moe, llama, deepseek2)\n", a.arch.c_str());
+    if (!MakeModelSpec::defaults_for_name(a.arch, &spec)) {
+      std::string known;
+      for (const std::string& n : make_arch_names()) known += (known.empty() ? "" : ", ") + n;
+      std::fprintf(stderr, "make-model: unknown --arch '%s' (%s)\n", a.arch.c_str(), known.c_str());
       return 2;
     }
-    spec = MakeModelSpec::defaults_for(arch);
   }
   if (!a.type.empty() && !make_file_type_from_name(a.type, &spec.type)) {
     std::fprintf(stderr, "make-model: unknown --type '%s' (f32, f16, q8_0, q4_k_m)\n", a.type.c_str());
@@ -129,6 +130,7 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
   }
   if (sub->count("--seed")) spec.seed = a.seed;
   if (!a.name.empty()) spec.name = a.name;
+  spec.tied_embeddings = a.tied_embeddings;
   for (const auto& f : kIntFlags) {
     auto it = a.ints.find(f.flag);
     if (sub->count(f.flag) && it != a.ints.end()) spec.*(f.field) = it->second;
@@ -183,7 +185,9 @@ CommandRegistrar reg{
     Command{"make-model", "Write a random-weight MoE model (GGUF) that llama.cpp also loads",
             [](CLI::App* sub) -> std::function<int()> {
               auto a = std::make_shared<MakeModelArgs>();
-              sub->add_option("--arch", a->arch, "qwen3moe | llama (Mixtral) | deepseek2")->capture_default_str();
+              sub->add_option("--arch", a->arch,
+                              "qwen3moe | llama (Mixtral) | deepseek2 | gpt-oss | glm4moe | llama4 | minimax-m2")
+                  ->capture_default_str();
               sub->add_option("--out", a->out, "output .gguf path");
               sub->add_option("--type", a->type, "f32 | f16 | q8_0 | q4_k_m (default f32; preset: q4_k_m)");
               sub->add_option("--seed", a->seed, "weight seed (default: the reference model's seed)");
@@ -195,6 +199,8 @@ CommandRegistrar reg{
               sub->add_option("--threads", a->threads, "quantization threads (default: all cores)");
               sub->add_option("--rope-base", a->rope_base, "rope.freq_base");
               sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");
+              sub->add_flag("--tied-embeddings", a->tied_embeddings,
+                            "write no output.weight (logits use token_embd, as llama.cpp does)");
               sub->add_flag("--dry-run", a->dry_run, "print the summary, write nothing");
               sub->add_flag("-v,--verbose", a->verbose, "one line per tensor written");
               for (const auto& f : kIntFlags) {

@@ -27,7 +27,8 @@ namespace moesh::gate {
 // ---- curation --------------------------------------------------------------------------------
 
 // The reference README's near-tie thresholds in selection-score units (routing_margins in
-// routing.h): 0.05 router-logit units for softmax gating, 0.0125 for sigmoid(+bias) scores.
+// routing.h): 0.05 router-logit units for softmax gating (and llama4's top-k of raw logits),
+// 0.0125 for sigmoid(+bias) scores.
 double default_min_routing_margin(const HParams& hp);
 
 struct CurationOptions {

@@ -43,14 +43,19 @@
 
 namespace moesh {
 
-enum class MakeArch : uint8_t { kQwen3Moe, kLlama, kDeepseek2, kCOUNT };
+// kRegistry: any architecture whose file in the model registry can describe itself
+// (include/moesh/model/make_arch.h: gpt-oss, glm4moe, llama4, minimax-m2); its name is
+// MakeModelSpec::registry_arch, its keys and tensor table come from that file.
+enum class MakeArch : uint8_t { kQwen3Moe, kLlama, kDeepseek2, kRegistry, kCOUNT };
 // The file types llama.cpp calls ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_M.
 enum class MakeFileType : uint8_t { kF32, kF16, kQ8_0, kQ4_K_M, kCOUNT };
 // The tokenizer written into the file: a learned byte-level BPE vocabulary, or none (ids only).
 enum class MakeVocab : uint8_t { kBpe, kNone, kCOUNT };
 
-const char* make_arch_name(MakeArch a);                                // "qwen3moe" | "llama" | "deepseek2"
-bool make_arch_from_name(std::string_view s, MakeArch* out);           // accepts "mixtral" for llama
+const char* make_arch_name(MakeArch a);                       // "qwen3moe" | "llama" | "deepseek2" | "registry"
+bool make_arch_from_name(std::string_view s, MakeArch* out);  // accepts "mixtral" for llama
+// Every --arch make-model accepts: the three built-in writers, then the registry's.
+std::vector<std::string> make_arch_names();
 const char* make_file_type_name(MakeFileType t);                       // "f32" | "f16" | "q8_0" | "q4_k_m"
 bool make_file_type_from_name(std::string_view s, MakeFileType* out);  // case-insensitive
 uint32_t make_file_type_ftype(MakeFileType t);                         // general.file_type: 0, 1, 7, 15
@@ -67,6 +72,8 @@ struct MakeModelSpec {
   std::string name;  // general.name; empty -> "moesh-random-<arch>"
   // kBpe needs n_vocab >= 259 (256 bytes + 3 specials). The weights do not depend on it.
   MakeVocab vocab = MakeVocab::kBpe;
+  // No output.weight: the logits use token_embd as the output matrix (tied embeddings).
+  bool tied_embeddings = false;
 
   int64_t n_vocab = 512;
   int64_t n_ctx = 256;  // <arch>.context_length
@@ -102,6 +109,12 @@ struct MakeModelSpec {
   // The reference models of ../shared/reference §3: qwen3moe-s (seed 1001), mixtral-s (llama,
   // seed 1002), deepseek2-s (seed 1003).
   static MakeModelSpec defaults_for(MakeArch arch);
+  // Any name of make_arch_names(): the built-in reference model, or a registry arch's own
+  // reference-sized defaults (the archs/ reference set: gptoss-a, glm4moe-a, llama4-a,
+  // minimaxm2-a, with their seeds). False for an unknown name.
+  static bool defaults_for_name(std::string_view arch, MakeModelSpec* out);
+  std::string registry_arch;      // the architecture when arch == kRegistry
+  std::string arch_name() const;  // general.architecture of the written file
   // The Qwen3-30B-A3B-shaped 4-layer perf model (../shared/perf/README.md §1), Q4_K_M.
   static MakeModelSpec perf_30b_a3b();
 

@@ -1,4 +1,5 @@
-// A loaded MoE model (qwen3moe, llama/Mixtral, deepseek2) and the context that runs it.
+// A loaded MoE model (any architecture of the registry, src/model/arch.h) and the context that
+// runs it.
 //
 // Model: hyper-parameters from GGUF metadata and zero-copy views of every weight (or, in the
 // "dequant-f32" debug mode, owned F32 copies). Immutable after load; shareable across contexts.
@@ -27,12 +28,24 @@
 
 namespace moesh {
 
-enum class Arch : int { kQwen3Moe = 0, kLlama, kDeepseek2, kCOUNT };
-const char* arch_name(Arch a);  // the GGUF general.architecture string
+struct ArchDef;  // src/model/arch.h: one per architecture
 
-// Everything the forward pass needs from the metadata, with llama.cpp's defaults applied.
+// Names of the architectures this build runs (the registry, in order).
+std::vector<std::string> supported_architectures();
+
+// How the GQA family normalises Q and K before RoPE.
+enum class QkNorm : uint8_t {
+  kNone = 0,
+  kPerHead,     // RMSNorm per head with weights attn_q_norm/attn_k_norm [head_dim] (qwen3moe, glm4moe)
+  kFull,        // RMSNorm over the whole projection, weights [n_head*head_dim] (minimax-m2)
+  kUnweighted,  // RMSNorm per head without weights, after RoPE (llama4's "L2 norm")
+};
+
+// Everything the forward pass needs from the metadata, with llama.cpp's defaults applied. The
+// shared fields are read for every architecture (hparams.cpp); the rest by the arch's file.
 struct HParams {
-  Arch arch = Arch::kQwen3Moe;
+  const ArchDef* arch = nullptr;
+  std::string arch_name;  // general.architecture
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
   int64_t n_embd = 0;
@@ -50,12 +63,16 @@ struct HParams {
   int64_t n_expert_used = 0;
   int64_t n_ff_exp = 0;
   int64_t n_expert_shared = 0;
+  int64_t n_ff_shexp = 0;  // shared expert width when given on its own (qwen3next); 0: n_ff_exp * n_expert_shared
+  int64_t n_nextn = 0;     // NextN/MTP blocks stored after the n_layer decoder blocks (glm4moe): loaded, not run
   int64_t n_leading_dense = 0;
+  int64_t n_moe_layer_step = 0;  // MoE every n-th block (llama4 interleave_moe_layer_step)
   GatingFunc gating = GatingFunc::kSoftmax;
   bool norm_w = false;
   float w_scale = 0.0f;
   int64_t n_group = 0;
   int64_t n_group_used = 0;
+  bool select_on_logits = false;  // top-k of raw router logits (llama4)
 
   // MLA (deepseek2)
   int64_t q_lora_rank = 0;
@@ -64,7 +81,33 @@ struct HParams {
   int64_t head_dim_v_mla = 0;   // value_length_mla
 
   RopeParams rope;        // mode, n_rot, base, YaRN (freq_factors set by the loader)
-  float kq_scale = 1.0f;  // attention score scale
+  float kq_scale = 0.0f;  // attention score scale; 0 until set (default 1/sqrt(head_dim_k))
+  // The rope.scaling.* keys as stored (RopeParams holds what the kernels use).
+  struct RopeScaling {
+    float factor = 1.0f;  // 1 without scaling
+    float log_mul = 0.0f;
+    float attn_factor_cfg = 1.0f;
+    bool yarn = false;
+  } rope_scaling;
+  bool rope_attn_factor_set = false;  // the arch set rope.attn_factor itself
+
+  // Attention variants of the GQA family (layers.h attention_gqa).
+  QkNorm qk_norm = QkNorm::kNone;
+  bool q_gated = false;          // attn_q emits [query | gate] per head; o *= sigmoid(gate) (qwen3next)
+  int64_t n_swa = 0;             // layers marked swa: a query sees the last n_swa cells ...
+  bool swa_chunked = false;      // ... or only its own chunk of n_swa positions (llama4: 8192)
+  int64_t swa_period = 0;        // gpt-oss sliding_window_pattern: the last block of each period is full
+  int64_t no_rope_step = 0;      // llama4: every n-th block is NoPE
+  float attn_temp_scale = 0.0f;  // NoPE layers' query temperature (llama4: 0.1; 0 = off)
+  float attn_temp_floor = 8192.0f;
+
+  // Floats per cache cell and layer (set by the arch: GQA n_head_kv*head_dim, MLA latent).
+  int64_t kv_k_width = 0, kv_v_width = 0;
+
+  // The routed expert FFN (activation, biases, input scaling): part of the model's identity,
+  // the same definition on the backbone and on every worker (swarm HELLO).
+  ExpertFfn expert_ffn;
+  bool shexp_gated = false;  // shared expert scaled by sigmoid(ffn_gate_inp_shexp . x)
 
   int64_t head_dim_qk_nope() const { return head_dim_qk_mla - n_rot; }
 };
@@ -74,10 +117,15 @@ struct HParams {
 Result<HParams> load_hparams(const gguf::File& f);
 
 // Weights of one block. Views not used by the architecture stay invalid.
+// Grouped by the piece of the layer library that reads them (layers.h), not by architecture:
+// an architecture binds the pieces it uses, the others stay invalid.
 struct LayerWeights {
   TensorView attn_norm;
-  // standard attention (qwen3moe, llama)
+  // GQA family (attention_gqa): projections, optional biases, Q/K norms, attention sinks
   TensorView wq, wk, wv, wo, q_norm, k_norm;
+  TensorView bq, bk, bv, bo, sinks;
+  bool rope = true;  // false: a NoPE layer (llama4)
+  bool swa = false;  // sliding-window layer (hp.n_swa)
   // MLA (deepseek2)
   TensorView wq_a, q_a_norm, wq_b, wkv_a_mqa, kv_a_norm, wk_b, wv_b;
   TensorView ffn_norm;
@@ -86,9 +134,11 @@ struct LayerWeights {
   // MoE
   bool is_moe = false;
   TensorView router;       // ffn_gate_inp [n_embd, n_expert], F32
+  TensorView router_b;     // ffn_gate_inp.bias [n_expert] or invalid (gpt-oss)
   TensorView exp_probs_b;  // [n_expert] or invalid
   ExpertWeights experts;
   TensorView gate_shexp, up_shexp, down_shexp;
+  TensorView shexp_gate;  // ffn_gate_inp_shexp [n_embd] (hp.shexp_gated)
 };
 
 struct LoadOptions {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "moesh/tensor/ops.h"
@@ -31,14 +32,35 @@
 
 namespace moesh {
 
-// Activation of the gated expert FFN. kSilu: h = silu(g) * u (every arch implemented now).
+// Activation of the gated expert FFN. kSilu: h = silu(g) * u; kSwigluOai (gpt-oss):
+// g' = min(g, 7), u' = clamp(u, -7, 7), h = g' * sigmoid(1.702 g') * (u' + 1).
 enum class ExpertActivation { kSilu = 0, kSwigluOai, kCOUNT };
+const char* expert_activation_name(ExpertActivation a);  // "silu" | "swiglu-oai"
+
+// The definition of a routed expert FFN, fixed by the architecture: the backbone and every worker
+// must compute the same function, so it travels in the swarm handshake (wire HELLO v4).
+struct ExpertFfn {
+  ExpertActivation act = ExpertActivation::kSilu;
+  bool biases = false;  // gate/up/down have per-expert bias vectors (gpt-oss)
+  // The mixing weight multiplies the expert's INPUT and the outputs are summed unweighted
+  // (llama4). The backbone applies it before dispatch (moe_begin), so executors and workers see
+  // ordinary rows with weight 1; it is part of the definition so both ends agree on it.
+  bool input_scaled = false;
+
+  bool operator==(const ExpertFfn&) const = default;
+  std::string describe() const;  // "silu", "swiglu-oai+bias", "silu, weight on input"
+};
 
 // A layer's stacked routed-expert tensors. gate/up: ne = [n_embd, n_ff_exp, n_expert];
 // down: ne = [n_ff_exp, n_embd, n_expert]. Expert e is the slab TensorView::expert(e).
+// Optional biases (ExpertFfn::biases): gate_b/up_b ne = [n_ff_exp, n_expert], down_b
+// ne = [n_embd, n_expert], F32; expert e's bias is row e.
 struct ExpertWeights {
   TensorView gate, up, down;
+  TensorView gate_b, up_b, down_b;
   ExpertActivation act = ExpertActivation::kSilu;
+
+  bool has_biases() const { return gate_b.valid(); }
 
   bool valid() const { return gate.valid() && up.valid() && down.valid(); }
   int64_t n_embd() const { return gate.ne[0]; }

@@ -28,7 +28,8 @@ struct RouterConfig {
   int n_group = 0;                  // <= 1: no group-limited routing
   int n_group_used = 0;
   bool norm_w = false;
-  float w_scale = 0.0f;  // 0 or 1: no scaling
+  float w_scale = 0.0f;           // 0 or 1: no scaling
+  bool select_on_logits = false;  // top-k of the raw logits, gating only for the weights (llama4)
 
   // n_expert divisible by n_group, k <= experts in kept groups, 1 <= k <= n_expert, ...
   Status validate() const;

@@ -56,6 +56,7 @@ class LocalExperts {
     std::vector<int32_t> ids;                     // received: expert id of each slot
     std::array<std::vector<uint8_t>, 3> buf;      // received: gate, up, down slabs stacked by slot
     std::array<wire::SlabTensor, 3> shape;        // received: type and 2-D shape (bytes empty)
+    std::array<std::vector<float>, 3> bias;       // received: the model's expert biases by slot (gpt-oss)
     std::array<std::vector<uint64_t>, 3> hashes;  // the model's slab hashes (empty: unknown)
     uint64_t layout_bytes = 0;                    // from the backbone slice's layout, if recorded
   };

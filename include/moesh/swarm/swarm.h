@@ -56,6 +56,7 @@ struct ModelShape {
   uint32_t n_expert = 0;
   uint32_t n_embd = 0;
   std::vector<uint32_t> moe_layers;  // ascending: layers with routed experts
+  ExpertFfn expert_ffn;              // the architecture's routed expert definition (sent in HELLO v4)
   bool is_moe(uint32_t layer) const;
 };
 
@@ -163,8 +164,9 @@ class ExpertStore {
   uint64_t slab_bytes_ = 0;
 };
 
-// The activation of the model's routed experts (from general.architecture).
-Result<ExpertActivation> expert_activation_of(const gguf::File& f);
+// The definition of the model's routed experts (activation, biases, input scaling) as its
+// architecture's file in the model registry declares it (load_hparams).
+Result<ExpertFfn> expert_ffn_of(const gguf::File& f);
 
 // ---- slices --------------------------------------------------------------------------------
 

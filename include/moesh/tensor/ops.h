@@ -61,7 +61,9 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 // through ggml's vector exp (v_expf) with each group's f32 halving-tree sum added to a double;
 // the n % 16 tail through expf; then multiply by (float)(1/sum). To reproduce a padded ggml row
 // (attention over a KV window), pass the padded length with -inf in the padding.
-void softmax(float* x, int64_t n);
+// With `sink` (an attention sink, gpt-oss): one more logit that joins the max and the
+// denominator but has no output (ggml soft_max_ext with sinks).
+void softmax(float* x, int64_t n, const float* sink = nullptr);
 float silu(float x);     // x/(1+expf(-x)) (ggml_silu_f32)
 float silu_v(float x);   // x/(1+v_expf(-x)) (ggml_v_silu, one lane)
 float sigmoid(float x);  // 1/(1+expf(-x))

@@ -28,9 +28,10 @@ namespace moesh::wire {
 // ---- constants -------------------------------------------------------------------------------
 
 constexpr uint32_t kMagic = 0x48534F4Du;               // bytes "MOSH" on the wire (little-endian u32)
-constexpr uint16_t kVersion = 3;                       // the only protocol version this build speaks
+constexpr uint16_t kVersion = 4;                       // the only protocol version this build speaks
                                                        // (v2 = v1 + Q8K + the HELLO activation table;
-                                                       // v3 = v2 + HELLO features + FETCH/SLAB)
+                                                       // v3 = v2 + HELLO features + FETCH/SLAB;
+                                                       // v4 = v3 + the expert FFN definition in HELLO)
 constexpr size_t kHeaderBytes = 32;                    // frozen across all versions
 constexpr uint32_t kDefaultMaxFrameBytes = 64u << 20;  // payload limit unless configured
 constexpr uint32_t kQ8BlockSize = 32;                  // elements per Q8 block
@@ -232,7 +233,19 @@ struct Hello {
   std::vector<uint8_t> layer_act;
   // Since v3. kFeature* bits: what this side offers (worker) or is willing to use (backbone).
   uint32_t features = 0;
+  // Since v4. The routed expert FFN the sender's model defines (the model registry's ExpertFfn):
+  // activation (kExpertAct*) and kExpertFlag* bits. Both ends must agree or the session is refused,
+  // so a worker never computes another function than the backbone's model.
+  uint8_t expert_act = 0;
+  uint8_t expert_flags = 0;
 };
+
+constexpr uint8_t kExpertActSilu = 0;                // silu(g) * u
+constexpr uint8_t kExpertActSwigluOai = 1;           // gpt-oss's clamped swiglu
+constexpr uint8_t kExpertFlagBiases = 1u << 0;       // per-expert gate/up/down biases
+constexpr uint8_t kExpertFlagInputScaled = 1u << 1;  // mixing weight on the input (llama4)
+// "silu", "swiglu-oai+bias", "silu, weight on input" (as ExpertFfn::describe()).
+std::string expert_ffn_name(uint8_t act, uint8_t flags);
 
 // Pure outcome of two HELLOs: the version both speak and the intersected capabilities.
 struct Session {

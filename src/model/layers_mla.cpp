@@ -1,6 +1,4 @@
-// deepseek2 (DeepSeek-V2/V3/R1): Multi-head Latent Attention (MLA) in the absorbed form, YaRN
-// RoPE on the rope dims, the first `leading_dense_block_count` blocks dense, the rest MoE with
-// sigmoid gating, selection bias, group-limited routing and a shared expert.
+// MLA attention (Multi-head Latent Attention, DeepSeek-V2/V3) in the absorbed form.
 //
 // MLA, per token (shapes as ggml ne, i.e. [in, out]):
 //   q      = wq_b[q_lora, H*(nope+rope)] · rmsnorm(wq_a[n_embd, q_lora] · x) ⊙ q_a_norm
@@ -15,32 +13,6 @@
 #include "model/layers.h"
 
 namespace moesh::detail {
-
-Status bind_layer_deepseek2(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw) {
-  const std::string p = "blk." + std::to_string(il) + ".";
-  const int64_t d = hp.n_embd, H = hp.n_head, r = hp.kv_lora_rank, rope = hp.n_rot;
-  const int64_t dqk = hp.head_dim_qk_mla, nope = hp.head_dim_qk_nope(), dv = hp.head_dim_v_mla;
-  MOESH_ASSIGN_OR_RETURN(lw->attn_norm, b.take(p + "attn_norm.weight", {d}));
-  if (hp.q_lora_rank > 0) {
-    MOESH_ASSIGN_OR_RETURN(lw->wq_a, b.take(p + "attn_q_a.weight", {d, hp.q_lora_rank}));
-    MOESH_ASSIGN_OR_RETURN(lw->q_a_norm, b.take(p + "attn_q_a_norm.weight", {hp.q_lora_rank}));
-    MOESH_ASSIGN_OR_RETURN(lw->wq_b, b.take(p + "attn_q_b.weight", {hp.q_lora_rank, H * dqk}));
-  } else {
-    MOESH_ASSIGN_OR_RETURN(lw->wq, b.take(p + "attn_q.weight", {d, H * dqk}));  // V2-Lite
-  }
-  MOESH_ASSIGN_OR_RETURN(lw->wkv_a_mqa, b.take(p + "attn_kv_a_mqa.weight", {d, r + rope}));
-  MOESH_ASSIGN_OR_RETURN(lw->kv_a_norm, b.take(p + "attn_kv_a_norm.weight", {r}));
-  MOESH_ASSIGN_OR_RETURN(lw->wk_b, b.take(p + "attn_k_b.weight", {nope, r, H}, false));
-  MOESH_ASSIGN_OR_RETURN(lw->wv_b, b.take(p + "attn_v_b.weight", {r, dv, H}, false));
-  if (!lw->wk_b.valid() || !lw->wv_b.valid()) {
-    return make_error(StatusCode::kUnsupported,
-                      "{}attn_k_b/attn_v_b missing: GGUFs with the legacy attn_kv_b tensor are not "
-                      "supported (re-convert with a current llama.cpp)",
-                      p);
-  }
-  MOESH_ASSIGN_OR_RETURN(lw->wo, b.take(p + "attn_output.weight", {H * dv, d}));
-  return bind_ffn(b, hp, il, /*moe=*/il >= hp.n_leading_dense, lw);
-}
 
 void attention_mla(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out) {
   const HParams& hp = f.hp;
