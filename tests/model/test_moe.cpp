@@ -251,6 +251,25 @@ TEST(LocalExecutor, EqualsExpertFfnSummedInRankOrder) {
   EXPECT_FALSE(le.wait(12345).is_ok());  // unknown ticket
 }
 
+// A file of an architecture this build does not run is refused at load, naming it and listing
+// what the registry has.
+TEST(HParams, UnsupportedArchitectureIsNamed) {
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::str("step35"));
+  w.set("step35.vocab_size", gguf::Value::u32(64));
+  auto f = gguf::File::from_bytes(std::move(*w.write_bytes()));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  auto hp = load_hparams(**f);
+  ASSERT_FALSE(hp.is_ok());
+  EXPECT_EQ(hp.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(hp.status().message().find("architecture 'step35' is not supported"), std::string::npos)
+      << hp.status().message();
+  for (const std::string& a : supported_architectures()) {
+    EXPECT_NE(hp.status().message().find(a), std::string::npos) << a << " not listed: " << hp.status().message();
+  }
+  EXPECT_EQ(supported_architectures().size(), 7u);
+}
+
 TEST(HParams, MissingKeysAreNamed) {
   gguf::Writer w;
   w.set("general.architecture", gguf::Value::str("qwen3moe"));
