@@ -154,7 +154,7 @@ Result<CuratedSequences> curate_sequences(const Model& model, const CurationOpti
     return Status::ok();
   };
   for (size_t si = 0; si < lens.size(); ++si) {
-    ctx.kv().clear();
+    ctx.state().clear();
     std::vector<int32_t> seq;
     for (int64_t p = 0; p < lens[si]; ++p) {
       int32_t best_tok = -1;
@@ -178,7 +178,7 @@ Result<CuratedSequences> curate_sequences(const Model& model, const CurationOpti
           best_tok = tok;
           best = c;
         }
-        ctx.kv().seq_truncate(0, p);  // drop the rejected token's cell
+        MOESH_RETURN_IF_ERROR(ctx.rewind(0, p, seq));  // drop the rejected token
       }
       if (!accepted) {
         // Every draw made a near-tie: keep the best one (its KV must be recomputed) and say so.
@@ -256,7 +256,7 @@ static Status run_sequence(Context& ctx, const std::vector<int32_t>& toks, std::
   const int64_t T = static_cast<int64_t>(toks.size());
   const int64_t V = ctx.model().hparams().n_vocab;
   logits->assign(static_cast<size_t>(T * V), 0.0f);
-  ctx.kv().clear();
+  ctx.state().clear();
   const int64_t n_pre = std::max<int64_t>(1, T / 2);
   auto take = [&](RemoteTraffic* into) {
     if (remote == nullptr) return;

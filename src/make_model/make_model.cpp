@@ -376,6 +376,15 @@ void make_model_fill_rows(uint64_t seed, const PlannedTensor& t, int64_t row0, i
       const double th = kTwoPi * u2;
       dst[i] = static_cast<float>(t.init.mean + t.init.std * (rad * std::cos(th)));
       if (i + 1 < n) dst[i + 1] = static_cast<float>(t.init.mean + t.init.std * (rad * std::sin(th)));
+      if (t.init.dist != WeightInit::Dist::kNormal) {
+        const double lo = t.init.lo, hi = t.init.hi;
+        auto pick = [&](double u) {
+          const double x = lo + (hi - lo) * u;
+          return static_cast<float>(t.init.dist == WeightInit::Dist::kUniform ? x : std::log(std::expm1(x)));
+        };
+        dst[i] = pick(u2);
+        if (i + 1 < n) dst[i + 1] = pick(u1 - 0x1.0p-53);  // [0, 1)
+      }
     }
   }
 }

@@ -162,9 +162,10 @@ gguf::Value u32(int64_t x) {
 
 GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int n_dims, const int64_t ne[4],
                                 int64_t n_layer, int64_t n_expert, int i_attn_v, int n_attn_v) {
-  // llama-quantize's filter: only 2-D/3-D "...weight" tensors, never norms or routers.
+  // llama-quantize's filter: only 2-D/3-D "...weight" tensors, never norms, routers or the
+  // DeltaNet convolution.
   const bool quantize = n_dims >= 2 && ends_with(name, "weight") && !contains(name, "_norm.weight") &&
-                        !contains(name, "ffn_gate_inp.weight");
+                        !contains(name, "ffn_gate_inp.weight") && !contains(name, "ssm_conv1d.weight");
   if (!quantize) return GgmlType::F32;
   switch (ftype) {
     case MakeFileType::kF32:
@@ -182,7 +183,9 @@ GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int
   GgmlType t = GgmlType::Q4_K;
   if (name == "output.weight") {
     t = (ne[0] % quant::kQKK != 0) ? GgmlType::Q8_0 : GgmlType::Q6_K;
-  } else if (contains(name, "attn_v.weight")) {
+  } else if (contains(name, "attn_v.weight") || contains(name, "attn_qkv.weight")) {
+    // llama-quantize treats a fused QKV like attn_v (category_is_attn_v): its branch for
+    // ATTENTION_QKV alone is never reached.
     if (more_bits(i_attn_v, n_attn_v)) t = GgmlType::Q6_K;
     // "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
     if (n_expert == 8) t = GgmlType::Q8_0;
@@ -194,8 +197,6 @@ GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int
     if (il >= 0 && more_bits(il, n_layer)) t = GgmlType::Q6_K;
   } else if (contains(name, "attn_output.weight")) {
     if (n_expert == 8) t = GgmlType::Q5_K;
-  } else if (contains(name, "attn_qkv.weight")) {
-    t = GgmlType::Q5_K;
   }
 
   // Rows that are not whole K-quant super-blocks fall back to a 32-block type, then to F16.
@@ -224,6 +225,20 @@ WeightInit registry_init(const std::string& arch, const std::string& name) {
   if (name == "output.weight") return kInitOutput;
   if (contains(name, "norm.weight")) return kInitNorm;
   if (contains(name, "attn_sinks")) return {0.0f, 1.0f};
+  // Gated DeltaNet (reference README §3): ssm_a holds -exp(A_log) = -U(1, 16); dt bias is
+  // softplus^-1 of U(0.001, 0.1); the convolution 0.3; beta/alpha projections 0.1.
+  if (ends_with(name, ".ssm_a")) {
+    WeightInit w;
+    w.dist = WeightInit::Dist::kUniform, w.lo = -16.0f, w.hi = -1.0f;
+    return w;
+  }
+  if (contains(name, "ssm_dt.bias")) {
+    WeightInit w;
+    w.dist = WeightInit::Dist::kSoftplusInverse, w.lo = 0.001f, w.hi = 0.1f;
+    return w;
+  }
+  if (contains(name, "ssm_conv1d")) return {0.0f, 0.3f};
+  if (contains(name, "ssm_ba") || contains(name, "ssm_alpha") || contains(name, "ssm_beta")) return {0.0f, 0.1f};
   if (contains(name, "exp_probs_b")) return kInitProbsBias;
   if (contains(name, "ffn_gate_inp.bias")) return {0.0f, 0.1f};
   if (ends_with(name, ".bias")) return {0.0f, 0.02f};
@@ -280,11 +295,14 @@ std::vector<PlannedTensor> make_model_layout(const MakeModelSpec& s) {
 
   // attn_v counter in processing (= file) order, as llama-quantize counts it.
   int n_attn_v = 0;
-  for (const auto& t : ts) n_attn_v += contains(t.name, "attn_v.weight") ? 1 : 0;
+  auto attn_v_like = [](const std::string& n) {
+    return contains(n, "attn_v.weight") || contains(n, "attn_qkv.weight");
+  };
+  for (const auto& t : ts) n_attn_v += attn_v_like(t.name) ? 1 : 0;
   int i_attn_v = 0;
   uint64_t off = 0;
   for (auto& t : ts) {
-    const bool is_v = contains(t.name, "attn_v.weight");
+    const bool is_v = attn_v_like(t.name);
     t.type = make_model_tensor_type(s.type, t.name, t.n_dims, t.ne, s.n_layer, s.n_expert, i_attn_v, n_attn_v);
     if (is_v) ++i_attn_v;
     const int64_t bs = type_block_size(t.type);

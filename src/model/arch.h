@@ -91,6 +91,14 @@ void write_common_head(const HParams& hp, KvList* kvs);
 // The GQA family's keys after attention.head_count: head_count_kv, key/value length (when
 // `lengths`), rope.dimension_count (when `rope_dims`), rope.freq_base, layer_norm_rms_epsilon.
 void write_gqa_keys(const HParams& hp, KvList* kvs, bool lengths = true, bool rope_dims = true);
+// The gated-DeltaNet hybrids (qwen3next, qwen35moe; layers_deltanet.cpp): the ssm.* keys and
+// full_attention_interval (a block attends when (il + 1) % interval == 0, else it is recurrent),
+// the recurrent-state width; and the inverse for make-model.
+Status read_deltanet_keys(const KeyReader& kr, HParams* hp);
+void write_deltanet_keys(const HParams& hp, KvList* kvs);
+// The hybrids' block mixer: gated DeltaNet in recurrent blocks, the GQA family in the others.
+void hybrid_mixer(detail::Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+
 // "<arch>.<key>" helpers for write_hparams.
 void put_u32(KvList* kvs, const HParams& hp, const char* key, int64_t v);
 void put_f32(KvList* kvs, const HParams& hp, const char* key, float v);

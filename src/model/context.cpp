@@ -21,8 +21,13 @@ namespace moesh {
 Context::Context(const Model& model, const ContextParams& params)
     : model_(model),
       pool_(std::make_unique<ThreadPool>(params.n_threads)),
-      kv_(model.hparams().n_layer, model.hparams().kv_k_width, model.hparams().kv_v_width,
+      kv_(model.hparams().n_kv_layer, model.hparams().kv_k_width, model.hparams().kv_v_width,
           params.n_ctx > 0 ? params.n_ctx : model.hparams().n_ctx_train),
+      rec_(model.hparams().n_rec_layer > 0
+               ? std::make_unique<RecurrentState>(model.hparams().n_rec_layer, model.hparams().rec_width,
+                                                  params.checkpoints)
+               : nullptr),
+      state_(&kv_, rec_.get()),
       executor_(params.executor),
       scratch_(std::make_unique<Scratch>()),
       micro_batching_(params.micro_batching) {
@@ -92,13 +97,27 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     for (int64_t j = 0; j < st.n_new; ++j) new_pos[j] = p0 + j;
     auto first = kv_.append(st.seq, new_pos.data(), st.n_new);
     if (!first) {
-      for (size_t r = 0; r < k; ++r) kv_.seq_truncate(steps[r].seq, steps[r].n_before);
+      for (size_t r = 0; r < k; ++r) (void)kv_.truncate(steps[r].seq, steps[r].n_before);
       return first.status();
     }
   }
   for (int64_t i = 0; i < T; ++i) pos[i] = kv_.positions(seq[i])[cell[i]];
+  // Recurrent layers: the step's checkpoints are prepared per sequence (RecurrentState).
+  if (rec_) {
+    std::vector<uint8_t> cut_after;
+    for (const SeqStep& st : steps) {
+      cut_after.clear();
+      for (int64_t i = 0; i < T; ++i) {
+        if (seq[i] == st.seq) cut_after.push_back(batch[i].logits ? 1 : 0);
+      }
+      rec_->begin_step(st.seq, st.n_new, cut_after.data());
+    }
+  }
   auto rollback = [&] {
-    for (const SeqStep& st : steps) kv_.seq_truncate(st.seq, st.n_before);
+    for (const SeqStep& st : steps) {
+      (void)kv_.truncate(st.seq, st.n_before);
+      if (rec_) rec_->abort_step(st.seq);
+    }
   };
 
   // One micro-batch, or two (whole sequences each; ContextParams::micro_batching).
@@ -161,8 +180,8 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
       ppos = pt.pos.data();
       pcell = pt.cell.data();
     }
-    pt.f.emplace(
-        detail::Fwd{model_, hp, pool_.get(), kv_, ps, *executor_, observer_, detail::Batch{n, pseq, ppos, pcell}});
+    pt.f.emplace(detail::Fwd{model_, hp, pool_.get(), kv_, rec_.get(), ps, *executor_, observer_,
+                             detail::Batch{n, pseq, ppos, pcell}});
     const size_t n_act = static_cast<size_t>(n * D);
     pt.h = detail::grow(ps.h, n_act);
     pt.xn = detail::grow(ps.xn, n_act);
@@ -242,10 +261,28 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     }
     detail::project(*parts[0].f, rows, n_out, D, {{&model_.output, logits}});
   }
+  if (rec_) {
+    for (const SeqStep& st : steps) rec_->commit_step(st.seq);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (auto_decided) mb_policy_.record(static_cast<int>(steps.size()), n_parts == 2, seconds);
   ++(n_parts == 2 ? mb_stats_.steps_split : mb_stats_.steps_whole);
   return Status::ok();
+}
+
+Status Context::rewind(int32_t seq, int64_t n_keep, std::span<const int32_t> tokens) {
+  const int64_t len = state_.seq_len(seq);
+  n_keep = std::max<int64_t>(0, n_keep);
+  if (n_keep >= len) return Status::ok();
+  const int64_t m = state_.restorable(seq, n_keep);
+  if (m < n_keep && static_cast<int64_t>(tokens.size()) < n_keep) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "rewind: sequence {} needs its first {} tokens to recompute from {}, got {}", seq, n_keep, m,
+                      tokens.size());
+  }
+  MOESH_RETURN_IF_ERROR(state_.truncate(seq, m));
+  if (m == n_keep) return Status::ok();
+  return decode(seq, tokens.data() + m, n_keep - m, nullptr, /*all_logits=*/false);
 }
 
 bool Context::MicroBatchPolicy::choose_split(int n_seq) {

@@ -137,6 +137,18 @@ Result<HParams> load_hparams(const gguf::File& f) {
     hp.kv_v_width = hp.n_head_kv * hp.head_dim_v;
   }
 
+  // Which layer of the KV cache or of the recurrent state each block uses.
+  if (!hp.recurrent.empty() && static_cast<int64_t>(hp.recurrent.size()) != hp.n_layer) {
+    return make_error(StatusCode::kInternal, "{}: recurrent-layer table has {} entries for {} blocks", arch_str,
+                      hp.recurrent.size(), hp.n_layer);
+  }
+  hp.state_slot.assign(static_cast<size_t>(hp.n_layer), 0);
+  hp.n_kv_layer = hp.n_rec_layer = 0;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    hp.state_slot[static_cast<size_t>(il)] =
+        static_cast<int32_t>(hp.is_recurrent(il) ? hp.n_rec_layer++ : hp.n_kv_layer++);
+  }
+
   if (hp.n_expert > 0) {
     RouterConfig rc;
     rc.gating = hp.gating;

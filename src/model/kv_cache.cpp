@@ -52,23 +52,28 @@ Result<int64_t> KvCache::append(int32_t seq, const int64_t* positions, int64_t n
   return first;
 }
 
-void KvCache::seq_truncate(int32_t seq, int64_t n_keep) {
+int64_t KvCache::restorable(int32_t seq, int64_t n) const {
+  return std::clamp<int64_t>(n, 0, seq_len(seq));
+}
+
+Status KvCache::truncate(int32_t seq, int64_t n_keep) {
   Seq* s = find(seq);
   if (s != nullptr && n_keep < static_cast<int64_t>(s->pos.size())) {
     s->pos.resize(static_cast<size_t>(std::max<int64_t>(0, n_keep)));
   }
+  return Status::ok();
 }
 
-void KvCache::seq_remove(int32_t seq) {
+void KvCache::remove(int32_t seq) {
   seqs_.erase(seq);
 }
 
-Status KvCache::seq_copy(int32_t src, int32_t dst, int64_t n) {
-  if (src == dst) return make_error(StatusCode::kInvalidArgument, "seq_copy: source and destination are both {}", src);
+Status KvCache::copy(int32_t src, int32_t dst, int64_t n) {
+  if (src == dst) return make_error(StatusCode::kInvalidArgument, "copy: source and destination are both {}", src);
   const Seq* s = find(src);
   const int64_t have = s == nullptr ? 0 : static_cast<int64_t>(s->pos.size());
   if (n < 0 || n > have) {
-    return make_error(StatusCode::kOutOfRange, "seq_copy: sequence {} holds {} cells, asked for {}", src, have, n);
+    return make_error(StatusCode::kOutOfRange, "copy: sequence {} holds {} cells, asked for {}", src, have, n);
   }
   Seq copy;
   if (s != nullptr) {

@@ -36,14 +36,12 @@ void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer
   matmul_q_multi(std::span<const MatmulQ>(jobs, static_cast<size_t>(n_jobs)), f.pool);
 }
 
-namespace {
-
 // KQ[c] = K_c . q as llama.cpp computes it without flash attention: mul_mat(K, Q) with the
 // permuted (non-contiguous) Q of a batch goes to ggml_vec_dot_f32, which on AVX-512 keeps 64
 // lanes (element i -> lane i % 64, fused multiply-add), reduces them by a halving tree (32, 16,
 // then _mm512_reduce_add_ps: 8, 4, 2, 1) and adds the n % 64 leftovers one by one (contracted
 // to fma by the compiler).
-MOESH_FMA_CLONES MOESH_VECTORIZE float kq_dot(const float* k, const float* q, int64_t n) {
+MOESH_FMA_CLONES MOESH_VECTORIZE float dot_f32_ggml(const float* k, const float* q, int64_t n) {
   float acc[64] = {};
   const int64_t np = n & ~static_cast<int64_t>(63);
   for (int64_t i = 0; i < np; i += 64) {
@@ -56,6 +54,8 @@ MOESH_FMA_CLONES MOESH_VECTORIZE float kq_dot(const float* k, const float* q, in
   for (int64_t i = np; i < n; ++i) sum = std::fmaf(k[i], q[i], sum);
   return sum;
 }
+
+namespace {
 
 // lanes[(c%16)*dv + d] += V[c][d] * p[c] over the visible cells, in cell order (see
 // attention_core). Lane l of output d sees exactly the cells c = l mod 16, in order, as in
@@ -108,8 +108,8 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
     }
     n_cells[t] = f.kv.seq_len(b.seq[t]);
     cell_pos[t] = f.kv.positions(b.seq[t]);
-    k0[t] = f.kv.k(b.seq[t], il, 0);
-    v0[t] = f.kv.v(b.seq[t], il, 0);
+    k0[t] = f.kv.k(b.seq[t], state_layer(f, il), 0);
+    v0[t] = f.kv.v(b.seq[t], state_layer(f, il), 0);
     max_cells = std::max(max_cells, n_cells[t]);
   }
   const int64_t n_pad = padded16(max_cells);
@@ -142,7 +142,7 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       const float* kt = k0[t];
       std::fill(sc + base, sc + c0, -INFINITY);
       for (int64_t c = c0; c < n_vis; ++c) {
-        sc[c] = kq_dot(kt + c * stride + g * dk, qh, dk) * kq_scale;
+        sc[c] = dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale;
       }
       const int64_t n_row = padded16(n_vis);
       std::fill(sc + n_vis, sc + n_row, -INFINITY);
@@ -229,8 +229,8 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
       for (int64_t i = 0; i < n_head * dk; ++i) qt[i] = qt[i] * scale;
     }
     const int64_t cell = f.batch.cell[t];
-    std::copy_n(kt, n_kv * dk, f.kv.k(f.batch.seq[t], il, cell));
-    std::copy_n(v + t * n_kv * dv, n_kv * dv, f.kv.v(f.batch.seq[t], il, cell));
+    std::copy_n(kt, n_kv * dk, f.kv.k(f.batch.seq[t], state_layer(f, il), cell));
+    std::copy_n(v + t * n_kv * dv, n_kv * dv, f.kv.v(f.batch.seq[t], state_layer(f, il), cell));
   }
   float* o = grow(f.s.o, static_cast<size_t>(T * n_head * dv));
   AttnCoreOpts opts;
@@ -280,7 +280,7 @@ MOESH_FMA_CLONES MOESH_VECTORIZE float router_dot16(const float* w, const float*
 // and the residual stream by ulps at nearly every token; Q8_0/Q8_K activation quantization
 // hides that until one value sits on a rounding boundary, and from there the logits drift
 // (~1e-2, at that and every later position). tinyBLAS takes the matmul when n_embd % 16 == 0
-// and n_expert % 4 == 0 (else ggml's vec_dot_f32: the 64-lane order of kq_dot). llama.cpp uses
+// and n_expert % 4 == 0 (else ggml's vec_dot_f32: the 64-lane order of dot_f32_ggml). llama.cpp uses
 // vec_dot_f32 for a single token too; we keep the batch order for every T, so a token's
 // routing does not depend on its batch (decode == batch bit for bit).
 void router_logits(Fwd& f, const TensorView& router, const float* xn, int64_t T, int64_t n_embd, float* logits) {
@@ -294,7 +294,7 @@ void router_logits(Fwd& f, const TensorView& router, const float* xn, int64_t T,
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / n_expert, e = i % n_expert;
       const float* w = reinterpret_cast<const float*>(router.row(e));
-      logits[i] = tinyblas ? router_dot16(w, xn + t * n_embd, n_embd) : kq_dot(w, xn + t * n_embd, n_embd);
+      logits[i] = tinyblas ? router_dot16(w, xn + t * n_embd, n_embd) : dot_f32_ggml(w, xn + t * n_embd, n_embd);
     }
   };
   if (f.pool != nullptr) {
@@ -380,7 +380,8 @@ Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCal
       g.n_dims = 2;
       g.set_contiguous_strides();
       float* gl = grow(f.s.shexp_gl, static_cast<size_t>(T));
-      project(f, xn, T, n_embd, {{&g, gl}});
+      // An F32 matrix of one row: llama.cpp takes ggml_vec_dot_f32 (tinyBLAS needs rows % 4 == 0).
+      router_logits(f, g, xn, T, n_embd, gl);
       for (int64_t t = 0; t < T; ++t) {
         const float sg = sigmoid(gl[t]);
         for (int64_t d = 0; d < n_embd; ++d) shexp[t * n_embd + d] = shexp[t * n_embd + d] * sg;

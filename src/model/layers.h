@@ -57,11 +57,17 @@ struct Fwd {
   const HParams& hp;
   ThreadPool* pool;
   KvCache& kv;
+  RecurrentState* rec;  // null without recurrent layers
   Context::Scratch& s;
   ExpertExecutor& executor;
   ForwardObserver* observer;
   Batch batch;
 };
+
+// Block il's layer in the KV cache (attention blocks) or in the recurrent state.
+inline int64_t state_layer(const Fwd& f, int il) {
+  return f.hp.state_slot[static_cast<size_t>(il)];
+}
 
 inline const float* f32(const TensorView& t) {
   return reinterpret_cast<const float*>(t.data);
@@ -76,6 +82,11 @@ struct Proj {
   float* y;
   size_t ldy = 0;
 };
+// An F32 dot product in the order of llama.cpp's ggml_vec_dot_f32 on the reference machine
+// (AVX-512: 64 lanes, fused multiply-adds, halving tree, leftovers one by one; layers.cpp):
+// attention scores, small F32 matmuls, the DeltaNet recurrence.
+float dot_f32_ggml(const float* x, const float* y, int64_t n);
+
 // Runs several matmuls over the same input x[n_rows][k], quantizing x once per distinct
 // vec_dot_type (the bits equal separate matmul() calls).
 void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer_list<Proj> outs);
@@ -95,7 +106,8 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
 
 // The GQA attention family: q/k/v projections (+ biases), Q/K norm per hp.qk_norm, RoPE unless
 // the layer is NoPE, the cache, attention (sliding window for swa layers, sinks when bound),
-// the gated output of hp.q_gated, the output projection (+ bias).
+// the gated output of hp.q_gated, the output projection (+ bias). Recurrent blocks of a hybrid
+// (hp.is_recurrent) run attention_deltanet instead.
 void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 
 // Dense SwiGLU FFN: out = down(silu(gate x) * (up x)).
@@ -142,11 +154,20 @@ Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeigh
 Status bind_gqa(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw, const char* biases = "",
                 bool sinks = false);
 
+// kUnsupported naming the tensor when a bound (valid) view is not F32.
+Status require_f32(const TensorView& t);
+
 // rope_freqs.weight [n_rot/2] (F32, optional): per-pair RoPE frequency divisors (llama, llama4).
 Status bind_rope_freqs(TensorBinder& b, HParams* hp);
 
 // MLA attention (layers_mla.cpp; deepseek2).
 void attention_mla(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+
+// Gated DeltaNet, the recurrent mixer of hybrid blocks (layers_deltanet.cpp; qwen3next,
+// qwen35moe): its tensors (attn_norm, attn_qkv, attn_gate, ssm_*) and the mixer, which reads
+// and advances each sequence's recurrent state (f.rec) token by token.
+Status bind_deltanet(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
+void attention_deltanet(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 
 }  // namespace detail
 }  // namespace moesh

@@ -40,8 +40,8 @@ void attention_mla(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
     rope(q + t * H * dqk + nope, static_cast<int>(H), static_cast<int>(rope_d), static_cast<size_t>(dqk),
          f.batch.pos[t], hp.rope);
     const int64_t cell = f.batch.cell[t];
-    std::copy_n(kvt, dk, f.kv.k(f.batch.seq[t], il, cell));
-    std::copy_n(kvt, r, f.kv.v(f.batch.seq[t], il, cell));
+    std::copy_n(kvt, dk, f.kv.k(f.batch.seq[t], state_layer(f, il), cell));
+    std::copy_n(kvt, r, f.kv.v(f.batch.seq[t], state_layer(f, il), cell));
   }
 
   // Absorbed query: Q_h = [wk_b_h · q_nope_h | q_pe_h], [T][H][dk].

@@ -70,16 +70,12 @@ std::string blk(int il, const char* name) {
   return "blk." + std::to_string(il) + "." + name;
 }
 
-namespace {
-
 Status require_f32(const TensorView& t) {
   if (t.valid() && t.type != GgmlType::F32) {
     return make_error(StatusCode::kUnsupported, "tensor '{}' is {}, must be F32", t.name, type_name(t.type));
   }
   return Status::ok();
 }
-
-}  // namespace
 
 Status bind_rope_freqs(TensorBinder& b, HParams* hp) {
   MOESH_ASSIGN_OR_RETURN(TensorView rf, b.take("rope_freqs.weight", {hp->n_rot / 2}, false));

@@ -11,10 +11,13 @@ extern const ArchDef kArchGptOss;
 extern const ArchDef kArchGlm4Moe;
 extern const ArchDef kArchLlama4;
 extern const ArchDef kArchMinimaxM2;
+extern const ArchDef kArchQwen3Next;
+extern const ArchDef kArchQwen35Moe;
 
 const std::vector<const ArchDef*>& all_archs() {
   static const std::vector<const ArchDef*> archs = {
-      &kArchQwen3Moe, &kArchLlama, &kArchDeepseek2, &kArchGptOss, &kArchGlm4Moe, &kArchLlama4, &kArchMinimaxM2,
+      &kArchQwen3Moe, &kArchLlama,     &kArchDeepseek2, &kArchGptOss,    &kArchGlm4Moe,
+      &kArchLlama4,   &kArchMinimaxM2, &kArchQwen3Next, &kArchQwen35Moe,
   };
   return archs;
 }

@@ -186,7 +186,8 @@ Status SpeculativeDecoder::step(int max_new, std::vector<int32_t>* out) {
         continue;
       }
     }
-    kv.seq_truncate(seq_, n_before + 1 + i);  // the cells of the rejected drafts go
+    // The rejected drafts go (history_ now starts with exactly the tokens kept).
+    MOESH_RETURN_IF_ERROR(ctx_->rewind(seq_, n_before + 1 + i, history_));
     break;
   }
   stats_.emitted += static_cast<int64_t>(out->size());

@@ -75,8 +75,8 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const Model& model, const T
   }
   auto impl = std::make_unique<Impl>(model, tokenizer, opts, n_ctx);
   impl->draft = std::move(draft);
-  impl->ctx =
-      std::make_unique<Context>(model, ContextParams{opts.n_threads, n_ctx, opts.executor, opts.micro_batching});
+  impl->ctx = std::make_unique<Context>(
+      model, ContextParams{opts.n_threads, n_ctx, opts.executor, opts.micro_batching, opts.checkpoints});
   impl->slots.resize(static_cast<size_t>(opts.n_slots));
   impl->stats.n_slots = opts.n_slots;
   Impl* raw = impl.get();

@@ -34,13 +34,16 @@ int Scheduler::Impl::n_active() const {
 void Scheduler::Impl::admit(std::unique_ptr<SchedJob> job) {
   const std::vector<int32_t>& prompt = job->req.prompt;
   const size_t cap = prompt.size() - 1;
-  KvCache& kv = ctx->kv();
+  SequenceState& state = ctx->state();
 
   int best = -1, lru = -1, donor = -1;
   size_t best_len = 0, donor_len = 0;
   for (int i = 0; i < static_cast<int>(slots.size()); ++i) {
     const SchedSlot& s = slots[i];
-    const size_t len = std::min(common_prefix(s.cells, prompt), cap);
+    // Only where the state can be cut exactly: anywhere for KV cells, at a checkpoint for a
+    // recurrent state (the tokens after it are computed again, as prompt).
+    const size_t len =
+        static_cast<size_t>(state.restorable(i, static_cast<int64_t>(std::min(common_prefix(s.cells, prompt), cap))));
     if (s.job) {
       if (len > donor_len) donor = i, donor_len = len;
       continue;
@@ -55,7 +58,7 @@ void Scheduler::Impl::admit(std::unique_ptr<SchedJob> job) {
   int target = best;
   size_t reuse = best_len;
   if (donor >= 0 && donor_len > best_len) {
-    Status st = kv.seq_copy(donor, lru, static_cast<int64_t>(donor_len));
+    Status st = state.copy(donor, lru, static_cast<int64_t>(donor_len));
     if (st.is_ok()) {
       target = lru;
       reuse = donor_len;
@@ -68,7 +71,12 @@ void Scheduler::Impl::admit(std::unique_ptr<SchedJob> job) {
   }
 
   SchedSlot& slot = slots[target];
-  kv.seq_truncate(target, static_cast<int64_t>(reuse));
+  if (Status st = state.truncate(target, static_cast<int64_t>(reuse)); !st.is_ok()) {
+    // Cannot happen (reuse is restorable); start the prompt from scratch rather than guess.
+    spdlog::warn("scheduler: reusing {} cached tokens of slot {} failed: {}", reuse, target, st.to_string());
+    reuse = 0;
+    (void)state.truncate(target, 0);
+  }
   slot.cells.resize(reuse);
   slot.last_used = ++tick;
   job->slot = target;
@@ -194,6 +202,8 @@ void Scheduler::Impl::step() {
   // Record the new cells and sample. Logits rows come in batch order: one per prompt chunk that
   // ends its prompt, 1 + drafts per decode part.
   uint64_t n_sampled = 0, n_drafted = 0, n_kept = 0;
+  SequenceState& state = ctx->state();
+  std::vector<std::pair<int, Status>> rewind_failed;
   int64_t row = 0;
   // Samples one row for the job and handles the token; false when the job finished.
   auto emit = [&](SchedJob& j, const float* lg) {
@@ -247,9 +257,18 @@ void Scheduler::Impl::step() {
       ++j.usage.accepted_draft_tokens;
       s.cells.push_back(j.drafts[static_cast<size_t>(q)]);  // its K/V from this pass stays
     }
-    // Drafts not checked (the job finished first) count as verified-and-dropped too.
-    kv.seq_truncate(p.slot, static_cast<int64_t>(s.cells.size()));
+    // Drafts not checked (the job finished first) count as verified-and-dropped too. A state
+    // that cannot be cut there (recurrent layers past their checkpoints) recomputes the kept
+    // tokens; if that fails the request fails, and `cells` follows what the state kept.
+    if (Status rw = ctx->rewind(p.slot, static_cast<int64_t>(s.cells.size()), s.cells); !rw.is_ok()) {
+      s.cells.resize(static_cast<size_t>(std::min<int64_t>(state.seq_len(p.slot), s.cells.size())));
+      rewind_failed.emplace_back(p.slot, rw.with_context("dropping rejected drafts failed"));
+    }
     row += p.n;
+  }
+  for (auto& [slot, err] : rewind_failed) {
+    spdlog::warn("scheduler: {}", err.to_string());
+    if (slots[slot].job) finish_job(std::move(slots[slot].job), FinishReason::kError, err);
   }
   {
     std::lock_guard<std::mutex> lk(mu);

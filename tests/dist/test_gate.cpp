@@ -36,8 +36,8 @@ std::vector<std::string> reference_ggufs() {
     if (e.path().extension() == ".gguf") out.push_back(e.path().string());
   }
   // One file of each further architecture (archs/): the gate's cost per file is what it is.
-  for (const char* f :
-       {"gptoss-a.MXFP4_MOE.gguf", "glm4moe-a.Q8_0.gguf", "llama4-a.Q8_0.gguf", "minimaxm2-a.Q8_0.gguf"}) {
+  for (const char* f : {"gptoss-a.MXFP4_MOE.gguf", "glm4moe-a.Q8_0.gguf", "llama4-a.Q8_0.gguf", "minimaxm2-a.Q8_0.gguf",
+                        "qwen3next-a.Q8_0.gguf", "qwen35moe-a.Q8_0.gguf"}) {
     const std::string p = std::string(MOESH_REFERENCE_DIR) + "/archs/" + f;
     if (std::filesystem::exists(p, ec)) out.push_back(p);
   }

@@ -180,7 +180,7 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
     const int64_t T = static_cast<int64_t>(s.tokens.size());
     std::vector<float> batch(static_cast<size_t>(T * V)), single(static_cast<size_t>(T * V));
     ASSERT_TRUE(ctx.decode(0, s.tokens.data(), T, batch.data()).is_ok());
-    ctx.kv().clear();
+    ctx.state().clear();
     for (int64_t t = 0; t < T; ++t) ASSERT_TRUE(ctx.decode(0, &s.tokens[t], 1, single.data() + t * V).is_ok());
     EXPECT_EQ(std::memcmp(batch.data(), single.data(), batch.size() * sizeof(float)), 0)
         << "partial sums over replicas depend on the batch a token came in";
@@ -273,7 +273,9 @@ INSTANTIATE_TEST_SUITE_P(Models, RemoteParity,
                                            Case{"gptoss_MXFP4_MOE", "archs/gptoss-a.MXFP4_MOE.gguf"},
                                            Case{"glm4moe_Q4_K_M", "archs/glm4moe-a.Q4_K_M.gguf"},
                                            Case{"llama4_Q8_0", "archs/llama4-a.Q8_0.gguf"},
-                                           Case{"minimaxm2_Q8_0", "archs/minimaxm2-a.Q8_0.gguf"}),
+                                           Case{"minimaxm2_Q8_0", "archs/minimaxm2-a.Q8_0.gguf"},
+                                           Case{"qwen3next_Q8_0", "archs/qwen3next-a.Q8_0.gguf"},
+                                           Case{"qwen35moe_Q4_K_M", "archs/qwen35moe-a.Q4_K_M.gguf"}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.label; });
 
 // `--wire HIDDEN,RETURN` through the CLI: q8,f16 runs and prints both dtypes; hidden q8 with an

@@ -190,7 +190,8 @@ TEST(MakeModelPlan, MatchesReferenceManifest) {
   }
 }
 
-// The registry's architectures (make-model --arch gpt-oss | glm4moe | llama4 | minimax-m2):
+// The registry's architectures (make-model --arch gpt-oss | glm4moe | llama4 | minimax-m2 |
+// qwen3next | qwen35moe):
 // their keys and tensors (names, ne, types for Q8_0 and Q4_K_M) are those of llama.cpp's own
 // files in archs/manifest.json, and the written model loads and decodes. Left out of the
 // comparison: glm4moe's NextN block (make-model writes none: nextn_predict_layers 0, one block
@@ -201,8 +202,9 @@ TEST(MakeModelPlan, RegistryArchsMatchTheArchsManifest) {
   if (!in) GTEST_SKIP() << "SKIPPED LOUDLY: no " << path << "; registry make-model layouts not checked";
   const auto manifest = nlohmann::ordered_json::parse(in, nullptr, false);
   ASSERT_FALSE(manifest.is_discarded());
-  const std::map<std::string, std::string> ref_of = {
-      {"gpt-oss", "gptoss-a"}, {"glm4moe", "glm4moe-a"}, {"llama4", "llama4-a"}, {"minimax-m2", "minimaxm2-a"}};
+  const std::map<std::string, std::string> ref_of = {{"gpt-oss", "gptoss-a"},      {"glm4moe", "glm4moe-a"},
+                                                     {"llama4", "llama4-a"},       {"minimax-m2", "minimaxm2-a"},
+                                                     {"qwen3next", "qwen3next-a"}, {"qwen35moe", "qwen35moe-a"}};
   ASSERT_EQ(make_arch_names().size(), 3 + ref_of.size());
   for (const auto& [arch, ref_model] : ref_of) {
     for (MakeFileType type : {MakeFileType::kQ8_0, MakeFileType::kQ4_K_M}) {

@@ -18,13 +18,13 @@ inline std::string reference_dir() {
   return MOESH_REFERENCE_DIR;
 }
 
-// *.gguf files of the reference folder and of its archs/ subfolder (as "archs/<name>"), sorted
-// (empty when the folder is absent).
+// *.gguf files of the reference folder and of its archs/ and archs2/ subfolders (as
+// "archs/<name>"), sorted (empty when the folder is absent).
 inline std::vector<std::string> reference_models() {
   std::vector<std::string> out;
   std::error_code ec;
   if (!std::filesystem::is_directory(reference_dir(), ec)) return out;
-  for (const char* sub : {"", "archs/"}) {
+  for (const char* sub : {"", "archs/", "archs2/"}) {
     const std::string dir = reference_dir() + "/" + sub;
     if (!std::filesystem::is_directory(dir, ec)) continue;
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {

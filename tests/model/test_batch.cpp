@@ -5,7 +5,8 @@
 //  * a step mixing a prompt chunk of one sequence with decode tokens of others;
 //  * a failed step (token out of range, context overflow of one sequence) leaves every
 //    sequence's cells as they were (lengths, and contents: continuing gives the same bits);
-//  * KvCache::seq_copy of a prefix then continuing equals computing the whole sequence.
+//  * SequenceState::copy of a prefix then continuing equals computing the whole sequence;
+//  * cutting back to any length (Context::rewind) is exact, hybrids' recurrent state included.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -206,8 +207,11 @@ TEST_P(Batch, CopiedPrefixContinuesLikeTheWholeSequence) {
   // Sequence 3 holds a different continuation after a 6-token shared prefix.
   std::vector<int32_t> other(full.begin(), full.begin() + 6);
   other.push_back(static_cast<int32_t>((full[6] + 1) % V));
-  ASSERT_TRUE(ctx.decode(3, other.data(), 7, nullptr).is_ok());
-  ASSERT_TRUE(ctx.kv().seq_copy(3, 8, 6).is_ok());
+  // In two steps, so a recurrent state (hybrids) has a checkpoint at the shared prefix's end.
+  ASSERT_TRUE(ctx.decode(3, other.data(), 6, nullptr).is_ok());
+  ASSERT_TRUE(ctx.decode(3, other.data() + 6, 1, nullptr).is_ok());
+  EXPECT_EQ(ctx.state().restorable(3, 6), 6);
+  ASSERT_TRUE(ctx.state().copy(3, 8, 6).is_ok());
   EXPECT_EQ(ctx.kv().seq_len(8), 6);
   std::vector<float> lg(static_cast<size_t>(V));
   ASSERT_TRUE(ctx.decode(8, full.data() + 6, 4, lg.data(), false).is_ok());
@@ -223,8 +227,46 @@ TEST_P(Batch, CopiedPrefixContinuesLikeTheWholeSequence) {
     EXPECT_EQ(0, std::memcmp(lg.data(), other_alone[0].data(), V * sizeof(float)))
         << "the copy's source continues differently";
   }
-  EXPECT_EQ(ctx.kv().seq_copy(3, 8, 9).code(), StatusCode::kOutOfRange);
-  EXPECT_EQ(ctx.kv().seq_copy(3, 3, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctx.state().copy(3, 8, 9).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ctx.state().copy(3, 3, 1).code(), StatusCode::kInvalidArgument);
+}
+
+// Cutting a sequence back to any length is exact: KV cells are cut there; a recurrent state
+// (hybrids) without a checkpoint there is refused by truncate() and rewound by Context::rewind(),
+// which restores the nearest checkpoint and recomputes the tokens after it.
+TEST_P(Batch, RewindToAnyLengthIsExact) {
+  auto m = Model::load(model_path(GetParam()));
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  const Model& model = **m;
+  const int64_t V = model.hparams().n_vocab;
+  const bool hybrid = model.hparams().n_rec_layer > 0;
+  const auto full = random_tokens(V, 12, 41);
+  std::vector<float> whole(static_cast<size_t>(12 * V));
+  {
+    Context ref(model, ContextParams{1, 128, nullptr});
+    ASSERT_TRUE(ref.decode(0, full.data(), 12, whole.data()).is_ok());
+  }
+  Context ctx(model, ContextParams{1, 128, nullptr});
+  ASSERT_TRUE(ctx.decode(0, full.data(), 12, nullptr).is_ok());  // one step, no logits inside
+  // KV cells can be cut anywhere; a recurrent state only where it kept a checkpoint (its end).
+  EXPECT_EQ(ctx.state().restorable(0, 7), hybrid ? 0 : 7);
+  if (hybrid) {
+    EXPECT_EQ(ctx.state().truncate(0, 7).code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(ctx.state().seq_len(0), 12) << "a refused cut changes nothing";
+    // Recomputing needs the tokens.
+    EXPECT_EQ(ctx.rewind(0, 7, std::span<const int32_t>(full.data(), 3)).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(ctx.state().seq_len(0), 12);
+  }
+  ASSERT_TRUE(ctx.rewind(0, 7, full).is_ok());
+  EXPECT_EQ(ctx.state().seq_len(0), 7);
+  std::vector<float> tail(static_cast<size_t>(5 * V));
+  ASSERT_TRUE(ctx.decode(0, full.data() + 7, 5, tail.data()).is_ok());
+  EXPECT_EQ(0, std::memcmp(tail.data(), whole.data() + 7 * V, tail.size() * sizeof(float)))
+      << "continuing after the rewind differs from computing the whole sequence";
+  // Where a checkpoint exists (the step's end), a plain cut is exact as well.
+  ASSERT_TRUE(ctx.decode(0, full.data(), 3, nullptr).is_ok());  // junk after position 12
+  ASSERT_TRUE(ctx.state().truncate(0, 12).is_ok());
+  EXPECT_EQ(ctx.state().seq_len(0), 12);
 }
 
 // Every architecture make-model writes (the three built-in ones and the registry's).

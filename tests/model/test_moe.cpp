@@ -267,7 +267,7 @@ TEST(HParams, UnsupportedArchitectureIsNamed) {
   for (const std::string& a : supported_architectures()) {
     EXPECT_NE(hp.status().message().find(a), std::string::npos) << a << " not listed: " << hp.status().message();
   }
-  EXPECT_EQ(supported_architectures().size(), 7u);
+  EXPECT_EQ(supported_architectures().size(), 9u);
 }
 
 TEST(HParams, MissingKeysAreNamed) {

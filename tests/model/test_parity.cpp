@@ -217,7 +217,7 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
       ASSERT_TRUE(ctx.decode(0, seq.tokens.data(), n0, nullptr).is_ok());
       const std::vector<int32_t> junk = {1, 2, 3};
       ASSERT_TRUE(ctx.decode(0, junk.data(), 3, nullptr).is_ok());
-      ctx.kv().seq_truncate(0, n0);
+      ASSERT_TRUE(ctx.state().truncate(0, n0).is_ok());
       ASSERT_TRUE(ctx.decode(0, seq.tokens.data() + n0, T - n0, tail.data()).is_ok());
       EXPECT_EQ(std::memcmp(tail.data(), logits.data() + n0 * V, tail.size() * sizeof(float)), 0)
           << "decode after rollback differs";

@@ -1,4 +1,4 @@
-// The reference files of architectures this build does not run yet (reference folder archs/):
+// The reference files of architectures this build does not run yet (reference folders archs/, archs2/):
 // reported as Skipped, loudly, so ctest's summary says parity is NOT checked for them — and the
 // day an architecture lands, its file moves to test_model_parity by itself.
 #include <gtest/gtest.h>

@@ -30,6 +30,18 @@ namespace {
 constexpr int64_t kCtx = 256;
 constexpr int32_t kEos = 511;  // the synthetic tokenizer's end-of-text token
 
+// Writes the model of `s` into this process's temp dir and loads it.
+std::unique_ptr<Model> made_model(const MakeModelSpec& s, const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("moesh-sched-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / name).string();
+  Status st = make_model(s, path);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  auto m = Model::load(path);
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  return m.is_ok() ? std::move(*m) : nullptr;
+}
+
 const Model& tiny_model() {
   static std::unique_ptr<Model> model = [] {
     MakeModelSpec s = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
@@ -40,14 +52,7 @@ const Model& tiny_model() {
     s.head_dim = 32;
     s.n_ff_exp = 128;
     s.n_ctx = kCtx;
-    const auto dir = std::filesystem::temp_directory_path() / ("moesh-sched-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    const std::string path = (dir / "tiny.gguf").string();
-    Status st = make_model(s, path);
-    EXPECT_TRUE(st.is_ok()) << st.to_string();
-    auto m = Model::load(path);
-    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-    return m.is_ok() ? std::move(*m) : nullptr;
+    return made_model(s, "tiny.gguf");
   }();
   return *model;
 }
@@ -61,8 +66,7 @@ std::vector<int32_t> random_prompt(uint64_t seed, size_t n) {
 }
 
 // The reference: one sequence, plain Context::decode, argmax.
-std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int n) {
-  const Model& m = tiny_model();
+std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int n, const Model& m = tiny_model()) {
   Context ctx(m, ContextParams{2, kCtx, nullptr});
   const int64_t V = m.hparams().n_vocab;
   std::vector<float> logits(V);
@@ -135,9 +139,10 @@ SchedulerOptions opts(int n_slots, int64_t max_batch_tokens = 256) {
   return o;
 }
 
-std::unique_ptr<Scheduler> make_scheduler(SchedulerOptions o, const Tokenizer* tok = nullptr) {
+std::unique_ptr<Scheduler> make_scheduler(SchedulerOptions o, const Tokenizer* tok = nullptr,
+                                          const Model& model = tiny_model()) {
   if (o.n_threads == 0) o.n_threads = 2;
-  auto s = Scheduler::create(tiny_model(), tok, o);
+  auto s = Scheduler::create(model, tok, o);
   EXPECT_TRUE(s.is_ok()) << s.status().to_string();
   return s.is_ok() ? std::move(*s) : nullptr;
 }
@@ -734,6 +739,79 @@ TEST(SchedulerDraft, BatchedSpeculativeRequestsMatchPlainDecode) {
     }
     if (std::string(mode) == "wrong") {
       EXPECT_EQ(kept, 0);
+    }
+  }
+}
+
+// A hybrid (qwen3next: recurrent DeltaNet blocks + attention) behind the scheduler. Its slots'
+// recurrent state can only be cut at checkpoints, so the prefix cache reuses up to the nearest
+// one (here every 16 tokens, and each decode step's end) and prefills the rest; a conversation's
+// next turn reuses all of it; rejected drafts are dropped exactly. Tokens always equal the
+// sequence decoded alone.
+const Model& tiny_hybrid() {
+  static std::unique_ptr<Model> model = [] {
+    MakeModelSpec s;
+    EXPECT_TRUE(MakeModelSpec::defaults_for_name("qwen3next", &s));
+    s.seed = 4343;
+    s.n_ctx = kCtx;
+    return made_model(s, "hybrid.gguf");
+  }();
+  return *model;
+}
+
+TEST(SchedulerHybrid, PrefixCacheConversationAndDraftsMatchPlainDecode) {
+  const Model& hm = tiny_hybrid();
+  ASSERT_GT(hm.hparams().n_rec_layer, 0);
+  const std::vector<int32_t> a = random_prompt(1300, 60);
+  std::vector<int32_t> b(a.begin(), a.begin() + 50);
+  for (int32_t t : random_prompt(1301, 10)) b.push_back(t == a[50] ? (t + 1) % kEos : t);
+
+  SchedulerOptions o = opts(2);
+  o.checkpoints.every = 16;
+  auto s = make_scheduler(o, nullptr, hm);
+  ASSERT_NE(s, nullptr);
+  auto oa = std::make_shared<Outcome>(), ob = std::make_shared<Outcome>();
+  submit_ok(*s, greedy_request(a, 10), collect(oa));
+  oa->wait_done();
+  EXPECT_EQ(oa->tokens, greedy_alone(a, 10, hm));
+  // 50 shared tokens, but the recurrent state has checkpoints at 16, 32, 48 and 60: 48 reused.
+  submit_ok(*s, greedy_request(b, 15), collect(ob));
+  ob->wait_done();
+  EXPECT_EQ(ob->usage.cached_tokens, 48);
+  EXPECT_EQ(ob->tokens, greedy_alone(b, 15, hm));
+
+  // The conversation's next turn: its history (prompt + every generated token but the last,
+  // which ends the last decode step and so has a checkpoint) is reused whole.
+  std::vector<int32_t> turn2 = b;
+  turn2.insert(turn2.end(), ob->tokens.begin(), ob->tokens.end());
+  for (int32_t t : random_prompt(1302, 6)) turn2.push_back(t);
+  auto oc = std::make_shared<Outcome>();
+  submit_ok(*s, greedy_request(turn2, 10), collect(oc));
+  oc->wait_done();
+  EXPECT_EQ(oc->usage.cached_tokens, static_cast<int64_t>(b.size() + 15 - 1));
+  EXPECT_EQ(oc->tokens, greedy_alone(turn2, 10, hm));
+
+  // Speculative steps with always-wrong drafts: each step's kept token is cut back to exactly.
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(1310, 9), random_prompt(1311, 20)};
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected.push_back(greedy_alone(p, 16, hm));
+  for (const bool wrong : {false, true}) {
+    SCOPED_TRACE(wrong ? "wrong drafts" : "right drafts");
+    SchedulerOptions od = opts(2);
+    od.draft_max = 5;
+    od.draft_source = std::make_shared<KnownContinuation>(prompts, expected, wrong);
+    auto sd = make_scheduler(od, nullptr, hm);
+    std::vector<std::shared_ptr<Outcome>> outs;
+    for (const auto& p : prompts) {
+      outs.push_back(std::make_shared<Outcome>());
+      submit_ok(*sd, greedy_request(p, 16), collect(outs.back()));
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      outs[i]->wait_done();
+      EXPECT_EQ(outs[i]->tokens, expected[i]) << "request " << i;
+      // (How many drafts ride along is the cost model's choice from measured step times.)
+      if (wrong) EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, 0);
+      if (!wrong) EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, outs[i]->usage.draft_tokens);
     }
   }
 }

@@ -409,3 +409,55 @@ TEST(Slice, ExpertBiasesTravelWithTheirExperts) {
 
 }  // namespace
 }  // namespace moesh::swarm
+
+namespace moesh::swarm {
+namespace {
+
+// A hybrid (qwen3next): the backbone slice keeps every tensor of the recurrent (gated DeltaNet)
+// blocks byte for byte and loads as a model with its recurrent layers; an expert slice serves
+// the same slabs as the full file (the recurrent state never leaves the backbone).
+TEST(Slice, HybridBackboneKeepsTheRecurrentBlocks) {
+  const std::string path = std::string(MOESH_REFERENCE_DIR) + "/archs/qwen3next-a.Q8_0.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "SKIPPED: " << path << " absent";
+  auto full = open_file(path);
+  const std::string es = temp_dir() + "/q3n-experts.gguf", bs = temp_dir() + "/q3n-backbone.gguf";
+  ASSERT_TRUE(write_backbone_slice(*full, bs).is_ok());
+  ASSERT_TRUE(write_expert_slice(*full, spec_of(*full, "0:1-4,1:*"), es).is_ok());
+  auto bf = open_file(bs);
+  size_t n_ssm = 0;
+  for (const auto& t : full->tensors()) {
+    if (t.name.find("ssm_") == std::string::npos && t.name.find("attn_qkv") == std::string::npos &&
+        t.name.find("attn_gate") == std::string::npos) {
+      continue;
+    }
+    ++n_ssm;
+    const gguf::TensorInfo* o = bf->find_tensor(t.name);
+    ASSERT_NE(o, nullptr) << t.name;
+    EXPECT_EQ(std::memcmp(bf->base() + bf->data_offset() + o->offset, full->base() + full->data_offset() + t.offset,
+                          t.n_bytes),
+              0)
+        << t.name;
+  }
+  EXPECT_EQ(n_ssm, 8u);  // attn_qkv, attn_gate, ssm_a/ba/conv1d/dt/norm/out of block 0
+  auto bb = Model::from_file(open_file(bs));
+  ASSERT_TRUE(bb.is_ok()) << bb.status().to_string();
+  EXPECT_EQ((*bb)->hparams().n_rec_layer, 1);
+  EXPECT_TRUE((*bb)->layers[0].ssm_conv1d.valid());
+  EXPECT_FALSE((*bb)->layers[0].experts.gate.valid());
+  auto slice = ExpertStore::open(open_file(es), ExpertSet{});
+  ASSERT_TRUE(slice.is_ok()) << slice.status().to_string();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const std::vector<ExpertWeights> layers = (*model)->expert_weights();
+  for (auto [l, e] : {std::pair{0u, 1u}, {0u, 4u}, {1u, 7u}}) {
+    const ExpertStore::Slot s = (*slice)->find(l, e);
+    ASSERT_NE(s.weights, nullptr) << l << "/" << e;
+    EXPECT_EQ(std::memcmp(layers[l].down.expert(e).data, s.weights->down.expert(s.index).data,
+                          expert_slab_bytes(layers[l].down)),
+              0);
+  }
+  EXPECT_EQ((*slice)->find(0, 5).weights, nullptr);
+}
+
+}  // namespace
+}  // namespace moesh::swarm

@@ -152,13 +152,13 @@ int run_bench(const BenchArgs& a) {
   using clock = std::chrono::steady_clock;
 
   auto time_pp = [&]() -> Result<double> {
-    ctx.kv().clear();
+    ctx.state().clear();
     const auto t0 = clock::now();
     MOESH_RETURN_IF_ERROR(ctx.decode(0, toks.data(), a.n_prompt, logits.data(), false));
     return a.n_prompt / std::chrono::duration<double>(clock::now() - t0).count();
   };
   auto time_tg = [&]() -> Result<double> {
-    ctx.kv().clear();
+    ctx.state().clear();
     const auto t0 = clock::now();
     for (int i = 0; i < a.n_gen; ++i) {
       MOESH_RETURN_IF_ERROR(ctx.decode(0, &toks[i], 1, logits.data(), false));
@@ -168,7 +168,7 @@ int run_bench(const BenchArgs& a) {
 
   // tgNxS: S sequences decoded together, one token each per step (continuous batching's decode).
   auto time_tg_streams = [&]() -> Result<double> {
-    ctx.kv().clear();
+    ctx.state().clear();
     std::vector<Context::BatchToken> batch(static_cast<size_t>(a.streams));
     const auto t0 = clock::now();
     for (int i = 0; i < a.n_gen; ++i) {
@@ -193,7 +193,7 @@ int run_bench(const BenchArgs& a) {
   }
   SpeculativeStats last_spec;
   auto time_gen = [&](DraftSource* src) -> Result<double> {
-    ctx.kv().clear();
+    ctx.state().clear();
     Sampler greedy(SamplingParams{});
     SpeculativeDecoder dec(&ctx, 0, &greedy, src, SpeculativeParams{a.draft_max, true});
     int32_t first = -1;

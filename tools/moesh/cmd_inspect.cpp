@@ -157,8 +157,21 @@ ModelDesc describe_model(const File& f) {
   const HParams& h = *hp;
   auto add = [&](std::string k, std::string v) { d.rows.emplace_back(std::move(k), std::move(v)); };
   add("architecture", h.arch_name + " (supported)");
-  add("blocks", fmt::format("{} decoder{}", h.n_layer,
-                            h.n_nextn > 0 ? fmt::format(" + {} NextN/MTP (loaded, not run)", h.n_nextn) : ""));
+  add("blocks",
+      fmt::format(
+          "{} decoder{}{}", h.n_layer,
+          h.n_rec_layer > 0 ? fmt::format(" ({} gated DeltaNet, {} attention)", h.n_rec_layer, h.n_kv_layer) : "",
+          h.n_nextn > 0 ? fmt::format(" + {} NextN/MTP (loaded, not run)", h.n_nextn) : ""));
+  if (h.n_rec_layer > 0) {
+    const HParams::DeltaNet& dn = h.dnet;
+    // What a sequence costs beyond its KV cells: one state per recurrent block, and as much
+    // again per checkpoint kept (rollback, prefix reuse).
+    const double kib = static_cast<double>(h.rec_width * h.n_rec_layer) * sizeof(float) / 1024.0;
+    add("deltanet", fmt::format("{} key / {} value heads of {}, conv {}, {} head order, {} beta/alpha; "
+                                "state {:.1f} KiB per sequence (and per checkpoint)",
+                                dn.n_k_head, dn.n_v_head, dn.d_state, dn.d_conv, dn.tiled ? "tiled" : "grouped",
+                                dn.split_ba ? "separate" : "grouped", kib));
+  }
   const char* qk = h.qk_norm == QkNorm::kPerHead      ? ", per-head Q/K norm"
                    : h.qk_norm == QkNorm::kFull       ? ", Q/K norm over the whole projection"
                    : h.qk_norm == QkNorm::kUnweighted ? ", unweighted Q/K norm after RoPE"
@@ -167,7 +180,8 @@ ModelDesc describe_model(const File& f) {
       fmt::format("{} heads / {} KV, head {}/{}, rope {} dims {}{}{}{}", h.n_head, h.n_head_kv, h.head_dim_k,
                   h.head_dim_v, h.n_rot, h.rope.mode == RopeMode::kNeox ? "neox" : "normal",
                   h.rope_scaling.yarn ? fmt::format(" yarn x{}", h.rope_scaling.factor) : "", qk,
-                  h.n_swa > 0 ? fmt::format(", {} {}", h.swa_chunked ? "chunks of" : "window", h.n_swa) : ""));
+                  h.n_swa > 0 ? fmt::format(", {} {}", h.swa_chunked ? "chunks of" : "window", h.n_swa) : "") +
+          (h.q_gated ? ", sigmoid-gated output" : ""));
   if (h.n_expert > 0) {
     add("experts",
         fmt::format("{} routed, top-{}, {} gating{}{}{}, width {}", h.n_expert, h.n_expert_used,

@@ -127,6 +127,9 @@ struct MakeModelSpec {
 struct WeightInit {
   float mean = 0.0f;
   float std = 0.0f;
+  // Not normal: uniform in [lo, hi), or softplus⁻¹ of that (a DeltaNet dt bias: reference README §3).
+  enum class Dist : uint8_t { kNormal = 0, kUniform, kSoftplusInverse } dist = Dist::kNormal;
+  float lo = 0.0f, hi = 0.0f;
 };
 
 struct PlannedTensor {

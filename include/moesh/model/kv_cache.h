@@ -5,18 +5,21 @@
 // at position p reads the cells of s with pos <= p in cell order — the same order whether the
 // tokens arrived in one batch or one at a time, so prefill and decode give the same bits.
 // Sequences can be added and removed independently, and rolled back (rejected drafts) by
-// truncation. Layout per sequence: [cell][layer][k_width | v_width], grown on demand.
+// truncation (a SequenceState that can be cut anywhere). Layers are the model's attention
+// layers only (hybrid models' recurrent layers hold no cells). Layout per sequence:
+// [cell][layer][k_width | v_width], grown on demand.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <vector>
 
+#include "moesh/model/seq_state.h"
 #include "moesh/util/status.h"
 
 namespace moesh {
 
-class KvCache {
+class KvCache final : public SequenceState {
  public:
   // n_ctx: most cells one sequence may hold.
   KvCache(int64_t n_layer, int64_t k_width, int64_t v_width, int64_t n_ctx);
@@ -27,20 +30,22 @@ class KvCache {
   int64_t n_ctx() const { return n_ctx_; }
 
   // Cells currently held by `seq` (0 for an unknown sequence).
-  int64_t seq_len(int32_t seq) const;
+  int64_t seq_len(int32_t seq) const override;
+  // KV cells can be cut anywhere: min(n, seq_len).
+  int64_t restorable(int32_t seq, int64_t n) const override;
   // Position of the last cell of `seq`, or -1 when empty.
   int64_t seq_pos_max(int32_t seq) const;
   // Appends n cells at the given positions (must be > seq_pos_max and increasing) and returns the
   // index of the first; kOutOfRange when the sequence would exceed n_ctx.
   Result<int64_t> append(int32_t seq, const int64_t* positions, int64_t n);
-  // Keeps the first n_keep cells of `seq` (rollback).
-  void seq_truncate(int32_t seq, int64_t n_keep);
-  void seq_remove(int32_t seq);
+  // Keeps the first n_keep cells of `seq` (rollback); always ok.
+  Status truncate(int32_t seq, int64_t n_keep) override;
+  void remove(int32_t seq) override;
   // Makes `dst` hold a copy of the first n cells of `src` (positions and K/V rows), replacing
   // whatever dst held: a shared prompt prefix computed once serves another sequence.
   // kOutOfRange when src holds fewer than n cells; kInvalidArgument when src == dst.
-  Status seq_copy(int32_t src, int32_t dst, int64_t n);
-  void clear();
+  Status copy(int32_t src, int32_t dst, int64_t n) override;
+  void clear() override;
 
   // Row accessors; valid until the next append() on the same sequence.
   float* k(int32_t seq, int64_t layer, int64_t cell);

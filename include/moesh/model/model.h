@@ -3,8 +3,8 @@
 //
 // Model: hyper-parameters from GGUF metadata and zero-copy views of every weight (or, in the
 // "dequant-f32" debug mode, owned F32 copies). Immutable after load; shareable across contexts.
-// Context: KV cache, thread pool, expert executor and scratch buffers; decode() runs a batch of
-// tokens of one sequence through the forward pass (model-forward in src/model/context.cpp).
+// Context: per-sequence state (KV cells, recurrent state), thread pool, expert executor and
+// scratch buffers; decode() runs a batch of tokens through the forward pass (src/model/context.cpp).
 //
 // Numerics follow llama.cpp (docs/background/moe-architectures.md, reference README §7): activations are
 // quantized per row to the weight's vec_dot_type inside matmul, RMSNorm sums in double, the router
@@ -19,6 +19,7 @@
 
 #include "moesh/gguf/gguf.h"
 #include "moesh/model/kv_cache.h"
+#include "moesh/model/seq_state.h"
 #include "moesh/moe/executor.h"
 #include "moesh/moe/routing.h"
 #include "moesh/tensor/ops.h"
@@ -104,6 +105,28 @@ struct HParams {
   // Floats per cache cell and layer (set by the arch: GQA n_head_kv*head_dim, MLA latent).
   int64_t kv_k_width = 0, kv_v_width = 0;
 
+  // Hybrid models: blocks whose token mixer is recurrent (gated DeltaNet) keep a recurrent
+  // state instead of KV cells. Set by the arch (empty: every block attends); the loader derives
+  // the slots: state_slot[il] is block il's layer in the KV cache or in the recurrent state.
+  std::vector<uint8_t> recurrent;  // [n_layer]
+  std::vector<int32_t> state_slot;
+  int64_t n_kv_layer = 0, n_rec_layer = 0;
+  int64_t rec_width = 0;  // floats of recurrent state per recurrent layer and sequence
+  bool is_recurrent(int64_t il) const { return !recurrent.empty() && recurrent[static_cast<size_t>(il)] != 0; }
+
+  // Gated DeltaNet (qwen3next, qwen35moe; ssm.* keys).
+  struct DeltaNet {
+    int64_t d_conv = 0;         // ssm.conv_kernel: taps of the causal convolution
+    int64_t d_state = 0;        // ssm.state_size: head size of q, k and v
+    int64_t n_k_head = 0;       // ssm.group_count: query/key heads
+    int64_t n_v_head = 0;       // ssm.time_step_rank: value heads (each has its own state)
+    int64_t d_inner = 0;        // ssm.inner_size = n_v_head * d_state
+    bool tiled = false;         // value head h reads key head h % n_k_head (qwen35moe), else h / (n_v/n_k)
+    bool split_ba = false;      // separate ssm_beta / ssm_alpha (qwen35moe), else one grouped ssm_ba
+    int64_t attn_interval = 4;  // full_attention_interval: block il attends when (il + 1) % it == 0
+    int64_t conv_channels() const { return 2 * n_k_head * d_state + d_inner; }
+  } dnet;
+
   // The routed expert FFN (activation, biases, input scaling): part of the model's identity,
   // the same definition on the backbone and on every worker (swarm HELLO).
   ExpertFfn expert_ffn;
@@ -139,6 +162,9 @@ struct LayerWeights {
   ExpertWeights experts;
   TensorView gate_shexp, up_shexp, down_shexp;
   TensorView shexp_gate;  // ffn_gate_inp_shexp [n_embd] (hp.shexp_gated)
+  // Gated DeltaNet (a recurrent block of a hybrid): fused q/k/v projection, output gate z,
+  // beta/alpha (one grouped ssm_ba, or ssm_beta + ssm_alpha), convolution, decay and norm.
+  TensorView wqkv, wqkv_gate, ssm_ba, ssm_beta, ssm_alpha, ssm_conv1d, ssm_dt_b, ssm_a, ssm_norm, ssm_out;
 };
 
 struct LoadOptions {
@@ -208,6 +234,7 @@ struct ContextParams {
   // Expert executor; null: a LocalExecutor over the model's experts on this context's pool.
   std::shared_ptr<ExpertExecutor> executor;
   MicroBatching micro_batching = MicroBatching::kAuto;
+  CheckpointPolicy checkpoints;  // recurrent-state checkpoints (hybrid models only)
 };
 
 class Context {
@@ -236,7 +263,17 @@ class Context {
   Status decode_batch(std::span<const BatchToken> batch, float* logits);
 
   const Model& model() const { return model_; }
+  // Every sequence's state (KV cells and, for hybrids, recurrent state): cut and copy here.
+  SequenceState& state() { return state_; }
+  // Cuts `seq` back to its first n_keep tokens, exactly: where the state cannot be cut there (a
+  // recurrent state without a checkpoint at n_keep) it is cut at the nearest checkpoint below and
+  // the tokens from there to n_keep are recomputed from `tokens` (the sequence's tokens, at least
+  // n_keep of them; that recomputation is a forward pass, with its trips). n_keep >= seq_len: no-op.
+  Status rewind(int32_t seq, int64_t n_keep, std::span<const int32_t> tokens);
+  // The attention layers' cells (positions of every sequence; read by attention).
   KvCache& kv() { return kv_; }
+  // The recurrent layers' state; null for a model without recurrent layers.
+  RecurrentState* recurrent() { return rec_.get(); }
   ThreadPool& pool() { return *pool_; }
   void set_observer(ForwardObserver* obs) { observer_ = obs; }
   void set_micro_batching(MicroBatching m) { micro_batching_ = m; }
@@ -259,6 +296,8 @@ class Context {
   const Model& model_;
   std::unique_ptr<ThreadPool> pool_;
   KvCache kv_;
+  std::unique_ptr<RecurrentState> rec_;
+  ContextState state_;
   std::shared_ptr<ExpertExecutor> executor_;
   ForwardObserver* observer_ = nullptr;
   std::unique_ptr<Scratch> scratch_, scratch2_;  // the second is the other micro-batch's

@@ -15,7 +15,7 @@
 // with its prompt (a conversation returns to the slot holding its history); the slot keeps the
 // shared cells and only the rest of the prompt is computed (cached_tokens in the usage). When a
 // busy slot holds a longer shared prefix than any free one, its cells are copied
-// (KvCache::seq_copy). Because every row's bits are independent of the batch (determinism
+// (SequenceState::copy). Because every row's bits are independent of the batch (determinism
 // contract), cached, chunked and batched runs give the same tokens as a request run alone.
 //
 // Events: the sink is called on the scheduler thread after each step with the new text (valid
@@ -104,6 +104,9 @@ struct SchedulerOptions {
   std::shared_ptr<DraftSource> draft_source;
   // Two micro-batches per step with remote workers (ContextParams::micro_batching).
   MicroBatching micro_batching = MicroBatching::kAuto;
+  // Hybrid models: where each slot's recurrent state keeps checkpoints (ContextParams). The
+  // prefix cache reuses a slot's tokens up to its nearest checkpoint; the rest is prefilled.
+  CheckpointPolicy checkpoints;
 };
 
 // Counters since create(). requests_submitted counts accepted requests; each one ends as exactly
