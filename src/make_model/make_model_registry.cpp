@@ -18,6 +18,8 @@ uint64_t registry_seed(std::string_view arch) {
   if (arch == "glm4moe") return 5102;
   if (arch == "llama4") return 5103;
   if (arch == "minimax-m2") return 5104;
+  if (arch == "qwen35moe") return 5105;
+  if (arch == "qwen3next") return 5106;
   return 5100;
 }
 

@@ -76,6 +76,9 @@ struct ArchDef {
   // does not write this architecture.
   HParams (*make_defaults)();
   void (*write_hparams)(const HParams& hp, KvList* kvs);
+  // The chat template family of the architecture's models (a moesh chat format name), used by
+  // `run --chat` and `serve` when a file carries no tokenizer.chat_template; empty: none.
+  std::string_view chat_family;
 };
 
 // The ArchDef for a general.architecture string, or null.

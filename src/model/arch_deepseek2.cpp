@@ -105,6 +105,7 @@ extern const ArchDef kArchDeepseek2 = {
     .mixer = detail::attention_mla,
     .make_defaults = nullptr,
     .write_hparams = nullptr,
+    .chat_family = "",  // DeepSeek-V2 and V3 (both "deepseek2") use different templates
 };
 
 }  // namespace moesh

@@ -80,6 +80,7 @@ extern const ArchDef kArchGlm4Moe = {
     .mixer = detail::attention_gqa,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,
+    .chat_family = "glm4",
 };
 
 }  // namespace moesh

@@ -76,6 +76,7 @@ extern const ArchDef kArchGptOss = {
     .mixer = detail::attention_gqa,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,
+    .chat_family = "harmony",
 };
 
 }  // namespace moesh

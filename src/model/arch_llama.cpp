@@ -38,6 +38,7 @@ extern const ArchDef kArchLlama = {
     .mixer = detail::attention_gqa,
     .make_defaults = nullptr,
     .write_hparams = nullptr,
+    .chat_family = "",  // Mixtral and Llama dense models share "llama"
 };
 
 }  // namespace moesh

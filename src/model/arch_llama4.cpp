@@ -86,6 +86,7 @@ extern const ArchDef kArchLlama4 = {
     .mixer = detail::attention_gqa,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,
+    .chat_family = "llama4",
 };
 
 }  // namespace moesh

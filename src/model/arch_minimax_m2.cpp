@@ -64,6 +64,7 @@ extern const ArchDef kArchMinimaxM2 = {
     .mixer = detail::attention_gqa,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,
+    .chat_family = "",  // no family of its own yet
 };
 
 }  // namespace moesh

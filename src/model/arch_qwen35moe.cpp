@@ -73,6 +73,7 @@ extern const ArchDef kArchQwen35Moe = {
     .mixer = hybrid_mixer,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,
+    .chat_family = "chatml",
 };
 
 }  // namespace moesh

@@ -40,6 +40,7 @@ extern const ArchDef kArchQwen3Moe = {
     .mixer = detail::attention_gqa,
     .make_defaults = nullptr,
     .write_hparams = nullptr,
+    .chat_family = "chatml",
 };
 
 }  // namespace moesh

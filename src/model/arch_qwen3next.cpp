@@ -85,6 +85,7 @@ extern const ArchDef kArchQwen3Next = {
     .mixer = hybrid_mixer,
     .make_defaults = qwen3next_make_defaults,
     .write_hparams = write_qwen3next_keys,
+    .chat_family = "chatml",
 };
 
 }  // namespace moesh

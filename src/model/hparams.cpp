@@ -65,6 +65,10 @@ Status read_moe_counts(const KeyReader& kr, HParams* hp, bool required) {
   return Status::ok();
 }
 
+std::string_view chat_family_of(const HParams& hp) {
+  return hp.arch == nullptr ? std::string_view{} : hp.arch->chat_family;
+}
+
 std::vector<std::string> supported_architectures() {
   std::vector<std::string> out;
   for (const ArchDef* a : all_archs()) out.emplace_back(a->name);

@@ -144,7 +144,8 @@ void Scheduler::Impl::step() {
       const int64_t cap = std::min<int64_t>({want, j.req.max_tokens - j.n_generated - 1, n_ctx - kv.seq_len(i) - 1,
                                              opts.max_batch_tokens - static_cast<int64_t>(batch.size()) - 1});
       if (cap > 0) draft->propose(j.history, static_cast<int>(cap), &j.drafts);
-      const int k = choose_draft_length(step_times, j.acceptance, static_cast<int>(j.drafts.size()), n_base);
+      const int n_prop = static_cast<int>(j.drafts.size());
+      const int k = opts.adaptive_drafts ? choose_draft_length(step_times, j.acceptance, n_prop, n_base) : n_prop;
       j.drafts.resize(static_cast<size_t>(k));
       n_base += k;
     }

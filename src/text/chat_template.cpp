@@ -34,6 +34,8 @@ constexpr NameEntry kNames[] = {
     {"deepseek-v2", ChatFormat::kDeepseek2}, {"llama3", ChatFormat::kLlama3},
     {"harmony", ChatFormat::kHarmony},       {"gpt-oss", ChatFormat::kHarmony},
     {"mistral", ChatFormat::kMistral},       {"mixtral", ChatFormat::kMistral},
+    {"llama4", ChatFormat::kLlama4},         {"glm4", ChatFormat::kGlm4},
+    {"glm-4.5", ChatFormat::kGlm4},          {"chatglm4", ChatFormat::kGlm4},
 };
 
 bool contains(std::string_view s, std::string_view needle) {
@@ -252,14 +254,44 @@ std::vector<ChatSegment> render_deepseek2(const std::vector<ChatMessage>& msgs, 
   return out.take();
 }
 
-// Llama 3: BOS before the first header; every content is trimmed by the template.
-std::vector<ChatSegment> render_llama3(const std::vector<ChatMessage>& msgs, bool gen) {
+// Llama 3 and Llama 4: BOS, then per turn start + role + end + "\n\n" + the trimmed content +
+// the end-of-turn token; the two differ only in those tokens.
+struct HeaderTokens {
+  const char* start;
+  const char* end;
+  const char* eot;
+};
+constexpr HeaderTokens kLlama3Tokens{"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+constexpr HeaderTokens kLlama4Tokens{"<|header_start|>", "<|header_end|>", "<|eot|>"};
+
+std::vector<ChatSegment> render_header_turns(const std::vector<ChatMessage>& msgs, bool gen, const HeaderTokens& h) {
   Segments out;
   out.t("<|begin_of_text|>");
+  for (const auto& m : msgs) out.t(h.start).t(m.role).t(h.end).t("\n\n").c(jinja_trim(m.content)).t(h.eot);
+  if (gen) out.t(h.start).t("assistant").t(h.end).t("\n\n");
+  return out.take();
+}
+
+// GLM-4 / GLM-4.5: "[gMASK]<sop>", then "<|role|>\n" + content per turn; GLM-4.5 writes an empty
+// think block before a past answer and leaves the generation prompt at "<|assistant|>" (the
+// model opens its own <think>).
+std::vector<ChatSegment> render_glm4(const std::vector<ChatMessage>& msgs, bool gen, const ChatTemplateOptions& o) {
+  Segments out;
+  out.t("[gMASK]<sop>");
   for (const auto& m : msgs) {
-    out.t("<|start_header_id|>").t(m.role).t("<|end_header_id|>\n\n").c(jinja_trim(m.content)).t("<|eot_id|>");
+    if (m.role == "assistant") {
+      if (o.glm45) {
+        out.t("<|assistant|>\n<think></think>");
+        const std::string_view c = jinja_trim(m.content);
+        if (!c.empty()) out.t("\n").c(c);
+      } else {
+        out.t("<|assistant|>\n").c(m.content);
+      }
+      continue;
+    }
+    out.t("<|").t(m.role).t("|>\n").c(m.content);
   }
-  if (gen) out.t("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  if (gen) out.t(o.glm45 ? "<|assistant|>" : "<|assistant|>\n");
   return out.take();
 }
 
@@ -368,12 +400,14 @@ Result<ChatFormat> detect_chat_format(std::string_view src) {
   if (contains(src, "<|channel|>") || contains(src, "<|start|>")) return ChatFormat::kHarmony;
   if (contains(src, "<|im_start|>")) return ChatFormat::kChatML;
   if (contains(src, kDsAssistant) && contains(src, kDsUser)) return ChatFormat::kDeepseek3;
+  if (contains(src, "[gMASK]<sop>")) return ChatFormat::kGlm4;
+  if (contains(src, "<|header_start|>") && contains(src, "<|header_end|>")) return ChatFormat::kLlama4;
   if (contains(src, "<|start_header_id|>")) return ChatFormat::kLlama3;
   if (contains(src, "[INST]")) return ChatFormat::kMistral;
   if (contains(src, "Assistant:") && contains(src, "User:")) return ChatFormat::kDeepseek2;
   return Status(StatusCode::kNotFound,
-                "chat template: no known family (chatml, deepseek3, deepseek2, llama3, harmony, "
-                "mistral) matches the template source");
+                "chat template: no known family (chatml, deepseek3, deepseek2, llama3, llama4, glm4, "
+                "harmony, mistral) matches the template source");
 }
 
 ChatTemplateOptions detect_chat_options(ChatFormat f, std::string_view src) {
@@ -392,6 +426,9 @@ ChatTemplateOptions detect_chat_options(ChatFormat f, std::string_view src) {
       break;
     case ChatFormat::kMistral:
       o.mistral_legacy = !contains(src, "' [INST] '") && contains(src, "'[INST] ' + message['content'] + ' [/INST]'");
+      break;
+    case ChatFormat::kGlm4:
+      o.glm45 = contains(src, "<think></think>");
       break;
     default:
       break;
@@ -432,11 +469,15 @@ Result<std::vector<ChatSegment>> ChatTemplate::render_segments(const std::vector
     case ChatFormat::kDeepseek2:
       return render_deepseek2(messages, add_generation_prompt);
     case ChatFormat::kLlama3:
-      return render_llama3(messages, add_generation_prompt);
+      return render_header_turns(messages, add_generation_prompt, kLlama3Tokens);
     case ChatFormat::kHarmony:
       return render_harmony(messages, add_generation_prompt, opt_);
     case ChatFormat::kMistral:
       return render_mistral(messages, opt_);
+    case ChatFormat::kLlama4:
+      return render_header_turns(messages, add_generation_prompt, kLlama4Tokens);
+    case ChatFormat::kGlm4:
+      return render_glm4(messages, add_generation_prompt, opt_);
     case ChatFormat::kCOUNT:
       break;
   }
@@ -481,6 +522,11 @@ std::vector<std::string> ChatTemplate::stop_strings() const {
       return {"<|return|>", "<|call|>"};
     case ChatFormat::kMistral:
       return {"</s>"};
+    case ChatFormat::kLlama4:
+      return {"<|eot|>", "<|eom|>"};
+    // GLM ends a turn by starting the next role (its generation config's EOS list).
+    case ChatFormat::kGlm4:
+      return {"<|user|>", "<|observation|>", "<|endoftext|>"};
     case ChatFormat::kCOUNT:
       break;
   }
@@ -492,6 +538,7 @@ bool ChatTemplate::renders_bos() const {
     case ChatFormat::kDeepseek3:
     case ChatFormat::kDeepseek2:
     case ChatFormat::kLlama3:
+    case ChatFormat::kLlama4:
     case ChatFormat::kMistral:
       return true;
     default:

@@ -166,7 +166,9 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
     EXPECT_GT(wt[0].requests, 0u);
     // Input-scaled experts (llama4) reach the executor as one row per (token, expert) with k = 1,
     // so there is no second pair of a token to spread to the other replica.
-    if (!hp.expert_ffn.input_scaled) EXPECT_GT(wt[1].requests, 0u) << "the replica holder got no work";
+    if (!hp.expert_ffn.input_scaled) {
+      EXPECT_GT(wt[1].requests, 0u) << "the replica holder got no work";
+    }
 
     o.combine = wire::CombineMode::kPartial;
     auto pexec = RemoteExecutor::connect(*s.model, addrs, o);

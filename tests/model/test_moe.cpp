@@ -10,14 +10,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <set>
 
 #include "moesh/gguf/gguf.h"
+#include "moesh/model/make_arch.h"
 #include "moesh/model/model.h"
 #include "moesh/moe/executor.h"
 #include "moesh/moe/routing.h"
 #include "moesh/tensor/quant.h"
+#include "moesh/text/chat.h"
 
 namespace moesh {
 namespace {
@@ -347,6 +350,29 @@ TEST(HParams, DeepseekYarnScales) {
   EXPECT_EQ(hp->head_dim_k, 64 + 32);
   EXPECT_EQ(hp->gating, GatingFunc::kSigmoid);
   EXPECT_EQ(hp->n_group, 4);
+}
+
+}  // namespace
+}  // namespace moesh
+
+namespace moesh {
+namespace {
+
+// An architecture with one chat template family names it (used when a file has no
+// tokenizer.chat_template), and the name is one the chat module knows.
+TEST(HParams, ChatFamilyOfTheArchitecture) {
+  const std::map<std::string, std::string> want = {{"gpt-oss", "harmony"},  {"glm4moe", "glm4"},
+                                                   {"llama4", "llama4"},    {"qwen3next", "chatml"},
+                                                   {"qwen35moe", "chatml"}, {"minimax-m2", ""}};
+  for (const auto& [arch, fam] : want) {
+    auto hp = arch_make_defaults(arch);
+    ASSERT_TRUE(hp.is_ok()) << arch;
+    EXPECT_EQ(std::string(chat_family_of(*hp)), fam) << arch;
+    if (!fam.empty()) {
+      EXPECT_TRUE(chat_format_from_name(fam).is_ok()) << fam;
+    }
+  }
+  EXPECT_TRUE(chat_family_of(HParams{}).empty());
 }
 
 }  // namespace

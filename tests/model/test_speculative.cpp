@@ -144,7 +144,9 @@ TEST_P(Speculative, OutputEqualsPlainDecodingWhateverTheDrafts) {
   auto m = Model::load(model_path(GetParam()));
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
   const auto prompt = prompt_of((*m)->hparams().n_vocab);
-  constexpr int kN = 40;
+  // 24 tokens: enough for every draft case to accept, reject and roll back several times, and
+  // the suite (9 architectures) stays within the sanitizer build's time.
+  constexpr int kN = 24;
   for (const bool sampled : {false, true}) {
     SCOPED_TRACE(sampled ? "sampled (temp 0.9, seed 5)" : "greedy");
     SamplingParams sp;
@@ -164,9 +166,11 @@ TEST_P(Speculative, OutputEqualsPlainDecodingWhateverTheDrafts) {
     };
     // Hybrids: with no checkpoints inside a step, dropping drafts recomputes the kept tokens
     // from the step's start (Context::rewind) — the output must not change either.
+    const bool hybrid = (*m)->hparams().n_rec_layer > 0;
     for (const Case& c : {Case{"none", nullptr, true}, Case{"oracle", &oracle, false}, Case{"wrong", &wrong, false},
                           Case{"ngram", &ngram, false}, Case{"ngram adaptive", &ngram, true},
                           Case{"wrong, recomputed rollback", &wrong, false, 0}}) {
+      if (c.step_checkpoints == 0 && !hybrid) continue;  // only a recurrent state has checkpoints
       SCOPED_TRACE(c.name);
       const SpecRun r = speculative(**m, prompt, kN, sp, c.src, c.adaptive, 8, c.step_checkpoints);
       EXPECT_EQ(r.tokens, want);

@@ -327,8 +327,12 @@ TEST(RemoteLoopback, TwoMicroBatchesGiveTheSameBitsWithTheirTripsOverlapped) {
     // half's call is still out (pre0(0) pre1(0) | post0(l) pre0(l+1) post1(l) pre1(l+1) ...).
     EXPECT_EQ(t.layer_calls, (st.steps_whole + 2 * st.steps_split) * n_moe);
     EXPECT_EQ(t.overlapped_calls, st.steps_split * (2 * n_moe - 1));
-    if (mb == MicroBatching::kOff) EXPECT_EQ(st.steps_split, 0u);
-    if (mb == MicroBatching::kOn) EXPECT_EQ(st.steps_whole, 0u);
+    if (mb == MicroBatching::kOff) {
+      EXPECT_EQ(st.steps_split, 0u);
+    }
+    if (mb == MicroBatching::kOn) {
+      EXPECT_EQ(st.steps_whole, 0u);
+    }
     // kAuto measures both ways before it chooses: two whole steps, then two split ones.
     if (mb == MicroBatching::kAuto) {
       EXPECT_GE(st.steps_whole, 2u);

@@ -708,6 +708,8 @@ TEST(SchedulerDraft, BatchedSpeculativeRequestsMatchPlainDecode) {
     SCOPED_TRACE(mode);
     SchedulerOptions o = opts(3);
     o.draft_max = 6;
+    // Every proposed draft is verified: acceptance does not depend on this machine's step times.
+    o.adaptive_drafts = std::string(mode) == "ngram";
     if (std::string(mode) == "ngram") {
       o.draft = "ngram";
     } else {
@@ -734,10 +736,13 @@ TEST(SchedulerDraft, BatchedSpeculativeRequestsMatchPlainDecode) {
     EXPECT_EQ(st.accepted_draft_tokens, static_cast<uint64_t>(kept));
     if (std::string(mode) == "right") {
       EXPECT_GT(kept, 0);
-      // Fewer forward passes than tokens: 72 tokens in all, of which 3 come from prefill steps.
-      EXPECT_LT(st.steps, 40u);
+      EXPECT_EQ(kept, drafted);
+      // Every step verifies up to 6 right drafts per request: 72 tokens in far fewer passes than
+      // the ~30 of one token per request and step.
+      EXPECT_LT(st.steps, 15u);
     }
     if (std::string(mode) == "wrong") {
+      EXPECT_GT(drafted, 0);
       EXPECT_EQ(kept, 0);
     }
   }
@@ -799,6 +804,7 @@ TEST(SchedulerHybrid, PrefixCacheConversationAndDraftsMatchPlainDecode) {
     SCOPED_TRACE(wrong ? "wrong drafts" : "right drafts");
     SchedulerOptions od = opts(2);
     od.draft_max = 5;
+    od.adaptive_drafts = false;
     od.draft_source = std::make_shared<KnownContinuation>(prompts, expected, wrong);
     auto sd = make_scheduler(od, nullptr, hm);
     std::vector<std::shared_ptr<Outcome>> outs;
@@ -809,9 +815,12 @@ TEST(SchedulerHybrid, PrefixCacheConversationAndDraftsMatchPlainDecode) {
     for (size_t i = 0; i < outs.size(); ++i) {
       outs[i]->wait_done();
       EXPECT_EQ(outs[i]->tokens, expected[i]) << "request " << i;
-      // (How many drafts ride along is the cost model's choice from measured step times.)
-      if (wrong) EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, 0);
-      if (!wrong) EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, outs[i]->usage.draft_tokens);
+      EXPECT_GT(outs[i]->usage.draft_tokens, 0);
+      if (wrong) {
+        EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, 0);
+      } else {
+        EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, outs[i]->usage.draft_tokens);
+      }
     }
   }
 }

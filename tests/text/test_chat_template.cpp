@@ -131,6 +131,46 @@ TEST(ChatTemplate, Llama3) {
   EXPECT_EQ(t.stop_strings(), std::vector<std::string>{"<|eot_id|>"});
 }
 
+// Llama 4 (llama4 models): the Llama 3 layout with its own header and end-of-turn tokens.
+TEST(ChatTemplate, Llama4) {
+  ChatTemplate t(ChatFormat::kLlama4);
+  EXPECT_EQ(render(t, kSysUser),
+            "<|begin_of_text|><|header_start|>system<|header_end|>\n\nYou are terse.<|eot|>"
+            "<|header_start|>user<|header_end|>\n\nHi there<|eot|>"
+            "<|header_start|>assistant<|header_end|>\n\n");
+  EXPECT_EQ(render(t, {{"user", " x "}, {"assistant", "y\n"}}, false),
+            "<|begin_of_text|><|header_start|>user<|header_end|>\n\nx<|eot|>"
+            "<|header_start|>assistant<|header_end|>\n\ny<|eot|>");
+  EXPECT_TRUE(t.renders_bos());
+  EXPECT_EQ(t.stop_strings(), (std::vector<std::string>{"<|eot|>", "<|eom|>"}));
+}
+
+// GLM-4.5/4.6 (glm4moe models) and the older GLM-4 layout.
+TEST(ChatTemplate, Glm4) {
+  ChatTemplate t(ChatFormat::kGlm4);
+  EXPECT_EQ(render(t, kSysUser), "[gMASK]<sop><|system|>\nYou are terse.<|user|>\nHi there<|assistant|>");
+  EXPECT_EQ(render(t, kMulti),
+            "[gMASK]<sop><|system|>\nBe kind.<|user|>\nWhat is 2+2?<|assistant|>\n<think></think>\n4"
+            "<|user|>\nAnd 3+3?<|assistant|>");
+  EXPECT_FALSE(t.renders_bos());
+  EXPECT_EQ(t.stop_strings(), (std::vector<std::string>{"<|user|>", "<|observation|>", "<|endoftext|>"}));
+  ChatTemplateOptions old;
+  old.glm45 = false;
+  ChatTemplate t4(ChatFormat::kGlm4, old);
+  EXPECT_EQ(render(t4, kMulti),
+            "[gMASK]<sop><|system|>\nBe kind.<|user|>\nWhat is 2+2?<|assistant|>\n4<|user|>\nAnd 3+3?<|assistant|>\n");
+  // Detection picks the layout from the template source.
+  auto t45 = ChatTemplate::from_spec("[gMASK]<sop>{% for m in messages %}{{ '\n<think></think>' }}{% endfor %}");
+  ASSERT_TRUE(t45.is_ok());
+  EXPECT_EQ(t45->format(), ChatFormat::kGlm4);
+  EXPECT_EQ(render(*t45, kEndsAssistant, false), "[gMASK]<sop><|user|>\nPing<|assistant|>\n<think></think>\nPong");
+  auto tg4 = ChatTemplate::from_spec("[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>{% endfor %}");
+  ASSERT_TRUE(tg4.is_ok());
+  EXPECT_EQ(render(*tg4, kEndsAssistant, false), "[gMASK]<sop><|user|>\nPing<|assistant|>\nPong");
+  EXPECT_EQ(chat_format_from_name("glm-4.5").value(), ChatFormat::kGlm4);
+  EXPECT_EQ(chat_format_from_name("llama4").value(), ChatFormat::kLlama4);
+}
+
 TEST(ChatTemplate, Harmony) {
   ChatTemplateOptions o;
   o.harmony_date = "2025-06-28";
@@ -239,6 +279,8 @@ TEST(ChatTemplate, DetectFromSources) {
        "+ message.content + \"<|end|>\" }}",
        ChatFormat::kHarmony},
       {"{{- ' [INST] ' + message['content'] + ' [/INST]' }}", ChatFormat::kMistral},
+      {"{{- bos_token }}{{- '<|header_start|>' + message['role'] + '<|header_end|>\\n\\n' }}", ChatFormat::kLlama4},
+      {"[gMASK]<sop>{%- for m in messages %}{%- if m.role == 'user' -%}<|user|>", ChatFormat::kGlm4},
   };
   for (const auto& c : cases) {
     auto f = detect_chat_format(c.src);

@@ -88,7 +88,7 @@ int run_run(const RunArgs& a) {
   }
   std::vector<std::string> stops = a.stops;
   if (!a.chat.empty()) {
-    auto tmpl = ChatTemplate::from_gguf(model->file(), a.chat_template);
+    auto tmpl = ChatTemplate::from_gguf(model->file(), chat_template_spec(*model, a.chat_template, "run"));
     if (!tmpl) {
       std::fprintf(stderr, "moesh run: error: %s\n", tmpl.status().message().c_str());
       return 2;

@@ -75,7 +75,7 @@ int run_serve(const ServeArgs& a) {
   // --chat-template that cannot be used is an error, not a silent fallback.
   std::unique_ptr<ChatTemplate> tmpl;
   if (tok) {
-    auto ct = ChatTemplate::from_gguf(model->file(), a.chat_template);
+    auto ct = ChatTemplate::from_gguf(model->file(), chat_template_spec(*model, a.chat_template, "serve"));
     if (ct) {
       tmpl = std::make_unique<ChatTemplate>(*ct);
     } else if (!a.chat_template.empty()) {

@@ -45,4 +45,15 @@ inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool
   return std::move(*m);
 }
 
+// The chat template to use: --chat-template when given, else the file's own; a file without one
+// gets its architecture's family (e.g. glm4 for glm4moe), said on stderr so it is no surprise.
+inline std::string chat_template_spec(const Model& model, const std::string& flag, const char* cmd) {
+  if (!flag.empty() || model.file().has("tokenizer.chat_template")) return flag;
+  const std::string_view fam = chat_family_of(model.hparams());
+  if (fam.empty()) return flag;
+  std::fprintf(stderr, "moesh %s: the model has no chat template; using the '%.*s' family of its architecture (%s)\n",
+               cmd, static_cast<int>(fam.size()), fam.data(), model.hparams().arch_name.c_str());
+  return std::string(fam);
+}
+
 }  // namespace moesh::cli

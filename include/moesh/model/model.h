@@ -34,6 +34,11 @@ struct ArchDef;  // src/model/arch.h: one per architecture
 // Names of the architectures this build runs (the registry, in order).
 std::vector<std::string> supported_architectures();
 
+struct HParams;
+// The chat template family of the model's architecture ("harmony", "glm4", "chatml", ...), for
+// files without tokenizer.chat_template; empty when the architecture has no single family.
+std::string_view chat_family_of(const HParams& hp);
+
 // How the GQA family normalises Q and K before RoPE.
 enum class QkNorm : uint8_t {
   kNone = 0,
@@ -234,7 +239,7 @@ struct ContextParams {
   // Expert executor; null: a LocalExecutor over the model's experts on this context's pool.
   std::shared_ptr<ExpertExecutor> executor;
   MicroBatching micro_batching = MicroBatching::kAuto;
-  CheckpointPolicy checkpoints;  // recurrent-state checkpoints (hybrid models only)
+  CheckpointPolicy checkpoints = {};  // recurrent-state checkpoints (hybrid models only)
 };
 
 class Context {

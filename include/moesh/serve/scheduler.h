@@ -99,6 +99,9 @@ struct SchedulerOptions {
   // acceptance. Tokens are the same as without drafting (one sampler call per emitted token).
   std::string draft;
   int draft_max = 16;
+  // false: verify every draft the source proposes (up to draft_max) instead of letting the cost
+  // model choose how many (tests that must exercise acceptance whatever the machine's timing).
+  bool adaptive_drafts = true;
   // A draft source given directly (tests, embedders); overrides `draft`. Called on the scheduler
   // thread only.
   std::shared_ptr<DraftSource> draft_source;
@@ -106,7 +109,7 @@ struct SchedulerOptions {
   MicroBatching micro_batching = MicroBatching::kAuto;
   // Hybrid models: where each slot's recurrent state keeps checkpoints (ContextParams). The
   // prefix cache reuses a slot's tokens up to its nearest checkpoint; the rest is prefilled.
-  CheckpointPolicy checkpoints;
+  CheckpointPolicy checkpoints = {};
 };
 
 // Counters since create(). requests_submitted counts accepted requests; each one ends as exactly

@@ -27,7 +27,7 @@
 
 namespace moesh {
 
-enum class ChatFormat { kChatML, kDeepseek3, kDeepseek2, kLlama3, kHarmony, kMistral, kCOUNT };
+enum class ChatFormat { kChatML, kDeepseek3, kDeepseek2, kLlama3, kHarmony, kMistral, kLlama4, kGlm4, kCOUNT };
 
 const char* chat_format_name(ChatFormat f);  // "chatml", "deepseek3", ...
 // A family name ("chatml", "qwen" is accepted for chatml, "llama3", "mixtral"/"mistral", ...).
@@ -57,6 +57,10 @@ struct ChatTemplateOptions {
   // template's strftime_now does.
   std::string harmony_date;
   std::string harmony_reasoning = "medium";  // "Reasoning:" line (low | medium | high)
+  // glm4: the GLM-4.5/4.6 layout, where a past assistant turn is "<|assistant|>\n<think></think>\n"
+  // + its stripped content and the generation prompt is "<|assistant|>" (thinking on); false:
+  // GLM-4's "<|assistant|>\n" + content.
+  bool glm45 = true;
 };
 // The options the template text implies (the family itself comes from detect_chat_format()).
 ChatTemplateOptions detect_chat_options(ChatFormat f, std::string_view jinja_source);
