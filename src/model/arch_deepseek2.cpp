@@ -56,10 +56,10 @@ Status read_hparams(const KeyReader& kr, HParams* hp) {
   const HParams::RopeScaling& rs = hp->rope_scaling;
   if (rs.yarn && rs.factor > 1.0f) {
     const float f = rs.factor;
-    auto g = [f](float m) { return 0.1f * m * std::log(f) + 1.0f; };
+    // ggml multiplies the rotation by base = 1 + 0.1 ln f; with yarn_log_multiplier the intended
+    // magnitude g(m_all) / g(m_all) = 1, without it g(1) = base (llama.cpp's deepseek2 rule).
     const float base = 1.0f + 0.1f * std::log(f);
-    const float m_all = rs.log_mul == 0.0f ? 1.0f : rs.log_mul / 0.1f;
-    hp->rope.attn_factor = (rs.log_mul == 0.0f ? g(1.0f) : g(m_all) / g(m_all)) / base * rs.attn_factor_cfg;
+    hp->rope.attn_factor = (rs.log_mul == 0.0f ? base : 1.0f) / base * rs.attn_factor_cfg;
   } else {
     hp->rope.attn_factor = rs.attn_factor_cfg;
   }

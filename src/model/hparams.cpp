@@ -65,6 +65,20 @@ Status read_moe_counts(const KeyReader& kr, HParams* hp, bool required) {
   return Status::ok();
 }
 
+RouterConfig HParams::router_config(const float* sel_bias) const {
+  RouterConfig rc;
+  rc.gating = gating;
+  rc.n_expert = static_cast<int>(n_expert);
+  rc.k = static_cast<int>(n_expert_used);
+  rc.sel_bias = sel_bias;
+  rc.n_group = static_cast<int>(n_group);
+  rc.n_group_used = static_cast<int>(n_group_used);
+  rc.norm_w = norm_w;
+  rc.w_scale = w_scale;
+  rc.select_on_logits = select_on_logits;
+  return rc;
+}
+
 std::string_view chat_family_of(const HParams& hp) {
   return hp.arch == nullptr ? std::string_view{} : hp.arch->chat_family;
 }
@@ -153,17 +167,7 @@ Result<HParams> load_hparams(const gguf::File& f) {
         static_cast<int32_t>(hp.is_recurrent(il) ? hp.n_rec_layer++ : hp.n_kv_layer++);
   }
 
-  if (hp.n_expert > 0) {
-    RouterConfig rc;
-    rc.gating = hp.gating;
-    rc.n_expert = static_cast<int>(hp.n_expert);
-    rc.k = static_cast<int>(hp.n_expert_used);
-    rc.n_group = static_cast<int>(hp.n_group);
-    rc.n_group_used = static_cast<int>(hp.n_group_used);
-    rc.norm_w = hp.norm_w;
-    rc.w_scale = hp.w_scale;
-    MOESH_RETURN_IF_ERROR(rc.validate().with_context(arch_str + " routing"));
-  }
+  if (hp.n_expert > 0) MOESH_RETURN_IF_ERROR(hp.router_config().validate().with_context(arch_str + " routing"));
   return hp;
 }
 

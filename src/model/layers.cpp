@@ -324,16 +324,7 @@ Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCal
   }
 
   // 2-9. gating, selection bias, groups, top-k, weights
-  RouterConfig rc;
-  rc.gating = hp.gating;
-  rc.n_expert = static_cast<int>(hp.n_expert);
-  rc.k = k;
-  rc.sel_bias = lw.exp_probs_b.valid() ? f32(lw.exp_probs_b) : nullptr;
-  rc.n_group = static_cast<int>(hp.n_group);
-  rc.n_group_used = static_cast<int>(hp.n_group_used);
-  rc.norm_w = hp.norm_w;
-  rc.w_scale = hp.w_scale;
-  rc.select_on_logits = hp.select_on_logits;
+  const RouterConfig rc = hp.router_config(lw.exp_probs_b.valid() ? f32(lw.exp_probs_b) : nullptr);
   int32_t* ids = grow(f.s.moe_ids, static_cast<size_t>(T * k));
   float* w = grow(f.s.moe_w, static_cast<size_t>(T * k));
   route(rc, logits, T, ids, w, &f.s.route_scratch);

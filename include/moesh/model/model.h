@@ -138,6 +138,9 @@ struct HParams {
   bool shexp_gated = false;  // shared expert scaled by sigmoid(ffn_gate_inp_shexp . x)
 
   int64_t head_dim_qk_nope() const { return head_dim_qk_mla - n_rot; }
+  // The routing these settings describe (validated at load); `sel_bias` is a layer's selection
+  // bias (exp_probs_b) or null.
+  RouterConfig router_config(const float* sel_bias = nullptr) const;
 };
 
 // Reads and validates the hyper-parameters for the file's architecture. Missing required keys
