@@ -69,6 +69,9 @@ struct ArchDef {
   Status (*bind_globals)(detail::TensorBinder& b, HParams* hp);
   // One block's tensor table.
   Status (*bind_layer)(detail::TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
+  // The NextN/MTP block il (il >= n_layer) as a draft head (NextnDraft), or null: NextN blocks
+  // of the file are then skipped (detail::bind_nextn_block for the DeepSeek-style blocks).
+  Status (*bind_nextn)(detail::TensorBinder& b, const HParams& hp, int il, NextnWeights* nw);
   // The block's token mixer: out = mixer(xn), xn = attn_norm(h) (h += out follows).
   void (*mixer)(detail::Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
   // make-model: the reference-sized defaults of this arch and the keys that describe hp (the

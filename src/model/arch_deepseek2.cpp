@@ -102,6 +102,7 @@ extern const ArchDef kArchDeepseek2 = {
     .read_hparams = read_hparams,
     .bind_globals = nullptr,
     .bind_layer = bind_layer,
+    .bind_nextn = nullptr,
     .mixer = detail::attention_mla,
     .make_defaults = nullptr,
     .write_hparams = nullptr,

@@ -1,7 +1,8 @@
 // glm4moe (GLM-4.5 / 4.6): GQA with Q/K/V biases, then per-head RMSNorm of Q and K, then NEOX
 // RoPE on the first rope.dimension_count dims of each head; leading dense blocks, then MoE with
 // sigmoid gating, selection bias, renormalised and scaled weights and a shared expert. The last
-// nextn_predict_layers blocks are the NextN/MTP head: in the file, not in the forward pass.
+// nextn_predict_layers blocks are the NextN/MTP head: never in the forward pass; bound as a
+// draft head for speculative decoding (bind_nextn; src/model/nextn.cpp runs it).
 //
 // Block:  x = rmsnorm(h) ⊙ attn_norm
 //         h += wo · attn( rope(qnorm(wq·x + bq)), rope(knorm(wk·x + bk)), wv·x + bv )
@@ -44,14 +45,15 @@ Status bind_layer(detail::TensorBinder& b, const HParams& hp, int il, LayerWeigh
                           /*need=*/"s");
 }
 
-HParams make_defaults() {  // glm4moe-a of the reference set, without its NextN block
+HParams make_defaults() {  // glm4moe-a of the reference set
   HParams hp;
-  hp.n_layer = 3;  // + the archs/ set shape (arch_make_defaults)
+  hp.n_layer = 3;  // decoder blocks; + the archs/ set shape (arch_make_defaults)
   hp.n_head = 4, hp.n_head_kv = 1, hp.head_dim_k = hp.head_dim_v = 128, hp.n_rot = 64;
   hp.rms_eps = 1e-5f, hp.rope.freq_base = 1e6f;
   hp.n_ff = 256, hp.n_leading_dense = 1;
   hp.n_expert = 8, hp.n_expert_used = 2, hp.n_ff_exp = 64, hp.n_expert_shared = 1;
   hp.gating = GatingFunc::kSigmoid, hp.norm_w = true, hp.w_scale = 2.5f;
+  hp.n_nextn = 1;  // blk.3: the NextN/MTP block
   return hp;
 }
 
@@ -67,7 +69,7 @@ void write_hparams(const HParams& hp, KvList* kv) {
   put_f32(kv, hp, "expert_weights_scale", hp.w_scale);
   put_bool(kv, hp, "expert_weights_norm", hp.norm_w);
   put_u32(kv, hp, "expert_gating_func", static_cast<int64_t>(hp.gating));
-  put_u32(kv, hp, "nextn_predict_layers", 0);
+  put_u32(kv, hp, "nextn_predict_layers", hp.n_nextn);
 }
 
 }  // namespace
@@ -77,6 +79,7 @@ extern const ArchDef kArchGlm4Moe = {
     .read_hparams = read_hparams,
     .bind_globals = nullptr,
     .bind_layer = bind_layer,
+    .bind_nextn = detail::bind_nextn_block,
     .mixer = detail::attention_gqa,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,

@@ -73,6 +73,7 @@ extern const ArchDef kArchGptOss = {
     .read_hparams = read_hparams,
     .bind_globals = nullptr,
     .bind_layer = bind_layer,
+    .bind_nextn = nullptr,
     .mixer = detail::attention_gqa,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,

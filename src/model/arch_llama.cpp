@@ -35,6 +35,7 @@ extern const ArchDef kArchLlama = {
     .read_hparams = read_hparams,
     .bind_globals = detail::bind_rope_freqs,
     .bind_layer = bind_layer,
+    .bind_nextn = nullptr,
     .mixer = detail::attention_gqa,
     .make_defaults = nullptr,
     .write_hparams = nullptr,

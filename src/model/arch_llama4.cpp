@@ -83,6 +83,7 @@ extern const ArchDef kArchLlama4 = {
     .read_hparams = read_hparams,
     .bind_globals = detail::bind_rope_freqs,
     .bind_layer = bind_layer,
+    .bind_nextn = nullptr,
     .mixer = detail::attention_gqa,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,

@@ -70,6 +70,7 @@ extern const ArchDef kArchQwen35Moe = {
     .read_hparams = read_hparams,
     .bind_globals = nullptr,
     .bind_layer = bind_qwen3next_layer,
+    .bind_nextn = nullptr,
     .mixer = hybrid_mixer,
     .make_defaults = make_defaults,
     .write_hparams = write_hparams,

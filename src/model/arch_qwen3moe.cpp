@@ -37,6 +37,7 @@ extern const ArchDef kArchQwen3Moe = {
     .read_hparams = read_hparams,
     .bind_globals = nullptr,
     .bind_layer = bind_layer,
+    .bind_nextn = nullptr,
     .mixer = detail::attention_gqa,
     .make_defaults = nullptr,
     .write_hparams = nullptr,

@@ -82,6 +82,7 @@ extern const ArchDef kArchQwen3Next = {
     .read_hparams = read_hparams,
     .bind_globals = nullptr,
     .bind_layer = bind_qwen3next_layer,
+    .bind_nextn = nullptr,
     .mixer = hybrid_mixer,
     .make_defaults = qwen3next_make_defaults,
     .write_hparams = write_qwen3next_keys,

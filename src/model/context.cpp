@@ -67,6 +67,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     return make_error(StatusCode::kInvalidArgument, "decode: logits requested but no buffer given");
   }
   Scratch& s = *scratch_;
+  n_hidden_ = 0;
 
   // Cells are reserved for every sequence before any layer runs: positions continue each
   // sequence, a token's cell is its index within its sequence.
@@ -194,31 +195,13 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     get_row_f32(model_.tok_embd, batch[i].token, parts[row_of[i].first].h + row_of[i].second * D);
   }
 
-  // Layer il of one part up to its dispatch (for a dense layer: the whole FFN) ...
+  // Layer il of one part up to its dispatch (for a dense layer: the whole FFN), and the rest.
+  auto bufs = [](Part& pt) { return detail::BlockBufs{pt.h, pt.xn, pt.attn_out, pt.ffn_out}; };
   auto pre = [&](Part& pt, int il) -> Status {
-    detail::Fwd& f = *pt.f;
-    const LayerWeights& lw = model_.layers[static_cast<size_t>(il)];
-    const size_t n_act = static_cast<size_t>(f.batch.n * D);
-    // Attention block.
-    detail::rms_norm_rows(pt.h, lw.attn_norm, pt.xn, f.batch.n, D, hp.rms_eps);
-    hp.arch->mixer(f, il, lw, pt.xn, pt.attn_out);
-    for (size_t i = 0; i < n_act; ++i) pt.h[i] = pt.attn_out[i] + pt.h[i];
-    // FFN block.
-    detail::rms_norm_rows(pt.h, lw.ffn_norm, pt.xn, f.batch.n, D, hp.rms_eps);
-    if (lw.is_moe) return detail::moe_begin(f, il, lw, pt.xn, &pt.call);
-    detail::dense_ffn(f, lw.ffn_gate, lw.ffn_up, lw.ffn_down, pt.xn, pt.ffn_out);
-    return Status::ok();
+    return detail::block_begin(*pt.f, il, model_.layers[static_cast<size_t>(il)], bufs(pt), &pt.call);
   };
-  // ... and the rest: the routed experts' result, the residual.
   auto post = [&](Part& pt, int il) -> Status {
-    detail::Fwd& f = *pt.f;
-    if (model_.layers[static_cast<size_t>(il)].is_moe) {
-      MOESH_RETURN_IF_ERROR(detail::moe_end(f, il, &pt.call, pt.ffn_out));
-    }
-    const size_t n_act = static_cast<size_t>(f.batch.n * D);
-    for (size_t i = 0; i < n_act; ++i) pt.h[i] = pt.ffn_out[i] + pt.h[i];
-    if (observer_ != nullptr) observer_->on_layer_out(il, f.batch.n, D, pt.h);
-    return Status::ok();
+    return detail::block_end(*pt.f, il, model_.layers[static_cast<size_t>(il)], bufs(pt), &pt.call);
   };
 
   // One part: pre, post per layer. Two: part 1's layer il runs while part 0's experts are out,
@@ -249,14 +232,27 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     return st;
   }
 
+  // The output head: normed rows of the tokens that want logits, one projection for all. With
+  // set_keep_hidden every token's normed row is kept (the logits rows are copies of those).
+  float* hid = keep_hidden_ ? detail::grow(s.hidden, static_cast<size_t>(T * D)) : nullptr;
+  if (hid != nullptr) {
+    for (int64_t i = 0; i < T; ++i) {
+      const float* hi = parts[row_of[i].first].h + row_of[i].second * D;
+      detail::rms_norm_rows(hi, model_.output_norm, hid + i * D, 1, D, hp.rms_eps);
+    }
+  }
+  n_hidden_ = hid != nullptr ? T : 0;
   if (n_out > 0) {
-    // Gather the rows that want logits, norm them, one projection for all.
     float* rows = detail::grow(s.out_rows, static_cast<size_t>(n_out * D));
     int64_t r = 0;
     for (int64_t i = 0; i < T; ++i) {
       if (!batch[i].logits) continue;
-      const float* hi = parts[row_of[i].first].h + row_of[i].second * D;
-      detail::rms_norm_rows(hi, model_.output_norm, rows + r * D, 1, D, hp.rms_eps);
+      if (hid != nullptr) {
+        std::copy(hid + i * D, hid + (i + 1) * D, rows + r * D);
+      } else {
+        const float* hi = parts[row_of[i].first].h + row_of[i].second * D;
+        detail::rms_norm_rows(hi, model_.output_norm, rows + r * D, 1, D, hp.rms_eps);
+      }
       ++r;
     }
     detail::project(*parts[0].f, rows, n_out, D, {{&model_.output, logits}});
@@ -268,6 +264,10 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   if (auto_decided) mb_policy_.record(static_cast<int>(steps.size()), n_parts == 2, seconds);
   ++(n_parts == 2 ? mb_stats_.steps_split : mb_stats_.steps_whole);
   return Status::ok();
+}
+
+std::span<const float> Context::hidden() const {
+  return {scratch_->hidden.data(), static_cast<size_t>(n_hidden_ * model_.hparams().n_embd)};
 }
 
 Status Context::rewind(int32_t seq, int64_t n_keep, std::span<const int32_t> tokens) {

@@ -1,9 +1,8 @@
 // Shared blocks of the forward pass (see layers.h).
-#include "model/layers.h"
-
 #include <algorithm>
 #include <cmath>
 
+#include "model/arch.h"
 #include "moesh/tensor/fma_clones.h"
 #include "moesh/tensor/quant.h"
 
@@ -412,6 +411,27 @@ Status moe_end(Fwd& f, int il, MoeCall* call, float* out) {
   } else {
     std::copy_n(r, T * n_embd, out);
   }
+  return Status::ok();
+}
+
+Status block_begin(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call) {
+  const int64_t D = f.hp.n_embd;
+  const size_t n_act = static_cast<size_t>(f.batch.n * D);
+  rms_norm_rows(b.h, lw.attn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
+  f.hp.arch->mixer(f, il, lw, b.xn, b.attn_out);
+  for (size_t i = 0; i < n_act; ++i) b.h[i] = b.attn_out[i] + b.h[i];
+  rms_norm_rows(b.h, lw.ffn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
+  if (lw.is_moe) return moe_begin(f, il, lw, b.xn, call);
+  dense_ffn(f, lw.ffn_gate, lw.ffn_up, lw.ffn_down, b.xn, b.ffn_out);
+  return Status::ok();
+}
+
+Status block_end(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call) {
+  if (lw.is_moe) MOESH_RETURN_IF_ERROR(moe_end(f, il, call, b.ffn_out));
+  const int64_t D = f.hp.n_embd;
+  const size_t n_act = static_cast<size_t>(f.batch.n * D);
+  for (size_t i = 0; i < n_act; ++i) b.h[i] = b.ffn_out[i] + b.h[i];
+  if (f.observer != nullptr) f.observer->on_layer_out(il, f.batch.n, D, b.h);
   return Status::ok();
 }
 

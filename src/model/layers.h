@@ -32,6 +32,7 @@ struct Context::Scratch {
   RoutingPlan plan;
   QuantizedRows xq[3];          // one per distinct vec_dot_type
   std::vector<float> out_rows;  // normed rows for the output head
+  std::vector<float> hidden;    // every token's normed row (Context::set_keep_hidden)
 };
 
 namespace detail {
@@ -130,6 +131,16 @@ struct MoeCall {
 Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCall* call);
 Status moe_end(Fwd& f, int il, MoeCall* call, float* out);
 
+// One decoder block over f.batch, in two halves around the routed experts' trip (so another
+// micro-batch can run in between): block_begin does h += mixer(attn_norm(h)), the pre-FFN norm,
+// and the dense FFN or moe_begin; block_end waits for the experts (moe_end) and adds the FFN
+// output to h (then reports h to f.observer). Buffers are [T][n_embd].
+struct BlockBufs {
+  float *h, *xn, *attn_out, *ffn_out;
+};
+Status block_begin(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call);
+Status block_end(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call);
+
 // ---- tensor binding (the arch files' tensor tables) ----
 
 // Looks up tensors by name, checks their shape, and in dequant-f32 mode returns F32 copies.
@@ -159,6 +170,12 @@ Status require_f32(const TensorView& t);
 
 // rope_freqs.weight [n_rot/2] (F32, optional): per-pair RoPE frequency divisors (llama, llama4).
 Status bind_rope_freqs(TensorBinder& b, HParams* hp);
+
+// The DeepSeek-style NextN/MTP block il (ArchDef::bind_nextn): the architecture's own block
+// tensors (bind_layer) plus blk.il.nextn.{eh_proj, enorm, hnorm, shared_head_norm} and the
+// optional shared_head_head / embed_tokens (left invalid when absent: the model's output and
+// token_embd stand in).
+Status bind_nextn_block(TensorBinder& b, const HParams& hp, int il, NextnWeights* nw);
 
 // MLA attention (layers_mla.cpp; deepseek2).
 void attention_mla(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);

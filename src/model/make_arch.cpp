@@ -82,6 +82,11 @@ Result<ArchMakePlan> arch_make_plan(const HParams& hp) {
     LayerWeights lw;
     MOESH_RETURN_IF_ERROR(h.arch->bind_layer(b, h, il, &lw));
   }
+  for (int k = 0; k < h.n_nextn && h.arch->bind_nextn != nullptr; ++k) {
+    b.layer = static_cast<int>(h.n_layer) + k;
+    NextnWeights nw;
+    MOESH_RETURN_IF_ERROR(h.arch->bind_nextn(b, h, b.layer, &nw));
+  }
   plan.tensors = std::move(b.tensors);
   return plan;
 }

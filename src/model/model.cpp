@@ -170,6 +170,22 @@ Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeigh
   return Status::ok();
 }
 
+Status bind_nextn_block(TensorBinder& b, const HParams& hp, int il, NextnWeights* nw) {
+  const int64_t d = hp.n_embd;
+  MOESH_RETURN_IF_ERROR(hp.arch->bind_layer(b, hp, il, &nw->block));
+  MOESH_ASSIGN_OR_RETURN(nw->eh_proj, b.take(blk(il, "nextn.eh_proj.weight"), {2 * d, d}));
+  MOESH_ASSIGN_OR_RETURN(nw->enorm, b.take(blk(il, "nextn.enorm.weight"), {d}));
+  MOESH_ASSIGN_OR_RETURN(nw->hnorm, b.take(blk(il, "nextn.hnorm.weight"), {d}));
+  MOESH_ASSIGN_OR_RETURN(nw->head_norm, b.take(blk(il, "nextn.shared_head_norm.weight"), {d}));
+  MOESH_ASSIGN_OR_RETURN(nw->head, b.take(blk(il, "nextn.shared_head_head.weight"), {d, hp.n_vocab}, false));
+  MOESH_ASSIGN_OR_RETURN(nw->embed, b.take(blk(il, "nextn.embed_tokens.weight"), {d, hp.n_vocab}, false));
+  for (const TensorView* t : {&nw->enorm, &nw->hnorm, &nw->head_norm, &nw->block.attn_norm, &nw->block.ffn_norm,
+                              &nw->block.q_norm, &nw->block.k_norm}) {
+    MOESH_RETURN_IF_ERROR(require_f32(*t));
+  }
+  return Status::ok();
+}
+
 }  // namespace detail
 
 Model::~Model() = default;
@@ -213,6 +229,23 @@ Status Model::bind_tensors() {
       if (t->valid() && t->type != GgmlType::F32) {
         return make_error(StatusCode::kUnsupported, "tensor '{}' must be F32", t->name);
       }
+    }
+  }
+  // The NextN/MTP blocks, when the architecture runs them as a draft head: a block that does
+  // not bind only takes the draft head away (nextn_status says why), never the model.
+  if (hp.n_nextn > 0 && hp.arch->bind_nextn != nullptr) {
+    for (int k = 0; k < hp.n_nextn; ++k) {
+      const int il = static_cast<int>(hp.n_layer) + k;
+      NextnWeights nw;
+      Status st = hp.arch->bind_nextn(b, hp, il, &nw);
+      if (!st.is_ok()) {
+        nextn.clear();
+        nextn_status = st.with_context(fmt::format("NextN block blk.{}", il));
+        break;
+      }
+      if (!nw.head.valid()) nw.head = output;
+      if (!nw.embed.valid()) nw.embed = tok_embd;
+      nextn.push_back(nw);
     }
   }
   return Status::ok();

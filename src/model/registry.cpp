@@ -29,6 +29,14 @@ const ArchDef* find_arch(std::string_view name) {
   return nullptr;
 }
 
+std::vector<std::string> nextn_architectures() {
+  std::vector<std::string> out;
+  for (const ArchDef* a : all_archs()) {
+    if (a->bind_nextn != nullptr) out.emplace_back(a->name);
+  }
+  return out;
+}
+
 void put_u32(KvList* kvs, const HParams& hp, const char* key, int64_t v) {
   kvs->emplace_back(hp.arch_name + "." + key, gguf::Value::u32(static_cast<uint32_t>(v)));
 }
@@ -43,7 +51,7 @@ void write_common_head(const HParams& hp, KvList* kvs) {
   put_u32(kvs, hp, "vocab_size", hp.n_vocab);
   put_u32(kvs, hp, "context_length", hp.n_ctx_train);
   put_u32(kvs, hp, "embedding_length", hp.n_embd);
-  put_u32(kvs, hp, "block_count", hp.n_layer);
+  put_u32(kvs, hp, "block_count", hp.n_layer + hp.n_nextn);  // the NextN blocks follow the decoder
   put_u32(kvs, hp, "attention.head_count", hp.n_head);
 }
 

@@ -10,7 +10,7 @@ namespace moesh {
 
 NgramDraft::NgramDraft(int n_min, int n_max) : n_min_(std::max(1, n_min)), n_max_(std::max(n_min_, n_max)) {}
 
-void NgramDraft::propose(std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) {
+void NgramDraft::propose(int32_t, std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) {
   out->clear();
   const int64_t L = static_cast<int64_t>(h.size());
   if (max_tokens <= 0) return;
@@ -31,9 +31,12 @@ void NgramDraft::propose(std::span<const int32_t> h, int max_tokens, std::vector
   }
 }
 
-Result<std::unique_ptr<DraftSource>> make_draft_source(const std::string& name) {
+Result<std::unique_ptr<DraftSource>> make_nextn_draft(const DraftEnv& env);  // nextn.cpp
+
+Result<std::unique_ptr<DraftSource>> make_draft_source(const std::string& name, const DraftEnv& env) {
   if (name == "ngram") return std::unique_ptr<DraftSource>(std::make_unique<NgramDraft>(2, 4));
-  return make_error(StatusCode::kInvalidArgument, "unknown draft source '{}' (known: ngram)", name);
+  if (name == "nextn" || name == "mtp") return make_nextn_draft(env);
+  return make_error(StatusCode::kInvalidArgument, "unknown draft source '{}' (known: ngram, nextn)", name);
 }
 
 // ---- the decoder ---------------------------------------------------------------------------
@@ -48,18 +51,30 @@ SpeculativeDecoder::SpeculativeDecoder(Context* ctx, int32_t seq, Sampler* sampl
                                        SpeculativeParams p)
     : ctx_(ctx), seq_(seq), sampler_(sampler), draft_(draft), p_(p) {
   p_.draft_max = std::max(0, p_.draft_max);
+  if (draft_ != nullptr && draft_->needs_hidden()) ctx_->set_keep_hidden(true);
+}
+
+void SpeculativeDecoder::report_hidden(int64_t first, int64_t n, const int32_t* next) {
+  if (draft_ == nullptr || !draft_->needs_hidden() || n <= 0) return;
+  const std::span<const float> rows = ctx_->hidden();
+  const int64_t D = ctx_->model().hparams().n_embd;
+  if (static_cast<int64_t>(rows.size()) < n * D) return;
+  draft_->on_hidden(seq_, first, n, rows.data(), next);
 }
 
 Status SpeculativeDecoder::start(std::span<const int32_t> prompt, int32_t* first) {
   if (prompt.empty()) return make_error(StatusCode::kInvalidArgument, "speculative decoding: empty prompt");
   const int64_t V = ctx_->model().hparams().n_vocab;
   logits_.resize(static_cast<size_t>(V));
+  const int64_t n_before = ctx_->state().seq_len(seq_);
   MOESH_RETURN_IF_ERROR(ctx_->decode(seq_, prompt.data(), static_cast<int64_t>(prompt.size()), logits_.data(),
                                      /*all_logits=*/false));
   history_.assign(prompt.begin(), prompt.end());
   const int32_t s = sampler_->sample(logits_.data(), V, history_);
   history_.push_back(s);
   *first = s;
+  // Position p's next token is history_[p + 1] (the last one: the token just sampled).
+  report_hidden(n_before, static_cast<int64_t>(prompt.size()), history_.data() + (history_.size() - prompt.size()));
   return Status::ok();
 }
 
@@ -147,18 +162,22 @@ Status SpeculativeDecoder::step(int max_new, std::vector<int32_t>* out) {
   const int64_t n_before = kv.seq_len(seq_);
   const int64_t room = kv.n_ctx() - n_before - 1;  // cells left after the pending token's
   int cap = static_cast<int>(std::min<int64_t>({p_.draft_max, max_new - 1, std::max<int64_t>(room, 0)}));
-  proposal_.clear();
-  if (draft_ != nullptr && cap > 0) draft_->propose(history_, cap, &proposal_);
-  int k = static_cast<int>(proposal_.size());
-  if (p_.adaptive && k > 0) {
-    const int chosen = choose_draft_length(times_, acceptance_, k, 1);
-    if (chosen == 0 && ++since_probe_ >= kProbeEvery) {
+  // The cost model first: a source is asked for no more drafts than would be verified (a model
+  // head pays for every draft it proposes), then judges the proposal it got.
+  int want = draft_ != nullptr ? cap : 0;
+  bool probe = false;
+  if (p_.adaptive && want > 0) {
+    want = choose_draft_length(times_, acceptance_, want, 1);
+    if (want == 0 && ++since_probe_ >= kProbeEvery) {
       since_probe_ = 0;
-      k = 1;
-    } else {
-      k = chosen;
+      want = 1;
+      probe = true;
     }
   }
+  proposal_.clear();
+  if (want > 0) draft_->propose(seq_, history_, want, &proposal_);
+  int k = std::min(want, static_cast<int>(proposal_.size()));
+  if (p_.adaptive && k > 0 && !probe) k = choose_draft_length(times_, acceptance_, k, 1);
   proposal_.resize(static_cast<size_t>(k));
   feed_.assign(1, history_.back());  // emitted last step (or by start), not yet in the cache
   feed_.insert(feed_.end(), proposal_.begin(), proposal_.end());
@@ -186,7 +205,10 @@ Status SpeculativeDecoder::step(int max_new, std::vector<int32_t>* out) {
         continue;
       }
     }
-    // The rejected drafts go (history_ now starts with exactly the tokens kept).
+    // The kept positions n_before.. (fed token j was followed by emitted token j) are reported
+    // before the rewind, which may run a forward pass of its own. Then the rejected drafts go
+    // (history_ now starts with exactly the tokens kept).
+    report_hidden(n_before, static_cast<int64_t>(out->size()), out->data());
     MOESH_RETURN_IF_ERROR(ctx_->rewind(seq_, n_before + 1 + i, history_));
     break;
   }

@@ -67,16 +67,18 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const Model& model, const T
   if (opts.draft_max < 0) {
     return make_error(StatusCode::kInvalidArgument, "scheduler: draft_max must be >= 0 (got {})", opts.draft_max);
   }
+  auto impl = std::make_unique<Impl>(model, tokenizer, opts, n_ctx);
+  impl->ctx = std::make_unique<Context>(
+      model, ContextParams{opts.n_threads, n_ctx, opts.executor, opts.micro_batching, opts.checkpoints});
   std::shared_ptr<DraftSource> draft = opts.draft_source;
   if (!draft && !opts.draft.empty()) {
-    auto d = make_draft_source(opts.draft);
+    // A model-based source (the NextN head) runs on the context's pool, between steps.
+    auto d = make_draft_source(opts.draft, DraftEnv{&model, &impl->ctx->pool(), n_ctx});
     if (!d) return d.status().with_context("scheduler");
     draft = std::move(*d);
   }
-  auto impl = std::make_unique<Impl>(model, tokenizer, opts, n_ctx);
+  if (draft && draft->needs_hidden()) impl->ctx->set_keep_hidden(true);
   impl->draft = std::move(draft);
-  impl->ctx = std::make_unique<Context>(
-      model, ContextParams{opts.n_threads, n_ctx, opts.executor, opts.micro_batching, opts.checkpoints});
   impl->slots.resize(static_cast<size_t>(opts.n_slots));
   impl->stats.n_slots = opts.n_slots;
   Impl* raw = impl.get();

@@ -64,6 +64,7 @@ void Scheduler::Impl::admit(std::unique_ptr<SchedJob> job) {
       reuse = donor_len;
       slots[lru].cells.assign(slots[donor].cells.begin(),
                               slots[donor].cells.begin() + static_cast<ptrdiff_t>(donor_len));
+      if (draft) draft->forget(lru);  // its draft state was of the slot's old cells
     } else {
       // Cannot happen while `cells` mirrors the cache; fall back to the free slot's own prefix.
       spdlog::warn("scheduler: prefix copy from slot {} failed: {}", donor, st.to_string());
@@ -143,8 +144,13 @@ void Scheduler::Impl::step() {
     if (draft && want > 0) {
       const int64_t cap = std::min<int64_t>({want, j.req.max_tokens - j.n_generated - 1, n_ctx - kv.seq_len(i) - 1,
                                              opts.max_batch_tokens - static_cast<int64_t>(batch.size()) - 1});
-      if (cap > 0) draft->propose(j.history, static_cast<int>(cap), &j.drafts);
-      const int n_prop = static_cast<int>(j.drafts.size());
+      // Asked for no more than the cost model would verify (a model head pays per draft).
+      const int ask = cap <= 0 ? 0
+                      : opts.adaptive_drafts
+                          ? choose_draft_length(step_times, j.acceptance, static_cast<int>(cap), n_base)
+                          : static_cast<int>(cap);
+      if (ask > 0) draft->propose(i, j.history, ask, &j.drafts);
+      const int n_prop = std::min(ask, static_cast<int>(j.drafts.size()));
       const int k = opts.adaptive_drafts ? choose_draft_length(step_times, j.acceptance, n_prop, n_base) : n_prop;
       j.drafts.resize(static_cast<size_t>(k));
       n_base += k;
@@ -230,16 +236,37 @@ void Scheduler::Impl::step() {
     }
     return true;
   };
+  // A draft source that drafts from hidden states (the NextN head) gets each part's kept
+  // positions: rows from the batch offset, each with the token that followed it.
+  const bool report = draft && draft->needs_hidden();
+  const std::span<const float> hidden = report ? ctx->hidden() : std::span<const float>{};
+  const int64_t D = model.hparams().n_embd;
+  std::vector<int32_t> next;
+  auto report_hidden = [&](int slot, int64_t first, int64_t b0, int64_t n) {
+    if (!report || n <= 0 || static_cast<int64_t>(hidden.size()) < (b0 + n) * D) return;
+    draft->on_hidden(slot, first, n, hidden.data() + b0 * D, next.data());
+  };
+  int64_t b0 = 0;  // the part's first row in the batch
   for (const StepPart& p : parts) {
     SchedSlot& s = slots[p.slot];
     SchedJob& j = *s.job;
+    const int64_t c0 = static_cast<int64_t>(s.cells.size());
     if (!p.decode) {
       const auto first = j.req.prompt.begin() + j.n_prompt_fed;
       s.cells.insert(s.cells.end(), first, first + p.n);
       j.n_prompt_fed += p.n;
-      if (!p.logits) continue;
-      emit(j, logits.data() + row * n_vocab);
-      ++row;
+      if (p.logits) {
+        emit(j, logits.data() + row * n_vocab);
+        ++row;
+      }
+      if (report) {
+        // Each prompt position is followed by the next prompt token, the last one by the first
+        // generated token (or, mid-prompt, by the next chunk's first token).
+        next.assign(first + 1, first + p.n);
+        next.push_back(p.logits ? j.history.back() : j.req.prompt[static_cast<size_t>(j.n_prompt_fed)]);
+        report_hidden(p.slot, c0, b0, p.n);
+      }
+      b0 += p.n;
       continue;
     }
     // next_token, then the drafts: a draft is kept while it equals what its position samples;
@@ -258,6 +285,14 @@ void Scheduler::Impl::step() {
       ++j.usage.accepted_draft_tokens;
       s.cells.push_back(j.drafts[static_cast<size_t>(q)]);  // its K/V from this pass stays
     }
+    // The kept positions, each followed by the token its logits emitted; before the rewind,
+    // which may run a forward pass of its own.
+    if (report) {
+      const int64_t m = static_cast<int64_t>(s.cells.size()) - c0;
+      next.assign(j.history.end() - m, j.history.end());
+      report_hidden(p.slot, c0, b0, m);
+    }
+    b0 += p.n;
     // Drafts not checked (the job finished first) count as verified-and-dropped too. A state
     // that cannot be cut there (recurrent layers past their checkpoints) recomputes the kept
     // tokens; if that fails the request fails, and `cells` follows what the state kept.

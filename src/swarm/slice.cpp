@@ -20,6 +20,18 @@ bool is_routed_expert_tensor(std::string_view name) {
   return name.find("_exps.") != std::string_view::npos && !name.ends_with(".bias");
 }
 
+// A tensor of block >= n_layer: a NextN/MTP block after the decoder. Its experts stay in a backbone
+// slice, since the draft head runs on the backbone (a draft over the WAN would cost the trips it
+// is there to save).
+bool after_decoder(std::string_view name, uint32_t n_layer) {
+  if (!name.starts_with("blk.")) return false;
+  name.remove_prefix(4);
+  uint32_t il = 0;
+  size_t i = 0;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) il = il * 10 + static_cast<uint32_t>(name[i] - '0');
+  return i > 0 && i < name.size() && name[i] == '.' && il >= n_layer;
+}
+
 // Copies the model's metadata (minus any moesh.slice.* keys of a previous slice) and adds the
 // keys every slice carries.
 Status start_slice(const gguf::File& model, const char* kind, const ModelShape& shape, gguf::Writer* w) {
@@ -151,7 +163,7 @@ Status write_backbone_slice(const gguf::File& model, const std::string& out) {
       if (k.starts_with(kKeyHashPrefix) || k.starts_with(kKeyLayoutPrefix)) w.set(k, v);
   }
   for (const auto& t : model.tensors()) {
-    if (is_routed_expert_tensor(t.name)) {
+    if (is_routed_expert_tensor(t.name) && !after_decoder(t.name, shape.n_layer)) {
       // The slabs stay out, their hashes go in: a backbone on this slice can then verify an
       // expert it receives (wire SLAB) without trusting the worker that sent it. This reads
       // every expert slab once.

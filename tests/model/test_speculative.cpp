@@ -23,20 +23,20 @@ TEST(NgramDraft, ProposesWhatFollowedTheLongestEarlierMatch) {
   // Suffix "7 8 9" occurred at 1..3 (followed by 4 5) and "8 9" also at 5..6 (followed by 1):
   // the longest match wins.
   const std::vector<int32_t> h = {6, 7, 8, 9, 4, 5, 8, 9, 1, 7, 8, 9};
-  d.propose(h, 8, &out);
+  d.propose(0, h, 8, &out);
   EXPECT_EQ(out, (std::vector<int32_t>{4, 5, 8, 9, 1, 7, 8, 9}));
-  d.propose(h, 2, &out);
+  d.propose(0, h, 2, &out);
   EXPECT_EQ(out, (std::vector<int32_t>{4, 5}));
   // The most recent earlier occurrence of the 2-gram "1 2"; past the present the period (3) goes on.
-  d.propose(std::vector<int32_t>{1, 2, 3, 1, 2, 4, 1, 2}, 4, &out);
+  d.propose(0, std::vector<int32_t>{1, 2, 3, 1, 2, 4, 1, 2}, 4, &out);
   EXPECT_EQ(out, (std::vector<int32_t>{4, 1, 2, 4}));
   // A loop of period 2 keeps looping for as many tokens as asked.
-  d.propose(std::vector<int32_t>{9, 5, 6, 5, 6}, 7, &out);
+  d.propose(0, std::vector<int32_t>{9, 5, 6, 5, 6}, 7, &out);
   EXPECT_EQ(out, (std::vector<int32_t>{5, 6, 5, 6, 5, 6, 5}));
   // No earlier occurrence: nothing.
-  d.propose(std::vector<int32_t>{1, 2, 3, 4, 5}, 4, &out);
+  d.propose(0, std::vector<int32_t>{1, 2, 3, 4, 5}, 4, &out);
   EXPECT_TRUE(out.empty());
-  d.propose(std::vector<int32_t>{1, 2, 1, 2}, 0, &out);
+  d.propose(0, std::vector<int32_t>{1, 2, 1, 2}, 0, &out);
   EXPECT_TRUE(out.empty());
   EXPECT_FALSE(make_draft_source("eagle").is_ok());
   EXPECT_TRUE(make_draft_source("ngram").is_ok());
@@ -93,7 +93,7 @@ class ScriptedDraft final : public DraftSource {
  public:
   ScriptedDraft(std::vector<int32_t> truth, size_t prompt_len, bool wrong)
       : truth_(std::move(truth)), prompt_len_(prompt_len), wrong_(wrong) {}
-  void propose(std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
+  void propose(int32_t, std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
     out->clear();
     const size_t done = h.size() - prompt_len_;  // tokens emitted so far
     for (size_t i = done; i < truth_.size() && static_cast<int>(out->size()) < max_tokens; ++i) {

@@ -21,6 +21,7 @@
 #include "moesh/remote/fanout.h"
 #include "moesh/remote/remote.h"
 #include "moesh/swarm/swarm.h"
+#include "util/nextn_model.h"
 
 namespace moesh::test {
 namespace {
@@ -209,12 +210,47 @@ TEST(RemoteLoopback, RepliesAreTakenInArrivalOrder) {
   EXPECT_LE(at[0], at[1]);
 }
 
+// n greedy tokens after `prompt`, one plain decode per token, all local.
+std::vector<int32_t> greedy_local(const Model& m, const std::vector<int32_t>& prompt, int n) {
+  const int64_t V = m.hparams().n_vocab;
+  Context ctx(m, ContextParams{1, 128, nullptr});
+  std::vector<float> lg(static_cast<size_t>(V));
+  std::vector<int32_t> out;
+  Status st = ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), lg.data(), false);
+  while (st.is_ok() && static_cast<int>(out.size()) < n) {
+    const int32_t t = argmax(lg.data(), V);
+    out.push_back(t);
+    st = ctx.decode(0, &t, 1, lg.data(), false);
+  }
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return out;
+}
+
+// n greedy tokens after `prompt` through SpeculativeDecoder with `draft` (verifying every draft,
+// at most draft_max a pass); exec's traffic then counts the generation's trips only.
+std::vector<int32_t> speculate(Context& ctx, RemoteExecutor& exec, DraftSource* draft, int draft_max,
+                               const std::vector<int32_t>& prompt, int n, SpeculativeStats* stats) {
+  Sampler sampler(SamplingParams{});
+  SpeculativeDecoder dec(&ctx, 0, &sampler, draft, SpeculativeParams{draft_max, /*adaptive=*/false});
+  int32_t first = -1;
+  Status st = dec.start(prompt, &first);
+  exec.reset_traffic();
+  std::vector<int32_t> got = {first}, step;
+  while (st.is_ok() && static_cast<int>(got.size()) < n) {
+    st = dec.step(n - static_cast<int>(got.size()), &step);
+    got.insert(got.end(), step.begin(), step.end());
+  }
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  *stats = dec.stats();
+  return got;
+}
+
 // Proposes the known continuation (every draft kept) or a shifted one (every draft rejected).
 class KnownDraft final : public DraftSource {
  public:
   KnownDraft(std::vector<int32_t> truth, size_t prompt_len, int shift)
       : truth_(std::move(truth)), prompt_len_(prompt_len), shift_(shift) {}
-  void propose(std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
+  void propose(int32_t, std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
     out->clear();
     for (size_t i = h.size() - prompt_len_; i < truth_.size() && static_cast<int>(out->size()) < max_tokens; ++i) {
       const int32_t t = truth_[i];
@@ -234,49 +270,71 @@ TEST(RemoteLoopback, SpeculativeDecodingThroughWorkersIsPlainLocalWithFewerTrips
   ASSERT_NO_FATAL_FAILURE(halves(&s));
   const auto prompt = tokens_of(*s.model);
   constexpr int kN = 24;
-  const int64_t V = s.model->hparams().n_vocab;
   int n_moe = 0;
   for (const auto& l : s.model->layers) n_moe += l.is_moe;
-  // Plain greedy, all local.
-  std::vector<int32_t> want;
-  {
-    Context ctx(*s.model, ContextParams{1, 128, nullptr});
-    std::vector<float> lg(static_cast<size_t>(V));
-    ASSERT_TRUE(ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), lg.data(), false).is_ok());
-    while (static_cast<int>(want.size()) < kN) {
-      const int32_t t = argmax(lg.data(), V);
-      want.push_back(t);
-      ASSERT_TRUE(ctx.decode(0, &t, 1, lg.data(), false).is_ok());
-    }
-  }
+  const std::vector<int32_t> want = greedy_local(*s.model, prompt, kN);  // plain greedy, all local
   for (const int shift : {0, 1}) {
     SCOPED_TRACE(shift == 0 ? "drafts always right" : "drafts always wrong");
     auto exec = s.connect();
     ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
     Context ctx(*s.model, ContextParams{1, 128, *exec});
-    Sampler sampler(SamplingParams{});
     KnownDraft draft(want, prompt.size(), shift);
-    SpeculativeDecoder dec(&ctx, 0, &sampler, &draft, SpeculativeParams{8, /*adaptive=*/false});
-    int32_t first = -1;
-    ASSERT_TRUE(dec.start(prompt, &first).is_ok());
-    (*exec)->reset_traffic();  // count the generation's trips only
-    std::vector<int32_t> got = {first}, step;
-    while (static_cast<int>(got.size()) < kN) {
-      Status st = dec.step(kN - static_cast<int>(got.size()), &step);
-      ASSERT_TRUE(st.is_ok()) << st.to_string();
-      got.insert(got.end(), step.begin(), step.end());
-    }
-    EXPECT_EQ(got, want);
+    SpeculativeStats ss;
+    EXPECT_EQ(speculate(ctx, **exec, &draft, 8, prompt, kN, &ss), want);
     // One executor call (a star round trip to the workers) per MoE layer per forward pass.
     const RemoteTraffic t = (*exec)->traffic();
-    EXPECT_EQ(t.layer_calls, static_cast<uint64_t>(dec.stats().steps * n_moe));
+    EXPECT_EQ(t.layer_calls, static_cast<uint64_t>(ss.steps * n_moe));
     if (shift == 0) {
-      EXPECT_LT(dec.stats().steps * 3, kN - 1) << "right drafts should need far fewer passes";
+      EXPECT_LT(ss.steps * 3, kN - 1) << "right drafts should need far fewer passes";
     } else {
-      EXPECT_EQ(dec.stats().accepted, 0);
-      EXPECT_EQ(dec.stats().steps, kN - 1);
+      EXPECT_EQ(ss.accepted, 0);
+      EXPECT_EQ(ss.steps, kN - 1);
     }
   }
+}
+
+// The NextN head on a backbone that holds no decoder experts (a backbone slice; it keeps the
+// head's own block and experts): the head runs on the backbone, so drafting adds no round trip —
+// one executor call per MoE layer per forward pass, as without it — and the output is plain
+// local decoding. The bigram model's head (util/nextn_model.h) drafts right, so the steps drop.
+TEST(RemoteLoopback, NextnHeadOnABackboneSliceDraftsWithoutTrips) {
+  LoopSwarm s;
+  s.path = temp_dir() + "/glm4moe-bigram.gguf";
+  ASSERT_TRUE(write_nextn_bigram_model(temp_dir() + "/glm4moe-bigram-src.gguf", s.path).is_ok());
+  auto full = Model::load(s.path);
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  const std::string bb = temp_dir() + "/glm4moe-bigram-backbone.gguf";
+  {
+    auto f = gguf::File::open(s.path);
+    ASSERT_TRUE(f.is_ok());
+    ASSERT_TRUE(swarm::write_backbone_slice(**f, bb).is_ok());
+    auto b = gguf::File::open(bb);
+    ASSERT_TRUE(b.is_ok());
+    EXPECT_EQ((*b)->find_tensor("blk.1.ffn_gate_exps.weight"), nullptr);
+    EXPECT_NE((*b)->find_tensor("blk.3.ffn_gate_exps.weight"), nullptr) << "the head's experts stay";
+  }
+  auto backbone = Model::load(bb);
+  ASSERT_TRUE(backbone.is_ok()) << backbone.status().to_string();
+  s.model = std::move(*backbone);
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-3"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:4-7"));
+  int n_moe = 0;
+  for (const auto& l : s.model->layers) n_moe += l.is_moe;
+  const auto prompt = tokens_of(**full);
+  constexpr int kN = 20;
+  const std::vector<int32_t> want = greedy_local(**full, prompt, kN);
+  auto exec = s.connect();
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  Context ctx(*s.model, ContextParams{1, 128, *exec});
+  auto head = make_draft_source("nextn", DraftEnv{s.model.get(), &ctx.pool(), 128});
+  ASSERT_TRUE(head.is_ok()) << head.status().to_string();
+  SpeculativeStats ss;
+  EXPECT_EQ(speculate(ctx, **exec, head->get(), 3, prompt, kN, &ss), want);
+  const RemoteTraffic t = (*exec)->traffic();
+  EXPECT_EQ(t.layer_calls, static_cast<uint64_t>(ss.steps * n_moe));
+  EXPECT_EQ(t.local_pairs, 0u);
+  EXPECT_EQ(ss.accepted, ss.drafted);
+  EXPECT_LE(ss.steps, (kN - 1 + 3) / 4);
 }
 
 // A multi-sequence run: 5 prompts of different lengths prefilled in one batch, then kSteps decode

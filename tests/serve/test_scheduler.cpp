@@ -23,6 +23,7 @@
 #include "moesh/model/model.h"
 #include "moesh/serve/scheduler.h"
 #include "moesh/text/tokenizer.h"
+#include "util/nextn_model.h"
 
 namespace moesh {
 namespace {
@@ -677,7 +678,7 @@ class KnownContinuation final : public DraftSource {
  public:
   KnownContinuation(std::vector<std::vector<int32_t>> prompts, std::vector<std::vector<int32_t>> outs, bool wrong)
       : prompts_(std::move(prompts)), outs_(std::move(outs)), wrong_(wrong) {}
-  void propose(std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
+  void propose(int32_t, std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
     out->clear();
     for (size_t r = 0; r < prompts_.size(); ++r) {
       const auto& p = prompts_[r];
@@ -820,6 +821,56 @@ TEST(SchedulerHybrid, PrefixCacheConversationAndDraftsMatchPlainDecode) {
         EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, 0);
       } else {
         EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, outs[i]->usage.draft_tokens);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moesh
+
+namespace moesh {
+namespace {
+
+// The model's own NextN head as the scheduler's draft source (glm4moe; the bigram model of
+// util/nextn_model.h, whose head drafts what the model generates): concurrent requests, prompts
+// fed in chunks across steps, a slot reused for a prompt sharing a prefix — each stream's tokens
+// equal it decoded alone, and every draft is kept (the head got each slot's positions, in
+// order, paired with the tokens that followed them).
+TEST(SchedulerDraft, NextnHeadDraftsForEverySlot) {
+  const auto dir = std::filesystem::temp_directory_path() / ("moesh-sched-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "bigram.gguf").string();
+  ASSERT_TRUE(test::write_nextn_bigram_model((dir / "bigram-src.gguf").string(), path).is_ok());
+  auto loaded = Model::load(path);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  const Model& m = **loaded;
+  std::vector<std::vector<int32_t>> prompts = {random_prompt(1400, 9), random_prompt(1401, 40), random_prompt(1402, 5)};
+  std::vector<int32_t> shared = prompts[1];  // the second wave reuses request 1's slot prefix
+  shared.resize(30);
+  for (int32_t t : random_prompt(1403, 7)) shared.push_back(t);
+  SchedulerOptions o = opts(3, 24);  // 40 prompt tokens: two chunks
+  o.draft = "nextn";
+  o.draft_max = 3;
+  o.adaptive_drafts = false;
+  auto s = make_scheduler(o, nullptr, m);
+  ASSERT_NE(s, nullptr);
+  for (int wave = 0; wave < 2; ++wave) {
+    SCOPED_TRACE(wave == 0 ? "three requests" : "prefix reuse");
+    const std::vector<std::vector<int32_t>> ps = wave == 0 ? prompts : std::vector<std::vector<int32_t>>{shared};
+    std::vector<std::shared_ptr<Outcome>> outs;
+    for (const auto& p : ps) {
+      outs.push_back(std::make_shared<Outcome>());
+      submit_ok(*s, greedy_request(p, 20), collect(outs.back()));
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      outs[i]->wait_done();
+      EXPECT_EQ(outs[i]->tokens, greedy_alone(ps[i], 20, m)) << "request " << i;
+      // Every step drafts its full share: 3 + 3 + 3 + 3 after the first token, then the 2 left.
+      EXPECT_EQ(outs[i]->usage.draft_tokens, 14) << "request " << i;
+      EXPECT_EQ(outs[i]->usage.accepted_draft_tokens, outs[i]->usage.draft_tokens) << "request " << i;
+      if (wave == 1) {
+        EXPECT_GT(outs[i]->usage.cached_tokens, 0);
       }
     }
   }

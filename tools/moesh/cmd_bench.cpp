@@ -184,7 +184,7 @@ int run_bench(const BenchArgs& a) {
   // drafts; the same SpeculativeDecoder path, so the two rows differ only in the drafting.
   std::unique_ptr<DraftSource> draft;
   if (!a.draft.empty()) {
-    auto d = make_draft_source(a.draft);
+    auto d = make_draft_source(a.draft, DraftEnv{model.get(), &ctx.pool(), 0});
     if (!d) {
       std::fprintf(stderr, "moesh bench: error: --draft: %s\n", d.status().message().c_str());
       return 2;
@@ -194,6 +194,7 @@ int run_bench(const BenchArgs& a) {
   SpeculativeStats last_spec;
   auto time_gen = [&](DraftSource* src) -> Result<double> {
     ctx.state().clear();
+    if (src != nullptr) src->forget(0);  // a model-based source's state follows the cells
     Sampler greedy(SamplingParams{});
     SpeculativeDecoder dec(&ctx, 0, &greedy, src, SpeculativeParams{a.draft_max, true});
     int32_t first = -1;
@@ -358,7 +359,8 @@ const CommandRegistrar k_reg{Command{
                     "Also print where each step's time went (routed experts; per worker latency vs compute)");
       sub->add_option("--draft", a->draft,
                       "Also time greedy generation after a grounded (repeated) prompt, plain vs with "
-                      "this draft source (ngram): rows genN and genN+ngram");
+                      "this draft source (ngram, or nextn: the model's own NextN/MTP head): rows genN and "
+                      "genN+SOURCE");
       sub->add_option("--draft-max", a->draft_max, "Most drafts per forward pass")->capture_default_str();
       sub->add_option("--streams", a->streams,
                       "Also time S sequences decoded together (row tgNxS) and its ratio to tgN")

@@ -156,12 +156,18 @@ ModelDesc describe_model(const File& f) {
   d.ok = true;
   const HParams& h = *hp;
   auto add = [&](std::string k, std::string v) { d.rows.emplace_back(std::move(k), std::move(v)); };
+  auto nextn_draft_head = [](const std::string& arch) -> std::string {
+    for (const std::string& a : nextn_architectures()) {
+      if (a == arch) return "not in the forward pass; a draft head: --draft nextn";
+    }
+    return "loaded, not run";
+  };
   add("architecture", h.arch_name + " (supported)");
   add("blocks",
       fmt::format(
           "{} decoder{}{}", h.n_layer,
           h.n_rec_layer > 0 ? fmt::format(" ({} gated DeltaNet, {} attention)", h.n_rec_layer, h.n_kv_layer) : "",
-          h.n_nextn > 0 ? fmt::format(" + {} NextN/MTP (loaded, not run)", h.n_nextn) : ""));
+          h.n_nextn > 0 ? fmt::format(" + {} NextN/MTP ({})", h.n_nextn, nextn_draft_head(h.arch_name)) : ""));
   if (h.n_rec_layer > 0) {
     const HParams::DeltaNet& dn = h.dnet;
     // What a sequence costs beyond its KV cells: one state per recurrent block, and as much

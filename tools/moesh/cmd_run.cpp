@@ -140,7 +140,7 @@ int run_run(const RunArgs& a) {
   Sampler sampler(sp);
   std::unique_ptr<DraftSource> draft;
   if (!a.draft.empty()) {
-    auto d = make_draft_source(a.draft);
+    auto d = make_draft_source(a.draft, DraftEnv{model.get(), &ctx.pool(), cp.n_ctx});
     if (!d) {
       std::fprintf(stderr, "moesh run: error: --draft: %s\n", d.status().message().c_str());
       return 2;
@@ -294,7 +294,8 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_flag("--json", a->json, "Print one JSON object instead of text");
       sub->add_option("--draft", a->draft,
-                      "Speculative decoding with this draft source: ngram (prompt lookup). The output is "
+                      "Speculative decoding with this draft source: ngram (prompt lookup) or nextn (the "
+                      "model's own NextN/MTP head, glm4moe). The output is "
                       "the same as without; more tokens per forward pass (and per round trip)");
       sub->add_option("--draft-max", a->draft_max, "Most drafts verified per forward pass")->capture_default_str();
       add_swarm_options(sub, &a->swarm);

@@ -163,7 +163,8 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("--chat-template", a->chat_template,
                       "Chat template family (chatml, llama3, deepseek3, ...) overriding the file's");
       sub->add_option("--draft", a->draft,
-                      "Speculative decoding for every request with this draft source: ngram (same output, "
+                      "Speculative decoding for every request with this draft source: ngram or nextn (the "
+                      "model's NextN/MTP head; same output, "
                       "more tokens per forward pass; usage reports accepted drafts)");
       sub->add_option("--draft-max", a->draft_max, "Most drafts a request verifies per step")
           ->check(CLI::Range(0, 256))

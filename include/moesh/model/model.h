@@ -33,6 +33,8 @@ struct ArchDef;  // src/model/arch.h: one per architecture
 
 // Names of the architectures this build runs (the registry, in order).
 std::vector<std::string> supported_architectures();
+// The architectures whose NextN/MTP blocks run as a draft head (`--draft nextn`).
+std::vector<std::string> nextn_architectures();
 
 struct HParams;
 // The chat template family of the model's architecture ("harmony", "glm4", "chatml", ...), for
@@ -70,7 +72,7 @@ struct HParams {
   int64_t n_ff_exp = 0;
   int64_t n_expert_shared = 0;
   int64_t n_ff_shexp = 0;  // shared expert width when given on its own (qwen3next); 0: n_ff_exp * n_expert_shared
-  int64_t n_nextn = 0;     // NextN/MTP blocks stored after the n_layer decoder blocks (glm4moe): loaded, not run
+  int64_t n_nextn = 0;     // NextN/MTP blocks stored after the n_layer decoder blocks: never in the forward pass
   int64_t n_leading_dense = 0;
   int64_t n_moe_layer_step = 0;  // MoE every n-th block (llama4 interleave_moe_layer_step)
   GatingFunc gating = GatingFunc::kSoftmax;
@@ -180,6 +182,18 @@ struct LoadOptions {
   bool dequant_f32 = false;
 };
 
+// A NextN/MTP block (DeepSeek-V3-style multi-token prediction; glm4moe files carry one after the
+// decoder): a decoder block whose input mixes the next token's embedding with the decoder's final
+// hidden state, and its own output head (src/model/nextn.cpp runs it as a draft source):
+//   x = eh_proj · [ enorm(embed(t_{i+1})) | hnorm(h_i) ];  x = block(x);  logits = head(head_norm(x))
+struct NextnWeights {
+  LayerWeights block;                // blk.N.*: attention, norms, FFN (MoE) as the decoder's
+  TensorView eh_proj, enorm, hnorm;  // blk.N.nextn.{eh_proj,enorm,hnorm}
+  TensorView head_norm;              // blk.N.nextn.shared_head_norm
+  TensorView head;                   // blk.N.nextn.shared_head_head, else the model's output
+  TensorView embed;                  // blk.N.nextn.embed_tokens, else token_embd
+};
+
 class Model {
  public:
   static Result<std::unique_ptr<Model>> load(const std::string& path, const LoadOptions& opts = {});
@@ -194,6 +208,12 @@ class Model {
   std::vector<LayerWeights> layers;
   // Stacked routed-expert views per layer (invalid for dense layers), for executors.
   std::vector<ExpertWeights> expert_weights() const;
+  // The NextN/MTP blocks the architecture can run as a draft head (ArchDef::bind_nextn), bound
+  // when the file has them; never part of the forward pass. A block that fails to bind leaves
+  // `nextn` empty and says why in nextn_status (the model itself still loads: the block is only
+  // ever a draft source).
+  std::vector<NextnWeights> nextn;
+  Status nextn_status = Status::ok();
 
  private:
   Model() = default;
@@ -284,6 +304,12 @@ class Context {
   RecurrentState* recurrent() { return rec_.get(); }
   ThreadPool& pool() { return *pool_; }
   void set_observer(ForwardObserver* obs) { observer_ = obs; }
+  // When on, every decode keeps each token's final normed hidden state (output_norm(h), what the
+  // output head reads) for hidden(): a model's own draft head (NextnDraft) drafts from them.
+  void set_keep_hidden(bool on) { keep_hidden_ = on; }
+  // [T][n_embd] rows of the last successful decode_batch, in batch order (empty unless
+  // set_keep_hidden); valid until the next decode.
+  std::span<const float> hidden() const;
   void set_micro_batching(MicroBatching m) { micro_batching_ = m; }
   MicroBatching micro_batching() const { return micro_batching_; }
   const MicroBatchStats& micro_batch_stats() const { return mb_stats_; }
@@ -308,6 +334,8 @@ class Context {
   ContextState state_;
   std::shared_ptr<ExpertExecutor> executor_;
   ForwardObserver* observer_ = nullptr;
+  bool keep_hidden_ = false;
+  int64_t n_hidden_ = 0;                         // rows of hidden() from the last decode
   std::unique_ptr<Scratch> scratch_, scratch2_;  // the second is the other micro-batch's
   MicroBatching micro_batching_ = MicroBatching::kAuto;
   MicroBatchPolicy mb_policy_;

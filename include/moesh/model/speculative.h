@@ -1,8 +1,8 @@
 // Speculative decoding: more tokens per forward pass, so a step over a WAN costs one round trip
 // per MoE layer for 1 + n_draft tokens instead of one.
 //
-// A DraftSource proposes how the sequence may continue (prompt lookup / n-grams today; a model's
-// own MTP/NextN head can be another source). The decoder feeds the next token plus the drafts in
+// A DraftSource proposes how the sequence may continue: prompt lookup / n-grams, or the model's
+// own NextN/MTP head (NextnDraft). The decoder feeds the next token plus the drafts in
 // ONE forward pass, samples each position's logits in order — exactly one Sampler call per
 // emitted token, with the same logits bits and history as plain decoding (batch == incremental)
 // — accepts drafts while they equal what was sampled, emits the first token that differs, and
@@ -31,10 +31,24 @@ namespace moesh {
 class DraftSource {
  public:
   virtual ~DraftSource() = default;
-  // Appends up to max_tokens proposed continuations of `history` (prompt + every token emitted so
-  // far, oldest first) to *out (cleared first). Proposing nothing is always allowed.
-  virtual void propose(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>* out) = 0;
+  // Appends up to max_tokens proposed continuations of sequence `seq`, whose `history` is
+  // prompt + every token emitted so far (oldest first), to *out (cleared first). Proposing
+  // nothing is always allowed; a proposal never changes the output, only the step's length.
+  virtual void propose(int32_t seq, std::span<const int32_t> history, int max_tokens, std::vector<int32_t>* out) = 0;
   virtual std::string name() const = 0;
+
+  // Sources that draft from the model's own hidden states (a NextN/MTP head) return true: the
+  // decoder then keeps the final hidden states (Context::set_keep_hidden) and reports every
+  // position it keeps, in order, through on_hidden.
+  virtual bool needs_hidden() const { return false; }
+  // Positions first..first+n-1 of `seq` are now part of the sequence: rows [n][n_embd] are their
+  // final normed hidden states (output_norm(h), what the output head reads), next[n] the token
+  // that followed each. Reporting positions before the end of what was reported replaces them
+  // (a slot reused for a prompt with the same prefix); a gap (cells copied from elsewhere)
+  // restarts the source's state of `seq` there.
+  virtual void on_hidden(int32_t seq, int64_t first, int64_t n, const float* rows, const int32_t* next) {}
+  // The sequence's cells were dropped or replaced wholesale: forget what was reported.
+  virtual void forget(int32_t seq) {}
 };
 
 // Prompt lookup: the longest suffix of the history of n_max..n_min tokens that occurred earlier
@@ -45,15 +59,56 @@ class DraftSource {
 class NgramDraft final : public DraftSource {
  public:
   explicit NgramDraft(int n_min = 1, int n_max = 4);
-  void propose(std::span<const int32_t> history, int max_tokens, std::vector<int32_t>* out) override;
+  void propose(int32_t seq, std::span<const int32_t> history, int max_tokens, std::vector<int32_t>* out) override;
   std::string name() const override { return "ngram"; }
 
  private:
   int n_min_, n_max_;
 };
 
-// "ngram" -> NgramDraft; kInvalidArgument naming the known sources otherwise.
-Result<std::unique_ptr<DraftSource>> make_draft_source(const std::string& name);
+// The model's own NextN/MTP head (src/model/nextn.cpp; glm4moe): a block after the decoder that
+// predicts the token after next from the next token's embedding and the decoder's final hidden
+// state, run on the backbone with its own cache of slots (one per position the decoder kept)
+// and its own copy of that block's experts. It drafts up to `max_depth` tokens per step by feeding
+// its output back; the temporary slots of those drafts are cut after proposing. Proposals are
+// the head's argmax (the decoder's sampler still decides every token).
+class NextnDraft final : public DraftSource {
+ public:
+  // `model` must hold a runnable NextN block (make_draft_source checks); `pool` runs it and
+  // must outlive this source; n_ctx: cells per sequence (<= 0: the model's training context).
+  NextnDraft(const Model& model, ThreadPool* pool, int64_t n_ctx, int max_depth);
+  ~NextnDraft() override;
+  void propose(int32_t seq, std::span<const int32_t> history, int max_tokens, std::vector<int32_t>* out) override;
+  std::string name() const override { return "nextn"; }
+  bool needs_hidden() const override { return true; }
+  void on_hidden(int32_t seq, int64_t first, int64_t n, const float* rows, const int32_t* next) override;
+  void forget(int32_t seq) override;
+
+  struct Stats {
+    int64_t runs = 0;      // head forward passes that produced a draft
+    int64_t failures = 0;  // passes that failed (no draft that step; the output is unaffected)
+  };
+  const Stats& stats() const { return stats_; }
+  const Status& last_error() const { return last_error_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  Stats stats_;
+  Status last_error_ = Status::ok();
+};
+
+// What a model-based draft source runs on.
+struct DraftEnv {
+  const Model* model = nullptr;
+  ThreadPool* pool = nullptr;  // must outlive the source
+  int64_t n_ctx = 0;
+  int nextn_depth = 3;  // most drafts per step of the NextN head
+};
+// "ngram" -> NgramDraft; "nextn" (alias "mtp") -> NextnDraft for env.model, kUnsupported naming
+// why when the model has no runnable NextN block; kInvalidArgument naming the known sources
+// otherwise.
+Result<std::unique_ptr<DraftSource>> make_draft_source(const std::string& name, const DraftEnv& env = {});
 
 // The cost model's parts, shared by SpeculativeDecoder (one sequence) and the serving scheduler
 // (many sequences in one forward pass).
@@ -128,6 +183,10 @@ class SpeculativeDecoder {
   int planned_draft() const;
 
  private:
+  // Gives a draft source that needs them the hidden states of positions first..first+n-1 (rows
+  // of the last decode, in feed order), each followed by next[j].
+  void report_hidden(int64_t first, int64_t n, const int32_t* next);
+
   Context* ctx_;
   int32_t seq_;
   Sampler* sampler_;
