@@ -55,6 +55,18 @@ Status FanOut::start(size_t w, uint64_t request_id, std::span<const uint8_t> fra
   return st;
 }
 
+void FanOut::replace(size_t w, std::unique_ptr<WorkerLink> link) {
+  links_[w]->shut_down();  // a reader blocked on the old connection returns at once
+  if (!inline_) readers_[w].join();
+  // Completions the old link filed for requests nobody waits for any more go with it.
+  live_.erase(std::remove_if(live_.begin(), live_.end(), [w](const Outstanding& o) { return o.worker == w; }),
+              live_.end());
+  early_.erase(std::remove_if(early_.begin(), early_.end(), [w](const auto& e) { return e.tag == w; }), early_.end());
+  link->mux->skip_request_ids_to(links_[w]->mux->next_request_id());
+  links_[w] = std::move(link);
+  if (!inline_) readers_[w] = std::thread([this, w] { read_loop(w); });
+}
+
 bool FanOut::forget(size_t w, uint64_t request_id) {
   for (size_t i = 0; i < live_.size(); ++i) {
     if (live_[i].worker == w && live_[i].request_id == request_id) {

@@ -7,8 +7,12 @@
 // results do not depend on the other rows of the batch). Local and remote outputs are then
 // combined by one loop, in rank order, with LocalExecutor's float operations — which is what
 // makes EXACT mode bit-identical to all-local execution for any placement.
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <bit>
+#include <future>
 #include <mutex>
 
 #include "moesh/moe/expert_stages.h"
@@ -52,6 +56,7 @@ struct RemoteExecutor::Impl {
   struct Request {
     int worker = 0;
     bool started = false;
+    bool failed = false;  // its COMBINE never came right: its pairs were re-planned (or the call failed)
     std::chrono::steady_clock::time_point sent_at;
     wire::DispatchMsg msg;        // hidden.bytes dropped once encoded (shape kept for checks)
     std::vector<int32_t> tokens;  // batch index of each dispatched token
@@ -60,18 +65,38 @@ struct RemoteExecutor::Impl {
   };
   struct Job : SubmittedJob {
     net::Deadline deadline;
-    Status error;            // a failure found by submit(), reported by wait()
+    Status error;            // a failure found by submit() that no failover can mend, reported by wait()
+    Status send_error;       // the first DISPATCH that could not be sent (its pairs fail over)
     int failed_worker = -1;  // the worker a DISPATCH could not be sent to
     // For the hidden-trip counters: submit() returned, first DISPATCH sent, last COMBINE filed.
     std::chrono::steady_clock::time_point submitted, first_sent, last_arrival;
     std::vector<Request> reqs;  // reused; the first n_reqs are this job's
     size_t n_reqs = 0;
     std::vector<int32_t> local_slots;
+    std::vector<int32_t> assign;  // per (token, rank) slot: who computes it (re-planned on failover)
     std::vector<float> out;
   };
   std::vector<Job> jobs;
   Ticket next_ticket = 1;
-  std::vector<size_t> failed_workers;  // of the last failed wait()
+  std::vector<size_t> failed_workers;  // of the last wait()
+
+  // Failover (RemoteOptions::failover): per worker, whether it is down (left out of planning),
+  // when it is re-dialled next, the backoff, and a re-dial in flight.
+  struct Health {
+    bool down = false;
+    bool manual = false;  // set_excluded by the caller: never re-included by a rejoin
+    std::chrono::steady_clock::time_point retry_at;
+    std::chrono::milliseconds backoff{0};
+    std::future<Result<std::unique_ptr<WorkerLink>>> redial;
+  };
+  std::vector<Health> health;
+  std::vector<std::vector<wire::ExpertRange>> announced;  // each worker's experts at connect
+  wire::Hello hello;
+  RemoteExecutor::FailoverStats fo;
+  std::vector<uint8_t> replan_mask;
+  void mark_down(int w);
+  void start_redials(bool wait);
+  Status recover(Job& job, const Status& why);
 
   // Reusable buffers.
   std::vector<float> rows_f32;       // gathered hidden rows of one request
@@ -99,12 +124,16 @@ struct RemoteExecutor::Impl {
     return fmt::format("worker {}, layer {}, request {}", fan->link(r.worker).label, j.layer, r.msg.request_id);
   }
   void split_and_send(Job& job);
+  // Requests for the slots of job.assign given to workers (only those with mask[slot] != 0 when
+  // a mask is given), appended after the job's first n_reqs; then sent (star fan-out).
+  void add_requests(Job& job, const std::vector<uint8_t>* mask);
+  void send_requests(Job& job, size_t first);
   Status plan_hot();
   Result<wire::SlabMsg> fetch(size_t w, int layer, int expert);
   std::vector<double> worker_costs() const;
   void cancel_all(Job& job);
   Status run_local(Job& job, std::span<const float>* y);
-  Status gather(Job& job);
+  Status gather(Job& job, size_t first);
   void combine(Job& job, std::span<const float> ylocal);
 };
 
@@ -152,6 +181,7 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
     auto held = swarm::expert_set_from_ranges((*link)->session.peer.experts, shape);
     if (!held) return held.status().with_context("worker " + (*link)->label + " announces");
     pin.worker_experts.push_back(held->ranges);
+    impl->announced.push_back(held->ranges);
     pin.worker_names.push_back((*link)->label);
     links.push_back(std::move(*link));
   }
@@ -164,6 +194,8 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   impl->owner_pairs.assign(n, 0);
   impl->workers.resize(n);
   for (size_t i = 0; i < n; ++i) impl->workers[i].label = impl->fan->link(i).label;
+  impl->health.resize(n);
+  impl->hello = hello;
   // Replicas: the near ones take the load (planner.h); until trips are measured, the warm-up RTT.
   impl->planner.set_worker_costs(impl->worker_costs());
   return std::unique_ptr<RemoteExecutor>(new RemoteExecutor(std::move(impl)));
@@ -230,7 +262,87 @@ void RemoteExecutor::set_worker_costs(std::vector<double> costs) {
 }
 
 void RemoteExecutor::set_excluded(size_t worker, bool excluded) {
-  impl_->planner.set_excluded(static_cast<int>(worker), excluded);
+  Impl& m = *impl_;
+  if (worker < m.health.size()) m.health[worker].manual = excluded;
+  m.planner.set_excluded(static_cast<int>(worker), excluded || (worker < m.health.size() && m.health[worker].down));
+}
+
+RemoteExecutor::FailoverStats RemoteExecutor::failover_stats() const {
+  return impl_->fo;
+}
+
+bool RemoteExecutor::worker_down(size_t w) const {
+  return w < impl_->health.size() && impl_->health[w].down;
+}
+
+void RemoteExecutor::poll_rejoins(bool wait) {
+  impl_->start_redials(wait);
+}
+
+void RemoteExecutor::Impl::mark_down(int w) {
+  Health& h = health[static_cast<size_t>(w)];
+  if (!h.down) {
+    h.down = true;
+    h.backoff = opts.rejoin_backoff;
+    spdlog::warn("remote executor: worker {} is down; its experts go to other holders, re-dial in {} ms",
+                 fan->link(static_cast<size_t>(w)).label, h.backoff.count());
+  }
+  h.retry_at = std::chrono::steady_clock::now() + h.backoff;
+  planner.set_excluded(w, true);
+  std::lock_guard<std::mutex> lk(worker_mu);
+  workers[static_cast<size_t>(w)].down = true;
+  ++workers[static_cast<size_t>(w)].failovers;
+}
+
+// A down worker is re-dialled in the background once its backoff has passed; a finished re-dial
+// is taken in here, between calls (nothing in flight): the new link replaces the dead one when
+// the worker announces the experts it had, and it is planned with again.
+void RemoteExecutor::Impl::start_redials(bool wait) {
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t w = 0; w < health.size(); ++w) {
+    Health& h = health[w];
+    if (!h.down) continue;
+    if (h.redial.valid()) {
+      if (!wait && h.redial.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+      Result<std::unique_ptr<WorkerLink>> link = h.redial.get();
+      const std::string label = fan->link(w).label;
+      Status why = link.status();
+      if (link.is_ok()) {
+        auto shape = swarm::model_shape(model->file());
+        auto held = shape.is_ok() ? swarm::expert_set_from_ranges((*link)->session.peer.experts, *shape)
+                                  : Result<swarm::ExpertSet>(shape.status());
+        if (!held.is_ok()) {
+          why = held.status();
+        } else if (held->ranges != announced[w]) {
+          why = make_error(StatusCode::kInvalidArgument, "it now announces other experts than at start-up");
+        }
+      }
+      if (why.is_ok()) {
+        fan->replace(w, std::move(*link));
+        h.down = false;
+        h.backoff = std::chrono::milliseconds(0);
+        planner.set_excluded(static_cast<int>(w), h.manual);
+        ++fo.rejoins;
+        {
+          std::lock_guard<std::mutex> lk(worker_mu);
+          workers[w].down = false;
+          ++workers[w].rejoins;
+        }
+        spdlog::info("remote executor: worker {} rejoined", fan->link(w).label);
+      } else {
+        h.backoff = std::min(opts.rejoin_backoff_max, h.backoff * 2);
+        h.retry_at = now + h.backoff;
+        spdlog::warn("remote executor: worker {} still down ({}); next re-dial in {} ms", label, why.to_string(),
+                     h.backoff.count());
+      }
+      continue;
+    }
+    if (!wait && now < h.retry_at) continue;  // `wait` (tests): re-dial now, whatever the backoff
+    LinkOptions lo = opts.link_options();
+    h.redial = std::async(std::launch::async,
+                          [addr = fan->link(w).address, hello = hello, lo] { return connect_worker(addr, hello, lo); });
+    if (wait) --w;  // take its result in this same call
+  }
 }
 
 LinkOptions RemoteOptions::link_options() const {
@@ -324,9 +436,11 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
     m.next_hot_plan = m.act_tokens[static_cast<size_t>(layer)] +
                       static_cast<uint64_t>(std::max<int64_t>(m.opts.hot_replan_every_tokens, 1));
   }
+  if (!overlapped && m.opts.failover) m.start_redials(false);  // between calls: take back workers that answer
   Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);
   job->deadline = net::deadline_in(m.opts.timeout);
   job->error = Status::ok();
+  job->send_error = Status::ok();
   job->failed_worker = -1;
   job->n_reqs = 0;
   job->local_slots.clear();
@@ -356,18 +470,33 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     }
     act_tokens[static_cast<size_t>(job.layer)] += static_cast<uint64_t>(n_tok);
   }
-  Status planned = planner.assign(job.layer, plan, &assign);
+  Status planned = planner.assign(job.layer, plan, &job.assign);
   if (!planned.is_ok()) {
     job.error = planned;
     return;
   }
-  std::fill(owner_pairs.begin(), owner_pairs.end(), 0);
-  for (size_t s = 0; s < assign.size(); ++s) {
-    if (assign[s] == Placement::kLocal)
-      job.local_slots.push_back(static_cast<int32_t>(s));
-    else
-      ++owner_pairs[static_cast<size_t>(assign[s])];
+  for (size_t s = 0; s < job.assign.size(); ++s) {
+    if (job.assign[s] == Placement::kLocal) job.local_slots.push_back(static_cast<int32_t>(s));
   }
+  traffic.local_pairs += job.local_slots.size();
+  add_requests(job, nullptr);
+  if (job.n_reqs == 0) return;
+  ++traffic.layer_calls;
+  traffic.token_layers += static_cast<uint64_t>(n_tok);
+  send_requests(job, 0);
+}
+
+void RemoteExecutor::Impl::add_requests(Job& job, const std::vector<uint8_t>* mask) {
+  const RoutingPlan& plan = *job.plan;
+  const int k = plan.k;
+  const std::vector<int32_t>& who = job.assign;
+  auto wanted = [&](size_t s) { return who[s] >= 0 && (mask == nullptr || (*mask)[s] != 0); };
+  std::fill(owner_pairs.begin(), owner_pairs.end(), 0);
+  for (size_t s = 0; s < who.size(); ++s) {
+    if (wanted(s)) ++owner_pairs[static_cast<size_t>(who[s])];
+  }
+  // Requests are created in worker order, so PARTIAL sums are added in a fixed order whatever
+  // the routing or arrival order.
   for (size_t w = 0; w < fan->size(); ++w) {
     req_of_worker[w] = -1;
     if (owner_pairs[w] == 0) continue;
@@ -376,18 +505,18 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     req_of_worker[w] = static_cast<int>(job.n_reqs++);
     r.worker = static_cast<int>(w);
     r.started = false;
+    r.failed = false;
     r.tokens.clear();
     r.slots.clear();
     r.msg.pair_counts.clear();
     r.msg.pairs.clear();
   }
-  // Pass 2: per worker, its tokens and (expert, rank, weight) pairs in rank order.
-  for (int64_t t = 0; t < n_tok; ++t) {
+  // Per worker, its tokens and (expert, rank, weight) pairs in rank order.
+  for (int64_t t = 0; t < job.n_tokens; ++t) {
     for (int rk = 0; rk < k; ++rk) {
       const int64_t s = t * k + rk;
-      const int o = assign[s];
-      if (o < 0) continue;
-      Request& r = job.reqs[req_of_worker[o]];
+      if (!wanted(static_cast<size_t>(s))) continue;
+      Request& r = job.reqs[req_of_worker[who[s]]];
       if (r.tokens.empty() || r.tokens.back() != t) {
         r.tokens.push_back(static_cast<int32_t>(t));
         r.msg.pair_counts.push_back(0);
@@ -398,12 +527,13 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
       r.slots.push_back(static_cast<int32_t>(s));
     }
   }
-  traffic.local_pairs += job.local_slots.size();
-  if (job.n_reqs == 0) return;
-  ++traffic.layer_calls;
-  traffic.token_layers += static_cast<uint64_t>(n_tok);
+}
+
+void RemoteExecutor::Impl::send_requests(Job& job, size_t first) {
+  const int64_t n_tok = job.n_tokens;
+  (void)n_tok;
   // Star fan-out: every request leaves before any reply is awaited.
-  for (size_t i = 0; i < job.n_reqs; ++i) {
+  for (size_t i = first; i < job.n_reqs; ++i) {
     Request& r = job.reqs[i];
     const WorkerLink& link = fan->link(static_cast<size_t>(r.worker));
     const size_t nt = r.tokens.size();
@@ -439,14 +569,17 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     const auto sent_at = std::chrono::steady_clock::now();
     Status st = fan->start(static_cast<size_t>(r.worker), r.msg.request_id, *frame, job.deadline);
     if (!st.is_ok()) {
+      // A request that cannot even be sent fails like one whose reply fails: failover takes
+      // its pairs in wait() (the rest of the requests still go out).
       note_error(r.worker);
-      job.failed_worker = r.worker;
-      job.error = st.with_context(where(job, r) + ": sending DISPATCH");
-      return;
+      r.failed = true;
+      if (job.failed_worker < 0) job.failed_worker = r.worker;
+      if (job.send_error.is_ok()) job.send_error = st.with_context(where(job, r) + ": sending DISPATCH");
+      continue;
     }
     r.started = true;
     r.sent_at = sent_at;
-    if (i == 0) job.first_sent = r.sent_at;
+    if (i == first) job.first_sent = r.sent_at;
     {
       std::lock_guard<std::mutex> lk(worker_mu);
       ++workers[r.worker].requests;
@@ -456,7 +589,7 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
     traffic.dispatch_bytes += frame->size();
     traffic.remote_pairs += r.msg.pairs.size();
     // Nothing of this call is gathered before wait(), so every request started so far is out.
-    traffic.max_in_flight = std::max<uint64_t>(traffic.max_in_flight, i + 1);
+    traffic.max_in_flight = std::max<uint64_t>(traffic.max_in_flight, i - first + 1);
   }
 }
 
@@ -497,21 +630,31 @@ Status RemoteExecutor::Impl::run_local(Job& job, std::span<const float>* y) {
   return Status::ok();
 }
 
-Status RemoteExecutor::Impl::gather(Job& job) {
+Status RemoteExecutor::Impl::gather(Job& job, size_t first) {
   // Replies are handled in arrival order; every failed request is reported, not just the first.
   outstanding.clear();
-  job.last_arrival = job.first_sent;
-  for (size_t i = 0; i < job.n_reqs; ++i) {
-    outstanding.push_back(FanOut::Outstanding{static_cast<size_t>(job.reqs[i].worker), job.reqs[i].msg.request_id});
-  }
+  std::vector<size_t> req_index;  // outstanding[i] is job.reqs[req_index[i]]
+  if (first == 0) job.last_arrival = job.first_sent;
   std::vector<std::pair<size_t, Status>> failures;
+  for (size_t i = first; i < job.n_reqs; ++i) {
+    const Request& r = job.reqs[i];
+    if (r.failed) {  // could not be sent (send_requests)
+      failures.emplace_back(static_cast<size_t>(r.worker),
+                            job.send_error.is_ok() ? make_error(StatusCode::kUnavailable, "{}: not sent", where(job, r))
+                                                   : job.send_error);
+      continue;
+    }
+    outstanding.push_back(FanOut::Outstanding{static_cast<size_t>(r.worker), r.msg.request_id});
+    req_index.push_back(i);
+  }
   fan->gather(outstanding, job.deadline, [&](FanOut::Reply&& rep) {
-    Request& r = job.reqs[rep.index];
+    Request& r = job.reqs[req_index[rep.index]];
     r.started = false;
     job.last_arrival = std::max(job.last_arrival, rep.arrived);
     const WorkerLink& link = fan->link(static_cast<size_t>(r.worker));
     auto fail = [&](Status st) {
       note_error(r.worker);
+      r.failed = true;
       failures.emplace_back(static_cast<size_t>(r.worker), std::move(st));
     };
     if (!rep.frame) return fail(rep.frame.status().with_context(where(job, r)));
@@ -546,7 +689,11 @@ Status RemoteExecutor::Impl::gather(Job& job) {
   });
   if (failures.empty()) return Status::ok();
   std::sort(failures.begin(), failures.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& f : failures) failed_workers.push_back(f.first);
+  for (const auto& f : failures) {
+    if (std::find(failed_workers.begin(), failed_workers.end(), f.first) == failed_workers.end())
+      failed_workers.push_back(f.first);
+  }
+  std::sort(failed_workers.begin(), failed_workers.end());
   if (failures.size() == 1) return failures[0].second;
   std::string msg = fmt::format("{} workers failed layer {}:", failures.size(), job.layer);
   for (const auto& f : failures) msg += " [" + f.second.to_string() + "]";
@@ -563,13 +710,16 @@ void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
     for (size_t i = 0; i < job.local_slots.size(); ++i) slot_src[job.local_slots[i]] = ylocal.data() + i * D;
     for (size_t q = 0; q < job.n_reqs; ++q) {
       const Request& r = job.reqs[q];
+      if (r.failed) continue;  // its slots were recomputed by other holders
       for (size_t j = 0; j < r.slots.size(); ++j) slot_src[r.slots[j]] = r.rows.data() + j * D;
     }
     combine_exact(plan, slot_src, D, job.out.data(), pool);
     return;
   }
   partials.clear();
-  for (size_t q = 0; q < job.n_reqs; ++q) partials.push_back(PartialRows{job.reqs[q].tokens, job.reqs[q].rows.data()});
+  for (size_t q = 0; q < job.n_reqs; ++q) {
+    if (!job.reqs[q].failed) partials.push_back(PartialRows{job.reqs[q].tokens, job.reqs[q].rows.data()});
+  }
   combine_partial(plan, job.local_slots, ylocal.data(), partials, D, job.out.data(), &seen);
 }
 
@@ -588,11 +738,27 @@ Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
   const auto wait_start = std::chrono::steady_clock::now();
   Status st = m.run_local(*job, &ylocal);
   const auto local_end = std::chrono::steady_clock::now();
-  if (st.is_ok()) st = m.gather(*job);
+  if (st.is_ok()) st = m.gather(*job, 0);
+  // Failover: each round re-plans the failed requests' pairs onto the other holders and gathers
+  // what it sent; every round leaves out at least one more worker, so it ends.
+  const size_t n_local_before = job->local_slots.size();
+  bool recovered = false;
+  for (size_t round = 0; !st.is_ok() && m.opts.failover && round < m.fan->size() + 1; ++round) {
+    const size_t first = job->n_reqs;
+    const Status r = m.recover(*job, st);
+    if (!r.is_ok()) {
+      st = r;
+      break;
+    }
+    recovered = true;
+    st = m.gather(*job, first);
+  }
+  if (st.is_ok() && job->local_slots.size() != n_local_before) st = m.run_local(*job, &ylocal);
   if (!st.is_ok()) {
     m.cancel_all(*job);
     return st;
   }
+  if (recovered) ++m.fo.saved_calls;
   if (job->n_reqs > 0) {
     using sec = std::chrono::duration<double>;
     // Local work while the trip was out: the caller's (submit -> wait) plus the backbone's experts.
@@ -604,6 +770,47 @@ Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
   }
   m.combine(*job, ylocal);
   return std::span<const float>(job->out.data(), job->out.size());
+}
+
+Status RemoteExecutor::Impl::recover(Job& job, const Status& why) {
+  const RoutingPlan& plan = *job.plan;
+  replan_mask.assign(job.assign.size(), 0);
+  std::vector<int> down;
+  for (size_t q = 0; q < job.n_reqs; ++q) {
+    Request& r = job.reqs[q];
+    if (!r.failed || r.slots.empty()) continue;
+    if (std::find(down.begin(), down.end(), r.worker) == down.end()) down.push_back(r.worker);
+    for (const int32_t s : r.slots) replan_mask[static_cast<size_t>(s)] = 1;
+    r.slots.clear();  // recomputed elsewhere; this request's rows are not used
+  }
+  if (down.empty()) return why;
+  for (const int w : down) {
+    ++fo.failures;
+    mark_down(w);
+  }
+  // As if the failed workers had been excluded from the start: their slots go to replicas or
+  // the backbone's copies, every other slot keeps its holder (and its result).
+  for (const int w : down) {
+    Status st = planner.reassign(job.layer, plan, w, &job.assign);
+    if (!st.is_ok()) {
+      return Status(st.code(), fmt::format("{}; failover: {}", why.to_string(), st.message()));
+    }
+  }
+  uint64_t moved = 0;
+  for (size_t s = 0; s < replan_mask.size(); ++s) {
+    if (replan_mask[s] == 0) continue;
+    ++moved;
+    if (job.assign[s] == Placement::kLocal) job.local_slots.push_back(static_cast<int32_t>(s));
+  }
+  fo.replanned_pairs += moved;
+  const size_t first = job.n_reqs;
+  add_requests(job, &replan_mask);
+  // add_requests rebuilt requests from index n_reqs on only; the earlier ones keep theirs.
+  send_requests(job, first);
+  if (!job.error.is_ok()) return job.error;
+  spdlog::warn("remote executor: layer {}: {} pairs of {} re-planned after: {}", job.layer, moved, fmt::join(down, ","),
+               why.to_string());
+  return Status::ok();
 }
 
 // ---- hot experts ---------------------------------------------------------------------------------

@@ -121,6 +121,20 @@ std::string render_metrics(const MetricsSnapshot& s) {
   for (const auto& w : s.workers) {
     o += fmt::format("moesh_worker_errors_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.errors);
   }
+  header(o, "moesh_worker_up", "gauge",
+         "1 while the worker is planned with, 0 while it is down (failed, being re-dialled)");
+  for (const auto& w : s.workers) {
+    o += fmt::format("moesh_worker_up{{worker=\"{}\"}} {}\n", escape_label(w.label), w.down ? 0 : 1);
+  }
+  header(o, "moesh_worker_failovers_total", "counter",
+         "Calls in which the worker failed and its pairs were recomputed by other holders");
+  for (const auto& w : s.workers) {
+    o += fmt::format("moesh_worker_failovers_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.failovers);
+  }
+  header(o, "moesh_worker_rejoins_total", "counter", "Times the worker came back after being down");
+  for (const auto& w : s.workers) {
+    o += fmt::format("moesh_worker_rejoins_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.rejoins);
+  }
   header(o, "moesh_worker_compute_seconds_total", "counter",
          "Compute time the worker reported for its requests (latency minus this = network, framing, wake-ups)");
   for (const auto& w : s.workers) {

@@ -1,6 +1,9 @@
-// Failures of remote dispatch end in a clear Status, never a hang: a worker that is gone before
-// start-up, one killed mid-run, one that stops answering (deadline), one serving another model,
-// and a (fake, in-process) worker whose COMBINE answers the wrong layer.
+// Failures of remote dispatch, real worker processes over TCP. With failover (the default) a
+// worker killed mid-generation, one that stops answering (at its deadline) or one whose COMBINE
+// answers the wrong layer is covered by the other holders — a replica, the backbone's copies —
+// and the tokens are those of all-local decoding; with no other holder, or failover off, each
+// ends in a clear Status naming the worker, never a hang. A worker gone before start-up and one
+// serving another model are refused by name.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -37,7 +40,7 @@ TEST(RemoteFailures, WorkerGoneBeforeStartup) {
   EXPECT_EQ(exec.status().code(), StatusCode::kUnavailable) << exec.status().to_string();
 }
 
-TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadline) {
+TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadlineWithoutFailover) {
   const std::string path = made_qwen3moe();
   auto model = Model::load(path);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
@@ -45,6 +48,7 @@ TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadline) {
   ASSERT_TRUE(w.is_ok()) << w.status().to_string();
   RemoteOptions o;
   o.timeout = milliseconds(30000);
+  o.failover = false;
   auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, o);
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
   std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
@@ -70,7 +74,7 @@ TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadline) {
   EXPECT_EQ(again.code(), StatusCode::kUnavailable) << again.to_string();
 }
 
-TEST(RemoteFailures, SilentWorkerTimesOutAtTheDeadline) {
+TEST(RemoteFailures, SilentWorkerTimesOutAtTheDeadlineWithoutFailover) {
   const std::string path = made_qwen3moe();
   auto model = Model::load(path);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
@@ -78,6 +82,7 @@ TEST(RemoteFailures, SilentWorkerTimesOutAtTheDeadline) {
   ASSERT_TRUE(w.is_ok()) << w.status().to_string();
   RemoteOptions o;
   o.timeout = milliseconds(400);
+  o.failover = false;
   auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, o);
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
   std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
@@ -174,18 +179,93 @@ TEST(RemoteFailures, CombineForTheWrongLayerIsCaught) {
     }
   });
   {
-    auto exec = RemoteExecutor::connect(**model, {WorkerAddress{"127.0.0.1", port}}, RemoteOptions{});
-    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
-    std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
-    auto lg = run_model(**model, some_tokens(**model, 3), remote);
-    ASSERT_FALSE(lg.is_ok());
-    EXPECT_NE(lg.status().message().find(fmt::format("127.0.0.1:{} (liar)", port)), std::string::npos)
-        << lg.status().to_string();
-    EXPECT_NE(lg.status().message().find("layer"), std::string::npos) << lg.status().to_string();
-    EXPECT_EQ(answered.load(), 1);
+    RemoteOptions o;
+    o.failover = false;
+    auto exec = RemoteExecutor::connect(**model, {WorkerAddress{"127.0.0.1", port}}, o);
+    EXPECT_TRUE(exec.is_ok()) << exec.status().to_string();
+    if (exec.is_ok()) {
+      std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+      auto lg = run_model(**model, some_tokens(**model, 3), remote);
+      EXPECT_FALSE(lg.is_ok());
+      EXPECT_NE(lg.status().message().find(fmt::format("127.0.0.1:{} (liar)", port)), std::string::npos)
+          << lg.status().to_string();
+      EXPECT_NE(lg.status().message().find("layer"), std::string::npos) << lg.status().to_string();
+      EXPECT_EQ(answered.load(), 1);
+    }
   }  // the executor says GOODBYE; the fake's next recv fails and it exits
   (*listener)->close();
   fake.join();
+}
+
+// With failover: a worker killed (SIGKILL) mid-run, one that stops answering, a replica that
+// covers a dead holder on a backbone slice — the logits are the all-local ones, bit for bit.
+TEST(RemoteFailures, KilledOrSilentWorkersAreCoveredAndTheBitsStay) {
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const auto toks = some_tokens(**model, 10);
+  auto local = run_model(**model, toks);
+  ASSERT_TRUE(local.is_ok());
+  const int64_t V = (*model)->hparams().n_vocab;
+  // Decodes the tokens one step at a time, calling `between` after the first step.
+  auto run = [&](const Model& m, std::shared_ptr<RemoteExecutor> remote, const std::function<void()>& between) {
+    ContextParams cp;
+    cp.n_threads = 1;
+    cp.n_ctx = 16;
+    cp.executor = std::move(remote);
+    Context ctx(m, cp);
+    std::vector<float> out(toks.size() * static_cast<size_t>(V));
+    for (size_t t = 0; t < toks.size(); ++t) {
+      Status st = ctx.decode(0, &toks[t], 1, out.data() + t * V);
+      EXPECT_TRUE(st.is_ok()) << "token " << t << ": " << st.to_string();
+      if (!st.is_ok()) break;
+      if (t == 0) between();
+    }
+    return out;
+  };
+  {  // The only worker killed: the backbone's copies take its experts.
+    auto w = WorkerProcess::spawn(path, "*:*");
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, RemoteOptions{});
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+    const auto got = run(**model, remote, [&] { (*w)->kill_now(); });
+    EXPECT_EQ(std::memcmp(got.data(), local->data(), got.size() * sizeof(float)), 0);
+    EXPECT_TRUE(remote->worker_down(0));
+    EXPECT_EQ(remote->failover_stats().saved_calls, 1u);
+  }
+  {  // A silent worker: covered at its deadline.
+    auto w = WorkerProcess::spawn(path, "*:*");
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    RemoteOptions o;
+    o.timeout = milliseconds(300);
+    auto exec = RemoteExecutor::connect(**model, {(*w)->address()}, o);
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+    const auto got = run(**model, remote, [&] { (*w)->pause(); });
+    (*w)->resume();
+    EXPECT_EQ(std::memcmp(got.data(), local->data(), got.size() * sizeof(float)), 0);
+    EXPECT_TRUE(remote->worker_down(0));
+  }
+  {  // A backbone slice and two workers holding every expert: one killed, the other covers it.
+    const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-dist.gguf";
+    auto f = gguf::File::open(path);
+    ASSERT_TRUE(f.is_ok());
+    ASSERT_TRUE(swarm::write_backbone_slice(**f, bb).is_ok());
+    auto backbone = Model::load(bb);
+    ASSERT_TRUE(backbone.is_ok()) << backbone.status().to_string();
+    auto a = WorkerProcess::spawn(path, "*:*");
+    auto b = WorkerProcess::spawn(path, "*:*");
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    auto exec = RemoteExecutor::connect(**backbone, {(*a)->address(), (*b)->address()}, RemoteOptions{});
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+    const auto got = run(**backbone, remote, [&] { (*a)->kill_now(); });
+    EXPECT_EQ(std::memcmp(got.data(), local->data(), got.size() * sizeof(float)), 0);
+    EXPECT_TRUE(remote->worker_down(0));
+    EXPECT_FALSE(remote->worker_down(1));
+    EXPECT_EQ(remote->traffic().local_pairs, 0u);
+  }
 }
 
 }  // namespace

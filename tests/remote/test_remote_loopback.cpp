@@ -3,8 +3,9 @@
 // no sockets, no processes. Real worker processes over TCP are tested in tests/dist.
 //   - exact dispatch is bit-identical to local with replicas, and with a worker excluded (its
 //     pairs go to the replica or the backbone's copy: re-planning needs no model code);
-//   - a worker that fails mid-request fails the layer naming it (last_failed_workers), and the
-//     next call with it excluded gives the local bits again;
+//   - a worker that fails mid-request: its pairs go to the other holders (a replica, the
+//     backbone's copy) within the same call, the bits stay, and it rejoins when it answers again;
+//     with no other holder (or failover off) the layer fails naming it and the experts;
 //   - the fan-out hands replies over in arrival order: a slow first worker does not hold up the
 //     second (so each worker's latency is its own).
 #include <gtest/gtest.h>
@@ -126,7 +127,7 @@ TEST(RemoteLoopback, ExactWithReplicasAndAnExcludedWorkerEqualsLocal) {
   EXPECT_GT((*exec)->traffic().local_pairs, 0u);
 }
 
-TEST(RemoteLoopback, AFailedWorkerIsNamedAndItsPairsCanBeReplanned) {
+TEST(RemoteLoopback, AWorkerFailingMidCallIsCoveredWithinTheCallAndRejoins) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));
   // Worker 1's writes: 0 HELLO, 1 PONG, 2 the first COMBINE — cut off mid-frame.
@@ -137,29 +138,114 @@ TEST(RemoteLoopback, AFailedWorkerIsNamedAndItsPairsCanBeReplanned) {
   auto local = run_model(*s.model, tokens);
   ASSERT_TRUE(local.is_ok());
 
+  {  // Failover off: the layer fails, naming the worker.
+    RemoteOptions o;
+    o.failover = false;
+    auto exec = s.connect(o);
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    auto bad = run_model(*s.model, tokens, *exec);
+    ASSERT_FALSE(bad.is_ok());
+    EXPECT_NE(bad.status().message().find("(w1)"), std::string::npos) << bad.status().message();
+    EXPECT_EQ((*exec)->last_failed_workers(), std::vector<size_t>{1});
+    EXPECT_GE((*exec)->worker_traffic()[1].errors, 1u);
+    EXPECT_FALSE((*exec)->worker_down(1));
+  }
+  // Failover on (the default): worker 1's pairs of that call go to the backbone's copies in the
+  // same call — nothing fails, the bits are the all-local ones — and worker 1 is left out.
   auto exec = s.connect();
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
-  auto bad = run_model(*s.model, tokens, *exec);
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("(w1)"), std::string::npos) << bad.status().message();
-  EXPECT_EQ((*exec)->last_failed_workers(), std::vector<size_t>{1});
-  EXPECT_GE((*exec)->worker_traffic()[1].errors, 1u);
-
-  // The planner moves worker 1's experts to the backbone's copies; the model code is untouched.
-  (*exec)->set_excluded(1, true);
   auto lg = run_model(*s.model, tokens, *exec);
   ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
   EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+  EXPECT_TRUE((*exec)->worker_down(1));
+  EXPECT_FALSE((*exec)->worker_down(0));
+  const auto fo = (*exec)->failover_stats();
+  EXPECT_EQ(fo.failures, 1u);
+  EXPECT_EQ(fo.saved_calls, 1u);
+  EXPECT_GT(fo.replanned_pairs, 0u);
+  EXPECT_GT((*exec)->traffic().local_pairs, 0u);
+
+  // A re-dial while it still fails (the same fault on the new connection's first COMBINE)
+  // takes it back, it fails again and is covered again; once healthy it rejoins for good.
+  (*exec)->poll_rejoins(/*wait=*/true);
+  EXPECT_FALSE((*exec)->worker_down(1));
+  EXPECT_EQ((*exec)->failover_stats().rejoins, 1u);
+  lg = run_model(*s.model, tokens, *exec);
+  ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+  EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+  EXPECT_TRUE((*exec)->worker_down(1));
+  EXPECT_EQ((*exec)->failover_stats().failures, 2u);
+  s.faults.erase(1);
+  (*exec)->poll_rejoins(/*wait=*/true);
+  EXPECT_FALSE((*exec)->worker_down(1));
+  (*exec)->reset_traffic();
+  const uint64_t before = (*exec)->worker_traffic()[1].requests;
+  lg = run_model(*s.model, tokens, *exec);
+  ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+  EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+  EXPECT_GT((*exec)->worker_traffic()[1].requests, before) << "the rejoined worker is used again";
+  EXPECT_EQ((*exec)->traffic().local_pairs, 0u);
+  EXPECT_EQ((*exec)->failover_stats().failures, 2u);
 }
 
-TEST(RemoteLoopback, BothWorkersFailingAreBothNamed) {
+// A backbone slice (no expert weights of its own) and a replica worker: a failing holder's
+// pairs go to the replica; with no replica left for some experts the call fails naming them.
+TEST(RemoteLoopback, FailoverToAReplicaAndAClearErrorWithoutOne) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  const auto tokens = tokens_of(*s.model);
+  auto local = run_model(*s.model, tokens);
+  ASSERT_TRUE(local.is_ok());
+  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone.gguf";
+  {
+    auto f = gguf::File::open(s.path);
+    ASSERT_TRUE(f.is_ok());
+    ASSERT_TRUE(swarm::write_backbone_slice(**f, bb).is_ok());
+  }
+  auto backbone = Model::load(bb);
+  ASSERT_TRUE(backbone.is_ok()) << backbone.status().to_string();
+  s.model = std::move(*backbone);
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-7"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:8-15"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-7"));  // worker 2: a replica of worker 0
+  net::FaultPlan fp;
+  fp.schedule = {{2, net::FaultKind::kCorrupt}};  // the first COMBINE fails its checksum
+  s.faults[0] = fp;
+  RemoteOptions o;
+  o.worker_costs = {0.001, 0.001, 0.010};  // worker 2 is far: it gets pairs only when 0 is down
+  auto exec = s.connect(o);
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  auto lg = run_model(*s.model, tokens, *exec);
+  ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+  EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+  EXPECT_TRUE((*exec)->worker_down(0));
+  EXPECT_GT((*exec)->worker_traffic()[2].requests, 0u) << "the replica took worker 0's experts";
+  EXPECT_EQ((*exec)->traffic().local_pairs, 0u);
+
+  // Worker 1 (the only holder of 8-15) failing now: nobody else has its experts.
+  s.faults[1] = net::FaultPlan{};
+  s.faults[1].schedule = {{2, net::FaultKind::kCloseMidFrame}};
+  auto exec2 = s.connect(o);
+  ASSERT_TRUE(exec2.is_ok()) << exec2.status().to_string();
+  auto bad = run_model(*s.model, tokens, *exec2);
+  ASSERT_FALSE(bad.is_ok());
+  const std::string msg = bad.status().to_string();
+  EXPECT_NE(msg.find("(w1)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("failover"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expert"), std::string::npos) << msg;
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnavailable) << msg;
+}
+
+TEST(RemoteLoopback, BothWorkersFailingAreBothNamedOrBothCovered) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));
   net::FaultPlan fp;
   fp.schedule = {{2, net::FaultKind::kCorrupt}};  // the first COMBINE fails its checksum
   s.faults[0] = fp;
   s.faults[1] = fp;
-  auto exec = s.connect();
+  RemoteOptions off;
+  off.failover = false;
+  auto exec = s.connect(off);
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
   auto bad = run_model(*s.model, tokens_of(*s.model), *exec);
   ASSERT_FALSE(bad.is_ok());
@@ -168,6 +254,16 @@ TEST(RemoteLoopback, BothWorkersFailingAreBothNamed) {
   EXPECT_NE(msg.find("(w0)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("(w1)"), std::string::npos) << msg;
   EXPECT_EQ((*exec)->last_failed_workers(), (std::vector<size_t>{0, 1}));
+  // With failover the backbone's copies cover both.
+  auto local = run_model(*s.model, tokens_of(*s.model));
+  ASSERT_TRUE(local.is_ok());
+  auto exec_fo = s.connect();
+  ASSERT_TRUE(exec_fo.is_ok());
+  auto lg = run_model(*s.model, tokens_of(*s.model), *exec_fo);
+  ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+  EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+  EXPECT_TRUE((*exec_fo)->worker_down(0) && (*exec_fo)->worker_down(1));
+  EXPECT_EQ((*exec_fo)->failover_stats().failures, 2u);
 }
 
 TEST(RemoteLoopback, RepliesAreTakenInArrivalOrder) {
@@ -300,7 +396,7 @@ TEST(RemoteLoopback, SpeculativeDecodingThroughWorkersIsPlainLocalWithFewerTrips
 TEST(RemoteLoopback, NextnHeadOnABackboneSliceDraftsWithoutTrips) {
   LoopSwarm s;
   s.path = temp_dir() + "/glm4moe-bigram.gguf";
-  ASSERT_TRUE(write_nextn_bigram_model(temp_dir() + "/glm4moe-bigram-src.gguf", s.path).is_ok());
+  ASSERT_TRUE(write_nextn_bigram_model(s.path).is_ok());
   auto full = Model::load(s.path);
   ASSERT_TRUE(full.is_ok()) << full.status().to_string();
   const std::string bb = temp_dir() + "/glm4moe-bigram-backbone.gguf";
@@ -399,7 +495,7 @@ TEST(RemoteLoopback, TwoMicroBatchesGiveTheSameBitsWithTheirTripsOverlapped) {
   }
 }
 
-TEST(RemoteLoopback, AWorkerFailingUnderTwoMicroBatchesFailsTheStepAndLeavesNothingPending) {
+TEST(RemoteLoopback, AWorkerFailingUnderTwoMicroBatchesLeavesNothingPending) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));
   net::FaultPlan fp;
@@ -407,7 +503,9 @@ TEST(RemoteLoopback, AWorkerFailingUnderTwoMicroBatchesFailsTheStepAndLeavesNoth
   s.faults[1] = fp;
   auto local = run_streams(*s.model, nullptr, MicroBatching::kOn, 2);
   ASSERT_TRUE(local.is_ok());
-  auto exec = s.connect();
+  RemoteOptions off;
+  off.failover = false;
+  auto exec = s.connect(off);
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
   auto bad = run_streams(*s.model, *exec, MicroBatching::kOn, 2);
   ASSERT_FALSE(bad.is_ok());
@@ -419,6 +517,15 @@ TEST(RemoteLoopback, AWorkerFailingUnderTwoMicroBatchesFailsTheStepAndLeavesNoth
   ASSERT_TRUE(good.is_ok()) << good.status().to_string();
   EXPECT_EQ(std::memcmp(good->data(), local->data(), local->size() * sizeof(float)), 0);
   EXPECT_EQ(st.steps_split, 3u);
+  // With failover the failing half is covered inside its call, the other half's trip untouched.
+  auto exec_fo = s.connect();
+  ASSERT_TRUE(exec_fo.is_ok());
+  MicroBatchStats st2;
+  auto covered = run_streams(*s.model, *exec_fo, MicroBatching::kOn, 2, &st2);
+  ASSERT_TRUE(covered.is_ok()) << covered.status().to_string();
+  EXPECT_EQ(std::memcmp(covered->data(), local->data(), local->size() * sizeof(float)), 0);
+  // Both halves had a request out on worker 1 when its connection was cut: both are covered.
+  EXPECT_EQ((*exec_fo)->failover_stats().saved_calls, 2u);
 }
 
 // ---- hot experts kept on the backbone (--local-experts-mb) ----------------------------------------
@@ -606,7 +713,9 @@ TEST(RemoteLoopback, OneWorkerIsReadByTheWaitingThreadAndItsFailureIsStillNamed)
   net::FaultPlan fp;
   fp.schedule = {{3, net::FaultKind::kCloseMidFrame}};  // HELLO, PONG, one COMBINE, then cut
   s.faults[0] = fp;
-  auto exec = s.connect();
+  RemoteOptions off;  // (with failover the backbone's copies would cover it)
+  off.failover = false;
+  auto exec = s.connect(off);
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
   auto bad = run_model(*s.model, tokens, *exec);
   ASSERT_FALSE(bad.is_ok());

@@ -841,7 +841,7 @@ TEST(SchedulerDraft, NextnHeadDraftsForEverySlot) {
   const auto dir = std::filesystem::temp_directory_path() / ("moesh-sched-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "bigram.gguf").string();
-  ASSERT_TRUE(test::write_nextn_bigram_model((dir / "bigram-src.gguf").string(), path).is_ok());
+  ASSERT_TRUE(test::write_nextn_bigram_model(path).is_ok());
   auto loaded = Model::load(path);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   const Model& m = **loaded;

@@ -22,6 +22,7 @@ struct MakeModelArgs {
   uint64_t seed = 0;
   int threads = 0;
   bool dry_run = false;
+  bool nextn_oracle = false;
   bool verbose = false;
   bool tied_embeddings = false;
   // Shape overrides; applied only when given on the command line.
@@ -172,7 +173,7 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
       if (p.tensor_index + 1 == p.n_tensors) std::fprintf(stderr, "\n");
     }
   };
-  const Status st = make_model(spec, a.out, opts);
+  const Status st = a.nextn_oracle ? make_nextn_oracle(spec, a.out) : make_model(spec, a.out, opts);
   if (!st) {
     std::fprintf(stderr, "make-model: %s\n", st.to_string().c_str());
     return 1;
@@ -201,6 +202,9 @@ CommandRegistrar reg{
               sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");
               sub->add_flag("--tied-embeddings", a->tied_embeddings,
                             "write no output.weight (logits use token_embd, as llama.cpp does)");
+              sub->add_flag("--nextn-oracle", a->nextn_oracle,
+                            "glm4moe: F32, a bigram decoder and a NextN head that drafts it exactly (measures "
+                            "what --draft nextn saves; not a language model)");
               sub->add_flag("--dry-run", a->dry_run, "print the summary, write nothing");
               sub->add_flag("-v,--verbose", a->verbose, "one line per tensor written");
               for (const auto& f : kIntFlags) {

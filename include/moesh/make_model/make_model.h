@@ -191,4 +191,11 @@ struct MakeModelOptions {
 Status make_model(const MakeModelSpec& spec, const std::string& out_path);
 Status make_model(const MakeModelSpec& spec, const std::string& out_path, const MakeModelOptions& options);
 
+// `make-model --nextn-oracle` (src/make_model/make_model_oracle.cpp): `spec`'s model in F32 with a
+// bigram decoder (attention outputs and FFN down projections zero) and a NextN/MTP head set up to
+// compute that map one token ahead, so the head drafts exactly what the model generates — for
+// measuring what drafting saves, not a language model. kInvalidArgument when the architecture
+// has no NextN block (glm4moe has one).
+Status make_nextn_oracle(const MakeModelSpec& spec, const std::string& out_path);
+
 }  // namespace moesh

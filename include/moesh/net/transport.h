@@ -223,6 +223,13 @@ class RequestMux {
 
   // A fresh request id (never 0) for the next request on this connection.
   uint64_t next_request_id() { return next_id_.fetch_add(1); }
+  // Later ids are all > `id` (a mux replacing another's connection: a stale completion of the old
+  // one can then never be mistaken for a new request).
+  void skip_request_ids_to(uint64_t id) {
+    uint64_t cur = next_id_.load();
+    while (cur <= id && !next_id_.compare_exchange_weak(cur, id + 1)) {
+    }
+  }
   // Registers request_id and sends its frame (whose header must carry that id). With `done`, the
   // request's completion (reply, ERROR, or the connection failing) is also pushed there as
   // (tag, request_id); wait() then returns at once.

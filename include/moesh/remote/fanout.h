@@ -35,6 +35,9 @@ class FanOut {
   // Sends a request frame (its header carries request_id) to worker w.
   Status start(size_t w, uint64_t request_id, std::span<const uint8_t> frame, net::Deadline deadline);
   void cancel(size_t w, uint64_t request_id);
+  // Puts a new link (a worker that came back) in place of worker w's, whose requests must all
+  // be gathered or cancelled: the old link is shut down and its reader joined first.
+  void replace(size_t w, std::unique_ptr<WorkerLink> link);
 
   struct Outstanding {
     size_t worker = 0;

@@ -16,9 +16,11 @@
 // Per MoE layer: submit() plans the pairs, sends one DISPATCH to every involved worker at once
 // (star fan-out: one round trip per layer whatever the number of workers) and returns; wait()
 // computes the backbone's own share, gathers every COMBINE with a per-request deadline, in
-// arrival order, and combines (combiner.h). A worker error, timeout or disconnect fails the
-// layer with a Status naming every worker that failed, the layer and the request ids; nothing
-// waits past its deadline. There is no failover yet: the next call plans again from scratch.
+// arrival order, and combines (combiner.h). A worker error, timeout or disconnect: its pairs go
+// to the other holders (replicas, the backbone's copies) in a second trip of the same call
+// (RemoteOptions::failover), and the worker is left out until it answers a re-dial; only when
+// no other holder has some of its experts does the layer fail, with a Status naming the failed
+// workers, the layer, the request ids and the experts. Nothing waits past its deadline.
 #pragma once
 
 #include <array>
@@ -75,6 +77,16 @@ struct RemoteOptions {
   // Trip cost per worker (seconds) to plan with instead of the measured ones (one per worker;
   // empty: measure). For links whose cost is known, and for tests that must not depend on timing.
   std::vector<double> worker_costs;
+  // Failover: the pairs of a worker that fails mid-call (error, timeout, disconnect, a COMBINE
+  // that fails its checks) are re-planned onto the other holders — replicas, else the
+  // backbone's own copies — and computed within the same call, so the layer's result (exact
+  // mode: its bits) is what it would have been; the call fails only when some of those experts
+  // have no other holder, naming them. The worker is then left out and re-dialled in the
+  // background after rejoin_backoff (doubling up to rejoin_backoff_max); it rejoins when its
+  // handshake succeeds and it announces the same experts. false: a failure fails the call.
+  bool failover = true;
+  std::chrono::milliseconds rejoin_backoff{1000};
+  std::chrono::milliseconds rejoin_backoff_max{30000};
 
   // The link options these imply (dtypes and mode the workers must speak).
   LinkOptions link_options() const;
@@ -138,6 +150,9 @@ struct WorkerTraffic {
   // Σ of the compute time each worker reports in its COMBINEs: latency - compute is what the
   // network, framing and wake-ups cost.
   double compute_sum_seconds = 0;
+  bool down = false;       // failed and left out (failover), being re-dialled
+  uint64_t failovers = 0;  // times its pairs of a call went to other holders
+  uint64_t rejoins = 0;    // times it came back after being down
 };
 
 class RemoteExecutor final : public ExpertExecutor {
@@ -184,8 +199,20 @@ class RemoteExecutor final : public ExpertExecutor {
   void reset_traffic();
   // One entry per worker, in connection order; thread-safe.
   std::vector<WorkerTraffic> worker_traffic() const;
-  // The workers whose requests failed in the last wait() that returned an error (ascending).
+  // The workers whose requests failed in the last wait() (ascending), whether or not failover
+  // then saved the call.
   const std::vector<size_t>& last_failed_workers() const;
+  // Failover so far: worker failures, calls saved by re-planning, pairs recomputed elsewhere,
+  // workers that rejoined; and whether each worker is down now (left out, being re-dialled).
+  struct FailoverStats {
+    uint64_t failures = 0, saved_calls = 0, replanned_pairs = 0, rejoins = 0;
+  };
+  FailoverStats failover_stats() const;
+  bool worker_down(size_t w) const;
+  // Starts the re-dials that are due and takes in those that finished (normally done at the
+  // start of a call). `wait` (tests): re-dials every down worker now and waits for the outcome.
+  // Never with a call pending.
+  void poll_rejoins(bool wait = false);
 
   // Expert activations counted so far: [layer * n_expert + expert] routed (token, expert) pairs,
   // and per layer the tokens routed.
