@@ -1,4 +1,5 @@
 // RequestMux (many requests in flight per connection), the HELLO handshake, and PING.
+#include "moesh/net/auth.h"
 #include "moesh/net/transport.h"
 
 namespace moesh::net {
@@ -217,17 +218,36 @@ Result<wire::Hello> recv_hello(Connection& conn, Deadline deadline) {
 
 }  // namespace
 
-Result<wire::Session> handshake(Connection& conn, const wire::Hello& local, bool initiator, Deadline deadline) {
+Result<wire::Session> handshake(Connection& conn, const wire::Hello& local_in, bool initiator, Deadline deadline,
+                                const SwarmKey* key) {
+  wire::Hello local = local_in;
+  if (key != nullptr) local.features |= wire::kFeatureAuth;
   MOESH_ASSIGN_OR_RETURN(auto hello_frame, wire::encode_hello(local));
   if (initiator) MOESH_RETURN_IF_ERROR(conn.send_frame(hello_frame, deadline));
   auto peer = recv_hello(conn, deadline);
   if (!peer.is_ok()) return peer.status().with_context("handshake with " + conn.describe());
   auto session = wire::negotiate(local, *peer);
+  // Both sides hold a key, or neither: a keyed side never serves (or uses) an open one.
+  const bool they = (peer->features & wire::kFeatureAuth) != 0;
+  if (session.is_ok() && key != nullptr && !they) {
+    session = make_error(StatusCode::kUnauthenticated,
+                         "peer '{}' has no swarm key; this side requires one (start it with --swarm-key)", peer->name);
+  } else if (session.is_ok() && key == nullptr && they) {
+    session = make_error(StatusCode::kUnauthenticated,
+                         "peer '{}' requires a swarm key; this side has none (--swarm-key)", peer->name);
+  }
   if (!session.is_ok()) {
-    send_error(conn, 0, handshake_error_code(session.status().code()), session.status().message(), deadline);
+    const wire::WireError code = session.status().code() == StatusCode::kUnauthenticated
+                                     ? wire::WireError::kUnauthenticated
+                                     : handshake_error_code(session.status().code());
+    send_error(conn, 0, code, session.status().message(), deadline);
     return session.status().with_context("handshake with " + conn.describe());
   }
   if (!initiator) MOESH_RETURN_IF_ERROR(conn.send_frame(hello_frame, deadline));
+  if (key != nullptr) {
+    Status st = authenticate(conn, *key, local, *peer, initiator, deadline);
+    if (!st.is_ok()) return st.with_context("handshake with " + conn.describe());
+  }
   return session;
 }
 

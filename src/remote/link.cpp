@@ -38,7 +38,7 @@ Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, co
   link->address = addr;
   link->label = addr.to_string();
   link->conn = std::move(*conn);
-  auto session = net::handshake(*link->conn, local, /*initiator=*/true, deadline);
+  auto session = net::handshake(*link->conn, local, /*initiator=*/true, deadline, opts.swarm_key.get());
   if (!session) {
     link->conn->close();
     link->conn.reset();

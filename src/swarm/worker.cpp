@@ -177,9 +177,11 @@ void Worker::Impl::serve(Peer* peer) {
   net::Connection& conn = *peer->conn;
   wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(), opts.name);
   hello.layer_act = detail::layer_activation_dtypes(*store);
-  auto session = net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout));
+  auto session =
+      net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout), opts.swarm_key.get());
   if (!session) {
-    spdlog::warn("{}: handshake failed: {}", conn.describe(), session.status().to_string());
+    stats.refused.fetch_add(1);
+    spdlog::warn("{}: refused in the handshake: {}", conn.describe(), session.status().to_string());
     conn.close();
     peer->finished = true;
     return;

@@ -26,6 +26,8 @@ const char* status_code_name(StatusCode c) {
       return "unavailable";
     case StatusCode::kInternal:
       return "internal error";
+    case StatusCode::kUnauthenticated:
+      return "unauthenticated";
     case StatusCode::kCOUNT:
       break;
   }

@@ -28,6 +28,8 @@ const char* msg_type_name(MsgType t) {
       return "FETCH";
     case MsgType::kSlab:
       return "SLAB";
+    case MsgType::kAuth:
+      return "AUTH";
     case MsgType::kCOUNT:
       break;
   }
@@ -92,6 +94,8 @@ const char* wire_error_name(uint16_t code) {
       return "internal";
     case WireError::kProtocol:
       return "protocol";
+    case WireError::kUnauthenticated:
+      return "unauthenticated";
     case WireError::kCOUNT:
       break;
   }
@@ -122,6 +126,8 @@ StatusCode wire_error_to_status_code(uint16_t code) {
       return StatusCode::kInternal;
     case WireError::kProtocol:
       return StatusCode::kCorrupt;
+    case WireError::kUnauthenticated:
+      return StatusCode::kUnauthenticated;
     case WireError::kCOUNT:
       break;
   }

@@ -554,6 +554,31 @@ Status read_code_and_text(const char* what, const Frame& f, uint16_t* code, std:
 
 }  // namespace
 
+Result<std::vector<uint8_t>> encode_auth(const AuthMsg& m) {
+  if (m.flags == 0 || (m.flags & ~(AuthMsg::kHasChallenge | AuthMsg::kHasProof)) != 0)
+    return make_error(StatusCode::kInvalidArgument, "AUTH: flags 0x{:x} (challenge 1, proof 2)", m.flags);
+  std::vector<uint8_t> payload;
+  ByteWriter w(&payload);
+  w.u8(m.flags);
+  w.raw(m.challenge.data(), m.challenge.size());
+  w.raw(m.proof.data(), m.proof.size());
+  return build_frame(MsgType::kAuth, 0, payload);
+}
+
+Result<AuthMsg> decode_auth(const Frame& f) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kAuth));
+  if (f.request_id() != 0)
+    return make_error(StatusCode::kCorrupt, "AUTH with request id {} (must be 0)", f.request_id());
+  ByteReader r(f.payload);
+  AuthMsg m;
+  if (!r.u8(&m.flags) || !r.raw(m.challenge.data(), m.challenge.size()) || !r.raw(m.proof.data(), m.proof.size()))
+    return make_error(StatusCode::kCorrupt, "AUTH payload of {} bytes, expected 65", f.payload.size());
+  if (m.flags == 0 || (m.flags & ~(AuthMsg::kHasChallenge | AuthMsg::kHasProof)) != 0)
+    return make_error(StatusCode::kCorrupt, "AUTH: flags 0x{:x} (challenge 1, proof 2)", m.flags);
+  MOESH_RETURN_IF_ERROR(trailing("AUTH", r));
+  return m;
+}
+
 Result<std::vector<uint8_t>> encode_goodbye(const GoodbyeMsg& m) {
   MOESH_RETURN_IF_ERROR(check_text(StatusCode::kInvalidArgument, "GOODBYE", m.text, kMaxTextBytes));
   return build_frame(MsgType::kGoodbye, 0, code_and_text(m.reason, m.text));

@@ -182,5 +182,37 @@ TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
   }
 }
 
+// --swarm-key: a worker started with a key serves only a backbone proving the same key; one
+// without a key or with another is refused before any request, and the worker says why.
+TEST(CliSwarm, SwarmKeyAdmitsOnlyBackbonesWithTheSameKey) {
+  const std::string model = made_qwen3moe();
+  const std::string key = temp_dir() + "/swarm.key", other = temp_dir() + "/other.key";
+  {
+    std::ofstream(key) << "correct horse battery staple 0123456789\n";
+    std::ofstream(other) << "another key entirely, also long enough\n";
+  }
+  auto w = WorkerProcess::spawn(model, "*:*", 1, std::chrono::milliseconds(20000), {"--swarm-key", key});
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_NE((*w)->output().find("swarm key: "), std::string::npos) << (*w)->output();
+  const std::string common =
+      "run -m " + quoted(model) + " --tokens 5,6,7,8 -n 6 -t 1 --json --worker " + (*w)->address().to_string();
+  RunResult local = run_moesh("run -m " + quoted(model) + " --tokens 5,6,7,8 -n 6 -t 1 --json");
+  RunResult with_key = run_moesh(common + " --swarm-key " + quoted(key));
+  ASSERT_EQ(with_key.exit_code, 0) << with_key.err;
+  auto lj = nlohmann::json::parse(local.out, nullptr, false), rj = nlohmann::json::parse(with_key.out, nullptr, false);
+  ASSERT_FALSE(lj.is_discarded() || rj.is_discarded()) << local.out << with_key.out;
+  EXPECT_EQ(lj["tokens"], rj["tokens"]);
+
+  RunResult none = run_moesh(common);
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("swarm key"), std::string::npos) << none.err;
+  RunResult wrong = run_moesh(common + " --swarm-key " + quoted(other));
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.err.find("swarm key mismatch"), std::string::npos) << wrong.err;
+  RunResult missing = run_moesh(common + " --swarm-key " + quoted(temp_dir() + "/no-such.key"));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("no-such.key"), std::string::npos) << missing.err;
+}
+
 }  // namespace
 }  // namespace moesh::test

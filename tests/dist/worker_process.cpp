@@ -13,7 +13,8 @@
 namespace moesh::test {
 
 Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn(const std::string& model, const std::string& spec,
-                                                            int threads, std::chrono::milliseconds startup) {
+                                                            int threads, std::chrono::milliseconds startup,
+                                                            std::vector<std::string> extra) {
   const std::string bin = std::string(MOESH_BIN_DIR) + "/moesh";
   if (access(bin.c_str(), X_OK) != 0) {
     return make_error(StatusCode::kNotFound, "worker binary {} not found (build the moesh target)", bin);
@@ -23,6 +24,7 @@ Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn(const std::string& m
   const std::string th = std::to_string(threads);
   std::vector<std::string> args = {bin,  "worker",   "-m",          model,       "--experts",
                                    spec, "--listen", "127.0.0.1:0", "--threads", th};
+  args.insert(args.end(), extra.begin(), extra.end());
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return make_error(StatusCode::kIoError, "fork: {}", std::strerror(errno));

@@ -22,9 +22,10 @@ class WorkerProcess {
  public:
   // Starts MOESH_BIN_DIR/moesh worker -m model --experts spec --listen 127.0.0.1:0 -t threads
   // and waits (up to `startup`) for it to print its port.
+  // `extra`: more worker arguments (e.g. {"--swarm-key", FILE}).
   static Result<std::unique_ptr<WorkerProcess>> spawn(
       const std::string& model, const std::string& spec, int threads = 1,
-      std::chrono::milliseconds startup = std::chrono::milliseconds(20000));
+      std::chrono::milliseconds startup = std::chrono::milliseconds(20000), std::vector<std::string> extra = {});
   ~WorkerProcess();
   WorkerProcess(const WorkerProcess&) = delete;
   WorkerProcess& operator=(const WorkerProcess&) = delete;

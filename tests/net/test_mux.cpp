@@ -4,6 +4,7 @@
 
 #include <future>
 
+#include "moesh/net/auth.h"
 #include "net/net_test_util.h"
 
 namespace moesh::net {
@@ -221,13 +222,14 @@ struct HandshakeOutcome {
   Result<wire::Session> acceptor = Status(StatusCode::kInternal, "unset");
 };
 
-HandshakeOutcome run_handshake(Link link, const wire::Hello& backbone, const wire::Hello& worker) {
+HandshakeOutcome run_handshake(Link link, const wire::Hello& backbone, const wire::Hello& worker,
+                               const SwarmKey* backbone_key = nullptr, const SwarmKey* worker_key = nullptr) {
   StreamPair p = make_stream_pair(link);
   auto c = make_stream_connection(std::move(p.client));
   auto s = make_stream_connection(std::move(p.server));
   HandshakeOutcome out;
-  std::thread acc([&] { out.acceptor = handshake(*s, worker, false, deadline_in(2s)); });
-  out.initiator = handshake(*c, backbone, true, deadline_in(2s));
+  std::thread acc([&] { out.acceptor = handshake(*s, worker, false, deadline_in(2s), worker_key); });
+  out.initiator = handshake(*c, backbone, true, deadline_in(2s), backbone_key);
   acc.join();
   return out;
 }
@@ -252,6 +254,65 @@ TEST_P(MuxTest, HandshakeAgreesOrBothSidesSayWhy) {
   auto ver = run_handshake(GetParam(), hello(wire::PeerRole::kBackbone, 1), newer);
   EXPECT_EQ(ver.acceptor.status().code(), StatusCode::kUnsupported);
   EXPECT_EQ(ver.initiator.status().code(), StatusCode::kUnsupported);
+}
+
+// Swarm keys (net/auth.h): the same key on both sides passes; another key, or a key on one side
+// only, is refused by both, each saying why, before any request could be served.
+TEST_P(MuxTest, SwarmKeyHandshakeAdmitsOnlyTheSameKey) {
+  SwarmKey k1, k2;
+  k1.bytes.assign(32, 0x11);
+  k2.bytes.assign(32, 0x22);
+  const auto bb = hello(wire::PeerRole::kBackbone, 1), w = hello(wire::PeerRole::kWorker, 1);
+  auto same = run_handshake(GetParam(), bb, w, &k1, &k1);
+  ASSERT_TRUE(same.initiator.is_ok()) << same.initiator.status().to_string();
+  ASSERT_TRUE(same.acceptor.is_ok()) << same.acceptor.status().to_string();
+  EXPECT_NE(same.initiator->features & wire::kFeatureAuth, 0u);
+
+  auto other = run_handshake(GetParam(), bb, w, &k2, &k1);
+  EXPECT_EQ(other.acceptor.status().code(), StatusCode::kUnauthenticated) << other.acceptor.status().to_string();
+  EXPECT_NE(other.acceptor.status().message().find("key differs"), std::string::npos)
+      << other.acceptor.status().message();
+  EXPECT_EQ(other.initiator.status().code(), StatusCode::kUnauthenticated) << other.initiator.status().to_string();
+  EXPECT_NE(other.initiator.status().message().find("swarm key mismatch"), std::string::npos)
+      << other.initiator.status().message();
+
+  auto open_backbone = run_handshake(GetParam(), bb, w, nullptr, &k1);
+  EXPECT_EQ(open_backbone.acceptor.status().code(), StatusCode::kUnauthenticated);
+  EXPECT_NE(open_backbone.acceptor.status().message().find("has no swarm key"), std::string::npos)
+      << open_backbone.acceptor.status().message();
+  EXPECT_EQ(open_backbone.initiator.status().code(), StatusCode::kUnauthenticated);
+
+  auto open_worker = run_handshake(GetParam(), bb, w, &k1, nullptr);
+  EXPECT_EQ(open_worker.acceptor.status().code(), StatusCode::kUnauthenticated);
+  EXPECT_NE(open_worker.acceptor.status().message().find("requires a swarm key"), std::string::npos)
+      << open_worker.acceptor.status().message();
+  EXPECT_EQ(open_worker.initiator.status().code(), StatusCode::kUnauthenticated);
+}
+
+TEST(SwarmKey, LoadsAFileAndRefusesShortOrMissingOnes) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = dir + "/moesh-key-good", shortk = dir + "/moesh-key-short";
+  {
+    std::FILE* f = std::fopen(good.c_str(), "w");
+    std::fputs("0123456789abcdef0123456789abcdef\n", f);
+    std::fclose(f);
+    f = std::fopen(shortk.c_str(), "w");
+    std::fputs("tooshort\n", f);
+    std::fclose(f);
+  }
+  auto k = SwarmKey::load(good);
+  ASSERT_TRUE(k.is_ok()) << k.status().to_string();
+  EXPECT_EQ((*k)->bytes.size(), 32u) << "the trailing newline is not part of the key";
+  EXPECT_EQ((*k)->fingerprint().size(), 16u);
+  SwarmKey other;
+  other.bytes.assign(32, 1);
+  EXPECT_NE((*k)->fingerprint(), other.fingerprint());
+  auto s = SwarmKey::load(shortk);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.status().message().find("at least 16"), std::string::npos) << s.status().message();
+  auto missing = SwarmKey::load(dir + "/moesh-no-such-key");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -57,6 +57,8 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_fetch(*f, lim).status();
     case MsgType::kSlab:
       return decode_slab(*f, lim).status();
+    case MsgType::kAuth:
+      return decode_auth(*f).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -85,6 +87,8 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_fetch(decode_fetch(f, lim).value()).value();
     case MsgType::kSlab:
       return encode_slab(decode_slab(f, lim).value()).value();
+    case MsgType::kAuth:
+      return encode_auth(decode_auth(f).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -107,6 +111,31 @@ void expect_code(const std::vector<uint8_t>& bytes, StatusCode code, const char*
 
 TEST(WireMalformed, BaselineIsValid) {
   EXPECT_TRUE(decode_any(good_dispatch(), kLim).is_ok());
+}
+
+// AUTH (swarm-key challenge / proof): 65 bytes exactly, known flags, request id 0.
+TEST(WireMalformed, AuthFramesAreCheckedFieldByField) {
+  AuthMsg a;
+  a.flags = AuthMsg::kHasChallenge | AuthMsg::kHasProof;
+  a.challenge[0] = 7;
+  a.proof[31] = 9;
+  const std::vector<uint8_t> good = encode_auth(a).value();
+  ASSERT_TRUE(decode_any(good, kLim).is_ok());
+  EXPECT_EQ(reencode(good, kLim), good);
+  const std::vector<uint8_t> payload(good.begin() + kHeaderBytes, good.end());
+  auto with = [&](std::vector<uint8_t> p, uint64_t id = 0) { return build_frame(MsgType::kAuth, id, p); };
+  std::vector<uint8_t> shorter(payload.begin(), payload.end() - 1), longer = payload;
+  longer.push_back(0);
+  expect_code(with(shorter), StatusCode::kCorrupt, "AUTH payload of 64 bytes");
+  expect_code(with(longer), StatusCode::kCorrupt, "trailing");
+  std::vector<uint8_t> flags0 = payload, flags9 = payload;
+  flags0[0] = 0;
+  flags9[0] = 9;
+  expect_code(with(flags0), StatusCode::kCorrupt, "flags 0x0");
+  expect_code(with(flags9), StatusCode::kCorrupt, "flags 0x9");
+  expect_code(with(payload, 5), StatusCode::kCorrupt, "request id 5");
+  AuthMsg none;
+  EXPECT_FALSE(encode_auth(none).is_ok());
 }
 
 TEST(WireMalformed, HeaderDamage) {

@@ -18,6 +18,7 @@ struct WorkerArgs {
   int threads = 0;
   std::string name;
   std::string congestion = "cubic";
+  std::string swarm_key;  // --swarm-key FILE
 };
 
 swarm::Worker* g_worker = nullptr;
@@ -74,6 +75,11 @@ int run_worker(const WorkerArgs& a) {
   o.n_threads = a.threads;
   o.congestion = a.congestion;
   o.name = a.name;
+  if (!a.swarm_key.empty()) {
+    auto key = net::SwarmKey::load(a.swarm_key);
+    if (!key) return fail(key.status());
+    o.swarm_key = std::move(*key);
+  }
   auto worker = swarm::Worker::start(store->get(), o);
   if (!worker) return fail(worker.status());
   // Host TCP settings that only the operator can change (docs/wan-emu.md): say so at start-up.
@@ -89,6 +95,7 @@ int run_worker(const WorkerArgs& a) {
               s.slab_bytes() / 1048576.0);
   std::printf("rss: %llu bytes (%.2f MiB; %.2f MiB before touching slabs)\n", static_cast<unsigned long long>(rss1),
               rss1 / 1048576.0, rss0 / 1048576.0);
+  if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
   std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));
   std::fflush(stdout);
 
@@ -102,9 +109,10 @@ int run_worker(const WorkerArgs& a) {
   (*worker)->run();
   g_worker = nullptr;
   const auto& st = (*worker)->stats();
-  std::printf("worker stopped: %llu connections, %llu dispatches, %llu errors\n",
+  std::printf("worker stopped: %llu connections (%llu refused), %llu dispatches, %llu errors\n",
               static_cast<unsigned long long>(st.connections.load()),
-              static_cast<unsigned long long>(st.dispatches.load()), static_cast<unsigned long long>(st.errors.load()));
+              static_cast<unsigned long long>(st.refused.load()), static_cast<unsigned long long>(st.dispatches.load()),
+              static_cast<unsigned long long>(st.errors.load()));
   std::fflush(stdout);
   return 0;
 }
@@ -120,6 +128,9 @@ const CommandRegistrar kReg{
               sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)");
               sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");
               sub->add_option("--name", a->name, "Name announced in the handshake");
+              sub->add_option("--swarm-key", a->swarm_key,
+                              "Swarm key file: only backbones proving the same key are served (mutual HMAC "
+                              "challenge in the handshake)");
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
               return [a] { return run_worker(*a); };
             }}};

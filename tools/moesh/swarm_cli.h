@@ -25,6 +25,7 @@ struct SwarmArgs {
   std::string micro_batches = "auto";
   double local_experts_mb = 0;
   std::string local_experts_policy = "trip";
+  std::string swarm_key;  // --swarm-key FILE
 
   bool enabled() const { return !workers.empty() || !workers_file.empty(); }
 };
@@ -54,6 +55,9 @@ inline Result<std::pair<wire::WireDType, wire::WireDType>> parse_wire_pair(const
 inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
   sub->add_option("--worker", a->workers, "Worker HOST:PORT serving routed experts (repeatable)");
   sub->add_option("--workers", a->workers_file, "File with one worker HOST:PORT per line (# comments)");
+  sub->add_option("--swarm-key", a->swarm_key,
+                  "Swarm key file: every worker must prove it holds the same key, and so does this side (mutual "
+                  "HMAC challenge in the handshake)");
   sub->add_option("--wire", a->wire,
                   "Wire dtype of hidden and result rows, D or HIDDEN,RETURN, each f32|f16|bf16|q8|q8k "
                   "(hidden q8: the INT8 blocks the worker's dot products take, Q8K for k-quants)")
@@ -113,6 +117,9 @@ inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
   o.tcp.congestion = a.congestion;
   o.local_experts_bytes = static_cast<uint64_t>(a.local_experts_mb * 1024.0 * 1024.0);
   o.local_policy = a.local_experts_policy == "hottest" ? LocalExpertPolicy::kHottest : LocalExpertPolicy::kTripAware;
+  if (!a.swarm_key.empty()) {
+    MOESH_ASSIGN_OR_RETURN(o.swarm_key, net::SwarmKey::load(a.swarm_key));
+  }
   return o;
 }
 

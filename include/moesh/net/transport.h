@@ -178,7 +178,11 @@ std::unique_ptr<ByteStream> wrap_with_faults(std::unique_ptr<ByteStream> inner, 
 // The HELLO exchange (PROTOCOL.md §3). The initiator (the side that connected) sends its HELLO
 // first; the acceptor answers with its own HELLO, or with ERROR if it cannot talk to the peer.
 // Either side that rejects the other sends ERROR before returning the error; the caller closes.
-Result<wire::Session> handshake(Connection& conn, const wire::Hello& local, bool initiator, Deadline deadline);
+// With `key` this side sets wire::kFeatureAuth and runs the swarm-key exchange of net/auth.h
+// after the HELLOs; a side with a key and one without refuse each other (kUnauthenticated).
+struct SwarmKey;
+Result<wire::Session> handshake(Connection& conn, const wire::Hello& local, bool initiator, Deadline deadline,
+                                const SwarmKey* key = nullptr);
 
 // Best-effort ERROR frame (request_id 0 = the connection); failures to send are ignored because
 // the connection is usually being torn down anyway.

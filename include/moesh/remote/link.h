@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "moesh/net/auth.h"
 #include "moesh/net/transport.h"
 #include "moesh/remote/address.h"
 #include "moesh/util/status.h"
@@ -33,6 +34,8 @@ struct LinkOptions {
   // What the worker must speak (checked after the handshake; errors name the worker).
   uint32_t need_dtypes = 0;  // bit per wire::WireDType
   uint32_t need_modes = 0;   // bit per wire::CombineMode
+  // The swarm key to prove and require (net/auth.h); null: none.
+  std::shared_ptr<const net::SwarmKey> swarm_key;
 };
 
 // One connected, handshaken worker.

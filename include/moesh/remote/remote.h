@@ -85,6 +85,8 @@ struct RemoteOptions {
   // background after rejoin_backoff (doubling up to rejoin_backoff_max); it rejoins when its
   // handshake succeeds and it announces the same experts. false: a failure fails the call.
   bool failover = true;
+  // Swarm key: every worker must prove it holds it, and this backbone proves it too (net/auth.h).
+  std::shared_ptr<const net::SwarmKey> swarm_key;
   std::chrono::milliseconds rejoin_backoff{1000};
   std::chrono::milliseconds rejoin_backoff_max{30000};
 

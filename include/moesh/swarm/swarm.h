@@ -29,6 +29,7 @@
 
 #include "moesh/gguf/gguf.h"
 #include "moesh/moe/executor.h"
+#include "moesh/net/auth.h"
 #include "moesh/net/transport.h"
 #include "moesh/util/status.h"
 #include "moesh/wire/wire.h"
@@ -209,6 +210,9 @@ struct WorkerOptions {
   std::string name;                  // announced in HELLO; empty: "worker@HOST:PORT"
   std::string congestion = "cubic";  // TCP_CONGESTION, set before listen()
   uint32_t max_frame_bytes = wire::kDefaultMaxFrameBytes;
+  // Every backbone must prove it holds this key before anything is served (net/auth.h); null:
+  // open to any backbone of the same model.
+  std::shared_ptr<const net::SwarmKey> swarm_key;
 };
 
 struct WorkerStats {
@@ -216,6 +220,7 @@ struct WorkerStats {
   std::atomic<uint64_t> dispatches{0};
   std::atomic<uint64_t> fetches{0};  // FETCH requests, answered or not
   std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> refused{0};  // connections refused in the handshake (wrong model, no or wrong swarm key)
 };
 
 // Serves backbones until stop() (or a signal handler calling it). Connections are served

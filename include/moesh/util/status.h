@@ -27,6 +27,7 @@ enum class StatusCode : int {
   kTimeout,          // a network wait ran past its deadline
   kUnavailable,      // a peer is unreachable or went away
   kInternal,         // a bug: an invariant did not hold
+  kUnauthenticated,  // a peer did not prove it holds the swarm key (or we could not)
   kCOUNT
 };
 

@@ -48,7 +48,10 @@ constexpr uint64_t kMaxSlabDim = UINT32_MAX;     // SLAB ne0/ne1 bound (keeps si
 // HELLO feature bits (Hello::features, since v3). A feature is used on a connection only when
 // both HELLOs set its bit (Session::features).
 constexpr uint32_t kFeatureFetch = 1u << 0;  // worker: answers FETCH with SLAB; backbone: may send FETCH
-constexpr uint32_t kAllFeatures = kFeatureFetch;
+// This side holds a swarm key and requires the peer to prove it holds the same one (AUTH frames
+// right after the HELLOs, net/auth.h). A side with a key refuses a peer without this bit.
+constexpr uint32_t kFeatureAuth = 1u << 1;
+constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
@@ -61,6 +64,7 @@ enum class MsgType : uint16_t {
   kError = 7,     // failure of one request (request id != 0) or of the connection (id 0)
   kFetch = 8,     // backbone -> worker: send me the weights of (layer, expert)   [v3, kFeatureFetch]
   kSlab = 9,      // worker -> backbone: one expert's gate/up/down slabs (same request id as the FETCH)
+  kAuth = 10,     // swarm-key challenge / proof, right after the HELLOs           [kFeatureAuth]
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -105,6 +109,7 @@ enum class WireError : uint16_t {
   kNonFinite = 9,         // the computation produced inf/NaN
   kInternal = 10,         // a bug on the sending side
   kProtocol = 11,         // a valid frame at the wrong time (e.g. DISPATCH before HELLO)
+  kUnauthenticated = 12,  // no swarm key, or a proof that does not match ours
   kCOUNT
 };
 const char* wire_error_name(uint16_t code);
@@ -322,6 +327,14 @@ struct SlabMsg {
   std::array<SlabTensor, 3> tensors;  // gate, up, down
 };
 
+// Swarm-key authentication (net/auth.h): a fresh random challenge and/or an HMAC-SHA256 proof.
+struct AuthMsg {
+  static constexpr uint8_t kHasChallenge = 1u << 0, kHasProof = 1u << 1;
+  uint8_t flags = 0;
+  std::array<uint8_t, 32> challenge{};
+  std::array<uint8_t, 32> proof{};
+};
+
 struct PingMsg {
   uint64_t request_id = 0;
   uint64_t send_time_ns = 0;     // sender's steady clock
@@ -360,6 +373,7 @@ Result<std::vector<uint8_t>> encode_ping(const PingMsg& m);
 Result<std::vector<uint8_t>> encode_pong(const PongMsg& m);
 Result<std::vector<uint8_t>> encode_goodbye(const GoodbyeMsg& m);
 Result<std::vector<uint8_t>> encode_error(const ErrorMsg& m);
+Result<std::vector<uint8_t>> encode_auth(const AuthMsg& m);
 
 // Decoders check the frame type, every count against the payload size and the limits, and
 // every enum; they never allocate more than the payload size implies.
@@ -372,6 +386,7 @@ Result<PingMsg> decode_ping(const Frame& f);
 Result<PongMsg> decode_pong(const Frame& f);
 Result<GoodbyeMsg> decode_goodbye(const Frame& f);
 Result<ErrorMsg> decode_error(const Frame& f);
+Result<AuthMsg> decode_auth(const Frame& f);
 
 // The backbone's check that a COMBINE answers its DISPATCH (id, layer, mode, dtype, shape).
 Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply);
