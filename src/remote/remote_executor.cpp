@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <future>
 #include <mutex>
+#include <random>
 
 #include "moesh/moe/expert_stages.h"
 #include "moesh/remote/combiner.h"
@@ -73,7 +75,8 @@ struct RemoteExecutor::Impl {
     std::vector<Request> reqs;  // reused; the first n_reqs are this job's
     size_t n_reqs = 0;
     std::vector<int32_t> local_slots;
-    std::vector<int32_t> assign;  // per (token, rank) slot: who computes it (re-planned on failover)
+    std::vector<int32_t> assign;     // per (token, rank) slot: who computes it (re-planned on failover)
+    std::vector<float> ylocal_kept;  // the backbone's share, kept while verification reuses the local executor
     std::vector<float> out;
   };
   std::vector<Job> jobs;
@@ -84,7 +87,8 @@ struct RemoteExecutor::Impl {
   // when it is re-dialled next, the backoff, and a re-dial in flight.
   struct Health {
     bool down = false;
-    bool manual = false;  // set_excluded by the caller: never re-included by a rejoin
+    bool manual = false;   // set_excluded by the caller: never re-included by a rejoin
+    bool evicted = false;  // failed verification: never re-dialled
     std::chrono::steady_clock::time_point retry_at;
     std::chrono::milliseconds backoff{0};
     std::future<Result<std::unique_ptr<WorkerLink>>> redial;
@@ -94,6 +98,11 @@ struct RemoteExecutor::Impl {
   wire::Hello hello;
   RemoteExecutor::FailoverStats fo;
   std::vector<uint8_t> replan_mask;
+  std::mt19937_64 verify_rng;
+  std::vector<float> verify_rows;
+  // Recomputes request q of the job here and compares; a mismatch evicts its worker and marks
+  // the request failed (failover then recomputes its pairs). Returns the mismatch, or ok.
+  Status verify(Job& job, size_t q);
   void mark_down(int w);
   void start_redials(bool wait);
   Status recover(Job& job, const Status& why);
@@ -196,6 +205,7 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   for (size_t i = 0; i < n; ++i) impl->workers[i].label = impl->fan->link(i).label;
   impl->health.resize(n);
   impl->hello = hello;
+  impl->verify_rng.seed(opts.verify_seed);
   // Replicas: the near ones take the load (planner.h); until trips are measured, the warm-up RTT.
   impl->planner.set_worker_costs(impl->worker_costs());
   return std::unique_ptr<RemoteExecutor>(new RemoteExecutor(std::move(impl)));
@@ -281,7 +291,9 @@ void RemoteExecutor::poll_rejoins(bool wait) {
 
 void RemoteExecutor::Impl::mark_down(int w) {
   Health& h = health[static_cast<size_t>(w)];
-  if (!h.down) {
+  if (h.evicted) {
+    h.down = true;
+  } else if (!h.down) {
     h.down = true;
     h.backoff = opts.rejoin_backoff;
     spdlog::warn("remote executor: worker {} is down; its experts go to other holders, re-dial in {} ms",
@@ -301,7 +313,7 @@ void RemoteExecutor::Impl::start_redials(bool wait) {
   const auto now = std::chrono::steady_clock::now();
   for (size_t w = 0; w < health.size(); ++w) {
     Health& h = health[w];
-    if (!h.down) continue;
+    if (!h.down || h.evicted) continue;
     if (h.redial.valid()) {
       if (!wait && h.redial.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
       Result<std::unique_ptr<WorkerLink>> link = h.redial.get();
@@ -740,6 +752,21 @@ Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
   Status st = m.run_local(*job, &ylocal);
   const auto local_end = std::chrono::steady_clock::now();
   if (st.is_ok()) st = m.gather(*job, 0);
+  // Verification (RemoteOptions::verify_rate): a request that differs from the backbone's own
+  // result is treated as failed, so failover recomputes it like any other failure.
+  if (st.is_ok() && m.opts.verify_rate > 0) {
+    // verify() runs the local executor, whose output buffer holds the backbone's share: keep it.
+    if (!ylocal.empty()) {
+      job->ylocal_kept.assign(ylocal.begin(), ylocal.end());
+      ylocal = job->ylocal_kept;
+    }
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (size_t q = 0; q < job->n_reqs; ++q) {
+      if (job->reqs[q].failed || u(m.verify_rng) >= m.opts.verify_rate) continue;
+      Status v = m.verify(*job, q);
+      if (!v.is_ok() && st.is_ok()) st = v;
+    }
+  }
   // Failover: each round re-plans the failed requests' pairs onto the other holders and gathers
   // what it sent; every round leaves out at least one more worker, so it ends.
   const size_t n_local_before = job->local_slots.size();
@@ -773,6 +800,87 @@ Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
   return std::span<const float>(job->out.data(), job->out.size());
 }
 
+Status RemoteExecutor::Impl::verify(Job& job, size_t q) {
+  Request& r = job.reqs[q];
+  const RoutingPlan& plan = *job.plan;
+  const int k = plan.k;
+  const size_t n = r.slots.size();
+  if (n == 0) return Status::ok();
+  // The backbone's own copy of every expert of the request, else it cannot check it here.
+  lids.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    lids[i] = mine->slot(job.layer, plan.ids[r.slots[i]]);
+    if (lids[i] < 0) {
+      ++fo.unverifiable;
+      return Status::ok();
+    }
+  }
+  xl.resize(n * static_cast<size_t>(n_embd));
+  lw.assign(n, 1.0f);
+  for (size_t i = 0; i < n; ++i)
+    std::copy_n(job.x + static_cast<int64_t>(r.slots[i] / k) * n_embd, n_embd, xl.data() + i * n_embd);
+  MOESH_RETURN_IF_ERROR(
+      make_plan(job.layer, lids.data(), lw.data(), static_cast<int64_t>(n), 1, n_expert, &local_plan));
+  auto res = local->wait(local->submit(job.layer, xl.data(), static_cast<int64_t>(n), local_plan));
+  if (!res) return res.status().with_context("verifying a worker's result");
+  // What the worker should have returned: the raw outputs (exact), or per token the weighted sum
+  // of its pairs in rank order (partial).
+  const int64_t D = n_embd;
+  const bool exact = opts.combine == wire::CombineMode::kExact;
+  if (exact) {
+    verify_rows.assign(res->begin(), res->end());
+  } else {
+    verify_rows.assign(r.tokens.size() * static_cast<size_t>(D), 0.0f);
+    size_t j = 0;
+    for (size_t i = 0; i < n; ++i) {
+      while (r.tokens[j] != r.slots[i] / k) ++j;
+      const bool first = i == 0 || r.slots[i - 1] / k != r.slots[i] / k;
+      rank_sum_step(verify_rows.data() + j * D, res->data() + i * D, plan.weights[r.slots[i]], D, first);
+    }
+  }
+  double tol = opts.verify_tolerance;
+  if (tol <= 0) {
+    const bool exact_rows = exact && opts.return_wire == wire::WireDType::kF32 &&
+                            hidden_dtype(r.worker, job.layer) == wire::WireDType::kF32;
+    tol = exact_rows ? 0.0 : (hidden_dtype(r.worker, job.layer) == wire::WireDType::kF32 ? 0.02 : 0.1);
+  }
+  double worst = 0;
+  const size_t rows = verify_rows.size() / static_cast<size_t>(D);
+  for (size_t i = 0; i < rows; ++i) {
+    const float* a = verify_rows.data() + i * D;
+    const float* b = r.rows.data() + i * D;
+    float mag = 0;
+    for (int64_t d = 0; d < D; ++d) mag = std::max(mag, std::fabs(a[d]));
+    for (int64_t d = 0; d < D; ++d) {
+      const double diff = std::fabs(static_cast<double>(a[d]) - b[d]);
+      // NaN never compares within tolerance.
+      if (!(diff <= tol * mag)) worst = std::max(worst, std::isnan(diff) ? INFINITY : diff / std::max(mag, 1e-30f));
+    }
+  }
+  ++fo.verified;
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    ++workers[r.worker].verified;
+  }
+  if (worst == 0) return Status::ok();
+  ++fo.mismatches;
+  ++fo.evictions;
+  Health& h = health[static_cast<size_t>(r.worker)];
+  h.evicted = true;
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    ++workers[r.worker].mismatches;
+    workers[r.worker].evicted = true;
+  }
+  r.failed = true;
+  Status st = make_error(StatusCode::kCorrupt,
+                         "{}: result differs from the backbone's recomputation (largest difference {:.3g} of the row's "
+                         "magnitude, tolerance {:.3g}); worker evicted",
+                         where(job, r), worst, tol);
+  spdlog::error("remote executor: {}", st.message());
+  return st;
+}
+
 Status RemoteExecutor::Impl::recover(Job& job, const Status& why) {
   const RoutingPlan& plan = *job.plan;
   replan_mask.assign(job.assign.size(), 0);
@@ -786,7 +894,7 @@ Status RemoteExecutor::Impl::recover(Job& job, const Status& why) {
   }
   if (down.empty()) return why;
   for (const int w : down) {
-    ++fo.failures;
+    if (!health[static_cast<size_t>(w)].evicted) ++fo.failures;
     mark_down(w);
   }
   // As if the failed workers had been excluded from the start: their slots go to replicas or

@@ -131,6 +131,16 @@ std::string render_metrics(const MetricsSnapshot& s) {
   for (const auto& w : s.workers) {
     o += fmt::format("moesh_worker_failovers_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.failovers);
   }
+  header(o, "moesh_worker_verified_total", "counter",
+         "Requests of the worker recomputed by the backbone and compared (--verify-rate)");
+  for (const auto& w : s.workers) {
+    o += fmt::format("moesh_worker_verified_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.verified);
+  }
+  header(o, "moesh_worker_mismatches_total", "counter",
+         "Verified requests whose result differed (the worker is evicted)");
+  for (const auto& w : s.workers) {
+    o += fmt::format("moesh_worker_mismatches_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.mismatches);
+  }
   header(o, "moesh_worker_rejoins_total", "counter", "Times the worker came back after being down");
   for (const auto& w : s.workers) {
     o += fmt::format("moesh_worker_rejoins_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.rejoins);

@@ -628,25 +628,77 @@ TEST(RemoteLoopback, ABackboneSliceFetchesHotExpertsAndChecksThemAgainstTheModel
   EXPECT_GT(exec->traffic().local_pairs, 0u);
 }
 
+// A copy of the model with some bytes of every gate expert changed: the same metadata (so the
+// same identity in HELLO), other weights — a worker serving it lies. "" on failure.
+std::string write_liar(const LoopSwarm& s) {
+  const std::string liar = temp_dir() + "/qwen3moe-e16-other-weights.gguf";
+  auto f = gguf::File::open(s.path);
+  if (!f.is_ok()) return "";
+  std::ifstream in(s.path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (int l = 0; l < s.model->hparams().n_layer; ++l) {
+    const gguf::TensorInfo* ti = (*f)->find_tensor(fmt::format("blk.{}.ffn_gate_exps.weight", l));
+    if (ti == nullptr) return "";
+    const size_t at = (*f)->data_offset() + ti->offset;
+    for (size_t i = 0; i < ti->n_bytes; i += 64) bytes[at + i] ^= 0x11;  // every expert's slab
+  }
+  std::ofstream(liar, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return liar;
+}
+
+// --verify-rate: a worker returning other results is caught by the backbone's recomputation,
+// evicted for good, and its pairs are recomputed — the output is the all-local one.
+TEST(RemoteLoopback, ALyingWorkerIsCaughtByVerificationAndEvicted) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  const std::string liar = write_liar(s);
+  ASSERT_FALSE(liar.empty());
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-7"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:8-15", liar));
+  const auto tokens = tokens_of(*s.model);
+  auto local = run_model(*s.model, tokens);
+  ASSERT_TRUE(local.is_ok());
+  {  // Every request verified: the first lie is caught, nothing wrong gets into the output.
+    RemoteOptions o;
+    o.verify_rate = 1.0;
+    auto exec = s.connect(o);
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    auto lg = run_model(*s.model, tokens, *exec);
+    ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+    EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+    const auto fo = (*exec)->failover_stats();
+    EXPECT_EQ(fo.evictions, 1u);
+    EXPECT_EQ(fo.mismatches, 1u);
+    EXPECT_GT(fo.verified, 1u);
+    EXPECT_TRUE((*exec)->worker_down(1));
+    EXPECT_FALSE((*exec)->worker_down(0));
+    const auto wt = (*exec)->worker_traffic();
+    EXPECT_TRUE(wt[1].evicted);
+    EXPECT_EQ(wt[1].requests, 1u) << "evicted at its first request";
+    EXPECT_EQ(wt[0].mismatches, 0u);
+    (*exec)->poll_rejoins(/*wait=*/true);
+    EXPECT_TRUE((*exec)->worker_down(1)) << "an evicted worker is not re-dialled";
+  }
+  {  // At 5 %: caught within 100 of its requests (seeded, so the same calls are checked each run).
+    RemoteOptions o;
+    o.verify_rate = 0.05;
+    o.verify_seed = 7;
+    auto exec = s.connect(o);
+    ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+    auto rows = greedy_rows(*s.model, *exec, 100);
+    ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
+    const auto wt = (*exec)->worker_traffic();
+    EXPECT_TRUE(wt[1].evicted);
+    EXPECT_LE(wt[1].requests, 100u);
+    EXPECT_EQ((*exec)->failover_stats().evictions, 1u);
+  }
+}
+
 TEST(RemoteLoopback, AWorkerServingOtherWeightsIsCaughtByTheHashAndItsExpertsStayRemote) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(open_model(&s));
-  // A copy of the model with some bytes of every gate expert changed: the same metadata (so
-  // the same identity in HELLO), other weights — a worker that lies.
-  const std::string liar = temp_dir() + "/qwen3moe-e16-other-weights.gguf";
-  {
-    auto f = gguf::File::open(s.path);
-    ASSERT_TRUE(f.is_ok());
-    std::ifstream in(s.path, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (int l = 0; l < s.model->hparams().n_layer; ++l) {
-      const gguf::TensorInfo* ti = (*f)->find_tensor(fmt::format("blk.{}.ffn_gate_exps.weight", l));
-      ASSERT_NE(ti, nullptr);
-      const size_t at = (*f)->data_offset() + ti->offset;
-      for (size_t i = 0; i < ti->n_bytes; i += 64) bytes[at + i] ^= 0x11;  // every expert's slab
-    }
-    std::ofstream(liar, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
+  const std::string liar = write_liar(s);
+  ASSERT_FALSE(liar.empty());
   ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*", liar));
   auto full = gguf::File::open(s.path);
   ASSERT_TRUE(full.is_ok());

@@ -26,6 +26,7 @@ struct SwarmArgs {
   double local_experts_mb = 0;
   std::string local_experts_policy = "trip";
   std::string swarm_key;  // --swarm-key FILE
+  double verify_rate = 0;
 
   bool enabled() const { return !workers.empty() || !workers_file.empty(); }
 };
@@ -58,6 +59,11 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
   sub->add_option("--swarm-key", a->swarm_key,
                   "Swarm key file: every worker must prove it holds the same key, and so does this side (mutual "
                   "HMAC challenge in the handshake)");
+  sub->add_option("--verify-rate", a->verify_rate,
+                  "Recompute this fraction of worker results here (when this side holds the experts) and compare: "
+                  "a worker whose results differ is evicted, its pairs recomputed; 0: off")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   sub->add_option("--wire", a->wire,
                   "Wire dtype of hidden and result rows, D or HIDDEN,RETURN, each f32|f16|bf16|q8|q8k "
                   "(hidden q8: the INT8 blocks the worker's dot products take, Q8K for k-quants)")
@@ -120,6 +126,7 @@ inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
   if (!a.swarm_key.empty()) {
     MOESH_ASSIGN_OR_RETURN(o.swarm_key, net::SwarmKey::load(a.swarm_key));
   }
+  o.verify_rate = a.verify_rate;
   return o;
 }
 

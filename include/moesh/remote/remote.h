@@ -85,6 +85,14 @@ struct RemoteOptions {
   // background after rejoin_backoff (doubling up to rejoin_backoff_max); it rejoins when its
   // handshake succeeds and it announces the same experts. false: a failure fails the call.
   bool failover = true;
+  // Lying-worker detection: this fraction of worker requests is recomputed on the backbone (when
+  // it holds every expert of the request) and compared — exact mode with exact rows: bit for bit;
+  // otherwise within the wire's tolerance (verify_tolerance x the row's largest magnitude). A
+  // mismatch evicts the worker for good (no rejoin), its pairs of that call go to the other
+  // holders, and it is logged and counted. 0: off. Seeded: the same run verifies the same calls.
+  double verify_rate = 0;
+  uint64_t verify_seed = 1;
+  double verify_tolerance = 0;  // <= 0: by the wire dtypes (0 for exact rows, 0.1 for lossy hidden rows)
   // Swarm key: every worker must prove it holds it, and this backbone proves it too (net/auth.h).
   std::shared_ptr<const net::SwarmKey> swarm_key;
   std::chrono::milliseconds rejoin_backoff{1000};
@@ -152,9 +160,12 @@ struct WorkerTraffic {
   // Σ of the compute time each worker reports in its COMBINEs: latency - compute is what the
   // network, framing and wake-ups cost.
   double compute_sum_seconds = 0;
-  bool down = false;       // failed and left out (failover), being re-dialled
-  uint64_t failovers = 0;  // times its pairs of a call went to other holders
-  uint64_t rejoins = 0;    // times it came back after being down
+  bool down = false;        // failed and left out (failover), being re-dialled
+  bool evicted = false;     // returned results that failed verification: never used again
+  uint64_t verified = 0;    // requests recomputed by the backbone and compared (verify_rate)
+  uint64_t mismatches = 0;  // of which differed
+  uint64_t failovers = 0;   // times its pairs of a call went to other holders
+  uint64_t rejoins = 0;     // times it came back after being down
 };
 
 class RemoteExecutor final : public ExpertExecutor {
@@ -208,6 +219,7 @@ class RemoteExecutor final : public ExpertExecutor {
   // workers that rejoined; and whether each worker is down now (left out, being re-dialled).
   struct FailoverStats {
     uint64_t failures = 0, saved_calls = 0, replanned_pairs = 0, rejoins = 0;
+    uint64_t verified = 0, unverifiable = 0, mismatches = 0, evictions = 0;  // verify_rate
   };
   FailoverStats failover_stats() const;
   bool worker_down(size_t w) const;
