@@ -79,6 +79,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     int64_t n_before, n_new = 0;
   };
   std::vector<SeqStep> steps;
+  std::vector<int32_t> step_of(static_cast<size_t>(T));  // token i belongs to steps[step_of[i]]
   for (int64_t i = 0; i < T; ++i) {
     const int32_t sq = batch[i].seq;
     auto it = std::find_if(steps.begin(), steps.end(), [&](const SeqStep& x) { return x.seq == sq; });
@@ -86,6 +87,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
       steps.push_back({sq, kv_.seq_len(sq)});
       it = steps.end() - 1;
     }
+    step_of[static_cast<size_t>(i)] = static_cast<int32_t>(it - steps.begin());
     seq[i] = sq;
     cell[i] = it->n_before + it->n_new;
     ++it->n_new;
@@ -105,13 +107,17 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   for (int64_t i = 0; i < T; ++i) pos[i] = kv_.positions(seq[i])[cell[i]];
   // Recurrent layers: the step's checkpoints are prepared per sequence (RecurrentState).
   if (rec_) {
-    std::vector<uint8_t> cut_after;
-    for (const SeqStep& st : steps) {
-      cut_after.clear();
-      for (int64_t i = 0; i < T; ++i) {
-        if (seq[i] == st.seq) cut_after.push_back(batch[i].logits ? 1 : 0);
-      }
-      rec_->begin_step(st.seq, st.n_new, cut_after.data());
+    // Per sequence, after which of its tokens the state may be cut (those asking for logits):
+    // sequence k's flags start at offset[k], in its token order.
+    std::vector<int64_t> offset(steps.size() + 1, 0);
+    for (size_t k = 0; k < steps.size(); ++k) offset[k + 1] = offset[k] + steps[k].n_new;
+    std::vector<uint8_t> cut_after(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) {
+      const size_t k = static_cast<size_t>(step_of[static_cast<size_t>(i)]);
+      cut_after[static_cast<size_t>(offset[k] + cell[i] - steps[k].n_before)] = batch[i].logits ? 1 : 0;
+    }
+    for (size_t k = 0; k < steps.size(); ++k) {
+      rec_->begin_step(steps[k].seq, steps[k].n_new, cut_after.data() + offset[k]);
     }
   }
   auto rollback = [&] {
@@ -148,9 +154,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   }
   int64_t n_rows[2] = {0, 0};
   for (int64_t i = 0; i < T; ++i) {
-    size_t k = 0;
-    while (steps[k].seq != seq[i]) ++k;
-    const int p = part_of_seq[k];
+    const int p = part_of_seq[static_cast<size_t>(step_of[static_cast<size_t>(i)])];
     row_of[i] = {p, n_rows[p]++};
   }
   struct Part {

@@ -120,22 +120,36 @@ size_t RecurrentState::checkpoint_floats() const {
   return n;
 }
 
+std::vector<float> RecurrentState::take_buffer(Seq& s) const {
+  const size_t floats = static_cast<size_t>(n_layer_ * width_);
+  if (s.spare.empty()) return std::vector<float>(floats);
+  std::vector<float> v = std::move(s.spare.back());
+  s.spare.pop_back();
+  v.resize(floats);  // every layer's slice is written by after_token before the checkpoint is used
+  return v;
+}
+
+void RecurrentState::give_buffer(Seq& s, std::vector<float>&& v) const {
+  // Enough for a step's checkpoints; more would only hold memory.
+  if (s.spare.size() < static_cast<size_t>(std::max(1, policy_.step_tokens)) + 1) s.spare.push_back(std::move(v));
+}
+
 void RecurrentState::begin_step(int32_t seq, int64_t n_new, const uint8_t* cut_after) {
   Seq& s = seqs_[seq];
   if (s.live.empty()) restore(s, 0);
   s.step_base = s.len;
+  for (Checkpoint& c : s.pending) give_buffer(s, std::move(c.data));
   s.pending.clear();
-  const size_t floats = static_cast<size_t>(n_layer_ * width_);
   int kept = 0;
   for (int64_t j = 0; j + 1 < n_new; ++j) {
     const int64_t len = s.len + j + 1;
     const bool cut = cut_after != nullptr && cut_after[j] != 0 && kept < policy_.step_tokens;
     const bool periodic = policy_.every > 0 && len % policy_.every == 0;
     if (!cut && !periodic) continue;
-    s.pending.push_back({len, std::vector<float>(floats)});
+    s.pending.push_back({len, take_buffer(s)});
     kept += cut ? 1 : 0;
   }
-  s.pending.push_back({s.len + n_new, std::vector<float>(floats)});
+  s.pending.push_back({s.len + n_new, take_buffer(s)});
 }
 
 float* RecurrentState::live(int32_t seq, int64_t layer) {
@@ -168,6 +182,7 @@ void RecurrentState::commit_step(int32_t seq) {
 void RecurrentState::abort_step(int32_t seq) {
   Seq* s = find(seq);
   if (s == nullptr || s->step_base < 0) return;
+  for (Checkpoint& c : s->pending) give_buffer(*s, std::move(c.data));
   s->pending.clear();
   restore(*s, s->step_base);
   s->step_base = -1;
@@ -176,11 +191,9 @@ void RecurrentState::abort_step(int32_t seq) {
 void RecurrentState::prune(Seq& s, int64_t protect_from) {
   // The checkpoints at and after the last step's start are kept; of the older ones at most
   // max_older survive, dropping the one whose neighbours are closest together each time.
-  auto older = [&] {
-    return static_cast<int>(
-        std::count_if(s.cps.begin(), s.cps.end(), [&](const Checkpoint& c) { return c.len < protect_from; }));
-  };
-  while (older() > std::max(0, policy_.max_older)) {
+  int older = static_cast<int>(
+      std::count_if(s.cps.begin(), s.cps.end(), [&](const Checkpoint& c) { return c.len < protect_from; }));
+  for (; older > std::max(0, policy_.max_older); --older) {
     size_t drop = 0;
     int64_t best_gap = -1;
     for (size_t i = 0; i < s.cps.size() && s.cps[i].len < protect_from; ++i) {
@@ -189,6 +202,7 @@ void RecurrentState::prune(Seq& s, int64_t protect_from) {
       const int64_t gap = next - prev;
       if (best_gap < 0 || gap < best_gap) best_gap = gap, drop = i;
     }
+    give_buffer(s, std::move(s.cps[drop].data));
     s.cps.erase(s.cps.begin() + static_cast<ptrdiff_t>(drop));
   }
 }

@@ -105,7 +105,12 @@ class RecurrentState final : public SequenceState {
     std::vector<Checkpoint> cps;      // ascending len; all <= len
     std::vector<Checkpoint> pending;  // this step's, ascending len
     int64_t step_base = -1;           // len at begin_step, -1 outside a step
+    // Buffers of dropped checkpoints, reused by the next steps' (a decode step keeps one or
+    // more checkpoints of n_layer x width floats: no allocation per step once warm).
+    std::vector<std::vector<float>> spare;
   };
+  std::vector<float> take_buffer(Seq& s) const;
+  void give_buffer(Seq& s, std::vector<float>&& v) const;
   Seq* find(int32_t seq);
   const Seq* find(int32_t seq) const;
   const Checkpoint* checkpoint_at(const Seq& s, int64_t len) const;
