@@ -72,6 +72,10 @@ struct LoopSwarm {
   Result<std::shared_ptr<RemoteExecutor>> connect(RemoteOptions o = {}) {
     o.dialer = dialer();
     o.timeout = std::chrono::milliseconds(20000);
+    // A down worker is re-dialled only when a test asks (poll_rejoins(true)): however slow the
+    // build, no background re-dial changes what a test counts.
+    o.rejoin_backoff = std::chrono::hours(1);
+    o.rejoin_backoff_max = std::chrono::hours(1);
     MOESH_ASSIGN_OR_RETURN(auto e, RemoteExecutor::connect(*model, addrs, o));
     return std::shared_ptr<RemoteExecutor>(std::move(e));
   }
