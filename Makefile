@@ -1,10 +1,12 @@
 # moesh: thin wrapper over CMake + CTest. `make demo` and `make test` work on a fresh Debian 12.
 BUILD      ?= build
 BUILD_SAN  ?= build-sanitize
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 30
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all build deps test test-sanitize demo bench format format-check clean
+.PHONY: all build deps test test-sanitize fuzz demo bench format format-check clean
 
 all: build
 
@@ -26,6 +28,13 @@ test-sanitize: deps
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -L 'unit|ops|model' $(CTEST_ARGS)
 
+# libFuzzer (clang, ASan+UBSan) on the wire frames and GGUF images, FUZZ_SECONDS each, from the
+# corpus in tests/fuzz/corpus (new inputs go to a temporary directory; a crash fails).
+fuzz: deps
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DMOESH_SANITIZE=ON -DMOESH_FUZZ=ON -DMOESH_BUILD_BENCH=OFF
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_wire fuzz_gguf
+	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
+
 demo: build
 	./scripts/demo.sh $(BUILD)
 
@@ -39,4 +48,4 @@ format-check: deps
 	./scripts/check-format.sh
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)

@@ -8,7 +8,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libxxhash-dev
   libasio-dev libpcre2-dev libcpp-httplib-dev libssl-dev
-  clang-format graphviz gnuplot-nox
+  clang-format clang libclang-rt-14-dev graphviz gnuplot-nox
   curl iproute2
 )
 

@@ -3,6 +3,9 @@
 
 #include <spdlog/spdlog.h>
 
+#if defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#include <cpuid.h>
+#endif
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -23,13 +26,27 @@ const char* isa_name(Isa isa) {
   return "unknown";
 }
 
+#if defined(MOESH_X86)
+namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+bool cpu_has_f16c() {
+#if defined(__clang__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+#else
+  return __builtin_cpu_supports("f16c");
+#endif
+}
+}  // namespace
+#endif
+
 bool cpu_has(Isa isa) {
   switch (isa) {
     case Isa::kScalar:
       return true;
 #if defined(MOESH_X86)
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
              __builtin_cpu_supports("bmi2");
     case Isa::kAvx512:
       return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -257,7 +257,9 @@ TEST(RemoteFailures, KilledOrSilentWorkersAreCoveredAndTheBitsStay) {
     auto a = WorkerProcess::spawn(path, "*:*");
     auto b = WorkerProcess::spawn(path, "*:*");
     ASSERT_TRUE(a.is_ok() && b.is_ok());
-    auto exec = RemoteExecutor::connect(**backbone, {(*a)->address(), (*b)->address()}, RemoteOptions{});
+    RemoteOptions o;
+    o.worker_costs = {0.001, 0.001};  // equal replicas share every step (no RTT noise making one "far")
+    auto exec = RemoteExecutor::connect(**backbone, {(*a)->address(), (*b)->address()}, o);
     ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
     std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
     const auto got = run(**backbone, remote, [&] { (*a)->kill_now(); });

@@ -1,0 +1,87 @@
+// Writes the fuzz seed corpus: one valid input of each kind per file, DIR/wire/* and DIR/gguf/*.
+// The corpus in tests/fuzz/corpus was written by `fuzz_make_seeds tests/fuzz/corpus`; rerun it
+// when a message layout changes.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "moesh/gguf/gguf.h"
+#include "wire/wire_test_util.h"
+
+using namespace moesh;
+using namespace moesh::wire;
+
+namespace {
+
+void put(const std::filesystem::path& dir, const std::string& name, const Result<std::vector<uint8_t>>& bytes) {
+  if (!bytes.is_ok()) {
+    std::fprintf(stderr, "seed %s: %s\n", name.c_str(), bytes.status().to_string().c_str());
+    std::exit(1);
+  }
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / name, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: fuzz_make_seeds DIR\n");
+    return 2;
+  }
+  const std::filesystem::path wdir = std::filesystem::path(argv[1]) / "wire",
+                              gdir = std::filesystem::path(argv[1]) / "gguf";
+  Hello bb;
+  bb.role = PeerRole::kBackbone;
+  bb.n_layer = 16, bb.n_expert = 64, bb.n_embd = 64;
+  bb.dtypes = 0x1f, bb.modes = 0x3, bb.features = kFeatureFetch | kFeatureAuth;
+  bb.name = "backbone";
+  put(wdir, "hello-backbone", encode_hello(bb));
+  Hello w = bb;
+  w.role = PeerRole::kWorker;
+  w.name = "w0";
+  w.experts = {{0, 0, 32}, {3, 8, 8}};
+  w.layer_act.assign(16, 3);
+  put(wdir, "hello-worker", encode_hello(w));
+  AuthMsg a;
+  a.flags = AuthMsg::kHasChallenge | AuthMsg::kHasProof;
+  a.challenge.fill(0x5a);
+  a.proof.fill(0xa5);
+  put(wdir, "auth", encode_auth(a));
+  for (WireDType dt : {WireDType::kF32, WireDType::kF16, WireDType::kQ8, WireDType::kQ8K}) {
+    for (CombineMode mode : {CombineMode::kExact, CombineMode::kPartial}) {
+      const DispatchMsg d = testing::make_dispatch(7, 2, 3, 64, 2, dt, mode, dt);
+      const std::string tag = std::string(wire_dtype_name(dt)) + "-" + combine_mode_name(mode);
+      put(wdir, "dispatch-" + tag, encode_dispatch(d));
+      put(wdir, "combine-" + tag, encode_combine(testing::make_combine_for(d)));
+    }
+  }
+  put(wdir, "fetch", encode_fetch(FetchMsg{9, 1, 5}));
+  put(wdir, "slab", encode_slab(testing::make_slab(9, 1, 5)));
+  put(wdir, "ping", encode_ping(PingMsg{3, 123456789, 16, 8}));
+  put(wdir, "pong", encode_pong(PongMsg{3, 123456789, 987654321, 8}));
+  put(wdir, "goodbye", encode_goodbye(GoodbyeMsg{0, "bye"}));
+  put(wdir, "error", encode_error(ErrorMsg{4, static_cast<uint16_t>(WireError::kNotHeld), "expert 5 not held"}));
+
+  gguf::Writer g;
+  g.set("general.architecture", gguf::Value::str("qwen3moe"));
+  g.set("qwen3moe.block_count", gguf::Value::u32(2));
+  g.set("qwen3moe.rope.freq_base", gguf::Value::f32(1e6f));
+  g.set("general.flag", gguf::Value::boolean(true));
+  std::vector<int32_t> ints = {1, 2, 3};
+  g.set("moesh.slice.moe_layers", gguf::Value::i32_array(ints));
+  std::vector<float> t(64 * 4, 0.5f);
+  if (!g.add_tensor_copy("blk.0.attn_norm.weight", GgmlType::F32, {64}, t.data()).is_ok() ||
+      !g.add_tensor_copy("blk.0.ffn_gate_exps.weight", GgmlType::F32, {8, 8, 4}, t.data()).is_ok()) {
+    return 1;
+  }
+  put(gdir, "small", g.write_bytes());
+  gguf::Writer e;
+  e.set("general.architecture", gguf::Value::str("llama"));
+  put(gdir, "no-tensors", e.write_bytes());
+  std::printf("seeds written to %s\n", argv[1]);
+  return 0;
+}
