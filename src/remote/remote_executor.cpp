@@ -110,9 +110,9 @@ struct RemoteExecutor::Impl {
   // Reusable buffers.
   std::vector<float> rows_f32;       // gathered hidden rows of one request
   std::vector<int64_t> owner_pairs;  // pairs per worker
-  std::vector<int32_t> assign;       // per (token, rank) slot: the worker computing it, or kLocal
   std::vector<int> req_of_worker;
   std::vector<FanOut::Outstanding> outstanding;
+  std::vector<size_t> req_index;  // outstanding[i] is job.reqs[req_index[i]] (gather)
   std::vector<PartialRows> partials;
   std::vector<float> xl, lw;  // local expanded rows, unit weights
   std::vector<int32_t> lids;
@@ -543,8 +543,6 @@ void RemoteExecutor::Impl::add_requests(Job& job, const std::vector<uint8_t>* ma
 }
 
 void RemoteExecutor::Impl::send_requests(Job& job, size_t first) {
-  const int64_t n_tok = job.n_tokens;
-  (void)n_tok;
   // Star fan-out: every request leaves before any reply is awaited.
   for (size_t i = first; i < job.n_reqs; ++i) {
     Request& r = job.reqs[i];
@@ -646,7 +644,7 @@ Status RemoteExecutor::Impl::run_local(Job& job, std::span<const float>* y) {
 Status RemoteExecutor::Impl::gather(Job& job, size_t first) {
   // Replies are handled in arrival order; every failed request is reported, not just the first.
   outstanding.clear();
-  std::vector<size_t> req_index;  // outstanding[i] is job.reqs[req_index[i]]
+  req_index.clear();
   if (first == 0) job.last_arrival = job.first_sent;
   std::vector<std::pair<size_t, Status>> failures;
   for (size_t i = first; i < job.n_reqs; ++i) {

@@ -237,9 +237,12 @@ void Scheduler::Impl::step() {
     return true;
   };
   // A draft source that drafts from hidden states (the NextN head) gets each part's kept
-  // positions: rows from the batch offset, each with the token that followed it.
+  // positions: rows from the batch offset, each with the token that followed it. Copied first:
+  // a rewind that recomputes kept tokens runs a forward pass, which would overwrite the rows of
+  // the parts after it.
   const bool report = draft && draft->needs_hidden();
-  const std::span<const float> hidden = report ? ctx->hidden() : std::span<const float>{};
+  std::vector<float> hidden;
+  if (report) hidden.assign(ctx->hidden().begin(), ctx->hidden().end());
   const int64_t D = model.hparams().n_embd;
   std::vector<int32_t> next;
   auto report_hidden = [&](int slot, int64_t first, int64_t b0, int64_t n) {
@@ -310,9 +313,6 @@ void Scheduler::Impl::step() {
     std::lock_guard<std::mutex> lk(mu);
     stats.draft_tokens += n_drafted;
     stats.accepted_draft_tokens += n_kept;
-  }
-  {
-    std::lock_guard<std::mutex> lk(mu);
     stats.generated_tokens += n_sampled;
   }
 
