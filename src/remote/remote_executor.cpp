@@ -202,7 +202,11 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   impl->req_of_worker.assign(n, -1);
   impl->owner_pairs.assign(n, 0);
   impl->workers.resize(n);
-  for (size_t i = 0; i < n; ++i) impl->workers[i].label = impl->fan->link(i).label;
+  for (size_t i = 0; i < n; ++i) {
+    impl->workers[i].label = impl->fan->link(i).label;
+    impl->workers[i].name = impl->fan->link(i).session.peer.name;
+    impl->workers[i].up_since = std::chrono::steady_clock::now();
+  }
   impl->health.resize(n);
   impl->hello = hello;
   impl->verify_rng.seed(opts.verify_seed);
@@ -302,8 +306,10 @@ void RemoteExecutor::Impl::mark_down(int w) {
   h.retry_at = std::chrono::steady_clock::now() + h.backoff;
   planner.set_excluded(w, true);
   std::lock_guard<std::mutex> lk(worker_mu);
-  workers[static_cast<size_t>(w)].down = true;
-  ++workers[static_cast<size_t>(w)].failovers;
+  WorkerTraffic& wt = workers[static_cast<size_t>(w)];
+  if (!wt.down) wt.up_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - wt.up_since).count();
+  wt.down = true;
+  ++wt.failovers;
 }
 
 // A down worker is re-dialled in the background once its backoff has passed; a finished re-dial
@@ -338,6 +344,7 @@ void RemoteExecutor::Impl::start_redials(bool wait) {
         {
           std::lock_guard<std::mutex> lk(worker_mu);
           workers[w].down = false;
+          workers[w].up_since = std::chrono::steady_clock::now();
           ++workers[w].rejoins;
         }
         spdlog::info("remote executor: worker {} rejoined", fan->link(w).label);
@@ -396,8 +403,39 @@ void RemoteExecutor::reset_traffic() {
   impl_->traffic = RemoteTraffic{};
 }
 std::vector<WorkerTraffic> RemoteExecutor::worker_traffic() const {
-  std::lock_guard<std::mutex> lk(impl_->worker_mu);
-  return impl_->workers;
+  std::vector<WorkerTraffic> out;
+  {
+    std::lock_guard<std::mutex> lk(impl_->worker_mu);
+    out = impl_->workers;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (WorkerTraffic& w : out)
+    if (!w.down) w.up_seconds += std::chrono::duration<double>(now - w.up_since).count();
+  return out;
+}
+
+std::vector<swarm::LedgerEntry> RemoteExecutor::ledger() const {
+  std::vector<swarm::LedgerEntry> out;
+  for (const WorkerTraffic& w : worker_traffic()) {
+    swarm::LedgerEntry& e = out.emplace_back();
+    e.peer = w.name;
+    e.address = w.label.substr(0, w.label.find(' '));
+    e.requests = w.requests;
+    e.dispatches = w.completed;
+    e.pairs = w.pairs;
+    e.tokens = w.tokens;
+    e.dispatch_bytes = w.bytes_sent;
+    e.combine_bytes = w.bytes_received;
+    e.errors = w.errors;
+    e.fetches = w.fetches;
+    e.fetch_bytes = w.fetch_bytes;
+    e.verified = w.verified;
+    e.mismatches = w.mismatches;
+    e.compute_seconds = w.compute_sum_seconds;
+    e.connected_seconds = w.up_seconds;
+    e.connected = !w.down && !w.evicted;
+  }
+  return out;
 }
 
 std::string RemoteExecutor::describe() const {
@@ -697,6 +735,11 @@ Status RemoteExecutor::Impl::gather(Job& job, size_t first) {
     if (!st.is_ok()) return fail(st.with_context(where(job, r) + ": COMBINE does not answer the DISPATCH"));
     r.rows.resize(static_cast<size_t>(reply->rows.n_rows) * static_cast<size_t>(n_embd));
     wire::decode_rows(reply->rows, r.rows.data());
+    std::lock_guard<std::mutex> lk(worker_mu);
+    WorkerTraffic& wt = workers[r.worker];
+    ++wt.completed;
+    wt.pairs += r.msg.pairs.size();
+    wt.tokens += reply->rows.n_rows;
   });
   if (failures.empty()) return Status::ok();
   std::sort(failures.begin(), failures.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -968,6 +1011,9 @@ Result<wire::SlabMsg> RemoteExecutor::Impl::fetch(size_t w, int layer, int exper
       return;
     }
     out = std::move(*slab);
+    std::lock_guard<std::mutex> lk(worker_mu);
+    ++workers[w].fetches;
+    workers[w].fetch_bytes += wire::kHeaderBytes + rep.frame->payload.size();
   });
   if (!out)
     return out.status().with_context(fmt::format("FETCH layer {} expert {} from {}", layer, expert, link.label));

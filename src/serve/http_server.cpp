@@ -12,6 +12,7 @@
 #include <mutex>
 #include <random>
 
+#include "moesh/serve/ledger.h"
 #include "serve/metrics.h"
 #include "serve/openai_api.h"
 
@@ -455,6 +456,13 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
       snap.remote = m->t.remote->traffic();
     }
     res.set_content(render_metrics(snap), "text/plain; version=0.0.4");
+  });
+  // The backbone's side of the work ledger (serve/ledger.h); `moesh swarm ledger` reads it.
+  svr.Get("/swarm/ledger", [m](const httplib::Request&, httplib::Response& res) {
+    const RemoteExecutor* r = m->t.remote;
+    const json j = r != nullptr ? ledger_json("backbone", r->options().name, r->ledger())
+                                : ledger_json("backbone", "backbone", {});
+    res.set_content(j.dump(2), "application/json");
   });
 
   if (opts.port == 0) {

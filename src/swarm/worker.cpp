@@ -58,22 +58,53 @@ struct Worker::Impl {
   std::mutex hash_mu;
   std::map<std::pair<uint32_t, uint32_t>, std::array<uint64_t, 3>> slab_hashes;
 
+  // The work ledger, one entry per backbone name (kept across its reconnections).
+  mutable std::mutex ledger_mu;
+  std::vector<LedgerEntry> ledger;
+  // Dial-out threads (--join), one per target.
+  std::vector<std::thread> joiners;
+
   bool stopping() const { return stop_flag.load(std::memory_order_relaxed); }
-  void serve(Peer* peer);
+  // Serves one connection until it ends; false when the handshake failed. `idle_timeout` > 0:
+  // the connection is dropped when nothing arrives for that long (joined connections).
+  bool serve(Peer* peer, std::chrono::milliseconds idle_timeout = std::chrono::milliseconds(0));
+  void join_loop(std::string host, uint16_t port);
+  void end_session(size_t led, net::Clock::time_point connected_at);
+  size_t ledger_slot(const std::string& peer_name, const std::string& address);
   void handle_dispatch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
-                       uint32_t max_send_bytes);
+                       uint32_t max_send_bytes, size_t led);
   void handle_fetch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
-                    const wire::Session& session);
+                    const wire::Session& session, size_t led);
   void reap(bool all);
 };
 
+size_t Worker::Impl::ledger_slot(const std::string& peer_name, const std::string& address) {
+  std::lock_guard<std::mutex> lk(ledger_mu);
+  size_t i = 0;
+  while (i < ledger.size() && ledger[i].peer != peer_name) ++i;
+  if (i == ledger.size()) ledger.emplace_back().peer = peer_name;
+  ledger[i].address = address;
+  ledger[i].connected = true;
+  return i;
+}
+
 void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
-                                   uint32_t max_send_bytes) {
+                                   uint32_t max_send_bytes, size_t led) {
   const auto received = net::Clock::now();
   stats.dispatches.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lk(ledger_mu);
+    ++ledger[led].requests;
+    ledger[led].dispatch_bytes += wire::kHeaderBytes + f.payload.size();
+  }
+  auto note_error = [&] {
+    stats.errors.fetch_add(1);
+    std::lock_guard<std::mutex> lk(ledger_mu);
+    ++ledger[led].errors;
+  };
   auto req = wire::decode_dispatch(f, lim);
   if (!req) {
-    stats.errors.fetch_add(1);
+    note_error();
     net::send_error(conn, f.request_id(), wire::WireError::kMalformed, req.status().message(),
                     net::deadline_in(kSendTimeout));
     return;
@@ -105,22 +136,45 @@ void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f, 
       // that long too.
       net::Deadline d = send_deadline(frame->size());
       if (has_deadline) d = std::max(d, deadline);
-      (void)conn.send_frame(*frame, d);
+      // Counted before sending: the backbone may read the ledger as soon as the reply is in.
+      {
+        std::lock_guard<std::mutex> lk(ledger_mu);
+        LedgerEntry& e = ledger[led];
+        ++e.dispatches;
+        e.pairs += req->pairs.size();
+        e.tokens += out.combine.rows.n_rows;
+        e.combine_bytes += frame->size();
+        e.compute_seconds += out.combine.compute_us * 1e-6;
+      }
+      if (Status st = conn.send_frame(*frame, d); !st.is_ok()) {
+        std::lock_guard<std::mutex> lk(ledger_mu);
+        LedgerEntry& e = ledger[led];
+        --e.dispatches;
+        e.pairs -= req->pairs.size();
+        e.tokens -= out.combine.rows.n_rows;
+        e.combine_bytes -= frame->size();
+        e.compute_seconds -= out.combine.compute_us * 1e-6;
+        ++e.errors;
+      }
       return;
     }
     out.error = wire::WireError::kInternal;
     out.text = frame ? "COMBINE exceeds the peer's frame limit" : frame.status().message();
   }
-  stats.errors.fetch_add(1);
+  note_error();
   spdlog::debug("request {} failed: {} {}", req->request_id, wire::wire_error_name(uint16_t(out.error)), out.text);
   net::send_error(conn, req->request_id, out.error, out.text, net::deadline_in(kSendTimeout));
 }
 
 void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
-                                const wire::Session& session) {
+                                const wire::Session& session, size_t led) {
   stats.fetches.fetch_add(1);
   auto fail = [&](wire::WireError code, const std::string& text) {
     stats.errors.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lk(ledger_mu);
+      ++ledger[led].errors;
+    }
     spdlog::debug("FETCH {} failed: {} {}", f.request_id(), wire::wire_error_name(uint16_t(code)), text);
     net::send_error(conn, f.request_id(), code, text, net::deadline_in(kSendTimeout));
   };
@@ -170,10 +224,14 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
   }
   auto frame = wire::encode_slab(m);
   if (!frame) return fail(wire::WireError::kInternal, frame.status().message());
-  (void)conn.send_frame(*frame, send_deadline(frame->size()));
+  if (conn.send_frame(*frame, send_deadline(frame->size())).is_ok()) {
+    std::lock_guard<std::mutex> lk(ledger_mu);
+    ++ledger[led].fetches;
+    ledger[led].fetch_bytes += frame->size();
+  }
 }
 
-void Worker::Impl::serve(Peer* peer) {
+bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   net::Connection& conn = *peer->conn;
   wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(), opts.name);
   hello.layer_act = detail::layer_activation_dtypes(*store);
@@ -184,9 +242,12 @@ void Worker::Impl::serve(Peer* peer) {
     spdlog::warn("{}: refused in the handshake: {}", conn.describe(), session.status().to_string());
     conn.close();
     peer->finished = true;
-    return;
+    return false;
   }
   spdlog::info("{}: backbone '{}' connected", conn.describe(), session->peer.name);
+  const size_t led = ledger_slot(session->peer.name, conn.describe());
+  const auto connected_at = net::Clock::now();
+  auto last_frame = connected_at;
   wire::DecodeLimits lim;
   lim.max_frame_bytes = opts.max_frame_bytes;
   lim.n_expert = store->shape().n_expert;
@@ -194,7 +255,14 @@ void Worker::Impl::serve(Peer* peer) {
   while (!stopping()) {
     auto f = conn.recv_frame(net::deadline_in(kPollSlice));
     if (!f) {
-      if (f.status().code() == StatusCode::kTimeout) continue;
+      if (f.status().code() == StatusCode::kTimeout) {
+        if (idle_timeout.count() > 0 && net::Clock::now() - last_frame > idle_timeout) {
+          spdlog::warn("{}: nothing from backbone '{}' for {} ms, dropping the connection", conn.describe(),
+                       session->peer.name, idle_timeout.count());
+          break;
+        }
+        continue;
+      }
       if (f.status().code() == StatusCode::kCorrupt || f.status().code() == StatusCode::kUnsupported ||
           f.status().code() == StatusCode::kOutOfRange) {
         stats.errors.fetch_add(1);
@@ -203,12 +271,13 @@ void Worker::Impl::serve(Peer* peer) {
       }
       break;
     }
+    last_frame = net::Clock::now();
     switch (f->type()) {
       case wire::MsgType::kDispatch:
-        handle_dispatch(conn, *f, lim, session->max_send_bytes);
+        handle_dispatch(conn, *f, lim, session->max_send_bytes, led);
         break;
       case wire::MsgType::kFetch:
-        handle_fetch(conn, *f, lim, *session);
+        handle_fetch(conn, *f, lim, *session, led);
         break;
       case wire::MsgType::kPing: {
         auto p = wire::decode_ping(*f);
@@ -229,13 +298,15 @@ void Worker::Impl::serve(Peer* peer) {
         spdlog::info("{}: backbone said goodbye", conn.describe());
         conn.close();
         peer->finished = true;
-        return;
+        end_session(led, connected_at);
+        return true;
       case wire::MsgType::kError:
         // A connection-level ERROR means the peer is closing; request-level ones are not ours.
         if (f->request_id() == 0) {
           conn.close();
           peer->finished = true;
-          return;
+          end_session(led, connected_at);
+          return true;
         }
         break;
       default:
@@ -253,6 +324,47 @@ void Worker::Impl::serve(Peer* peer) {
   }
   conn.close();
   peer->finished = true;
+  end_session(led, connected_at);
+  return true;
+}
+
+void Worker::Impl::end_session(size_t led, net::Clock::time_point connected_at) {
+  std::lock_guard<std::mutex> lk(ledger_mu);
+  ledger[led].connected_seconds += std::chrono::duration<double>(net::Clock::now() - connected_at).count();
+  ledger[led].connected = false;
+}
+
+void Worker::Impl::join_loop(std::string host, uint16_t port) {
+  const std::string target = fmt::format("{}:{}", host, port);
+  auto backoff = opts.join_backoff;
+  net::TcpOptions tcp;
+  tcp.congestion = opts.congestion;
+  net::ConnectionOptions copts;
+  copts.max_frame_bytes = opts.max_frame_bytes;
+  while (!stopping()) {
+    bool served = false;
+    auto s = net::tcp_connect(host, port, tcp, net::deadline_in(kHandshakeTimeout));
+    if (s) {
+      Peer p;
+      p.conn = net::make_stream_connection(std::move(*s), copts);
+      stats.connections.fetch_add(1);
+      served = serve(&p, opts.join_idle_timeout);
+      if (served) stats.joins.fetch_add(1);
+    } else {
+      spdlog::warn("join {}: {}", target, s.status().to_string());
+    }
+    if (stopping()) break;
+    if (served) {
+      backoff = opts.join_backoff;  // it worked: the next loss is a fresh one
+    } else {
+      stats.join_failures.fetch_add(1);
+    }
+    spdlog::info("join {}: re-dialling in {} ms", target, backoff.count());
+    const auto until = net::Clock::now() + backoff;
+    while (!stopping() && net::Clock::now() < until)
+      std::this_thread::sleep_for(std::min<net::Clock::duration>(kPollSlice, until - net::Clock::now()));
+    if (!served) backoff = std::min(backoff * 2, opts.join_backoff_max);
+  }
 }
 
 void Worker::Impl::reap(bool all) {
@@ -272,24 +384,46 @@ Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Worker::~Worker() {
   stop();
   impl_->reap(/*all=*/true);
+  for (std::thread& t : impl_->joiners)
+    if (t.joinable()) t.join();
 }
 
 Result<std::unique_ptr<Worker>> Worker::start(const ExpertStore* store, const WorkerOptions& opts) {
   auto impl = std::make_unique<Impl>();
   impl->store = store;
   impl->opts = opts;
-  net::TcpOptions tcp;
-  tcp.congestion = opts.congestion;
-  auto l = net::TcpListener::listen(opts.host, opts.port, tcp);
-  if (!l) return l.status().with_context(fmt::format("listening on {}:{}", opts.host, opts.port));
-  impl->listener = std::move(*l);
-  if (impl->opts.name.empty()) impl->opts.name = fmt::format("worker@{}:{}", opts.host, impl->listener->port());
+  if (!opts.listen && opts.join.empty())
+    return make_error(StatusCode::kInvalidArgument, "worker: neither listening nor joining a backbone");
+  if (opts.listen) {
+    net::TcpOptions tcp;
+    tcp.congestion = opts.congestion;
+    auto l = net::TcpListener::listen(opts.host, opts.port, tcp);
+    if (!l) return l.status().with_context(fmt::format("listening on {}:{}", opts.host, opts.port));
+    impl->listener = std::move(*l);
+  }
+  if (impl->opts.name.empty()) {
+    // A joining worker's name must stay the same across restarts (it is its identity in the
+    // backbone's registry), so it is not derived from a port picked at random.
+    impl->opts.name = impl->listener ? fmt::format("worker@{}:{}", opts.host, impl->listener->port())
+                                     : fmt::format("worker@{}", opts.host);
+  }
   impl->pool = std::make_unique<ThreadPool>(opts.n_threads);
+  Impl* m = impl.get();
+  for (const auto& [host, port] : opts.join) m->joiners.emplace_back([m, h = host, p = port] { m->join_loop(h, p); });
   return std::unique_ptr<Worker>(new Worker(std::move(impl)));
 }
 
 uint16_t Worker::port() const {
-  return impl_->listener->port();
+  return impl_->listener ? impl_->listener->port() : 0;
+}
+
+std::vector<LedgerEntry> Worker::ledger() const {
+  std::lock_guard<std::mutex> lk(impl_->ledger_mu);
+  return impl_->ledger;
+}
+
+const std::string& Worker::name() const {
+  return impl_->opts.name;
 }
 
 const WorkerStats& Worker::stats() const {
@@ -312,7 +446,8 @@ void Worker::serve_connection(std::unique_ptr<net::Connection> conn) {
 
 void Worker::run() {
   Impl& m = *impl_;
-  while (!m.stopping()) {
+  while (!m.stopping() && !m.listener) std::this_thread::sleep_for(kPollSlice);  // joined backbones only
+  while (!m.stopping() && m.listener) {
     auto s = m.listener->accept(net::deadline_in(kPollSlice));
     m.reap(/*all=*/false);
     if (!s) {
@@ -329,7 +464,9 @@ void Worker::run() {
     p.conn = net::make_stream_connection(std::move(*s), copts);
     p.thread = std::thread([&m, pp = &p] { m.serve(pp); });
   }
-  m.listener->close();
+  if (m.listener) m.listener->close();
+  for (std::thread& t : m.joiners)
+    if (t.joinable()) t.join();
   // Each reader notices the flag within one poll slice and says GOODBYE on its connection.
   m.reap(/*all=*/true);
 }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "command.h"
+#include "moesh/serve/worker_http.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/util/process.h"
 #include "moesh/wan/host_tcp.h"
@@ -18,7 +19,10 @@ struct WorkerArgs {
   int threads = 0;
   std::string name;
   std::string congestion = "cubic";
-  std::string swarm_key;  // --swarm-key FILE
+  std::string swarm_key;          // --swarm-key FILE
+  std::vector<std::string> join;  // --join HOST:PORT (repeatable)
+  std::string metrics;            // --metrics HOST:PORT
+  bool listen_given = false;
 };
 
 swarm::Worker* g_worker = nullptr;
@@ -54,6 +58,19 @@ int run_worker(const WorkerArgs& a) {
   if (!split_host_port(a.listen, &o.host, &o.port)) {
     return fail(make_error(StatusCode::kInvalidArgument, "--listen '{}' is not HOST:PORT", a.listen));
   }
+  // A joining worker needs no inbound port: it listens only when --listen is given as well.
+  o.listen = a.join.empty() || a.listen_given;
+  for (const std::string& j : a.join) {
+    std::string host;
+    uint16_t port = 0;
+    if (!split_host_port(j, &host, &port) || port == 0)
+      return fail(make_error(StatusCode::kInvalidArgument, "--join '{}' is not HOST:PORT", j));
+    o.join.emplace_back(host, port);
+  }
+  std::string metrics_host;
+  uint16_t metrics_port = 0;
+  if (!a.metrics.empty() && !split_host_port(a.metrics, &metrics_host, &metrics_port))
+    return fail(make_error(StatusCode::kInvalidArgument, "--metrics '{}' is not HOST:PORT", a.metrics));
   auto file = gguf::File::open(a.model);
   if (!file) return fail(file.status());
   swarm::ExpertSet held;
@@ -96,7 +113,16 @@ int run_worker(const WorkerArgs& a) {
   std::printf("rss: %llu bytes (%.2f MiB; %.2f MiB before touching slabs)\n", static_cast<unsigned long long>(rss1),
               rss1 / 1048576.0, rss0 / 1048576.0);
   if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
-  std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));
+  std::printf("name: %s\n", (*worker)->name().c_str());
+  std::unique_ptr<serve::WorkerHttp> http;
+  if (!a.metrics.empty()) {
+    auto h = serve::WorkerHttp::start(worker->get(), metrics_host, metrics_port);
+    if (!h) return fail(h.status());
+    http = std::move(*h);
+    std::printf("metrics on http://%s:%d (/metrics, /swarm/ledger, /health)\n", metrics_host.c_str(), http->port());
+  }
+  for (const std::string& j : a.join) std::printf("joining %s (dial-out, re-dialled when lost)\n", j.c_str());
+  if (o.listen) std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));
   std::fflush(stdout);
 
   g_worker = worker->get();
@@ -108,6 +134,7 @@ int run_worker(const WorkerArgs& a) {
   std::signal(SIGPIPE, SIG_IGN);
   (*worker)->run();
   g_worker = nullptr;
+  http.reset();
   const auto& st = (*worker)->stats();
   std::printf("worker stopped: %llu connections (%llu refused), %llu dispatches, %llu errors\n",
               static_cast<unsigned long long>(st.connections.load()),
@@ -125,7 +152,14 @@ const CommandRegistrar kReg{
               sub->add_option("--experts", a->experts,
                               "Experts to hold: LAYERS:EXPERTS items, e.g. '*:0-63' or '0-23:*,24-47:0-7' "
                               "(default with a slice: all it holds)");
-              sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)");
+              sub->add_option("--listen", a->listen,
+                              "HOST:PORT to listen on (port 0: any free port; with --join only when given)")
+                  ->each([a](const std::string&) { a->listen_given = true; });
+              sub->add_option("--join", a->join,
+                              "Dial out to a backbone's --accept-workers port (or a relay) and serve it over that "
+                              "connection; repeatable. No inbound port needed");
+              sub->add_option("--metrics", a->metrics,
+                              "HOST:PORT for GET /metrics, /swarm/ledger and /health (port 0: any free port)");
               sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");
               sub->add_option("--name", a->name, "Name announced in the handshake");
               sub->add_option("--swarm-key", a->swarm_key,

@@ -27,6 +27,7 @@ struct SwarmArgs {
   std::string local_experts_policy = "trip";
   std::string swarm_key;  // --swarm-key FILE
   double verify_rate = 0;
+  std::string name = "backbone";  // --backbone-name: announced in HELLO, the workers' ledger key
 
   bool enabled() const { return !workers.empty() || !workers_file.empty(); }
 };
@@ -63,6 +64,9 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
                   "Recompute this fraction of worker results here (when this side holds the experts) and compare: "
                   "a worker whose results differ is evicted, its pairs recomputed; 0: off")
       ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  sub->add_option("--backbone-name", a->name,
+                  "Name this side announces to workers: the key of their ledger entry for it")
       ->capture_default_str();
   sub->add_option("--wire", a->wire,
                   "Wire dtype of hidden and result rows, D or HIDDEN,RETURN, each f32|f16|bf16|q8|q8k "
@@ -127,6 +131,7 @@ inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
     MOESH_ASSIGN_OR_RETURN(o.swarm_key, net::SwarmKey::load(a.swarm_key));
   }
   o.verify_rate = a.verify_rate;
+  o.name = a.name;
   return o;
 }
 

@@ -38,6 +38,7 @@
 #include "moesh/remote/link.h"
 #include "moesh/remote/placement.h"
 #include "moesh/remote/planner.h"
+#include "moesh/swarm/swarm.h"
 #include "moesh/util/status.h"
 #include "moesh/wire/wire.h"
 
@@ -166,6 +167,14 @@ struct WorkerTraffic {
   uint64_t mismatches = 0;  // of which differed
   uint64_t failovers = 0;   // times its pairs of a call went to other holders
   uint64_t rejoins = 0;     // times it came back after being down
+  // For the work ledger (swarm::LedgerEntry): the worker's HELLO name, requests answered with a
+  // valid COMBINE and the pairs and token rows in them, expert copies fetched (SLAB bytes), and
+  // the time it was up (planned with) so far.
+  std::string name;
+  uint64_t completed = 0, pairs = 0, tokens = 0;
+  uint64_t fetches = 0, fetch_bytes = 0;
+  double up_seconds = 0;
+  std::chrono::steady_clock::time_point up_since{};  // when it last came up (meaningless while down)
 };
 
 class RemoteExecutor final : public ExpertExecutor {
@@ -212,6 +221,8 @@ class RemoteExecutor final : public ExpertExecutor {
   void reset_traffic();
   // One entry per worker, in connection order; thread-safe.
   std::vector<WorkerTraffic> worker_traffic() const;
+  // The backbone's side of the work ledger, one entry per worker (thread-safe).
+  std::vector<swarm::LedgerEntry> ledger() const;
   // The workers whose requests failed in the last wait() (ascending), whether or not failover
   // then saved the call.
   const std::vector<size_t>& last_failed_workers() const;

@@ -21,6 +21,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -213,6 +214,16 @@ struct WorkerOptions {
   // Every backbone must prove it holds this key before anything is served (net/auth.h); null:
   // open to any backbone of the same model.
   std::shared_ptr<const net::SwarmKey> swarm_key;
+  // Dial-out (`--join HOST:PORT`, repeatable): the worker connects to each backbone (or relay)
+  // itself and serves it over that connection, so it needs no inbound port. A lost connection
+  // is re-dialled after join_backoff (doubling up to join_backoff_max, reset by a handshake that
+  // succeeds); a joined connection on which nothing arrives for join_idle_timeout (the backbone
+  // pings every few seconds) is taken for dead and re-dialled.
+  std::vector<std::pair<std::string, uint16_t>> join;
+  bool listen = true;  // false: serve only the joined backbones (no listening socket)
+  std::chrono::milliseconds join_backoff{1000};
+  std::chrono::milliseconds join_backoff_max{30000};
+  std::chrono::milliseconds join_idle_timeout{20000};
 };
 
 struct WorkerStats {
@@ -220,7 +231,33 @@ struct WorkerStats {
   std::atomic<uint64_t> dispatches{0};
   std::atomic<uint64_t> fetches{0};  // FETCH requests, answered or not
   std::atomic<uint64_t> errors{0};
-  std::atomic<uint64_t> refused{0};  // connections refused in the handshake (wrong model, no or wrong swarm key)
+  std::atomic<uint64_t> refused{0};        // connections refused in the handshake (wrong model, no or wrong swarm key)
+  std::atomic<uint64_t> joins{0};          // dial-out connections that completed the handshake (--join)
+  std::atomic<uint64_t> join_failures{0};  // dial-outs that failed (connect or handshake)
+};
+
+// One side's account of the work done between a backbone and a worker (the work ledger): the
+// backbone keeps one per worker, the worker one per backbone (keyed by the peer's HELLO name, kept
+// across reconnections). Both count the same frames, so in a run without failures the two sides'
+// requests, dispatches, pairs, tokens and bytes are equal (docs/operations.md: what may differ
+// after a failure, e.g. a reply the backbone gave up on).
+struct LedgerEntry {
+  std::string peer;              // the other side's HELLO name
+  std::string address;           // where it was last seen ("host:port")
+  uint64_t requests = 0;         // DISPATCH frames (sent by the backbone / received by the worker)
+  uint64_t dispatches = 0;       // of which answered with a valid COMBINE (accepted / sent)
+  uint64_t pairs = 0;            // (token, expert) pairs computed in those
+  uint64_t tokens = 0;           // token rows in those
+  uint64_t dispatch_bytes = 0;   // DISPATCH frames, headers included (all requests)
+  uint64_t combine_bytes = 0;    // COMBINE frames, headers included
+  uint64_t errors = 0;           // requests that failed (ERROR replies, timeouts, bad COMBINEs)
+  uint64_t fetches = 0;          // expert copies served (FETCH answered with a SLAB)
+  uint64_t fetch_bytes = 0;      // SLAB frames
+  uint64_t verified = 0;         // backbone only: results recomputed and compared (--verify-rate)
+  uint64_t mismatches = 0;       // backbone only: of which differed
+  double compute_seconds = 0;    // compute time of the dispatches (as the worker measured it)
+  double connected_seconds = 0;  // time connected (backbone: time the worker was up)
+  bool connected = false;        // connected now (backbone: planned with, not down)
 };
 
 // Serves backbones until stop() (or a signal handler calling it). Connections are served
@@ -231,7 +268,7 @@ class Worker {
  public:
   static Result<std::unique_ptr<Worker>> start(const ExpertStore* store, const WorkerOptions& opts);
   ~Worker();
-  uint16_t port() const;
+  uint16_t port() const;  // 0 when not listening
   // Blocks until stop() is called; then sends GOODBYE to every peer and joins all threads.
   void run();
   // Async-signal-safe: only sets a flag the accept loop polls.
@@ -240,6 +277,9 @@ class Worker {
   // connection: how in-process tests drive a worker over loopback or fault-injecting transports.
   void serve_connection(std::unique_ptr<net::Connection> conn);
   const WorkerStats& stats() const;
+  // The work ledger: one entry per backbone name that connected, in order of first connection.
+  std::vector<LedgerEntry> ledger() const;
+  const std::string& name() const;  // as announced in HELLO
 
  private:
   struct Impl;

@@ -57,14 +57,15 @@ start_server() {  # name args... ; sets PORT and BASE
   echo "# server $name on $BASE"
 }
 
-start_worker() {  # name experts ; sets WADDR=HOST:PORT
+start_worker() {  # name experts ; sets WADDR=HOST:PORT and WMETRICS=http://HOST:PORT
   local name=$1 experts=$2
   "$MOESH" worker -m "$MODEL" --experts "$experts" --listen 127.0.0.1:0 -t 1 --name "$name" \
-    >"$TMP/$name.log" 2>"$TMP/$name.log.err" &
+    --metrics 127.0.0.1:0 >"$TMP/$name.log" 2>"$TMP/$name.log.err" &
   local pid=$!
   PIDS+=("$pid")
   WPID=$pid
   WADDR="127.0.0.1:$(wait_port "$TMP/$name.log" "$pid")"
+  WMETRICS=$(awk '/^metrics on / { print $3 }' "$TMP/$name.log")
 }
 
 post() {  # path body -> response body (stdout); status in $TMP/status
@@ -339,10 +340,13 @@ for i in "${!PROMPTS[@]}"; do cp "$TMP/alone_local.$i" "$TMP/ref.$i"; done
 # ---- configuration 2: experts on two loopback workers ----------------------------------------
 start_worker w1 '*:0-3'
 W1=$WADDR
+W1M=$WMETRICS
 start_worker w2 '*:4-7'
 W2=$WADDR
+W2M=$WMETRICS
 W2_PID=$WPID
-start_server swarm -m "$MODEL" --worker "$W1" --worker "$W2" --parallel 4 -c 4096 --threads 2 --max-body 262144
+start_server swarm -m "$MODEL" --worker "$W1" --worker "$W2" --parallel 4 -c 4096 --threads 2 --max-body 262144 \
+  --backbone-name gw-test
 run_curl_checks swarm
 run_node_checks swarm
 for i in "${!PROMPTS[@]}"; do
@@ -359,6 +363,25 @@ for w in "$W1" "$W2"; do
   c=$(awk -v s="moesh_worker_latency_seconds_count{worker=\"$w" 'index($0, s) == 1 { print $NF }' "$TMP/metrics")
   expect_eq "$c" "$d" "worker $w latency histogram counts every dispatch"
 done
+
+# ---- the work ledger: the gateway's and each worker's own counts agree -----------------------
+wait_idle
+"$MOESH" swarm ledger --check "$BASE" "$W1M" "$W2M" >"$TMP/ledger_check" 2>&1 \
+  || { cat "$TMP/ledger_check"; fail "swarm ledger --check: the two sides differ"; }
+grep -q '^ledger: AGREE$' "$TMP/ledger_check" || fail "ledger check: no AGREE line"
+ok "swarm ledger --check: gateway and both workers agree"
+"$MOESH" swarm ledger "$BASE" >"$TMP/ledger_gw.json" || fail "swarm ledger (gateway)"
+expect_eq "$(js 'j.role' <"$TMP/ledger_gw.json")" "backbone" "gateway ledger role"
+expect_eq "$(js 'j.peers.map(p => p.peer).join(",")' <"$TMP/ledger_gw.json")" "w1,w2" "gateway ledger names both workers"
+gw_d=$(js 'j.peers[0].dispatches' <"$TMP/ledger_gw.json")
+curl -sS "$BASE/metrics" >"$TMP/metrics_ledger"
+expect_eq "$(js 'j.peers[0].requests' <"$TMP/ledger_gw.json")" \
+  "$(awk -v s="moesh_worker_dispatches_total{worker=\"$W1" 'index($0, s) == 1 { print $NF }' "$TMP/metrics_ledger")" \
+  "gateway ledger requests of w1 equal /metrics"
+"$MOESH" swarm ledger "$W1M" >"$TMP/ledger_w1.json" || fail "swarm ledger (worker)"
+expect_eq "$(js 'j.peers[0].peer' <"$TMP/ledger_w1.json")" "gw-test" "worker ledger is keyed by the backbone's name"
+wm=$(curl -sS "$W1M/metrics" | awk 'index($0, "moesh_ledger_dispatches_total{backbone=\"gw-test\"}") == 1 { print $NF }')
+expect_eq "$wm" "$gw_d" "worker /metrics ledger dispatches equal the gateway's"
 
 # ---- the CLI clients: `moesh chat` against the gateway, `moesh run --chat` on the model --------
 "$MOESH" chat --url "$BASE" -n 8 --summary "Say something." >"$TMP/chat_cli.out" 2>&1 || \

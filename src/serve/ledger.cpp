@@ -1,0 +1,142 @@
+// The work ledger's JSON form and the two-sided check (serve/ledger.h).
+#include "moesh/serve/ledger.h"
+
+#include <fmt/format.h>
+
+namespace moesh::serve {
+namespace {
+
+// Every counted field, by name, in one place: the JSON writer, the parser and the check use it.
+struct CountField {
+  const char* name;
+  uint64_t swarm::LedgerEntry::*member;
+};
+constexpr CountField kCounts[] = {
+    {"requests", &swarm::LedgerEntry::requests},
+    {"dispatches", &swarm::LedgerEntry::dispatches},
+    {"pairs", &swarm::LedgerEntry::pairs},
+    {"tokens", &swarm::LedgerEntry::tokens},
+    {"dispatch_bytes", &swarm::LedgerEntry::dispatch_bytes},
+    {"combine_bytes", &swarm::LedgerEntry::combine_bytes},
+    {"errors", &swarm::LedgerEntry::errors},
+    {"fetches", &swarm::LedgerEntry::fetches},
+    {"fetch_bytes", &swarm::LedgerEntry::fetch_bytes},
+    {"verified", &swarm::LedgerEntry::verified},
+    {"mismatches", &swarm::LedgerEntry::mismatches},
+};
+
+const CountField* count_field(std::string_view name) {
+  for (const CountField& f : kCounts)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+nlohmann::json ledger_json(std::string_view role, std::string_view name, const std::vector<swarm::LedgerEntry>& peers) {
+  nlohmann::json j;
+  j["role"] = role;
+  j["name"] = name;
+  j["peers"] = nlohmann::json::array();
+  for (const swarm::LedgerEntry& e : peers) {
+    nlohmann::json p;
+    p["peer"] = e.peer;
+    p["address"] = e.address;
+    for (const CountField& f : kCounts) p[f.name] = e.*f.member;
+    p["compute_seconds"] = e.compute_seconds;
+    p["connected_seconds"] = e.connected_seconds;
+    p["connected"] = e.connected;
+    j["peers"].push_back(std::move(p));
+  }
+  return j;
+}
+
+Result<LedgerDoc> parse_ledger(const nlohmann::json& j) {
+  auto bad = [](const std::string& what) {
+    return make_error(StatusCode::kInvalidArgument, "ledger document: {}", what);
+  };
+  if (!j.is_object()) return bad("not a JSON object");
+  LedgerDoc d;
+  if (!j.contains("role") || !j["role"].is_string()) return bad("\"role\" missing or not a string");
+  if (!j.contains("name") || !j["name"].is_string()) return bad("\"name\" missing or not a string");
+  if (!j.contains("peers") || !j["peers"].is_array()) return bad("\"peers\" missing or not an array");
+  d.role = j["role"].get<std::string>();
+  d.name = j["name"].get<std::string>();
+  for (size_t i = 0; i < j["peers"].size(); ++i) {
+    const nlohmann::json& p = j["peers"][i];
+    if (!p.is_object() || !p.contains("peer") || !p["peer"].is_string())
+      return bad(fmt::format("peers[{}] has no \"peer\" name", i));
+    swarm::LedgerEntry e;
+    e.peer = p["peer"].get<std::string>();
+    if (p.contains("address") && p["address"].is_string()) e.address = p["address"].get<std::string>();
+    for (const CountField& f : kCounts) {
+      if (!p.contains(f.name)) continue;
+      if (!p[f.name].is_number_unsigned()) return bad(fmt::format("peers[{}].{} is not a count", i, f.name));
+      e.*f.member = p[f.name].get<uint64_t>();
+    }
+    if (p.contains("compute_seconds") && p["compute_seconds"].is_number())
+      e.compute_seconds = p["compute_seconds"].get<double>();
+    if (p.contains("connected_seconds") && p["connected_seconds"].is_number())
+      e.connected_seconds = p["connected_seconds"].get<double>();
+    if (p.contains("connected") && p["connected"].is_boolean()) e.connected = p["connected"].get<bool>();
+    d.peers.push_back(std::move(e));
+  }
+  return d;
+}
+
+bool LedgerCheck::agrees() const {
+  if (!found_on_backbone || !found_on_worker) return false;
+  for (const Field& f : fields)
+    if (f.backbone != f.worker) return false;
+  return true;
+}
+
+Result<std::vector<LedgerCheck>> check_ledgers(const LedgerDoc& backbone, const std::vector<LedgerDoc>& workers) {
+  if (backbone.role != "backbone")
+    return make_error(StatusCode::kInvalidArgument, "the first ledger is a {}'s ('{}'), not a backbone's",
+                      backbone.role, backbone.name);
+  std::vector<LedgerCheck> out;
+  for (const LedgerDoc& w : workers) {
+    if (w.role != "worker")
+      return make_error(StatusCode::kInvalidArgument, "ledger of '{}' is a {}'s, not a worker's", w.name, w.role);
+    LedgerCheck& c = out.emplace_back();
+    c.worker = w.name;
+    const swarm::LedgerEntry* b = nullptr;
+    const swarm::LedgerEntry* x = nullptr;
+    for (const swarm::LedgerEntry& e : backbone.peers)
+      if (e.peer == w.name) b = &e;
+    for (const swarm::LedgerEntry& e : w.peers)
+      if (e.peer == backbone.name) x = &e;
+    c.found_on_backbone = b != nullptr;
+    c.found_on_worker = x != nullptr;
+    for (const char* name : kAgreeFields) {
+      const CountField* f = count_field(name);
+      c.fields.push_back({name, b ? b->*f->member : 0, x ? x->*f->member : 0});
+    }
+  }
+  return out;
+}
+
+std::string render_ledger_checks(const std::vector<LedgerCheck>& checks) {
+  std::string s = fmt::format("{:<28} {:<15} {:>14} {:>14}  {}\n", "worker", "field", "backbone", "worker", "");
+  int differ = 0;
+  for (const LedgerCheck& c : checks) {
+    if (!c.found_on_backbone || !c.found_on_worker) {
+      ++differ;
+      s += fmt::format("{:<28} {}\n", c.worker,
+                       !c.found_on_backbone ? "the backbone has no entry for this worker"
+                                            : "this worker has no entry for the backbone");
+      continue;
+    }
+    for (const LedgerCheck::Field& f : c.fields) {
+      const bool same = f.backbone == f.worker;
+      differ += same ? 0 : 1;
+      s += fmt::format("{:<28} {:<15} {:>14} {:>14}  {}\n", c.worker, f.name, f.backbone, f.worker,
+                       same ? "=" : "DIFFER");
+    }
+  }
+  s += differ == 0 ? std::string("ledger: AGREE\n") : fmt::format("ledger: DIFFER ({} fields)\n", differ);
+  return s;
+}
+
+}  // namespace moesh::serve

@@ -1,0 +1,95 @@
+// `moesh swarm ledger`: reads the work ledgers of a gateway and its workers over HTTP and, with
+// --check, verifies that both sides of every worker's account agree (docs/swarm.md).
+#include <httplib.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "moesh/serve/ledger.h"
+
+namespace moesh::cli {
+namespace {
+
+struct SwarmArgs {
+  std::vector<std::string> urls;
+  bool check = false;
+  int timeout_s = 10;
+};
+
+// "http://host:port[/...]" or "host:port" -> the base httplib::Client takes.
+std::string base_url(std::string u) {
+  if (u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0) u = "http://" + u;
+  const size_t slash = u.find('/', u.find("//") + 2);
+  return slash == std::string::npos ? u : u.substr(0, slash);
+}
+
+Result<nlohmann::json> get_json(const std::string& url, const std::string& path, int timeout_s) {
+  httplib::Client cli(base_url(url));
+  cli.set_connection_timeout(timeout_s, 0);
+  cli.set_read_timeout(timeout_s, 0);
+  auto res = cli.Get(path);
+  if (!res)
+    return make_error(StatusCode::kUnavailable, "{}{}: {}", base_url(url), path, httplib::to_string(res.error()));
+  if (res->status != 200)
+    return make_error(StatusCode::kUnavailable, "{}{}: HTTP {}", base_url(url), path, res->status);
+  try {
+    return nlohmann::json::parse(res->body);
+  } catch (const std::exception& e) {
+    return make_error(StatusCode::kCorrupt, "{}{}: not JSON ({})", base_url(url), path, e.what());
+  }
+}
+
+int run_ledger(const SwarmArgs& a) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "moesh swarm ledger: error: %s\n", s.to_string().c_str());
+    return 1;
+  };
+  std::vector<serve::LedgerDoc> docs;
+  nlohmann::json all = nlohmann::json::array();
+  for (const std::string& u : a.urls) {
+    auto j = get_json(u, "/swarm/ledger", a.timeout_s);
+    if (!j) return fail(j.status());
+    auto d = serve::parse_ledger(*j);
+    if (!d) return fail(d.status().with_context(base_url(u)));
+    docs.push_back(std::move(*d));
+    all.push_back(std::move(*j));
+  }
+  if (!a.check) {
+    std::printf("%s\n", (a.urls.size() == 1 ? all[0] : all).dump(2).c_str());
+    return 0;
+  }
+  if (docs.size() < 2)
+    return fail(make_error(StatusCode::kInvalidArgument, "--check needs a gateway URL and at least one worker URL"));
+  auto checks = serve::check_ledgers(docs[0], std::vector<serve::LedgerDoc>(docs.begin() + 1, docs.end()));
+  if (!checks) return fail(checks.status());
+  std::printf("%s", serve::render_ledger_checks(*checks).c_str());
+  for (const serve::LedgerCheck& c : *checks)
+    if (!c.agrees()) return 1;
+  return 0;
+}
+
+const CommandRegistrar kReg{Command{
+    "swarm", "Inspect a running swarm: the work ledgers of a gateway and its workers",
+    [](CLI::App* sub) -> std::function<int()> {
+      auto a = std::make_shared<SwarmArgs>();
+      auto which = std::make_shared<std::string>();
+      sub->require_subcommand(1);
+      CLI::App* led = sub->add_subcommand(
+          "ledger", "Print the work ledger of each URL (a gateway's or a worker's --metrics port) as JSON");
+      led->add_option("urls", a->urls, "http://HOST:PORT of `moesh serve` or of a worker's --metrics")->required();
+      led->add_flag("--check", a->check,
+                    "First URL is the gateway, the rest its workers: compare both sides' counts, exit 1 if any "
+                    "differ");
+      led->add_option("--timeout", a->timeout_s, "Seconds to wait for each URL");
+      led->callback([which] { *which = "ledger"; });
+      return [a, which]() -> int {
+        if (*which == "ledger") return run_ledger(*a);
+        return 2;
+      };
+    }}};
+
+}  // namespace
+}  // namespace moesh::cli
