@@ -68,6 +68,18 @@ void RequestMux::read_one(std::unique_lock<std::mutex>& lk, Deadline deadline) {
   reader_active_ = true;
   lk.unlock();
   Result<wire::Frame> f = conn_->recv_frame(deadline);
+  if (f.is_ok()) {
+    last_received_ns_.store(Clock::now().time_since_epoch().count());
+    if (f->type() == wire::MsgType::kPing) {
+      // The peer's heartbeat (a joined worker checks its dial-out connection is alive): answered
+      // here, outside the lock, never routed as a reply.
+      answer_ping(*f);
+      lk.lock();
+      reader_active_ = false;
+      cv_.notify_all();
+      return;
+    }
+  }
   lk.lock();
   reader_active_ = false;
   if (f.is_ok()) {
@@ -76,6 +88,17 @@ void RequestMux::read_one(std::unique_lock<std::mutex>& lk, Deadline deadline) {
     fail_locked(f.status());
   }
   cv_.notify_all();
+}
+
+void RequestMux::answer_ping(const wire::Frame& frame) {
+  auto p = wire::decode_ping(frame);
+  if (!p) return;
+  auto pong = wire::encode_pong({.request_id = p->request_id,
+                                 .ping_time_ns = p->send_time_ns,
+                                 .reply_time_ns = static_cast<uint64_t>(Clock::now().time_since_epoch().count()),
+                                 .pad_bytes = std::min<uint32_t>(p->reply_pad_bytes, 1u << 20)});
+  if (pong) (void)conn_->send_frame(*pong, deadline_in(std::chrono::milliseconds(1000)));
+  pings_answered_.fetch_add(1);
 }
 
 void RequestMux::route_locked(wire::Frame frame) {

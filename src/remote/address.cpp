@@ -3,19 +3,83 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <fstream>
 
 namespace moesh {
 
-std::string WorkerAddress::to_string() const {
-  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
-  return fmt::format("{}:{}", host, port);
+const char* worker_path_name(WorkerPath p) {
+  switch (p) {
+    case WorkerPath::kDirect:
+      return "direct";
+    case WorkerPath::kJoined:
+      return "joined";
+    case WorkerPath::kRelay:
+      return "relay";
+  }
+  return "?";
 }
+
+std::string WorkerAddress::to_string() const {
+  const std::string hp =
+      host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  switch (path) {
+    case WorkerPath::kJoined:
+      return "join://" + name;
+    case WorkerPath::kRelay:
+      return "relay://" + hp + "/" + name;
+    case WorkerPath::kDirect:
+      break;
+  }
+  return hp;
+}
+
+namespace {
+
+Status check_worker_name(std::string_view name, std::string_view whole) {
+  const bool ok = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '@' || c == ':' || c == '-';
+  });
+  if (ok) return Status::ok();
+  return make_error(StatusCode::kInvalidArgument, "worker address '{}': a worker name is 1..64 of [A-Za-z0-9._@:-]",
+                    std::string(whole));
+}
+
+Result<WorkerAddress> parse_host_port(std::string_view s, bool allow_port_0 = false);
+
+}  // namespace
 
 Result<WorkerAddress> parse_worker_address(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  if (s.rfind("join://", 0) == 0) {
+    MOESH_RETURN_IF_ERROR(check_worker_name(s.substr(7), s));
+    WorkerAddress a;
+    a.name = std::string(s.substr(7));
+    a.path = WorkerPath::kJoined;
+    return a;
+  }
+  if (s.rfind("relay://", 0) == 0) {
+    const std::string_view rest = s.substr(8);
+    const size_t slash = rest.find('/');
+    if (slash == std::string_view::npos)
+      return make_error(StatusCode::kInvalidArgument, "worker address '{}': expected relay://HOST:PORT/NAME",
+                        std::string(s));
+    MOESH_RETURN_IF_ERROR(check_worker_name(rest.substr(slash + 1), s));
+    auto a = parse_host_port(rest.substr(0, slash));
+    if (!a) return a.status();
+    a->name = std::string(rest.substr(slash + 1));
+    a->path = WorkerPath::kRelay;
+    return a;
+  }
+  return parse_host_port(s);
+}
+
+namespace {
+
+Result<WorkerAddress> parse_host_port(std::string_view s, bool allow_port_0) {
   std::string_view host, port;
   if (!s.empty() && s.front() == '[') {
     const size_t close = s.find(']');
@@ -34,11 +98,18 @@ Result<WorkerAddress> parse_worker_address(std::string_view s) {
   }
   unsigned v = 0;
   auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
-  if (host.empty() || port.empty() || ec != std::errc() || p != port.data() + port.size() || v == 0 || v > 65535) {
+  if (host.empty() || port.empty() || ec != std::errc() || p != port.data() + port.size() ||
+      (v == 0 && !allow_port_0) || v > 65535) {
     return make_error(StatusCode::kInvalidArgument, "worker address '{}': need a host and a port in 1..65535",
                       std::string(s));
   }
   return WorkerAddress{std::string(host), static_cast<uint16_t>(v)};
+}
+
+}  // namespace
+
+Result<WorkerAddress> parse_listen_address(std::string_view s) {
+  return parse_host_port(s, /*allow_port_0=*/true);
 }
 
 Result<std::vector<WorkerAddress>> read_workers_file(const std::string& path) {

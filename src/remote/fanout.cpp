@@ -18,10 +18,29 @@ constexpr std::chrono::milliseconds kReaderSlice{500};
 FanOut::FanOut(std::vector<std::unique_ptr<WorkerLink>> links) : links_(std::move(links)) {
   // One link: gather() reads it itself (no reader thread, so a reply wakes the waiting thread
   // directly instead of a reader that then wakes it). Several: a reader each, for arrival order.
-  inline_ = links_.size() == 1 && std::getenv("MOESH_FANOUT_READERS") == nullptr;
+  // A joined worker's link is read all the time, also between calls: the worker's heartbeat
+  // PINGs are answered by the reader (RequestMux::pump).
+  const bool joined = links_.size() == 1 && links_[0]->address.path != WorkerPath::kDirect;
+  inline_ = links_.size() == 1 && !joined && std::getenv("MOESH_FANOUT_READERS") == nullptr;
   if (inline_) return;
-  readers_.reserve(links_.size());
-  for (size_t w = 0; w < links_.size(); ++w) readers_.emplace_back([this, w] { read_loop(w); });
+  readers_.resize(links_.size());
+  for (size_t w = 0; w < links_.size(); ++w) start_reader(w);
+}
+
+void FanOut::start_reader(size_t w) {
+  // The mux pointer, not the index: links_ may grow (add) while a reader starts.
+  readers_[w] = std::thread([this, mux = links_[w]->mux.get()] { read_loop(mux); });
+}
+
+void FanOut::add(std::unique_ptr<WorkerLink> link) {
+  if (inline_) {  // one link read by gather() until now: from here on every link has a reader
+    inline_ = false;
+    readers_.resize(1);
+    start_reader(0);
+  }
+  links_.push_back(std::move(link));
+  readers_.resize(links_.size());
+  start_reader(links_.size() - 1);
 }
 
 bool FanOut::next_completion(net::CompletionQueue::Entry* e, net::Deadline deadline) {
@@ -42,10 +61,9 @@ FanOut::~FanOut() {
   for (auto& t : readers_) t.join();
 }
 
-void FanOut::read_loop(size_t w) {
-  net::RequestMux& mux = *links_[w]->mux;
+void FanOut::read_loop(net::RequestMux* mux) {
   while (!stopping_.load(std::memory_order_relaxed)) {
-    if (!mux.pump(net::deadline_in(kReaderSlice)).is_ok()) return;  // failed: every wait learns it
+    if (!mux->pump(net::deadline_in(kReaderSlice)).is_ok()) return;  // failed: every wait learns it
   }
 }
 
@@ -64,7 +82,7 @@ void FanOut::replace(size_t w, std::unique_ptr<WorkerLink> link) {
   early_.erase(std::remove_if(early_.begin(), early_.end(), [w](const auto& e) { return e.tag == w; }), early_.end());
   link->mux->skip_request_ids_to(links_[w]->mux->next_request_id());
   links_[w] = std::move(link);
-  if (!inline_) readers_[w] = std::thread([this, w] { read_loop(w); });
+  if (!inline_) start_reader(w);
 }
 
 bool FanOut::forget(size_t w, uint64_t request_id) {

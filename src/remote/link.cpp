@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "moesh/remote/registry.h"
+
 namespace moesh {
 
 Dialer tcp_dialer(net::TcpOptions tcp) {
@@ -32,12 +34,23 @@ Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, co
                                                    const LinkOptions& opts) {
   const std::string where = "worker " + addr.to_string();
   const net::Deadline deadline = net::deadline_in(opts.connect_timeout);
+  if (addr.path == WorkerPath::kJoined) {
+    if (!opts.registry)
+      return make_error(StatusCode::kInvalidArgument, "{}: joined workers need --accept-workers on this side", where);
+    return opts.registry->take(addr.name, deadline);
+  }
   auto conn = opts.dialer ? opts.dialer(addr, deadline) : tcp_dialer(opts.tcp)(addr, deadline);
   if (!conn) return conn.status().with_context(where + ": connect");
+  return establish_link(std::move(*conn), addr, local, opts, deadline);
+}
+
+Result<std::unique_ptr<WorkerLink>> establish_link(std::unique_ptr<net::Connection> conn, WorkerAddress addr,
+                                                   const wire::Hello& local, const LinkOptions& opts,
+                                                   net::Deadline deadline) {
+  const std::string from = conn->describe();
+  std::string where = "worker " + (addr.path == WorkerPath::kJoined ? "joining from " + from : addr.to_string());
   auto link = std::make_unique<WorkerLink>();
-  link->address = addr;
-  link->label = addr.to_string();
-  link->conn = std::move(*conn);
+  link->conn = std::move(conn);
   auto session = net::handshake(*link->conn, local, /*initiator=*/true, deadline, opts.swarm_key.get());
   if (!session) {
     link->conn->close();
@@ -46,7 +59,14 @@ Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, co
   }
   link->session = std::move(*session);
   const wire::Hello& peer = link->session.peer;
-  if (!peer.name.empty()) link->label = addr.to_string() + " (" + peer.name + ")";
+  if (addr.path == WorkerPath::kJoined) addr.name = peer.name;
+  link->address = addr;
+  link->label = addr.to_string();
+  if (addr.path == WorkerPath::kJoined) {
+    link->label += " (" + from + ")";
+  } else if (!peer.name.empty()) {
+    link->label += " (" + peer.name + ")";
+  }
   if (peer.role != wire::PeerRole::kWorker) {
     return make_error(StatusCode::kInvalidArgument, "{} is not a worker (role {})", link->label,
                       static_cast<int>(peer.role));

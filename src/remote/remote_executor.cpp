@@ -105,6 +105,11 @@ struct RemoteExecutor::Impl {
   Status verify(Job& job, size_t q);
   void mark_down(int w);
   void start_redials(bool wait);
+  // Joined workers (RemoteOptions::registry): new names are added, fresh connections of known
+  // ones replace the old. Between calls only.
+  void adopt_joined();
+  Status add_worker(std::unique_ptr<WorkerLink> link);
+  PlacementInput pin;  // what the placement was built from (extended as workers join)
   Status recover(Job& job, const Status& why);
 
   // Reusable buffers.
@@ -152,7 +157,8 @@ RemoteExecutor::~RemoteExecutor() = default;
 Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& model,
                                                                 const std::vector<WorkerAddress>& workers,
                                                                 const RemoteOptions& opts) {
-  if (workers.empty()) return make_error(StatusCode::kInvalidArgument, "remote executor: no workers given");
+  if (workers.empty() && !opts.registry)
+    return make_error(StatusCode::kInvalidArgument, "remote executor: no workers given");
   auto impl = std::make_unique<Impl>();
   impl->model = &model;
   impl->opts = opts;
@@ -197,6 +203,7 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   auto placement = build_placement(pin);
   if (!placement) return placement.status().with_context("placement");
   impl->planner = Planner(std::move(*placement), opts.planner);
+  impl->pin = pin;
   const size_t n = links.size();
   impl->fan = std::make_unique<FanOut>(std::move(links));
   impl->req_of_worker.assign(n, -1);
@@ -336,7 +343,10 @@ void RemoteExecutor::Impl::start_redials(bool wait) {
         }
       }
       if (why.is_ok()) {
-        fan->replace(w, std::move(*link));
+        {
+          std::lock_guard<std::mutex> lk(worker_mu);  // worker_status() reads the links under it
+          fan->replace(w, std::move(*link));
+        }
         h.down = false;
         h.backoff = std::chrono::milliseconds(0);
         planner.set_excluded(static_cast<int>(w), h.manual);
@@ -364,6 +374,94 @@ void RemoteExecutor::Impl::start_redials(bool wait) {
   }
 }
 
+void RemoteExecutor::maintain() {
+  Impl& m = *impl_;
+  if (std::any_of(m.jobs.begin(), m.jobs.end(), [](const Impl::Job& j) { return j.pending; })) return;
+  if (m.opts.failover) m.start_redials(false);
+  if (m.opts.registry) m.adopt_joined();
+}
+
+void RemoteExecutor::Impl::adopt_joined() {
+  for (const std::string& name : opts.registry->held()) {
+    int w = -1;
+    for (size_t i = 0; i < fan->size(); ++i) {
+      const WorkerAddress& a = fan->link(i).address;
+      if (a.path == WorkerPath::kJoined && a.name == name) w = static_cast<int>(i);
+    }
+    if (w < 0) {
+      std::unique_ptr<WorkerLink> link = opts.registry->take_if_ready(name);
+      if (!link) continue;
+      const std::string label = link->label;
+      if (Status st = add_worker(std::move(link)); !st.is_ok()) {
+        spdlog::warn("remote executor: joined worker {} not added: {}", label, st.to_string());
+      }
+      continue;
+    }
+    Health& h = health[static_cast<size_t>(w)];
+    if (h.redial.valid()) continue;  // the pending re-dial is waiting for exactly this join
+    std::unique_ptr<WorkerLink> link = opts.registry->take_if_ready(name);
+    if (!link) continue;
+    if (h.evicted) {
+      spdlog::warn("remote executor: {} joined again, but it was evicted (failed verification): not used", link->label);
+      continue;  // dropped: GOODBYE
+    }
+    auto shape = swarm::model_shape(model->file());
+    auto held = shape.is_ok() ? swarm::expert_set_from_ranges(link->session.peer.experts, *shape)
+                              : Result<swarm::ExpertSet>(shape.status());
+    if (!held.is_ok() || held->ranges != announced[static_cast<size_t>(w)]) {
+      spdlog::warn("remote executor: {} joined again announcing other experts than before: not used", link->label);
+      continue;
+    }
+    // Its old connection is dead (the worker dialled again): nothing of it is in flight now.
+    std::lock_guard<std::mutex> lk(worker_mu);
+    fan->replace(static_cast<size_t>(w), std::move(link));
+    WorkerTraffic& wt = workers[static_cast<size_t>(w)];
+    wt.label = fan->link(static_cast<size_t>(w)).label;
+    if (h.down) {
+      h.down = false;
+      h.backoff = std::chrono::milliseconds(0);
+      planner.set_excluded(w, h.manual);
+      ++fo.rejoins;
+      wt.down = false;
+      wt.up_since = std::chrono::steady_clock::now();
+      ++wt.rejoins;
+    }
+    spdlog::info("remote executor: worker {} reconnected", wt.label);
+  }
+}
+
+Status RemoteExecutor::Impl::add_worker(std::unique_ptr<WorkerLink> link) {
+  MOESH_ASSIGN_OR_RETURN(swarm::ModelShape shape, swarm::model_shape(model->file()));
+  MOESH_ASSIGN_OR_RETURN(swarm::ExpertSet held, swarm::expert_set_from_ranges(link->session.peer.experts, shape));
+  PlacementInput next = pin;
+  next.worker_experts.push_back(held.ranges);
+  next.worker_names.push_back(link->label);
+  MOESH_ASSIGN_OR_RETURN(Placement placement, build_placement(next));
+  // The copies the backbone chose to compute itself (hot experts) stay chosen.
+  const Placement& cur = planner.placement();
+  for (int l = 0; l < cur.n_layer(); ++l)
+    for (int e = 0; e < cur.n_expert(); ++e)
+      if (cur.local_copy(l, e)) placement.set_local_copy(l, e, true);
+  pin = std::move(next);
+  planner.set_placement(std::move(placement));
+  announced.push_back(held.ranges);
+  health.emplace_back();
+  req_of_worker.push_back(-1);
+  owner_pairs.push_back(0);
+  spdlog::info("remote executor: worker {} joined with {} experts; now {} workers", link->label, held.n_pairs(),
+               fan->size() + 1);
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    WorkerTraffic& wt = workers.emplace_back();
+    wt.label = link->label;
+    wt.name = link->session.peer.name;
+    wt.up_since = std::chrono::steady_clock::now();
+    fan->add(std::move(link));
+  }
+  planner.set_worker_costs(worker_costs());
+  return Status::ok();
+}
+
 LinkOptions RemoteOptions::link_options() const {
   LinkOptions l;
   l.dialer = dialer;
@@ -371,6 +469,7 @@ LinkOptions RemoteOptions::link_options() const {
   l.connect_timeout = connect_timeout;
   l.warmup_pad_bytes = warmup_pad_bytes;
   l.swarm_key = swarm_key;
+  l.registry = registry;
   // "q8" hidden falls back to Q8 where the worker does not speak Q8K, so Q8 is what must be common.
   l.need_dtypes = (1u << static_cast<int>(hidden_wire)) | (1u << static_cast<int>(return_wire));
   l.need_modes = 1u << static_cast<int>(combine);
@@ -411,6 +510,36 @@ std::vector<WorkerTraffic> RemoteExecutor::worker_traffic() const {
   const auto now = std::chrono::steady_clock::now();
   for (WorkerTraffic& w : out)
     if (!w.down) w.up_seconds += std::chrono::duration<double>(now - w.up_since).count();
+  return out;
+}
+
+std::vector<WorkerStatus> RemoteExecutor::worker_status() const {
+  const Impl& m = *impl_;
+  std::vector<WorkerStatus> out;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lk(m.worker_mu);
+  for (size_t w = 0; w < m.workers.size() && w < m.fan->size(); ++w) {
+    const WorkerLink& link = m.fan->link(w);
+    const WorkerTraffic& t = m.workers[w];
+    WorkerStatus& s = out.emplace_back();
+    s.index = w;
+    s.label = t.label;
+    s.name = t.name;
+    s.path = link.address.path;
+    s.address = link.address.to_string();
+    s.state = t.evicted ? "evicted" : t.down ? "down" : "up";
+    s.experts = swarm::canonicalize(m.announced[w]).to_string();
+    s.n_experts = swarm::canonicalize(m.announced[w]).n_pairs();
+    s.warmup_rtt_ms = std::chrono::duration<double, std::milli>(link.warmup_rtt).count();
+    s.min_latency_ms = w < m.min_latency.size() ? 1e3 * m.min_latency[w] : 0.0;
+    s.mean_latency_ms = t.completed > 0 ? 1e3 * t.latency_sum_seconds / static_cast<double>(t.requests) : 0.0;
+    const auto heard = link.mux ? link.mux->last_received() : std::chrono::steady_clock::time_point{};
+    s.last_heard_s = heard.time_since_epoch().count() == 0 ? -1.0 : std::chrono::duration<double>(now - heard).count();
+    s.requests = t.requests;
+    s.errors = t.errors;
+    s.rejoins = t.rejoins;
+    s.failovers = t.failovers;
+  }
   return out;
 }
 
@@ -488,6 +617,7 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
                       static_cast<uint64_t>(std::max<int64_t>(m.opts.hot_replan_every_tokens, 1));
   }
   if (!overlapped && m.opts.failover) m.start_redials(false);  // between calls: take back workers that answer
+  if (!overlapped && m.opts.registry && layer == m.first_moe) m.adopt_joined();
   Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);
   job->deadline = net::deadline_in(m.opts.timeout);
   job->error = Status::ok();

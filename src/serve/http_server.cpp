@@ -457,6 +457,11 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     }
     res.set_content(render_metrics(snap), "text/plain; version=0.0.4");
   });
+  // The registry: every worker with its path, state, experts, latencies and when it was last
+  // heard from, plus the joins seen (`moesh swarm status` reads it; docs/swarm.md).
+  svr.Get("/swarm/status", [m](const httplib::Request&, httplib::Response& res) {
+    res.set_content(swarm_status_json(m->t.remote).dump(2), "application/json");
+  });
   // The backbone's side of the work ledger (serve/ledger.h); `moesh swarm ledger` reads it.
   svr.Get("/swarm/ledger", [m](const httplib::Request&, httplib::Response& res) {
     const RemoteExecutor* r = m->t.remote;

@@ -84,6 +84,90 @@ Result<LedgerDoc> parse_ledger(const nlohmann::json& j) {
   return d;
 }
 
+nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
+  nlohmann::json j;
+  j["backbone"] = remote != nullptr ? remote->options().name : "backbone";
+  j["workers"] = nlohmann::json::array();
+  j["joins"] = nlohmann::json::array();
+  j["accepting"] = nullptr;
+  j["refused_joins"] = 0;
+  j["last_refusal"] = "";
+  if (remote == nullptr) return j;
+  for (const WorkerStatus& w : remote->worker_status()) {
+    j["workers"].push_back({{"index", w.index},
+                            {"label", w.label},
+                            {"name", w.name},
+                            {"path", worker_path_name(w.path)},
+                            {"address", w.address},
+                            {"state", w.state},
+                            {"experts", w.experts},
+                            {"n_experts", w.n_experts},
+                            {"warmup_rtt_ms", w.warmup_rtt_ms},
+                            {"min_latency_ms", w.min_latency_ms},
+                            {"mean_latency_ms", w.mean_latency_ms},
+                            {"last_heard_s", w.last_heard_s},
+                            {"requests", w.requests},
+                            {"errors", w.errors},
+                            {"rejoins", w.rejoins},
+                            {"failovers", w.failovers}});
+  }
+  if (const std::shared_ptr<WorkerRegistry>& reg = remote->options().registry) {
+    j["accepting"] = reg->port();
+    const auto now = std::chrono::steady_clock::now();
+    for (const JoinRecord& r : reg->records()) {
+      j["joins"].push_back({{"name", r.name},
+                            {"address", r.address},
+                            {"experts", r.experts},
+                            {"joins", r.joins},
+                            {"held", r.held},
+                            {"warmup_rtt_ms", r.warmup_rtt_ms},
+                            {"since_join_s", std::chrono::duration<double>(now - r.last_join).count()}});
+    }
+    j["refused_joins"] = reg->refused();
+    j["last_refusal"] = reg->last_refusal();
+  }
+  return j;
+}
+
+std::string render_swarm_status(const nlohmann::json& j) {
+  auto num = [](const nlohmann::json& v, const char* k) {
+    return v.contains(k) && v[k].is_number() ? v[k].get<double>() : 0.0;
+  };
+  auto str = [](const nlohmann::json& v, const char* k) {
+    return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : std::string();
+  };
+  std::string s = fmt::format("backbone '{}'", str(j, "backbone"));
+  s += j.contains("accepting") && j["accepting"].is_number()
+           ? fmt::format(", accepting workers on port {}\n", j["accepting"].get<int>())
+           : std::string(", not accepting joins\n");
+  s += fmt::format("{:<3} {:<24} {:<7} {:<8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>7}  {}\n", "#", "worker", "path", "state",
+                   "experts", "rtt ms", "min ms", "heard s", "requests", "errors", "address");
+  if (j.contains("workers") && j["workers"].is_array()) {
+    for (const nlohmann::json& w : j["workers"]) {
+      const double heard = num(w, "last_heard_s");
+      s += fmt::format("{:<3} {:<24} {:<7} {:<8} {:>7} {:>9.3f} {:>9.3f} {:>8} {:>9} {:>7}  {}\n",
+                       static_cast<int>(num(w, "index")), str(w, "name"), str(w, "path"), str(w, "state"),
+                       static_cast<uint64_t>(num(w, "n_experts")), num(w, "warmup_rtt_ms"), num(w, "min_latency_ms"),
+                       heard < 0 ? std::string("-") : fmt::format("{:.1f}", heard),
+                       static_cast<uint64_t>(num(w, "requests")), static_cast<uint64_t>(num(w, "errors")),
+                       str(w, "address"));
+    }
+  }
+  if (j.contains("joins") && j["joins"].is_array() && !j["joins"].empty()) {
+    s += "joins:\n";
+    for (const nlohmann::json& r : j["joins"]) {
+      s += fmt::format(
+          "  {:<24} from {:<22} {} join(s), last {:.1f} s ago{}\n", str(r, "name"), str(r, "address"),
+          static_cast<uint64_t>(num(r, "joins")), num(r, "since_join_s"),
+          r.contains("held") && r["held"].is_boolean() && r["held"].get<bool>() ? ", waiting to be taken" : "");
+    }
+  }
+  if (num(j, "refused_joins") > 0)
+    s += fmt::format("refused joins: {} (last: {})\n", static_cast<uint64_t>(num(j, "refused_joins")),
+                     str(j, "last_refusal"));
+  return s;
+}
+
 bool LedgerCheck::agrees() const {
   if (!found_on_backbone || !found_on_worker) return false;
   for (const Field& f : fields)

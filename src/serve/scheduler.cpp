@@ -213,7 +213,14 @@ void Scheduler::Impl::run() {
     std::vector<uint64_t> cancels;
     {
       std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] { return stopping || !cancel_ids.empty() || !queue.empty() || n_active() > 0; });
+      const auto work = [&] { return stopping || !cancel_ids.empty() || !queue.empty() || n_active() > 0; };
+      // Idle: about once a second the executor may look after its workers (re-dials, joins).
+      while (!cv.wait_for(lk, std::chrono::seconds(1), work)) {
+        if (!opts.executor) continue;
+        lk.unlock();
+        opts.executor->maintain();
+        lk.lock();
+      }
       if (stopping) break;
       cancels.swap(cancel_ids);
     }

@@ -248,6 +248,8 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   const size_t led = ledger_slot(session->peer.name, conn.describe());
   const auto connected_at = net::Clock::now();
   auto last_frame = connected_at;
+  auto last_ping = connected_at;
+  uint64_t ping_id = 0;
   wire::DecodeLimits lim;
   lim.max_frame_bytes = opts.max_frame_bytes;
   lim.n_expert = store->shape().n_expert;
@@ -256,10 +258,22 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
     auto f = conn.recv_frame(net::deadline_in(kPollSlice));
     if (!f) {
       if (f.status().code() == StatusCode::kTimeout) {
-        if (idle_timeout.count() > 0 && net::Clock::now() - last_frame > idle_timeout) {
-          spdlog::warn("{}: nothing from backbone '{}' for {} ms, dropping the connection", conn.describe(),
-                       session->peer.name, idle_timeout.count());
-          break;
+        if (idle_timeout.count() > 0) {
+          // A dial-out connection is this worker's only way in: it checks the path itself. After
+          // a quarter of the idle timeout without a frame it PINGs (the backbone's reader answers),
+          // and after the whole of it the connection is taken for dead and re-dialled.
+          const auto now = net::Clock::now();
+          if (now - last_frame > idle_timeout) {
+            spdlog::warn("{}: nothing from backbone '{}' for {} ms, dropping the connection", conn.describe(),
+                         session->peer.name, idle_timeout.count());
+            break;
+          }
+          if (now - last_frame > idle_timeout / 4 && now - last_ping > idle_timeout / 4) {
+            last_ping = now;
+            auto ping = wire::encode_ping(
+                {.request_id = ++ping_id, .send_time_ns = static_cast<uint64_t>(now.time_since_epoch().count())});
+            if (ping) (void)conn.send_frame(*ping, net::deadline_in(kSendTimeout));
+          }
         }
         continue;
       }
@@ -294,6 +308,8 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         if (pong) (void)conn.send_frame(*pong, net::deadline_in(kSendTimeout));
         break;
       }
+      case wire::MsgType::kPong:  // the answer to a heartbeat: the path is alive (last_frame)
+        break;
       case wire::MsgType::kGoodbye:
         spdlog::info("{}: backbone said goodbye", conn.describe());
         conn.close();
@@ -310,7 +326,7 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         }
         break;
       default:
-        // HELLO again, COMBINE, SLAB or PONG: valid frames a worker never expects.
+        // HELLO again, COMBINE or SLAB: valid frames a worker never expects.
         net::send_error(conn, f->request_id(), wire::WireError::kProtocol,
                         fmt::format("unexpected {} frame on a worker connection", wire::msg_type_name(f->type())),
                         net::deadline_in(kSendTimeout));

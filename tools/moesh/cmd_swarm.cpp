@@ -1,5 +1,6 @@
-// `moesh swarm ledger`: reads the work ledgers of a gateway and its workers over HTTP and, with
-// --check, verifies that both sides of every worker's account agree (docs/swarm.md).
+// `moesh swarm status`: the gateway's registry of workers. `moesh swarm ledger`: reads the work
+// ledgers of a gateway and its workers over HTTP and, with --check, verifies that both sides of
+// every worker's account agree (docs/swarm.md).
 #include <httplib.h>
 
 #include <cstdio>
@@ -16,6 +17,7 @@ namespace {
 struct SwarmArgs {
   std::vector<std::string> urls;
   bool check = false;
+  bool json = false;
   int timeout_s = 10;
 };
 
@@ -71,8 +73,23 @@ int run_ledger(const SwarmArgs& a) {
   return 0;
 }
 
+int run_status(const SwarmArgs& a) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "moesh swarm status: error: %s\n", s.to_string().c_str());
+    return 1;
+  };
+  auto j = get_json(a.urls[0], "/swarm/status", a.timeout_s);
+  if (!j) return fail(j.status());
+  if (a.json) {
+    std::printf("%s\n", j->dump(2).c_str());
+  } else {
+    std::printf("%s", serve::render_swarm_status(*j).c_str());
+  }
+  return 0;
+}
+
 const CommandRegistrar kReg{Command{
-    "swarm", "Inspect a running swarm: the work ledgers of a gateway and its workers",
+    "swarm", "Inspect a running swarm: its registry of workers (status) and work ledgers (ledger)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<SwarmArgs>();
       auto which = std::make_shared<std::string>();
@@ -85,8 +102,16 @@ const CommandRegistrar kReg{Command{
                     "differ");
       led->add_option("--timeout", a->timeout_s, "Seconds to wait for each URL");
       led->callback([which] { *which = "ledger"; });
+      CLI::App* st = sub->add_subcommand(
+          "status",
+          "The gateway's registry: each worker's path (direct/joined/relay), state, experts, RTT, last heartbeat");
+      st->add_option("url", a->urls, "http://HOST:PORT of `moesh serve`")->required()->expected(1);
+      st->add_flag("--json", a->json, "Print the JSON document instead of the table");
+      st->add_option("--timeout", a->timeout_s, "Seconds to wait");
+      st->callback([which] { *which = "status"; });
       return [a, which]() -> int {
         if (*which == "ledger") return run_ledger(*a);
+        if (*which == "status") return run_status(*a);
         return 2;
       };
     }}};

@@ -28,8 +28,11 @@ struct SwarmArgs {
   std::string swarm_key;  // --swarm-key FILE
   double verify_rate = 0;
   std::string name = "backbone";  // --backbone-name: announced in HELLO, the workers' ledger key
+  std::string accept_workers;     // --accept-workers HOST:PORT: workers dial in (moesh worker --join)
+  int wait_workers = 1;           // --wait-workers: joined workers to wait for at start-up
+  int join_wait_ms = 60000;       // --join-wait-ms: how long
 
-  bool enabled() const { return !workers.empty() || !workers_file.empty(); }
+  bool enabled() const { return !workers.empty() || !workers_file.empty() || !accept_workers.empty(); }
 };
 
 inline Result<wire::WireDType> parse_wire_dtype(const std::string& s) {
@@ -64,6 +67,17 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
                   "Recompute this fraction of worker results here (when this side holds the experts) and compare: "
                   "a worker whose results differ is evicted, its pairs recomputed; 0: off")
       ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  sub->add_option("--accept-workers", a->accept_workers,
+                  "HOST:PORT where workers dial in (moesh worker --join): no inbound port needed on their side; "
+                  "workers that join later are added, reconnecting ones keep their place")
+      ->capture_default_str();
+  sub->add_option("--wait-workers", a->wait_workers,
+                  "With --accept-workers: joined workers to wait for before starting (besides any --worker)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  sub->add_option("--join-wait-ms", a->join_wait_ms, "With --accept-workers: how long to wait for them")
+      ->check(CLI::Range(0, 24 * 3600 * 1000))
       ->capture_default_str();
   sub->add_option("--backbone-name", a->name,
                   "Name this side announces to workers: the key of their ledger entry for it")
@@ -166,6 +180,35 @@ inline bool open_remote_or_report(const Model& model, const SwarmArgs& a, const 
   }
   auto addrs = worker_addresses(a);
   if (!addrs) return fail(addrs.status());
+  if (!a.accept_workers.empty()) {
+    auto where = parse_listen_address(a.accept_workers);
+    if (!where)
+      return fail(make_error(StatusCode::kInvalidArgument, "--accept-workers '{}' is not HOST:PORT (port 0: any)",
+                             a.accept_workers));
+    auto hello = backbone_hello(model, *opts);
+    if (!hello) return fail(hello.status());
+    RegistryOptions ro;
+    ro.host = where->host;
+    ro.port = where->port;
+    auto reg = WorkerRegistry::listen(*hello, opts->link_options(), ro);
+    if (!reg) return fail(reg.status());
+    opts->registry = *reg;
+    std::fprintf(stderr, "accepting workers on %s:%u (moesh worker --join); waiting for %d\n", ro.host.c_str(),
+                 static_cast<unsigned>((*reg)->port()), a.wait_workers);
+    const auto names = (*reg)->wait_for(static_cast<size_t>(std::max(a.wait_workers, 0)),
+                                        net::deadline_in(std::chrono::milliseconds(a.join_wait_ms)));
+    if (static_cast<int>(names.size()) < a.wait_workers) {
+      std::string why = (*reg)->last_refusal();
+      return fail(make_error(StatusCode::kTimeout, "{} of {} workers joined within {} ms{}", names.size(),
+                             a.wait_workers, a.join_wait_ms, why.empty() ? "" : " (last refusal: " + why + ")"));
+    }
+    for (const std::string& n : names) {
+      WorkerAddress j;
+      j.path = WorkerPath::kJoined;
+      j.name = n;
+      addrs->push_back(j);
+    }
+  }
   auto exec = RemoteExecutor::connect(model, *addrs, *opts);
   if (!exec) return fail(exec.status());
   std::fprintf(stderr, "%s", (*exec)->describe().c_str());

@@ -139,6 +139,9 @@ class ExpertExecutor {
   // is done, so the caller gains by computing something else — another micro-batch — before
   // wait(). Several tickets may be pending at once on every executor; only these overlap them.
   virtual bool overlaps_submits() const { return false; }
+  // Called by the owner when it has nothing to run (no ticket pending), about once a second:
+  // an executor with remote parts takes in workers that came back or joined. Default: nothing.
+  virtual void maintain() {}
 };
 
 // Runs every routed expert in this process on the compute pool. `layers[l]` are the stacked

@@ -251,6 +251,10 @@ class RequestMux {
 
   size_t n_in_flight() const;
   uint64_t n_discarded() const { return n_discarded_.load(); }  // late or unknown replies
+  // PING frames from the peer (its heartbeat) are answered with PONG by whoever reads.
+  uint64_t n_pings_answered() const { return pings_answered_.load(); }
+  // When the last frame of any kind arrived (the epoch of Clock if none yet).
+  Clock::time_point last_received() const { return Clock::time_point(Clock::duration(last_received_ns_.load())); }
 
  private:
   struct Slot {
@@ -263,10 +267,13 @@ class RequestMux {
   void fail_locked(Status st);  // the connection is gone: every pending request learns it
   // As the reader (lk held, reader_active_ false): one frame or the deadline, then wake waiters.
   void read_one(std::unique_lock<std::mutex>& lk, Deadline deadline);
+  void answer_ping(const wire::Frame& frame);
 
   Connection* conn_;
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> n_discarded_{0};
+  std::atomic<uint64_t> pings_answered_{0};
+  std::atomic<int64_t> last_received_ns_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<uint64_t, Slot> slots_;

@@ -10,14 +10,27 @@
 
 namespace moesh {
 
+// How the backbone reaches a worker (docs/operations.md):
+//   direct — it dials HOST:PORT;
+//   joined — the worker dialled in to this backbone's --accept-workers port (`moesh worker
+//            --join`), so it is known by the name it announced: "join://NAME";
+//   relay  — through a relay the worker dialled out to: "relay://HOST:PORT/NAME".
+enum class WorkerPath : uint8_t { kDirect = 0, kJoined, kRelay };
+const char* worker_path_name(WorkerPath p);  // "direct", "joined", "relay"
+
 struct WorkerAddress {
-  std::string host;  // numeric IPv4/IPv6 or a name (IPv6 written "[::1]:port")
+  std::string host;  // numeric IPv4/IPv6 or a name (IPv6 written "[::1]:port"); the relay's for kRelay
   uint16_t port = 0;
+  std::string name;  // kJoined, kRelay: the worker's announced name
+  WorkerPath path = WorkerPath::kDirect;
   std::string to_string() const;
 };
 
-// "host:port" or "[v6addr]:port"; port 1..65535.
+// "host:port" or "[v6addr]:port" (port 1..65535), "join://NAME", or "relay://HOST:PORT/NAME".
+// A NAME is 1..64 characters of [A-Za-z0-9._@:-].
 Result<WorkerAddress> parse_worker_address(std::string_view s);
+// A HOST:PORT to listen on: port 0 (any free port) allowed.
+Result<WorkerAddress> parse_listen_address(std::string_view s);
 // One HOST:PORT per line; blank lines and '#' comments (whole-line or trailing) are ignored.
 // Errors name the file and line.
 Result<std::vector<WorkerAddress>> read_workers_file(const std::string& path);

@@ -38,6 +38,8 @@ class FanOut {
   // Puts a new link (a worker that came back) in place of worker w's, whose requests must all
   // be gathered or cancelled: the old link is shut down and its reader joined first.
   void replace(size_t w, std::unique_ptr<WorkerLink> link);
+  // Adds a worker (index size() before the call), between calls (nothing may be in flight).
+  void add(std::unique_ptr<WorkerLink> link);
 
   struct Outstanding {
     size_t worker = 0;
@@ -55,7 +57,8 @@ class FanOut {
   void gather(std::span<const Outstanding> reqs, net::Deadline deadline, const std::function<void(Reply&&)>& on_reply);
 
  private:
-  void read_loop(size_t w);
+  void read_loop(net::RequestMux* mux);
+  void start_reader(size_t w);
   bool next_completion(net::CompletionQueue::Entry* e, net::Deadline deadline);
 
   std::vector<std::unique_ptr<WorkerLink>> links_;

@@ -21,6 +21,8 @@
 
 namespace moesh {
 
+class WorkerRegistry;
+
 // A connected frame transport to `addr`, made before the deadline.
 using Dialer =
     std::function<Result<std::unique_ptr<net::Connection>>(const WorkerAddress& addr, net::Deadline deadline)>;
@@ -36,6 +38,8 @@ struct LinkOptions {
   uint32_t need_modes = 0;   // bit per wire::CombineMode
   // The swarm key to prove and require (net/auth.h); null: none.
   std::shared_ptr<const net::SwarmKey> swarm_key;
+  // Where "join://NAME" workers come from (registry.h); null: such addresses are refused.
+  std::shared_ptr<WorkerRegistry> registry;
 };
 
 // One connected, handshaken worker.
@@ -56,8 +60,15 @@ struct WorkerLink {
   bool shut_ = false;
 };
 
-// Dials one worker and runs handshake + warm-up. Errors name the address.
+// Dials one worker and runs handshake + warm-up. Errors name the address. A "join://NAME"
+// address waits (connect_timeout) for that worker to join the registry instead.
 Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, const wire::Hello& local,
                                                    const LinkOptions& opts);
+// Handshake, capability checks and warm-up over an already connected transport (what
+// connect_worker does after dialling; the registry's joins). A kJoined `addr` takes its name
+// from the worker's HELLO.
+Result<std::unique_ptr<WorkerLink>> establish_link(std::unique_ptr<net::Connection> conn, WorkerAddress addr,
+                                                   const wire::Hello& local, const LinkOptions& opts,
+                                                   net::Deadline deadline);
 
 }  // namespace moesh

@@ -38,6 +38,7 @@
 #include "moesh/remote/link.h"
 #include "moesh/remote/placement.h"
 #include "moesh/remote/planner.h"
+#include "moesh/remote/registry.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/util/status.h"
 #include "moesh/wire/wire.h"
@@ -98,6 +99,11 @@ struct RemoteOptions {
   std::shared_ptr<const net::SwarmKey> swarm_key;
   std::chrono::milliseconds rejoin_backoff{1000};
   std::chrono::milliseconds rejoin_backoff_max{30000};
+  // Workers that dial in (registry.h, --accept-workers): "join://NAME" addresses are taken from
+  // it, and between calls the executor adopts workers that joined since (a new name is added to
+  // the placement; a known name's fresh connection replaces its old one, and brings it back if
+  // it was down). Null: none.
+  std::shared_ptr<WorkerRegistry> registry;
 
   // The link options these imply (dtypes and mode the workers must speak).
   LinkOptions link_options() const;
@@ -177,6 +183,22 @@ struct WorkerTraffic {
   std::chrono::steady_clock::time_point up_since{};  // when it last came up (meaningless while down)
 };
 
+// One worker as `moesh swarm status` and the dashboard show it (RemoteExecutor::worker_status).
+struct WorkerStatus {
+  size_t index = 0;
+  std::string label, name;
+  WorkerPath path = WorkerPath::kDirect;  // how it is reached
+  std::string address;                    // "host:port", "join://NAME", "relay://..."
+  std::string state;                      // "up", "down" (being re-dialled / waiting to rejoin), "evicted"
+  std::string experts;                    // canonical spec it announced
+  uint64_t n_experts = 0;
+  double warmup_rtt_ms = 0;    // at connect
+  double min_latency_ms = 0;   // fastest DISPATCH -> COMBINE seen (0: none yet)
+  double mean_latency_ms = 0;  // mean of all requests
+  double last_heard_s = -1;    // seconds since its connection last delivered a frame (-1: never)
+  uint64_t requests = 0, errors = 0, rejoins = 0, failovers = 0;
+};
+
 class RemoteExecutor final : public ExpertExecutor {
  public:
   // Connects to every worker (in order; worker i is index i in the placement) and builds the
@@ -193,6 +215,8 @@ class RemoteExecutor final : public ExpertExecutor {
   Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override;
   Result<std::span<const float>> wait(Ticket t) override;
   bool overlaps_submits() const override { return true; }
+  // Between calls when idle: re-dials that are due, workers that joined (RemoteOptions::registry).
+  void maintain() override;
 
   const Placement& placement() const;
   // Replaces the placement (same model shape; worker indices < n_workers()); later calls plan
@@ -223,6 +247,8 @@ class RemoteExecutor final : public ExpertExecutor {
   std::vector<WorkerTraffic> worker_traffic() const;
   // The backbone's side of the work ledger, one entry per worker (thread-safe).
   std::vector<swarm::LedgerEntry> ledger() const;
+  // The registry view of every worker (thread-safe).
+  std::vector<WorkerStatus> worker_status() const;
   // The workers whose requests failed in the last wait() (ascending), whether or not failover
   // then saved the call.
   const std::vector<size_t>& last_failed_workers() const;

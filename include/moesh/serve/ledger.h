@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moesh/remote/remote.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/util/status.h"
 
@@ -44,6 +45,15 @@ struct LedgerCheck {
 // `backbone` must have role "backbone", each of `workers` role "worker"
 // (kInvalidArgument otherwise).
 Result<std::vector<LedgerCheck>> check_ledgers(const LedgerDoc& backbone, const std::vector<LedgerDoc>& workers);
+// GET /swarm/status: {"backbone": NAME, "accepting": PORT or null, "workers": [{index, label,
+// name, path, address, state, experts, n_experts, warmup_rtt_ms, min_latency_ms,
+// mean_latency_ms, last_heard_s, requests, errors, rejoins, failovers}], "joins": [{name,
+// address, experts, joins, held, warmup_rtt_ms, since_join_s}], "refused_joins": N,
+// "last_refusal": TEXT}. `remote` null: no workers.
+nlohmann::json swarm_status_json(const RemoteExecutor* remote);
+// The table `moesh swarm status` prints from that document.
+std::string render_swarm_status(const nlohmann::json& status);
+
 // A fixed-width table of the checks, one row per (worker, field), ending "ledger: AGREE" or
 // "ledger: DIFFER (N fields)".
 std::string render_ledger_checks(const std::vector<LedgerCheck>& checks);

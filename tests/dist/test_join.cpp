@@ -1,0 +1,205 @@
+// Workers that dial in (`moesh worker --join`, registry.h): real worker processes joining an
+// in-process backbone's registry over TCP. Joined workers serve bit-exactly like dialled ones; a
+// worker killed mid-run and restarted under its name rejoins in its old place; a worker joining
+// mid-run is added to the placement and gets work; joins with the wrong swarm key, or for another
+// model, are refused and counted; a joined worker's link is kept alive by its heartbeats.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "dist/dist_util.h"
+#include "dist/worker_process.h"
+#include "moesh/remote/registry.h"
+#include "moesh/swarm/swarm.h"
+
+namespace moesh::test {
+namespace {
+
+using std::chrono::milliseconds;
+
+WorkerAddress joined(const std::string& name) {
+  WorkerAddress a;
+  a.path = WorkerPath::kJoined;
+  a.name = name;
+  return a;
+}
+
+std::shared_ptr<WorkerRegistry> open_registry(const Model& m, const RemoteOptions& o) {
+  auto hello = backbone_hello(m, o);
+  EXPECT_TRUE(hello.is_ok());
+  auto reg = WorkerRegistry::listen(*hello, o.link_options(), RegistryOptions{});
+  EXPECT_TRUE(reg.is_ok()) << reg.status().to_string();
+  return reg.is_ok() ? *reg : nullptr;
+}
+
+Result<std::unique_ptr<WorkerProcess>> spawn_joining(const std::string& model, const std::string& spec,
+                                                     const WorkerRegistry& reg, const std::string& name,
+                                                     std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--join", "127.0.0.1:" + std::to_string(reg.port()), "--name", name};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return WorkerProcess::spawn(model, spec, 1, milliseconds(20000), args);
+}
+
+// Polls (bounded) until `cond` holds: outcomes, not timings, are asserted.
+template <typename F>
+bool eventually(F cond, milliseconds limit = milliseconds(20000)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return cond();
+}
+
+uint64_t joins_of(const WorkerRegistry& reg, const std::string& name) {
+  for (const JoinRecord& r : reg.records())
+    if (r.name == name) return r.joins;
+  return 0;
+}
+
+TEST(Join, JoinedWorkersServeExactlyRejoinUnderTheirNameAndNewOnesAreAdded) {
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  // A backbone without experts: every pair is computed by a joined worker.
+  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-join.gguf";
+  {
+    auto f = gguf::File::open(path);
+    ASSERT_TRUE(f.is_ok());
+    ASSERT_TRUE(swarm::write_backbone_slice(**f, bb).is_ok());
+  }
+  auto backbone = Model::load(bb);
+  ASSERT_TRUE(backbone.is_ok()) << backbone.status().to_string();
+  const auto toks = test_tokens("", (*model)->hparams().n_vocab, 12);
+  auto local = run_model(**model, toks);
+  ASSERT_TRUE(local.is_ok());
+  const int64_t V = (*model)->hparams().n_vocab;
+
+  RemoteOptions o;
+  o.worker_costs = {0.001, 0.001};  // equal replicas share every step
+  o.rejoin_backoff = milliseconds(1);
+  o.registry = open_registry(**backbone, o);
+  ASSERT_NE(o.registry, nullptr);
+  auto a = spawn_joining(path, "*:*", *o.registry, "ja");
+  auto b = spawn_joining(path, "*:*", *o.registry, "jb");
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  ASSERT_EQ(o.registry->wait_for(2, net::deadline_in(milliseconds(20000))).size(), 2u);
+  auto exec = RemoteExecutor::connect(**backbone, {joined("ja"), joined("jb")}, o);
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+  EXPECT_EQ(remote->worker(0).address.to_string(), "join://ja");
+
+  ContextParams cp;
+  cp.n_threads = 1;
+  cp.n_ctx = 16;
+  cp.executor = remote;
+  Context ctx(**backbone, cp);
+  std::vector<float> out(toks.size() * static_cast<size_t>(V));
+  std::unique_ptr<WorkerProcess> c;
+  for (size_t t = 0; t < toks.size(); ++t) {
+    Status st = ctx.decode(0, &toks[t], 1, out.data() + t * V);
+    ASSERT_TRUE(st.is_ok()) << "token " << t << ": " << st.to_string();
+    if (t == 2) (*b)->kill_now();  // the next step fails over to ja
+    if (t == 4) {                  // jb comes back under its name
+      EXPECT_TRUE(remote->worker_down(1));
+      b = spawn_joining(path, "*:*", *o.registry, "jb");
+      ASSERT_TRUE(b.is_ok());
+      ASSERT_TRUE(eventually([&] { return joins_of(*o.registry, "jb") == 2; }));
+    }
+    if (t == 7) {  // a new worker joins mid-run
+      auto cc = spawn_joining(path, "*:*", *o.registry, "jc");
+      ASSERT_TRUE(cc.is_ok());
+      c = std::move(*cc);
+      ASSERT_TRUE(eventually([&] { return joins_of(*o.registry, "jc") == 1; }));
+    }
+  }
+  EXPECT_EQ(std::memcmp(out.data(), local->data(), out.size() * sizeof(float)), 0)
+      << "joined workers, a failover, a rejoin and a new worker: the bits of all-local decoding";
+  ASSERT_EQ(remote->n_workers(), 3u);
+  const std::vector<WorkerStatus> st = remote->worker_status();
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[1].name, "jb");
+  EXPECT_EQ(st[1].state, "up");
+  EXPECT_EQ(st[1].rejoins, 1u);
+  EXPECT_EQ(st[2].name, "jc");
+  EXPECT_EQ(st[2].path, WorkerPath::kJoined);
+  EXPECT_GT(st[2].requests, 0u) << "the worker that joined mid-run was given work";
+  EXPECT_EQ(remote->traffic().local_pairs, 0u);
+  EXPECT_EQ(remote->failover_stats().saved_calls, 1u);
+}
+
+TEST(Join, WrongKeyAndOtherModelJoinsAreRefused) {
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const std::string key = temp_dir() + "/join.key", other = temp_dir() + "/join-other.key";
+  {
+    std::ofstream(key) << "the swarm's own key, long enough to count\n";
+    std::ofstream(other) << "a stranger's key that is also long enough\n";
+  }
+  RemoteOptions o;
+  auto k = net::SwarmKey::load(key);
+  ASSERT_TRUE(k.is_ok());
+  o.swarm_key = *k;
+  o.registry = open_registry(**model, o);
+  ASSERT_NE(o.registry, nullptr);
+  auto stranger = spawn_joining(path, "*:*", *o.registry, "stranger", {"--swarm-key", other});
+  auto keyless = spawn_joining(path, "*:*", *o.registry, "keyless");
+  MakeModelSpec s = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
+  s.seed = 5;
+  const std::string another = made_model("qwen3moe-other-join", s);
+  auto wrong_model = spawn_joining(another, "*:*", *o.registry, "wrong-model", {"--swarm-key", key});
+  auto member = spawn_joining(path, "*:*", *o.registry, "member", {"--swarm-key", key});
+  ASSERT_TRUE(stranger.is_ok() && keyless.is_ok() && wrong_model.is_ok() && member.is_ok());
+  ASSERT_TRUE(eventually([&] { return o.registry->refused() >= 3 && joins_of(*o.registry, "member") >= 1; }));
+  const std::vector<std::string> held = o.registry->held();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0], "member");
+  for (const JoinRecord& r : o.registry->records()) EXPECT_EQ(r.name, "member");
+  auto exec = RemoteExecutor::connect(**model, {joined("member")}, o);
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  // A name that never joins: the start-up wait ends at the connect timeout, naming it.
+  RemoteOptions quick = o;
+  quick.connect_timeout = milliseconds(200);
+  auto ghost = RemoteExecutor::connect(**model, {joined("ghost")}, quick);
+  ASSERT_FALSE(ghost.is_ok());
+  EXPECT_NE(ghost.status().message().find("join://ghost"), std::string::npos) << ghost.status().to_string();
+}
+
+TEST(Join, HeartbeatsKeepAJoinedLinkAndAnUnreadOneIsRedialled) {
+  const std::string path = made_qwen3moe();
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok());
+  auto store = swarm::ExpertStore::open(std::move(*f), {});
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  RemoteOptions o;
+  o.registry = open_registry(**model, o);
+  ASSERT_NE(o.registry, nullptr);
+  swarm::WorkerOptions wo;
+  wo.n_threads = 1;
+  wo.name = "beat";
+  wo.listen = false;
+  wo.join = {{"127.0.0.1", o.registry->port()}};
+  wo.join_idle_timeout = milliseconds(2000);  // PING after 500 ms of silence, give up after 2 s
+  wo.join_backoff = milliseconds(10);
+  auto worker = swarm::Worker::start(store->get(), wo);
+  ASSERT_TRUE(worker.is_ok()) << worker.status().to_string();
+  EXPECT_EQ((*worker)->port(), 0) << "a joining worker opens no port";
+  // Nobody reads a held link: its PINGs go unanswered, so the worker drops it and joins again.
+  ASSERT_TRUE(eventually([&] { return joins_of(*o.registry, "beat") >= 2; }));
+  // Taken by an executor, the link is read all the time: the PINGs are answered and it stays.
+  auto exec = RemoteExecutor::connect(**model, {joined("beat")}, o);
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  const uint64_t joins = (*worker)->stats().joins.load();
+  ASSERT_TRUE(eventually([&] { return (*exec)->worker(0).mux->n_pings_answered() >= 3; }));
+  EXPECT_EQ((*worker)->stats().joins.load(), joins) << "an answered heartbeat keeps the connection";
+  EXPECT_FALSE((*exec)->worker_down(0));
+  (*worker)->stop();
+}
+
+}  // namespace
+}  // namespace moesh::test
