@@ -4,12 +4,15 @@
 
 #include <fmt/format.h>
 
+#include "moesh/net/relay.h"
 #include "moesh/remote/registry.h"
 
 namespace moesh {
 
 Dialer tcp_dialer(net::TcpOptions tcp) {
   return [tcp](const WorkerAddress& addr, net::Deadline deadline) -> Result<std::unique_ptr<net::Connection>> {
+    // Through a relay: ROUTE CONNECT names the worker, then the handshake goes to it end to end.
+    if (addr.path == WorkerPath::kRelay) return net::relay_connect(addr.host, addr.port, addr.name, tcp, deadline);
     auto stream = net::tcp_connect(addr.host, addr.port, tcp, deadline);
     if (!stream) return stream.status();
     return net::make_stream_connection(std::move(*stream));

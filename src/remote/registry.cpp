@@ -92,14 +92,36 @@ void WorkerRegistry::Impl::accept_loop() {
 void WorkerRegistry::Impl::handshake(std::unique_ptr<net::ByteStream> stream) {
   auto conn = net::make_stream_connection(std::move(stream));
   const std::string from = conn->describe();
+  const net::Deadline deadline = net::deadline_in(link.connect_timeout);
+  // A joining worker says JOIN with its name first; the answer tells it a backbone is here.
+  auto first = conn->recv_frame(deadline);
+  if (!first) return refuse(fmt::format("{}: no JOIN: {}", from, first.status().to_string()));
+  auto join =
+      first->type() == wire::MsgType::kRoute
+          ? wire::decode_route(*first)
+          : Result<wire::RouteMsg>(make_error(StatusCode::kInvalidArgument, "the first frame is {}, not ROUTE JOIN",
+                                              wire::msg_type_name(first->type())));
+  if (!join || join->op != wire::RouteMsg::kJoin) {
+    const std::string why =
+        join ? fmt::format("ROUTE {} instead of JOIN", wire::route_op_name(join->op)) : join.status().message();
+    net::send_error(*conn, 0, wire::WireError::kProtocol, why, net::deadline_in(std::chrono::milliseconds(1000)));
+    return refuse(fmt::format("{}: {}", from, why));
+  }
+  if (auto named = parse_worker_address("join://" + join->name); !named) {
+    net::send_error(*conn, 0, wire::WireError::kProtocol, named.status().message(),
+                    net::deadline_in(std::chrono::milliseconds(1000)));
+    return refuse(fmt::format("{}: {}", from, named.status().message()));
+  }
+  auto ack = wire::encode_route({.op = wire::RouteMsg::kJoinedBackbone, .name = ""});
+  if (!ack || !conn->send_frame(*ack, deadline).is_ok()) return refuse(fmt::format("{}: gone after JOIN", from));
   WorkerAddress addr;
   addr.path = WorkerPath::kJoined;
-  auto l = establish_link(std::move(conn), addr, hello, link, net::deadline_in(link.connect_timeout));
+  auto l = establish_link(std::move(conn), addr, hello, link, deadline);
   if (!l) return refuse(l.status().to_string());
   std::unique_ptr<WorkerLink> lk = std::move(*l);
   const std::string name = lk->address.name;
-  auto named = parse_worker_address("join://" + name);
-  if (!named) return refuse(fmt::format("{}: {}", from, named.status().message()));
+  if (name != join->name)
+    return refuse(fmt::format("{}: joined as '{}' but its HELLO says '{}'", from, join->name, name));
   std::string experts;
   for (const wire::ExpertRange& r : lk->session.peer.experts) {
     if (!experts.empty()) experts += ",";

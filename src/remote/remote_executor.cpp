@@ -458,6 +458,9 @@ Status RemoteExecutor::Impl::add_worker(std::unique_ptr<WorkerLink> link) {
     wt.up_since = std::chrono::steady_clock::now();
     fan->add(std::move(link));
   }
+  // Given costs (RemoteOptions::worker_costs) stay given: the newcomer gets the cheapest of them.
+  if (!opts.worker_costs.empty())
+    opts.worker_costs.push_back(*std::min_element(opts.worker_costs.begin(), opts.worker_costs.end()));
   planner.set_worker_costs(worker_costs());
   return Status::ok();
 }

@@ -35,6 +35,32 @@ net::Deadline send_deadline(size_t bytes) {
 }
 }  // namespace
 
+namespace {
+// A dial-out connection is the worker's only way in, so it checks the path itself: after a
+// quarter of the idle timeout without a frame it PINGs (the backbone's reader or the relay
+// answers), and after the whole of it the connection is taken for dead.
+struct Heartbeat {
+  explicit Heartbeat(std::chrono::milliseconds idle_timeout)
+      : idle(idle_timeout), last_frame(net::Clock::now()), last_ping(last_frame) {}
+  void heard() { last_frame = net::Clock::now(); }
+  // false: silent past the idle timeout.
+  bool tick(net::Connection& conn) {
+    const auto now = net::Clock::now();
+    if (now - last_frame > idle) return false;
+    if (now - last_frame > idle / 4 && now - last_ping > idle / 4) {
+      last_ping = now;
+      auto ping = wire::encode_ping(
+          {.request_id = ++id, .send_time_ns = static_cast<uint64_t>(now.time_since_epoch().count())});
+      if (ping) (void)conn.send_frame(*ping, net::deadline_in(kSendTimeout));
+    }
+    return true;
+  }
+  std::chrono::milliseconds idle;
+  net::Clock::time_point last_frame, last_ping;
+  uint64_t id = 0;
+};
+}  // namespace
+
 struct Worker::Impl {
   const ExpertStore* store = nullptr;
   WorkerOptions opts;
@@ -69,6 +95,8 @@ struct Worker::Impl {
   // the connection is dropped when nothing arrives for that long (joined connections).
   bool serve(Peer* peer, std::chrono::milliseconds idle_timeout = std::chrono::milliseconds(0));
   void join_loop(std::string host, uint16_t port);
+  enum class JoinOutcome { kFailed, kServed, kSpliced };
+  JoinOutcome join_once(const std::string& host, uint16_t port);
   void end_session(size_t led, net::Clock::time_point connected_at);
   size_t ledger_slot(const std::string& peer_name, const std::string& address);
   void handle_dispatch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
@@ -247,9 +275,8 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   spdlog::info("{}: backbone '{}' connected", conn.describe(), session->peer.name);
   const size_t led = ledger_slot(session->peer.name, conn.describe());
   const auto connected_at = net::Clock::now();
-  auto last_frame = connected_at;
-  auto last_ping = connected_at;
-  uint64_t ping_id = 0;
+  if (idle_timeout.count() > 0) stats.joins.fetch_add(1);
+  Heartbeat beat(idle_timeout);
   wire::DecodeLimits lim;
   lim.max_frame_bytes = opts.max_frame_bytes;
   lim.n_expert = store->shape().n_expert;
@@ -258,22 +285,10 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
     auto f = conn.recv_frame(net::deadline_in(kPollSlice));
     if (!f) {
       if (f.status().code() == StatusCode::kTimeout) {
-        if (idle_timeout.count() > 0) {
-          // A dial-out connection is this worker's only way in: it checks the path itself. After
-          // a quarter of the idle timeout without a frame it PINGs (the backbone's reader answers),
-          // and after the whole of it the connection is taken for dead and re-dialled.
-          const auto now = net::Clock::now();
-          if (now - last_frame > idle_timeout) {
-            spdlog::warn("{}: nothing from backbone '{}' for {} ms, dropping the connection", conn.describe(),
-                         session->peer.name, idle_timeout.count());
-            break;
-          }
-          if (now - last_frame > idle_timeout / 4 && now - last_ping > idle_timeout / 4) {
-            last_ping = now;
-            auto ping = wire::encode_ping(
-                {.request_id = ++ping_id, .send_time_ns = static_cast<uint64_t>(now.time_since_epoch().count())});
-            if (ping) (void)conn.send_frame(*ping, net::deadline_in(kSendTimeout));
-          }
+        if (idle_timeout.count() > 0 && !beat.tick(conn)) {
+          spdlog::warn("{}: nothing from backbone '{}' for {} ms, dropping the connection", conn.describe(),
+                       session->peer.name, idle_timeout.count());
+          break;
         }
         continue;
       }
@@ -285,7 +300,7 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
       }
       break;
     }
-    last_frame = net::Clock::now();
+    beat.heard();
     switch (f->type()) {
       case wire::MsgType::kDispatch:
         handle_dispatch(conn, *f, lim, session->max_send_bytes, led);
@@ -308,7 +323,7 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         if (pong) (void)conn.send_frame(*pong, net::deadline_in(kSendTimeout));
         break;
       }
-      case wire::MsgType::kPong:  // the answer to a heartbeat: the path is alive (last_frame)
+      case wire::MsgType::kPong:  // the answer to a heartbeat: the path is alive
         break;
       case wire::MsgType::kGoodbye:
         spdlog::info("{}: backbone said goodbye", conn.describe());
@@ -350,27 +365,89 @@ void Worker::Impl::end_session(size_t led, net::Clock::time_point connected_at) 
   ledger[led].connected = false;
 }
 
+Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint16_t port) {
+  const std::string target = fmt::format("{}:{}", host, port);
+  net::TcpOptions tcp;
+  tcp.congestion = opts.congestion;
+  auto s = net::tcp_connect(host, port, tcp, net::deadline_in(kHandshakeTimeout));
+  if (!s) {
+    spdlog::warn("join {}: {}", target, s.status().to_string());
+    return JoinOutcome::kFailed;
+  }
+  net::ConnectionOptions copts;
+  copts.max_frame_bytes = opts.max_frame_bytes;
+  std::unique_ptr<net::Connection> conn = net::make_stream_connection(std::move(*s), copts);
+  stats.connections.fetch_add(1);
+  // JOIN first: the far end is a backbone's registry or a relay, and says which.
+  auto join = wire::encode_route({.op = wire::RouteMsg::kJoin, .name = opts.name});
+  if (!join || !conn->send_frame(*join, net::deadline_in(kHandshakeTimeout)).is_ok()) return JoinOutcome::kFailed;
+  bool relay = false;
+  Heartbeat beat(opts.join_idle_timeout);
+  for (;;) {
+    if (stopping()) return JoinOutcome::kFailed;
+    // The first answer comes at once; a relay standby then waits (heartbeating) for a backbone.
+    auto f = conn->recv_frame(net::deadline_in(relay ? kPollSlice : kHandshakeTimeout));
+    if (!f) {
+      if (relay && f.status().code() == StatusCode::kTimeout) {
+        if (beat.tick(*conn)) continue;
+        spdlog::warn("join {}: the relay has been silent for {} ms, re-dialling", target,
+                     opts.join_idle_timeout.count());
+      } else {
+        spdlog::warn("join {}: {}", target, f.status().to_string());
+      }
+      return JoinOutcome::kFailed;
+    }
+    beat.heard();
+    if (f->type() == wire::MsgType::kError) {
+      auto e = wire::decode_error(*f);
+      spdlog::warn("join {}: refused: {}", target, e ? e->text : e.status().to_string());
+      return JoinOutcome::kFailed;
+    }
+    if (f->type() == wire::MsgType::kPong) continue;
+    auto r = f->type() == wire::MsgType::kRoute
+                 ? wire::decode_route(*f)
+                 : Result<wire::RouteMsg>(make_error(StatusCode::kCorrupt, "{} frame before the join was answered",
+                                                     wire::msg_type_name(f->type())));
+    if (!r) {
+      spdlog::warn("join {}: {}", target, r.status().to_string());
+      return JoinOutcome::kFailed;
+    }
+    if (r->op == wire::RouteMsg::kJoinedBackbone && !relay) {
+      Peer p;
+      p.conn = std::move(conn);
+      return serve(&p, opts.join_idle_timeout) ? JoinOutcome::kServed : JoinOutcome::kFailed;
+    }
+    if (r->op == wire::RouteMsg::kJoinedRelay && !relay) {
+      relay = true;
+      spdlog::info("join {}: registered at the relay as '{}', waiting for a backbone", target, opts.name);
+      continue;
+    }
+    if (r->op == wire::RouteMsg::kSpliced && relay) {
+      // A backbone came through the relay: it is served on a thread of its own, and the next
+      // standby is dialled at once so other backbones can reach this worker too.
+      std::lock_guard<std::mutex> lock(peers_mu);
+      Peer& p = peers.emplace_back();
+      p.conn = std::move(conn);
+      p.thread = std::thread([this, pp = &p] { serve(pp, opts.join_idle_timeout); });
+      return JoinOutcome::kSpliced;
+    }
+    spdlog::warn("join {}: unexpected ROUTE {}", target, wire::route_op_name(r->op));
+    return JoinOutcome::kFailed;
+  }
+}
+
 void Worker::Impl::join_loop(std::string host, uint16_t port) {
   const std::string target = fmt::format("{}:{}", host, port);
   auto backoff = opts.join_backoff;
-  net::TcpOptions tcp;
-  tcp.congestion = opts.congestion;
-  net::ConnectionOptions copts;
-  copts.max_frame_bytes = opts.max_frame_bytes;
   while (!stopping()) {
-    bool served = false;
-    auto s = net::tcp_connect(host, port, tcp, net::deadline_in(kHandshakeTimeout));
-    if (s) {
-      Peer p;
-      p.conn = net::make_stream_connection(std::move(*s), copts);
-      stats.connections.fetch_add(1);
-      served = serve(&p, opts.join_idle_timeout);
-      if (served) stats.joins.fetch_add(1);
-    } else {
-      spdlog::warn("join {}: {}", target, s.status().to_string());
-    }
+    const JoinOutcome out = join_once(host, port);
+    reap(/*all=*/false);
     if (stopping()) break;
-    if (served) {
+    if (out == JoinOutcome::kSpliced) {
+      backoff = opts.join_backoff;
+      continue;  // the next standby now
+    }
+    if (out == JoinOutcome::kServed) {
       backoff = opts.join_backoff;  // it worked: the next loss is a fresh one
     } else {
       stats.join_failures.fetch_add(1);
@@ -379,7 +456,7 @@ void Worker::Impl::join_loop(std::string host, uint16_t port) {
     const auto until = net::Clock::now() + backoff;
     while (!stopping() && net::Clock::now() < until)
       std::this_thread::sleep_for(std::min<net::Clock::duration>(kPollSlice, until - net::Clock::now()));
-    if (!served) backoff = std::min(backoff * 2, opts.join_backoff_max);
+    if (out == JoinOutcome::kFailed) backoff = std::min(backoff * 2, opts.join_backoff_max);
   }
 }
 

@@ -30,6 +30,8 @@ const char* msg_type_name(MsgType t) {
       return "SLAB";
     case MsgType::kAuth:
       return "AUTH";
+    case MsgType::kRoute:
+      return "ROUTE";
     case MsgType::kCOUNT:
       break;
   }

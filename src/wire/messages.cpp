@@ -579,6 +579,65 @@ Result<AuthMsg> decode_auth(const Frame& f) {
   return m;
 }
 
+const char* route_op_name(uint8_t op) {
+  switch (op) {
+    case RouteMsg::kJoin:
+      return "JOIN";
+    case RouteMsg::kJoinedBackbone:
+      return "JOINED_BACKBONE";
+    case RouteMsg::kJoinedRelay:
+      return "JOINED_RELAY";
+    case RouteMsg::kConnect:
+      return "CONNECT";
+    case RouteMsg::kSpliced:
+      return "SPLICED";
+    default:
+      return "?";
+  }
+}
+
+namespace {
+constexpr size_t kMaxRouteName = 64;
+bool route_needs_name(uint8_t op) {
+  return op == RouteMsg::kJoin || op == RouteMsg::kConnect;
+}
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_route(const RouteMsg& m) {
+  if (m.op == 0 || m.op >= RouteMsg::kOpCount)
+    return make_error(StatusCode::kInvalidArgument, "ROUTE: op {} (1..{})", m.op, RouteMsg::kOpCount - 1);
+  if (route_needs_name(m.op) != !m.name.empty() || m.name.size() > kMaxRouteName)
+    return make_error(StatusCode::kInvalidArgument, "ROUTE {}: name of {} bytes ({} needs 1..{})", route_op_name(m.op),
+                      m.name.size(), route_needs_name(m.op) ? "it" : "only JOIN/CONNECT", kMaxRouteName);
+  MOESH_RETURN_IF_ERROR(check_text(StatusCode::kInvalidArgument, "ROUTE", m.name, kMaxRouteName));
+  std::vector<uint8_t> payload;
+  ByteWriter w(&payload);
+  w.u8(m.op);
+  w.u8(static_cast<uint8_t>(m.name.size()));
+  w.raw(reinterpret_cast<const uint8_t*>(m.name.data()), m.name.size());
+  return build_frame(MsgType::kRoute, 0, payload);
+}
+
+Result<RouteMsg> decode_route(const Frame& f) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kRoute));
+  if (f.request_id() != 0)
+    return make_error(StatusCode::kCorrupt, "ROUTE with request id {} (must be 0)", f.request_id());
+  ByteReader r(f.payload);
+  RouteMsg m;
+  uint8_t len = 0;
+  if (!r.u8(&m.op) || !r.u8(&len))
+    return make_error(StatusCode::kCorrupt, "ROUTE payload of {} bytes shorter than 2", f.payload.size());
+  if (m.op == 0 || m.op >= RouteMsg::kOpCount) return make_error(StatusCode::kCorrupt, "ROUTE: unknown op {}", m.op);
+  if (len > kMaxRouteName) return make_error(StatusCode::kCorrupt, "ROUTE: name length {} over {}", len, kMaxRouteName);
+  if (!read_text(r, len, &m.name))
+    return make_error(StatusCode::kCorrupt, "ROUTE: name of {} bytes truncated to {}", len, r.remaining());
+  if (route_needs_name(m.op) == m.name.empty())
+    return make_error(StatusCode::kCorrupt, "ROUTE {}: {}", route_op_name(m.op),
+                      m.name.empty() ? "needs a worker name" : "carries a name it must not have");
+  MOESH_RETURN_IF_ERROR(trailing("ROUTE", r));
+  return m;
+}
+
 Result<std::vector<uint8_t>> encode_goodbye(const GoodbyeMsg& m) {
   MOESH_RETURN_IF_ERROR(check_text(StatusCode::kInvalidArgument, "GOODBYE", m.text, kMaxTextBytes));
   return build_frame(MsgType::kGoodbye, 0, code_and_text(m.reason, m.text));

@@ -11,6 +11,7 @@
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
+#include "moesh/net/relay.h"
 #include "moesh/remote/registry.h"
 #include "moesh/swarm/swarm.h"
 
@@ -199,6 +200,70 @@ TEST(Join, HeartbeatsKeepAJoinedLinkAndAnUnreadOneIsRedialled) {
   EXPECT_EQ((*worker)->stats().joins.load(), joins) << "an answered heartbeat keeps the connection";
   EXPECT_FALSE((*exec)->worker_down(0));
   (*worker)->stop();
+}
+
+// A relay between backbones and workers that only dial out: exact bits through it, two
+// backbones reaching the same worker through it at once (each gets its own splice), and a name
+// nobody registered refused by the relay with a message naming it.
+TEST(Relay, WorkersBehindARelayServeExactlyAndSeveralBackbones) {
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-relay.gguf";
+  {
+    auto f = gguf::File::open(path);
+    ASSERT_TRUE(f.is_ok());
+    ASSERT_TRUE(swarm::write_backbone_slice(**f, bb).is_ok());
+  }
+  auto backbone = Model::load(bb);
+  ASSERT_TRUE(backbone.is_ok());
+  const auto toks = test_tokens("", (*model)->hparams().n_vocab, 8);
+  auto local = run_model(**model, toks);
+  ASSERT_TRUE(local.is_ok());
+
+  auto relay = net::Relay::start(net::RelayOptions{});
+  ASSERT_TRUE(relay.is_ok()) << relay.status().to_string();
+  std::thread relay_thread([&] { (*relay)->run(); });
+  const std::string rp = "127.0.0.1:" + std::to_string((*relay)->port());
+  auto a = WorkerProcess::spawn(path, "*:0-7", 1, milliseconds(20000), {"--join", rp, "--name", "ra"});
+  auto b = WorkerProcess::spawn(path, "*:8-15", 1, milliseconds(20000), {"--join", rp, "--name", "rb"});
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  auto registered = [&](const std::string& n) {
+    for (const net::RelayWorker& w : (*relay)->workers())
+      if (w.name == n && w.standbys > 0) return true;
+    return false;
+  };
+  ASSERT_TRUE(eventually([&] { return registered("ra") && registered("rb"); }));
+  auto via = [&](const std::string& n) { return parse_worker_address("relay://" + rp + "/" + n).value(); };
+  RemoteOptions o;
+  auto e1 = RemoteExecutor::connect(**backbone, {via("ra"), via("rb")}, o);
+  ASSERT_TRUE(e1.is_ok()) << e1.status().to_string();
+  EXPECT_EQ((*e1)->worker(0).address.path, WorkerPath::kRelay);
+  // A second backbone through the same relay to the same workers (their next standbys).
+  ASSERT_TRUE(eventually([&] { return registered("ra") && registered("rb"); }));
+  auto e2 = RemoteExecutor::connect(**backbone, {via("ra"), via("rb")}, o);
+  ASSERT_TRUE(e2.is_ok()) << e2.status().to_string();
+  // Both backbones decode at the same time through the same two workers.
+  std::shared_ptr<RemoteExecutor> r1(std::move(*e1)), r2(std::move(*e2));
+  Result<std::vector<float>> g1 = Status(StatusCode::kInternal, ""), g2 = g1;
+  std::thread t1([&] { g1 = run_model(**backbone, toks, r1); });
+  std::thread t2([&] { g2 = run_model(**backbone, toks, r2); });
+  t1.join();
+  t2.join();
+  for (const auto* g : {&g1, &g2}) {
+    ASSERT_TRUE(g->is_ok()) << g->status().to_string();
+    EXPECT_EQ(std::memcmp((*g)->data(), local->data(), (*g)->size() * sizeof(float)), 0) << "through the relay";
+  }
+  EXPECT_GE((*relay)->stats().splices.load(), 2u);
+  EXPECT_GT((*relay)->stats().bytes_to_workers.load(), 0u);
+  EXPECT_GT((*relay)->stats().bytes_to_backbones.load(), 0u);
+
+  auto ghost = RemoteExecutor::connect(**backbone, {via("ghost")}, o);
+  ASSERT_FALSE(ghost.is_ok());
+  EXPECT_NE(ghost.status().message().find("'ghost' is not registered at this relay"), std::string::npos)
+      << ghost.status().to_string();
+  (*relay)->stop();
+  relay_thread.join();
 }
 
 }  // namespace

@@ -79,6 +79,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case MsgType::kAuth:
       check_roundtrip(in, decode_auth(*f), encode_auth);
       break;
+    case MsgType::kRoute:
+      check_roundtrip(in, decode_route(*f), encode_route);
+      break;
     case MsgType::kCOUNT:
       break;
   }

@@ -51,6 +51,9 @@ int main(int argc, char** argv) {
   a.challenge.fill(0x5a);
   a.proof.fill(0xa5);
   put(wdir, "auth", encode_auth(a));
+  put(wdir, "route-join", encode_route({.op = RouteMsg::kJoin, .name = "w0"}));
+  put(wdir, "route-connect", encode_route({.op = RouteMsg::kConnect, .name = "phone-1"}));
+  put(wdir, "route-spliced", encode_route({.op = RouteMsg::kSpliced, .name = ""}));
   for (WireDType dt : {WireDType::kF32, WireDType::kF16, WireDType::kQ8, WireDType::kQ8K}) {
     for (CombineMode mode : {CombineMode::kExact, CombineMode::kPartial}) {
       const DispatchMsg d = testing::make_dispatch(7, 2, 3, 64, 2, dt, mode, dt);

@@ -59,6 +59,8 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_slab(*f, lim).status();
     case MsgType::kAuth:
       return decode_auth(*f).status();
+    case MsgType::kRoute:
+      return decode_route(*f).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -89,6 +91,8 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_slab(decode_slab(f, lim).value()).value();
     case MsgType::kAuth:
       return encode_auth(decode_auth(f).value()).value();
+    case MsgType::kRoute:
+      return encode_route(decode_route(f).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -111,6 +115,35 @@ void expect_code(const std::vector<uint8_t>& bytes, StatusCode code, const char*
 
 TEST(WireMalformed, BaselineIsValid) {
   EXPECT_TRUE(decode_any(good_dispatch(), kLim).is_ok());
+}
+
+// ROUTE (join / relay splice, before HELLO): known op, a name exactly where the op needs one,
+// name length within the payload and at most 64, request id 0, nothing trailing.
+TEST(WireMalformed, RouteFramesAreCheckedFieldByField) {
+  for (uint8_t op = 1; op < RouteMsg::kOpCount; ++op) {
+    RouteMsg m;
+    m.op = op;
+    if (op == RouteMsg::kJoin || op == RouteMsg::kConnect) m.name = "worker-7";
+    const std::vector<uint8_t> good = encode_route(m).value();
+    ASSERT_TRUE(decode_any(good, kLim).is_ok()) << route_op_name(op);
+    EXPECT_EQ(reencode(good, kLim), good);
+    EXPECT_EQ(decode_route(parse_frame(good, kLim.max_frame_bytes).value()).value().name, m.name);
+  }
+  auto with = [&](std::vector<uint8_t> p, uint64_t id = 0) { return build_frame(MsgType::kRoute, id, p); };
+  expect_code(with({1}), StatusCode::kCorrupt, "ROUTE payload of 1 bytes shorter than 2");
+  expect_code(with({0, 0}), StatusCode::kCorrupt, "ROUTE: unknown op 0");
+  expect_code(with({9, 0}), StatusCode::kCorrupt, "ROUTE: unknown op 9");
+  expect_code(with({1, 0}), StatusCode::kCorrupt, "JOIN: needs a worker name");
+  expect_code(with({5, 1, 'x'}), StatusCode::kCorrupt, "SPLICED: carries a name");
+  expect_code(with({4, 5, 'a', 'b'}), StatusCode::kCorrupt, "name of 5 bytes truncated to 2");
+  expect_code(with({4, 65}), StatusCode::kCorrupt, "name length 65 over 64");
+  expect_code(with({4, 1, 'a', 0}), StatusCode::kCorrupt, "trailing");
+  expect_code(with({4, 1, 'a'}, 3), StatusCode::kCorrupt, "request id 3");
+  RouteMsg bad;
+  bad.op = RouteMsg::kJoin;
+  EXPECT_FALSE(encode_route(bad).is_ok()) << "JOIN without a name";
+  bad.name = std::string(65, 'n');
+  EXPECT_FALSE(encode_route(bad).is_ok()) << "a name over 64 bytes";
 }
 
 // AUTH (swarm-key challenge / proof): 65 bytes exactly, known flags, request id 0.

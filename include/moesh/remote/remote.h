@@ -78,6 +78,7 @@ struct RemoteOptions {
   int64_t hot_replan_every_tokens = 1024;
   // Trip cost per worker (seconds) to plan with instead of the measured ones (one per worker;
   // empty: measure). For links whose cost is known, and for tests that must not depend on timing.
+  // A worker that joins later (registry) is given the cheapest of these.
   std::vector<double> worker_costs;
   // Failover: the pairs of a worker that fails mid-call (error, timeout, disconnect, a COMBINE
   // that fails its checks) are re-planned onto the other holders — replicas, else the

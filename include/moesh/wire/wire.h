@@ -65,6 +65,7 @@ enum class MsgType : uint16_t {
   kFetch = 8,     // backbone -> worker: send me the weights of (layer, expert)   [v3, kFeatureFetch]
   kSlab = 9,      // worker -> backbone: one expert's gate/up/down slabs (same request id as the FETCH)
   kAuth = 10,     // swarm-key challenge / proof, right after the HELLOs           [kFeatureAuth]
+  kRoute = 11,    // before HELLO on dial-out and relayed connections: join, relay connect, splice
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -335,6 +336,18 @@ struct AuthMsg {
   std::array<uint8_t, 32> proof{};
 };
 
+// Connection routing, before the HELLOs (docs/PROTOCOL.md §3a). A worker that dials out sends
+// JOIN with its name first; a backbone's registry answers JOINED_BACKBONE (its HELLO follows), a
+// relay JOINED_RELAY (the worker then waits, PINGing, for SPLICED: a backbone's HELLO follows). A
+// backbone reaching a worker through a relay sends CONNECT with the worker's name; the relay
+// then splices the two streams (an unknown name gets ERROR NOT_FOUND-like kNotHeld and a close).
+struct RouteMsg {
+  enum Op : uint8_t { kJoin = 1, kJoinedBackbone = 2, kJoinedRelay = 3, kConnect = 4, kSpliced = 5, kOpCount };
+  uint8_t op = kJoin;
+  std::string name;  // kJoin, kConnect: the worker's name (1..64 bytes)
+};
+const char* route_op_name(uint8_t op);
+
 struct PingMsg {
   uint64_t request_id = 0;
   uint64_t send_time_ns = 0;     // sender's steady clock
@@ -374,6 +387,7 @@ Result<std::vector<uint8_t>> encode_pong(const PongMsg& m);
 Result<std::vector<uint8_t>> encode_goodbye(const GoodbyeMsg& m);
 Result<std::vector<uint8_t>> encode_error(const ErrorMsg& m);
 Result<std::vector<uint8_t>> encode_auth(const AuthMsg& m);
+Result<std::vector<uint8_t>> encode_route(const RouteMsg& m);
 
 // Decoders check the frame type, every count against the payload size and the limits, and
 // every enum; they never allocate more than the payload size implies.
@@ -387,6 +401,7 @@ Result<PongMsg> decode_pong(const Frame& f);
 Result<GoodbyeMsg> decode_goodbye(const Frame& f);
 Result<ErrorMsg> decode_error(const Frame& f);
 Result<AuthMsg> decode_auth(const Frame& f);
+Result<RouteMsg> decode_route(const Frame& f);
 
 // The backbone's check that a COMBINE answers its DISPATCH (id, layer, mode, dtype, shape).
 Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply);

@@ -508,6 +508,26 @@ expect_eq "$(status)" "200" "rejoined worker: completion"
 expect_eq "$(echo "$body" | js 'j.choices[0].text')" "$before_text" "rejoined worker: the same greedy text"
 expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.length')" "2" "rejoined worker kept its place (no third entry)"
 
+# ---- a relay: workers that only dial out, reached by a gateway through `moesh relay` ----------
+"$MOESH" relay --listen 127.0.0.1:0 >"$TMP/relay.log" 2>"$TMP/relay.log.err" &
+RPID=$!
+PIDS+=("$RPID")
+RADDR="127.0.0.1:$(wait_port "$TMP/relay.log" "$RPID")"
+JADDR=$RADDR join_worker r1 '*:0-3'
+JADDR=$RADDR join_worker r2 '*:4-7'
+while ! cat "$TMP/r1.log" "$TMP/r1.log.err" | grep -q "registered at the relay" ||
+  ! cat "$TMP/r2.log" "$TMP/r2.log.err" | grep -q "registered at the relay"; do
+  kill -0 "$JWPID" 2>/dev/null || { cat "$TMP/r2.log.err" >&2; fail "relayed worker exited"; }
+  sleep 0.1
+done
+start_server relayed -m "$TMP/backbone.gguf" --worker "relay://$RADDR/r1" --worker "relay://$RADDR/r2" --parallel 2 \
+  -c 4096 --threads 2
+body=$(post /v1/completions "$DEAD_BODY")
+expect_eq "$(status)" "200" "relayed workers: completion"
+expect_eq "$(echo "$body" | js 'j.choices[0].text')" "$before_text" "relayed workers: the same greedy text"
+expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.path).join(",")')" "relay,relay" \
+  "swarm status shows the relay path"
+
 if [ "$NODE_OK" != 1 ]; then
   # Everything else passed, but part of the test did not run: ctest shows it as Skipped
   # (SKIP_RETURN_CODE 77), never as Passed.
