@@ -10,6 +10,7 @@ PKGS=(
   libasio-dev libpcre2-dev libcpp-httplib-dev libssl-dev
   clang-format clang libclang-rt-14-dev graphviz gnuplot-nox
   curl iproute2
+  chromium
 )
 
 missing=()

@@ -233,6 +233,11 @@ const std::vector<uint64_t>& RemoteExecutor::activation_counts() const {
 const std::vector<uint64_t>& RemoteExecutor::routed_tokens() const {
   return impl_->act_tokens;
 }
+RemoteExecutor::Activations RemoteExecutor::activation_snapshot() const {
+  std::lock_guard<std::mutex> lk(impl_->worker_mu);
+  return Activations{impl_->act, impl_->act_tokens, impl_->n_expert, impl_->traffic.layer_calls,
+                     impl_->traffic.token_layers};
+}
 HotExpertReport RemoteExecutor::hot_experts() const {
   return impl_->hot;
 }
@@ -648,6 +653,8 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
   // Pass 1: who computes each pair (the planner). Requests are created in worker order, so
   // PARTIAL sums are added in a fixed order whatever the routing or arrival order.
   {
+    // Under the lock monitoring reads them with (activation_snapshot): uncontended, once per call.
+    std::lock_guard<std::mutex> lk(worker_mu);
     uint64_t* a = act.data() + static_cast<size_t>(job.layer) * static_cast<size_t>(n_expert);
     for (const int32_t e : plan.ids) {
       if (e >= 0 && e < n_expert) ++a[e];
@@ -665,8 +672,11 @@ void RemoteExecutor::Impl::split_and_send(Job& job) {
   traffic.local_pairs += job.local_slots.size();
   add_requests(job, nullptr);
   if (job.n_reqs == 0) return;
-  ++traffic.layer_calls;
-  traffic.token_layers += static_cast<uint64_t>(n_tok);
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);  // activation_snapshot() reads these two
+    ++traffic.layer_calls;
+    traffic.token_layers += static_cast<uint64_t>(n_tok);
+  }
   send_requests(job, 0);
 }
 

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "moesh/serve/ledger.h"
+#include "serve/dashboard.h"
 #include "serve/metrics.h"
 #include "serve/openai_api.h"
 
@@ -82,6 +83,7 @@ struct HttpServer::Impl {
   std::atomic<uint64_t> next_id{1};
   uint64_t id_salt = 0;
   int64_t started_unix = 0;
+  std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();
 
   bool authorized(const httplib::Request& req, httplib::Response& res);
   Result<GenerationRequest> build_generation(const ApiRequest& r, ApiError* err) const;
@@ -461,6 +463,14 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
   // heard from, plus the joins seen (`moesh swarm status` reads it; docs/swarm.md).
   svr.Get("/swarm/status", [m](const httplib::Request&, httplib::Response& res) {
     res.set_content(swarm_status_json(m->t.remote).dump(2), "application/json");
+  });
+  // The live dashboard (serve/dashboard.h): a static page polling its JSON.
+  svr.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dashboard_html(), "text/html; charset=utf-8");
+  });
+  svr.Get("/swarm/dashboard.json", [m](const httplib::Request&, httplib::Response& res) {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - m->started_steady).count();
+    res.set_content(dashboard_json(m->t.scheduler->stats(), m->t.remote, t).dump(), "application/json");
   });
   // The backbone's side of the work ledger (serve/ledger.h); `moesh swarm ledger` reads it.
   svr.Get("/swarm/ledger", [m](const httplib::Request&, httplib::Response& res) {

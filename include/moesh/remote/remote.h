@@ -266,6 +266,15 @@ class RemoteExecutor final : public ExpertExecutor {
   // Never with a call pending.
   void poll_rejoins(bool wait = false);
 
+  // The counts below as a copy any thread may take while the executor runs (the dashboard),
+  // with the MoE-layer calls that involved a worker and the Σ of their tokens.
+  struct Activations {
+    std::vector<uint64_t> pairs;   // [layer * n_expert + expert]
+    std::vector<uint64_t> tokens;  // per layer
+    int64_t n_expert = 0;
+    uint64_t layer_calls = 0, token_layers = 0;
+  };
+  Activations activation_snapshot() const;
   // Expert activations counted so far: [layer * n_expert + expert] routed (token, expert) pairs,
   // and per layer the tokens routed.
   const std::vector<uint64_t>& activation_counts() const;
