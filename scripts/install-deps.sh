@@ -9,7 +9,7 @@ PKGS=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libxxhash-dev
   libasio-dev libpcre2-dev libcpp-httplib-dev libssl-dev
   clang-format clang libclang-rt-14-dev graphviz gnuplot-nox
-  curl iproute2
+  curl iproute2 openssl
   chromium
 )
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "moesh/net/tls.h"
 #include "moesh/wire/wire.h"
 
 namespace moesh::net {
@@ -23,45 +24,6 @@ namespace {
 
 constexpr auto kSlice = std::chrono::milliseconds(100);  // how often waits look at the stop flag
 constexpr size_t kCopyBytes = 64 * 1024;
-
-// Reads one frame with exact reads; a timeout keeps what was read and the next call resumes.
-// `raw` holds the frame's bytes as received (header + payload).
-class ExactFrameReader {
- public:
-  // ok + frame when one is complete; kTimeout when not yet; other errors: the stream failed.
-  Result<wire::Frame> read(ByteStream& s, Deadline deadline, uint32_t max_payload) {
-    for (;;) {
-      const size_t need = have_ < wire::kHeaderBytes ? wire::kHeaderBytes : wire::kHeaderBytes + header_.payload_bytes;
-      if (raw_.size() < need) raw_.resize(need);
-      if (have_ == need) {
-        if (need == wire::kHeaderBytes) {
-          auto h = wire::parse_header(std::span<const uint8_t>(raw_.data(), wire::kHeaderBytes), max_payload);
-          if (!h) return h.status();
-          header_ = *h;
-          if (header_.payload_bytes > 0) continue;
-        }
-        auto f = wire::parse_frame(std::span<const uint8_t>(raw_.data(), have_), max_payload);
-        last_ = std::vector<uint8_t>(raw_.begin(), raw_.begin() + static_cast<std::ptrdiff_t>(have_));
-        have_ = 0;
-        header_ = {};
-        return f;
-      }
-      auto n = s.read_some(std::span<uint8_t>(raw_.data() + have_, need - have_), deadline);
-      if (!n) return n.status();
-      have_ += *n;
-    }
-  }
-  // The bytes of the last complete frame.
-  const std::vector<uint8_t>& last_bytes() const { return last_; }
-  // Bytes of a frame begun but not complete (forwarded as they are when a splice starts).
-  std::span<const uint8_t> partial() const { return std::span<const uint8_t>(raw_.data(), have_); }
-
- private:
-  std::vector<uint8_t> raw_;
-  size_t have_ = 0;
-  wire::FrameHeader header_;
-  std::vector<uint8_t> last_;
-};
 
 Status send_frame_bytes(ByteStream& s, const Result<std::vector<uint8_t>>& frame) {
   if (!frame) return frame.status();
@@ -85,7 +47,7 @@ struct Relay::Impl {
     std::string name;
     std::unique_ptr<ByteStream> worker;
     std::unique_ptr<ByteStream> backbone;  // set by the claimant
-    std::unique_ptr<ExactFrameReader> backbone_reader;
+    std::unique_ptr<FrameReader> backbone_reader;
     bool claimed = false;
   };
   mutable std::mutex mu;
@@ -101,9 +63,9 @@ struct Relay::Impl {
 
   bool stopping() const { return stop_flag.load(std::memory_order_relaxed); }
   void route(std::unique_ptr<ByteStream> s);
-  void standby(std::string name, std::unique_ptr<ByteStream> worker, ExactFrameReader reader);
-  void connect(const std::string& name, std::unique_ptr<ByteStream> backbone, std::unique_ptr<ExactFrameReader> r);
-  void splice(Standby& sb, ExactFrameReader& worker_reader);
+  void standby(std::string name, std::unique_ptr<ByteStream> worker, FrameReader reader);
+  void connect(const std::string& name, std::unique_ptr<ByteStream> backbone, std::unique_ptr<FrameReader> r);
+  void splice(Standby& sb, FrameReader& worker_reader);
   void copy(ByteStream& from, ByteStream& to, std::atomic<uint64_t>* counter);
   void reap(bool all) {
     for (auto it = conns.begin(); it != conns.end();) {
@@ -119,7 +81,7 @@ struct Relay::Impl {
 
 void Relay::Impl::route(std::unique_ptr<ByteStream> s) {
   const std::string who = s->describe();
-  auto reader = std::make_unique<ExactFrameReader>();
+  auto reader = std::make_unique<FrameReader>();
   const Deadline until = deadline_in(opts.route_timeout);
   Result<wire::Frame> f = Status(StatusCode::kTimeout, "");
   while (!stopping()) {
@@ -150,7 +112,7 @@ void Relay::Impl::route(std::unique_ptr<ByteStream> s) {
   refuse(fmt::format("ROUTE {} is not for a relay", wire::route_op_name(r->op)));
 }
 
-void Relay::Impl::standby(std::string name, std::unique_ptr<ByteStream> worker, ExactFrameReader reader) {
+void Relay::Impl::standby(std::string name, std::unique_ptr<ByteStream> worker, FrameReader reader) {
   Standby sb;
   sb.name = name;
   sb.worker = std::move(worker);
@@ -204,7 +166,7 @@ void Relay::Impl::standby(std::string name, std::unique_ptr<ByteStream> worker, 
 }
 
 void Relay::Impl::connect(const std::string& name, std::unique_ptr<ByteStream> backbone,
-                          std::unique_ptr<ExactFrameReader> r) {
+                          std::unique_ptr<FrameReader> r) {
   const std::string who = backbone->describe();
   std::unique_lock<std::mutex> lk(mu);
   const Deadline until = deadline_in(opts.connect_wait);
@@ -256,18 +218,25 @@ void Relay::Impl::copy(ByteStream& from, ByteStream& to, std::atomic<uint64_t>* 
   to.close();
 }
 
-void Relay::Impl::splice(Standby& sb, ExactFrameReader& worker_reader) {
+void Relay::Impl::splice(Standby& sb, FrameReader& worker_reader) {
   stats.active_splices.fetch_add(1);
   // The worker learns a backbone is coming; then backbone bytes flow to it untouched.
   if (send_frame_bytes(*sb.worker, wire::encode_route({.op = wire::RouteMsg::kSpliced, .name = ""})).is_ok()) {
     std::thread down([&] { copy(*sb.backbone, *sb.worker, &stats.bytes_to_workers); });
-    // Worker -> backbone: heartbeats still in flight from the standby are answered here until the
-    // worker's first other frame (its HELLO), which goes on byte for byte with everything after.
+    // Worker -> backbone: heartbeats still in flight from the standby are dropped here until the
+    // worker's first other frame (its HELLO), or its first bytes that are not a frame (a TLS
+    // handshake), which go on byte for byte with everything after.
     bool forwarded = false;
     while (!stopping() && !forwarded) {
       auto f = worker_reader.read(*sb.worker, deadline_in(kSlice * 5), wire::kDefaultMaxFrameBytes);
       if (!f) {
         if (f.status().code() == StatusCode::kTimeout) continue;
+        const StatusCode c = f.status().code();
+        if (c != StatusCode::kCorrupt && c != StatusCode::kUnsupported && c != StatusCode::kOutOfRange) break;
+        const std::span<const uint8_t> bytes = worker_reader.pending();
+        if (!sb.backbone->write_all(bytes, deadline_in(std::chrono::milliseconds(30000))).is_ok()) break;
+        stats.bytes_to_backbones.fetch_add(bytes.size());
+        forwarded = true;
         break;
       }
       if (f->type() == wire::MsgType::kPing) continue;  // the relay's standby answered PINGs; this one is late
@@ -355,15 +324,14 @@ void Relay::run() {
   m.reap(/*all=*/true);
 }
 
-Result<std::unique_ptr<Connection>> relay_connect(const std::string& relay_host, uint16_t relay_port,
+Result<std::unique_ptr<ByteStream>> relay_connect(const std::string& relay_host, uint16_t relay_port,
                                                   const std::string& name, const TcpOptions& tcp, Deadline deadline) {
   auto s = tcp_connect(relay_host, relay_port, tcp, deadline);
   if (!s) return s.status();
-  auto conn = make_stream_connection(std::move(*s));
   auto f = wire::encode_route({.op = wire::RouteMsg::kConnect, .name = name});
   if (!f) return f.status();
-  MOESH_RETURN_IF_ERROR(conn->send_frame(*f, deadline));
-  return conn;
+  MOESH_RETURN_IF_ERROR((*s)->write_all(*f, deadline));
+  return std::move(*s);
 }
 
 }  // namespace moesh::net

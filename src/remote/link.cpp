@@ -9,12 +9,18 @@
 
 namespace moesh {
 
-Dialer tcp_dialer(net::TcpOptions tcp) {
-  return [tcp](const WorkerAddress& addr, net::Deadline deadline) -> Result<std::unique_ptr<net::Connection>> {
-    // Through a relay: ROUTE CONNECT names the worker, then the handshake goes to it end to end.
-    if (addr.path == WorkerPath::kRelay) return net::relay_connect(addr.host, addr.port, addr.name, tcp, deadline);
-    auto stream = net::tcp_connect(addr.host, addr.port, tcp, deadline);
+Dialer tcp_dialer(net::TcpOptions tcp, std::shared_ptr<const net::TlsPins> tls_pins) {
+  return [tcp, tls_pins](const WorkerAddress& addr,
+                         net::Deadline deadline) -> Result<std::unique_ptr<net::Connection>> {
+    // Through a relay: ROUTE CONNECT names the worker, then TLS and the handshake go to it end to end.
+    auto stream = addr.path == WorkerPath::kRelay ? net::relay_connect(addr.host, addr.port, addr.name, tcp, deadline)
+                                                  : net::tcp_connect(addr.host, addr.port, tcp, deadline);
     if (!stream) return stream.status();
+    if (tls_pins) {
+      auto tls = net::tls_client(std::move(*stream), *tls_pins, deadline);
+      if (!tls) return tls.status();
+      return net::make_stream_connection(std::move(*tls));
+    }
     return net::make_stream_connection(std::move(*stream));
   };
 }
@@ -42,7 +48,7 @@ Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, co
       return make_error(StatusCode::kInvalidArgument, "{}: joined workers need --accept-workers on this side", where);
     return opts.registry->take(addr.name, deadline);
   }
-  auto conn = opts.dialer ? opts.dialer(addr, deadline) : tcp_dialer(opts.tcp)(addr, deadline);
+  auto conn = opts.dialer ? opts.dialer(addr, deadline) : tcp_dialer(opts.tcp, opts.tls_pins)(addr, deadline);
   if (!conn) return conn.status().with_context(where + ": connect");
   return establish_link(std::move(*conn), addr, local, opts, deadline);
 }

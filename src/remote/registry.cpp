@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "moesh/net/tls.h"
 #include "moesh/remote/address.h"
 
 namespace moesh {
@@ -90,30 +91,36 @@ void WorkerRegistry::Impl::accept_loop() {
 }
 
 void WorkerRegistry::Impl::handshake(std::unique_ptr<net::ByteStream> stream) {
-  auto conn = net::make_stream_connection(std::move(stream));
-  const std::string from = conn->describe();
+  std::string from = stream->describe();
+  if (from.rfind("tcp ", 0) == 0) from = from.substr(4);
   const net::Deadline deadline = net::deadline_in(link.connect_timeout);
-  // A joining worker says JOIN with its name first; the answer tells it a backbone is here.
-  auto first = conn->recv_frame(deadline);
+  auto reject = [&](const std::string& why) {
+    auto e = wire::encode_error({.request_id = 0, .code = uint16_t(wire::WireError::kProtocol), .text = why});
+    if (e) (void)stream->write_all(*e, net::deadline_in(std::chrono::milliseconds(1000)));
+    refuse(fmt::format("{}: {}", from, why));
+  };
+  // A joining worker says JOIN with its name first (read exactly: TLS may follow on this stream);
+  // the answer tells it a backbone is here.
+  net::FrameReader reader;
+  auto first = reader.read(*stream, deadline);
   if (!first) return refuse(fmt::format("{}: no JOIN: {}", from, first.status().to_string()));
   auto join =
       first->type() == wire::MsgType::kRoute
           ? wire::decode_route(*first)
           : Result<wire::RouteMsg>(make_error(StatusCode::kInvalidArgument, "the first frame is {}, not ROUTE JOIN",
                                               wire::msg_type_name(first->type())));
-  if (!join || join->op != wire::RouteMsg::kJoin) {
-    const std::string why =
-        join ? fmt::format("ROUTE {} instead of JOIN", wire::route_op_name(join->op)) : join.status().message();
-    net::send_error(*conn, 0, wire::WireError::kProtocol, why, net::deadline_in(std::chrono::milliseconds(1000)));
-    return refuse(fmt::format("{}: {}", from, why));
-  }
-  if (auto named = parse_worker_address("join://" + join->name); !named) {
-    net::send_error(*conn, 0, wire::WireError::kProtocol, named.status().message(),
-                    net::deadline_in(std::chrono::milliseconds(1000)));
-    return refuse(fmt::format("{}: {}", from, named.status().message()));
-  }
+  if (!join) return reject(join.status().message());
+  if (join->op != wire::RouteMsg::kJoin)
+    return reject(fmt::format("ROUTE {} instead of JOIN", wire::route_op_name(join->op)));
+  if (auto named = parse_worker_address("join://" + join->name); !named) return reject(named.status().message());
   auto ack = wire::encode_route({.op = wire::RouteMsg::kJoinedBackbone, .name = ""});
-  if (!ack || !conn->send_frame(*ack, deadline).is_ok()) return refuse(fmt::format("{}: gone after JOIN", from));
+  if (!ack || !stream->write_all(*ack, deadline).is_ok()) return refuse(fmt::format("{}: gone after JOIN", from));
+  if (link.tls_pins) {
+    auto tls = net::tls_client(std::move(stream), *link.tls_pins, deadline);
+    if (!tls) return refuse(fmt::format("{} ('{}'): {}", from, join->name, tls.status().to_string()));
+    stream = std::move(*tls);
+  }
+  auto conn = net::make_stream_connection(std::move(stream));
   WorkerAddress addr;
   addr.path = WorkerPath::kJoined;
   auto l = establish_link(std::move(conn), addr, hello, link, deadline);

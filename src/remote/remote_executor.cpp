@@ -478,6 +478,7 @@ LinkOptions RemoteOptions::link_options() const {
   l.warmup_pad_bytes = warmup_pad_bytes;
   l.swarm_key = swarm_key;
   l.registry = registry;
+  l.tls_pins = tls_pins;
   // "q8" hidden falls back to Q8 where the worker does not speak Q8K, so Q8 is what must be common.
   l.need_dtypes = (1u << static_cast<int>(hidden_wire)) | (1u << static_cast<int>(return_wire));
   l.need_modes = 1u << static_cast<int>(combine);

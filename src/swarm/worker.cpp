@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "moesh/net/tls.h"
 #include "moesh/net/transport.h"
 #include "swarm/worker_internal.h"
 
@@ -72,6 +73,7 @@ struct Worker::Impl {
   WorkerStats stats;
 
   struct Peer {
+    std::unique_ptr<net::ByteStream> raw;  // not yet a connection: TLS (if any) is set up by serve()
     std::unique_ptr<net::Connection> conn;
     std::thread thread;
     std::atomic<bool> finished{false};
@@ -260,6 +262,25 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
 }
 
 bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
+  if (!peer->conn) {
+    // A raw stream (accepted, or dialled out after its ROUTE exchange): TLS first when this
+    // worker has a certificate, then frames.
+    std::unique_ptr<net::ByteStream> stream = std::move(peer->raw);
+    if (opts.tls) {
+      const std::string who = stream->describe();
+      auto tls = net::tls_server(std::move(stream), *opts.tls, net::deadline_in(kHandshakeTimeout));
+      if (!tls) {
+        stats.refused.fetch_add(1);
+        spdlog::warn("{}: refused: {}", who, tls.status().to_string());
+        peer->finished = true;
+        return false;
+      }
+      stream = std::move(*tls);
+    }
+    net::ConnectionOptions copts;
+    copts.max_frame_bytes = opts.max_frame_bytes;
+    peer->conn = net::make_stream_connection(std::move(stream), copts);
+  }
   net::Connection& conn = *peer->conn;
   wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(), opts.name);
   hello.layer_act = detail::layer_activation_dtypes(*store);
@@ -374,30 +395,41 @@ Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint1
     spdlog::warn("join {}: {}", target, s.status().to_string());
     return JoinOutcome::kFailed;
   }
-  net::ConnectionOptions copts;
-  copts.max_frame_bytes = opts.max_frame_bytes;
-  std::unique_ptr<net::Connection> conn = net::make_stream_connection(std::move(*s), copts);
+  std::unique_ptr<net::ByteStream> stream = std::move(*s);
   stats.connections.fetch_add(1);
-  // JOIN first: the far end is a backbone's registry or a relay, and says which.
+  // JOIN first: the far end is a backbone's registry or a relay, and says which. The ROUTE
+  // frames are read exactly, so TLS and the connection take the stream over where they end.
   auto join = wire::encode_route({.op = wire::RouteMsg::kJoin, .name = opts.name});
-  if (!join || !conn->send_frame(*join, net::deadline_in(kHandshakeTimeout)).is_ok()) return JoinOutcome::kFailed;
+  if (!join || !stream->write_all(*join, net::deadline_in(kHandshakeTimeout)).is_ok()) return JoinOutcome::kFailed;
+  net::FrameReader reader;
   bool relay = false;
-  Heartbeat beat(opts.join_idle_timeout);
+  // A relay standby heartbeats on the raw stream (PING frames before any TLS).
+  auto last_frame = net::Clock::now(), last_ping = last_frame;
+  uint64_t ping_id = 0;
+  const auto idle = opts.join_idle_timeout;
   for (;;) {
     if (stopping()) return JoinOutcome::kFailed;
     // The first answer comes at once; a relay standby then waits (heartbeating) for a backbone.
-    auto f = conn->recv_frame(net::deadline_in(relay ? kPollSlice : kHandshakeTimeout));
+    auto f = reader.read(*stream, net::deadline_in(relay ? kPollSlice : kHandshakeTimeout));
     if (!f) {
       if (relay && f.status().code() == StatusCode::kTimeout) {
-        if (beat.tick(*conn)) continue;
-        spdlog::warn("join {}: the relay has been silent for {} ms, re-dialling", target,
-                     opts.join_idle_timeout.count());
+        const auto now = net::Clock::now();
+        if (now - last_frame <= idle) {
+          if (now - last_frame > idle / 4 && now - last_ping > idle / 4) {
+            last_ping = now;
+            auto ping = wire::encode_ping(
+                {.request_id = ++ping_id, .send_time_ns = static_cast<uint64_t>(now.time_since_epoch().count())});
+            if (ping) (void)stream->write_all(*ping, net::deadline_in(kSendTimeout));
+          }
+          continue;
+        }
+        spdlog::warn("join {}: the relay has been silent for {} ms, re-dialling", target, idle.count());
       } else {
         spdlog::warn("join {}: {}", target, f.status().to_string());
       }
       return JoinOutcome::kFailed;
     }
-    beat.heard();
+    last_frame = net::Clock::now();
     if (f->type() == wire::MsgType::kError) {
       auto e = wire::decode_error(*f);
       spdlog::warn("join {}: refused: {}", target, e ? e->text : e.status().to_string());
@@ -414,7 +446,7 @@ Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint1
     }
     if (r->op == wire::RouteMsg::kJoinedBackbone && !relay) {
       Peer p;
-      p.conn = std::move(conn);
+      p.raw = std::move(stream);
       return serve(&p, opts.join_idle_timeout) ? JoinOutcome::kServed : JoinOutcome::kFailed;
     }
     if (r->op == wire::RouteMsg::kJoinedRelay && !relay) {
@@ -427,7 +459,7 @@ Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint1
       // standby is dialled at once so other backbones can reach this worker too.
       std::lock_guard<std::mutex> lock(peers_mu);
       Peer& p = peers.emplace_back();
-      p.conn = std::move(conn);
+      p.raw = std::move(stream);
       p.thread = std::thread([this, pp = &p] { serve(pp, opts.join_idle_timeout); });
       return JoinOutcome::kSpliced;
     }
@@ -554,7 +586,7 @@ void Worker::run() {
     m.stats.connections.fetch_add(1);
     std::lock_guard<std::mutex> lock(m.peers_mu);
     Impl::Peer& p = m.peers.emplace_back();
-    p.conn = net::make_stream_connection(std::move(*s), copts);
+    p.raw = std::move(*s);
     p.thread = std::thread([&m, pp = &p] { m.serve(pp); });
   }
   if (m.listener) m.listener->close();

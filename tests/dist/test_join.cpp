@@ -5,6 +5,7 @@
 // model, are refused and counted; a joined worker's link is kept alive by its heartbeats.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
 #include "moesh/net/relay.h"
+#include "moesh/net/tls.h"
 #include "moesh/remote/registry.h"
 #include "moesh/swarm/swarm.h"
 
@@ -262,6 +264,95 @@ TEST(Relay, WorkersBehindARelayServeExactlyAndSeveralBackbones) {
   ASSERT_FALSE(ghost.is_ok());
   EXPECT_NE(ghost.status().message().find("'ghost' is not registered at this relay"), std::string::npos)
       << ghost.status().to_string();
+  (*relay)->stop();
+  relay_thread.join();
+}
+
+// TLS with pinning on every path: a worker with a certificate is reached directly, by joining and
+// through a relay, each with the bits of all-local decoding; a backbone pinning another
+// certificate and one without TLS are refused with messages saying what to change.
+TEST(Tls, PinnedTlsOnDirectJoinedAndRelayedPaths) {
+  const std::string dir = temp_dir();
+  const std::string cert = dir + "/w.crt", key = dir + "/w.key", cert2 = dir + "/o.crt", key2 = dir + "/o.key";
+  for (const auto& [c, k] : {std::pair{cert, key}, std::pair{cert2, key2}}) {
+    const std::string cmd =
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "
+        "/CN=moesh-dist -days 2 -keyout '" +
+        k + "' -out '" + c + "' >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "the openssl tool is missing";
+  }
+  auto id = net::TlsIdentity::load(cert, key);
+  auto other = net::TlsIdentity::load(cert2, key2);
+  ASSERT_TRUE(id.is_ok() && other.is_ok());
+  const std::string path = made_qwen3moe();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-tls.gguf";
+  {
+    auto f = gguf::File::open(path);
+    ASSERT_TRUE(f.is_ok());
+    ASSERT_TRUE(swarm::write_backbone_slice(**f, bb).is_ok());
+  }
+  auto backbone = Model::load(bb);
+  ASSERT_TRUE(backbone.is_ok());
+  const auto toks = test_tokens("", (*model)->hparams().n_vocab, 8);
+  auto local = run_model(**model, toks);
+  ASSERT_TRUE(local.is_ok());
+  const std::vector<std::string> tls_args = {"--tls-cert", cert, "--tls-key", key};
+
+  RemoteOptions o;
+  o.tls_pins = std::make_shared<const net::TlsPins>(*net::TlsPins::parse({(*id)->fingerprint()}));
+  auto expect_exact = [&](const std::vector<WorkerAddress>& addrs, const RemoteOptions& ro, const char* what) {
+    auto e = RemoteExecutor::connect(**backbone, addrs, ro);
+    ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
+    EXPECT_EQ((*e)->worker(0).conn->describe().rfind("tls ", 0), 0u) << what;
+    auto got = run_model(**backbone, toks, std::shared_ptr<RemoteExecutor>(std::move(*e)));
+    ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+    EXPECT_EQ(std::memcmp(got->data(), local->data(), got->size() * sizeof(float)), 0) << what;
+  };
+
+  // Direct.
+  auto w = WorkerProcess::spawn(path, "*:*", 1, milliseconds(20000), tls_args);
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_NE((*w)->output().find("tls: certificate sha256 " + (*id)->fingerprint()), std::string::npos)
+      << (*w)->output();
+  expect_exact({(*w)->address()}, o, "direct");
+  RemoteOptions wrong = o;
+  wrong.tls_pins = std::make_shared<const net::TlsPins>(*net::TlsPins::parse({(*other)->fingerprint()}));
+  auto refused = RemoteExecutor::connect(**backbone, {(*w)->address()}, wrong);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("is not pinned"), std::string::npos) << refused.status().to_string();
+  RemoteOptions plain;
+  plain.connect_timeout = milliseconds(3000);
+  auto no_tls = RemoteExecutor::connect(**backbone, {(*w)->address()}, plain);
+  ASSERT_FALSE(no_tls.is_ok()) << "a TLS worker does not talk to a plain backbone";
+
+  // Joined: the registry starts TLS after the ROUTE exchange.
+  RemoteOptions jo = o;
+  jo.registry = open_registry(**backbone, jo);
+  ASSERT_NE(jo.registry, nullptr);
+  std::vector<std::string> jargs = tls_args;
+  jargs.insert(jargs.end(), {"--join", "127.0.0.1:" + std::to_string(jo.registry->port()), "--name", "tj"});
+  auto j = WorkerProcess::spawn(path, "*:*", 1, milliseconds(20000), jargs);
+  ASSERT_TRUE(j.is_ok());
+  ASSERT_EQ(jo.registry->wait_for(1, net::deadline_in(milliseconds(20000))).size(), 1u);
+  expect_exact({joined("tj")}, jo, "joined");
+
+  // Relayed: TLS runs end to end through the relay's splice.
+  auto relay = net::Relay::start(net::RelayOptions{});
+  ASSERT_TRUE(relay.is_ok());
+  std::thread relay_thread([&] { (*relay)->run(); });
+  const std::string rp = "127.0.0.1:" + std::to_string((*relay)->port());
+  std::vector<std::string> rargs = tls_args;
+  rargs.insert(rargs.end(), {"--join", rp, "--name", "tr"});
+  auto r = WorkerProcess::spawn(path, "*:*", 1, milliseconds(20000), rargs);
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_TRUE(eventually([&] {
+    for (const net::RelayWorker& x : (*relay)->workers())
+      if (x.name == "tr" && x.standbys > 0) return true;
+    return false;
+  }));
+  expect_exact({parse_worker_address("relay://" + rp + "/tr").value()}, o, "relayed");
   (*relay)->stop();
   relay_thread.join();
 }

@@ -22,6 +22,7 @@ struct WorkerArgs {
   std::string swarm_key;          // --swarm-key FILE
   std::vector<std::string> join;  // --join HOST:PORT (repeatable)
   std::string metrics;            // --metrics HOST:PORT
+  std::string tls_cert, tls_key;  // --tls-cert, --tls-key
   bool listen_given = false;
 };
 
@@ -97,6 +98,13 @@ int run_worker(const WorkerArgs& a) {
     if (!key) return fail(key.status());
     o.swarm_key = std::move(*key);
   }
+  if (a.tls_cert.empty() != a.tls_key.empty())
+    return fail(make_error(StatusCode::kInvalidArgument, "--tls-cert and --tls-key go together"));
+  if (!a.tls_cert.empty()) {
+    auto id = net::TlsIdentity::load(a.tls_cert, a.tls_key);
+    if (!id) return fail(id.status());
+    o.tls = std::move(*id);
+  }
   auto worker = swarm::Worker::start(store->get(), o);
   if (!worker) return fail(worker.status());
   // Host TCP settings that only the operator can change (docs/wan-emu.md): say so at start-up.
@@ -114,6 +122,8 @@ int run_worker(const WorkerArgs& a) {
               rss1 / 1048576.0, rss0 / 1048576.0);
   if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
   std::printf("name: %s\n", (*worker)->name().c_str());
+  if (o.tls)
+    std::printf("tls: certificate sha256 %s (backbones pass --tls-pin with it)\n", o.tls->fingerprint().c_str());
   std::unique_ptr<serve::WorkerHttp> http;
   if (!a.metrics.empty()) {
     auto h = serve::WorkerHttp::start(worker->get(), metrics_host, metrics_port);
@@ -165,6 +175,10 @@ const CommandRegistrar kReg{
               sub->add_option("--swarm-key", a->swarm_key,
                               "Swarm key file: only backbones proving the same key are served (mutual HMAC "
                               "challenge in the handshake)");
+              sub->add_option("--tls-cert", a->tls_cert,
+                              "PEM certificate (self-signed is fine): every connection must use TLS, backbones pin "
+                              "its SHA-256 fingerprint (printed at start-up)");
+              sub->add_option("--tls-key", a->tls_key, "PEM private key of --tls-cert");
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
               return [a] { return run_worker(*a); };
             }}};

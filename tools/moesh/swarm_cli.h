@@ -27,10 +27,11 @@ struct SwarmArgs {
   std::string local_experts_policy = "trip";
   std::string swarm_key;  // --swarm-key FILE
   double verify_rate = 0;
-  std::string name = "backbone";  // --backbone-name: announced in HELLO, the workers' ledger key
-  std::string accept_workers;     // --accept-workers HOST:PORT: workers dial in (moesh worker --join)
-  int wait_workers = 1;           // --wait-workers: joined workers to wait for at start-up
-  int join_wait_ms = 60000;       // --join-wait-ms: how long
+  std::string name = "backbone";      // --backbone-name: announced in HELLO, the workers' ledger key
+  std::string accept_workers;         // --accept-workers HOST:PORT: workers dial in (moesh worker --join)
+  int wait_workers = 1;               // --wait-workers: joined workers to wait for at start-up
+  int join_wait_ms = 60000;           // --join-wait-ms: how long
+  std::vector<std::string> tls_pins;  // --tls-pin SHA256 (repeatable): TLS to every worker
 
   bool enabled() const { return !workers.empty() || !workers_file.empty() || !accept_workers.empty(); }
 };
@@ -79,6 +80,9 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
   sub->add_option("--join-wait-ms", a->join_wait_ms, "With --accept-workers: how long to wait for them")
       ->check(CLI::Range(0, 24 * 3600 * 1000))
       ->capture_default_str();
+  sub->add_option("--tls-pin", a->tls_pins,
+                  "TLS to every worker, accepting only a certificate with this SHA-256 fingerprint (repeatable; "
+                  "a worker prints its own at start-up)");
   sub->add_option("--backbone-name", a->name,
                   "Name this side announces to workers: the key of their ledger entry for it")
       ->capture_default_str();
@@ -146,6 +150,10 @@ inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
   }
   o.verify_rate = a.verify_rate;
   o.name = a.name;
+  if (!a.tls_pins.empty()) {
+    MOESH_ASSIGN_OR_RETURN(net::TlsPins pins, net::TlsPins::parse(a.tls_pins));
+    o.tls_pins = std::make_shared<const net::TlsPins>(std::move(pins));
+  }
   return o;
 }
 

@@ -69,8 +69,8 @@ class Relay {
 };
 
 // The backbone's side: dials the relay and asks for worker `name` (ROUTE CONNECT); the returned
-// connection then carries the usual handshake to the worker itself.
-Result<std::unique_ptr<Connection>> relay_connect(const std::string& relay_host, uint16_t relay_port,
+// stream then carries TLS (if used) and the usual handshake to the worker itself.
+Result<std::unique_ptr<ByteStream>> relay_connect(const std::string& relay_host, uint16_t relay_port,
                                                   const std::string& name, const TcpOptions& tcp, Deadline deadline);
 
 }  // namespace moesh::net

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "moesh/net/auth.h"
+#include "moesh/net/tls.h"
 #include "moesh/net/transport.h"
 #include "moesh/remote/address.h"
 #include "moesh/util/status.h"
@@ -26,7 +27,8 @@ class WorkerRegistry;
 // A connected frame transport to `addr`, made before the deadline.
 using Dialer =
     std::function<Result<std::unique_ptr<net::Connection>>(const WorkerAddress& addr, net::Deadline deadline)>;
-Dialer tcp_dialer(net::TcpOptions tcp);
+// TCP (or through a relay for relay:// addresses); with pins, TLS to the worker on top (net/tls.h).
+Dialer tcp_dialer(net::TcpOptions tcp, std::shared_ptr<const net::TlsPins> tls_pins = nullptr);
 
 struct LinkOptions {
   Dialer dialer;                                    // empty: tcp_dialer(tcp)
@@ -40,6 +42,8 @@ struct LinkOptions {
   std::shared_ptr<const net::SwarmKey> swarm_key;
   // Where "join://NAME" workers come from (registry.h); null: such addresses are refused.
   std::shared_ptr<WorkerRegistry> registry;
+  // TLS to every worker, accepting only these certificate fingerprints (net/tls.h); null: plain TCP.
+  std::shared_ptr<const net::TlsPins> tls_pins;
 };
 
 // One connected, handshaken worker.

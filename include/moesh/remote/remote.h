@@ -105,6 +105,9 @@ struct RemoteOptions {
   // the placement; a known name's fresh connection replaces its old one, and brings it back if
   // it was down). Null: none.
   std::shared_ptr<WorkerRegistry> registry;
+  // TLS to every worker (dialled, joined or relayed), accepting only these certificate
+  // fingerprints (`--tls-pin`, net/tls.h). Null: plain TCP.
+  std::shared_ptr<const net::TlsPins> tls_pins;
 
   // The link options these imply (dtypes and mode the workers must speak).
   LinkOptions link_options() const;

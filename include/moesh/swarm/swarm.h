@@ -31,6 +31,7 @@
 #include "moesh/gguf/gguf.h"
 #include "moesh/moe/executor.h"
 #include "moesh/net/auth.h"
+#include "moesh/net/tls.h"
 #include "moesh/net/transport.h"
 #include "moesh/util/status.h"
 #include "moesh/wire/wire.h"
@@ -224,6 +225,9 @@ struct WorkerOptions {
   std::chrono::milliseconds join_backoff{1000};
   std::chrono::milliseconds join_backoff_max{30000};
   std::chrono::milliseconds join_idle_timeout{20000};
+  // TLS (net/tls.h): with a certificate every connection must start with a TLS handshake, this
+  // worker being the server; backbones pin the certificate's fingerprint. Null: plain TCP.
+  std::shared_ptr<const net::TlsIdentity> tls;
 };
 
 struct WorkerStats {
