@@ -62,6 +62,35 @@ uint64_t joins_of(const WorkerRegistry& reg, const std::string& name) {
   return 0;
 }
 
+// The qwen3moe test model, a backbone slice of it (no experts: every pair goes to a worker),
+// and the all-local logits of `n` test tokens, which every remote path must reproduce bit for bit.
+struct SliceSetup {
+  std::string path;
+  std::unique_ptr<Model> model, backbone;
+  std::vector<int32_t> toks;
+  std::vector<float> local;
+};
+SliceSetup slice_setup(const std::string& tag, size_t n) {
+  SliceSetup s;
+  s.path = made_qwen3moe();
+  auto model = Model::load(s.path);
+  EXPECT_TRUE(model.is_ok()) << model.status().to_string();
+  if (!model.is_ok()) return s;
+  s.model = std::move(*model);
+  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-" + tag + ".gguf";
+  auto f = gguf::File::open(s.path);
+  EXPECT_TRUE(f.is_ok() && swarm::write_backbone_slice(**f, bb).is_ok());
+  auto backbone = Model::load(bb);
+  EXPECT_TRUE(backbone.is_ok()) << backbone.status().to_string();
+  if (!backbone.is_ok()) return s;
+  s.backbone = std::move(*backbone);
+  s.toks = test_tokens("", s.model->hparams().n_vocab, n);
+  auto local = run_model(*s.model, s.toks);
+  EXPECT_TRUE(local.is_ok());
+  if (local.is_ok()) s.local = std::move(*local);
+  return s;
+}
+
 TEST(Join, JoinedWorkersServeExactlyRejoinUnderTheirNameAndNewOnesAreAdded) {
   const std::string path = made_qwen3moe();
   auto model = Model::load(path);
@@ -208,27 +237,15 @@ TEST(Join, HeartbeatsKeepAJoinedLinkAndAnUnreadOneIsRedialled) {
 // backbones reaching the same worker through it at once (each gets its own splice), and a name
 // nobody registered refused by the relay with a message naming it.
 TEST(Relay, WorkersBehindARelayServeExactlyAndSeveralBackbones) {
-  const std::string path = made_qwen3moe();
-  auto model = Model::load(path);
-  ASSERT_TRUE(model.is_ok());
-  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-relay.gguf";
-  {
-    auto f = gguf::File::open(path);
-    ASSERT_TRUE(f.is_ok());
-    ASSERT_TRUE(swarm::write_backbone_slice(**f, bb).is_ok());
-  }
-  auto backbone = Model::load(bb);
-  ASSERT_TRUE(backbone.is_ok());
-  const auto toks = test_tokens("", (*model)->hparams().n_vocab, 8);
-  auto local = run_model(**model, toks);
-  ASSERT_TRUE(local.is_ok());
+  SliceSetup su = slice_setup("relay", 8);
+  ASSERT_TRUE(su.backbone && !su.local.empty());
 
   auto relay = net::Relay::start(net::RelayOptions{});
   ASSERT_TRUE(relay.is_ok()) << relay.status().to_string();
   std::thread relay_thread([&] { (*relay)->run(); });
   const std::string rp = "127.0.0.1:" + std::to_string((*relay)->port());
-  auto a = WorkerProcess::spawn(path, "*:0-7", 1, milliseconds(20000), {"--join", rp, "--name", "ra"});
-  auto b = WorkerProcess::spawn(path, "*:8-15", 1, milliseconds(20000), {"--join", rp, "--name", "rb"});
+  auto a = WorkerProcess::spawn(su.path, "*:0-7", 1, milliseconds(20000), {"--join", rp, "--name", "ra"});
+  auto b = WorkerProcess::spawn(su.path, "*:8-15", 1, milliseconds(20000), {"--join", rp, "--name", "rb"});
   ASSERT_TRUE(a.is_ok() && b.is_ok());
   auto registered = [&](const std::string& n) {
     for (const net::RelayWorker& w : (*relay)->workers())
@@ -238,29 +255,29 @@ TEST(Relay, WorkersBehindARelayServeExactlyAndSeveralBackbones) {
   ASSERT_TRUE(eventually([&] { return registered("ra") && registered("rb"); }));
   auto via = [&](const std::string& n) { return parse_worker_address("relay://" + rp + "/" + n).value(); };
   RemoteOptions o;
-  auto e1 = RemoteExecutor::connect(**backbone, {via("ra"), via("rb")}, o);
+  auto e1 = RemoteExecutor::connect(*su.backbone, {via("ra"), via("rb")}, o);
   ASSERT_TRUE(e1.is_ok()) << e1.status().to_string();
   EXPECT_EQ((*e1)->worker(0).address.path, WorkerPath::kRelay);
   // A second backbone through the same relay to the same workers (their next standbys).
   ASSERT_TRUE(eventually([&] { return registered("ra") && registered("rb"); }));
-  auto e2 = RemoteExecutor::connect(**backbone, {via("ra"), via("rb")}, o);
+  auto e2 = RemoteExecutor::connect(*su.backbone, {via("ra"), via("rb")}, o);
   ASSERT_TRUE(e2.is_ok()) << e2.status().to_string();
   // Both backbones decode at the same time through the same two workers.
   std::shared_ptr<RemoteExecutor> r1(std::move(*e1)), r2(std::move(*e2));
   Result<std::vector<float>> g1 = Status(StatusCode::kInternal, ""), g2 = g1;
-  std::thread t1([&] { g1 = run_model(**backbone, toks, r1); });
-  std::thread t2([&] { g2 = run_model(**backbone, toks, r2); });
+  std::thread t1([&] { g1 = run_model(*su.backbone, su.toks, r1); });
+  std::thread t2([&] { g2 = run_model(*su.backbone, su.toks, r2); });
   t1.join();
   t2.join();
   for (const auto* g : {&g1, &g2}) {
     ASSERT_TRUE(g->is_ok()) << g->status().to_string();
-    EXPECT_EQ(std::memcmp((*g)->data(), local->data(), (*g)->size() * sizeof(float)), 0) << "through the relay";
+    EXPECT_EQ(std::memcmp((*g)->data(), su.local.data(), (*g)->size() * sizeof(float)), 0) << "through the relay";
   }
   EXPECT_GE((*relay)->stats().splices.load(), 2u);
   EXPECT_GT((*relay)->stats().bytes_to_workers.load(), 0u);
   EXPECT_GT((*relay)->stats().bytes_to_backbones.load(), 0u);
 
-  auto ghost = RemoteExecutor::connect(**backbone, {via("ghost")}, o);
+  auto ghost = RemoteExecutor::connect(*su.backbone, {via("ghost")}, o);
   ASSERT_FALSE(ghost.is_ok());
   EXPECT_NE(ghost.status().message().find("'ghost' is not registered at this relay"), std::string::npos)
       << ghost.status().to_string();
@@ -284,56 +301,44 @@ TEST(Tls, PinnedTlsOnDirectJoinedAndRelayedPaths) {
   auto id = net::TlsIdentity::load(cert, key);
   auto other = net::TlsIdentity::load(cert2, key2);
   ASSERT_TRUE(id.is_ok() && other.is_ok());
-  const std::string path = made_qwen3moe();
-  auto model = Model::load(path);
-  ASSERT_TRUE(model.is_ok());
-  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-tls.gguf";
-  {
-    auto f = gguf::File::open(path);
-    ASSERT_TRUE(f.is_ok());
-    ASSERT_TRUE(swarm::write_backbone_slice(**f, bb).is_ok());
-  }
-  auto backbone = Model::load(bb);
-  ASSERT_TRUE(backbone.is_ok());
-  const auto toks = test_tokens("", (*model)->hparams().n_vocab, 8);
-  auto local = run_model(**model, toks);
-  ASSERT_TRUE(local.is_ok());
+  SliceSetup su = slice_setup("tls", 8);
+  ASSERT_TRUE(su.backbone && !su.local.empty());
   const std::vector<std::string> tls_args = {"--tls-cert", cert, "--tls-key", key};
 
   RemoteOptions o;
   o.tls_pins = std::make_shared<const net::TlsPins>(*net::TlsPins::parse({(*id)->fingerprint()}));
   auto expect_exact = [&](const std::vector<WorkerAddress>& addrs, const RemoteOptions& ro, const char* what) {
-    auto e = RemoteExecutor::connect(**backbone, addrs, ro);
+    auto e = RemoteExecutor::connect(*su.backbone, addrs, ro);
     ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
     EXPECT_EQ((*e)->worker(0).conn->describe().rfind("tls ", 0), 0u) << what;
-    auto got = run_model(**backbone, toks, std::shared_ptr<RemoteExecutor>(std::move(*e)));
+    auto got = run_model(*su.backbone, su.toks, std::shared_ptr<RemoteExecutor>(std::move(*e)));
     ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
-    EXPECT_EQ(std::memcmp(got->data(), local->data(), got->size() * sizeof(float)), 0) << what;
+    EXPECT_EQ(std::memcmp(got->data(), su.local.data(), got->size() * sizeof(float)), 0) << what;
   };
 
   // Direct.
-  auto w = WorkerProcess::spawn(path, "*:*", 1, milliseconds(20000), tls_args);
+  auto w = WorkerProcess::spawn(su.path, "*:*", 1, milliseconds(20000), tls_args);
   ASSERT_TRUE(w.is_ok()) << w.status().to_string();
   EXPECT_NE((*w)->output().find("tls: certificate sha256 " + (*id)->fingerprint()), std::string::npos)
       << (*w)->output();
   expect_exact({(*w)->address()}, o, "direct");
   RemoteOptions wrong = o;
   wrong.tls_pins = std::make_shared<const net::TlsPins>(*net::TlsPins::parse({(*other)->fingerprint()}));
-  auto refused = RemoteExecutor::connect(**backbone, {(*w)->address()}, wrong);
+  auto refused = RemoteExecutor::connect(*su.backbone, {(*w)->address()}, wrong);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_NE(refused.status().message().find("is not pinned"), std::string::npos) << refused.status().to_string();
   RemoteOptions plain;
   plain.connect_timeout = milliseconds(3000);
-  auto no_tls = RemoteExecutor::connect(**backbone, {(*w)->address()}, plain);
+  auto no_tls = RemoteExecutor::connect(*su.backbone, {(*w)->address()}, plain);
   ASSERT_FALSE(no_tls.is_ok()) << "a TLS worker does not talk to a plain backbone";
 
   // Joined: the registry starts TLS after the ROUTE exchange.
   RemoteOptions jo = o;
-  jo.registry = open_registry(**backbone, jo);
+  jo.registry = open_registry(*su.backbone, jo);
   ASSERT_NE(jo.registry, nullptr);
   std::vector<std::string> jargs = tls_args;
   jargs.insert(jargs.end(), {"--join", "127.0.0.1:" + std::to_string(jo.registry->port()), "--name", "tj"});
-  auto j = WorkerProcess::spawn(path, "*:*", 1, milliseconds(20000), jargs);
+  auto j = WorkerProcess::spawn(su.path, "*:*", 1, milliseconds(20000), jargs);
   ASSERT_TRUE(j.is_ok());
   ASSERT_EQ(jo.registry->wait_for(1, net::deadline_in(milliseconds(20000))).size(), 1u);
   expect_exact({joined("tj")}, jo, "joined");
@@ -345,7 +350,7 @@ TEST(Tls, PinnedTlsOnDirectJoinedAndRelayedPaths) {
   const std::string rp = "127.0.0.1:" + std::to_string((*relay)->port());
   std::vector<std::string> rargs = tls_args;
   rargs.insert(rargs.end(), {"--join", rp, "--name", "tr"});
-  auto r = WorkerProcess::spawn(path, "*:*", 1, milliseconds(20000), rargs);
+  auto r = WorkerProcess::spawn(su.path, "*:*", 1, milliseconds(20000), rargs);
   ASSERT_TRUE(r.is_ok());
   ASSERT_TRUE(eventually([&] {
     for (const net::RelayWorker& x : (*relay)->workers())
