@@ -20,7 +20,8 @@ conc="${CONCURRENCY:-4}"
 every="${KILL_EVERY:-10}"
 tmp="$(mktemp -d)"
 pids=()
-trap 'for p in "${pids[@]}" ${killer:-}; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
+trap 'kill ${killer:-} 2>/dev/null || true; pkill -f "worker -m $tmp/m.gguf" 2>/dev/null || true
+      for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
 mkdir -p "$out"
 
 "$moesh" make-model --arch qwen3moe --out "$tmp/m.gguf" --seed 7 --n-embd 256 --n-layer 4 --n-expert 16 \
@@ -54,9 +55,9 @@ kill_loop() {
   local i=0
   while :; do
     sleep "$every"
-    kill -KILL "${wpid[$i]}" 2>/dev/null || true
-    wait "${wpid[$i]}" 2>/dev/null || true
-    echo "$(date +%s.%N) killed w$i" >>"$tmp/kills"
+    # By port, not by pid: this loop runs in a subshell, restarted workers' pids live here only.
+    if pkill -KILL -f -- "--listen 127.0.0.1:${ports[$i]} "; then echo "$(date +%s.%N) killed w$i" >>"$tmp/kills"; fi
+    while pgrep -f -- "--listen 127.0.0.1:${ports[$i]} " >/dev/null; do sleep 0.05; done
     sleep 1
     start_worker "$i"
     i=$(( (i + 1) % 3 ))
@@ -76,7 +77,7 @@ for p in $(seq 1 "$phases"); do
   kill_loop & killer=$!
   k=$(load)
   kill "$killer" 2>/dev/null || true; wait "$killer" 2>/dev/null || true; killer=""
-  for i in 0 1 2; do kill -0 "${wpid[$i]}" 2>/dev/null || start_worker "$i"; done
+  for i in 0 1 2; do pgrep -f -- "--listen 127.0.0.1:${ports[$i]} " >/dev/null || start_worker "$i"; done
   kt=$(echo "$k" | python3 -c 'import json,sys; print(json.load(sys.stdin)["generated_tok_per_s"])')
   kf=$(echo "$k" | python3 -c 'import json,sys; print(json.load(sys.stdin)["failed"])')
   nk=$(wc -l <"$tmp/kills")

@@ -698,6 +698,60 @@ TEST(RemoteLoopback, ALyingWorkerIsCaughtByVerificationAndEvicted) {
   }
 }
 
+// A backbone slice holds no expert to recompute with: --verify-rate asks a second holder, and a
+// third decides a disagreement. With two honest replicas and a liar the liar is evicted and the
+// output is the all-local one; with one honest worker and a liar (no third opinion) the call
+// fails, saying why, rather than use an answer that may be wrong.
+TEST(RemoteLoopback, ABackboneSliceVerifiesOnASecondReplicaAndAThirdDecides) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  const std::string liar = write_liar(s);
+  ASSERT_FALSE(liar.empty());
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*", liar));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
+  auto full = gguf::File::open(s.path);
+  ASSERT_TRUE(full.is_ok());
+  const std::string bb = temp_dir() + "/verify-backbone.gguf";
+  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
+  auto bbm = Model::load(bb);
+  ASSERT_TRUE(bbm.is_ok());
+  const auto tokens = tokens_of(*s.model);
+  auto local = run_model(*s.model, tokens);
+  ASSERT_TRUE(local.is_ok());
+  RemoteOptions o;
+  o.dialer = s.dialer();
+  o.verify_rate = 1.0;
+  o.worker_costs = {0.001, 0.001, 0.001};  // all three share the work
+  {
+    auto e = RemoteExecutor::connect(**bbm, s.addrs, o);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    std::shared_ptr<RemoteExecutor> exec(std::move(*e));
+    auto lg = run_model(**bbm, tokens, exec);
+    ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
+    EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
+    const auto fo = exec->failover_stats();
+    EXPECT_EQ(fo.evictions, 1u);
+    EXPECT_GT(fo.verified, 1u);
+    const auto wt = exec->worker_traffic();
+    EXPECT_FALSE(wt[0].evicted);
+    EXPECT_TRUE(wt[1].evicted) << "the liar, outvoted";
+    EXPECT_FALSE(wt[2].evicted);
+    EXPECT_EQ(exec->traffic().local_pairs, 0u);
+  }
+  {  // Only the honest worker and the liar: no third opinion.
+    std::vector<WorkerAddress> two = {s.addrs[0], s.addrs[1]};
+    RemoteOptions o2 = o;
+    o2.worker_costs = {0.001, 0.001};
+    auto e = RemoteExecutor::connect(**bbm, two, o2);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    auto lg = run_model(**bbm, tokens, std::shared_ptr<RemoteExecutor>(std::move(*e)));
+    ASSERT_FALSE(lg.is_ok());
+    EXPECT_NE(lg.status().message().find("no third holder of these experts can tell which is right"), std::string::npos)
+        << lg.status().to_string();
+  }
+}
+
 TEST(RemoteLoopback, AWorkerServingOtherWeightsIsCaughtByTheHashAndItsExpertsStayRemote) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(open_model(&s));
