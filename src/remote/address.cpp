@@ -51,7 +51,24 @@ Result<WorkerAddress> parse_host_port(std::string_view s, bool allow_port_0 = fa
 
 }  // namespace
 
+Result<WorkerAddress> parse_one_path(std::string_view s);
+
 Result<WorkerAddress> parse_worker_address(std::string_view s) {
+  const size_t bar = s.find('|');
+  if (bar == std::string_view::npos) return parse_one_path(s);
+  MOESH_ASSIGN_OR_RETURN(WorkerAddress first, parse_one_path(s.substr(0, bar)));
+  std::string_view rest = s.substr(bar + 1);
+  for (;;) {
+    const size_t next = rest.find('|');
+    MOESH_ASSIGN_OR_RETURN(WorkerAddress alt, parse_one_path(rest.substr(0, next)));
+    first.alternatives.push_back(std::move(alt));
+    if (next == std::string_view::npos) break;
+    rest = rest.substr(next + 1);
+  }
+  return first;
+}
+
+Result<WorkerAddress> parse_one_path(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
   if (s.rfind("join://", 0) == 0) {

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <future>
+
 #include "moesh/net/relay.h"
 #include "moesh/remote/registry.h"
 
@@ -39,8 +41,55 @@ WorkerLink::~WorkerLink() {
   shut_down();
 }
 
+Result<std::unique_ptr<WorkerLink>> connect_one_path(const WorkerAddress& addr, const wire::Hello& local,
+                                                     const LinkOptions& opts);
+
 Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, const wire::Hello& local,
                                                    const LinkOptions& opts) {
+  if (addr.alternatives.empty()) return connect_one_path(addr, local, opts);
+  // Path policy: every path is tried and measured (so the registry can show both), the first in
+  // order of preference that works is used, the others are closed.
+  std::vector<WorkerAddress> paths = {addr};
+  paths[0].alternatives.clear();
+  paths.insert(paths.end(), addr.alternatives.begin(), addr.alternatives.end());
+  std::vector<std::future<Result<std::unique_ptr<WorkerLink>>>> tries;
+  for (const WorkerAddress& p : paths)
+    tries.push_back(std::async(std::launch::async, [&local, &opts, p] { return connect_one_path(p, local, opts); }));
+  std::unique_ptr<WorkerLink> chosen;
+  std::vector<WorkerLink::Probe> probes;
+  std::string errors;
+  std::string name;
+  for (size_t i = 0; i < tries.size(); ++i) {
+    Result<std::unique_ptr<WorkerLink>> l = tries[i].get();
+    WorkerLink::Probe& pr = probes.emplace_back();
+    pr.address = paths[i].to_string();
+    if (!l) {
+      pr.error = l.status().to_string();
+      errors += (errors.empty() ? "" : "; ") + pr.error;
+      continue;
+    }
+    pr.ok = true;
+    pr.rtt_ms = std::chrono::duration<double, std::milli>((*l)->warmup_rtt).count();
+    if (name.empty()) name = (*l)->session.peer.name;
+    if ((*l)->session.peer.name != name) {
+      pr.ok = false;
+      pr.error =
+          fmt::format("{} answers as '{}', not '{}': not the same worker", pr.address, (*l)->session.peer.name, name);
+      continue;
+    }
+    if (!chosen) {
+      chosen = std::move(*l);
+      pr.used = true;
+    }  // else: measured, then closed (GOODBYE) as it goes out of scope
+  }
+  if (!chosen) return make_error(StatusCode::kUnavailable, "worker {}: no path works: {}", addr.to_string(), errors);
+  chosen->probes = std::move(probes);
+  chosen->dialed = addr;  // a re-dial tries every path again, in the same order
+  return chosen;
+}
+
+Result<std::unique_ptr<WorkerLink>> connect_one_path(const WorkerAddress& addr, const wire::Hello& local,
+                                                     const LinkOptions& opts) {
   const std::string where = "worker " + addr.to_string();
   const net::Deadline deadline = net::deadline_in(opts.connect_timeout);
   if (addr.path == WorkerPath::kJoined) {
@@ -70,6 +119,7 @@ Result<std::unique_ptr<WorkerLink>> establish_link(std::unique_ptr<net::Connecti
   const wire::Hello& peer = link->session.peer;
   if (addr.path == WorkerPath::kJoined) addr.name = peer.name;
   link->address = addr;
+  link->dialed = addr;
   link->label = addr.to_string();
   if (addr.path == WorkerPath::kJoined) {
     link->label += " (" + from + ")";

@@ -381,7 +381,7 @@ void RemoteExecutor::Impl::start_redials(bool wait) {
     if (!wait && now < h.retry_at) continue;  // `wait` (tests): re-dial now, whatever the backoff
     LinkOptions lo = opts.link_options();
     h.redial = std::async(std::launch::async,
-                          [addr = fan->link(w).address, hello = hello, lo] { return connect_worker(addr, hello, lo); });
+                          [addr = fan->link(w).dialed, hello = hello, lo] { return connect_worker(addr, hello, lo); });
     if (wait) --w;  // take its result in this same call
   }
 }
@@ -555,6 +555,8 @@ std::vector<WorkerStatus> RemoteExecutor::worker_status() const {
     s.errors = t.errors;
     s.rejoins = t.rejoins;
     s.failovers = t.failovers;
+    for (const WorkerLink::Probe& p : link.probes)
+      s.paths.push_back(WorkerStatus::Path{p.address, p.ok, p.rtt_ms, p.error, p.used});
   }
   return out;
 }

@@ -84,6 +84,15 @@ Result<LedgerDoc> parse_ledger(const nlohmann::json& j) {
   return d;
 }
 
+namespace {
+nlohmann::json paths_json(const WorkerStatus& w) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const WorkerStatus::Path& p : w.paths)
+    a.push_back({{"address", p.address}, {"ok", p.ok}, {"rtt_ms", p.rtt_ms}, {"error", p.error}, {"used", p.used}});
+  return a;
+}
+}  // namespace
+
 nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
   nlohmann::json j;
   j["backbone"] = remote != nullptr ? remote->options().name : "backbone";
@@ -109,7 +118,8 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
                             {"requests", w.requests},
                             {"errors", w.errors},
                             {"rejoins", w.rejoins},
-                            {"failovers", w.failovers}});
+                            {"failovers", w.failovers},
+                            {"paths", paths_json(w)}});
   }
   if (const std::shared_ptr<WorkerRegistry>& reg = remote->options().registry) {
     j["accepting"] = reg->port();
@@ -151,6 +161,20 @@ std::string render_swarm_status(const nlohmann::json& j) {
                        heard < 0 ? std::string("-") : fmt::format("{:.1f}", heard),
                        static_cast<uint64_t>(num(w, "requests")), static_cast<uint64_t>(num(w, "errors")),
                        str(w, "address"));
+    }
+  }
+  // Workers with several paths: what each measured.
+  if (j.contains("workers") && j["workers"].is_array()) {
+    for (const nlohmann::json& w : j["workers"]) {
+      if (!w.contains("paths") || !w["paths"].is_array() || w["paths"].empty()) continue;
+      s += fmt::format("paths of {}:\n", str(w, "name"));
+      for (const nlohmann::json& p : w["paths"]) {
+        const bool ok = p.contains("ok") && p["ok"].is_boolean() && p["ok"].get<bool>();
+        const bool used = p.contains("used") && p["used"].is_boolean() && p["used"].get<bool>();
+        s += fmt::format("  {:<40} {}{}\n", str(p, "address"),
+                         ok ? fmt::format("rtt {:.3f} ms", num(p, "rtt_ms")) : "unreachable: " + str(p, "error"),
+                         used ? "  (used)" : "");
+      }
     }
   }
   if (j.contains("joins") && j["joins"].is_array() && !j["joins"].empty()) {

@@ -285,6 +285,63 @@ TEST(Relay, WorkersBehindARelayServeExactlyAndSeveralBackbones) {
   relay_thread.join();
 }
 
+// Path policy: a worker reachable directly and through a relay ("A|B") is measured on both and
+// reached directly; when the direct address does not answer, the relay carries it. Both give the
+// all-local bits.
+TEST(Relay, DirectWhenReachableRelayedOtherwiseBothMeasured) {
+  SliceSetup su = slice_setup("paths", 8);
+  ASSERT_TRUE(su.backbone && !su.local.empty());
+  auto relay = net::Relay::start(net::RelayOptions{});
+  ASSERT_TRUE(relay.is_ok());
+  std::thread relay_thread([&] { (*relay)->run(); });
+  const std::string rp = "127.0.0.1:" + std::to_string((*relay)->port());
+  // Listens (direct path) and keeps standbys at the relay (relayed path).
+  auto w = WorkerProcess::spawn(su.path, "*:*", 1, milliseconds(20000), {"--join", rp, "--name", "pw"});
+  ASSERT_TRUE(w.is_ok());
+  auto standby = [&] {
+    for (const net::RelayWorker& x : (*relay)->workers())
+      if (x.name == "pw" && x.standbys > 0) return true;
+    return false;
+  };
+  auto run = [&](const std::string& spec) -> std::vector<WorkerStatus> {
+    EXPECT_TRUE(eventually(standby));
+    auto a = parse_worker_address(spec);
+    EXPECT_TRUE(a.is_ok()) << a.status().to_string();
+    RemoteOptions o;
+    o.connect_timeout = milliseconds(3000);
+    auto e = RemoteExecutor::connect(*su.backbone, {*a}, o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    if (!e.is_ok()) return {};
+    std::shared_ptr<RemoteExecutor> exec(std::move(*e));
+    auto got = run_model(*su.backbone, su.toks, exec);
+    EXPECT_TRUE(got.is_ok()) << got.status().to_string();
+    if (got.is_ok()) EXPECT_EQ(std::memcmp(got->data(), su.local.data(), got->size() * sizeof(float)), 0) << spec;
+    return exec->worker_status();
+  };
+  const std::string relayed = "relay://" + rp + "/pw";
+  std::vector<WorkerStatus> st = run((*w)->address().to_string() + "|" + relayed);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].path, WorkerPath::kDirect);
+  ASSERT_EQ(st[0].paths.size(), 2u);
+  EXPECT_TRUE(st[0].paths[0].ok && st[0].paths[0].used);
+  EXPECT_TRUE(st[0].paths[1].ok) << "the relayed path was measured too: " << st[0].paths[1].error;
+  EXPECT_FALSE(st[0].paths[1].used);
+  EXPECT_GT(st[0].paths[1].rtt_ms, 0);
+  // The direct address of a worker that is gone (a closed port): the relay carries it.
+  const uint16_t dead = [] {
+    auto l = net::TcpListener::listen("127.0.0.1", 0, net::TcpOptions{});
+    return l.is_ok() ? (*l)->port() : uint16_t{1};
+  }();
+  st = run("127.0.0.1:" + std::to_string(dead) + "|" + relayed);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].path, WorkerPath::kRelay);
+  ASSERT_EQ(st[0].paths.size(), 2u);
+  EXPECT_FALSE(st[0].paths[0].ok);
+  EXPECT_TRUE(st[0].paths[1].used);
+  (*relay)->stop();
+  relay_thread.join();
+}
+
 // TLS with pinning on every path: a worker with a certificate is reached directly, by joining and
 // through a relay, each with the bits of all-local decoding; a backbone pinning another
 // certificate and one without TLS are refused with messages saying what to change.

@@ -23,10 +23,15 @@ struct WorkerAddress {
   uint16_t port = 0;
   std::string name;  // kJoined, kRelay: the worker's announced name
   WorkerPath path = WorkerPath::kDirect;
-  std::string to_string() const;
+  // Other paths to the same worker, in order of preference after this one ("A|B": direct when
+  // reachable, relayed otherwise). connect_worker tries every path, uses the first that works and
+  // reports what each measured (WorkerLink::probes).
+  std::vector<WorkerAddress> alternatives;
+  std::string to_string() const;  // this path only
 };
 
-// "host:port" or "[v6addr]:port" (port 1..65535), "join://NAME", or "relay://HOST:PORT/NAME".
+// "host:port" or "[v6addr]:port" (port 1..65535), "join://NAME", or "relay://HOST:PORT/NAME";
+// several of them joined by '|' are alternative paths to one worker, the first preferred.
 // A NAME is 1..64 characters of [A-Za-z0-9._@:-].
 Result<WorkerAddress> parse_worker_address(std::string_view s);
 // A HOST:PORT to listen on: port 0 (any free port) allowed.

@@ -48,13 +48,24 @@ struct LinkOptions {
 
 // One connected, handshaken worker.
 struct WorkerLink {
-  WorkerAddress address;
-  std::string label;  // "host:port (name)", used in every message
+  WorkerAddress address;  // the path in use
+  WorkerAddress dialed;   // what connect_worker was given (every path): what a re-dial uses
+  std::string label;      // "host:port (name)", used in every message
   std::unique_ptr<net::Connection> conn;
   std::unique_ptr<net::RequestMux> mux;
   wire::Session session;      // negotiated; session.peer is the worker's HELLO
   wire::DecodeLimits limits;  // for decoding its COMBINEs
   std::chrono::nanoseconds warmup_rtt{0};
+  // With alternative paths (WorkerAddress::alternatives): what each path measured at connect, in
+  // order of preference; the link uses the first that worked.
+  struct Probe {
+    std::string address;
+    bool ok = false;
+    double rtt_ms = 0;  // warm-up round trip when ok
+    std::string error;  // why not, otherwise
+    bool used = false;
+  };
+  std::vector<Probe> probes;
   // Sends GOODBYE (best effort) and closes the connection, waking a thread blocked reading it;
   // idempotent. The objects stay until destruction, so a reader may still touch them.
   void shut_down();

@@ -201,6 +201,15 @@ struct WorkerStatus {
   double mean_latency_ms = 0;  // mean of all requests
   double last_heard_s = -1;    // seconds since its connection last delivered a frame (-1: never)
   uint64_t requests = 0, errors = 0, rejoins = 0, failovers = 0;
+  // With alternative paths ("A|B"): what each measured at the last connect, and which is used.
+  struct Path {
+    std::string address;
+    bool ok = false;
+    double rtt_ms = 0;
+    std::string error;
+    bool used = false;
+  };
+  std::vector<Path> paths;
 };
 
 class RemoteExecutor final : public ExpertExecutor {
