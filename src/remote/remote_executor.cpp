@@ -49,6 +49,31 @@ struct RemoteExecutor::Impl {
   // Per worker, the fastest DISPATCH -> COMBINE trip seen (0: none yet): the planner's cost. The
   // minimum is the path's latency without queueing; a mean follows every load spike of the host.
   std::vector<double> min_latency;
+  // Stragglers: per worker its last trips, whose median (when it exceeds the minimum) becomes its
+  // cost, so a worker that turns slow is taken off the hot path while a near replica (or the
+  // backbone's copy) can do its work; see check_stragglers.
+  struct RecentTrips {
+    static constexpr size_t kN = 16;
+    std::array<double, kN> sec{};
+    size_t n = 0, next = 0;
+    uint64_t total = 0;  // samples ever: whether new ones came since the last check
+    void add(double v) {
+      sec[next] = v;
+      next = (next + 1) % kN;
+      n = std::min(n + 1, kN);
+      ++total;
+    }
+    double median() const {
+      std::array<double, kN> c = sec;
+      std::nth_element(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(n / 2),
+                       c.begin() + static_cast<std::ptrdiff_t>(n));
+      return c[n / 2];
+    }
+  };
+  std::vector<RecentTrips> recent;
+  std::vector<uint64_t> recent_seen;  // RecentTrips::total at the last check
+  std::vector<int> idle_checks;       // checks in a row without a new trip (a demoted worker)
+  uint64_t straggler_calls = 0;
   void note_error(int w) {
     std::lock_guard<std::mutex> lk(worker_mu);
     ++workers[w].errors;
@@ -152,6 +177,7 @@ struct RemoteExecutor::Impl {
   Status plan_hot();
   Result<wire::SlabMsg> fetch(size_t w, int layer, int expert);
   std::vector<double> worker_costs() const;
+  void check_stragglers();
   void cancel_all(Job& job);
   Status run_local(Job& job, std::span<const float>* y);
   Status gather(Job& job, size_t first);
@@ -636,6 +662,7 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
   }
   if (!overlapped && m.opts.failover) m.start_redials(false);  // between calls: take back workers that answer
   if (!overlapped && m.opts.registry && layer == m.first_moe) m.adopt_joined();
+  if (!overlapped && layer == m.first_moe && ++m.straggler_calls % 16 == 0) m.check_stragglers();
   Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);
   job->deadline = net::deadline_in(m.opts.timeout);
   job->error = Status::ok();
@@ -876,6 +903,8 @@ Status RemoteExecutor::Impl::gather(Job& job, size_t first) {
       if (min_latency.size() < workers.size()) min_latency.resize(workers.size(), 0.0);
       double& mn = min_latency[static_cast<size_t>(r.worker)];
       if (sec > 0 && (mn == 0.0 || sec < mn)) mn = sec;
+      if (recent.size() < workers.size()) recent.resize(workers.size());
+      recent[static_cast<size_t>(r.worker)].add(sec);
     }
     auto reply = wire::decode_combine(frame, link.limits);
     if (!reply) return fail(reply.status().with_context(where(job, r) + ": COMBINE"));
@@ -1271,7 +1300,9 @@ Status RemoteExecutor::Impl::recover(Job& job, const Status& why) {
 std::vector<double> RemoteExecutor::Impl::worker_costs() const {
   // A trip's cost per worker: given, or the fastest measured DISPATCH -> COMBINE latency (before
   // any, the warm-up RTT). The minimum, not the mean: on a loaded host the mean of a near
-  // replica jumps with every stall, and near replicas would flip to "far" at random.
+  // replica jumps with every stall, and near replicas would flip to "far" at random. But when
+  // the median of its last 16 trips is higher, that is what it costs now (a straggler): one stall
+  // does not move a median, a worker that stays slow does.
   if (opts.worker_costs.size() == fan->size()) return opts.worker_costs;
   std::lock_guard<std::mutex> lk(worker_mu);
   std::vector<double> c(fan->size());
@@ -1279,8 +1310,34 @@ std::vector<double> RemoteExecutor::Impl::worker_costs() const {
     c[w] = w < min_latency.size() && min_latency[w] > 0
                ? min_latency[w]
                : std::chrono::duration<double>(fan->link(w).warmup_rtt).count();
+    if (w < recent.size() && recent[w].n >= RecentTrips::kN / 2) c[w] = std::max(c[w], recent[w].median());
   }
   return c;
+}
+
+void RemoteExecutor::Impl::check_stragglers() {
+  // Every 16 steps (first MoE layer calls). A worker that got no trip since the last check for 8
+  // checks in a row (demoted: its replicas take its pairs) has its recent trips forgotten, so it
+  // is tried again at its best cost and demoted again only if it is still slow.
+  if (opts.worker_costs.size() == fan->size()) return;
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    recent.resize(fan->size());
+    recent_seen.resize(fan->size(), 0);
+    idle_checks.resize(fan->size(), 0);
+    for (size_t w = 0; w < fan->size(); ++w) {
+      if (recent[w].total == recent_seen[w]) {
+        if (++idle_checks[w] >= 8 && recent[w].n > 0) {
+          recent[w] = RecentTrips{.total = recent[w].total};
+          idle_checks[w] = 0;
+        }
+      } else {
+        idle_checks[w] = 0;
+      }
+      recent_seen[w] = recent[w].total;
+    }
+  }
+  planner.set_worker_costs(worker_costs());
 }
 
 Result<wire::SlabMsg> RemoteExecutor::Impl::fetch(size_t w, int layer, int expert) {

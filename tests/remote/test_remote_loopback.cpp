@@ -752,6 +752,45 @@ TEST(RemoteLoopback, ABackboneSliceVerifiesOnASecondReplicaAndAThirdDecides) {
   }
 }
 
+// A straggler: of two replicas of every expert, one turns slow after the start (its replies wait
+// 30 ms from its 12th write on). The median of its recent trips becomes its cost, so it is taken
+// off the hot path and the other replica computes everything; the bits stay the all-local ones.
+TEST(RemoteLoopback, AWorkerThatTurnsSlowIsTakenOffTheHotPath) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
+  net::FaultPlan slow;
+  slow.delay = std::chrono::milliseconds(30);
+  for (uint64_t n = 12; n < 4000; ++n) slow.schedule.emplace_back(n, net::FaultKind::kDelay);
+  s.faults[1] = slow;
+  auto full = gguf::File::open(s.path);
+  ASSERT_TRUE(full.is_ok());
+  const std::string bb = temp_dir() + "/straggler-backbone.gguf";
+  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
+  auto bbm = Model::load(bb);
+  ASSERT_TRUE(bbm.is_ok());
+  auto local = greedy_rows(*s.model, nullptr, 64);
+  ASSERT_TRUE(local.is_ok());
+  RemoteOptions o;  // measured costs (no worker_costs): the planner follows what the trips cost
+  o.dialer = s.dialer();
+  o.planner.near_slack_s = 0.005;
+  auto e = RemoteExecutor::connect(**bbm, s.addrs, o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  std::shared_ptr<RemoteExecutor> exec(std::move(*e));
+  uint64_t slow_at_48 = 0;
+  auto got = greedy_rows(**bbm, exec, 64, [&](int i) {
+    if (i == 47) slow_at_48 = exec->worker_traffic()[1].requests;
+  });
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(std::memcmp(got->data(), local->data(), local->size() * sizeof(float)), 0);
+  const auto wt = exec->worker_traffic();
+  EXPECT_GT(wt[1].requests, 0u) << "it was used while it was fast";
+  EXPECT_EQ(wt[1].requests, slow_at_48) << "no requests in the last 16 steps: demoted";
+  EXPECT_GT(wt[0].requests, wt[1].requests);
+  EXPECT_EQ(wt[1].errors, 0u) << "slow, not failed";
+}
+
 TEST(RemoteLoopback, AWorkerServingOtherWeightsIsCaughtByTheHashAndItsExpertsStayRemote) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(open_model(&s));
