@@ -508,9 +508,10 @@ Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Worker::~Worker() {
   stop();
-  impl_->reap(/*all=*/true);
+  // Joiners first: one may still hand a spliced connection to a new peer thread.
   for (std::thread& t : impl_->joiners)
     if (t.joinable()) t.join();
+  impl_->reap(/*all=*/true);
 }
 
 Result<std::unique_ptr<Worker>> Worker::start(const ExpertStore* store, const WorkerOptions& opts) {
