@@ -326,7 +326,6 @@ TEST(Relay, DirectWhenReachableRelayedOtherwiseBothMeasured) {
   EXPECT_TRUE(st[0].paths[0].ok && st[0].paths[0].used);
   EXPECT_TRUE(st[0].paths[1].ok) << "the relayed path was measured too: " << st[0].paths[1].error;
   EXPECT_FALSE(st[0].paths[1].used);
-  EXPECT_GT(st[0].paths[1].rtt_ms, 0);
   // The direct address of a worker that is gone (a closed port): the relay carries it.
   const uint16_t dead = [] {
     auto l = net::TcpListener::listen("127.0.0.1", 0, net::TcpOptions{});
