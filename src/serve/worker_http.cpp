@@ -21,6 +21,10 @@ std::string render_worker_metrics(const swarm::Worker& worker) {
   counter("moesh_worker_refused_total", "Connections refused in the handshake (model, swarm key)", st.refused.load());
   counter("moesh_worker_requests_total", "DISPATCH requests received", st.dispatches.load());
   counter("moesh_worker_fetch_requests_total", "FETCH requests received", st.fetches.load());
+  counter("moesh_worker_compute_passes_total", "Compute passes (a DISPATCH, or a batch of several backbones' ones)",
+          st.computes.load());
+  counter("moesh_worker_batched_requests_total", "DISPATCHes computed in a pass together with others",
+          st.batched.load());
   counter("moesh_worker_errors_total", "Requests answered with an ERROR", st.errors.load());
   counter("moesh_worker_joins_total", "Dial-out connections (--join) that completed the handshake", st.joins.load());
   counter("moesh_worker_join_failures_total", "Dial-outs (--join) that failed", st.join_failures.load());

@@ -1,6 +1,8 @@
 // The worker server: an accept loop, one reader thread per backbone connection, and one shared
-// compute pool used by one DISPATCH at a time (a request already uses every core, so running two
-// at once would only interleave them).
+// compute pool used by one pass at a time (a request already uses every core, so running two at
+// once would only interleave them). Requests that queue behind a pass are batched: the reader
+// thread that finds the pool free takes the oldest waiting request and every other waiting one for
+// the same layer, computes them together and hands each its outcome (detail::compute_batch).
 //
 // Each connection: HELLO handshake as acceptor, then frames until the peer leaves. A frame that
 // fails header/checksum validation leaves the stream unreadable: ERROR MALFORMED (id 0) + close.
@@ -12,6 +14,8 @@
 
 #include <algorithm>
 #include <array>
+#include <condition_variable>
+#include <deque>
 #include <list>
 #include <map>
 #include <mutex>
@@ -67,8 +71,20 @@ struct Worker::Impl {
   WorkerOptions opts;
   std::unique_ptr<net::TcpListener> listener;
   std::unique_ptr<ThreadPool> pool;
-  std::mutex compute_mu;  // one DISPATCH computes at a time, on the shared pool
-  detail::ComputeScratch scratch;
+  // The compute queue: requests wait here; one reader at a time (the one that finds `computing`
+  // false) runs a pass for the oldest and the requests it can batch with, then wakes the rest.
+  struct Job {
+    const wire::DispatchMsg* req = nullptr;
+    bool has_deadline = false;
+    net::Clock::time_point deadline;
+    detail::ComputeOutcome out;
+    bool done = false;
+  };
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  std::deque<Job*> queue;
+  bool computing = false;
+  detail::ComputeScratch scratch;      // the computing reader's
   std::atomic<bool> stop_flag{false};  // lock-free, so a signal handler may set it
   WorkerStats stats;
 
@@ -106,7 +122,88 @@ struct Worker::Impl {
   void handle_fetch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                     const wire::Session& session, size_t led);
   void reap(bool all);
+  // Queues the job and returns once it is done (possibly computed by another reader's pass).
+  void compute(Job* job);
+  void run_pass(std::unique_lock<std::mutex>& lk);
 };
+
+void Worker::Impl::compute(Job* job) {
+  std::unique_lock<std::mutex> lk(queue_mu);
+  queue.push_back(job);
+  queue_cv.notify_all();  // a pass holding back for its batch window may want it
+  while (!job->done) {
+    if (computing) {
+      queue_cv.wait(lk);
+    } else {
+      run_pass(lk);
+    }
+  }
+}
+
+void Worker::Impl::run_pass(std::unique_lock<std::mutex>& lk) {
+  computing = true;
+  if (opts.batch_window.count() > 0) {
+    // Hold back for more requests of the head's layer, unless the batch is already full.
+    const auto until = net::Clock::now() + opts.batch_window;
+    auto full = [&] {
+      uint64_t rows = 0;
+      for (Job* j : queue)
+        if (detail::can_batch(*queue.front()->req, *j->req)) rows += j->req->n_tokens();
+      return stopping() || rows >= opts.max_batch_tokens;
+    };
+    queue_cv.wait_until(lk, until, full);
+  }
+  // The oldest request and every waiting one it batches with, up to the token cap.
+  std::vector<Job*> batch;
+  uint64_t rows = 0;
+  const wire::DispatchMsg& head = *queue.front()->req;
+  for (auto it = queue.begin(); it != queue.end();) {
+    const wire::DispatchMsg& r = *(*it)->req;
+    if (detail::can_batch(head, r) && (batch.empty() || rows + r.n_tokens() <= opts.max_batch_tokens)) {
+      rows += r.n_tokens();
+      batch.push_back(*it);
+      it = queue.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  lk.unlock();
+  // Requests that cannot run are answered without compute; the rest share one pass.
+  std::vector<Job*> run;
+  std::vector<const wire::DispatchMsg*> reqs;
+  const auto now = net::Clock::now();
+  for (Job* j : batch) {
+    if (stopping()) {
+      j->out.error = wire::WireError::kShuttingDown;
+      j->out.text = "worker is shutting down";
+    } else if (j->has_deadline && now >= j->deadline) {
+      j->out.error = wire::WireError::kDeadlineExceeded;
+      j->out.text = fmt::format("deadline of {} ms passed while queued", j->req->deadline_ms);
+    } else {
+      run.push_back(j);
+      reqs.push_back(j->req);
+    }
+  }
+  if (!run.empty()) {
+    std::vector<detail::ComputeOutcome> outs = detail::compute_batch(*store, reqs, &scratch, pool.get());
+    stats.computes.fetch_add(1);
+    if (run.size() > 1) stats.batched.fetch_add(run.size());
+    const auto end = net::Clock::now();
+    for (size_t i = 0; i < run.size(); ++i) {
+      Job* j = run[i];
+      j->out = std::move(outs[i]);
+      if (j->out.ok && j->has_deadline && end > j->deadline) {
+        j->out.ok = false;
+        j->out.error = wire::WireError::kDeadlineExceeded;
+        j->out.text = fmt::format("computing took longer than the {} ms deadline", j->req->deadline_ms);
+      }
+    }
+  }
+  lk.lock();
+  for (Job* j : batch) j->done = true;
+  computing = false;
+  queue_cv.notify_all();
+}
 
 size_t Worker::Impl::ledger_slot(const std::string& peer_name, const std::string& address) {
   std::lock_guard<std::mutex> lk(ledger_mu);
@@ -141,24 +238,12 @@ void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f, 
   }
   const bool has_deadline = req->deadline_ms != 0;
   const auto deadline = received + std::chrono::milliseconds(req->deadline_ms);
-  detail::ComputeOutcome out;
-  {
-    std::lock_guard<std::mutex> lock(compute_mu);
-    if (stopping()) {
-      out.error = wire::WireError::kShuttingDown;
-      out.text = "worker is shutting down";
-    } else if (has_deadline && net::Clock::now() >= deadline) {
-      out.error = wire::WireError::kDeadlineExceeded;
-      out.text = fmt::format("deadline of {} ms passed while queued", req->deadline_ms);
-    } else {
-      out = detail::compute_dispatch(*store, *req, &scratch, pool.get());
-      if (out.ok && has_deadline && net::Clock::now() > deadline) {
-        out.ok = false;
-        out.error = wire::WireError::kDeadlineExceeded;
-        out.text = fmt::format("computing took longer than the {} ms deadline", req->deadline_ms);
-      }
-    }
-  }
+  Job job;
+  job.req = &*req;
+  job.has_deadline = has_deadline;
+  job.deadline = deadline;
+  compute(&job);
+  detail::ComputeOutcome& out = job.out;
   if (out.ok) {
     auto frame = wire::encode_combine(out.combine);
     if (frame && frame->size() - wire::kHeaderBytes <= max_send_bytes) {

@@ -62,28 +62,37 @@ bool quantized_from_wire(const wire::WireRows& hidden, GgmlType vdt, QuantizedRo
   return true;
 }
 
-ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req, ComputeScratch* s,
-                                ThreadPool* pool) {
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+
+// Checks one request against the store: kOk, or the failed outcome naming the problem.
+bool validate(const ExpertStore& store, const wire::DispatchMsg& req, ComputeOutcome* bad) {
+  if (req.n_embd() != store.shape().n_embd) {
+    *bad = fail(wire::WireError::kModelMismatch,
+                fmt::format("DISPATCH n_embd {} but the model has n_embd {}", req.n_embd(), store.shape().n_embd));
+    return false;
+  }
+  if (!store.shape().is_moe(req.layer)) {
+    *bad = fail(wire::WireError::kNotHeld, fmt::format("layer {} has no routed experts", req.layer));
+    return false;
+  }
+  // A request naming any unheld expert computes nothing.
+  for (const wire::ExpertPair& p : req.pairs) {
+    if (store.find(req.layer, p.expert).weights == nullptr) {
+      *bad = fail(wire::WireError::kNotHeld, fmt::format("layer {} expert {} is not held by this worker (it holds {})",
+                                                         req.layer, p.expert, store.held().to_string()));
+      return false;
+    }
+  }
+  return true;
+}
+
+// Computes every pair of `req` (already validated) into s->y, in pair order.
+void compute_pairs(const ExpertStore& store, const wire::DispatchMsg& req, ComputeScratch* s, ThreadPool* pool) {
   const uint32_t n_tok = req.n_tokens();
   const uint32_t n_embd = req.n_embd();
   const size_t n_pairs = req.pairs.size();
-  if (n_embd != store.shape().n_embd) {
-    return fail(wire::WireError::kModelMismatch,
-                fmt::format("DISPATCH n_embd {} but the model has n_embd {}", n_embd, store.shape().n_embd));
-  }
-  if (!store.shape().is_moe(req.layer)) {
-    return fail(wire::WireError::kNotHeld, fmt::format("layer {} has no routed experts", req.layer));
-  }
-  // Resolve every pair first: a request naming any unheld expert computes nothing.
   std::vector<ExpertStore::Slot> slots(n_pairs);
-  for (size_t p = 0; p < n_pairs; ++p) {
-    slots[p] = store.find(req.layer, req.pairs[p].expert);
-    if (slots[p].weights == nullptr) {
-      return fail(wire::WireError::kNotHeld, fmt::format("layer {} expert {} is not held by this worker (it holds {})",
-                                                         req.layer, req.pairs[p].expert, store.held().to_string()));
-    }
-  }
+  for (size_t p = 0; p < n_pairs; ++p) slots[p] = store.find(req.layer, req.pairs[p].expert);
 
   s->x.resize(size_t{n_tok} * n_embd);
   wire::decode_rows(req.hidden, s->x.data());
@@ -140,15 +149,21 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
       std::copy_n(s->y_grouped.data() + j * n_embd, n_embd, s->y.data() + size_t(s->pair_of_pos[j]) * n_embd);
     }
   }
-  for (size_t i = 0; i < s->y.size(); ++i) {
-    if (!std::isfinite(s->y[i])) {
+}
+
+// The COMBINE of `req` from its expert outputs `y` ([n_pairs][n_embd], pair order).
+ComputeOutcome finish(const wire::DispatchMsg& req, const float* y, uint32_t compute_us, ComputeScratch* s) {
+  const uint32_t n_tok = req.n_tokens();
+  const uint32_t n_embd = req.n_embd();
+  const size_t n_pairs = req.pairs.size();
+  for (size_t i = 0; i < n_pairs * n_embd; ++i) {
+    if (!std::isfinite(y[i])) {
       return fail(wire::WireError::kNonFinite,
                   fmt::format("layer {} expert {} produced a non-finite value at column {}", req.layer,
                               req.pairs[i / n_embd].expert, i % n_embd));
     }
   }
-
-  const float* rows_out = s->y.data();
+  const float* rows_out = y;
   uint32_t n_rows = static_cast<uint32_t>(n_pairs);
   if (req.mode == wire::CombineMode::kPartial) {
     // The local executor's combine: o = y0*w0; o = o + y_r*w_r in rank order (pair order).
@@ -157,8 +172,7 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
     for (uint32_t t = 0; t < n_tok; ++t) {
       float* o = s->partial.data() + size_t{t} * n_embd;
       for (uint8_t j = 0; j < req.pair_counts[t]; ++j, ++p) {
-        const float* y = s->y.data() + p * n_embd;
-        rank_sum_step(o, y, req.pairs[p].weight, n_embd, j == 0);
+        rank_sum_step(o, y + p * n_embd, req.pairs[p].weight, n_embd, j == 0);
       }
       for (uint32_t d = 0; d < n_embd; ++d) {
         if (!std::isfinite(o[d])) {
@@ -183,8 +197,76 @@ ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMs
   out.combine.n_tokens = n_tok;
   out.combine.mode = req.mode;
   out.combine.rows = std::move(*enc);
+  out.combine.compute_us = compute_us;
+  return out;
+}
+
+uint32_t micros_since(std::chrono::steady_clock::time_point t0) {
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-  out.combine.compute_us = static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX));
+  return static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX));
+}
+
+}  // namespace
+
+bool can_batch(const wire::DispatchMsg& a, const wire::DispatchMsg& b) {
+  return a.layer == b.layer && a.hidden.dtype == b.hidden.dtype && a.hidden.n_cols == b.hidden.n_cols;
+}
+
+ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req, ComputeScratch* s,
+                                ThreadPool* pool) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ComputeOutcome bad;
+  if (!validate(store, req, &bad)) return bad;
+  compute_pairs(store, req, s, pool);
+  return finish(req, s->y.data(), micros_since(t0), s);
+}
+
+std::vector<ComputeOutcome> compute_batch(const ExpertStore& store, const std::vector<const wire::DispatchMsg*>& reqs,
+                                          ComputeScratch* s, ThreadPool* pool) {
+  std::vector<ComputeOutcome> out(reqs.size());
+  if (reqs.size() == 1) {
+    out[0] = compute_dispatch(store, *reqs[0], s, pool);
+    return out;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  // The valid requests, stacked: tokens of the first, then of the second, ...; their pairs in
+  // the same order. Rows are computed independently of what else is in the batch (the kernels'
+  // contract), so each request's slice of the outputs is the bits it would get alone.
+  wire::DispatchMsg merged;
+  std::vector<size_t> valid, first_pair;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const wire::DispatchMsg& r = *reqs[i];
+    if (!validate(store, r, &out[i])) continue;
+    if (!valid.empty() && !can_batch(*reqs[valid[0]], r)) {
+      out[i] = fail(wire::WireError::kInternal, "request batched with a different layer or hidden format");
+      continue;
+    }
+    if (valid.empty()) {
+      merged.layer = r.layer;
+      merged.hidden.dtype = r.hidden.dtype;
+      merged.hidden.n_cols = r.hidden.n_cols;
+    }
+    valid.push_back(i);
+    first_pair.push_back(merged.pairs.size());
+    merged.pair_counts.insert(merged.pair_counts.end(), r.pair_counts.begin(), r.pair_counts.end());
+    merged.pairs.insert(merged.pairs.end(), r.pairs.begin(), r.pairs.end());
+    merged.hidden.n_rows += r.hidden.n_rows;
+    merged.hidden.bytes.insert(merged.hidden.bytes.end(), r.hidden.bytes.begin(), r.hidden.bytes.end());
+  }
+  if (valid.empty()) return out;
+  compute_pairs(store, merged, s, pool);
+  const uint32_t total_us = micros_since(t0);
+  const size_t n_embd = merged.n_embd();
+  // Each request is charged its share of the compute time, by pairs.
+  const double per_pair = merged.pairs.empty() ? 0.0 : double(total_us) / double(merged.pairs.size());
+  std::vector<float> y;  // finish() reuses s->partial, so each slice is read from here
+  y.swap(s->y);
+  for (size_t k = 0; k < valid.size(); ++k) {
+    const wire::DispatchMsg& r = *reqs[valid[k]];
+    const uint32_t us = static_cast<uint32_t>(per_pair * double(r.pairs.size()));
+    out[valid[k]] = finish(r, y.data() + first_pair[k] * n_embd, us, s);
+  }
+  y.swap(s->y);
   return out;
 }
 

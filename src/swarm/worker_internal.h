@@ -53,4 +53,16 @@ bool quantized_from_wire(const wire::WireRows& hidden, GgmlType vdt, QuantizedRo
 ComputeOutcome compute_dispatch(const ExpertStore& store, const wire::DispatchMsg& req, ComputeScratch* s,
                                 ThreadPool* pool);
 
+// Whether two requests can be computed as one: same layer and hidden-row format (the rows are
+// stacked as they came off the wire).
+bool can_batch(const wire::DispatchMsg& a, const wire::DispatchMsg& b);
+
+// Several requests computed together (federation: backbones asking for the same layer's experts at
+// the same time): their tokens stacked into one pass, so each expert's weights are read once for
+// all of them. Outcome i is what compute_dispatch(reqs[i]) returns, bit for bit (a row's result
+// does not depend on the rows beside it); an invalid request fails alone. Every request must
+// can_batch() with the first valid one. compute_us is each request's share of the time, by pairs.
+std::vector<ComputeOutcome> compute_batch(const ExpertStore& store, const std::vector<const wire::DispatchMsg*>& reqs,
+                                          ComputeScratch* s, ThreadPool* pool);
+
 }  // namespace moesh::swarm::detail

@@ -5,18 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moesh/make_model/make_model.h"
 #include "moesh/model/model.h"
 #include "moesh/model/sampling.h"
 #include "moesh/remote/remote.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::test {
 
@@ -100,6 +103,53 @@ inline Result<std::vector<float>> run_model(const Model& m, const std::vector<in
   MOESH_RETURN_IF_ERROR(ctx.decode(0, tokens.data(), n_pre, out.data()));
   for (int64_t t = n_pre; t < T; ++t) MOESH_RETURN_IF_ERROR(ctx.decode(0, &tokens[t], 1, out.data() + t * V));
   return out;
+}
+
+// The qwen3moe test model, a backbone slice of it (no experts: every pair goes to a worker),
+// and the all-local logits of `n` test tokens, which every remote path must reproduce bit for bit.
+struct SliceSetup {
+  std::string path;
+  std::unique_ptr<Model> model, backbone;
+  std::vector<int32_t> toks;
+  std::vector<float> local;
+};
+inline SliceSetup slice_setup(const std::string& tag, size_t n) {
+  SliceSetup s;
+  s.path = made_qwen3moe();
+  auto model = Model::load(s.path);
+  EXPECT_TRUE(model.is_ok()) << model.status().to_string();
+  if (!model.is_ok()) return s;
+  s.model = std::move(*model);
+  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-" + tag + ".gguf";
+  auto f = gguf::File::open(s.path);
+  EXPECT_TRUE(f.is_ok() && swarm::write_backbone_slice(**f, bb).is_ok());
+  auto backbone = Model::load(bb);
+  EXPECT_TRUE(backbone.is_ok()) << backbone.status().to_string();
+  if (!backbone.is_ok()) return s;
+  s.backbone = std::move(*backbone);
+  s.toks = test_tokens("", s.model->hparams().n_vocab, n);
+  auto local = run_model(*s.model, s.toks);
+  EXPECT_TRUE(local.is_ok());
+  if (local.is_ok()) s.local = std::move(*local);
+  return s;
+}
+
+// Runs the setup's tokens through every executor at the same time (one thread each) and checks
+// each run gave the all-local bits; `what` names the path in failure messages.
+inline void expect_concurrent_runs_exact(const SliceSetup& su,
+                                         const std::vector<std::shared_ptr<ExpertExecutor>>& execs,
+                                         const std::string& what) {
+  std::vector<Result<std::vector<float>>> got(execs.size(), Status(StatusCode::kInternal, "not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < execs.size(); ++i)
+    threads.emplace_back([&, i] { got[i] = run_model(*su.backbone, su.toks, execs[i]); });
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].is_ok()) << what << ", executor " << i << ": " << got[i].status().to_string();
+    ASSERT_EQ(got[i]->size(), su.local.size());
+    EXPECT_EQ(std::memcmp(got[i]->data(), su.local.data(), got[i]->size() * sizeof(float)), 0)
+        << what << ", executor " << i;
+  }
 }
 
 inline double cosine(const float* a, const float* b, int64_t n) {

@@ -62,35 +62,6 @@ uint64_t joins_of(const WorkerRegistry& reg, const std::string& name) {
   return 0;
 }
 
-// The qwen3moe test model, a backbone slice of it (no experts: every pair goes to a worker),
-// and the all-local logits of `n` test tokens, which every remote path must reproduce bit for bit.
-struct SliceSetup {
-  std::string path;
-  std::unique_ptr<Model> model, backbone;
-  std::vector<int32_t> toks;
-  std::vector<float> local;
-};
-SliceSetup slice_setup(const std::string& tag, size_t n) {
-  SliceSetup s;
-  s.path = made_qwen3moe();
-  auto model = Model::load(s.path);
-  EXPECT_TRUE(model.is_ok()) << model.status().to_string();
-  if (!model.is_ok()) return s;
-  s.model = std::move(*model);
-  const std::string bb = temp_dir() + "/qwen3moe-e16-backbone-" + tag + ".gguf";
-  auto f = gguf::File::open(s.path);
-  EXPECT_TRUE(f.is_ok() && swarm::write_backbone_slice(**f, bb).is_ok());
-  auto backbone = Model::load(bb);
-  EXPECT_TRUE(backbone.is_ok()) << backbone.status().to_string();
-  if (!backbone.is_ok()) return s;
-  s.backbone = std::move(*backbone);
-  s.toks = test_tokens("", s.model->hparams().n_vocab, n);
-  auto local = run_model(*s.model, s.toks);
-  EXPECT_TRUE(local.is_ok());
-  if (local.is_ok()) s.local = std::move(*local);
-  return s;
-}
-
 TEST(Join, JoinedWorkersServeExactlyRejoinUnderTheirNameAndNewOnesAreAdded) {
   const std::string path = made_qwen3moe();
   auto model = Model::load(path);
@@ -263,16 +234,7 @@ TEST(Relay, WorkersBehindARelayServeExactlyAndSeveralBackbones) {
   auto e2 = RemoteExecutor::connect(*su.backbone, {via("ra"), via("rb")}, o);
   ASSERT_TRUE(e2.is_ok()) << e2.status().to_string();
   // Both backbones decode at the same time through the same two workers.
-  std::shared_ptr<RemoteExecutor> r1(std::move(*e1)), r2(std::move(*e2));
-  Result<std::vector<float>> g1 = Status(StatusCode::kInternal, ""), g2 = g1;
-  std::thread t1([&] { g1 = run_model(*su.backbone, su.toks, r1); });
-  std::thread t2([&] { g2 = run_model(*su.backbone, su.toks, r2); });
-  t1.join();
-  t2.join();
-  for (const auto* g : {&g1, &g2}) {
-    ASSERT_TRUE(g->is_ok()) << g->status().to_string();
-    EXPECT_EQ(std::memcmp((*g)->data(), su.local.data(), (*g)->size() * sizeof(float)), 0) << "through the relay";
-  }
+  expect_concurrent_runs_exact(su, {std::move(*e1), std::move(*e2)}, "through the relay");
   EXPECT_GE((*relay)->stats().splices.load(), 2u);
   EXPECT_GT((*relay)->stats().bytes_to_workers.load(), 0u);
   EXPECT_GT((*relay)->stats().bytes_to_backbones.load(), 0u);

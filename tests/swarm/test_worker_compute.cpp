@@ -292,5 +292,66 @@ TEST(WorkerComputeErrors, UnheldExpertWrongLayerAndWidth) {
   EXPECT_GT(norm, 1e-6);
 }
 
+// Federation: requests of several backbones for one layer computed in one pass give each its own
+// bits (exact and partial, different return dtypes and token counts, overlapping experts), and an
+// invalid request in the batch fails alone.
+TEST_P(WorkerCompute, BatchedRequestsGetTheirSoloBits) {
+  const std::string path = small_model(MakeArch::kQwen3Moe, GetParam(), 31);
+  auto file = gguf::File::open(path);
+  ASSERT_TRUE(file.is_ok());
+  auto shape = model_shape(**file);
+  auto held = parse_expert_spec("*:0-5", *shape);
+  auto store = ExpertStore::open(std::move(*file), *held);
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  ThreadPool pool(2);
+  const int n_embd = 64, k = 2;
+  const uint32_t layer = 1;
+  struct Case {
+    int n_tok;
+    wire::CombineMode mode;
+    wire::WireDType ret;
+  };
+  const Case cases[] = {{3, wire::CombineMode::kExact, wire::WireDType::kF32},
+                        {1, wire::CombineMode::kPartial, wire::WireDType::kF32},
+                        {7, wire::CombineMode::kPartial, wire::WireDType::kF16},
+                        {2, wire::CombineMode::kExact, wire::WireDType::kBF16}};
+  std::vector<wire::DispatchMsg> reqs;
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const std::vector<float> x = random_rows(300 + i, cases[i].n_tok, n_embd);
+    const Routed r = random_routing(400 + i, cases[i].n_tok, k, 6);  // experts 0-5: all held
+    reqs.push_back(make_dispatch(layer, x, cases[i].n_tok, n_embd, r, k, cases[i].mode));
+    reqs.back().return_dtype = cases[i].ret;
+    reqs.back().request_id = 10 + i;
+  }
+  // One request names an unheld expert: it fails, the others are computed.
+  wire::DispatchMsg bad = reqs[0];
+  bad.request_id = 99;
+  bad.pairs[1].expert = 7;
+  detail::ComputeScratch solo_scratch, batch_scratch;
+  std::vector<detail::ComputeOutcome> solo;
+  for (const auto& q : reqs) solo.push_back(detail::compute_dispatch(**store, q, &solo_scratch, &pool));
+  std::vector<const wire::DispatchMsg*> ptrs = {&reqs[0], &reqs[1], &bad, &reqs[2], &reqs[3]};
+  ASSERT_TRUE(detail::can_batch(reqs[0], reqs[3]));
+  const std::vector<detail::ComputeOutcome> got = detail::compute_batch(**store, ptrs, &batch_scratch, &pool);
+  ASSERT_EQ(got.size(), ptrs.size());
+  EXPECT_FALSE(got[2].ok);
+  EXPECT_EQ(got[2].error, wire::WireError::kNotHeld);
+  const size_t map[] = {0, 1, 3, 4};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const detail::ComputeOutcome& b = got[map[i]];
+    ASSERT_TRUE(solo[i].ok) << solo[i].text;
+    ASSERT_TRUE(b.ok) << b.text;
+    EXPECT_EQ(b.combine.request_id, reqs[i].request_id);
+    EXPECT_EQ(b.combine.mode, reqs[i].mode);
+    EXPECT_EQ(b.combine.rows.dtype, cases[i].ret);
+    EXPECT_EQ(b.combine.rows.n_rows, solo[i].combine.rows.n_rows);
+    EXPECT_EQ(b.combine.rows.bytes, solo[i].combine.rows.bytes) << "request " << i;
+  }
+  // A different layer does not batch.
+  wire::DispatchMsg other = reqs[0];
+  other.layer = 0;
+  EXPECT_FALSE(detail::can_batch(reqs[0], other));
+}
+
 }  // namespace
 }  // namespace moesh::swarm

@@ -24,6 +24,7 @@ struct WorkerArgs {
   std::string metrics;            // --metrics HOST:PORT
   std::string tls_cert, tls_key;  // --tls-cert, --tls-key
   bool listen_given = false;
+  int64_t batch_window_us = 0;  // --batch-window-us
 };
 
 swarm::Worker* g_worker = nullptr;
@@ -93,6 +94,9 @@ int run_worker(const WorkerArgs& a) {
   o.n_threads = a.threads;
   o.congestion = a.congestion;
   o.name = a.name;
+  if (a.batch_window_us < 0)
+    return fail(make_error(StatusCode::kInvalidArgument, "--batch-window-us must be >= 0, got {}", a.batch_window_us));
+  o.batch_window = std::chrono::microseconds(a.batch_window_us);
   if (!a.swarm_key.empty()) {
     auto key = net::SwarmKey::load(a.swarm_key);
     if (!key) return fail(key.status());
@@ -146,10 +150,11 @@ int run_worker(const WorkerArgs& a) {
   g_worker = nullptr;
   http.reset();
   const auto& st = (*worker)->stats();
-  std::printf("worker stopped: %llu connections (%llu refused), %llu dispatches, %llu errors\n",
-              static_cast<unsigned long long>(st.connections.load()),
-              static_cast<unsigned long long>(st.refused.load()), static_cast<unsigned long long>(st.dispatches.load()),
-              static_cast<unsigned long long>(st.errors.load()));
+  std::printf(
+      "worker stopped: %llu connections (%llu refused), %llu dispatches in %llu passes (%llu batched), %llu errors\n",
+      static_cast<unsigned long long>(st.connections.load()), static_cast<unsigned long long>(st.refused.load()),
+      static_cast<unsigned long long>(st.dispatches.load()), static_cast<unsigned long long>(st.computes.load()),
+      static_cast<unsigned long long>(st.batched.load()), static_cast<unsigned long long>(st.errors.load()));
   std::fflush(stdout);
   return 0;
 }
@@ -179,6 +184,9 @@ const CommandRegistrar kReg{
                               "PEM certificate (self-signed is fine): every connection must use TLS, backbones pin "
                               "its SHA-256 fingerprint (printed at start-up)");
               sub->add_option("--tls-key", a->tls_key, "PEM private key of --tls-cert");
+              sub->add_option("--batch-window-us", a->batch_window_us,
+                              "Hold a compute pass back this long for more backbones' requests of the same layer "
+                              "(they are batched anyway when they queue; default 0)");
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
               return [a] { return run_worker(*a); };
             }}};

@@ -228,6 +228,12 @@ struct WorkerOptions {
   // TLS (net/tls.h): with a certificate every connection must start with a TLS handshake, this
   // worker being the server; backbones pin the certificate's fingerprint. Null: plain TCP.
   std::shared_ptr<const net::TlsIdentity> tls;
+  // Federation: DISPATCHes of several backbones for the same layer that are waiting while another
+  // computes are computed together in one pass (each gets its own bits). batch_window > 0 also
+  // holds a compute back that long for more of them to arrive (`--batch-window-us`): a trade of
+  // latency for fewer passes over the weights when many backbones share this worker.
+  std::chrono::microseconds batch_window{0};
+  uint32_t max_batch_tokens = 4096;  // token rows in one pass, at most
 };
 
 struct WorkerStats {
@@ -238,6 +244,8 @@ struct WorkerStats {
   std::atomic<uint64_t> refused{0};        // connections refused in the handshake (wrong model, no or wrong swarm key)
   std::atomic<uint64_t> joins{0};          // dial-out connections that completed the handshake (--join)
   std::atomic<uint64_t> join_failures{0};  // dial-outs that failed (connect or handshake)
+  std::atomic<uint64_t> computes{0};       // compute passes (one per DISPATCH, or one per batch of them)
+  std::atomic<uint64_t> batched{0};        // DISPATCHes computed in a pass together with others
 };
 
 // One side's account of the work done between a backbone and a worker (the work ledger): the
@@ -266,8 +274,8 @@ struct LedgerEntry {
 
 // Serves backbones until stop() (or a signal handler calling it). Connections are served
 // concurrently (a reader thread each); DISPATCH compute goes through one shared thread pool, one
-// request at a time. FETCH is answered with a SLAB of the held expert's mapped bytes (or ERROR
-// NOT_HELD) on the connection's thread. The store must outlive the worker.
+// pass at a time; requests for the same layer that queue meanwhile share the next pass. FETCH is answered with a SLAB
+// of the held expert's mapped bytes (or ERROR NOT_HELD) on the connection's thread. The store must outlive the worker.
 class Worker {
  public:
   static Result<std::unique_ptr<Worker>> start(const ExpertStore* store, const WorkerOptions& opts);
