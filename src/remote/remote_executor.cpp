@@ -472,6 +472,13 @@ std::string RemoteExecutor::describe() const {
                    h.experts, h.bytes / 1048576.0, h.budget_bytes / 1048576.0, h.layers_all_local,
                    1e3 * h.predicted_s_none, 1e3 * h.predicted_s_chosen, h.fetched, h.fetch_failures);
   }
+  if (m.opts.replicate_hot > 0) {
+    const HotExpertReport& h = m.hot;
+    s += fmt::format(
+        "  replicas: up to {} hot experts per plan onto workers; {} plans, {} sent ({:.2f} MiB), {} failed{}\n",
+        m.opts.replicate_hot, h.replica_plans, h.replicas_sent, h.replica_bytes_sent / 1048576.0, h.replica_failures,
+        h.last_replica_error.empty() ? "" : " (last: " + h.last_replica_error + ")");
+  }
   return s;
 }
 
@@ -481,9 +488,11 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
   Impl& m = *impl_;
   const bool overlapped = std::any_of(m.jobs.begin(), m.jobs.end(), [](const Impl::Job& j) { return j.pending; });
   // The hot set is re-chosen between steps (nothing in flight), on the first MoE layer's call.
-  if (m.opts.local_experts_bytes > 0 && !overlapped && layer == m.first_moe && m.first_moe >= 0 &&
-      m.act_tokens[static_cast<size_t>(layer)] >= m.next_hot_plan) {
-    (void)m.plan_hot();  // failures are in the report; the step goes on with the old set
+  if ((m.opts.local_experts_bytes > 0 || m.opts.replicate_hot > 0) && !overlapped && layer == m.first_moe &&
+      m.first_moe >= 0 && m.act_tokens[static_cast<size_t>(layer)] >= m.next_hot_plan) {
+    // Failures are in the report; the step goes on with the old set.
+    if (m.opts.local_experts_bytes > 0) (void)m.plan_hot();
+    if (m.opts.replicate_hot > 0) m.replicate_hot();
     m.next_hot_plan = m.act_tokens[static_cast<size_t>(layer)] +
                       static_cast<uint64_t>(std::max<int64_t>(m.opts.hot_replan_every_tokens, 1));
   }
@@ -936,6 +945,17 @@ void RemoteExecutor::Impl::check_stragglers() {
   planner.set_worker_costs(worker_costs());
 }
 
+Result<wire::Frame> RemoteExecutor::Impl::ask_one(size_t w, uint64_t id, const std::vector<uint8_t>& frame) {
+  // A slab is megabytes: more time than a layer call, still a deadline.
+  const net::Deadline deadline = net::deadline_in(std::max(opts.timeout, std::chrono::milliseconds(30000)));
+  MOESH_RETURN_IF_ERROR(fan->start(w, id, frame, deadline));
+  const FanOut::Outstanding one{w, id};
+  Result<wire::Frame> out = Status(StatusCode::kInternal, "no reply");
+  fan->gather(std::span<const FanOut::Outstanding>(&one, 1), deadline,
+              [&](FanOut::Reply&& rep) { out = std::move(rep.frame); });
+  return out;
+}
+
 Result<wire::SlabMsg> RemoteExecutor::Impl::fetch(size_t w, int layer, int expert) {
   const WorkerLink& link = fan->link(w);
   if ((link.session.features & wire::kFeatureFetch) == 0) {
@@ -945,35 +965,119 @@ Result<wire::SlabMsg> RemoteExecutor::Impl::fetch(size_t w, int layer, int exper
   req.request_id = fan->next_request_id(w);
   req.layer = static_cast<uint32_t>(layer);
   req.expert = static_cast<uint32_t>(expert);
-  MOESH_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, wire::encode_fetch(req));
-  // A slab is megabytes: more time than a layer call, still a deadline.
-  const net::Deadline deadline = net::deadline_in(std::max(opts.timeout, std::chrono::milliseconds(30000)));
-  MOESH_RETURN_IF_ERROR(fan->start(w, req.request_id, frame, deadline));
-  const FanOut::Outstanding one{w, req.request_id};
-  Result<wire::SlabMsg> out = Status(StatusCode::kInternal, "no reply");
-  fan->gather(std::span<const FanOut::Outstanding>(&one, 1), deadline, [&](FanOut::Reply&& rep) {
-    if (!rep.frame) {
-      out = rep.frame.status();
-      return;
-    }
-    auto slab = wire::decode_slab(*rep.frame, link.limits);
-    if (!slab) {
-      out = slab.status();
-      return;
-    }
-    Status st = wire::check_slab_matches(req, *slab);
-    if (!st.is_ok()) {
-      out = st;
-      return;
-    }
-    out = std::move(*slab);
+  auto got = [&]() -> Result<wire::SlabMsg> {
+    MOESH_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, wire::encode_fetch(req));
+    MOESH_ASSIGN_OR_RETURN(wire::Frame reply, ask_one(w, req.request_id, frame));
+    MOESH_ASSIGN_OR_RETURN(wire::SlabMsg slab, wire::decode_slab(reply, link.limits));
+    MOESH_RETURN_IF_ERROR(wire::check_slab_matches(req, slab));
     std::lock_guard<std::mutex> lk(worker_mu);
     ++workers[w].fetches;
-    workers[w].fetch_bytes += wire::kHeaderBytes + rep.frame->payload.size();
-  });
-  if (!out)
-    return out.status().with_context(fmt::format("FETCH layer {} expert {} from {}", layer, expert, link.label));
-  return out;
+    workers[w].fetch_bytes += wire::kHeaderBytes + reply.payload.size();
+    return slab;
+  }();
+  if (!got)
+    return got.status().with_context(fmt::format("FETCH layer {} expert {} from {}", layer, expert, link.label));
+  return got;
+}
+
+Result<wire::StoredMsg> RemoteExecutor::Impl::store_on(size_t w, wire::SlabMsg slab) {
+  const WorkerLink& link = fan->link(w);
+  if ((link.session.features & wire::kFeatureStore) == 0)
+    return make_error(StatusCode::kUnsupported, "worker {} keeps no replicas", link.label);
+  slab.request_id = fan->next_request_id(w);
+  auto got = [&]() -> Result<wire::StoredMsg> {
+    MOESH_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, wire::encode_store(slab));
+    if (frame.size() - wire::kHeaderBytes > link.session.max_send_bytes)
+      return make_error(StatusCode::kOutOfRange, "{} bytes over the worker's frame limit", frame.size());
+    // The worker checks, writes and maps the slabs before it answers.
+    MOESH_ASSIGN_OR_RETURN(wire::Frame reply, ask_one(w, slab.request_id, frame));
+    MOESH_ASSIGN_OR_RETURN(wire::StoredMsg stored, wire::decode_stored(reply, link.limits));
+    MOESH_RETURN_IF_ERROR(wire::check_stored_matches(slab, stored));
+    return stored;
+  }();
+  if (!got)
+    return got.status().with_context(
+        fmt::format("STORE layer {} expert {} on {}", slab.layer, slab.expert, link.label));
+  return got;
+}
+
+void RemoteExecutor::Impl::replicate_hot() {
+  HotExpertReport& r = hot;
+  ++r.replica_plans;
+  Placement next = planner.placement();
+  const int L = next.n_layer(), E = next.n_expert();
+  const std::vector<double> costs = worker_costs();
+  auto live = [&](int32_t w) { return !planner.excluded(w); };
+  // The most activated experts first; those already on two live workers need nothing.
+  std::vector<std::tuple<uint64_t, int, int>> order;
+  for (int l = 0; l < L; ++l) {
+    for (int e = 0; e < E; ++e) {
+      const uint64_t n = act[static_cast<size_t>(l) * E + e];
+      if (n == 0) continue;
+      const auto hs = next.holders(l, e);
+      if (std::count_if(hs.begin(), hs.end(), live) < 2) order.emplace_back(n, l, e);
+    }
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+  std::vector<bool> full(fan->size(), false);
+  int sent = 0;
+  auto failed = [&](const Status& st) {
+    ++r.replica_failures;
+    r.last_replica_error = st.to_string();
+    spdlog::warn("replica not placed: {}", r.last_replica_error);
+  };
+  for (const auto& [n, l, e] : order) {
+    if (sent >= opts.replicate_hot) break;
+    const auto hs = next.holders(l, e);
+    // The nearest live worker that keeps replicas, has room, and lacks this one.
+    int target = -1, source = -1;
+    for (size_t w = 0; w < fan->size(); ++w) {
+      const int32_t wi = static_cast<int32_t>(w);
+      const bool holds = std::find(hs.begin(), hs.end(), wi) != hs.end();
+      if (!live(wi)) continue;
+      if (holds) {
+        if (source < 0 || costs[w] < costs[static_cast<size_t>(source)]) source = wi;
+        continue;
+      }
+      if (full[w] || (fan->link(w).session.features & wire::kFeatureStore) == 0) continue;
+      if (target < 0 || costs[w] < costs[static_cast<size_t>(target)]) target = wi;
+    }
+    if (target < 0) continue;  // nobody can take it
+    Result<wire::SlabMsg> slab = Status(StatusCode::kUnavailable, "");
+    if (mine->has(l, e)) {
+      slab = swarm::slab_of(mine->weights()[static_cast<size_t>(l)], mine->slot(l, e), static_cast<uint32_t>(l),
+                            static_cast<uint32_t>(e));
+    } else if (source >= 0) {
+      // Relayed through the backbone, and checked here first: a worker is never handed another
+      // worker's bytes unchecked.
+      slab = fetch(static_cast<size_t>(source), l, e);
+      if (slab) {
+        if (Status st = swarm::check_slab_for_model(model->file(), *slab); !st.is_ok()) slab = st;
+      }
+    } else {
+      slab = make_error(StatusCode::kUnavailable, "layer {} expert {}: no copy to replicate", l, e);
+    }
+    if (!slab) {
+      failed(slab.status());
+      continue;
+    }
+    uint64_t bytes = 0;
+    for (const wire::SlabTensor& t : slab->tensors) bytes += t.bytes.size();
+    auto stored = store_on(static_cast<size_t>(target), std::move(*slab));
+    if (!stored) {
+      // OVERLOADED (its budget is spent) or gone: not asked again in this plan.
+      if (stored.status().code() == StatusCode::kUnavailable) full[static_cast<size_t>(target)] = true;
+      failed(stored.status());
+      continue;
+    }
+    next.add_holder(l, e, target);
+    ++sent;
+    ++r.replicas_sent;
+    r.replica_bytes_sent += bytes;
+    spdlog::info("replica of layer {} expert {} now on {}", l, e, fan->link(static_cast<size_t>(target)).label);
+  }
+  if (sent > 0) planner.set_placement(std::move(next));
 }
 
 Status RemoteExecutor::Impl::plan_hot() {

@@ -11,6 +11,7 @@
 #include <future>
 #include <mutex>
 #include <random>
+#include <tuple>
 
 #include "moesh/moe/expert_stages.h"
 #include "moesh/remote/combiner.h"
@@ -170,7 +171,14 @@ struct RemoteExecutor::Impl {
   void add_requests(Job& job, const std::vector<uint8_t>* mask);
   void send_requests(Job& job, size_t first);
   Status plan_hot();
+  // One request to worker w and its answer (FETCH, STORE: outside layer calls, nothing else of
+  // this executor in flight), with a deadline fit for a slab.
+  Result<wire::Frame> ask_one(size_t w, uint64_t id, const std::vector<uint8_t>& frame);
   Result<wire::SlabMsg> fetch(size_t w, int layer, int expert);
+  // RemoteOptions::replicate_hot: sends the hottest under-replicated experts to workers.
+  void replicate_hot();
+  // Sends `slab` to worker w (STORE) and waits for its STORED.
+  Result<wire::StoredMsg> store_on(size_t w, wire::SlabMsg slab);
   std::vector<double> worker_costs() const;
   void check_stragglers();
   void cancel_all(Job& job);

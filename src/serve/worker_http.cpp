@@ -25,6 +25,13 @@ std::string render_worker_metrics(const swarm::Worker& worker) {
           st.computes.load());
   counter("moesh_worker_batched_requests_total", "DISPATCHes computed in a pass together with others",
           st.batched.load());
+  counter("moesh_worker_replicas_stored_total", "Replicas received (STORE answered with STORED)", st.stores.load());
+  counter("moesh_worker_replica_refusals_total", "STOREs refused (budget, hashes, shape, disk)",
+          st.store_refusals.load());
+  o += fmt::format(
+      "# HELP moesh_worker_replica_bytes Slab bytes of the replicas held\n"
+      "# TYPE moesh_worker_replica_bytes gauge\nmoesh_worker_replica_bytes {}\n",
+      st.replica_bytes.load());
   counter("moesh_worker_errors_total", "Requests answered with an ERROR", st.errors.load());
   counter("moesh_worker_joins_total", "Dial-out connections (--join) that completed the handshake", st.joins.load());
   counter("moesh_worker_join_failures_total", "Dial-outs (--join) that failed", st.join_failures.load());

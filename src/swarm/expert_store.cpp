@@ -180,6 +180,33 @@ ExpertStore::Slot ExpertStore::find(uint32_t layer, uint32_t expert) const {
   return {weights_[it->w_index].get(), it->index_base + (expert - it->first)};
 }
 
+Status ExpertStore::absorb(std::unique_ptr<ExpertStore> other) {
+  if (other->id_ != id_) {
+    return make_error(StatusCode::kInvalidArgument, "{} is of model {}, this store's is {}", other->file().path(),
+                      other->id_.hex(), id_.hex());
+  }
+  for (const wire::ExpertRange& r : other->held_.ranges) {
+    for (uint32_t e = r.first; e < r.first + r.count; ++e) {
+      if (held_.holds(r.layer, e))
+        return make_error(StatusCode::kInvalidArgument, "layer {} expert {} is already held", r.layer, e);
+    }
+  }
+  const size_t base = weights_.size();
+  for (auto& w : other->weights_) weights_.push_back(std::move(w));
+  for (Block b : other->blocks_) {
+    b.w_index += base;
+    blocks_.push_back(b);
+  }
+  std::sort(blocks_.begin(), blocks_.end(),
+            [](const Block& a, const Block& b) { return a.layer != b.layer ? a.layer < b.layer : a.first < b.first; });
+  std::vector<wire::ExpertRange> ranges = held_.ranges;
+  ranges.insert(ranges.end(), other->held_.ranges.begin(), other->held_.ranges.end());
+  held_ = canonicalize(std::move(ranges));
+  slab_bytes_ += other->slab_bytes_;
+  absorbed_.push_back(std::move(other));
+  return Status::ok();
+}
+
 void ExpertStore::prefault() const {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   volatile uint8_t sink = 0;

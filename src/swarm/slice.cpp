@@ -5,6 +5,10 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 #include "moesh/swarm/swarm.h"
 
 namespace moesh::swarm {
@@ -71,6 +75,26 @@ uint64_t slab_hash(const uint8_t* data, size_t n_bytes) {
   return XXH3_64bits(data, n_bytes);
 }
 
+wire::SlabMsg slab_of(const ExpertWeights& w, int64_t index, uint32_t layer, uint32_t expert,
+                      const std::array<uint64_t, 3>* hashes) {
+  wire::SlabMsg m;
+  m.layer = layer;
+  m.expert = expert;
+  const TensorView* views[3] = {&w.gate, &w.up, &w.down};
+  for (int t = 0; t < 3; ++t) {
+    const TensorView& v = *views[t];
+    const uint8_t* data = v.data + expert_slab_offset(v, index);
+    const size_t n = expert_slab_bytes(v);
+    wire::SlabTensor& st = m.tensors[static_cast<size_t>(t)];
+    st.type = v.type;
+    st.ne0 = static_cast<uint64_t>(v.ne[0]);
+    st.ne1 = static_cast<uint64_t>(v.ne[1]);
+    st.hash = hashes != nullptr ? (*hashes)[static_cast<size_t>(t)] : slab_hash(data, n);
+    st.bytes.assign(data, data + n);
+  }
+  return m;
+}
+
 std::string slice_kind(const gguf::File& f) {
   auto k = f.get_or<std::string>(kKeyKind, "");
   return k ? *k : std::string();
@@ -90,6 +114,20 @@ Status write_expert_slice(const gguf::File& model, const ExpertSet& experts, con
   gguf::Writer w;
   MOESH_RETURN_IF_ERROR(start_slice(model, kKindExperts, store->shape(), &w));
   w.set(kKeyExperts, gguf::Value::str(experts.to_string()));
+  // The model's slab hashes and layout of every stacked expert tensor (as a backbone slice keeps
+  // them): what a worker checks an expert it is sent (STORE) against. A source slice cut before
+  // these were recorded cannot pass them on.
+  for (uint32_t l : store->shape().moe_layers) {
+    for (const char* t : kExpTensors) {
+      const std::string name = fmt::format("blk.{}.{}", l, t);
+      auto hashes = expert_slab_hashes(model, name);
+      auto layout = expert_tensor_layout(model, name);
+      if (!hashes || !layout) continue;
+      w.set(kKeyHashPrefix + name, u64_array(*hashes));
+      w.set(kKeyLayoutPrefix + name,
+            u64_array({static_cast<uint64_t>(layout->type), layout->ne0, layout->ne1, layout->ne2}));
+    }
+  }
   for (const auto& r : experts.ranges) {
     // A held range may straddle two source blocks (a slice cut from a slice): copy expert by
     // expert through the store, which is contiguous-per-expert in every source.
@@ -148,6 +186,61 @@ Status write_expert_slice(const gguf::File& model, const ExpertSet& experts, con
     }
   }
   return w.write_file(out);
+}
+
+Status check_slab_for_model(const gguf::File& f, const wire::SlabMsg& slab) {
+  MOESH_ASSIGN_OR_RETURN(ModelShape shape, model_shape(f));
+  if (!shape.is_moe(slab.layer) || slab.expert >= shape.n_expert)
+    return make_error(StatusCode::kCorrupt, "layer {} expert {} is not a routed expert of the model", slab.layer,
+                      slab.expert);
+  if (shape.expert_ffn.biases)
+    return make_error(StatusCode::kUnsupported,
+                      "the model's experts have bias rows, which a STORE does not carry: replicas of them cannot be "
+                      "sent over the wire");
+  for (int t = 0; t < 3; ++t) {
+    const wire::SlabTensor& st = slab.tensors[static_cast<size_t>(t)];
+    const std::string name = fmt::format("blk.{}.{}", slab.layer, kExpTensors[t]);
+    MOESH_ASSIGN_OR_RETURN(ExpertTensorLayout layout, expert_tensor_layout(f, name));
+    if (st.type != layout.type || st.ne0 != layout.ne0 || st.ne1 != layout.ne1) {
+      return make_error(StatusCode::kCorrupt, "{} expert {}: slab is {} [{} x {}], the model's is {} [{} x {}]", name,
+                        slab.expert, type_name(st.type), st.ne0, st.ne1, type_name(layout.type), layout.ne0,
+                        layout.ne1);
+    }
+    MOESH_ASSIGN_OR_RETURN(std::vector<uint64_t> hashes, expert_slab_hashes(f, name));
+    if (slab.expert >= hashes.size())
+      return make_error(StatusCode::kCorrupt, "{}: {} hashes, no expert {}", name, hashes.size(), slab.expert);
+    const uint64_t got = slab_hash(st.bytes.data(), st.bytes.size());
+    if (got != hashes[slab.expert]) {
+      return make_error(StatusCode::kCorrupt,
+                        "{} expert {}: slab hashes to {:016x}, the model's is {:016x} (not the model's weights)", name,
+                        slab.expert, got, hashes[slab.expert]);
+    }
+  }
+  return Status::ok();
+}
+
+Status write_replica_slice(const gguf::File& f, const wire::SlabMsg& slab, const std::string& out) {
+  MOESH_RETURN_IF_ERROR(check_slab_for_model(f, slab));
+  MOESH_ASSIGN_OR_RETURN(ModelShape shape, model_shape(f));
+  gguf::Writer w;
+  MOESH_RETURN_IF_ERROR(start_slice(f, kKindExperts, shape, &w));
+  w.set(kKeyExperts, gguf::Value::str(fmt::format("{}:{}", slab.layer, slab.expert)));
+  for (int t = 0; t < 3; ++t) {
+    const wire::SlabTensor& st = slab.tensors[static_cast<size_t>(t)];
+    const std::string name =
+        slice_tensor_name(fmt::format("blk.{}.{}", slab.layer, kExpTensors[t]), slab.expert, slab.expert);
+    const std::vector<int64_t> ne = {static_cast<int64_t>(st.ne0), static_cast<int64_t>(st.ne1), 1};
+    MOESH_RETURN_IF_ERROR(w.add_tensor_copy(name, st.type, ne, st.bytes.data()));
+    w.set(kKeyHashPrefix + name, u64_array({slab_hash(st.bytes.data(), st.bytes.size())}));
+  }
+  const std::string tmp = out + ".partial";
+  MOESH_RETURN_IF_ERROR(w.write_file(tmp));
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return make_error(StatusCode::kIoError, "renaming {} to {}: {}", tmp, out, std::strerror(err));
+  }
+  return Status::ok();
 }
 
 Status write_backbone_slice(const gguf::File& model, const std::string& out) {

@@ -16,9 +16,11 @@
 #include <array>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <list>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include "moesh/net/tls.h"
@@ -67,7 +69,10 @@ struct Heartbeat {
 }  // namespace
 
 struct Worker::Impl {
-  const ExpertStore* store = nullptr;
+  ExpertStore* store = nullptr;
+  // Lookups in the store (compute, FETCH, HELLO) hold it shared; absorbing a replica holds it
+  // exclusively, so a pass never sees the block table change under it.
+  mutable std::shared_mutex store_mu;
   WorkerOptions opts;
   std::unique_ptr<net::TcpListener> listener;
   std::unique_ptr<ThreadPool> pool;
@@ -121,6 +126,12 @@ struct Worker::Impl {
                        uint32_t max_send_bytes, size_t led);
   void handle_fetch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                     const wire::Session& session, size_t led);
+  void handle_store(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                    const wire::Session& session);
+  bool offers_store() const { return !opts.replica_dir.empty() && opts.replica_budget_bytes > 0; }
+  // Maps the replicas a previous run left in opts.replica_dir.
+  Status load_replicas();
+  std::mutex replica_mu;  // one STORE at a time: budget and file names
   void reap(bool all);
   // Queues the job and returns once it is done (possibly computed by another reader's pass).
   void compute(Job* job);
@@ -185,7 +196,11 @@ void Worker::Impl::run_pass(std::unique_lock<std::mutex>& lk) {
     }
   }
   if (!run.empty()) {
-    std::vector<detail::ComputeOutcome> outs = detail::compute_batch(*store, reqs, &scratch, pool.get());
+    std::vector<detail::ComputeOutcome> outs;
+    {
+      std::shared_lock<std::shared_mutex> held(store_mu);
+      outs = detail::compute_batch(*store, reqs, &scratch, pool.get());
+    }
     stats.computes.fetch_add(1);
     if (run.size() > 1) stats.batched.fetch_add(run.size());
     const auto end = net::Clock::now();
@@ -300,10 +315,17 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
     return fail(wire::WireError::kUnsupported, "FETCH was not negotiated (the backbone's HELLO lacks the feature)");
   if (!store->shape().is_moe(req->layer))
     return fail(wire::WireError::kNotHeld, fmt::format("layer {} has no routed experts", req->layer));
-  const ExpertStore::Slot slot = store->find(req->layer, req->expert);
+  ExpertStore::Slot slot;
+  std::string held_text;
+  {
+    // The slot's weights stay valid after the lock: absorbing a replica never unmaps anything.
+    std::shared_lock<std::shared_mutex> held(store_mu);
+    slot = store->find(req->layer, req->expert);
+    if (slot.weights == nullptr) held_text = store->held().to_string();
+  }
   if (slot.weights == nullptr)
     return fail(wire::WireError::kNotHeld, fmt::format("layer {} expert {} is not held by this worker (it holds {})",
-                                                       req->layer, req->expert, store->held().to_string()));
+                                                       req->layer, req->expert, held_text));
   const TensorView* views[3] = {&slot.weights->gate, &slot.weights->up, &slot.weights->down};
   const uint8_t* data[3];
   size_t n[3];
@@ -325,18 +347,8 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
       for (int t = 0; t < 3; ++t) it->second[t] = slab_hash(data[t], n[t]);
     hashes = it->second;
   }
-  wire::SlabMsg m;
+  wire::SlabMsg m = slab_of(*slot.weights, slot.index, req->layer, req->expert, &hashes);
   m.request_id = req->request_id;
-  m.layer = req->layer;
-  m.expert = req->expert;
-  for (int t = 0; t < 3; ++t) {
-    wire::SlabTensor& st = m.tensors[t];
-    st.type = views[t]->type;
-    st.ne0 = static_cast<uint64_t>(views[t]->ne[0]);
-    st.ne1 = static_cast<uint64_t>(views[t]->ne[1]);
-    st.hash = hashes[t];
-    st.bytes.assign(data[t], data[t] + n[t]);
-  }
   auto frame = wire::encode_slab(m);
   if (!frame) return fail(wire::WireError::kInternal, frame.status().message());
   if (conn.send_frame(*frame, send_deadline(frame->size())).is_ok()) {
@@ -344,6 +356,105 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
     ++ledger[led].fetches;
     ledger[led].fetch_bytes += frame->size();
   }
+}
+
+void Worker::Impl::handle_store(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                                const wire::Session& session) {
+  auto refuse = [&](wire::WireError code, const std::string& text) {
+    stats.store_refusals.fetch_add(1);
+    spdlog::warn("{}: STORE {} refused: {}", conn.describe(), f.request_id(), text);
+    net::send_error(conn, f.request_id(), code, text, net::deadline_in(kSendTimeout));
+  };
+  if ((session.features & wire::kFeatureStore) == 0)
+    return refuse(wire::WireError::kUnsupported,
+                  offers_store() ? "STORE was not negotiated (the backbone's HELLO lacks the feature)"
+                                 : "this worker keeps no replicas (started without --replica-dir/--replica-mb)");
+  // decode_store checks each tensor's bytes against the hash it came with (the transfer).
+  auto slab = wire::decode_store(f, lim);
+  if (!slab) return refuse(wire::WireError::kMalformed, slab.status().message());
+  std::lock_guard<std::mutex> one(replica_mu);
+  bool already = false;
+  uint64_t used = stats.replica_bytes.load();
+  {
+    std::shared_lock<std::shared_mutex> held(store_mu);
+    already = store->find(slab->layer, slab->expert).weights != nullptr;
+  }
+  if (!already) {
+    uint64_t bytes = 0;
+    for (const wire::SlabTensor& t : slab->tensors) bytes += t.bytes.size();
+    if (used + bytes > opts.replica_budget_bytes) {
+      return refuse(wire::WireError::kOverloaded,
+                    fmt::format("layer {} expert {}: {} bytes would exceed the replica budget ({} of {} bytes used)",
+                                slab->layer, slab->expert, bytes, used, opts.replica_budget_bytes));
+    }
+    // Against the model's own hashes and layout (the sender is not trusted with other
+    // backbones' answers), then to disk and mapped from there.
+    const std::string path = fmt::format("{}/replica-{}-{}.gguf", opts.replica_dir, slab->layer, slab->expert);
+    Status st = write_replica_slice(store->file(), *slab, path);
+    if (!st.is_ok()) {
+      return refuse(st.code() == StatusCode::kIoError ? wire::WireError::kInternal : wire::WireError::kMalformed,
+                    st.message());
+    }
+    auto file = gguf::File::open(path);
+    auto replica =
+        file ? ExpertStore::open(std::move(*file), ExpertSet{}) : Result<std::unique_ptr<ExpertStore>>(file.status());
+    if (!replica) return refuse(wire::WireError::kInternal, replica.status().to_string());
+    (*replica)->prefault();
+    const uint64_t added = (*replica)->slab_bytes();
+    {
+      std::unique_lock<std::shared_mutex> excl(store_mu);
+      st = store->absorb(std::move(*replica));
+    }
+    if (!st.is_ok()) return refuse(wire::WireError::kInternal, st.to_string());
+    used = stats.replica_bytes.fetch_add(added) + added;
+    stats.stores.fetch_add(1);
+    spdlog::info("{}: now holds a replica of layer {} expert {} ({} of {} replica bytes)", conn.describe(), slab->layer,
+                 slab->expert, used, opts.replica_budget_bytes);
+  }
+  auto ok = wire::encode_stored({.request_id = slab->request_id,
+                                 .layer = slab->layer,
+                                 .expert = slab->expert,
+                                 .replica_bytes = used,
+                                 .budget_bytes = std::max(used, opts.replica_budget_bytes)});
+  if (ok) (void)conn.send_frame(*ok, net::deadline_in(kSendTimeout));
+}
+
+Status Worker::Impl::load_replicas() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(opts.replica_dir, ec);
+  if (ec) return make_error(StatusCode::kIoError, "replica dir {}: {}", opts.replica_dir, ec.message());
+  std::vector<std::string> paths;
+  for (const auto& entry : fs::directory_iterator(opts.replica_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("replica-") && name.ends_with(".gguf")) paths.push_back(entry.path().string());
+  }
+  std::sort(paths.begin(), paths.end());
+  for (const std::string& p : paths) {
+    auto file = gguf::File::open(p);
+    auto replica =
+        file ? ExpertStore::open(std::move(*file), ExpertSet{}) : Result<std::unique_ptr<ExpertStore>>(file.status());
+    if (!replica) {
+      // A damaged replica is only a lost copy: say so and go on without it.
+      spdlog::warn("replica {} not mapped: {}", p, replica.status().to_string());
+      continue;
+    }
+    const uint64_t bytes = (*replica)->slab_bytes();
+    const std::string what = (*replica)->held().to_string();
+    if (stats.replica_bytes.load() + bytes > opts.replica_budget_bytes) {
+      spdlog::warn("replica {} ({}) not mapped: over the replica budget of {} bytes", p, what,
+                   opts.replica_budget_bytes);
+      continue;
+    }
+    (*replica)->prefault();
+    if (Status st = store->absorb(std::move(*replica)); !st.is_ok()) {
+      spdlog::warn("replica {} not mapped: {}", p, st.to_string());
+      continue;
+    }
+    stats.replica_bytes.fetch_add(bytes);
+    spdlog::info("mapped replica {} ({})", p, what);
+  }
+  return Status::ok();
 }
 
 bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
@@ -367,8 +478,13 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
     peer->conn = net::make_stream_connection(std::move(stream), copts);
   }
   net::Connection& conn = *peer->conn;
-  wire::Hello hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(), opts.name);
-  hello.layer_act = detail::layer_activation_dtypes(*store);
+  wire::Hello hello;
+  {
+    std::shared_lock<std::shared_mutex> held(store_mu);
+    hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(), opts.name);
+    hello.layer_act = detail::layer_activation_dtypes(*store);
+  }
+  if (offers_store()) hello.features |= wire::kFeatureStore;
   auto session =
       net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout), opts.swarm_key.get());
   if (!session) {
@@ -413,6 +529,9 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         break;
       case wire::MsgType::kFetch:
         handle_fetch(conn, *f, lim, *session, led);
+        break;
+      case wire::MsgType::kStore:
+        handle_store(conn, *f, lim, *session);
         break;
       case wire::MsgType::kPing: {
         auto p = wire::decode_ping(*f);
@@ -599,7 +718,7 @@ Worker::~Worker() {
   impl_->reap(/*all=*/true);
 }
 
-Result<std::unique_ptr<Worker>> Worker::start(const ExpertStore* store, const WorkerOptions& opts) {
+Result<std::unique_ptr<Worker>> Worker::start(ExpertStore* store, const WorkerOptions& opts) {
   auto impl = std::make_unique<Impl>();
   impl->store = store;
   impl->opts = opts;
@@ -618,6 +737,7 @@ Result<std::unique_ptr<Worker>> Worker::start(const ExpertStore* store, const Wo
     impl->opts.name = impl->listener ? fmt::format("worker@{}:{}", opts.host, impl->listener->port())
                                      : fmt::format("worker@{}", opts.host);
   }
+  if (impl->offers_store()) MOESH_RETURN_IF_ERROR(impl->load_replicas());
   impl->pool = std::make_unique<ThreadPool>(opts.n_threads);
   Impl* m = impl.get();
   for (const auto& [host, port] : opts.join) m->joiners.emplace_back([m, h = host, p = port] { m->join_loop(h, p); });

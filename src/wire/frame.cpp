@@ -32,6 +32,10 @@ const char* msg_type_name(MsgType t) {
       return "AUTH";
     case MsgType::kRoute:
       return "ROUTE";
+    case MsgType::kStore:
+      return "STORE";
+    case MsgType::kStored:
+      return "STORED";
     case MsgType::kCOUNT:
       break;
   }

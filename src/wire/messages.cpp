@@ -1,4 +1,4 @@
-// DISPATCH / COMBINE / FETCH / SLAB / PING / PONG / GOODBYE / ERROR payload codecs (PROTOCOL.md §4).
+// DISPATCH / COMBINE / FETCH / SLAB / STORE / STORED / PING / PONG / GOODBYE / ERROR payload codecs (PROTOCOL.md §4).
 //
 // Each message has one validate_* routine shared by its encoder (a bad message is the caller's
 // bug: kInvalidArgument) and its decoder (a bad frame is the peer's: kCorrupt), so what we send
@@ -23,6 +23,7 @@ constexpr size_t kCombineFixedBytes = 24;
 constexpr size_t kPairBytes = 8;
 constexpr size_t kFetchBytes = 8;
 constexpr size_t kSlabFixedBytes = 8;
+constexpr size_t kStoredBytes = 24;            // u32 layer, u32 expert, u64 replica bytes, u64 budget
 constexpr size_t kSlabTensorHeaderBytes = 36;  // u32 type, u64 ne0, ne1, byte count, hash
 constexpr const char* kSlabTensorNames[3] = {"gate", "up", "down"};
 
@@ -138,25 +139,25 @@ Status check_expert(StatusCode code, const char* what, uint32_t expert, const De
 // The header of one SLAB tensor starting at payload offset `at` (byte count and hash follow at
 // at+20 and at+28). The byte count must be exactly what the type and shape need, so a frame can
 // neither hide extra bytes nor claim a slab it does not carry.
-Status check_slab_tensor(StatusCode code, int t, size_t at, uint32_t type, uint64_t ne0, uint64_t ne1,
+Status check_slab_tensor(StatusCode code, const char* what, int t, size_t at, uint32_t type, uint64_t ne0, uint64_t ne1,
                          uint64_t n_bytes) {
   const char* name = kSlabTensorNames[t];
-  if (!type_is_known(type)) return make_error(code, "SLAB {}: unknown ggml type {} at offset {}", name, type, at);
+  if (!type_is_known(type)) return make_error(code, "{} {}: unknown ggml type {} at offset {}", what, name, type, at);
   const GgmlType gt = static_cast<GgmlType>(type);
   if (ne0 == 0 || ne0 > kMaxSlabDim)
-    return make_error(code, "SLAB {}: ne0 {} at offset {} outside 1..{}", name, ne0, at + 4, kMaxSlabDim);
+    return make_error(code, "{} {}: ne0 {} at offset {} outside 1..{}", what, name, ne0, at + 4, kMaxSlabDim);
   if (ne1 == 0 || ne1 > kMaxSlabDim)
-    return make_error(code, "SLAB {}: ne1 {} at offset {} outside 1..{}", name, ne1, at + 12, kMaxSlabDim);
+    return make_error(code, "{} {}: ne1 {} at offset {} outside 1..{}", what, name, ne1, at + 12, kMaxSlabDim);
   if (ne0 % static_cast<uint64_t>(type_block_size(gt)) != 0)
-    return make_error(code, "SLAB {}: ne0 {} at offset {} is not a multiple of the {} block of {}", name, ne0, at + 4,
-                      type_name(gt), type_block_size(gt));
+    return make_error(code, "{} {}: ne0 {} at offset {} is not a multiple of the {} block of {}", what, name, ne0,
+                      at + 4, type_name(gt), type_block_size(gt));
   // ne0 < 2^32 keeps a row under 2^35 bytes, and the check divides rather than multiplies, so a
   // hostile ne1 cannot overflow it.
   const uint64_t row = type_row_bytes(gt, static_cast<int64_t>(ne0));
   if (n_bytes % row != 0 || n_bytes / row != ne1) {
     const std::string need = row > UINT64_MAX / ne1 ? "over 2^64" : std::to_string(row * ne1);
-    return make_error(code, "SLAB {}: byte count {} at offset {} but {} [{} x {}] is {} bytes", name, n_bytes, at + 20,
-                      type_name(gt), ne0, ne1, need);
+    return make_error(code, "{} {}: byte count {} at offset {} but {} [{} x {}] is {} bytes", what, name, n_bytes,
+                      at + 20, type_name(gt), ne0, ne1, need);
   }
   return Status::ok();
 }
@@ -395,20 +396,25 @@ Result<FetchMsg> decode_fetch(const Frame& f, const DecodeLimits& lim) {
   return m;
 }
 
-Result<std::vector<uint8_t>> encode_slab(const SlabMsg& m) {
+namespace {
+
+// SLAB and STORE carry the same payload (one expert's three slabs); `what` names the type in errors.
+Result<std::vector<uint8_t>> encode_slab_frame(MsgType type, const char* what, const SlabMsg& m) {
   constexpr StatusCode kBad = StatusCode::kInvalidArgument;
-  if (m.request_id == 0) return make_error(kBad, "SLAB: request id 0 is reserved");
-  MOESH_RETURN_IF_ERROR(check_expert(kBad, "SLAB", m.expert, DecodeLimits{}));
+  if (m.request_id == 0) return make_error(kBad, "{}: request id 0 is reserved", what);
+  MOESH_RETURN_IF_ERROR(check_expert(kBad, what, m.expert, DecodeLimits{}));
   size_t at = kSlabFixedBytes;
   for (int t = 0; t < 3; ++t) {
     const SlabTensor& s = m.tensors[t];
-    MOESH_RETURN_IF_ERROR(check_slab_tensor(kBad, t, at, static_cast<uint32_t>(s.type), s.ne0, s.ne1, s.bytes.size()));
+    MOESH_RETURN_IF_ERROR(
+        check_slab_tensor(kBad, what, t, at, static_cast<uint32_t>(s.type), s.ne0, s.ne1, s.bytes.size()));
     // The hash is not recomputed here: the sender may have cached it, and decode_slab checks it.
     at += kSlabTensorHeaderBytes + s.bytes.size();
   }
   const size_t bytes =
       slab_payload_bytes(m.tensors[0].bytes.size(), m.tensors[1].bytes.size(), m.tensors[2].bytes.size());
-  if (bytes > UINT32_MAX) return make_error(StatusCode::kOutOfRange, "SLAB payload of {} bytes is too large", bytes);
+  if (bytes > UINT32_MAX)
+    return make_error(StatusCode::kOutOfRange, "{} payload of {} bytes is too large", what, bytes);
   std::vector<uint8_t> payload;
   payload.reserve(bytes);
   ByteWriter w(&payload);
@@ -422,44 +428,104 @@ Result<std::vector<uint8_t>> encode_slab(const SlabMsg& m) {
     w.u64(s.hash);
     w.raw(s.bytes.data(), s.bytes.size());
   }
-  return build_frame(MsgType::kSlab, m.request_id, payload);
+  return build_frame(type, m.request_id, payload);
 }
 
-Result<SlabMsg> decode_slab(const Frame& f, const DecodeLimits& lim) {
-  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kSlab));
-  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "SLAB: request id 0 is reserved");
+Result<SlabMsg> decode_slab_frame(MsgType type, const char* what, const Frame& f, const DecodeLimits& lim) {
+  MOESH_RETURN_IF_ERROR(check_type(f, type));
+  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "{}: request id 0 is reserved", what);
   ByteReader r(f.payload);
   SlabMsg m;
   m.request_id = f.request_id();
   if (!r.u32(&m.layer) || !r.u32(&m.expert))
-    return make_error(StatusCode::kCorrupt, "SLAB payload of {} bytes shorter than its {}-byte fixed part",
+    return make_error(StatusCode::kCorrupt, "{} payload of {} bytes shorter than its {}-byte fixed part", what,
                       f.payload.size(), kSlabFixedBytes);
-  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, "SLAB", m.layer, lim));
-  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, "SLAB", m.expert, lim));
+  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, what, m.layer, lim));
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, what, m.expert, lim));
   for (int t = 0; t < 3; ++t) {
     SlabTensor& s = m.tensors[t];
     const size_t at = r.pos();
     uint32_t type = 0;
     uint64_t n_bytes = 0;
     if (!r.u32(&type) || !r.u64(&s.ne0) || !r.u64(&s.ne1) || !r.u64(&n_bytes) || !r.u64(&s.hash))
-      return make_error(StatusCode::kCorrupt, "SLAB {}: payload ends inside the tensor header at offset {}",
+      return make_error(StatusCode::kCorrupt, "{} {}: payload ends inside the tensor header at offset {}", what,
                         kSlabTensorNames[t], at);
-    MOESH_RETURN_IF_ERROR(check_slab_tensor(StatusCode::kCorrupt, t, at, type, s.ne0, s.ne1, n_bytes));
+    MOESH_RETURN_IF_ERROR(check_slab_tensor(StatusCode::kCorrupt, what, t, at, type, s.ne0, s.ne1, n_bytes));
     // Only bytes that are present are looked at (and only they are ever allocated).
     std::span<const uint8_t> data;
     if (!r.view(n_bytes, &data))
-      return make_error(StatusCode::kCorrupt, "SLAB {}: byte count {} at offset {} but only {} bytes follow",
+      return make_error(StatusCode::kCorrupt, "{} {}: byte count {} at offset {} but only {} bytes follow", what,
                         kSlabTensorNames[t], n_bytes, at + 20, r.remaining());
     const uint64_t h = slab_bytes_hash(data);
     if (h != s.hash)
       return make_error(StatusCode::kCorrupt,
-                        "SLAB {}: bytes at offset {} hash to {:016x}, the hash at offset {} says {:016x}",
+                        "{} {}: bytes at offset {} hash to {:016x}, the hash at offset {} says {:016x}", what,
                         kSlabTensorNames[t], at + kSlabTensorHeaderBytes, h, at + 28, s.hash);
     s.type = static_cast<GgmlType>(type);
     s.bytes.assign(data.begin(), data.end());
   }
-  MOESH_RETURN_IF_ERROR(trailing("SLAB", r));
+  MOESH_RETURN_IF_ERROR(trailing(what, r));
   return m;
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_slab(const SlabMsg& m) {
+  return encode_slab_frame(MsgType::kSlab, "SLAB", m);
+}
+
+Result<SlabMsg> decode_slab(const Frame& f, const DecodeLimits& lim) {
+  return decode_slab_frame(MsgType::kSlab, "SLAB", f, lim);
+}
+
+// ---- STORE / STORED ----
+
+Result<std::vector<uint8_t>> encode_store(const SlabMsg& m) {
+  return encode_slab_frame(MsgType::kStore, "STORE", m);
+}
+
+Result<SlabMsg> decode_store(const Frame& f, const DecodeLimits& lim) {
+  return decode_slab_frame(MsgType::kStore, "STORE", f, lim);
+}
+
+Result<std::vector<uint8_t>> encode_stored(const StoredMsg& m) {
+  if (m.request_id == 0) return make_error(StatusCode::kInvalidArgument, "STORED: request id 0 is reserved");
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kInvalidArgument, "STORED", m.expert, DecodeLimits{}));
+  if (m.replica_bytes > m.budget_bytes)
+    return make_error(StatusCode::kInvalidArgument, "STORED: replica bytes {} over the budget of {}", m.replica_bytes,
+                      m.budget_bytes);
+  std::vector<uint8_t> payload;
+  ByteWriter w(&payload);
+  w.u32(m.layer);
+  w.u32(m.expert);
+  w.u64(m.replica_bytes);
+  w.u64(m.budget_bytes);
+  return build_frame(MsgType::kStored, m.request_id, payload);
+}
+
+Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kStored));
+  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "STORED: request id 0 is reserved");
+  if (f.payload.size() != kStoredBytes)
+    return make_error(StatusCode::kCorrupt, "STORED payload is {} bytes (must be {})", f.payload.size(), kStoredBytes);
+  ByteReader r(f.payload);
+  StoredMsg m;
+  m.request_id = f.request_id();
+  (void)(r.u32(&m.layer) && r.u32(&m.expert) && r.u64(&m.replica_bytes) && r.u64(&m.budget_bytes));
+  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, "STORED", m.layer, lim));
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, "STORED", m.expert, lim));
+  if (m.replica_bytes > m.budget_bytes)
+    return make_error(StatusCode::kCorrupt, "STORED: replica bytes {} at offset 8 over the budget of {} at offset 16",
+                      m.replica_bytes, m.budget_bytes);
+  return m;
+}
+
+Status check_stored_matches(const SlabMsg& req, const StoredMsg& reply) {
+  if (reply.request_id != req.request_id || reply.layer != req.layer || reply.expert != req.expert)
+    return make_error(StatusCode::kCorrupt,
+                      "STORED for request {} (layer {} expert {}) does not answer STORE {} of layer {} expert {}",
+                      reply.request_id, reply.layer, reply.expert, req.request_id, req.layer, req.expert);
+  return Status::ok();
 }
 
 Status check_slab_matches(const FetchMsg& req, const SlabMsg& reply) {

@@ -4,7 +4,9 @@
 // worker's ledger keeps the two backbones apart.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "dist/dist_util.h"
@@ -27,7 +29,8 @@ struct TcpWorker {
 };
 
 std::unique_ptr<TcpWorker> start_worker(const std::string& path, const std::string& spec, const std::string& name,
-                                        std::chrono::microseconds window) {
+                                        std::chrono::microseconds window, const std::string& replica_dir = "",
+                                        uint64_t replica_budget = 0) {
   auto w = std::make_unique<TcpWorker>();
   auto f = gguf::File::open(path);
   EXPECT_TRUE(f.is_ok());
@@ -43,6 +46,8 @@ std::unique_ptr<TcpWorker> start_worker(const std::string& path, const std::stri
   wo.n_threads = 1;
   wo.name = name;
   wo.batch_window = window;
+  wo.replica_dir = replica_dir;
+  wo.replica_budget_bytes = replica_budget;
   auto started = swarm::Worker::start(w->store.get(), wo);
   EXPECT_TRUE(started.is_ok()) << started.status().to_string();
   if (!started.is_ok()) return nullptr;
@@ -97,6 +102,60 @@ TEST(Federation, TwoBackbonesShareThreeWorkersEachGetsItsSoloBitsInSharedPasses)
     }
     if (requests > 0) EXPECT_EQ(led.size(), 2u) << w->worker->name();
   }
+}
+
+// Replicas of hot experts: a backbone on a backbone slice (no expert weights of its own) sends the
+// experts only worker A holds to worker B (--replica-dir): FETCHed from A, checked against the
+// backbone slice's hashes, STOREd on B, checked again there and mapped from B's disk. B becomes a
+// holder: with A then left out, B alone serves every expert the sequence routes to, bit-exactly.
+// B restarted on the same folder maps the replicas again.
+TEST(Replicas, HotExpertsAreCopiedToASecondWorkerWhichThenServesThem) {
+  SliceSetup su = slice_setup("replicas", 8);
+  ASSERT_TRUE(su.backbone && !su.local.empty());
+  const std::string dir = temp_dir() + "/replicas-b";
+  std::filesystem::remove_all(dir);
+  auto a = start_worker(su.path, "*:0-15", "ra", {});
+  auto b = start_worker(su.path, "*:0-3", "rb", {}, dir, uint64_t{64} << 20);
+  ASSERT_TRUE(a && b);
+  RemoteOptions o;
+  o.replicate_hot = 64;  // every activated expert that only A holds
+  o.hot_plan_after_tokens = 1;
+  o.hot_replan_every_tokens = 1;
+  o.worker_costs = {0.002, 0.001};  // B nearer: a replica there is used
+  auto e = RemoteExecutor::connect(
+      *su.backbone, {WorkerAddress{"127.0.0.1", a->worker->port()}, WorkerAddress{"127.0.0.1", b->worker->port()}}, o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  std::shared_ptr<RemoteExecutor> r(std::move(*e));
+  // Twice: the second run's first plan has seen every expert the sequence routes to.
+  expect_concurrent_runs_exact(su, {r}, "while replicating");
+  expect_concurrent_runs_exact(su, {r}, "while replicating, again");
+  const HotExpertReport h = r->hot_experts();
+  EXPECT_GT(h.replicas_sent, 0u);
+  EXPECT_EQ(h.replica_failures, 0u) << h.last_replica_error;
+  EXPECT_EQ(b->worker->stats().stores.load(), h.replicas_sent);
+  EXPECT_GT(a->worker->stats().fetches.load(), 0u) << "the copies came from A through the backbone";
+  // Every activated expert now has B as a holder.
+  const auto counts = r->activation_counts();
+  const int E = r->placement().n_expert();
+  for (int l = 0; l < r->placement().n_layer(); ++l) {
+    for (int e2 = 0; e2 < E; ++e2) {
+      if (counts[static_cast<size_t>(l) * E + e2] == 0) continue;
+      const auto hs = r->placement().holders(l, e2);
+      EXPECT_NE(std::find(hs.begin(), hs.end(), 1), hs.end()) << "layer " << l << " expert " << e2;
+    }
+  }
+  // A left out: B serves everything, with the same bits.
+  const uint64_t b_before = b->worker->stats().dispatches.load();
+  r->set_excluded(0, true);
+  expect_concurrent_runs_exact(su, {r}, "B alone, on its replicas");
+  EXPECT_GT(b->worker->stats().dispatches.load(), b_before);
+  const uint64_t replicas = b->store->held().n_pairs();
+  b.reset();
+  // Restarted on the folder: mapped again.
+  auto b2 = start_worker(su.path, "*:0-3", "rb", {}, dir, uint64_t{64} << 20);
+  ASSERT_TRUE(b2);
+  EXPECT_EQ(b2->store->held().n_pairs(), replicas);
+  EXPECT_GT(b2->worker->stats().replica_bytes.load(), 0u);
 }
 
 }  // namespace

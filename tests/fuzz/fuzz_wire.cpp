@@ -82,6 +82,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case MsgType::kRoute:
       check_roundtrip(in, decode_route(*f), encode_route);
       break;
+    case MsgType::kStore:
+      (void)decode_store(*f, lim);  // as SLAB
+      break;
+    case MsgType::kStored:
+      check_roundtrip(in, decode_stored(*f, lim), encode_stored);
+      break;
     case MsgType::kCOUNT:
       break;
   }

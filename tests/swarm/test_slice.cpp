@@ -293,7 +293,12 @@ TEST(Slice, ExpertSlabHashesOnEveryKindOfFile) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("neither tensor 'blk.7.ffn_down_exps.weight'"), std::string::npos)
       << missing.status().message();
-  EXPECT_EQ(expert_slab_hashes(*ex, name).status().code(), StatusCode::kNotFound);  // only the @2-5 range
+  // An expert slice also carries the model's hashes of every stacked tensor (what a worker checks
+  // a replica it is sent against), and the layout.
+  EXPECT_EQ(*expert_slab_hashes(*ex, name), want);
+  auto ex_layout = expert_tensor_layout(*ex, name);
+  ASSERT_TRUE(ex_layout.is_ok()) << ex_layout.status().to_string();
+  EXPECT_EQ(ex_layout->ne2, 8u);
   // Not a stacked tensor.
   EXPECT_EQ(expert_slab_hashes(*full, "token_embd.weight").status().code(), StatusCode::kInvalidArgument);
   // The layout of the left-out tensors travels with the hashes (a backbone prices a copy by it).
@@ -457,6 +462,67 @@ TEST(Slice, HybridBackboneKeepsTheRecurrentBlocks) {
               0);
   }
   EXPECT_EQ((*slice)->find(0, 5).weights, nullptr);
+}
+
+// Replica slices (wire STORE): a slab is checked against the model a slice describes — type and
+// shape against the layout, bytes against the model's hash — then written as a one-expert slice
+// that an ExpertStore maps and a store absorbs; the same pair twice, or another model's, is refused.
+TEST(Slice, ReplicaSlabsAreCheckedWrittenAndAbsorbed) {
+  const std::string path = small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 29);
+  auto full = open_file(path);
+  const std::string es = temp_dir() + "/replica-src.gguf", out = temp_dir() + "/replica-1-6.gguf";
+  ASSERT_TRUE(write_expert_slice(*full, spec_of(*full, "*:0-3"), es).is_ok());
+  auto slice = open_file(es);
+  auto all = ExpertStore::open(open_file(path), ExpertSet{});
+  ASSERT_TRUE(all.is_ok());
+  const ExpertStore::Slot s = (*all)->find(1, 6);
+  const wire::SlabMsg good = slab_of(*s.weights, s.index, 1, 6);
+  EXPECT_TRUE(check_slab_for_model(*slice, good).is_ok());
+  EXPECT_TRUE(check_slab_for_model(*full, good).is_ok());
+  // Another expert's bytes under this id: not the model's.
+  const ExpertStore::Slot s7 = (*all)->find(1, 7);
+  wire::SlabMsg swapped = slab_of(*s7.weights, s7.index, 1, 6);
+  Status st = check_slab_for_model(*slice, swapped);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("blk.1.ffn_gate_exps.weight expert 6: slab hashes to"), std::string::npos)
+      << st.message();
+  // A shape the model does not have; a dense or absent layer.
+  wire::SlabMsg shape = good;
+  shape.tensors[2].ne1 += 1;
+  st = check_slab_for_model(*slice, shape);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("blk.1.ffn_down_exps.weight expert 6: slab is"), std::string::npos) << st.message();
+  wire::SlabMsg layer = good;
+  layer.layer = 9;
+  EXPECT_EQ(check_slab_for_model(*slice, layer).code(), StatusCode::kCorrupt);
+  EXPECT_EQ(write_replica_slice(*slice, swapped, out).code(), StatusCode::kCorrupt);
+  EXPECT_FALSE(std::filesystem::exists(out));
+
+  ASSERT_TRUE(write_replica_slice(*slice, good, out).is_ok());
+  auto rep = ExpertStore::open(open_file(out), ExpertSet{});
+  ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+  EXPECT_EQ((*rep)->held().to_string(), "1:6");
+  EXPECT_EQ((*rep)->identity(), (*all)->identity());
+  auto base = ExpertStore::open(open_file(es), ExpertSet{});
+  ASSERT_TRUE(base.is_ok());
+  const uint64_t before = (*base)->slab_bytes();
+  ASSERT_TRUE((*base)->absorb(std::move(*rep)).is_ok());
+  EXPECT_TRUE((*base)->held().holds(1, 6));
+  EXPECT_EQ((*base)->held().n_pairs(), 2 * 4 + 1u);
+  EXPECT_GT((*base)->slab_bytes(), before);
+  const ExpertStore::Slot got = (*base)->find(1, 6);
+  ASSERT_NE(got.weights, nullptr);
+  const wire::SlabMsg back = slab_of(*got.weights, got.index, 1, 6);
+  for (int t = 0; t < 3; ++t) EXPECT_EQ(back.tensors[t].bytes, good.tensors[t].bytes);
+  // Twice: refused; another model: refused.
+  auto twice = ExpertStore::open(open_file(out), ExpertSet{});
+  ASSERT_TRUE(twice.is_ok());
+  EXPECT_EQ((*base)->absorb(std::move(*twice)).code(), StatusCode::kInvalidArgument);
+  auto other = ExpertStore::open(open_file(small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 30)), ExpertSet{});
+  ASSERT_TRUE(other.is_ok());
+  st = (*base)->absorb(std::move(*other));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("is of model"), std::string::npos) << st.message();
 }
 
 }  // namespace

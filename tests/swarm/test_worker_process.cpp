@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "moesh/net/transport.h"
@@ -28,7 +29,7 @@ using testing::small_model;
 // A child `moesh worker`; its stdout is read until the "listening on HOST:PORT" line.
 class WorkerProcess {
  public:
-  WorkerProcess(const std::string& model, const std::string& spec) {
+  WorkerProcess(const std::string& model, const std::string& spec, std::vector<std::string> extra = {}) {
     int fds[2];
     if (::pipe(fds) != 0) return;
     pid_ = ::fork();
@@ -36,8 +37,13 @@ class WorkerProcess {
       ::dup2(fds[1], 1);
       ::close(fds[0]);
       const std::string bin = std::string(MOESH_BIN_DIR) + "/moesh";
-      ::execl(bin.c_str(), bin.c_str(), "worker", "-m", model.c_str(), "--experts", spec.c_str(), "--listen",
-              "127.0.0.1:0", "--threads", "2", "--name", "test-worker", (char*)nullptr);
+      std::vector<std::string> args = {bin,        "worker",      "-m",        model, "--experts", spec,
+                                       "--listen", "127.0.0.1:0", "--threads", "2",   "--name",    "test-worker"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(bin.c_str(), argv.data());
       ::_exit(127);
     }
     ::close(fds[1]);
@@ -163,16 +169,33 @@ std::vector<float> decode_combine_rows(const Request& r, const wire::Frame& f, c
   return out;
 }
 
-// FETCH (layer, expert) through the mux: the decoded SLAB, checked to answer this request; an
-// ERROR reply comes back as its Status.
+// Sends one request frame through the mux and waits for its answer (an ERROR reply comes back as
+// its Status); `lim` is what the reply is decoded with.
+Result<wire::Frame> ask(Client& c, uint64_t id, const std::vector<uint8_t>& frame, wire::DecodeLimits* lim) {
+  MOESH_RETURN_IF_ERROR(c.mux->start(id, frame, net::deadline_in(5s)));
+  *lim = wire::DecodeLimits{.n_expert = c.session.peer.n_expert, .n_layer = c.session.peer.n_layer};
+  return c.mux->wait(id, net::deadline_in(10s));
+}
+
+// FETCH (layer, expert): the decoded SLAB, checked to answer this request.
 Result<wire::SlabMsg> fetch(Client& c, uint32_t layer, uint32_t expert) {
   const wire::FetchMsg q{.request_id = c.mux->next_request_id(), .layer = layer, .expert = expert};
   MOESH_ASSIGN_OR_RETURN(auto frame, wire::encode_fetch(q));
-  MOESH_RETURN_IF_ERROR(c.mux->start(q.request_id, frame, net::deadline_in(5s)));
-  MOESH_ASSIGN_OR_RETURN(wire::Frame f, c.mux->wait(q.request_id, net::deadline_in(10s)));
-  const wire::DecodeLimits lim{.n_expert = c.session.peer.n_expert, .n_layer = c.session.peer.n_layer};
+  wire::DecodeLimits lim;
+  MOESH_ASSIGN_OR_RETURN(wire::Frame f, ask(c, q.request_id, frame, &lim));
   MOESH_ASSIGN_OR_RETURN(wire::SlabMsg m, wire::decode_slab(f, lim));
   MOESH_RETURN_IF_ERROR(wire::check_slab_matches(q, m));
+  return m;
+}
+
+// STORE one expert's slab: the STORED answer, checked to answer this request.
+Result<wire::StoredMsg> store(Client& c, wire::SlabMsg slab) {
+  slab.request_id = c.mux->next_request_id();
+  MOESH_ASSIGN_OR_RETURN(auto frame, wire::encode_store(slab));
+  wire::DecodeLimits lim;
+  MOESH_ASSIGN_OR_RETURN(wire::Frame f, ask(c, slab.request_id, frame, &lim));
+  MOESH_ASSIGN_OR_RETURN(wire::StoredMsg m, wire::decode_stored(f, lim));
+  MOESH_RETURN_IF_ERROR(wire::check_stored_matches(slab, m));
   return m;
 }
 
@@ -438,6 +461,102 @@ TEST_F(WorkerProcessTest, FetchGivesTheModelsSlabsVerifiedByTheBackboneSlicesHas
   ASSERT_FALSE(refused.is_ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported) << refused.status().to_string();
   EXPECT_NE(refused.status().message().find("not negotiated"), std::string::npos) << refused.status().message();
+}
+
+// Replicas: a worker on an expert slice with --replica-dir/--replica-mb takes an expert it does not
+// hold (STORE), checks it against the model's hashes its slice carries, maps it and computes with
+// it bit-exactly; a slab that is not the model's (however well its own hash matches), one over the
+// budget and one from a backbone that did not negotiate STORE are refused naming why; after a
+// restart the replica is mapped again from the folder and announced in the HELLO.
+TEST_F(WorkerProcessTest, StoredReplicasAreCheckedMappedServedAndKeptAcrossRestarts) {
+  auto shape = model_shape(*file_);
+  ASSERT_TRUE(shape.is_ok());
+  const std::string es = testing::temp_dir() + "/replica-experts.gguf";
+  const std::string dir = testing::temp_dir() + "/replicas";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(write_expert_slice(*file_, *parse_expert_spec("*:4-7", *shape), es).is_ok());
+  auto slab = [&](uint32_t l, uint32_t e) {
+    const ExpertStore::Slot s = local_->find(l, e);
+    return slab_of(*s.weights, s.index, l, e);
+  };
+  uint64_t one = 0;
+  for (const auto& t : slab(1, 2).tensors) one += t.bytes.size();
+  // Room for two replicas, not three.
+  const std::string mb = fmt::format("{:.6f}", (2.5 * double(one)) / 1048576.0);
+  const uint32_t n_embd = shape->n_embd;
+  {
+    WorkerProcess w(es, "*:4-7", {"--replica-dir", dir, "--replica-mb", mb});
+    ASSERT_NE(w.port(), 0) << "worker did not start; output:\n" << w.output();
+    auto c = connect_backbone(w.port(), *file_, wire::kFeatureFetch | wire::kFeatureStore);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    ASSERT_NE(c->session.features & wire::kFeatureStore, 0u);
+    // Not held yet: refused.
+    Request r = make_request(c->mux->next_request_id(), 1, {{{2, 0.7f}, {5, 0.3f}}, {{2, 1.0f}}},
+                             wire::CombineMode::kExact, n_embd);
+    {
+      auto frame = wire::encode_dispatch(r.msg);
+      ASSERT_TRUE(c->mux->start(r.msg.request_id, *frame, net::deadline_in(5s)).is_ok());
+      auto got = c->mux->wait(r.msg.request_id, net::deadline_in(10s));
+      ASSERT_FALSE(got.is_ok());
+      EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().to_string();
+    }
+    auto st = store(*c, slab(1, 2));
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    EXPECT_EQ(st->replica_bytes, one);
+    // Now it computes layer 1 expert 2: the bits of expert_ffn on the model.
+    r.msg.request_id = c->mux->next_request_id();
+    {
+      auto frame = wire::encode_dispatch(r.msg);
+      ASSERT_TRUE(c->mux->start(r.msg.request_id, *frame, net::deadline_in(5s)).is_ok());
+      auto got = c->mux->wait(r.msg.request_id, net::deadline_in(10s));
+      ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+      const std::vector<float> rows = decode_combine_rows(r, *got, c->session);
+      const std::vector<float> want = local_exact(*local_, r, n_embd);
+      ASSERT_EQ(rows.size(), want.size());
+      EXPECT_EQ(std::memcmp(rows.data(), want.data(), rows.size() * 4), 0);
+    }
+    // Storing what is held already answers at once and costs nothing.
+    auto again = store(*c, slab(1, 5));
+    ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+    EXPECT_EQ(again->replica_bytes, one);
+    // Bytes that are not the model's, resealed with a matching transfer hash: refused.
+    wire::SlabMsg fake = slab(0, 1);
+    fake.tensors[1].bytes[3] ^= 0x20;
+    fake.tensors[1].hash = slab_hash(fake.tensors[1].bytes.data(), fake.tensors[1].bytes.size());
+    auto lie = store(*c, fake);
+    ASSERT_FALSE(lie.is_ok());
+    EXPECT_EQ(lie.status().code(), StatusCode::kCorrupt) << lie.status().to_string();
+    EXPECT_NE(lie.status().message().find("not the model's weights"), std::string::npos) << lie.status().message();
+    // A second one fits, a third is over the budget.
+    ASSERT_TRUE(store(*c, slab(0, 1)).is_ok());
+    auto over = store(*c, slab(0, 2));
+    ASSERT_FALSE(over.is_ok());
+    EXPECT_EQ(over.status().code(), StatusCode::kUnavailable) << over.status().to_string();
+    EXPECT_NE(over.status().message().find("exceed the replica budget"), std::string::npos) << over.status().message();
+    // A backbone that did not offer STORE cannot use it.
+    auto plain = connect_backbone(w.port(), *file_, wire::kFeatureFetch);
+    ASSERT_TRUE(plain.is_ok());
+    auto refused = store(*plain, slab(0, 3));
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported) << refused.status().to_string();
+    // The replica is served to FETCH too, byte for byte.
+    auto copy = fetch(*c, 0, 1);
+    ASSERT_TRUE(copy.is_ok()) << copy.status().to_string();
+    EXPECT_EQ(copy->tensors[2].bytes, slab(0, 1).tensors[2].bytes);
+  }
+  // Restarted on the same folder: both replicas are mapped again and announced.
+  EXPECT_TRUE(std::filesystem::exists(dir + "/replica-1-2.gguf"));
+  WorkerProcess w2(es, "*:4-7", {"--replica-dir", dir, "--replica-mb", mb});
+  ASSERT_NE(w2.port(), 0) << "worker did not restart; output:\n" << w2.output();
+  EXPECT_NE(w2.output().find("replicas: up to"), std::string::npos) << w2.output();
+  auto c2 = connect_backbone(w2.port(), *file_, wire::kFeatureFetch | wire::kFeatureStore);
+  ASSERT_TRUE(c2.is_ok()) << c2.status().to_string();
+  auto held = expert_set_from_ranges(c2->session.peer.experts, *shape);
+  ASSERT_TRUE(held.is_ok());
+  EXPECT_TRUE(held->holds(1, 2));
+  EXPECT_TRUE(held->holds(0, 1));
+  EXPECT_FALSE(held->holds(0, 2));
+  EXPECT_EQ(held->n_pairs(), 2 * 4 + 2u);
 }
 
 TEST_F(WorkerProcessTest, ConcurrentBackbonesGetTheirOwnResults) {

@@ -61,6 +61,10 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_auth(*f).status();
     case MsgType::kRoute:
       return decode_route(*f).status();
+    case MsgType::kStore:
+      return decode_store(*f, lim).status();
+    case MsgType::kStored:
+      return decode_stored(*f, lim).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -93,6 +97,10 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_auth(decode_auth(f).value()).value();
     case MsgType::kRoute:
       return encode_route(decode_route(f).value()).value();
+    case MsgType::kStore:
+      return encode_store(decode_store(f, lim).value()).value();
+    case MsgType::kStored:
+      return encode_stored(decode_stored(f, lim).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -448,6 +456,45 @@ TEST(WireMalformed, SlabFields) {
       << h.status().message();
 }
 
+// STORE carries a SLAB's payload: the same checks, named STORE. STORED: fixed 24 bytes, ids in
+// range, replica bytes within the budget.
+TEST(WireMalformed, StoreAndStoredFields) {
+  const auto store = encode_store(make_slab(31, 2, 7)).value();
+  ASSERT_TRUE(decode_any(store, kLim).is_ok());
+  EXPECT_EQ(parse_frame(store, kLim.max_frame_bytes).value().type(), MsgType::kStore);
+  auto edit = [](std::vector<uint8_t> b, auto fn) {
+    fn(b);
+    return reseal(b);
+  };
+  expect_code(edit(store, [](auto& b) { put<uint32_t>(b, 0, 9); }), StatusCode::kCorrupt,
+              "STORE: layer 9 out of range");
+  expect_code(edit(store, [](auto& b) { b[kHeaderBytes + 248 + 36 + 100] ^= 1; }), StatusCode::kCorrupt,
+              "STORE up: bytes at offset 284 hash to");
+  expect_code(edit(store, [](auto& b) { put<uint64_t>(b, 28, 203); }), StatusCode::kCorrupt,
+              "STORE gate: byte count 203 at offset 28 but Q8_0 [64 x 3] is 204 bytes");
+  // A SLAB is not a STORE (the type decides what a frame asks for).
+  Frame slab = parse_frame(good_slab(), kLim.max_frame_bytes).value();
+  EXPECT_FALSE(decode_store(slab, kLim).is_ok());
+
+  const auto stored =
+      encode_stored({.request_id = 31, .layer = 2, .expert = 7, .replica_bytes = 532, .budget_bytes = 1 << 20}).value();
+  ASSERT_EQ(stored.size(), kHeaderBytes + 24);
+  auto back = decode_stored(parse_frame(stored, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->replica_bytes, 532u);
+  EXPECT_EQ(back->budget_bytes, 1u << 20);
+  EXPECT_TRUE(check_stored_matches(make_slab(31, 2, 7), *back).is_ok());
+  EXPECT_FALSE(check_stored_matches(make_slab(31, 2, 8), *back).is_ok());
+  expect_code(edit(stored, [](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "STORED payload is 25 bytes");
+  expect_code(edit(stored, [](auto& b) { put<uint32_t>(b, 4, 64); }), StatusCode::kCorrupt,
+              "STORED: expert 64 out of range");
+  expect_code(edit(stored, [](auto& b) { put<uint64_t>(b, 8, uint64_t{1} << 21); }), StatusCode::kCorrupt,
+              "STORED: replica bytes 2097152 at offset 8 over the budget of 1048576 at offset 16");
+  expect_code(edit(stored, [](auto& b) { std::memset(b.data() + 8, 0, 8); }), StatusCode::kCorrupt, "request id 0");
+  EXPECT_FALSE(
+      encode_stored({.request_id = 1, .layer = 0, .expert = 0, .replica_bytes = 2, .budget_bytes = 1}).is_ok());
+}
+
 // Mutations: bit flips, byte overwrites, truncation, extension, header field edits; half of
 // them resealed so they get past the checksum to the field checks.
 TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
@@ -474,6 +521,9 @@ TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
   seeds.push_back(encode_error({.request_id = 4, .code = 2, .text = "nope"}).value());
   seeds.push_back(encode_fetch({.request_id = 6, .layer = 3, .expert = 9}).value());
   seeds.push_back(good_slab());
+  seeds.push_back(encode_store(make_slab(32, 1, 3)).value());
+  seeds.push_back(
+      encode_stored({.request_id = 32, .layer = 1, .expert = 3, .replica_bytes = 9, .budget_bytes = 99}).value());
   for (const auto& s : seeds) ASSERT_TRUE(decode_any(s, kLim).is_ok());
 
   std::mt19937_64 rng(20240611);

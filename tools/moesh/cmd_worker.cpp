@@ -25,6 +25,8 @@ struct WorkerArgs {
   std::string tls_cert, tls_key;  // --tls-cert, --tls-key
   bool listen_given = false;
   int64_t batch_window_us = 0;  // --batch-window-us
+  std::string replica_dir;      // --replica-dir
+  double replica_mb = 0;        // --replica-mb
 };
 
 swarm::Worker* g_worker = nullptr;
@@ -97,6 +99,10 @@ int run_worker(const WorkerArgs& a) {
   if (a.batch_window_us < 0)
     return fail(make_error(StatusCode::kInvalidArgument, "--batch-window-us must be >= 0, got {}", a.batch_window_us));
   o.batch_window = std::chrono::microseconds(a.batch_window_us);
+  if (a.replica_dir.empty() != (a.replica_mb <= 0))
+    return fail(make_error(StatusCode::kInvalidArgument, "--replica-dir and --replica-mb (> 0) go together"));
+  o.replica_dir = a.replica_dir;
+  o.replica_budget_bytes = static_cast<uint64_t>(a.replica_mb * 1048576.0);
   if (!a.swarm_key.empty()) {
     auto key = net::SwarmKey::load(a.swarm_key);
     if (!key) return fail(key.status());
@@ -126,6 +132,10 @@ int run_worker(const WorkerArgs& a) {
               rss1 / 1048576.0, rss0 / 1048576.0);
   if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
   std::printf("name: %s\n", (*worker)->name().c_str());
+  if (!o.replica_dir.empty())
+    std::printf("replicas: up to %.2f MiB in %s (%.2f MiB mapped from earlier runs; held now: %s)\n", a.replica_mb,
+                o.replica_dir.c_str(), (*worker)->stats().replica_bytes.load() / 1048576.0,
+                s.held().to_string().c_str());
   if (o.tls)
     std::printf("tls: certificate sha256 %s (backbones pass --tls-pin with it)\n", o.tls->fingerprint().c_str());
   std::unique_ptr<serve::WorkerHttp> http;
@@ -187,6 +197,10 @@ const CommandRegistrar kReg{
               sub->add_option("--batch-window-us", a->batch_window_us,
                               "Hold a compute pass back this long for more backbones' requests of the same layer "
                               "(they are batched anyway when they queue; default 0)");
+              sub->add_option("--replica-dir", a->replica_dir,
+                              "Keep replicas of hot experts backbones send (STORE) in this folder: checked "
+                              "against the model's hashes, mapped from disk, mapped again at the next start");
+              sub->add_option("--replica-mb", a->replica_mb, "Most MiB of replica slabs to keep (with --replica-dir)");
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
               return [a] { return run_worker(*a); };
             }}};

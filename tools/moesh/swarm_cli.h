@@ -32,6 +32,7 @@ struct SwarmArgs {
   int wait_workers = 1;               // --wait-workers: joined workers to wait for at start-up
   int join_wait_ms = 60000;           // --join-wait-ms: how long
   std::vector<std::string> tls_pins;  // --tls-pin SHA256 (repeatable): TLS to every worker
+  int replicate_hot = 0;              // --replicate-hot N
 
   bool enabled() const { return !workers.empty() || !workers_file.empty() || !accept_workers.empty(); }
 };
@@ -121,6 +122,11 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
                   "experts per byte")
       ->check(CLI::IsMember({"trip", "hottest"}))
       ->capture_default_str();
+  sub->add_option("--replicate-hot", a->replicate_hot,
+                  "At each hot-expert plan, send up to N of the most activated experts that fewer than two "
+                  "workers hold to a worker with --replica-dir (checked by hash on both ends); 0: off")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
 }
 
 inline MicroBatching micro_batching_of(const SwarmArgs& a) {
@@ -145,6 +151,7 @@ inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
   o.tcp.congestion = a.congestion;
   o.local_experts_bytes = static_cast<uint64_t>(a.local_experts_mb * 1024.0 * 1024.0);
   o.local_policy = a.local_experts_policy == "hottest" ? LocalExpertPolicy::kHottest : LocalExpertPolicy::kTripAware;
+  o.replicate_hot = a.replicate_hot;
   if (!a.swarm_key.empty()) {
     MOESH_ASSIGN_OR_RETURN(o.swarm_key, net::SwarmKey::load(a.swarm_key));
   }

@@ -108,6 +108,14 @@ struct RemoteOptions {
   // TLS to every worker (dialled, joined or relayed), accepting only these certificate
   // fingerprints (`--tls-pin`, net/tls.h). Null: plain TCP.
   std::shared_ptr<const net::TlsPins> tls_pins;
+  // Replicas of hot experts on workers (`--replicate-hot N`): at each hot-expert plan (the same
+  // schedule as local_experts_bytes: after hot_plan_after_tokens, then every
+  // hot_replan_every_tokens) the N most activated experts that fewer than two live workers hold
+  // are sent (STORE) to the nearest worker that offers replicas and lacks them — the backbone's
+  // own copy, or one FETCHed from a holder and checked against the model's slab hashes. The worker
+  // checks them again, maps them from its disk and becomes a holder: a second place to send those
+  // pairs when the first fails or straggles. 0: off.
+  int replicate_hot = 0;
 
   // The link options these imply (dtypes and mode the workers must speak).
   LinkOptions link_options() const;
@@ -152,6 +160,11 @@ struct HotExpertReport {
   // Expected trip latency per token from the activations counted (trip_planner.h), with no hot
   // experts and with the chosen ones.
   double predicted_s_none = 0, predicted_s_chosen = 0;
+  // Replicas on workers (RemoteOptions::replicate_hot), over all plans.
+  uint64_t replica_plans = 0;
+  uint64_t replicas_sent = 0, replica_bytes_sent = 0;  // STOREs answered with STORED
+  uint64_t replica_failures = 0;                       // FETCH, check or STORE failed, or the worker was full
+  std::string last_replica_error;
 };
 
 // Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be

@@ -115,7 +115,8 @@ inline constexpr uint32_t kAllModes = (1u << static_cast<int>(wire::CombineMode:
 
 // The HELLO a process sends: model_id_bytes = 16 with the identity bytes, n_layer/n_expert/
 // n_embd from the shape, dtypes = kAllDTypes, modes = kAllModes, features = kFeatureFetch (a
-// worker serves FETCH, a backbone may send it), the held experts' ranges (empty for a backbone),
+// worker serves FETCH, a backbone may send it) and, for a backbone, kFeatureStore (it may send
+// STORE; a worker with a replica folder adds the bit itself), the held experts' ranges (empty for a backbone),
 // the name.
 wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape, const ExpertSet& held,
                        std::string name);
@@ -150,6 +151,11 @@ class ExpertStore {
   // Advises the kernel the held slabs are needed and reads one byte per page of each, so the
   // first request does not page-fault and RSS reflects the held bytes.
   void prefault() const;
+  // Takes over the experts of `other` (a replica slice of the same model, e.g. received in a
+  // STORE and written to disk): held() and find() include them from now on, their file stays
+  // mapped. kInvalidArgument for another model or when a pair is already held. Not thread-safe: the worker excludes
+  // lookups while it runs.
+  Status absorb(std::unique_ptr<ExpertStore> other);
 
  private:
   ExpertStore() = default;
@@ -165,6 +171,7 @@ class ExpertStore {
   std::vector<std::unique_ptr<ExpertWeights>> weights_;
   std::vector<Block> blocks_;  // sorted by (layer, first)
   uint64_t slab_bytes_ = 0;
+  std::vector<std::unique_ptr<ExpertStore>> absorbed_;  // keep the absorbed files mapped
 };
 
 // The definition of the model's routed experts (activation, biases, input scaling) as its
@@ -175,18 +182,37 @@ Result<ExpertFfn> expert_ffn_of(const gguf::File& f);
 
 // Expert slice: for each held range of each layer, tensors `blk.L.ffn_{gate,up,down}_exps.weight`
 // + `@F-L` (inclusive global expert ids) holding those slabs stacked; all metadata of the model
-// (minus moesh.slice.*), kind, spec, MoE layers, the identity and a slab hash array per tensor.
+// (minus moesh.slice.*), kind, spec, MoE layers, the identity and a slab hash array per tensor;
+// and, like a backbone slice, the slab hashes and layout of every stacked expert tensor of the
+// model, so the worker can check any expert it is later sent (STORE) against the model.
 // `model` (a full model or an expert slice) must come from File::open: its path is reopened.
 Status write_expert_slice(const gguf::File& model, const ExpertSet& experts, const std::string& out);
 // Backbone slice: every tensor except `*_exps`, the metadata, kind = backbone, MoE layers, the
 // identity, and for each stacked (3-D) `*_exps` tensor of the model its slab hash array
 // (`moesh.slice.hash.` + name, one XXH3-64 per expert), so experts received later can be checked.
 Status write_backbone_slice(const gguf::File& model, const std::string& out);
+// Replicas (wire STORE): checks one expert's slabs against the model `f` describes — each tensor's
+// type and 2-D shape against the stacked tensor's layout, its bytes' hash against the model's own
+// slab hash (a full model's data, or the arrays every slice carries for every stacked tensor) —
+// so a worker keeps only the model's real weights, whoever sent them. kCorrupt naming the tensor
+// and what differs; kNotFound when `f` has no hashes or layout to check with (a slice cut before
+// they were recorded); kUnsupported for experts with biases (a SLAB carries no bias rows).
+Status check_slab_for_model(const gguf::File& f, const wire::SlabMsg& slab);
+// Writes a one-expert expert slice of `slab` (checked with check_slab_for_model) to `out` — the
+// model's metadata from `f`, the three slab tensors `blk.L.ffn_*_exps.weight@E-E` and their hashes
+// — through a temporary file renamed into place, so a crash never leaves a half-written replica.
+Status write_replica_slice(const gguf::File& f, const wire::SlabMsg& slab, const std::string& out);
+
 // The name of the slice tensor holding experts [first, last] of `base` (e.g.
 // "blk.3.ffn_up_exps.weight@0-7").
 std::string slice_tensor_name(const std::string& base, uint32_t first, uint32_t last);
 // XXH3-64 of one slab (what the hash arrays hold).
 uint64_t slab_hash(const uint8_t* data, size_t n_bytes);
+// A copy of expert `index` of stacked weights `w` (gate, up, down slabs, bytes as mapped) as a SLAB
+// / STORE message for (layer, expert), request id 0; each tensor's hash from `hashes` when given
+// (a cache), else computed.
+wire::SlabMsg slab_of(const ExpertWeights& w, int64_t index, uint32_t layer, uint32_t expert,
+                      const std::array<uint64_t, 3>* hashes = nullptr);
 // The slab hashes of stacked expert tensor `tensor_name` (one per expert, in stacking order):
 // the stored `moesh.slice.hash.<name>` array when the file has it (backbone and expert slices;
 // kCorrupt if its length is not the expert count), else computed from the tensor's data (a full
@@ -234,6 +260,13 @@ struct WorkerOptions {
   // latency for fewer passes over the weights when many backbones share this worker.
   std::chrono::microseconds batch_window{0};
   uint32_t max_batch_tokens = 4096;  // token rows in one pass, at most
+  // Replicas (`--replica-dir DIR --replica-mb N`): a backbone may send this worker copies of hot
+  // experts (STORE). Each is checked against the model's own slab hashes, written to DIR as a
+  // one-expert slice, mapped from there and served from then on — and again after a restart (the
+  // worker maps every replica in DIR at start). At most replica_budget_bytes of slabs; empty dir
+  // or budget 0: STORE is not offered.
+  std::string replica_dir;
+  uint64_t replica_budget_bytes = 0;
 };
 
 struct WorkerStats {
@@ -241,11 +274,14 @@ struct WorkerStats {
   std::atomic<uint64_t> dispatches{0};
   std::atomic<uint64_t> fetches{0};  // FETCH requests, answered or not
   std::atomic<uint64_t> errors{0};
-  std::atomic<uint64_t> refused{0};        // connections refused in the handshake (wrong model, no or wrong swarm key)
-  std::atomic<uint64_t> joins{0};          // dial-out connections that completed the handshake (--join)
-  std::atomic<uint64_t> join_failures{0};  // dial-outs that failed (connect or handshake)
-  std::atomic<uint64_t> computes{0};       // compute passes (one per DISPATCH, or one per batch of them)
-  std::atomic<uint64_t> batched{0};        // DISPATCHes computed in a pass together with others
+  std::atomic<uint64_t> refused{0};         // connections refused in the handshake (wrong model, no or wrong swarm key)
+  std::atomic<uint64_t> joins{0};           // dial-out connections that completed the handshake (--join)
+  std::atomic<uint64_t> join_failures{0};   // dial-outs that failed (connect or handshake)
+  std::atomic<uint64_t> computes{0};        // compute passes (one per DISPATCH, or one per batch of them)
+  std::atomic<uint64_t> batched{0};         // DISPATCHes computed in a pass together with others
+  std::atomic<uint64_t> stores{0};          // replicas received (STORE answered with STORED)
+  std::atomic<uint64_t> store_refusals{0};  // STOREs refused (budget, hashes, shape, disk)
+  std::atomic<uint64_t> replica_bytes{0};   // slab bytes of the replicas held now
 };
 
 // One side's account of the work done between a backbone and a worker (the work ledger): the
@@ -274,11 +310,12 @@ struct LedgerEntry {
 
 // Serves backbones until stop() (or a signal handler calling it). Connections are served
 // concurrently (a reader thread each); DISPATCH compute goes through one shared thread pool, one
-// pass at a time; requests for the same layer that queue meanwhile share the next pass. FETCH is answered with a SLAB
-// of the held expert's mapped bytes (or ERROR NOT_HELD) on the connection's thread. The store must outlive the worker.
+// pass at a time; requests for the same layer that queue meanwhile share the next pass. FETCH is
+// answered with a SLAB of the held expert's mapped bytes (or ERROR NOT_HELD) on the connection's
+// thread. The store must outlive the worker; replicas it receives (STORE) are absorbed into it.
 class Worker {
  public:
-  static Result<std::unique_ptr<Worker>> start(const ExpertStore* store, const WorkerOptions& opts);
+  static Result<std::unique_ptr<Worker>> start(ExpertStore* store, const WorkerOptions& opts);
   ~Worker();
   uint16_t port() const;  // 0 when not listening
   // Blocks until stop() is called; then sends GOODBYE to every peer and joins all threads.

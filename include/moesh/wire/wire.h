@@ -51,7 +51,10 @@ constexpr uint32_t kFeatureFetch = 1u << 0;  // worker: answers FETCH with SLAB;
 // This side holds a swarm key and requires the peer to prove it holds the same one (AUTH frames
 // right after the HELLOs, net/auth.h). A side with a key refuses a peer without this bit.
 constexpr uint32_t kFeatureAuth = 1u << 1;
-constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth;
+// Worker: keeps replicas of experts a backbone sends it (STORE, answered with STORED); backbone:
+// may send STORE.
+constexpr uint32_t kFeatureStore = 1u << 2;
+constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth | kFeatureStore;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
@@ -66,6 +69,8 @@ enum class MsgType : uint16_t {
   kSlab = 9,      // worker -> backbone: one expert's gate/up/down slabs (same request id as the FETCH)
   kAuth = 10,     // swarm-key challenge / proof, right after the HELLOs           [kFeatureAuth]
   kRoute = 11,    // before HELLO on dial-out and relayed connections: join, relay connect, splice
+  kStore = 12,    // backbone -> worker: keep a replica of this expert (a SLAB's payload) [kFeatureStore]
+  kStored = 13,   // worker -> backbone: the STORE's expert is held and served now (same request id)
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -328,6 +333,17 @@ struct SlabMsg {
   std::array<SlabTensor, 3> tensors;  // gate, up, down
 };
 
+// STORED: the answer to a STORE (whose payload is a SlabMsg's): the worker verified the slabs
+// against the model's own hashes, wrote them to disk, mapped them and serves the expert from now
+// on; it says how much of its replica budget is used.
+struct StoredMsg {
+  uint64_t request_id = 0;  // the STORE's
+  uint32_t layer = 0;
+  uint32_t expert = 0;
+  uint64_t replica_bytes = 0;  // slab bytes of all replicas held now
+  uint64_t budget_bytes = 0;   // the worker's replica budget (replica_bytes <= budget_bytes)
+};
+
 // Swarm-key authentication (net/auth.h): a fresh random challenge and/or an HMAC-SHA256 proof.
 struct AuthMsg {
   static constexpr uint8_t kHasChallenge = 1u << 0, kHasProof = 1u << 1;
@@ -388,6 +404,10 @@ Result<std::vector<uint8_t>> encode_goodbye(const GoodbyeMsg& m);
 Result<std::vector<uint8_t>> encode_error(const ErrorMsg& m);
 Result<std::vector<uint8_t>> encode_auth(const AuthMsg& m);
 Result<std::vector<uint8_t>> encode_route(const RouteMsg& m);
+// STORE: a SLAB's payload under another type (the hashes are checked by decode_store as by
+// decode_slab).
+Result<std::vector<uint8_t>> encode_store(const SlabMsg& m);
+Result<std::vector<uint8_t>> encode_stored(const StoredMsg& m);
 
 // Decoders check the frame type, every count against the payload size and the limits, and
 // every enum; they never allocate more than the payload size implies.
@@ -402,11 +422,15 @@ Result<GoodbyeMsg> decode_goodbye(const Frame& f);
 Result<ErrorMsg> decode_error(const Frame& f);
 Result<AuthMsg> decode_auth(const Frame& f);
 Result<RouteMsg> decode_route(const Frame& f);
+Result<SlabMsg> decode_store(const Frame& f, const DecodeLimits& lim);
+Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim);
 
 // The backbone's check that a COMBINE answers its DISPATCH (id, layer, mode, dtype, shape).
 Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply);
 // The backbone's check that a SLAB answers its FETCH (id, layer, expert).
 Status check_slab_matches(const FetchMsg& req, const SlabMsg& reply);
+// The backbone's check that a STORED answers its STORE (id, layer, expert).
+Status check_stored_matches(const SlabMsg& req, const StoredMsg& reply);
 
 // Payload sizes (bytes after the 32-byte header) — the formulas PROTOCOL.md tabulates.
 size_t dispatch_payload_bytes(uint32_t n_tokens, uint32_t n_pairs, uint32_t n_embd, WireDType t);
