@@ -7,7 +7,7 @@ PKGS=(
   build-essential cmake pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libxxhash-dev
-  libasio-dev libpcre2-dev libcpp-httplib-dev libssl-dev
+  libasio-dev libpcre2-dev libcpp-httplib-dev libssl-dev libboost-dev
   clang-format clang libclang-rt-14-dev graphviz gnuplot-nox
   curl iproute2 openssl
   chromium

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "moesh/net/tls.h"
+#include "moesh/net/websocket.h"
 #include "moesh/wire/wire.h"
 
 namespace moesh::net {
@@ -79,10 +80,18 @@ struct Relay::Impl {
   }
 };
 
-void Relay::Impl::route(std::unique_ptr<ByteStream> s) {
-  const std::string who = s->describe();
-  auto reader = std::make_unique<FrameReader>();
+void Relay::Impl::route(std::unique_ptr<ByteStream> tcp) {
+  const std::string who = tcp->describe();
   const Deadline until = deadline_in(opts.route_timeout);
+  // TCP or WebSocket (an HTTP upgrade), on the same port.
+  auto upgraded = accept_tcp_or_websocket(std::move(tcp), until);
+  if (!upgraded) {
+    stats.refused.fetch_add(1);
+    spdlog::warn("relay: {}: refused: {}", who, upgraded.status().to_string());
+    return;
+  }
+  std::unique_ptr<ByteStream> s = std::move(*upgraded);
+  auto reader = std::make_unique<FrameReader>();
   Result<wire::Frame> f = Status(StatusCode::kTimeout, "");
   while (!stopping()) {
     f = reader->read(*s, std::min(until, deadline_in(kSlice)), wire::kDefaultMaxFrameBytes);
@@ -325,8 +334,10 @@ void Relay::run() {
 }
 
 Result<std::unique_ptr<ByteStream>> relay_connect(const std::string& relay_host, uint16_t relay_port,
-                                                  const std::string& name, const TcpOptions& tcp, Deadline deadline) {
-  auto s = tcp_connect(relay_host, relay_port, tcp, deadline);
+                                                  const std::string& name, const TcpOptions& tcp, Deadline deadline,
+                                                  bool websocket) {
+  auto s = websocket ? ws_connect(relay_host, relay_port, tcp, deadline)
+                     : tcp_connect(relay_host, relay_port, tcp, deadline);
   if (!s) return s.status();
   auto f = wire::encode_route({.op = wire::RouteMsg::kConnect, .name = name});
   if (!f) return f.status();

@@ -81,8 +81,16 @@ class TcpStream final : public ByteStream {
  public:
   TcpStream(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
   ~TcpStream() override {
+    if (fd_ < 0) return;  // released
     close();
     ::close(fd_);  // only here, so no other thread can be using a reused fd number
+  }
+  // The socket, for another owner; this stream is then unusable.
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    closed_.store(true);
+    return fd;
   }
 
   Status write_all(std::span<const uint8_t> bytes, Deadline deadline) override {
@@ -210,6 +218,12 @@ Result<std::unique_ptr<ByteStream>> tcp_connect(const std::string& host, uint16_
   freeaddrinfo(res);
   if (!out) return last;
   return out;
+}
+
+Result<int> tcp_release_fd(std::unique_ptr<ByteStream> stream) {
+  auto* tcp = dynamic_cast<TcpStream*>(stream.get());
+  if (tcp == nullptr) return make_error(StatusCode::kInvalidArgument, "{} is not a TCP stream", stream->describe());
+  return tcp->release();
 }
 
 Result<TcpSocketInfo> tcp_socket_info(const ByteStream& stream) {

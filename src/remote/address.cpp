@@ -29,11 +29,11 @@ std::string WorkerAddress::to_string() const {
     case WorkerPath::kJoined:
       return "join://" + name;
     case WorkerPath::kRelay:
-      return "relay://" + hp + "/" + name;
+      return (websocket ? "relay+ws://" : "relay://") + hp + "/" + name;
     case WorkerPath::kDirect:
       break;
   }
-  return hp;
+  return websocket ? "ws://" + hp : hp;
 }
 
 namespace {
@@ -78,8 +78,9 @@ Result<WorkerAddress> parse_one_path(std::string_view s) {
     a.path = WorkerPath::kJoined;
     return a;
   }
-  if (s.rfind("relay://", 0) == 0) {
-    const std::string_view rest = s.substr(8);
+  const bool relay_ws = s.rfind("relay+ws://", 0) == 0;
+  if (s.rfind("relay://", 0) == 0 || relay_ws) {
+    const std::string_view rest = s.substr(relay_ws ? 11 : 8);
     const size_t slash = rest.find('/');
     if (slash == std::string_view::npos)
       return make_error(StatusCode::kInvalidArgument, "worker address '{}': expected relay://HOST:PORT/NAME",
@@ -89,6 +90,15 @@ Result<WorkerAddress> parse_one_path(std::string_view s) {
     if (!a) return a.status();
     a->name = std::string(rest.substr(slash + 1));
     a->path = WorkerPath::kRelay;
+    a->websocket = relay_ws;
+    return a;
+  }
+  if (s.rfind("ws://", 0) == 0) {
+    std::string_view hp = s.substr(5);
+    if (!hp.empty() && hp.back() == '/') hp.remove_suffix(1);
+    auto a = parse_host_port(hp);
+    if (!a) return a.status();
+    a->websocket = true;
     return a;
   }
   return parse_host_port(s);

@@ -7,24 +7,28 @@
 #include <future>
 
 #include "moesh/net/relay.h"
+#include "moesh/net/websocket.h"
 #include "moesh/remote/registry.h"
 
 namespace moesh {
 
 Dialer tcp_dialer(net::TcpOptions tcp, std::shared_ptr<const net::TlsPins> tls_pins) {
-  return [tcp, tls_pins](const WorkerAddress& addr,
-                         net::Deadline deadline) -> Result<std::unique_ptr<net::Connection>> {
-    // Through a relay: ROUTE CONNECT names the worker, then TLS and the handshake go to it end to end.
-    auto stream = addr.path == WorkerPath::kRelay ? net::relay_connect(addr.host, addr.port, addr.name, tcp, deadline)
-                                                  : net::tcp_connect(addr.host, addr.port, tcp, deadline);
-    if (!stream) return stream.status();
-    if (tls_pins) {
-      auto tls = net::tls_client(std::move(*stream), *tls_pins, deadline);
-      if (!tls) return tls.status();
-      return net::make_stream_connection(std::move(*tls));
-    }
-    return net::make_stream_connection(std::move(*stream));
-  };
+  return
+      [tcp, tls_pins](const WorkerAddress& addr, net::Deadline deadline) -> Result<std::unique_ptr<net::Connection>> {
+        // Through a relay: ROUTE CONNECT names the worker, then TLS and the handshake go to it end to end.
+        // ws:// and relay+ws://: the same bytes as binary WebSocket messages (net/websocket.h).
+        auto stream = addr.path == WorkerPath::kRelay
+                          ? net::relay_connect(addr.host, addr.port, addr.name, tcp, deadline, addr.websocket)
+                      : addr.websocket ? net::ws_connect(addr.host, addr.port, tcp, deadline)
+                                       : net::tcp_connect(addr.host, addr.port, tcp, deadline);
+        if (!stream) return stream.status();
+        if (tls_pins) {
+          auto tls = net::tls_client(std::move(*stream), *tls_pins, deadline);
+          if (!tls) return tls.status();
+          return net::make_stream_connection(std::move(*tls));
+        }
+        return net::make_stream_connection(std::move(*stream));
+      };
 }
 
 void WorkerLink::shut_down() {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "moesh/net/tls.h"
+#include "moesh/net/websocket.h"
 #include "moesh/remote/address.h"
 
 namespace moesh {
@@ -90,10 +91,14 @@ void WorkerRegistry::Impl::accept_loop() {
   }
 }
 
-void WorkerRegistry::Impl::handshake(std::unique_ptr<net::ByteStream> stream) {
-  std::string from = stream->describe();
+void WorkerRegistry::Impl::handshake(std::unique_ptr<net::ByteStream> tcp) {
+  std::string from = tcp->describe();
   if (from.rfind("tcp ", 0) == 0) from = from.substr(4);
   const net::Deadline deadline = net::deadline_in(link.connect_timeout);
+  // A worker may join over WebSocket (`--join ws://...`): told apart by its first bytes.
+  auto upgraded = net::accept_tcp_or_websocket(std::move(tcp), deadline);
+  if (!upgraded) return refuse(fmt::format("{}: {}", from, upgraded.status().to_string()));
+  std::unique_ptr<net::ByteStream> stream = std::move(*upgraded);
   auto reject = [&](const std::string& why) {
     auto e = wire::encode_error({.request_id = 0, .code = uint16_t(wire::WireError::kProtocol), .text = why});
     if (e) (void)stream->write_all(*e, net::deadline_in(std::chrono::milliseconds(1000)));

@@ -25,6 +25,7 @@
 
 #include "moesh/net/tls.h"
 #include "moesh/net/transport.h"
+#include "moesh/net/websocket.h"
 #include "swarm/worker_internal.h"
 
 namespace moesh::swarm {
@@ -95,6 +96,7 @@ struct Worker::Impl {
 
   struct Peer {
     std::unique_ptr<net::ByteStream> raw;  // not yet a connection: TLS (if any) is set up by serve()
+    bool accepted = false;                 // from the listener: TCP or WebSocket, told by its first bytes
     std::unique_ptr<net::Connection> conn;
     std::thread thread;
     std::atomic<bool> finished{false};
@@ -117,9 +119,9 @@ struct Worker::Impl {
   // Serves one connection until it ends; false when the handshake failed. `idle_timeout` > 0:
   // the connection is dropped when nothing arrives for that long (joined connections).
   bool serve(Peer* peer, std::chrono::milliseconds idle_timeout = std::chrono::milliseconds(0));
-  void join_loop(std::string host, uint16_t port);
+  void join_loop(std::string host, uint16_t port, bool websocket);
   enum class JoinOutcome { kFailed, kServed, kSpliced };
-  JoinOutcome join_once(const std::string& host, uint16_t port);
+  JoinOutcome join_once(const std::string& host, uint16_t port, bool websocket);
   void end_session(size_t led, net::Clock::time_point connected_at);
   size_t ledger_slot(const std::string& peer_name, const std::string& address);
   void handle_dispatch(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
@@ -462,6 +464,17 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
     // A raw stream (accepted, or dialled out after its ROUTE exchange): TLS first when this
     // worker has a certificate, then frames.
     std::unique_ptr<net::ByteStream> stream = std::move(peer->raw);
+    if (peer->accepted) {
+      const std::string who = stream->describe();
+      auto upgraded = net::accept_tcp_or_websocket(std::move(stream), net::deadline_in(kHandshakeTimeout));
+      if (!upgraded) {
+        stats.refused.fetch_add(1);
+        spdlog::warn("{}: refused: {}", who, upgraded.status().to_string());
+        peer->finished = true;
+        return false;
+      }
+      stream = std::move(*upgraded);
+    }
     if (opts.tls) {
       const std::string who = stream->describe();
       auto tls = net::tls_server(std::move(stream), *opts.tls, net::deadline_in(kHandshakeTimeout));
@@ -590,11 +603,12 @@ void Worker::Impl::end_session(size_t led, net::Clock::time_point connected_at) 
   ledger[led].connected = false;
 }
 
-Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint16_t port) {
-  const std::string target = fmt::format("{}:{}", host, port);
+Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint16_t port, bool websocket) {
+  const std::string target = fmt::format("{}{}:{}", websocket ? "ws://" : "", host, port);
   net::TcpOptions tcp;
   tcp.congestion = opts.congestion;
-  auto s = net::tcp_connect(host, port, tcp, net::deadline_in(kHandshakeTimeout));
+  auto s = websocket ? net::ws_connect(host, port, tcp, net::deadline_in(kHandshakeTimeout))
+                     : net::tcp_connect(host, port, tcp, net::deadline_in(kHandshakeTimeout));
   if (!s) {
     spdlog::warn("join {}: {}", target, s.status().to_string());
     return JoinOutcome::kFailed;
@@ -672,11 +686,11 @@ Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint1
   }
 }
 
-void Worker::Impl::join_loop(std::string host, uint16_t port) {
-  const std::string target = fmt::format("{}:{}", host, port);
+void Worker::Impl::join_loop(std::string host, uint16_t port, bool websocket) {
+  const std::string target = fmt::format("{}{}:{}", websocket ? "ws://" : "", host, port);
   auto backoff = opts.join_backoff;
   while (!stopping()) {
-    const JoinOutcome out = join_once(host, port);
+    const JoinOutcome out = join_once(host, port, websocket);
     reap(/*all=*/false);
     if (stopping()) break;
     if (out == JoinOutcome::kSpliced) {
@@ -722,7 +736,7 @@ Result<std::unique_ptr<Worker>> Worker::start(ExpertStore* store, const WorkerOp
   auto impl = std::make_unique<Impl>();
   impl->store = store;
   impl->opts = opts;
-  if (!opts.listen && opts.join.empty())
+  if (!opts.listen && opts.join.empty() && opts.join_ws.empty())
     return make_error(StatusCode::kInvalidArgument, "worker: neither listening nor joining a backbone");
   if (opts.listen) {
     net::TcpOptions tcp;
@@ -740,7 +754,10 @@ Result<std::unique_ptr<Worker>> Worker::start(ExpertStore* store, const WorkerOp
   if (impl->offers_store()) MOESH_RETURN_IF_ERROR(impl->load_replicas());
   impl->pool = std::make_unique<ThreadPool>(opts.n_threads);
   Impl* m = impl.get();
-  for (const auto& [host, port] : opts.join) m->joiners.emplace_back([m, h = host, p = port] { m->join_loop(h, p); });
+  for (const auto& [host, port] : opts.join)
+    m->joiners.emplace_back([m, h = host, p = port] { m->join_loop(h, p, false); });
+  for (const auto& [host, port] : opts.join_ws)
+    m->joiners.emplace_back([m, h = host, p = port] { m->join_loop(h, p, true); });
   return std::unique_ptr<Worker>(new Worker(std::move(impl)));
 }
 
@@ -793,6 +810,7 @@ void Worker::run() {
     std::lock_guard<std::mutex> lock(m.peers_mu);
     Impl::Peer& p = m.peers.emplace_back();
     p.raw = std::move(*s);
+    p.accepted = true;
     p.thread = std::thread([&m, pp = &p] { m.serve(pp); });
   }
   if (m.listener) m.listener->close();

@@ -247,6 +247,45 @@ TEST(Relay, WorkersBehindARelayServeExactlyAndSeveralBackbones) {
   relay_thread.join();
 }
 
+// WebSocket (for networks that only let HTTP out): a worker joins the relay with --join ws://,
+// backbones reach it through the relay over TCP and over WebSocket (relay+ws://), and a worker's
+// own port takes ws:// as well — the same frames, the all-local bits on every path.
+TEST(Relay, WebSocketJoinsAndPathsCarryTheSameFrames) {
+  SliceSetup su = slice_setup("ws", 8);
+  ASSERT_TRUE(su.backbone && !su.local.empty());
+  auto relay = net::Relay::start(net::RelayOptions{});
+  ASSERT_TRUE(relay.is_ok()) << relay.status().to_string();
+  std::thread relay_thread([&] { (*relay)->run(); });
+  const std::string rp = "127.0.0.1:" + std::to_string((*relay)->port());
+  auto a =
+      WorkerProcess::spawn(su.path, "*:0-7", 1, milliseconds(20000), {"--join", "ws://" + rp + "/", "--name", "wsa"});
+  auto b = WorkerProcess::spawn(su.path, "*:8-15", 1, milliseconds(20000));  // listening: reached by ws://
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  auto registered = [&](const std::string& n) {
+    for (const net::RelayWorker& w : (*relay)->workers())
+      if (w.name == n && w.standbys > 0) return true;
+    return false;
+  };
+  ASSERT_TRUE(eventually([&] { return registered("wsa"); }));
+  const std::string direct_ws = "ws://127.0.0.1:" + std::to_string((*b)->port());
+  RemoteOptions o;
+  for (const std::string relay_path : {"relay://", "relay+ws://"}) {
+    ASSERT_TRUE(eventually([&] { return registered("wsa"); }));
+    auto addr_a = parse_worker_address(relay_path + rp + "/wsa");
+    auto addr_b = parse_worker_address(direct_ws);
+    ASSERT_TRUE(addr_a.is_ok() && addr_b.is_ok());
+    EXPECT_EQ(addr_a->websocket, relay_path == std::string("relay+ws://"));
+    EXPECT_TRUE(addr_b->websocket);
+    EXPECT_EQ(addr_b->to_string(), direct_ws);
+    auto e = RemoteExecutor::connect(*su.backbone, {*addr_a, *addr_b}, o);
+    ASSERT_TRUE(e.is_ok()) << relay_path << ": " << e.status().to_string();
+    expect_concurrent_runs_exact(su, {std::move(*e)}, std::string("worker a through ") + relay_path + ", b by ws://");
+  }
+  EXPECT_GE((*relay)->stats().splices.load(), 2u);
+  (*relay)->stop();
+  relay_thread.join();
+}
+
 // Path policy: a worker reachable directly and through a relay ("A|B") is measured on both and
 // reached directly; when the direct address does not answer, the relay carries it. Both give the
 // all-local bits.

@@ -65,11 +65,15 @@ int run_worker(const WorkerArgs& a) {
   // A joining worker needs no inbound port: it listens only when --listen is given as well.
   o.listen = a.join.empty() || a.listen_given;
   for (const std::string& j : a.join) {
+    // ws://HOST:PORT[/]: the same, over WebSocket (for networks that only let HTTP out).
+    const bool ws = j.rfind("ws://", 0) == 0;
+    std::string hp = ws ? j.substr(5) : j;
+    if (ws && !hp.empty() && hp.back() == '/') hp.pop_back();
     std::string host;
     uint16_t port = 0;
-    if (!split_host_port(j, &host, &port) || port == 0)
-      return fail(make_error(StatusCode::kInvalidArgument, "--join '{}' is not HOST:PORT", j));
-    o.join.emplace_back(host, port);
+    if (!split_host_port(hp, &host, &port) || port == 0)
+      return fail(make_error(StatusCode::kInvalidArgument, "--join '{}' is not HOST:PORT or ws://HOST:PORT", j));
+    (ws ? o.join_ws : o.join).emplace_back(host, port);
   }
   std::string metrics_host;
   uint16_t metrics_port = 0;
@@ -182,7 +186,7 @@ const CommandRegistrar kReg{
                   ->each([a](const std::string&) { a->listen_given = true; });
               sub->add_option("--join", a->join,
                               "Dial out to a backbone's --accept-workers port (or a relay) and serve it over that "
-                              "connection; repeatable. No inbound port needed");
+                              "connection; repeatable. No inbound port needed. ws://HOST:PORT: over WebSocket");
               sub->add_option("--metrics", a->metrics,
                               "HOST:PORT for GET /metrics, /swarm/ledger and /health (port 0: any free port)");
               sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");

@@ -1,7 +1,8 @@
 // `moesh relay`: meets workers that cannot be reached (behind NAT, inbound ports closed) and the
 // backbones that want them. A worker dials out to the relay (`moesh worker --join RELAY`) and
 // registers under its name; a backbone names it `relay://RELAY_HOST:PORT/NAME` and the relay
-// splices the two TCP streams (docs/PROTOCOL.md §3a): after the ROUTE frames it copies bytes, it
+// splices the two streams — TCP or WebSocket, told apart by their first bytes on the same port
+// (net/websocket.h) — (docs/PROTOCOL.md §3a): after the ROUTE frames it copies bytes, it
 // never decodes or re-encodes a HELLO, DISPATCH or COMBINE, and it cannot read or forge the swarm-key
 // exchange, which runs end to end between backbone and worker.
 //
@@ -70,7 +71,9 @@ class Relay {
 
 // The backbone's side: dials the relay and asks for worker `name` (ROUTE CONNECT); the returned
 // stream then carries TLS (if used) and the usual handshake to the worker itself.
+// `websocket`: reach the relay over WebSocket (net/websocket.h) instead of plain TCP.
 Result<std::unique_ptr<ByteStream>> relay_connect(const std::string& relay_host, uint16_t relay_port,
-                                                  const std::string& name, const TcpOptions& tcp, Deadline deadline);
+                                                  const std::string& name, const TcpOptions& tcp, Deadline deadline,
+                                                  bool websocket = false);
 
 }  // namespace moesh::net

@@ -117,6 +117,9 @@ Result<std::unique_ptr<ByteStream>> tcp_connect(const std::string& host, uint16_
                                                 Deadline deadline);
 // kInvalidArgument if `stream` is not a TCP stream.
 Result<TcpSocketInfo> tcp_socket_info(const ByteStream& stream);
+// Takes the socket out of a TCP stream (which is destroyed; the caller owns the fd) so another
+// layer can drive it, e.g. the WebSocket transport. kInvalidArgument if it is not a TCP stream.
+Result<int> tcp_release_fd(std::unique_ptr<ByteStream> stream);
 
 class TcpListener {
  public:

@@ -27,6 +27,9 @@ struct WorkerAddress {
   // reachable, relayed otherwise). connect_worker tries every path, uses the first that works and
   // reports what each measured (WorkerLink::probes).
   std::vector<WorkerAddress> alternatives;
+  // Over WebSocket (net/websocket.h) instead of plain TCP: "ws://HOST:PORT" to a worker's port,
+  // "relay+ws://HOST:PORT/NAME" to a relay (both accept either on the same port).
+  bool websocket = false;
   std::string to_string() const;  // this path only
 };
 

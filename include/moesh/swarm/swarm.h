@@ -267,6 +267,9 @@ struct WorkerOptions {
   // or budget 0: STORE is not offered.
   std::string replica_dir;
   uint64_t replica_budget_bytes = 0;
+  // Like `join`, over WebSocket (`--join ws://HOST:PORT`, net/websocket.h): for networks that only
+  // let HTTP out. The relay or registry tells it from TCP by its first bytes.
+  std::vector<std::pair<std::string, uint16_t>> join_ws;
 };
 
 struct WorkerStats {
