@@ -69,7 +69,8 @@ void round_trip(benchmark::State& state, bool websocket) {
   });
   uint64_t id = 0;
   for (auto _ : state) {
-    auto ping = wire::encode_ping({.request_id = ++id, .send_time_ns = 0, .pad_bytes = bytes, .reply_pad_bytes = bytes});
+    auto ping =
+        wire::encode_ping({.request_id = ++id, .send_time_ns = 0, .pad_bytes = bytes, .reply_pad_bytes = bytes});
     if (!ping || !p.client->send_frame(*ping, deadline_in(milliseconds(5000))).is_ok()) {
       state.SkipWithError("send failed");
       break;

@@ -109,6 +109,15 @@ void Relay::Impl::route(std::unique_ptr<ByteStream> tcp) {
                               wire::msg_type_name(f->type())));
   auto r = wire::decode_route(*f);
   if (!r) return refuse(r.status().to_string());
+  if (opts.swarm_key && (r->op == wire::RouteMsg::kJoin || r->op == wire::RouteMsg::kConnect)) {
+    // Admission: nobody is registered or spliced without the key.
+    if (Status st = relay_auth_accept(*s, *reader, *opts.swarm_key, r->name, until); !st.is_ok()) {
+      stats.refused.fetch_add(1);
+      spdlog::warn("relay: {} ({} '{}'): refused: {}", who, wire::route_op_name(r->op), r->name, st.to_string());
+      s->close();
+      return;
+    }
+  }
   if (r->op == wire::RouteMsg::kJoin) {
     if (Status st = send_frame_bytes(*s, wire::encode_route({.op = wire::RouteMsg::kJoinedRelay, .name = ""}));
         !st.is_ok())
@@ -229,8 +238,10 @@ void Relay::Impl::copy(ByteStream& from, ByteStream& to, std::atomic<uint64_t>* 
 
 void Relay::Impl::splice(Standby& sb, FrameReader& worker_reader) {
   stats.active_splices.fetch_add(1);
-  // The worker learns a backbone is coming; then backbone bytes flow to it untouched.
-  if (send_frame_bytes(*sb.worker, wire::encode_route({.op = wire::RouteMsg::kSpliced, .name = ""})).is_ok()) {
+  // Both learn the splice is made (the backbone then starts its TLS or HELLO, the worker waits for
+  // it); after that backbone bytes flow to the worker untouched.
+  auto spliced = wire::encode_route({.op = wire::RouteMsg::kSpliced, .name = ""});
+  if (send_frame_bytes(*sb.backbone, spliced).is_ok() && send_frame_bytes(*sb.worker, spliced).is_ok()) {
     std::thread down([&] { copy(*sb.backbone, *sb.worker, &stats.bytes_to_workers); });
     // Worker -> backbone: heartbeats still in flight from the standby are dropped here until the
     // worker's first other frame (its HELLO), or its first bytes that are not a frame (a TLS
@@ -335,14 +346,39 @@ void Relay::run() {
 
 Result<std::unique_ptr<ByteStream>> relay_connect(const std::string& relay_host, uint16_t relay_port,
                                                   const std::string& name, const TcpOptions& tcp, Deadline deadline,
-                                                  bool websocket) {
+                                                  bool websocket, const SwarmKey* swarm_key) {
   auto s = websocket ? ws_connect(relay_host, relay_port, tcp, deadline)
                      : tcp_connect(relay_host, relay_port, tcp, deadline);
   if (!s) return s.status();
+  const std::string where = fmt::format("relay {}:{}", relay_host, relay_port);
   auto f = wire::encode_route({.op = wire::RouteMsg::kConnect, .name = name});
   if (!f) return f.status();
   MOESH_RETURN_IF_ERROR((*s)->write_all(*f, deadline));
-  return std::move(*s);
+  // The relay answers SPLICED once a standby of the worker is ours, after AUTH if it admits only
+  // holders of the swarm key, or ERROR. Frames are read exactly: TLS may follow at once.
+  FrameReader reader;
+  for (;;) {
+    auto a = reader.read(**s, deadline);
+    if (!a) return a.status().with_context(where);
+    if (a->type() == wire::MsgType::kError) {
+      auto e = wire::decode_error(*a);
+      return e ? e->to_status().with_context(where) : e.status();
+    }
+    if (a->type() == wire::MsgType::kAuth) {
+      if (swarm_key == nullptr)
+        return make_error(StatusCode::kUnauthenticated, "{} admits only holders of the swarm key (--swarm-key)", where);
+      MOESH_RETURN_IF_ERROR(relay_auth_dial(**s, reader, *a, *swarm_key, name, deadline));
+      continue;
+    }
+    auto r = a->type() == wire::MsgType::kRoute
+                 ? wire::decode_route(*a)
+                 : Result<wire::RouteMsg>(make_error(StatusCode::kCorrupt, "{} sent {} instead of ROUTE SPLICED", where,
+                                                     wire::msg_type_name(a->type())));
+    if (!r) return r.status();
+    if (r->op != wire::RouteMsg::kSpliced)
+      return make_error(StatusCode::kCorrupt, "{} answered CONNECT with ROUTE {}", where, wire::route_op_name(r->op));
+    return std::move(*s);
+  }
 }
 
 }  // namespace moesh::net

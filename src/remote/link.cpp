@@ -12,23 +12,24 @@
 
 namespace moesh {
 
-Dialer tcp_dialer(net::TcpOptions tcp, std::shared_ptr<const net::TlsPins> tls_pins) {
-  return
-      [tcp, tls_pins](const WorkerAddress& addr, net::Deadline deadline) -> Result<std::unique_ptr<net::Connection>> {
-        // Through a relay: ROUTE CONNECT names the worker, then TLS and the handshake go to it end to end.
-        // ws:// and relay+ws://: the same bytes as binary WebSocket messages (net/websocket.h).
-        auto stream = addr.path == WorkerPath::kRelay
-                          ? net::relay_connect(addr.host, addr.port, addr.name, tcp, deadline, addr.websocket)
-                      : addr.websocket ? net::ws_connect(addr.host, addr.port, tcp, deadline)
-                                       : net::tcp_connect(addr.host, addr.port, tcp, deadline);
-        if (!stream) return stream.status();
-        if (tls_pins) {
-          auto tls = net::tls_client(std::move(*stream), *tls_pins, deadline);
-          if (!tls) return tls.status();
-          return net::make_stream_connection(std::move(*tls));
-        }
-        return net::make_stream_connection(std::move(*stream));
-      };
+Dialer tcp_dialer(net::TcpOptions tcp, std::shared_ptr<const net::TlsPins> tls_pins,
+                  std::shared_ptr<const net::SwarmKey> swarm_key) {
+  return [tcp, tls_pins, swarm_key](const WorkerAddress& addr,
+                                    net::Deadline deadline) -> Result<std::unique_ptr<net::Connection>> {
+    // Through a relay: ROUTE CONNECT names the worker, then TLS and the handshake go to it end to end.
+    // ws:// and relay+ws://: the same bytes as binary WebSocket messages (net/websocket.h).
+    auto stream = addr.path == WorkerPath::kRelay ? net::relay_connect(addr.host, addr.port, addr.name, tcp, deadline,
+                                                                       addr.websocket, swarm_key.get())
+                  : addr.websocket                ? net::ws_connect(addr.host, addr.port, tcp, deadline)
+                                                  : net::tcp_connect(addr.host, addr.port, tcp, deadline);
+    if (!stream) return stream.status();
+    if (tls_pins) {
+      auto tls = net::tls_client(std::move(*stream), *tls_pins, deadline);
+      if (!tls) return tls.status();
+      return net::make_stream_connection(std::move(*tls));
+    }
+    return net::make_stream_connection(std::move(*stream));
+  };
 }
 
 void WorkerLink::shut_down() {
@@ -101,7 +102,8 @@ Result<std::unique_ptr<WorkerLink>> connect_one_path(const WorkerAddress& addr, 
       return make_error(StatusCode::kInvalidArgument, "{}: joined workers need --accept-workers on this side", where);
     return opts.registry->take(addr.name, deadline);
   }
-  auto conn = opts.dialer ? opts.dialer(addr, deadline) : tcp_dialer(opts.tcp, opts.tls_pins)(addr, deadline);
+  auto conn =
+      opts.dialer ? opts.dialer(addr, deadline) : tcp_dialer(opts.tcp, opts.tls_pins, opts.swarm_key)(addr, deadline);
   if (!conn) return conn.status().with_context(where + ": connect");
   return establish_link(std::move(*conn), addr, local, opts, deadline);
 }

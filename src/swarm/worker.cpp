@@ -654,6 +654,20 @@ Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint1
       return JoinOutcome::kFailed;
     }
     if (f->type() == wire::MsgType::kPong) continue;
+    if (f->type() == wire::MsgType::kAuth && !relay) {
+      // A relay that admits only holders of the swarm key challenges before it registers us.
+      if (!opts.swarm_key) {
+        spdlog::warn("join {}: the relay admits only holders of the swarm key (start with --swarm-key)", target);
+        return JoinOutcome::kFailed;
+      }
+      Status st =
+          net::relay_auth_dial(*stream, reader, *f, *opts.swarm_key, opts.name, net::deadline_in(kHandshakeTimeout));
+      if (!st.is_ok()) {
+        spdlog::warn("join {}: refused by the relay: {}", target, st.to_string());
+        return JoinOutcome::kFailed;
+      }
+      continue;
+    }
     auto r = f->type() == wire::MsgType::kRoute
                  ? wire::decode_route(*f)
                  : Result<wire::RouteMsg>(make_error(StatusCode::kCorrupt, "{} frame before the join was answered",

@@ -286,6 +286,59 @@ TEST(Relay, WebSocketJoinsAndPathsCarryTheSameFrames) {
   relay_thread.join();
 }
 
+// Admission at a relay started with a swarm key: a worker proving the key registers (over TCP and
+// over WebSocket), one with another key or none is refused before it is registered, and so is a
+// backbone without the key, with a message saying the relay wants one; a backbone with the key
+// gets the all-local bits.
+TEST(Relay, ASwarmKeyRelayAdmitsOnlyKeyHolders) {
+  SliceSetup su = slice_setup("relay-key", 8);
+  ASSERT_TRUE(su.backbone && !su.local.empty());
+  const std::string key = temp_dir() + "/relay.key", other = temp_dir() + "/relay-other.key";
+  {
+    std::ofstream(key) << "the relay's swarm key, long enough to count\n";
+    std::ofstream(other) << "a stranger's key that is also long enough\n";
+  }
+  auto k = net::SwarmKey::load(key);
+  ASSERT_TRUE(k.is_ok());
+  net::RelayOptions ro;
+  ro.swarm_key = *k;
+  auto relay = net::Relay::start(ro);
+  ASSERT_TRUE(relay.is_ok()) << relay.status().to_string();
+  std::thread relay_thread([&] { (*relay)->run(); });
+  const std::string rp = "127.0.0.1:" + std::to_string((*relay)->port());
+  auto member = WorkerProcess::spawn(su.path, "*:0-7", 1, milliseconds(20000),
+                                     {"--join", rp, "--name", "km", "--swarm-key", key});
+  auto member_ws = WorkerProcess::spawn(su.path, "*:8-15", 1, milliseconds(20000),
+                                        {"--join", "ws://" + rp, "--name", "kw", "--swarm-key", key});
+  auto stranger = WorkerProcess::spawn(su.path, "*:*", 1, milliseconds(20000),
+                                       {"--join", rp, "--name", "stranger", "--swarm-key", other});
+  auto keyless = WorkerProcess::spawn(su.path, "*:*", 1, milliseconds(20000), {"--join", rp, "--name", "keyless"});
+  ASSERT_TRUE(member.is_ok() && member_ws.is_ok() && stranger.is_ok() && keyless.is_ok());
+  auto registered = [&](const std::string& n) {
+    for (const net::RelayWorker& w : (*relay)->workers())
+      if (w.name == n && w.standbys > 0) return true;
+    return false;
+  };
+  ASSERT_TRUE(eventually([&] { return registered("km") && registered("kw"); }));
+  ASSERT_TRUE(eventually([&] { return (*relay)->stats().refused.load() >= 2; }));
+  EXPECT_FALSE(registered("stranger"));
+  EXPECT_FALSE(registered("keyless"));
+  auto via = [&](const std::string& n) { return parse_worker_address("relay://" + rp + "/" + n).value(); };
+  // Without the key: refused by the relay itself.
+  RemoteOptions open;
+  auto refused = RemoteExecutor::connect(*su.backbone, {via("km"), via("kw")}, open);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("admits only holders of the swarm key"), std::string::npos)
+      << refused.status().to_string();
+  RemoteOptions o;
+  o.swarm_key = *k;
+  auto e = RemoteExecutor::connect(*su.backbone, {via("km"), via("kw")}, o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  expect_concurrent_runs_exact(su, {std::move(*e)}, "through a keyed relay");
+  (*relay)->stop();
+  relay_thread.join();
+}
+
 // Path policy: a worker reachable directly and through a relay ("A|B") is measured on both and
 // reached directly; when the direct address does not answer, the relay carries it. Both give the
 // all-local bits.

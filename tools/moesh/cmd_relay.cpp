@@ -20,6 +20,7 @@ struct RelayArgs {
   std::string listen = "127.0.0.1:0";
   std::string congestion = "cubic";
   int connect_wait_ms = 2000;
+  std::string swarm_key;  // --swarm-key FILE
 };
 
 int run_relay(const RelayArgs& a) {
@@ -34,10 +35,21 @@ int run_relay(const RelayArgs& a) {
   o.port = where->port;
   o.tcp.congestion = a.congestion;
   o.connect_wait = std::chrono::milliseconds(a.connect_wait_ms);
+  if (!a.swarm_key.empty()) {
+    auto key = net::SwarmKey::load(a.swarm_key);
+    if (!key) return fail(key.status());
+    o.swarm_key = std::move(*key);
+  }
   auto relay = net::Relay::start(o);
   if (!relay) return fail(relay.status());
-  std::printf("relay: workers join with --join %s:%u, backbones name them relay://%s:%u/NAME\n", o.host.c_str(),
-              static_cast<unsigned>((*relay)->port()), o.host.c_str(), static_cast<unsigned>((*relay)->port()));
+  std::printf(
+      "relay: workers join with --join %s:%u (or ws://%s:%u/), backbones name them relay://%s:%u/NAME (or "
+      "relay+ws://)\n",
+      o.host.c_str(), static_cast<unsigned>((*relay)->port()), o.host.c_str(), static_cast<unsigned>((*relay)->port()),
+      o.host.c_str(), static_cast<unsigned>((*relay)->port()));
+  if (o.swarm_key)
+    std::printf("swarm key: %s (only workers and backbones proving it are registered or spliced)\n",
+                o.swarm_key->fingerprint().c_str());
   std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*relay)->port()));
   std::fflush(stdout);
   g_relay = relay->get();
@@ -67,6 +79,9 @@ const CommandRegistrar kReg{
                               "How long a backbone's CONNECT waits for the named worker")
                   ->capture_default_str();
               sub->add_option("--congestion", a->congestion, "TCP congestion control")->capture_default_str();
+              sub->add_option("--swarm-key", a->swarm_key,
+                              "Admit only workers and backbones proving this swarm key (mutual HMAC challenge after "
+                              "their ROUTE frame)");
               return [a] { return run_relay(*a); };
             }}};
 

@@ -25,7 +25,9 @@
 
 namespace moesh::net {
 
+class ByteStream;
 class Connection;
+class FrameReader;
 
 struct SwarmKey {
   std::vector<uint8_t> bytes;
@@ -40,5 +42,15 @@ struct SwarmKey {
 // The AUTH exchange of a connection whose HELLOs both set kFeatureAuth (handshake() runs it).
 Status authenticate(Connection& conn, const SwarmKey& key, const wire::Hello& local, const wire::Hello& peer,
                     bool initiator, std::chrono::steady_clock::time_point deadline);
+
+// Admission at a relay (`moesh relay --swarm-key`): the same exchange on the raw stream right
+// after the dialer's ROUTE JOIN/CONNECT, bound to the ROUTE's worker name instead of a model (a
+// relay holds none). relay_auth_accept is the relay's side (it challenges first);
+// relay_auth_dial the worker's or backbone's, given the relay's challenge frame it has read.
+// Refusals are ERROR kUnauthenticated frames and a Status naming the peer.
+Status relay_auth_accept(ByteStream& s, FrameReader& r, const SwarmKey& key, const std::string& route_name,
+                         std::chrono::steady_clock::time_point deadline);
+Status relay_auth_dial(ByteStream& s, FrameReader& r, const wire::Frame& challenge, const SwarmKey& key,
+                       const std::string& route_name, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace moesh::net

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "moesh/net/auth.h"
 #include "moesh/net/transport.h"
 #include "moesh/util/status.h"
 
@@ -34,12 +35,17 @@ struct RelayOptions {
   std::chrono::milliseconds connect_wait{2000};
   std::chrono::milliseconds standby_idle{60000};  // a standby silent this long is dropped
   int max_connections = 1024;                     // standbys + splices + unrouted at once
+  // Admission (`--swarm-key`): every worker that registers and every backbone that connects must
+  // prove it holds this key (auth.h relay_auth_*) before it is registered or spliced; others are
+  // refused with ERROR UNAUTHENTICATED and a log line. Null: an open relay (the end-to-end
+  // handshake between backbone and worker still checks the swarm's key).
+  std::shared_ptr<const SwarmKey> swarm_key;
 };
 
 struct RelayStats {
   std::atomic<uint64_t> registrations{0};  // JOINs accepted
   std::atomic<uint64_t> splices{0};        // CONNECTs matched with a standby
-  std::atomic<uint64_t> refused{0};        // connections refused (no ROUTE, unknown name, limit)
+  std::atomic<uint64_t> refused{0};        // connections refused (no ROUTE, unknown name, limit, swarm key)
   std::atomic<uint64_t> bytes_to_workers{0}, bytes_to_backbones{0};
   std::atomic<int64_t> active_splices{0};
 };
@@ -69,11 +75,12 @@ class Relay {
   std::unique_ptr<Impl> impl_;
 };
 
-// The backbone's side: dials the relay and asks for worker `name` (ROUTE CONNECT); the returned
-// stream then carries TLS (if used) and the usual handshake to the worker itself.
+// The backbone's side: dials the relay and asks for worker `name` (ROUTE CONNECT), proves
+// `swarm_key` when the relay asks for it, and returns once the relay says SPLICED; the stream
+// then carries TLS (if used) and the usual handshake to the worker itself.
 // `websocket`: reach the relay over WebSocket (net/websocket.h) instead of plain TCP.
 Result<std::unique_ptr<ByteStream>> relay_connect(const std::string& relay_host, uint16_t relay_port,
                                                   const std::string& name, const TcpOptions& tcp, Deadline deadline,
-                                                  bool websocket = false);
+                                                  bool websocket = false, const SwarmKey* swarm_key = nullptr);
 
 }  // namespace moesh::net

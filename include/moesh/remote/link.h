@@ -28,7 +28,9 @@ class WorkerRegistry;
 using Dialer =
     std::function<Result<std::unique_ptr<net::Connection>>(const WorkerAddress& addr, net::Deadline deadline)>;
 // TCP (or through a relay for relay:// addresses); with pins, TLS to the worker on top (net/tls.h).
-Dialer tcp_dialer(net::TcpOptions tcp, std::shared_ptr<const net::TlsPins> tls_pins = nullptr);
+// `swarm_key`: proven to a relay that admits only holders of it (net/relay.h).
+Dialer tcp_dialer(net::TcpOptions tcp, std::shared_ptr<const net::TlsPins> tls_pins = nullptr,
+                  std::shared_ptr<const net::SwarmKey> swarm_key = nullptr);
 
 struct LinkOptions {
   Dialer dialer;                                    // empty: tcp_dialer(tcp)
