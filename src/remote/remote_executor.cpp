@@ -184,6 +184,28 @@ void RemoteExecutor::Impl::mark_down(int w) {
   ++wt.failovers;
 }
 
+Status RemoteExecutor::Impl::take_announced(size_t w, const swarm::ExpertSet& held) {
+  const swarm::ExpertSet before = swarm::canonicalize(announced[w]);
+  if (!held.contains(before))
+    return make_error(StatusCode::kInvalidArgument, "it now announces {} instead of {} (experts are missing)",
+                      held.to_string(), before.to_string());
+  if (held == before) return Status::ok();
+  // More than before: replicas it was sent (STORE) and mapped again after a restart. They are
+  // planned with like any holder's.
+  Placement next = planner.placement();
+  for (const wire::ExpertRange& r : held.ranges) {
+    for (uint32_t e = r.first; e < r.first + r.count; ++e) {
+      if (before.holds(r.layer, e)) continue;
+      const auto hs = next.holders(static_cast<int>(r.layer), static_cast<int>(e));
+      if (std::find(hs.begin(), hs.end(), static_cast<int32_t>(w)) == hs.end())
+        next.add_holder(static_cast<int>(r.layer), static_cast<int>(e), static_cast<int>(w));
+    }
+  }
+  planner.set_placement(std::move(next));
+  announced[w] = held.ranges;
+  return Status::ok();
+}
+
 // A down worker is re-dialled in the background once its backoff has passed; a finished re-dial
 // is taken in here, between calls (nothing in flight): the new link replaces the dead one when
 // the worker announces the experts it had, and it is planned with again.
@@ -203,8 +225,8 @@ void RemoteExecutor::Impl::start_redials(bool wait) {
                                   : Result<swarm::ExpertSet>(shape.status());
         if (!held.is_ok()) {
           why = held.status();
-        } else if (held->ranges != announced[w]) {
-          why = make_error(StatusCode::kInvalidArgument, "it now announces other experts than at start-up");
+        } else {
+          why = take_announced(w, *held);
         }
       }
       if (why.is_ok()) {
@@ -273,8 +295,9 @@ void RemoteExecutor::Impl::adopt_joined() {
     auto shape = swarm::model_shape(model->file());
     auto held = shape.is_ok() ? swarm::expert_set_from_ranges(link->session.peer.experts, *shape)
                               : Result<swarm::ExpertSet>(shape.status());
-    if (!held.is_ok() || held->ranges != announced[static_cast<size_t>(w)]) {
-      spdlog::warn("remote executor: {} joined again announcing other experts than before: not used", link->label);
+    const Status same = held.is_ok() ? take_announced(static_cast<size_t>(w), *held) : held.status();
+    if (!same.is_ok()) {
+      spdlog::warn("remote executor: {} joined again: not used: {}", link->label, same.to_string());
       continue;
     }
     // Its old connection is dead (the worker dialled again): nothing of it is in flight now.
@@ -1072,6 +1095,10 @@ void RemoteExecutor::Impl::replicate_hot() {
       continue;
     }
     next.add_holder(l, e, target);
+    // It announces the replica from now on (after a restart too).
+    std::vector<wire::ExpertRange> had = announced[static_cast<size_t>(target)];
+    had.push_back({static_cast<uint32_t>(l), static_cast<uint32_t>(e), 1});
+    announced[static_cast<size_t>(target)] = swarm::canonicalize(std::move(had)).ranges;
     ++sent;
     ++r.replicas_sent;
     r.replica_bytes_sent += bytes;

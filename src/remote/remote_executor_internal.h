@@ -177,6 +177,9 @@ struct RemoteExecutor::Impl {
   Result<wire::SlabMsg> fetch(size_t w, int layer, int expert);
   // RemoteOptions::replicate_hot: sends the hottest under-replicated experts to workers.
   void replicate_hot();
+  // A worker that comes back (re-dial or join) must announce at least what it had; experts it
+  // announces beyond that (replicas kept on its disk) are added to the placement. Error: why not.
+  Status take_announced(size_t w, const swarm::ExpertSet& held);
   // Sends `slab` to worker w (STORE) and waits for its STORED.
   Result<wire::StoredMsg> store_on(size_t w, wire::SlabMsg slab);
   std::vector<double> worker_costs() const;

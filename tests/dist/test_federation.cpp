@@ -30,7 +30,7 @@ struct TcpWorker {
 
 std::unique_ptr<TcpWorker> start_worker(const std::string& path, const std::string& spec, const std::string& name,
                                         std::chrono::microseconds window, const std::string& replica_dir = "",
-                                        uint64_t replica_budget = 0) {
+                                        uint64_t replica_budget = 0, uint16_t port = 0) {
   auto w = std::make_unique<TcpWorker>();
   auto f = gguf::File::open(path);
   EXPECT_TRUE(f.is_ok());
@@ -48,6 +48,7 @@ std::unique_ptr<TcpWorker> start_worker(const std::string& path, const std::stri
   wo.batch_window = window;
   wo.replica_dir = replica_dir;
   wo.replica_budget_bytes = replica_budget;
+  wo.port = port;
   auto started = swarm::Worker::start(w->store.get(), wo);
   EXPECT_TRUE(started.is_ok()) << started.status().to_string();
   if (!started.is_ok()) return nullptr;
@@ -150,12 +151,24 @@ TEST(Replicas, HotExpertsAreCopiedToASecondWorkerWhichThenServesThem) {
   expect_concurrent_runs_exact(su, {r}, "B alone, on its replicas");
   EXPECT_GT(b->worker->stats().dispatches.load(), b_before);
   const uint64_t replicas = b->store->held().n_pairs();
+  const uint16_t b_port = b->worker->port();
   b.reset();
-  // Restarted on the folder: mapped again.
-  auto b2 = start_worker(su.path, "*:0-3", "rb", {}, dir, uint64_t{64} << 20);
+  // B gone: A takes its pairs back within the same calls.
+  r->set_excluded(0, false);
+  expect_concurrent_runs_exact(su, {r}, "B gone, A covering");
+  EXPECT_TRUE(r->worker_down(1));
+  // Restarted on the folder and the same port: the replicas are mapped again, B announces more
+  // than it did at start-up, and the backbone takes it back with them.
+  auto b2 = start_worker(su.path, "*:0-3", "rb", {}, dir, uint64_t{64} << 20, b_port);
   ASSERT_TRUE(b2);
   EXPECT_EQ(b2->store->held().n_pairs(), replicas);
   EXPECT_GT(b2->worker->stats().replica_bytes.load(), 0u);
+  r->poll_rejoins(/*wait=*/true);
+  ASSERT_FALSE(r->worker_down(1)) << "a worker that announces its replicas as well rejoins";
+  r->set_excluded(0, true);
+  const uint64_t b2_before = b2->worker->stats().dispatches.load();
+  expect_concurrent_runs_exact(su, {r}, "B restarted, alone, on its re-mapped replicas");
+  EXPECT_GT(b2->worker->stats().dispatches.load(), b2_before);
 }
 
 }  // namespace
