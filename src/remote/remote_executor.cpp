@@ -163,6 +163,7 @@ bool RemoteExecutor::worker_down(size_t w) const {
 
 void RemoteExecutor::poll_rejoins(bool wait) {
   impl_->start_redials(wait);
+  impl_->check_paths(wait);
 }
 
 void RemoteExecutor::Impl::mark_down(int w) {
@@ -204,6 +205,62 @@ Status RemoteExecutor::Impl::take_announced(size_t w, const swarm::ExpertSet& he
   planner.set_placement(std::move(next));
   announced[w] = held.ranges;
   return Status::ok();
+}
+
+void RemoteExecutor::Impl::check_paths(bool wait) {
+  if (opts.path_recheck.count() <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t w = 0; w < health.size(); ++w) {
+    Health& h = health[w];
+    if (h.down || h.evicted) continue;
+    if (h.upgrade.valid()) {
+      if (!wait && h.upgrade.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+      Result<std::unique_ptr<WorkerLink>> link = h.upgrade.get();
+      h.upgrade_at = now + opts.path_recheck;
+      if (!link) continue;  // still not reachable that way: stay where it is
+      auto shape = swarm::model_shape(model->file());
+      auto held = shape.is_ok() ? swarm::expert_set_from_ranges((*link)->session.peer.experts, *shape)
+                                : Result<swarm::ExpertSet>(shape.status());
+      const WorkerLink& cur = fan->link(w);
+      Status same = !held.is_ok() ? held.status()
+                    : (*link)->session.peer.name != cur.session.peer.name
+                        ? make_error(StatusCode::kInvalidArgument, "answers as '{}', not '{}'",
+                                     (*link)->session.peer.name, cur.session.peer.name)
+                        : take_announced(w, *held);
+      if (!same.is_ok()) {
+        spdlog::warn("remote executor: {} reachable on {}, but not used: {}", cur.label, (*link)->address.to_string(),
+                     same.to_string());
+        continue;
+      }
+      const std::string from = cur.address.to_string();
+      (*link)->dialed = cur.dialed;  // a re-dial still tries every path
+      {
+        std::lock_guard<std::mutex> lk(worker_mu);
+        fan->replace(w, std::move(*link));
+        workers[w].label = fan->link(w).label;
+      }
+      ++fo.path_switches;
+      spdlog::info("remote executor: worker {} moved from {} to {}", fan->link(w).label, from,
+                   fan->link(w).address.to_string());
+      continue;
+    }
+    // On a fallback path: try the ones preferred to it, in order, in the background.
+    const WorkerLink& cur = fan->link(w);
+    std::vector<WorkerAddress> paths = {cur.dialed};
+    paths[0].alternatives.clear();
+    paths.insert(paths.end(), cur.dialed.alternatives.begin(), cur.dialed.alternatives.end());
+    size_t used = 0;
+    while (used < paths.size() && paths[used].to_string() != cur.address.to_string()) ++used;
+    if (used == 0 || used == paths.size()) continue;  // on its first choice (or a joined link)
+    if (h.upgrade_at.time_since_epoch().count() == 0) h.upgrade_at = now + opts.path_recheck;
+    if (!wait && now < h.upgrade_at) continue;
+    WorkerAddress better = paths[0];
+    better.alternatives.assign(paths.begin() + 1, paths.begin() + static_cast<std::ptrdiff_t>(used));
+    LinkOptions lo = opts.link_options();
+    h.upgrade =
+        std::async(std::launch::async, [better, hello = hello, lo] { return connect_worker(better, hello, lo); });
+    if (wait) --w;  // take its result in this same call
+  }
 }
 
 // A down worker is re-dialled in the background once its backoff has passed; a finished re-dial
@@ -266,6 +323,7 @@ void RemoteExecutor::maintain() {
   if (std::any_of(m.jobs.begin(), m.jobs.end(), [](const Impl::Job& j) { return j.pending; })) return;
   if (m.opts.failover) m.start_redials(false);
   if (m.opts.registry) m.adopt_joined();
+  m.check_paths(false);
 }
 
 void RemoteExecutor::Impl::adopt_joined() {
@@ -520,6 +578,7 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
                       static_cast<uint64_t>(std::max<int64_t>(m.opts.hot_replan_every_tokens, 1));
   }
   if (!overlapped && m.opts.failover) m.start_redials(false);  // between calls: take back workers that answer
+  if (!overlapped && layer == m.first_moe) m.check_paths(false);
   if (!overlapped && m.opts.registry && layer == m.first_moe) m.adopt_joined();
   if (!overlapped && layer == m.first_moe && ++m.straggler_calls % 16 == 0) m.check_stragglers();
   Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);

@@ -113,6 +113,11 @@ struct RemoteExecutor::Impl {
     std::chrono::steady_clock::time_point retry_at;
     std::chrono::milliseconds backoff{0};
     std::future<Result<std::unique_ptr<WorkerLink>>> redial;
+    // Path policy while up: a worker on a fallback path (relayed when direct is preferred) has its
+    // preferred paths tried again every RemoteOptions::path_recheck; one that works replaces the
+    // link between calls.
+    std::future<Result<std::unique_ptr<WorkerLink>>> upgrade;
+    std::chrono::steady_clock::time_point upgrade_at;
   };
   std::vector<Health> health;
   std::vector<std::vector<wire::ExpertRange>> announced;  // each worker's experts at connect
@@ -133,6 +138,8 @@ struct RemoteExecutor::Impl {
   void evict(Job& job, int w, const std::string& why);
   void mark_down(int w);
   void start_redials(bool wait);
+  // Path policy while connected (Health::upgrade); between calls only.
+  void check_paths(bool wait);
   // Joined workers (RemoteOptions::registry): new names are added, fresh connections of known
   // ones replace the old. Between calls only.
   void adopt_joined();

@@ -395,6 +395,65 @@ TEST(Relay, DirectWhenReachableRelayedOtherwiseBothMeasured) {
   relay_thread.join();
 }
 
+// Path policy while connected: a worker first reached through the relay because its direct
+// address did not answer is moved to the direct path once that answers (between calls), and the
+// bits stay the all-local ones before and after.
+TEST(Relay, ALinkMovesToTheDirectPathWhenItStartsAnswering) {
+  SliceSetup su = slice_setup("path-switch", 8);
+  ASSERT_TRUE(su.backbone && !su.local.empty());
+  auto relay = net::Relay::start(net::RelayOptions{});
+  ASSERT_TRUE(relay.is_ok());
+  std::thread relay_thread([&] { (*relay)->run(); });
+  const std::string rp = "127.0.0.1:" + std::to_string((*relay)->port());
+  auto w = WorkerProcess::spawn(su.path, "*:*", 1, milliseconds(20000), {"--join", rp, "--name", "sw"});
+  ASSERT_TRUE(w.is_ok());
+  ASSERT_TRUE(eventually([&] {
+    for (const net::RelayWorker& x : (*relay)->workers())
+      if (x.name == "sw" && x.standbys > 0) return true;
+    return false;
+  }));
+  const uint16_t later = [] {
+    auto l = net::TcpListener::listen("127.0.0.1", 0, net::TcpOptions{});
+    return l.is_ok() ? (*l)->port() : uint16_t{1};
+  }();
+  auto a = parse_worker_address("127.0.0.1:" + std::to_string(later) + "|relay://" + rp + "/sw");
+  ASSERT_TRUE(a.is_ok());
+  RemoteOptions o;
+  o.connect_timeout = milliseconds(3000);
+  auto e = RemoteExecutor::connect(*su.backbone, {*a}, o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  std::shared_ptr<RemoteExecutor> exec(std::move(*e));
+  EXPECT_EQ(exec->worker_status()[0].path, WorkerPath::kRelay);
+  expect_concurrent_runs_exact(su, {exec}, "relayed");
+  // Still unreachable: a try changes nothing.
+  exec->poll_rejoins(/*wait=*/true);
+  EXPECT_EQ(exec->worker_status()[0].path, WorkerPath::kRelay);
+  EXPECT_EQ(exec->failover_stats().path_switches, 0u);
+  // The same worker (name, experts) now answers on the direct address.
+  auto f = gguf::File::open(su.path);
+  ASSERT_TRUE(f.is_ok());
+  auto store = swarm::ExpertStore::open(std::move(*f), {});
+  ASSERT_TRUE(store.is_ok());
+  swarm::WorkerOptions wo;
+  wo.n_threads = 1;
+  wo.name = "sw";
+  wo.port = later;
+  auto direct = swarm::Worker::start(store->get(), wo);
+  ASSERT_TRUE(direct.is_ok()) << direct.status().to_string();
+  std::thread direct_thread([&] { (*direct)->run(); });
+  exec->poll_rejoins(/*wait=*/true);
+  EXPECT_EQ(exec->failover_stats().path_switches, 1u);
+  EXPECT_EQ(exec->worker_status()[0].path, WorkerPath::kDirect);
+  const uint64_t before = (*direct)->stats().dispatches.load();
+  expect_concurrent_runs_exact(su, {exec}, "after moving to the direct path");
+  EXPECT_GT((*direct)->stats().dispatches.load(), before) << "the direct path carries the requests now";
+  exec.reset();
+  (*direct)->stop();
+  direct_thread.join();
+  (*relay)->stop();
+  relay_thread.join();
+}
+
 // TLS with pinning on every path: a worker with a certificate is reached directly, by joining and
 // through a relay, each with the bits of all-local decoding; a backbone pinning another
 // certificate and one without TLS are refused with messages saying what to change.

@@ -116,6 +116,10 @@ struct RemoteOptions {
   // checks them again, maps them from its disk and becomes a holder: a second place to send those
   // pairs when the first fails or straggles. 0: off.
   int replicate_hot = 0;
+  // Path policy while connected: a worker reached over a later path of "A|B" (e.g. relayed,
+  // because A did not answer) has the earlier paths tried again this often, and is moved to the
+  // first that works between calls (exact bits either way). 0: only at connect and re-dial.
+  std::chrono::milliseconds path_recheck{30000};
 
   // The link options these imply (dtypes and mode the workers must speak).
   LinkOptions link_options() const;
@@ -282,12 +286,14 @@ class RemoteExecutor final : public ExpertExecutor {
   // workers that rejoined; and whether each worker is down now (left out, being re-dialled).
   struct FailoverStats {
     uint64_t failures = 0, saved_calls = 0, replanned_pairs = 0, rejoins = 0;
+    uint64_t path_switches = 0;  // links moved to a preferred path while up (RemoteOptions::path_recheck)
     uint64_t verified = 0, unverifiable = 0, mismatches = 0, evictions = 0;  // verify_rate
   };
   FailoverStats failover_stats() const;
   bool worker_down(size_t w) const;
-  // Starts the re-dials that are due and takes in those that finished (normally done at the
-  // start of a call). `wait` (tests): re-dials every down worker now and waits for the outcome.
+  // Starts the re-dials (and preferred-path tries, RemoteOptions::path_recheck) that are due and
+  // takes in those that finished (normally done at the start of a call). `wait` (tests): re-dials
+  // every down worker and tries every preferred path now, and waits for the outcome.
   // Never with a call pending.
   void poll_rejoins(bool wait = false);
 
