@@ -85,6 +85,7 @@ struct Worker::Impl {
     net::Clock::time_point deadline;
     detail::ComputeOutcome out;
     bool done = false;
+    size_t backbone = 0;  // its ledger slot: which backbone asked
   };
   std::mutex queue_mu;
   std::condition_variable queue_cv;
@@ -156,13 +157,23 @@ void Worker::Impl::compute(Job* job) {
 void Worker::Impl::run_pass(std::unique_lock<std::mutex>& lk) {
   computing = true;
   if (opts.batch_window.count() > 0) {
-    // Hold back for more requests of the head's layer, unless the batch is already full.
+    // Hold back for more requests of the head's layer: until every connected backbone has one
+    // waiting (nobody else can join the batch), the batch is full, or the window ends.
+    size_t connected = 0;
+    {
+      std::lock_guard<std::mutex> lk2(ledger_mu);
+      for (const LedgerEntry& e : ledger) connected += e.connected ? 1 : 0;
+    }
     const auto until = net::Clock::now() + opts.batch_window;
     auto full = [&] {
       uint64_t rows = 0;
-      for (Job* j : queue)
-        if (detail::can_batch(*queue.front()->req, *j->req)) rows += j->req->n_tokens();
-      return stopping() || rows >= opts.max_batch_tokens;
+      std::vector<size_t> who;
+      for (Job* j : queue) {
+        if (!detail::can_batch(*queue.front()->req, *j->req)) continue;
+        rows += j->req->n_tokens();
+        if (std::find(who.begin(), who.end(), j->backbone) == who.end()) who.push_back(j->backbone);
+      }
+      return stopping() || rows >= opts.max_batch_tokens || who.size() >= connected;
     };
     queue_cv.wait_until(lk, until, full);
   }
@@ -259,6 +270,7 @@ void Worker::Impl::handle_dispatch(net::Connection& conn, const wire::Frame& f, 
   job.req = &*req;
   job.has_deadline = has_deadline;
   job.deadline = deadline;
+  job.backbone = led;
   compute(&job);
   detail::ComputeOutcome& out = job.out;
   if (out.ok) {

@@ -24,9 +24,10 @@ struct WorkerArgs {
   std::string metrics;            // --metrics HOST:PORT
   std::string tls_cert, tls_key;  // --tls-cert, --tls-key
   bool listen_given = false;
-  int64_t batch_window_us = 0;  // --batch-window-us
-  std::string replica_dir;      // --replica-dir
-  double replica_mb = 0;        // --replica-mb
+  int64_t batch_window_us = 0;       // --batch-window-us
+  uint32_t max_batch_tokens = 4096;  // --max-batch-tokens
+  std::string replica_dir;           // --replica-dir
+  double replica_mb = 0;             // --replica-mb
 };
 
 swarm::Worker* g_worker = nullptr;
@@ -103,6 +104,9 @@ int run_worker(const WorkerArgs& a) {
   if (a.batch_window_us < 0)
     return fail(make_error(StatusCode::kInvalidArgument, "--batch-window-us must be >= 0, got {}", a.batch_window_us));
   o.batch_window = std::chrono::microseconds(a.batch_window_us);
+  if (a.max_batch_tokens == 0)
+    return fail(make_error(StatusCode::kInvalidArgument, "--max-batch-tokens must be >= 1 (1: no batching)"));
+  o.max_batch_tokens = a.max_batch_tokens;
   if (a.replica_dir.empty() != (a.replica_mb <= 0))
     return fail(make_error(StatusCode::kInvalidArgument, "--replica-dir and --replica-mb (> 0) go together"));
   o.replica_dir = a.replica_dir;
@@ -201,6 +205,9 @@ const CommandRegistrar kReg{
               sub->add_option("--batch-window-us", a->batch_window_us,
                               "Hold a compute pass back this long for more backbones' requests of the same layer "
                               "(they are batched anyway when they queue; default 0)");
+              sub->add_option("--max-batch-tokens", a->max_batch_tokens,
+                              "Most token rows in one compute pass of batched requests (1: one request per pass)")
+                  ->capture_default_str();
               sub->add_option("--replica-dir", a->replica_dir,
                               "Keep replicas of hot experts backbones send (STORE) in this folder: checked "
                               "against the model's hashes, mapped from disk, mapped again at the next start");
