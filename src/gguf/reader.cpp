@@ -457,11 +457,14 @@ Status File::parse() {
       return make_error(StatusCode::kCorrupt, "{}: data offset {} at offset {} is not a multiple of the alignment {}",
                         where, info.offset, at, alignment_);
     }
-    // n_elements fits int64, so the row count does too; the byte count may still overflow.
+    // n_elements fits int64 — but a zero dimension hides the others' product, so the row count
+    // is checked on its own; the byte count may overflow as well.
     const uint64_t n_blocks_per_row = static_cast<uint64_t>(info.ne[0] / tr.block_size);
-    const uint64_t n_rows = static_cast<uint64_t>(info.ne[1] * info.ne[2] * info.ne[3]);
+    uint64_t n_rows = 0;
     uint64_t row_bytes = 0;
-    if (__builtin_mul_overflow(n_blocks_per_row, tr.block_bytes, &row_bytes) ||
+    if (__builtin_mul_overflow(static_cast<uint64_t>(info.ne[1]), static_cast<uint64_t>(info.ne[2]), &n_rows) ||
+        __builtin_mul_overflow(n_rows, static_cast<uint64_t>(info.ne[3]), &n_rows) ||
+        __builtin_mul_overflow(n_blocks_per_row, tr.block_bytes, &row_bytes) ||
         __builtin_mul_overflow(row_bytes, n_rows, &info.n_bytes)) {
       return make_error(StatusCode::kCorrupt, "{}: byte size of [{}, {}, {}, {}] {} overflows", where, info.ne[0],
                         info.ne[1], info.ne[2], info.ne[3], tr.name);

@@ -158,6 +158,17 @@ Result<std::unique_ptr<WorkerLink>> establish_link(std::unique_ptr<net::Connecti
   auto rtt = net::ping(*link->mux, opts.warmup_pad_bytes, opts.warmup_pad_bytes, deadline);
   if (!rtt) return rtt.status().with_context(link->label + ": warm-up ping");
   link->warmup_rtt = *rtt;
+  if ((link->session.features & wire::kFeatureInfo) != 0) {
+    // Its capacity, for the registry (`moesh swarm status`): threads, memory, replica room.
+    const uint64_t id = link->mux->next_request_id();
+    MOESH_ASSIGN_OR_RETURN(auto ask, wire::encode_info_request(id));
+    MOESH_RETURN_IF_ERROR(link->mux->start(id, ask, deadline).with_context(link->label + ": INFO"));
+    auto reply = link->mux->wait(id, deadline);
+    if (!reply) return reply.status().with_context(link->label + ": INFO");
+    auto info = wire::decode_info(*reply);
+    if (!info) return info.status().with_context(link->label + ": INFO_REPLY");
+    link->capacity = *info;
+  }
   return link;
 }
 

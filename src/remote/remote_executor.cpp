@@ -237,6 +237,7 @@ void RemoteExecutor::Impl::check_paths(bool wait) {
       {
         std::lock_guard<std::mutex> lk(worker_mu);
         fan->replace(w, std::move(*link));
+        if (w < replica_use.size()) replica_use[w] = {0, 0};  // the new link's INFO is current
         workers[w].label = fan->link(w).label;
       }
       ++fo.path_switches;
@@ -290,6 +291,7 @@ void RemoteExecutor::Impl::start_redials(bool wait) {
         {
           std::lock_guard<std::mutex> lk(worker_mu);  // worker_status() reads the links under it
           fan->replace(w, std::move(*link));
+          if (w < replica_use.size()) replica_use[w] = {0, 0};  // the new link's INFO is current
         }
         h.down = false;
         h.backoff = std::chrono::milliseconds(0);
@@ -361,6 +363,7 @@ void RemoteExecutor::Impl::adopt_joined() {
     // Its old connection is dead (the worker dialled again): nothing of it is in flight now.
     std::lock_guard<std::mutex> lk(worker_mu);
     fan->replace(static_cast<size_t>(w), std::move(link));
+    if (static_cast<size_t>(w) < replica_use.size()) replica_use[static_cast<size_t>(w)] = {0, 0};
     WorkerTraffic& wt = workers[static_cast<size_t>(w)];
     wt.label = fan->link(static_cast<size_t>(w)).label;
     if (h.down) {
@@ -491,6 +494,18 @@ std::vector<WorkerStatus> RemoteExecutor::worker_status() const {
     s.failovers = t.failovers;
     for (const WorkerLink::Probe& p : link.probes)
       s.paths.push_back(WorkerStatus::Path{p.address, p.ok, p.rtt_ms, p.error, p.used});
+    s.threads = link.capacity.threads;
+    s.cores = link.capacity.cores;
+    s.slab_bytes = link.capacity.slab_bytes;
+    s.replica_bytes = link.capacity.replica_bytes;
+    s.replica_budget_bytes = link.capacity.replica_budget_bytes;
+    s.rss_bytes = link.capacity.rss_bytes;
+    if (w < m.replica_use.size() && m.replica_use[w].second > 0) {
+      // STOREd since it connected: the latest STORED's figures, slabs grown by what was stored.
+      s.slab_bytes += m.replica_use[w].first - std::min(m.replica_use[w].first, s.replica_bytes);
+      s.replica_bytes = m.replica_use[w].first;
+      s.replica_budget_bytes = m.replica_use[w].second;
+    }
   }
   return out;
 }
@@ -1152,6 +1167,11 @@ void RemoteExecutor::Impl::replicate_hot() {
       if (stored.status().code() == StatusCode::kUnavailable) full[static_cast<size_t>(target)] = true;
       failed(stored.status());
       continue;
+    }
+    {
+      std::lock_guard<std::mutex> lk(worker_mu);
+      if (replica_use.size() <= static_cast<size_t>(target)) replica_use.resize(static_cast<size_t>(target) + 1);
+      replica_use[static_cast<size_t>(target)] = {stored->replica_bytes, stored->budget_bytes};
     }
     next.add_holder(l, e, target);
     // It announces the replica from now on (after a restart too).

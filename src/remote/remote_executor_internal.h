@@ -120,6 +120,9 @@ struct RemoteExecutor::Impl {
     std::chrono::steady_clock::time_point upgrade_at;
   };
   std::vector<Health> health;
+  // Per worker: (replica bytes, budget) from its latest STORED ({0, 0}: none since it connected).
+  // Under worker_mu.
+  std::vector<std::pair<uint64_t, uint64_t>> replica_use;
   std::vector<std::vector<wire::ExpertRange>> announced;  // each worker's experts at connect
   wire::Hello hello;
   RemoteExecutor::FailoverStats fo;

@@ -60,7 +60,7 @@ const char* dashboard_html() {
  <div class="card"><h2>tokens/s and trips per token over time</h2><svg id="chart" width="460" height="320"></svg></div>
 </div>
 <div class="card"><h2>Workers</h2><table id="workers"><thead><tr><th>#</th><th class="l">name</th><th class="l">path</th>
-<th class="l">state</th><th>experts</th><th>rtt ms</th><th>min ms</th><th>heard s</th><th>requests</th><th>errors</th><th>rejoins</th></tr></thead><tbody></tbody></table></div>
+<th class="l">state</th><th>experts</th><th>rtt ms</th><th>min ms</th><th>heard s</th><th>requests</th><th>errors</th><th>rejoins</th><th>threads</th><th>replicas MiB</th></tr></thead><tbody></tbody></table></div>
 <div class="card"><h2>Expert activations (share of each layer's tokens)</h2><table id="heat"></table></div>
 <script>
 const hist = []; let updates = 0;
@@ -109,7 +109,9 @@ function drawWorkers(workers) {
   for (const w of workers) {
     const tr = document.createElement('tr'); tr.className = 'worker'; tr.dataset.name = w.name;
     const cells = [w.index, w.name, w.path, w.state, w.n_experts, w.warmup_rtt_ms.toFixed(3), w.min_latency_ms.toFixed(3),
-                   w.last_heard_s < 0 ? '–' : w.last_heard_s.toFixed(1), w.requests, w.errors, w.rejoins];
+                   w.last_heard_s < 0 ? '–' : w.last_heard_s.toFixed(1), w.requests, w.errors, w.rejoins,
+                   w.threads || '–', w.replica_budget_bytes ? (w.replica_bytes / 1048576).toFixed(1) + ' / ' +
+                   (w.replica_budget_bytes / 1048576).toFixed(1) : '–'];
     cells.forEach((c, i) => { const td = document.createElement('td'); td.textContent = c;
       if (i >= 1 && i <= 3) td.className = 'l'; if (i === 3) td.classList.add(w.state); tr.appendChild(td); });
     tb.appendChild(tr);

@@ -119,6 +119,12 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
                             {"errors", w.errors},
                             {"rejoins", w.rejoins},
                             {"failovers", w.failovers},
+                            {"threads", w.threads},
+                            {"cores", w.cores},
+                            {"slab_bytes", w.slab_bytes},
+                            {"replica_bytes", w.replica_bytes},
+                            {"replica_budget_bytes", w.replica_budget_bytes},
+                            {"rss_bytes", w.rss_bytes},
                             {"paths", paths_json(w)}});
   }
   if (const std::shared_ptr<WorkerRegistry>& reg = remote->options().registry) {
@@ -161,6 +167,19 @@ std::string render_swarm_status(const nlohmann::json& j) {
                        heard < 0 ? std::string("-") : fmt::format("{:.1f}", heard),
                        static_cast<uint64_t>(num(w, "requests")), static_cast<uint64_t>(num(w, "errors")),
                        str(w, "address"));
+    }
+  }
+  // What each worker offers (its INFO_REPLY): threads, memory, room for replicas.
+  if (j.contains("workers") && j["workers"].is_array()) {
+    for (const nlohmann::json& w : j["workers"]) {
+      if (num(w, "threads") <= 0) continue;
+      const double budget = num(w, "replica_budget_bytes");
+      s += fmt::format("capacity of {}: {} threads ({} cores), {:.1f} MiB of experts, rss {:.1f} MiB, {}\n",
+                       str(w, "name"), static_cast<uint64_t>(num(w, "threads")), static_cast<uint64_t>(num(w, "cores")),
+                       num(w, "slab_bytes") / 1048576.0, num(w, "rss_bytes") / 1048576.0,
+                       budget > 0 ? fmt::format("replicas {:.1f} of {:.1f} MiB", num(w, "replica_bytes") / 1048576.0,
+                                                budget / 1048576.0)
+                                  : std::string("keeps no replicas"));
     }
   }
   // Workers with several paths: what each measured.

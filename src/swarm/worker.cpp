@@ -26,6 +26,7 @@
 #include "moesh/net/tls.h"
 #include "moesh/net/transport.h"
 #include "moesh/net/websocket.h"
+#include "moesh/util/process.h"
 #include "swarm/worker_internal.h"
 
 namespace moesh::swarm {
@@ -132,6 +133,9 @@ struct Worker::Impl {
   void handle_store(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                     const wire::Session& session);
   bool offers_store() const { return !opts.replica_dir.empty() && opts.replica_budget_bytes > 0; }
+  // INFO -> INFO_REPLY: what this worker offers, for the backbone's registry.
+  void handle_info(net::Connection& conn, const wire::Frame& f);
+  net::Clock::time_point started = net::Clock::now();
   // Maps the replicas a previous run left in opts.replica_dir.
   Status load_replicas();
   std::mutex replica_mu;  // one STORE at a time: budget and file names
@@ -433,6 +437,30 @@ void Worker::Impl::handle_store(net::Connection& conn, const wire::Frame& f, con
   if (ok) (void)conn.send_frame(*ok, net::deadline_in(kSendTimeout));
 }
 
+void Worker::Impl::handle_info(net::Connection& conn, const wire::Frame& f) {
+  auto id = wire::decode_info_request(f);
+  if (!id) {
+    net::send_error(conn, f.request_id(), wire::WireError::kMalformed, id.status().message(),
+                    net::deadline_in(kSendTimeout));
+    return;
+  }
+  wire::InfoMsg m;
+  m.request_id = *id;
+  m.threads = static_cast<uint32_t>(std::max(pool->n_threads(), 1));
+  m.cores = std::thread::hardware_concurrency();
+  {
+    std::shared_lock<std::shared_mutex> held(store_mu);
+    m.slab_bytes = store->slab_bytes();
+  }
+  m.replica_budget_bytes = offers_store() ? opts.replica_budget_bytes : 0;
+  m.replica_bytes = std::min({stats.replica_bytes.load(), m.replica_budget_bytes, m.slab_bytes});
+  m.rss_bytes = resident_bytes();
+  m.uptime_ms =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(net::Clock::now() - started).count());
+  auto reply = wire::encode_info(m);
+  if (reply) (void)conn.send_frame(*reply, net::deadline_in(kSendTimeout));
+}
+
 Status Worker::Impl::load_replicas() {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -557,6 +585,9 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         break;
       case wire::MsgType::kStore:
         handle_store(conn, *f, lim, *session);
+        break;
+      case wire::MsgType::kInfo:
+        handle_info(conn, *f);
         break;
       case wire::MsgType::kPing: {
         auto p = wire::decode_ping(*f);

@@ -36,6 +36,10 @@ const char* msg_type_name(MsgType t) {
       return "STORE";
     case MsgType::kStored:
       return "STORED";
+    case MsgType::kInfo:
+      return "INFO";
+    case MsgType::kInfoReply:
+      return "INFO_REPLY";
     case MsgType::kCOUNT:
       break;
   }

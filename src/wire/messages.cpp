@@ -23,6 +23,7 @@ constexpr size_t kCombineFixedBytes = 24;
 constexpr size_t kPairBytes = 8;
 constexpr size_t kFetchBytes = 8;
 constexpr size_t kSlabFixedBytes = 8;
+constexpr size_t kInfoBytes = 48;              // u32 threads, u32 cores, 5 x u64
 constexpr size_t kStoredBytes = 24;            // u32 layer, u32 expert, u64 replica bytes, u64 budget
 constexpr size_t kSlabTensorHeaderBytes = 36;  // u32 type, u64 ne0, ne1, byte count, hash
 constexpr const char* kSlabTensorNames[3] = {"gate", "up", "down"};
@@ -517,6 +518,63 @@ Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim) {
   if (m.replica_bytes > m.budget_bytes)
     return make_error(StatusCode::kCorrupt, "STORED: replica bytes {} at offset 8 over the budget of {} at offset 16",
                       m.replica_bytes, m.budget_bytes);
+  return m;
+}
+
+// ---- INFO / INFO_REPLY ----
+
+Result<std::vector<uint8_t>> encode_info_request(uint64_t request_id) {
+  if (request_id == 0) return make_error(StatusCode::kInvalidArgument, "INFO: request id 0 is reserved");
+  return build_frame(MsgType::kInfo, request_id, {});
+}
+
+Result<uint64_t> decode_info_request(const Frame& f) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kInfo));
+  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "INFO: request id 0 is reserved");
+  if (!f.payload.empty())
+    return make_error(StatusCode::kCorrupt, "INFO payload is {} bytes (must be empty)", f.payload.size());
+  return f.request_id();
+}
+
+namespace {
+Status check_info(StatusCode code, const InfoMsg& m) {
+  if (m.threads == 0) return make_error(code, "INFO_REPLY: 0 compute threads");
+  if (m.replica_bytes > m.replica_budget_bytes)
+    return make_error(code, "INFO_REPLY: replica bytes {} over the budget of {}", m.replica_bytes,
+                      m.replica_budget_bytes);
+  if (m.replica_bytes > m.slab_bytes)
+    return make_error(code, "INFO_REPLY: replica bytes {} over the slab bytes of {}", m.replica_bytes, m.slab_bytes);
+  return Status::ok();
+}
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_info(const InfoMsg& m) {
+  if (m.request_id == 0) return make_error(StatusCode::kInvalidArgument, "INFO_REPLY: request id 0 is reserved");
+  MOESH_RETURN_IF_ERROR(check_info(StatusCode::kInvalidArgument, m));
+  std::vector<uint8_t> payload;
+  ByteWriter w(&payload);
+  w.u32(m.threads);
+  w.u32(m.cores);
+  w.u64(m.slab_bytes);
+  w.u64(m.replica_bytes);
+  w.u64(m.replica_budget_bytes);
+  w.u64(m.rss_bytes);
+  w.u64(m.uptime_ms);
+  return build_frame(MsgType::kInfoReply, m.request_id, payload);
+}
+
+Result<InfoMsg> decode_info(const Frame& f) {
+  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kInfoReply));
+  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "INFO_REPLY: request id 0 is reserved");
+  if (f.payload.size() != kInfoBytes)
+    return make_error(StatusCode::kCorrupt, "INFO_REPLY payload is {} bytes (must be {})", f.payload.size(),
+                      kInfoBytes);
+  ByteReader r(f.payload);
+  InfoMsg m;
+  m.request_id = f.request_id();
+  (void)(r.u32(&m.threads) && r.u32(&m.cores) && r.u64(&m.slab_bytes) && r.u64(&m.replica_bytes) &&
+         r.u64(&m.replica_budget_bytes) && r.u64(&m.rss_bytes) && r.u64(&m.uptime_ms));
+  MOESH_RETURN_IF_ERROR(check_info(StatusCode::kCorrupt, m));
   return m;
 }
 

@@ -135,6 +135,19 @@ TEST(Replicas, HotExpertsAreCopiedToASecondWorkerWhichThenServesThem) {
   EXPECT_EQ(h.replica_failures, 0u) << h.last_replica_error;
   EXPECT_EQ(b->worker->stats().stores.load(), h.replicas_sent);
   EXPECT_GT(a->worker->stats().fetches.load(), 0u) << "the copies came from A through the backbone";
+  // The registry shows what each offers (INFO at connect, STOREDs since).
+  {
+    const std::vector<WorkerStatus> ws = r->worker_status();
+    ASSERT_EQ(ws.size(), 2u);
+    EXPECT_EQ(ws[0].threads, 1u);
+    EXPECT_GT(ws[0].cores, 0u);
+    EXPECT_GT(ws[0].rss_bytes, 0u);
+    EXPECT_EQ(ws[0].slab_bytes, a->store->slab_bytes());
+    EXPECT_EQ(ws[0].replica_budget_bytes, 0u) << "A keeps no replicas";
+    EXPECT_EQ(ws[1].replica_budget_bytes, uint64_t{64} << 20);
+    EXPECT_EQ(ws[1].replica_bytes, b->worker->stats().replica_bytes.load());
+    EXPECT_EQ(ws[1].slab_bytes, b->store->slab_bytes());
+  }
   // Every activated expert now has B as a holder.
   const auto counts = r->activation_counts();
   const int E = r->placement().n_expert();
@@ -165,6 +178,7 @@ TEST(Replicas, HotExpertsAreCopiedToASecondWorkerWhichThenServesThem) {
   EXPECT_GT(b2->worker->stats().replica_bytes.load(), 0u);
   r->poll_rejoins(/*wait=*/true);
   ASSERT_FALSE(r->worker_down(1)) << "a worker that announces its replicas as well rejoins";
+  EXPECT_EQ(r->worker_status()[1].replica_bytes, b2->worker->stats().replica_bytes.load());
   r->set_excluded(0, true);
   const uint64_t b2_before = b2->worker->stats().dispatches.load();
   expect_concurrent_runs_exact(su, {r}, "B restarted, alone, on its re-mapped replicas");

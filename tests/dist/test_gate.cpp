@@ -159,6 +159,7 @@ class FakeWorker {
     swarm::ExpertSet all;
     for (uint32_t l : shape->moe_layers) all.ranges.push_back({l, 0, shape->n_expert});
     hello_ = swarm::make_hello(wire::PeerRole::kWorker, *id, *shape, all, "fake");
+    hello_.features &= ~wire::kFeatureInfo;  // a minimal worker: no capacity report
     auto store = swarm::ExpertStore::open(std::move(*file), all);
     EXPECT_TRUE(store.is_ok()) << store.status().to_string();
     store_ = std::move(*store);

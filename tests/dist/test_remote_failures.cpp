@@ -142,7 +142,8 @@ TEST(RemoteFailures, CombineForTheWrongLayerIsCaught) {
   ASSERT_TRUE(id.is_ok() && shape.is_ok());
   swarm::ExpertSet all;
   for (uint32_t l : shape->moe_layers) all.ranges.push_back({l, 0, shape->n_expert});
-  const wire::Hello hello = swarm::make_hello(wire::PeerRole::kWorker, *id, *shape, all, "liar");
+  wire::Hello hello = swarm::make_hello(wire::PeerRole::kWorker, *id, *shape, all, "liar");
+  hello.features &= ~wire::kFeatureInfo;  // a minimal worker: no capacity report (the backbone asks none)
   auto listener = net::TcpListener::listen("127.0.0.1", 0, net::TcpOptions{});
   ASSERT_TRUE(listener.is_ok());
   const uint16_t port = (*listener)->port();

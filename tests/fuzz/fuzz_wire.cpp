@@ -88,6 +88,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case MsgType::kStored:
       check_roundtrip(in, decode_stored(*f, lim), encode_stored);
       break;
+    case MsgType::kInfo: {
+      auto id = decode_info_request(*f);
+      if (id.is_ok()) {
+        auto out = encode_info_request(*id);
+        if (!out.is_ok() || *out != in) std::abort();
+      }
+      break;
+    }
+    case MsgType::kInfoReply:
+      check_roundtrip(in, decode_info(*f), encode_info);
+      break;
     case MsgType::kCOUNT:
       break;
   }

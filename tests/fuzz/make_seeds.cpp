@@ -64,6 +64,10 @@ int main(int argc, char** argv) {
   }
   put(wdir, "fetch", encode_fetch(FetchMsg{9, 1, 5}));
   put(wdir, "slab", encode_slab(testing::make_slab(9, 1, 5)));
+  put(wdir, "store", encode_store(testing::make_slab(10, 1, 6)));
+  put(wdir, "stored", encode_stored(StoredMsg{10, 1, 6, 532, 4096}));
+  put(wdir, "info", encode_info_request(11));
+  put(wdir, "info-reply", encode_info(InfoMsg{11, 2, 8, 4096, 532, 8192, 1 << 20, 1234}));
   put(wdir, "ping", encode_ping(PingMsg{3, 123456789, 16, 8}));
   put(wdir, "pong", encode_pong(PongMsg{3, 123456789, 987654321, 8}));
   put(wdir, "goodbye", encode_goodbye(GoodbyeMsg{0, "bye"}));

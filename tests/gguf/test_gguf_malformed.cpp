@@ -197,6 +197,14 @@ TEST(GgufMalformed, TensorInfos) {
   store<uint64_t>(&b, t[2].ne + 8, uint64_t{1} << 62);
   expect_error(b, StatusCode::kCorrupt, {"tensor 2", "overflows int64", "ne[1]"});
 
+  // A zero dimension keeps the element count at 0 whatever the others are: their product must
+  // still not overflow (found by the gguf fuzzer).
+  b = s.bytes;
+  store<uint64_t>(&b, t[2].ne, 0);
+  store<uint64_t>(&b, t[2].ne + 8, uint64_t{1} << 62);
+  store<uint64_t>(&b, t[2].ne + 16, uint64_t{1} << 62);
+  expect_error(b, StatusCode::kCorrupt, {"tensor 2", "overflows"});
+
   b = s.bytes;
   store<uint32_t>(&b, t[0].type, 4);  // removed Q4_2
   expect_error(b, StatusCode::kCorrupt, {"tensor 0 ('a.weight')", "ggml type id 4", "offset"});

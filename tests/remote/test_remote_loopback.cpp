@@ -134,9 +134,9 @@ TEST(RemoteLoopback, ExactWithReplicasAndAnExcludedWorkerEqualsLocal) {
 TEST(RemoteLoopback, AWorkerFailingMidCallIsCoveredWithinTheCallAndRejoins) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));
-  // Worker 1's writes: 0 HELLO, 1 PONG, 2 the first COMBINE — cut off mid-frame.
+  // Worker 1's writes: 0 HELLO, 1 PONG, 2 INFO_REPLY, 3 the first COMBINE — cut off mid-frame.
   net::FaultPlan fp;
-  fp.schedule = {{2, net::FaultKind::kCloseMidFrame}};
+  fp.schedule = {{3, net::FaultKind::kCloseMidFrame}};
   s.faults[1] = fp;
   const auto tokens = tokens_of(*s.model);
   auto local = run_model(*s.model, tokens);
@@ -213,7 +213,8 @@ TEST(RemoteLoopback, FailoverToAReplicaAndAClearErrorWithoutOne) {
   ASSERT_NO_FATAL_FAILURE(s.add_worker("*:8-15"));
   ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-7"));  // worker 2: a replica of worker 0
   net::FaultPlan fp;
-  fp.schedule = {{2, net::FaultKind::kCorrupt}};  // the first COMBINE fails its checksum
+  fp.schedule = {
+      {3, net::FaultKind::kCorrupt}};  // the first COMBINE (after HELLO, PONG, INFO_REPLY) fails its checksum
   s.faults[0] = fp;
   RemoteOptions o;
   o.worker_costs = {0.001, 0.001, 0.010};  // worker 2 is far: it gets pairs only when 0 is down
@@ -228,7 +229,7 @@ TEST(RemoteLoopback, FailoverToAReplicaAndAClearErrorWithoutOne) {
 
   // Worker 1 (the only holder of 8-15) failing now: nobody else has its experts.
   s.faults[1] = net::FaultPlan{};
-  s.faults[1].schedule = {{2, net::FaultKind::kCloseMidFrame}};
+  s.faults[1].schedule = {{3, net::FaultKind::kCloseMidFrame}};
   auto exec2 = s.connect(o);
   ASSERT_TRUE(exec2.is_ok()) << exec2.status().to_string();
   auto bad = run_model(*s.model, tokens, *exec2);
@@ -244,7 +245,8 @@ TEST(RemoteLoopback, BothWorkersFailingAreBothNamedOrBothCovered) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));
   net::FaultPlan fp;
-  fp.schedule = {{2, net::FaultKind::kCorrupt}};  // the first COMBINE fails its checksum
+  fp.schedule = {
+      {3, net::FaultKind::kCorrupt}};  // the first COMBINE (after HELLO, PONG, INFO_REPLY) fails its checksum
   s.faults[0] = fp;
   s.faults[1] = fp;
   RemoteOptions off;
@@ -273,10 +275,10 @@ TEST(RemoteLoopback, BothWorkersFailingAreBothNamedOrBothCovered) {
 TEST(RemoteLoopback, RepliesAreTakenInArrivalOrder) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));
-  // Worker 0 (first in worker order) holds its third write (after HELLO and the warm-up PONG)
+  // Worker 0 (first in worker order) holds its fourth write (after HELLO, the warm-up PONG and INFO_REPLY)
   // back; worker 1 answers at once.
   net::FaultPlan fp;
-  fp.schedule = {{2, net::FaultKind::kDelay}};
+  fp.schedule = {{3, net::FaultKind::kDelay}};
   fp.delay = std::chrono::milliseconds(1000);
   s.faults[0] = fp;
   RemoteOptions ro;
@@ -503,7 +505,7 @@ TEST(RemoteLoopback, AWorkerFailingUnderTwoMicroBatchesLeavesNothingPending) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));
   net::FaultPlan fp;
-  fp.schedule = {{4, net::FaultKind::kCloseMidFrame}};  // HELLO, PONG, 2 COMBINEs, then cut
+  fp.schedule = {{5, net::FaultKind::kCloseMidFrame}};  // HELLO, PONG, INFO_REPLY, 2 COMBINEs, then cut
   s.faults[1] = fp;
   auto local = run_streams(*s.model, nullptr, MicroBatching::kOn, 2);
   ASSERT_TRUE(local.is_ok());
@@ -762,7 +764,7 @@ TEST(RemoteLoopback, AWorkerThatTurnsSlowIsTakenOffTheHotPath) {
   ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
   net::FaultPlan slow;
   slow.delay = std::chrono::milliseconds(30);
-  for (uint64_t n = 12; n < 4000; ++n) slow.schedule.emplace_back(n, net::FaultKind::kDelay);
+  for (uint64_t n = 13; n < 4000; ++n) slow.schedule.emplace_back(n, net::FaultKind::kDelay);
   s.faults[1] = slow;
   auto full = gguf::File::open(s.path);
   ASSERT_TRUE(full.is_ok());
@@ -860,7 +862,7 @@ TEST(RemoteLoopback, OneWorkerIsReadByTheWaitingThreadAndItsFailureIsStillNamed)
     EXPECT_GT((*exec)->worker_traffic()[0].requests, 0u);
   }
   net::FaultPlan fp;
-  fp.schedule = {{3, net::FaultKind::kCloseMidFrame}};  // HELLO, PONG, one COMBINE, then cut
+  fp.schedule = {{4, net::FaultKind::kCloseMidFrame}};  // HELLO, PONG, INFO_REPLY, one COMBINE, then cut
   s.faults[0] = fp;
   RemoteOptions off;  // (with failover the backbone's copies would cover it)
   off.failover = false;

@@ -65,6 +65,10 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_store(*f, lim).status();
     case MsgType::kStored:
       return decode_stored(*f, lim).status();
+    case MsgType::kInfo:
+      return decode_info_request(*f).status();
+    case MsgType::kInfoReply:
+      return decode_info(*f).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -101,6 +105,10 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_store(decode_store(f, lim).value()).value();
     case MsgType::kStored:
       return encode_stored(decode_stored(f, lim).value()).value();
+    case MsgType::kInfo:
+      return encode_info_request(decode_info_request(f).value()).value();
+    case MsgType::kInfoReply:
+      return encode_info(decode_info(f).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -495,6 +503,47 @@ TEST(WireMalformed, StoreAndStoredFields) {
       encode_stored({.request_id = 1, .layer = 0, .expert = 0, .replica_bytes = 2, .budget_bytes = 1}).is_ok());
 }
 
+// INFO: empty payload, id != 0. INFO_REPLY: 48 bytes, threads >= 1, replicas within the budget
+// and within the slabs.
+TEST(WireMalformed, InfoAndInfoReplyFields) {
+  const auto ask = encode_info_request(7).value();
+  ASSERT_EQ(ask.size(), kHeaderBytes);
+  ASSERT_TRUE(decode_any(ask, kLim).is_ok());
+  EXPECT_FALSE(encode_info_request(0).is_ok());
+  auto edit = [](std::vector<uint8_t> b, auto fn) {
+    fn(b);
+    return reseal(b);
+  };
+  expect_code(edit(ask, [](auto& b) { b.push_back(1); }), StatusCode::kCorrupt, "INFO payload is 1 bytes");
+  const InfoMsg m{.request_id = 7,
+                  .threads = 4,
+                  .cores = 8,
+                  .slab_bytes = 1000,
+                  .replica_bytes = 100,
+                  .replica_budget_bytes = 500,
+                  .rss_bytes = 4096,
+                  .uptime_ms = 12};
+  const auto reply = encode_info(m).value();
+  ASSERT_EQ(reply.size(), kHeaderBytes + 48);
+  auto back = decode_info(parse_frame(reply, kLim.max_frame_bytes).value());
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->threads, 4u);
+  EXPECT_EQ(back->cores, 8u);
+  EXPECT_EQ(back->slab_bytes, 1000u);
+  EXPECT_EQ(back->replica_budget_bytes, 500u);
+  EXPECT_EQ(back->uptime_ms, 12u);
+  expect_code(edit(reply, [](auto& b) { b.resize(b.size() - 1); }), StatusCode::kCorrupt,
+              "INFO_REPLY payload is 47 bytes");
+  expect_code(edit(reply, [](auto& b) { put<uint32_t>(b, 0, 0); }), StatusCode::kCorrupt, "0 compute threads");
+  expect_code(edit(reply, [](auto& b) { put<uint64_t>(b, 16, 600); }), StatusCode::kCorrupt,
+              "replica bytes 600 over the budget of 500");
+  expect_code(edit(reply, [](auto& b) { put<uint64_t>(b, 8, 50); }), StatusCode::kCorrupt,
+              "replica bytes 100 over the slab bytes of 50");
+  InfoMsg bad = m;
+  bad.threads = 0;
+  EXPECT_FALSE(encode_info(bad).is_ok());
+}
+
 // Mutations: bit flips, byte overwrites, truncation, extension, header field edits; half of
 // them resealed so they get past the checksum to the field checks.
 TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
@@ -524,6 +573,8 @@ TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
   seeds.push_back(encode_store(make_slab(32, 1, 3)).value());
   seeds.push_back(
       encode_stored({.request_id = 32, .layer = 1, .expert = 3, .replica_bytes = 9, .budget_bytes = 99}).value());
+  seeds.push_back(encode_info_request(33).value());
+  seeds.push_back(encode_info({.request_id = 33, .threads = 2, .slab_bytes = 9, .replica_budget_bytes = 1}).value());
   for (const auto& s : seeds) ASSERT_TRUE(decode_any(s, kLim).is_ok());
 
   std::mt19937_64 rng(20240611);

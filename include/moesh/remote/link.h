@@ -68,6 +68,8 @@ struct WorkerLink {
     bool used = false;
   };
   std::vector<Probe> probes;
+  // What the worker said it offers (INFO_REPLY after the warm-up; zero when it lacks the feature).
+  wire::InfoMsg capacity;
   // Sends GOODBYE (best effort) and closes the connection, waking a thread blocked reading it;
   // idempotent. The objects stay until destruction, so a reader may still touch them.
   void shut_down();

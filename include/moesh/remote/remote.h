@@ -227,6 +227,9 @@ struct WorkerStatus {
     bool used = false;
   };
   std::vector<Path> paths;
+  // Capacity (the worker's INFO_REPLY at connect; replica use updated by each STORED).
+  uint32_t threads = 0, cores = 0;
+  uint64_t slab_bytes = 0, replica_bytes = 0, replica_budget_bytes = 0, rss_bytes = 0;
 };
 
 class RemoteExecutor final : public ExpertExecutor {

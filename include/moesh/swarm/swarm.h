@@ -115,8 +115,9 @@ inline constexpr uint32_t kAllModes = (1u << static_cast<int>(wire::CombineMode:
 
 // The HELLO a process sends: model_id_bytes = 16 with the identity bytes, n_layer/n_expert/
 // n_embd from the shape, dtypes = kAllDTypes, modes = kAllModes, features = kFeatureFetch (a
-// worker serves FETCH, a backbone may send it) and, for a backbone, kFeatureStore (it may send
-// STORE; a worker with a replica folder adds the bit itself), the held experts' ranges (empty for a backbone),
+// worker serves FETCH, a backbone may send it), kFeatureInfo (a worker answers INFO with its
+// capacity) and, for a backbone, kFeatureStore (it may send STORE; a worker with a replica folder
+// adds the bit itself), the held experts' ranges (empty for a backbone),
 // the name.
 wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape, const ExpertSet& held,
                        std::string name);

@@ -54,23 +54,27 @@ constexpr uint32_t kFeatureAuth = 1u << 1;
 // Worker: keeps replicas of experts a backbone sends it (STORE, answered with STORED); backbone:
 // may send STORE.
 constexpr uint32_t kFeatureStore = 1u << 2;
-constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth | kFeatureStore;
+// Worker: answers INFO with its capacity (INFO_REPLY); backbone: asks after the warm-up.
+constexpr uint32_t kFeatureInfo = 1u << 3;
+constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
-  kHello = 1,     // first frame in each direction: version range, model identity, experts held
-  kDispatch = 2,  // backbone -> worker: hidden rows + (expert, weight, rank) pairs of one layer
-  kCombine = 3,   // worker -> backbone: expert outputs for one DISPATCH (same request id)
-  kPing = 4,      // liveness / warm-up, carries a timestamp and optional padding
-  kPong = 5,      // answer to PING (same request id), echoes its timestamp
-  kGoodbye = 6,   // orderly close: no more requests will be sent
-  kError = 7,     // failure of one request (request id != 0) or of the connection (id 0)
-  kFetch = 8,     // backbone -> worker: send me the weights of (layer, expert)   [v3, kFeatureFetch]
-  kSlab = 9,      // worker -> backbone: one expert's gate/up/down slabs (same request id as the FETCH)
-  kAuth = 10,     // swarm-key challenge / proof, right after the HELLOs           [kFeatureAuth]
-  kRoute = 11,    // before HELLO on dial-out and relayed connections: join, relay connect, splice
-  kStore = 12,    // backbone -> worker: keep a replica of this expert (a SLAB's payload) [kFeatureStore]
-  kStored = 13,   // worker -> backbone: the STORE's expert is held and served now (same request id)
+  kHello = 1,       // first frame in each direction: version range, model identity, experts held
+  kDispatch = 2,    // backbone -> worker: hidden rows + (expert, weight, rank) pairs of one layer
+  kCombine = 3,     // worker -> backbone: expert outputs for one DISPATCH (same request id)
+  kPing = 4,        // liveness / warm-up, carries a timestamp and optional padding
+  kPong = 5,        // answer to PING (same request id), echoes its timestamp
+  kGoodbye = 6,     // orderly close: no more requests will be sent
+  kError = 7,       // failure of one request (request id != 0) or of the connection (id 0)
+  kFetch = 8,       // backbone -> worker: send me the weights of (layer, expert)   [v3, kFeatureFetch]
+  kSlab = 9,        // worker -> backbone: one expert's gate/up/down slabs (same request id as the FETCH)
+  kAuth = 10,       // swarm-key challenge / proof, right after the HELLOs           [kFeatureAuth]
+  kRoute = 11,      // before HELLO on dial-out and relayed connections: join, relay connect, splice
+  kStore = 12,      // backbone -> worker: keep a replica of this expert (a SLAB's payload) [kFeatureStore]
+  kStored = 13,     // worker -> backbone: the STORE's expert is held and served now (same request id)
+  kInfo = 14,       // backbone -> worker: what capacity do you have? (empty payload)   [kFeatureInfo]
+  kInfoReply = 15,  // worker -> backbone: its capacity (same request id)
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -344,6 +348,18 @@ struct StoredMsg {
   uint64_t budget_bytes = 0;   // the worker's replica budget (replica_bytes <= budget_bytes)
 };
 
+// INFO_REPLY: a worker's capacity, for the backbone's registry (`moesh swarm status`).
+struct InfoMsg {
+  uint64_t request_id = 0;            // the INFO's
+  uint32_t threads = 0;               // compute threads of its pool (>= 1)
+  uint32_t cores = 0;                 // hardware threads of its machine
+  uint64_t slab_bytes = 0;            // expert slabs it holds (replicas included)
+  uint64_t replica_bytes = 0;         // of which replicas
+  uint64_t replica_budget_bytes = 0;  // replica_bytes <= this (0: keeps none)
+  uint64_t rss_bytes = 0;             // its resident memory
+  uint64_t uptime_ms = 0;
+};
+
 // Swarm-key authentication (net/auth.h): a fresh random challenge and/or an HMAC-SHA256 proof.
 struct AuthMsg {
   static constexpr uint8_t kHasChallenge = 1u << 0, kHasProof = 1u << 1;
@@ -408,6 +424,8 @@ Result<std::vector<uint8_t>> encode_route(const RouteMsg& m);
 // decode_slab).
 Result<std::vector<uint8_t>> encode_store(const SlabMsg& m);
 Result<std::vector<uint8_t>> encode_stored(const StoredMsg& m);
+Result<std::vector<uint8_t>> encode_info_request(uint64_t request_id);
+Result<std::vector<uint8_t>> encode_info(const InfoMsg& m);
 
 // Decoders check the frame type, every count against the payload size and the limits, and
 // every enum; they never allocate more than the payload size implies.
@@ -424,6 +442,9 @@ Result<AuthMsg> decode_auth(const Frame& f);
 Result<RouteMsg> decode_route(const Frame& f);
 Result<SlabMsg> decode_store(const Frame& f, const DecodeLimits& lim);
 Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim);
+// INFO: the request id (!= 0); the payload must be empty.
+Result<uint64_t> decode_info_request(const Frame& f);
+Result<InfoMsg> decode_info(const Frame& f);
 
 // The backbone's check that a COMBINE answers its DISPATCH (id, layer, mode, dtype, shape).
 Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply);

@@ -526,6 +526,9 @@ expect_eq "$(js 'j.workers.map(w => w.name + ":" + w.path + ":" + w.state).sort(
 expect_eq "$(js 'j.backbone' <"$TMP/status.json")" "gw-join" "swarm status: the backbone's name"
 "$MOESH" swarm status "$BASE" >"$TMP/status.txt" || fail "swarm status (table)"
 grep -Eq '^[01] +j2 +joined +up' "$TMP/status.txt" || { cat "$TMP/status.txt"; fail "swarm status table lacks j2"; }
+grep -Eq '^capacity of j2: [0-9]+ threads' "$TMP/status.txt" || { cat "$TMP/status.txt"; fail "swarm status lacks j2's capacity"; }
+expect_eq "$(js 'j.workers.every(w => w.threads >= 1 && w.slab_bytes > 0)' <"$TMP/status.json")" "true" \
+  "swarm status: every worker's capacity (INFO) is known"
 ok "swarm status prints the registry table"
 # j2 dies and comes back under its name: same place, same greedy text, a second join on record.
 kill -KILL "$J2_PID"
