@@ -101,6 +101,18 @@ class WsStream final : public ByteStream {
     return Status::ok();
   }
 
+  // Runs one upgrade operation (`start(handler)`: async_handshake or async_accept) to completion
+  // on this thread before the deadline; *ec is its outcome.
+  template <typename Start>
+  Status upgrade(Start start, Deadline deadline, beast::error_code* ec) {
+    bool done = false;
+    start([&done, ec](beast::error_code e) {
+      *ec = e;
+      done = true;
+    });
+    return run_until(done, deadline, "the WebSocket upgrade");
+  }
+
   websocket::stream<tcp::socket>& ws() { return ws_; }
   const std::string& peer() const { return peer_; }
 
@@ -279,26 +291,28 @@ class PrefixStream final : public ByteStream {
   size_t at_ = 0;
 };
 
+// The socket of a connected TCP stream, adopted by a new WebSocket stream (upgrade still to do).
+Result<std::unique_ptr<WsStream>> open_ws(std::unique_ptr<ByteStream> tcp_stream, const WsOptions& o) {
+  MOESH_ASSIGN_OR_RETURN(int fd, tcp_release_fd(std::move(tcp_stream)));
+  auto ws = std::make_unique<WsStream>();
+  Status err;
+  if (!ws->adopt(fd, o, &err)) return err;
+  return ws;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ByteStream>> ws_connect(const std::string& host, uint16_t port, const TcpOptions& tcp_opts,
                                                Deadline deadline, const WsOptions& o) {
   MOESH_ASSIGN_OR_RETURN(std::unique_ptr<ByteStream> s, tcp_connect(host, port, tcp_opts, deadline));
-  MOESH_ASSIGN_OR_RETURN(int fd, tcp_release_fd(std::move(s)));
-  auto ws = std::make_unique<WsStream>();
-  Status err;
-  if (!ws->adopt(fd, o, &err)) return err;
+  MOESH_ASSIGN_OR_RETURN(std::unique_ptr<WsStream> ws, open_ws(std::move(s), o));
   ws->ws().set_option(websocket::stream_base::decorator(
       [](websocket::request_type& req) { req.set(beast::http::field::user_agent, "moesh"); }));
-  bool done = false;
   beast::error_code hec;
   const std::string authority =
       host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
-  ws->ws().async_handshake(authority, o.path, [&](beast::error_code ec) {
-    hec = ec;
-    done = true;
-  });
-  MOESH_RETURN_IF_ERROR(ws->run_until(done, deadline, "the WebSocket upgrade"));
+  MOESH_RETURN_IF_ERROR(ws->upgrade(
+      [&](auto handler) { ws->ws().async_handshake(authority, o.path, std::move(handler)); }, deadline, &hec));
   if (hec)
     return make_error(StatusCode::kUnavailable, "ws {}{}: the WebSocket upgrade failed: {}", authority, o.path,
                       hec.message());
@@ -308,19 +322,13 @@ Result<std::unique_ptr<ByteStream>> ws_connect(const std::string& host, uint16_t
 
 Result<std::unique_ptr<ByteStream>> ws_accept(std::unique_ptr<ByteStream> tcp_stream, std::span<const uint8_t> first,
                                               Deadline deadline, const WsOptions& o) {
-  MOESH_ASSIGN_OR_RETURN(int fd, tcp_release_fd(std::move(tcp_stream)));
-  auto ws = std::make_unique<WsStream>();
-  Status err;
-  if (!ws->adopt(fd, o, &err)) return err;
+  MOESH_ASSIGN_OR_RETURN(std::unique_ptr<WsStream> ws, open_ws(std::move(tcp_stream), o));
   ws->ws().set_option(websocket::stream_base::decorator(
       [](websocket::response_type& res) { res.set(beast::http::field::server, "moesh"); }));
-  bool done = false;
   beast::error_code aec;
-  ws->ws().async_accept(asio::buffer(first.data(), first.size()), [&](beast::error_code ec) {
-    aec = ec;
-    done = true;
-  });
-  MOESH_RETURN_IF_ERROR(ws->run_until(done, deadline, "the WebSocket upgrade"));
+  MOESH_RETURN_IF_ERROR(ws->upgrade(
+      [&](auto handler) { ws->ws().async_accept(asio::buffer(first.data(), first.size()), std::move(handler)); },
+      deadline, &aec));
   if (aec) return make_error(StatusCode::kUnavailable, "ws {}: not a WebSocket upgrade: {}", ws->peer(), aec.message());
   ws->start();
   return std::unique_ptr<ByteStream>(std::move(ws));

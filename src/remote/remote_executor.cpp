@@ -247,6 +247,7 @@ void RemoteExecutor::Impl::check_paths(bool wait) {
     }
     // On a fallback path: try the ones preferred to it, in order, in the background.
     const WorkerLink& cur = fan->link(w);
+    if (cur.dialed.alternatives.empty()) continue;  // one path: nothing to prefer (the usual case, each step)
     std::vector<WorkerAddress> paths = {cur.dialed};
     paths[0].alternatives.clear();
     paths.insert(paths.end(), cur.dialed.alternatives.begin(), cur.dialed.alternatives.end());

@@ -40,6 +40,19 @@ Result<std::unique_ptr<ByteStream>> accept_one(TcpListener& l, const WsOptions& 
   return accept_tcp_or_websocket(std::move(s), deadline_in(milliseconds(5000)), o);
 }
 
+// A WebSocket client connected to the listener, and the server side of it (accepted on a thread).
+struct WsPair {
+  Result<std::unique_ptr<ByteStream>> server = Status(StatusCode::kInternal, "not accepted");
+  Result<std::unique_ptr<ByteStream>> client = Status(StatusCode::kInternal, "not connected");
+};
+WsPair ws_pair(const Listener& L, const WsOptions& server_opts = {}) {
+  WsPair p;
+  std::thread t([&] { p.server = accept_one(*L.l, server_opts); });
+  p.client = ws_connect("127.0.0.1", L.port, TcpOptions{}, deadline_in(milliseconds(5000)));
+  t.join();
+  return p;
+}
+
 std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   std::vector<uint8_t> b(n);
   std::mt19937 rng(seed);
@@ -60,10 +73,9 @@ Status read_exact(ByteStream& s, uint8_t* out, size_t n) {
 TEST(WebSocket, CarriesBytesBothWaysInOrderAtEverySize) {
   Listener L = listen_any();
   ASSERT_NE(L.l, nullptr);
-  Result<std::unique_ptr<ByteStream>> server = Status(StatusCode::kInternal, "");
-  std::thread t([&] { server = accept_one(*L.l); });
-  auto client = ws_connect("127.0.0.1", L.port, TcpOptions{}, deadline_in(milliseconds(5000)));
-  t.join();
+  WsPair pair = ws_pair(L);
+  auto& server = pair.server;
+  auto& client = pair.client;
   ASSERT_TRUE(client.is_ok()) << client.status().to_string();
   ASSERT_TRUE(server.is_ok()) << server.status().to_string();
   EXPECT_TRUE(is_websocket(**client));
@@ -205,10 +217,9 @@ TEST(WebSocket, AnOversizedMessageFailsTheStream) {
   ASSERT_NE(L.l, nullptr);
   WsOptions small;
   small.max_message_bytes = 1024;
-  Result<std::unique_ptr<ByteStream>> server = Status(StatusCode::kInternal, "");
-  std::thread t([&] { server = accept_one(*L.l, small); });
-  auto client = ws_connect("127.0.0.1", L.port, TcpOptions{}, deadline_in(milliseconds(5000)));
-  t.join();
+  WsPair pair = ws_pair(L, small);
+  auto& server = pair.server;
+  auto& client = pair.client;
   ASSERT_TRUE(client.is_ok() && server.is_ok());
   const auto big = pattern(4096, 3);
   (void)(*client)->write_all(big, deadline_in(milliseconds(5000)));
