@@ -35,6 +35,24 @@ Context::Context(const Model& model, const ContextParams& params)
     executor_ = std::make_shared<LocalExecutor>(model.expert_weights(), pool_.get());
   else
     executor_->set_pool(pool_.get());
+  spans_ = params.spans;
+  if (spans_) {
+    const int n_layer = static_cast<int>(model.hparams().n_layer);
+    span_at_.assign(static_cast<size_t>(n_layer), -1);
+    int next_free = 0;
+    const auto& sp = spans_->spans();
+    for (size_t k = 0; k < sp.size() && span_status_.is_ok(); ++k) {
+      if (sp[k].first < next_free || sp[k].last < sp[k].first || sp[k].last >= n_layer) {
+        span_status_ =
+            make_error(StatusCode::kInvalidArgument, "span {}-{} is not within blocks 0-{} after the previous span",
+                       sp[k].first, sp[k].last, n_layer - 1);
+        break;
+      }
+      span_at_[static_cast<size_t>(sp[k].first)] = static_cast<int>(k);
+      next_free = sp[k].last + 1;
+    }
+    state_.set_listener(spans_.get());
+  }
 }
 
 Context::~Context() {
@@ -66,60 +84,24 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   if (n_out > 0 && logits == nullptr) {
     return make_error(StatusCode::kInvalidArgument, "decode: logits requested but no buffer given");
   }
+  if (!span_status_.is_ok()) return span_status_;
   Scratch& s = *scratch_;
   n_hidden_ = 0;
 
   // Cells are reserved for every sequence before any layer runs: positions continue each
   // sequence, a token's cell is its index within its sequence.
-  int32_t* seq = detail::grow(s.seq, static_cast<size_t>(T));
-  int64_t* pos = detail::grow(s.pos, static_cast<size_t>(T));
-  int64_t* cell = detail::grow(s.cell, static_cast<size_t>(T));
-  struct SeqStep {
-    int32_t seq;
-    int64_t n_before, n_new = 0;
-  };
-  std::vector<SeqStep> steps;
-  std::vector<int32_t> step_of(static_cast<size_t>(T));  // token i belongs to steps[step_of[i]]
+  std::vector<uint8_t> wants(static_cast<size_t>(T));
+  int32_t* seq_in = detail::grow(s.seq, static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) {
-    const int32_t sq = batch[i].seq;
-    auto it = std::find_if(steps.begin(), steps.end(), [&](const SeqStep& x) { return x.seq == sq; });
-    if (it == steps.end()) {
-      steps.push_back({sq, kv_.seq_len(sq)});
-      it = steps.end() - 1;
-    }
-    step_of[static_cast<size_t>(i)] = static_cast<int32_t>(it - steps.begin());
-    seq[i] = sq;
-    cell[i] = it->n_before + it->n_new;
-    ++it->n_new;
+    seq_in[i] = batch[i].seq;
+    wants[static_cast<size_t>(i)] = batch[i].logits ? 1 : 0;
   }
-  std::vector<int64_t> new_pos;
-  for (size_t k = 0; k < steps.size(); ++k) {
-    const SeqStep& st = steps[k];
-    const int64_t p0 = kv_.seq_pos_max(st.seq) + 1;
-    new_pos.resize(static_cast<size_t>(st.n_new));
-    for (int64_t j = 0; j < st.n_new; ++j) new_pos[j] = p0 + j;
-    auto first = kv_.append(st.seq, new_pos.data(), st.n_new);
-    if (!first) {
-      for (size_t r = 0; r < k; ++r) (void)kv_.truncate(steps[r].seq, steps[r].n_before);
-      return first.status();
-    }
-  }
-  for (int64_t i = 0; i < T; ++i) pos[i] = kv_.positions(seq[i])[cell[i]];
-  // Recurrent layers: the step's checkpoints are prepared per sequence (RecurrentState).
-  if (rec_) {
-    // Per sequence, after which of its tokens the state may be cut (those asking for logits):
-    // sequence k's flags start at offset[k], in its token order.
-    std::vector<int64_t> offset(steps.size() + 1, 0);
-    for (size_t k = 0; k < steps.size(); ++k) offset[k + 1] = offset[k] + steps[k].n_new;
-    std::vector<uint8_t> cut_after(static_cast<size_t>(T));
-    for (int64_t i = 0; i < T; ++i) {
-      const size_t k = static_cast<size_t>(step_of[static_cast<size_t>(i)]);
-      cut_after[static_cast<size_t>(offset[k] + cell[i] - steps[k].n_before)] = batch[i].logits ? 1 : 0;
-    }
-    for (size_t k = 0; k < steps.size(); ++k) {
-      rec_->begin_step(steps[k].seq, steps[k].n_new, cut_after.data() + offset[k]);
-    }
-  }
+  std::vector<SeqStep> steps;
+  std::vector<int32_t> step_of;  // token i belongs to steps[step_of[i]]
+  MOESH_RETURN_IF_ERROR(reserve_cells(T, nullptr, wants.data(), &steps, &step_of));
+  const int32_t* seq = s.seq.data();
+  const int64_t* pos = s.pos.data();
+  const int64_t* cell = s.cell.data();
   auto rollback = [&] {
     for (const SeqStep& st : steps) {
       (void)kv_.truncate(st.seq, st.n_before);
@@ -130,7 +112,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   // One micro-batch, or two (whole sequences each; ContextParams::micro_batching).
   int n_parts = 1;
   bool auto_decided = false;
-  if (steps.size() >= 2 && observer_ == nullptr && executor_->overlaps_submits()) {
+  if (steps.size() >= 2 && observer_ == nullptr && !spans_ && executor_->overlaps_submits()) {
     if (micro_batching_ == MicroBatching::kOn) n_parts = 2;
     if (micro_batching_ == MicroBatching::kAuto) {
       n_parts = mb_policy_.choose_split(static_cast<int>(steps.size())) ? 2 : 1;
@@ -212,9 +194,16 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   // and part 0's layer il+1 while part 1's are:  pre0(0) pre1(0) | post0(l) pre0(l+1) post1(l) pre1(l+1) | ...
   Status st = Status::ok();
   if (n_parts == 1) {
-    for (int il = 0; il < hp.n_layer && st.is_ok(); ++il) {
+    for (int il = 0; il < hp.n_layer && st.is_ok();) {
+      const int k = span_at_.empty() ? -1 : span_at_[static_cast<size_t>(il)];
+      if (k >= 0) {  // blocks first..last run on a span peer: one trip for the whole span
+        st = spans_->run(k, SpanBatch{T, seq, pos, cell, wants.data()}, parts[0].h);
+        il = spans_->spans()[static_cast<size_t>(k)].last + 1;
+        continue;
+      }
       st = pre(parts[0], il);
       if (st.is_ok()) st = post(parts[0], il);
+      ++il;
     }
   } else {
     st = pre(parts[0], 0);
@@ -267,6 +256,114 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (auto_decided) mb_policy_.record(static_cast<int>(steps.size()), n_parts == 2, seconds);
   ++(n_parts == 2 ? mb_stats_.steps_split : mb_stats_.steps_whole);
+  return Status::ok();
+}
+
+Status Context::reserve_cells(int64_t T, const int64_t* given_pos, const uint8_t* cut, std::vector<SeqStep>* steps_out,
+                              std::vector<int32_t>* step_of_out) {
+  Scratch& s = *scratch_;
+  const int32_t* seq = s.seq.data();
+  int64_t* pos = detail::grow(s.pos, static_cast<size_t>(T));
+  int64_t* cell = detail::grow(s.cell, static_cast<size_t>(T));
+  std::vector<SeqStep>& steps = *steps_out;
+  std::vector<int32_t>& step_of = *step_of_out;
+  steps.clear();
+  step_of.assign(static_cast<size_t>(T), 0);
+  for (int64_t i = 0; i < T; ++i) {
+    const int32_t sq = seq[i];
+    auto it = std::find_if(steps.begin(), steps.end(), [&](const SeqStep& x) { return x.seq == sq; });
+    if (it == steps.end()) {
+      steps.push_back({sq, kv_.seq_len(sq)});
+      it = steps.end() - 1;
+    }
+    step_of[static_cast<size_t>(i)] = static_cast<int32_t>(it - steps.begin());
+    cell[i] = it->n_before + it->n_new;
+    ++it->n_new;
+  }
+  std::vector<int64_t> new_pos;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const SeqStep& st = steps[k];
+    new_pos.resize(static_cast<size_t>(st.n_new));
+    if (given_pos == nullptr) {
+      const int64_t p0 = kv_.seq_pos_max(st.seq) + 1;
+      for (int64_t j = 0; j < st.n_new; ++j) new_pos[j] = p0 + j;
+    } else {
+      for (int64_t i = 0, j = 0; i < T; ++i) {
+        if (step_of[static_cast<size_t>(i)] == static_cast<int32_t>(k)) new_pos[j++] = given_pos[i];
+      }
+    }
+    auto first = kv_.append(st.seq, new_pos.data(), st.n_new);
+    if (!first) {
+      for (size_t r = 0; r < k; ++r) (void)kv_.truncate(steps[r].seq, steps[r].n_before);
+      return first.status();
+    }
+  }
+  for (int64_t i = 0; i < T; ++i) pos[i] = kv_.positions(seq[i])[cell[i]];
+  // Recurrent layers: the step's checkpoints are prepared per sequence (RecurrentState).
+  if (rec_) {
+    // Per sequence, after which of its tokens the state may be cut (those asking for logits):
+    // sequence k's flags start at offset[k], in its token order.
+    std::vector<int64_t> offset(steps.size() + 1, 0);
+    for (size_t k = 0; k < steps.size(); ++k) offset[k + 1] = offset[k] + steps[k].n_new;
+    std::vector<uint8_t> cut_after(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) {
+      const size_t k = static_cast<size_t>(step_of[static_cast<size_t>(i)]);
+      cut_after[static_cast<size_t>(offset[k] + cell[i] - steps[k].n_before)] = cut != nullptr ? cut[i] : 0;
+    }
+    for (size_t k = 0; k < steps.size(); ++k) {
+      rec_->begin_step(steps[k].seq, steps[k].n_new, cut_after.data() + offset[k]);
+    }
+  }
+  return Status::ok();
+}
+
+Status Context::decode_layers(std::span<const LayerToken> toks, int first, int last, float* h) {
+  const HParams& hp = model_.hparams();
+  const int64_t T = static_cast<int64_t>(toks.size()), D = hp.n_embd;
+  if (T == 0) return make_error(StatusCode::kInvalidArgument, "decode_layers: empty batch");
+  if (first < 0 || last < first || last >= hp.n_layer) {
+    return make_error(StatusCode::kInvalidArgument, "decode_layers: blocks {}-{} not within 0-{}", first, last,
+                      hp.n_layer - 1);
+  }
+  if (spans_) return make_error(StatusCode::kInvalidArgument, "decode_layers: this context has spans of its own");
+  Scratch& s = *scratch_;
+  n_hidden_ = 0;
+  std::vector<int64_t> given(static_cast<size_t>(T));
+  std::vector<uint8_t> cut(static_cast<size_t>(T));
+  int32_t* seq = detail::grow(s.seq, static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) {
+    seq[i] = toks[static_cast<size_t>(i)].seq;
+    given[static_cast<size_t>(i)] = toks[static_cast<size_t>(i)].pos;
+    cut[static_cast<size_t>(i)] = toks[static_cast<size_t>(i)].cut ? 1 : 0;
+  }
+  std::vector<SeqStep> steps;
+  std::vector<int32_t> step_of;
+  MOESH_RETURN_IF_ERROR(reserve_cells(T, given.data(), cut.data(), &steps, &step_of));
+  detail::Fwd f{model_,     hp,         pool_.get(),
+                kv_,        rec_.get(), s,
+                *executor_, observer_,  detail::Batch{T, s.seq.data(), s.pos.data(), s.cell.data()}};
+  const size_t n_act = static_cast<size_t>(T * D);
+  detail::BlockBufs b{detail::grow(s.h, n_act), detail::grow(s.xn, n_act), detail::grow(s.attn_out, n_act),
+                      detail::grow(s.ffn_out, n_act)};
+  std::copy(h, h + n_act, b.h);
+  detail::MoeCall call;
+  Status st = Status::ok();
+  for (int il = first; il <= last && st.is_ok(); ++il) {
+    st = detail::block_begin(f, il, model_.layers[static_cast<size_t>(il)], b, &call);
+    if (st.is_ok()) st = detail::block_end(f, il, model_.layers[static_cast<size_t>(il)], b, &call);
+  }
+  if (!st.is_ok()) {
+    if (call.pending) (void)detail::moe_end(f, 0, &call, b.ffn_out);
+    for (const SeqStep& sp : steps) {
+      (void)kv_.truncate(sp.seq, sp.n_before);
+      if (rec_) rec_->abort_step(sp.seq);
+    }
+    return st;
+  }
+  std::copy(b.h, b.h + n_act, h);
+  if (rec_) {
+    for (const SeqStep& sp : steps) rec_->commit_step(sp.seq);
+  }
   return Status::ok();
 }
 

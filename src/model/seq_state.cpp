@@ -221,7 +221,9 @@ int64_t ContextState::restorable(int32_t seq, int64_t n) const {
 Status ContextState::truncate(int32_t seq, int64_t n_keep) {
   if (n_keep >= kv_->seq_len(seq)) return Status::ok();
   if (rec_ != nullptr) MOESH_RETURN_IF_ERROR(rec_->truncate(seq, n_keep));  // the one that can refuse
-  return kv_->truncate(seq, n_keep);
+  MOESH_RETURN_IF_ERROR(kv_->truncate(seq, n_keep));
+  if (listener_ != nullptr) listener_->on_truncate(seq, n_keep);
+  return Status::ok();
 }
 
 Status ContextState::copy(int32_t src, int32_t dst, int64_t n) {
@@ -232,17 +234,21 @@ Status ContextState::copy(int32_t src, int32_t dst, int64_t n) {
     return make_error(StatusCode::kOutOfRange, "copy: sequence {} holds {} tokens, asked for {}", src, have, n);
   }
   if (rec_ != nullptr) MOESH_RETURN_IF_ERROR(rec_->copy(src, dst, n));
-  return kv_->copy(src, dst, n);
+  MOESH_RETURN_IF_ERROR(kv_->copy(src, dst, n));
+  if (listener_ != nullptr) listener_->on_copy(src, dst, n);
+  return Status::ok();
 }
 
 void ContextState::remove(int32_t seq) {
   kv_->remove(seq);
   if (rec_ != nullptr) rec_->remove(seq);
+  if (listener_ != nullptr) listener_->on_remove(seq);
 }
 
 void ContextState::clear() {
   kv_->clear();
   if (rec_ != nullptr) rec_->clear();
+  if (listener_ != nullptr) listener_->on_clear();
 }
 
 }  // namespace moesh

@@ -69,7 +69,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const Model& model, const T
   }
   auto impl = std::make_unique<Impl>(model, tokenizer, opts, n_ctx);
   impl->ctx = std::make_unique<Context>(
-      model, ContextParams{opts.n_threads, n_ctx, opts.executor, opts.micro_batching, opts.checkpoints});
+      model, ContextParams{opts.n_threads, n_ctx, opts.executor, opts.micro_batching, opts.checkpoints, opts.spans});
   std::shared_ptr<DraftSource> draft = opts.draft_source;
   if (!draft && !opts.draft.empty()) {
     // A model-based source (the NextN head) runs on the context's pool, between steps.

@@ -26,6 +26,7 @@
 #include "moesh/net/tls.h"
 #include "moesh/net/transport.h"
 #include "moesh/net/websocket.h"
+#include "moesh/swarm/span_host.h"
 #include "moesh/util/process.h"
 #include "swarm/worker_internal.h"
 
@@ -135,6 +136,8 @@ struct Worker::Impl {
   bool offers_store() const { return !opts.replica_dir.empty() && opts.replica_budget_bytes > 0; }
   // INFO -> INFO_REPLY: what this worker offers, for the backbone's registry.
   void handle_info(net::Connection& conn, const wire::Frame& f);
+  void handle_span(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                   const wire::Session& session);
   net::Clock::time_point started = net::Clock::now();
   // Maps the replicas a previous run left in opts.replica_dir.
   Status load_replicas();
@@ -461,6 +464,35 @@ void Worker::Impl::handle_info(net::Connection& conn, const wire::Frame& f) {
   if (reply) (void)conn.send_frame(*reply, net::deadline_in(kSendTimeout));
 }
 
+void Worker::Impl::handle_span(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                               const wire::Session& session) {
+  stats.span_steps.fetch_add(1);
+  auto fail = [&](wire::WireError code, const std::string& text) {
+    stats.errors.fetch_add(1);
+    net::send_error(conn, f.request_id(), code, text, net::deadline_in(kSendTimeout));
+  };
+  if (!opts.span || (session.features & wire::kFeatureSpan) == 0) {
+    fail(wire::WireError::kUnsupported, "this worker runs no layer span");
+    return;
+  }
+  auto req = wire::decode_span_step(f, lim);
+  if (!req) {
+    fail(wire::WireError::kMalformed, req.status().message());
+    return;
+  }
+  auto res = opts.span->step(session.peer.name, *req);
+  if (!res) {
+    fail(wire::status_code_to_wire_error(res.status().code()), res.status().message());
+    return;
+  }
+  auto frame = wire::encode_span_result(*res);
+  if (!frame || frame->size() - wire::kHeaderBytes > session.max_send_bytes) {
+    fail(wire::WireError::kInternal, frame ? "SPAN_RESULT exceeds the peer's frame limit" : frame.status().message());
+    return;
+  }
+  (void)conn.send_frame(*frame, send_deadline(frame->size()));
+}
+
 Status Worker::Impl::load_replicas() {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -538,6 +570,7 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
     hello.layer_act = detail::layer_activation_dtypes(*store);
   }
   if (offers_store()) hello.features |= wire::kFeatureStore;
+  if (opts.span) hello.features |= wire::kFeatureSpan;
   auto session =
       net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout), opts.swarm_key.get());
   if (!session) {
@@ -588,6 +621,9 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         break;
       case wire::MsgType::kInfo:
         handle_info(conn, *f);
+        break;
+      case wire::MsgType::kSpanStep:
+        handle_span(conn, *f, lim, *session);
         break;
       case wire::MsgType::kPing: {
         auto p = wire::decode_ping(*f);

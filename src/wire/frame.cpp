@@ -30,6 +30,10 @@ const char* msg_type_name(MsgType t) {
       return "SLAB";
     case MsgType::kAuth:
       return "AUTH";
+    case MsgType::kSpanStep:
+      return "SPAN_STEP";
+    case MsgType::kSpanResult:
+      return "SPAN_RESULT";
     case MsgType::kRoute:
       return "ROUTE";
     case MsgType::kStore:

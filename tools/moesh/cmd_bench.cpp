@@ -131,7 +131,10 @@ int run_bench(const BenchArgs& a) {
 
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "bench", &remote)) return 1;
+  std::shared_ptr<SpanClient> spans;
+  if (!open_spans_or_report(*model, a.swarm, "bench", a.threads, &spans)) return 1;
   ContextParams cp;
+  cp.spans = spans;
   cp.n_threads = a.threads;
   // Speculative rows generate greedily after a grounded prompt: a 16-token phrase said 4 times.
   std::vector<int32_t> grounded;

@@ -33,7 +33,10 @@ int run_logits(const LogitsArgs& a) {
   const int64_t T = static_cast<int64_t>(toks->size());
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "logits", &remote)) return 1;
+  std::shared_ptr<SpanClient> spans;
+  if (!open_spans_or_report(*model, a.swarm, "logits", a.threads, &spans)) return 1;
   ContextParams cp;
+  cp.spans = spans;
   cp.n_threads = a.threads;
   cp.n_ctx = std::max<int64_t>(T, model->hparams().n_ctx_train);
   cp.executor = remote;

@@ -132,7 +132,10 @@ int run_run(const RunArgs& a) {
   if (auto r = model->file().get_or<int64_t>("tokenizer.ggml.eos_token_id", -1); r) eos = *r;
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "run", &remote)) return 1;
+  std::shared_ptr<SpanClient> spans;
+  if (!open_spans_or_report(*model, a.swarm, "run", a.threads, &spans)) return 1;
   ContextParams cp;
+  cp.spans = spans;
   cp.n_threads = a.threads;
   cp.n_ctx = std::max<int64_t>(static_cast<int64_t>(prompt.size()) + a.n_predict, hp.n_ctx_train);
   cp.executor = remote;
@@ -220,6 +223,20 @@ int run_run(const RunArgs& a) {
                     {"accepted", ss.accepted},
                     {"emitted", ss.emitted}};
     }
+    if (spans) {
+      const SpanStats s = spans->stats();
+      nlohmann::json where = nlohmann::json::array();
+      for (size_t k = 0; k < spans->spans().size(); ++k) where.push_back(spans->where(static_cast<int>(k)));
+      j["spans"] = {{"steps", s.steps},
+                    {"trips", s.trips},
+                    {"resends", s.resends},
+                    {"replayed_rows", s.replayed_rows},
+                    {"failovers", s.failovers},
+                    {"local_steps", s.local_steps},
+                    {"bytes_sent", s.bytes_sent},
+                    {"bytes_received", s.bytes_received},
+                    {"where", where}};
+    }
     if (remote) {
       // Round-trip structure of the whole run (prompt and generation): what the WAN tests check.
       const RemoteTraffic t = remote->traffic();
@@ -255,6 +272,7 @@ int run_run(const RunArgs& a) {
         "prefill: %zu tokens in %.1f ms (%.2f tok/s) | decode: %d tokens in %.1f ms (%.2f tok/s) | %d thread%s\n",
         prompt.size(), t_prefill * 1e3, pp_tps, n_dec, t_decode * 1e3, tg_tps, ctx.pool().n_threads(),
         ctx.pool().n_threads() == 1 ? "" : "s");
+    if (spans) print_span_stats(*spans, stderr);
     if (draft) {
       std::fprintf(stderr,
                    "draft %s: %lld forward passes for %lld tokens (%.2f per pass), %lld of %lld drafts accepted "

@@ -90,6 +90,8 @@ int run_serve(const ServeArgs& a) {
 
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "serve", &remote)) return 1;
+  std::shared_ptr<SpanClient> spans;
+  if (!open_spans_or_report(*model, a.swarm, "serve", a.threads, &spans)) return 1;
 
   SchedulerOptions so;
   so.n_slots = a.parallel;
@@ -102,6 +104,7 @@ int run_serve(const ServeArgs& a) {
   so.draft = a.draft;
   so.draft_max = a.draft_max;
   so.micro_batching = micro_batching_of(a.swarm);
+  so.spans = spans;
   auto sched = Scheduler::create(*model, tok.get(), so);
   if (!sched) return fail(sched.status());
 

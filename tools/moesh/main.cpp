@@ -1,4 +1,5 @@
 // moesh CLI entry point: dispatches to the registered subcommands.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // Log lines go to stderr: stdout carries results (--json, generated text) that scripts parse.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("moesh"));
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
   spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
   for (auto& [sub, run] : runners) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moesh/remote/remote.h"
+#include "moesh/remote/span_client.h"
 #include "moesh/wan/host_tcp.h"
 
 namespace moesh::cli {
@@ -33,6 +34,10 @@ struct SwarmArgs {
   int join_wait_ms = 60000;           // --join-wait-ms: how long
   std::vector<std::string> tls_pins;  // --tls-pin SHA256 (repeatable): TLS to every worker
   int replicate_hot = 0;              // --replicate-hot N
+  std::vector<std::string> spans;     // --span FIRST-LAST@HOST:PORT (repeatable)
+  std::string span_wire = "f32";      // --span-wire
+  int span_timeout_ms = 60000;        // --span-timeout-ms
+  bool no_span_fallback = false;      // --no-span-fallback
 
   bool enabled() const { return !workers.empty() || !workers_file.empty() || !accept_workers.empty(); }
 };
@@ -127,6 +132,17 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
                   "workers hold to a worker with --replica-dir (checked by hash on both ends); 0: off")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  sub->add_option("--span", a->spans,
+                  "Blocks FIRST-LAST run on a span peer (moesh span) at HOST:PORT: one trip per span and step "
+                  "(repeatable; the same span again names a replacement, tried in order when one fails)");
+  sub->add_option("--span-wire", a->span_wire, "Rows between spans: f32 (bit-exact), f16 or bf16")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->capture_default_str();
+  sub->add_option("--span-timeout-ms", a->span_timeout_ms, "Deadline of each span trip")
+      ->check(CLI::Range(1, 3600 * 1000))
+      ->capture_default_str();
+  sub->add_flag("--no-span-fallback", a->no_span_fallback,
+                "Fail when every peer of a span fails, instead of running its blocks here");
 }
 
 inline MicroBatching micro_batching_of(const SwarmArgs& a) {
@@ -229,6 +245,53 @@ inline bool open_remote_or_report(const Model& model, const SwarmArgs& a, const 
   std::fprintf(stderr, "%s", (*exec)->describe().c_str());
   *out = std::shared_ptr<RemoteExecutor>(std::move(*exec));
   return true;
+}
+
+// Connects the span peers named by --span (if any) and stores the runner in *out (null when no
+// spans are given). Prints the error and returns false on failure. The caller passes *out as
+// ContextParams::spans.
+inline bool open_spans_or_report(const Model& model, const SwarmArgs& a, const char* cmd, int n_threads,
+                                 std::shared_ptr<SpanClient>* out) {
+  out->reset();
+  if (a.spans.empty()) return true;
+  auto fail = [cmd](const Status& st) {
+    std::fprintf(stderr, "moesh %s: error: %s\n", cmd, st.to_string().c_str());
+    return false;
+  };
+  auto ro = remote_options(a);
+  if (!ro) return fail(ro.status());
+  std::vector<SpanTarget> targets;
+  for (const std::string& s : a.spans) {
+    auto t = parse_span_target(s);
+    if (!t) return fail(t.status());
+    targets.push_back(std::move(*t));
+  }
+  SpanOptions so;
+  so.link = ro->link_options();
+  so.name = a.name;
+  auto wd = parse_wire_dtype(a.span_wire);
+  if (!wd) return fail(wd.status());
+  so.hidden_wire = so.return_wire = *wd;
+  so.timeout = std::chrono::milliseconds(a.span_timeout_ms);
+  so.local_fallback = !a.no_span_fallback;
+  so.local_threads = n_threads;
+  auto c = SpanClient::connect(model, std::move(targets), so);
+  if (!c) return fail(c.status());
+  std::fprintf(stderr, "%s", (*c)->describe().c_str());
+  *out = std::move(*c);
+  return true;
+}
+
+inline void print_span_stats(const SpanClient& c, std::FILE* f) {
+  const SpanStats s = c.stats();
+  std::fprintf(f,
+               "spans: %llu span steps in %llu trips (%llu resends, %llu rows replayed), %llu failovers, %llu run "
+               "here; %.1f KiB sent, %.1f KiB received; input log %.1f KiB\n",
+               static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.trips),
+               static_cast<unsigned long long>(s.resends), static_cast<unsigned long long>(s.replayed_rows),
+               static_cast<unsigned long long>(s.failovers), static_cast<unsigned long long>(s.local_steps),
+               s.bytes_sent / 1024.0, s.bytes_received / 1024.0, c.log_bytes() / 1024.0);
+  for (size_t k = 0; k < c.spans().size(); ++k) std::fprintf(f, "  span %s\n", c.where(static_cast<int>(k)).c_str());
 }
 
 }  // namespace moesh::cli

@@ -20,6 +20,7 @@
 #include "moesh/gguf/gguf.h"
 #include "moesh/model/kv_cache.h"
 #include "moesh/model/seq_state.h"
+#include "moesh/model/span.h"
 #include "moesh/moe/executor.h"
 #include "moesh/moe/routing.h"
 #include "moesh/tensor/ops.h"
@@ -263,6 +264,10 @@ struct ContextParams {
   std::shared_ptr<ExpertExecutor> executor;
   MicroBatching micro_batching = MicroBatching::kAuto;
   CheckpointPolicy checkpoints = {};  // recurrent-state checkpoints (hybrid models only)
+  // Blocks that run elsewhere (span peers, span.h); null: every block runs here. Steps of a
+  // context with spans are never split into micro-batches, and observers see only the blocks
+  // that run here.
+  std::shared_ptr<SpanRunner> spans;
 };
 
 class Context {
@@ -289,6 +294,19 @@ class Context {
   // sequence alone (batch-invariant kernels, attention per row). On error every sequence is
   // rolled back to its cells before the call.
   Status decode_batch(std::span<const BatchToken> batch, float* logits);
+
+  // One token of a span step (the span peer's side of span.h).
+  struct LayerToken {
+    int32_t seq = 0;
+    int64_t pos = 0;   // increasing within a sequence, above its cached positions
+    bool cut = false;  // a cut after this token is likely (recurrent checkpoints)
+  };
+  // Runs blocks [first, last] only, for rows h [n][n_embd] that enter block `first` (on return:
+  // the rows leaving block `last`), appending each token to its sequence's cells at the given
+  // position. No embedding, no output head. A token's bits are what decode_batch computes for it
+  // in those blocks (the same block functions, batch-invariant). On error every sequence is
+  // rolled back to its cells before the call.
+  Status decode_layers(std::span<const LayerToken> toks, int first, int last, float* h);
 
   const Model& model() const { return model_; }
   // Every sequence's state (KV cells and, for hybrids, recurrent state): cut and copy here.
@@ -327,6 +345,18 @@ class Context {
     void record(int n_seq, bool split, double seconds);
   };
 
+  // A sequence's share of one step: the tokens it held before and the ones the step adds.
+  struct SeqStep {
+    int32_t seq;
+    int64_t n_before, n_new = 0;
+  };
+  // Reserves the cells of the T tokens whose sequences are in scratch seq[]: positions continue
+  // each sequence (given_pos null) or are given; fills scratch pos[] and cell[], the steps and
+  // step_of[i] (token i's entry in steps), and begins the recurrent state's step (cut[i]: a cut
+  // after token i is likely). On error nothing changed.
+  Status reserve_cells(int64_t T, const int64_t* given_pos, const uint8_t* cut, std::vector<SeqStep>* steps,
+                       std::vector<int32_t>* step_of);
+
   const Model& model_;
   std::unique_ptr<ThreadPool> pool_;
   KvCache kv_;
@@ -340,6 +370,9 @@ class Context {
   MicroBatching micro_batching_ = MicroBatching::kAuto;
   MicroBatchPolicy mb_policy_;
   MicroBatchStats mb_stats_;
+  std::shared_ptr<SpanRunner> spans_;
+  std::vector<int> span_at_;           // [n_layer]: the span starting at block il, else -1
+  Status span_status_ = Status::ok();  // why the spans cannot be used (checked at decode)
 };
 
 }  // namespace moesh

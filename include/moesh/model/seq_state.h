@@ -124,6 +124,18 @@ class RecurrentState final : public SequenceState {
 
 class KvCache;
 
+// Told of every cut, copy and removal of a context's sequence state outside a step (speculative
+// rollback, the server's prefix cache, finished requests): whoever keeps a share of that state
+// elsewhere (a span runner's inputs, span.h) follows along. Steps themselves are not reported.
+class StateListener {
+ public:
+  virtual ~StateListener() = default;
+  virtual void on_truncate(int32_t seq, int64_t n_keep) {}
+  virtual void on_copy(int32_t src, int32_t dst, int64_t n) {}
+  virtual void on_remove(int32_t seq) {}
+  virtual void on_clear() {}
+};
+
 // A context's whole per-sequence state: its KV cells and, for models with recurrent layers, its
 // recurrent state, cut and copied together (a cut is exact where both allow it).
 class ContextState final : public SequenceState {
@@ -136,10 +148,13 @@ class ContextState final : public SequenceState {
   Status copy(int32_t src, int32_t dst, int64_t n) override;
   void remove(int32_t seq) override;
   void clear() override;
+  // Null: nobody listens. Called after each successful change.
+  void set_listener(StateListener* l) { listener_ = l; }
 
  private:
   KvCache* kv_;
   RecurrentState* rec_;  // null: attention only
+  StateListener* listener_ = nullptr;
 };
 
 }  // namespace moesh

@@ -110,6 +110,8 @@ struct SchedulerOptions {
   // Hybrid models: where each slot's recurrent state keeps checkpoints (ContextParams). The
   // prefix cache reuses a slot's tokens up to its nearest checkpoint; the rest is prefilled.
   CheckpointPolicy checkpoints = {};
+  // Blocks run on span peers (ContextParams::spans); null: all here.
+  std::shared_ptr<SpanRunner> spans;
 };
 
 // Counters since create(). requests_submitted counts accepted requests; each one ends as exactly

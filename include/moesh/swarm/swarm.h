@@ -232,6 +232,8 @@ std::string slice_kind(const gguf::File& f);
 
 // ---- the worker process ------------------------------------------------------------------------
 
+class SpanHost;
+
 struct WorkerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;                 // 0: any free port (printed)
@@ -271,6 +273,9 @@ struct WorkerOptions {
   // Like `join`, over WebSocket (`--join ws://HOST:PORT`, net/websocket.h): for networks that only
   // let HTTP out. The relay or registry tells it from TCP by its first bytes.
   std::vector<std::pair<std::string, uint16_t>> join_ws;
+  // Span peer (`moesh span`, span_host.h): also runs whole blocks for backbones (SPAN_STEP,
+  // feature bit kFeatureSpan). Null: an expert worker only.
+  std::shared_ptr<SpanHost> span;
 };
 
 struct WorkerStats {
@@ -286,6 +291,7 @@ struct WorkerStats {
   std::atomic<uint64_t> stores{0};          // replicas received (STORE answered with STORED)
   std::atomic<uint64_t> store_refusals{0};  // STOREs refused (budget, hashes, shape, disk)
   std::atomic<uint64_t> replica_bytes{0};   // slab bytes of the replicas held now
+  std::atomic<uint64_t> span_steps{0};      // SPAN_STEPs received (span peers)
 };
 
 // One side's account of the work done between a backbone and a worker (the work ledger): the

@@ -56,25 +56,29 @@ constexpr uint32_t kFeatureAuth = 1u << 1;
 constexpr uint32_t kFeatureStore = 1u << 2;
 // Worker: answers INFO with its capacity (INFO_REPLY); backbone: asks after the warm-up.
 constexpr uint32_t kFeatureInfo = 1u << 3;
-constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo;
+// Span peer (`moesh span`): runs whole blocks for the backbone (SPAN_STEP, answered with SPAN_RESULT).
+constexpr uint32_t kFeatureSpan = 1u << 4;
+constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo | kFeatureSpan;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
-  kHello = 1,       // first frame in each direction: version range, model identity, experts held
-  kDispatch = 2,    // backbone -> worker: hidden rows + (expert, weight, rank) pairs of one layer
-  kCombine = 3,     // worker -> backbone: expert outputs for one DISPATCH (same request id)
-  kPing = 4,        // liveness / warm-up, carries a timestamp and optional padding
-  kPong = 5,        // answer to PING (same request id), echoes its timestamp
-  kGoodbye = 6,     // orderly close: no more requests will be sent
-  kError = 7,       // failure of one request (request id != 0) or of the connection (id 0)
-  kFetch = 8,       // backbone -> worker: send me the weights of (layer, expert)   [v3, kFeatureFetch]
-  kSlab = 9,        // worker -> backbone: one expert's gate/up/down slabs (same request id as the FETCH)
-  kAuth = 10,       // swarm-key challenge / proof, right after the HELLOs           [kFeatureAuth]
-  kRoute = 11,      // before HELLO on dial-out and relayed connections: join, relay connect, splice
-  kStore = 12,      // backbone -> worker: keep a replica of this expert (a SLAB's payload) [kFeatureStore]
-  kStored = 13,     // worker -> backbone: the STORE's expert is held and served now (same request id)
-  kInfo = 14,       // backbone -> worker: what capacity do you have? (empty payload)   [kFeatureInfo]
-  kInfoReply = 15,  // worker -> backbone: its capacity (same request id)
+  kHello = 1,        // first frame in each direction: version range, model identity, experts held
+  kDispatch = 2,     // backbone -> worker: hidden rows + (expert, weight, rank) pairs of one layer
+  kCombine = 3,      // worker -> backbone: expert outputs for one DISPATCH (same request id)
+  kPing = 4,         // liveness / warm-up, carries a timestamp and optional padding
+  kPong = 5,         // answer to PING (same request id), echoes its timestamp
+  kGoodbye = 6,      // orderly close: no more requests will be sent
+  kError = 7,        // failure of one request (request id != 0) or of the connection (id 0)
+  kFetch = 8,        // backbone -> worker: send me the weights of (layer, expert)   [v3, kFeatureFetch]
+  kSlab = 9,         // worker -> backbone: one expert's gate/up/down slabs (same request id as the FETCH)
+  kAuth = 10,        // swarm-key challenge / proof, right after the HELLOs           [kFeatureAuth]
+  kRoute = 11,       // before HELLO on dial-out and relayed connections: join, relay connect, splice
+  kStore = 12,       // backbone -> worker: keep a replica of this expert (a SLAB's payload) [kFeatureStore]
+  kStored = 13,      // worker -> backbone: the STORE's expert is held and served now (same request id)
+  kInfo = 14,        // backbone -> worker: what capacity do you have? (empty payload)   [kFeatureInfo]
+  kInfoReply = 15,   // worker -> backbone: its capacity (same request id)
+  kSpanStep = 16,    // backbone -> span peer: rows entering blocks first..last of one step [kFeatureSpan]
+  kSpanResult = 17,  // span peer -> backbone: the rows leaving them, or which inputs it lacks
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -360,6 +364,43 @@ struct InfoMsg {
   uint64_t uptime_ms = 0;
 };
 
+// SPAN_STEP: one step of blocks [first, last] for the tokens of several sequences (model/span.h).
+// Rows are grouped by sequence, in `seqs` order: a sequence's n_replay rows (inputs of earlier
+// cells the peer lacks, from the backbone's log) then its n_new rows (the step's own tokens).
+// The peer must hold `start` cells of the sequence whose inputs hash to `chain`; it answers with
+// the rows leaving block `last` for the new rows only, or (changing nothing) with the cells it
+// holds that match, per sequence, so the backbone resends with those replayed.
+constexpr uint32_t kMaxSpanSeqs = 4096;
+struct SpanSeq {
+  int32_t seq = 0;                  // the backbone's sequence id
+  uint32_t n_replay = 0;            // leading rows the peer lacks (no result rows for them)
+  uint32_t n_new = 0;               // >= 1: the step's own tokens
+  uint64_t start = 0;               // cells held before the rows
+  std::array<uint8_t, 16> chain{};  // hash chain of the inputs of cells [0, start) (all zero: start 0)
+  bool operator==(const SpanSeq&) const = default;
+};
+struct SpanStepMsg {
+  uint64_t request_id = 0;  // != 0
+  uint32_t first = 0, last = 0;
+  WireDType return_dtype = WireDType::kF32;
+  std::vector<SpanSeq> seqs;
+  std::vector<int64_t> pos;  // per row: its position (increasing within a sequence)
+  std::vector<uint8_t> cut;  // per row, 0/1: a cut after it is likely (recurrent checkpoints)
+  WireRows hidden;           // rows x n_embd, grouped as above
+  uint32_t n_rows() const { return hidden.n_rows; }
+};
+struct SpanHave {
+  int32_t seq = 0;
+  uint64_t have = 0;  // cells of the sequence the peer holds that match the backbone's (< start)
+  bool operator==(const SpanHave&) const = default;
+};
+struct SpanResultMsg {
+  uint64_t request_id = 0;  // the SPAN_STEP's
+  uint32_t compute_us = 0;
+  std::vector<SpanHave> need;  // non-empty: nothing was computed or changed; rows is empty
+  WireRows rows;               // otherwise: one row per new row of the step, in its order
+};
+
 // Swarm-key authentication (net/auth.h): a fresh random challenge and/or an HMAC-SHA256 proof.
 struct AuthMsg {
   static constexpr uint8_t kHasChallenge = 1u << 0, kHasProof = 1u << 1;
@@ -426,6 +467,8 @@ Result<std::vector<uint8_t>> encode_store(const SlabMsg& m);
 Result<std::vector<uint8_t>> encode_stored(const StoredMsg& m);
 Result<std::vector<uint8_t>> encode_info_request(uint64_t request_id);
 Result<std::vector<uint8_t>> encode_info(const InfoMsg& m);
+Result<std::vector<uint8_t>> encode_span_step(const SpanStepMsg& m);
+Result<std::vector<uint8_t>> encode_span_result(const SpanResultMsg& m);
 
 // Decoders check the frame type, every count against the payload size and the limits, and
 // every enum; they never allocate more than the payload size implies.
@@ -442,6 +485,8 @@ Result<AuthMsg> decode_auth(const Frame& f);
 Result<RouteMsg> decode_route(const Frame& f);
 Result<SlabMsg> decode_store(const Frame& f, const DecodeLimits& lim);
 Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim);
+Result<SpanStepMsg> decode_span_step(const Frame& f, const DecodeLimits& lim);
+Result<SpanResultMsg> decode_span_result(const Frame& f, const DecodeLimits& lim);
 // INFO: the request id (!= 0); the payload must be empty.
 Result<uint64_t> decode_info_request(const Frame& f);
 Result<InfoMsg> decode_info(const Frame& f);

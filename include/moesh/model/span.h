@@ -1,0 +1,52 @@
+// Layer spans: blocks first..last of the forward pass run somewhere else (a span peer, docs/span.md).
+//
+// A pipeline (Petals-style) pays one trip per span and step instead of one per MoE layer, so a
+// backbone can hand whole runs of blocks — attention, its share of the KV cache, router, shared
+// and routed experts — to a peer that holds them. The forward pass (Context::decode_batch) stops
+// at the first block of each span, hands the span's runner the rows entering it and continues
+// with the rows leaving its last block. The runner keeps the span's inputs so a peer that lost
+// state (a replacement, a restart, a copied prefix it never saw) is brought up to date by
+// replaying them: the backbone never restarts a request. The peer side is
+// Context::decode_layers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moesh/model/seq_state.h"
+#include "moesh/util/status.h"
+
+namespace moesh {
+
+struct LayerSpan {
+  int first = 0, last = 0;  // blocks [first, last]
+  bool operator==(const LayerSpan&) const = default;
+};
+
+// Parses "12-23" (or "7", a one-block span). kInvalidArgument naming the text.
+Result<LayerSpan> parse_layer_span(const std::string& s);
+
+// The tokens of one step as a span sees them, in batch order: sequence, position, and cell (the
+// token's index within its sequence: the first token of a sequence in the step has cell ==
+// the number of tokens the sequence held before it). `logits` (null: none) marks tokens whose
+// logits the step asks for: where speculative decoding may cut the state afterwards.
+struct SpanBatch {
+  int64_t n = 0;
+  const int32_t* seq = nullptr;
+  const int64_t* pos = nullptr;
+  const int64_t* cell = nullptr;
+  const uint8_t* logits = nullptr;
+};
+
+// Runs the spans of a context (ContextParams::spans). Being a StateListener it hears of every
+// cut, copy and removal of the backbone's sequence state, so it can keep its inputs in step.
+class SpanRunner : public StateListener {
+ public:
+  // Disjoint and ascending.
+  virtual const std::vector<LayerSpan>& spans() const = 0;
+  // h [b.n][n_embd]: the rows entering span k's first block; on return the rows leaving its last.
+  // On error h is unspecified and the step fails (the context rolls its cells back).
+  virtual Status run(int k, const SpanBatch& b, float* h) = 0;
+};
+
+}  // namespace moesh

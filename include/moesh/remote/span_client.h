@@ -1,0 +1,114 @@
+// The backbone's side of layer spans (model/span.h, docs/span.md): blocks first..last of every
+// step go to a span peer (`moesh span`) in one SPAN_STEP, and come back as the rows leaving the
+// span — one trip per span and step, whatever the number of MoE layers inside it.
+//
+// Petals' rule for failures: the backbone keeps, per sequence and span, every input it sent
+// (the log) and the hash chain over them. A peer that lacks inputs (a replacement, a restart, an
+// evicted sequence, a recurrent state between checkpoints) says how much it holds, and the step is
+// resent with the rest replayed from the log; a peer that fails is replaced by the next peer
+// named for that span, and at last by this process itself (the blocks run here on the model's
+// own weights), so the output is unchanged and no request restarts. Prefix-cache copies and
+// rollbacks of the backbone's state are mirrored into the log (StateListener).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "moesh/model/model.h"
+#include "moesh/remote/link.h"
+#include "moesh/util/status.h"
+#include "moesh/wire/wire.h"
+
+namespace moesh {
+
+namespace swarm {
+class SpanHost;
+}
+
+// One span and who may run it, in order of preference.
+struct SpanTarget {
+  LayerSpan span;
+  std::vector<WorkerAddress> peers;
+};
+
+// Parses "12-23@HOST:PORT" (any WorkerAddress form after the @); the same span given several
+// times lists replacements, in order (merge_span_targets).
+Result<SpanTarget> parse_span_target(const std::string& s);
+// Targets with equal spans merged (peers appended in order), sorted by first block; overlapping
+// different spans: kInvalidArgument naming both.
+Result<std::vector<SpanTarget>> merge_span_targets(std::vector<SpanTarget> targets);
+
+struct SpanOptions {
+  LinkOptions link;
+  std::string name = "backbone";  // HELLO name: the peers key this backbone's sequences by it
+  // Hidden rows both ways: f32 (bit-exact), f16 or bf16 (lossy: check with `moesh gate`). The
+  // INT8 formats are not offered between spans: re-encoding a replayed row must give its bits.
+  wire::WireDType hidden_wire = wire::WireDType::kF32;
+  wire::WireDType return_wire = wire::WireDType::kF32;
+  std::chrono::milliseconds timeout{30000};  // per trip (a long prompt chunk computes that long)
+  // When every peer of a span fails, run its blocks here (this process holds the weights); false:
+  // the step fails naming the span.
+  bool local_fallback = true;
+  int local_threads = 0;  // the local fallback's compute threads (<= 0: all cores)
+};
+
+struct SpanStats {
+  uint64_t steps = 0;          // span steps completed (one per span and forward pass)
+  uint64_t trips = 0;          // SPAN_STEP round trips made (resends and failovers included)
+  uint64_t resends = 0;        // trips repeated because the peer lacked inputs
+  uint64_t replayed_rows = 0;  // logged inputs sent again
+  uint64_t failovers = 0;      // switches to the next peer of a span (or to this process)
+  uint64_t local_steps = 0;    // span steps run here
+  uint64_t bytes_sent = 0, bytes_received = 0;
+};
+
+class SpanClient final : public SpanRunner {
+ public:
+  // Connects the first reachable peer of every span (each must offer kFeatureSpan for the same
+  // model); a span none of whose peers answers runs here with local_fallback, else kUnavailable
+  // naming the span and every peer's error.
+  static Result<std::shared_ptr<SpanClient>> connect(const Model& model, std::vector<SpanTarget> targets,
+                                                     const SpanOptions& opts);
+  ~SpanClient() override;
+
+  const std::vector<LayerSpan>& spans() const override { return spans_; }
+  Status run(int k, const SpanBatch& b, float* h) override;
+  void on_truncate(int32_t seq, int64_t n_keep) override;
+  void on_copy(int32_t src, int32_t dst, int64_t n) override;
+  void on_remove(int32_t seq) override;
+  void on_clear() override;
+
+  SpanStats stats() const;
+  // Who runs span k now: "12-23 on 127.0.0.1:7001 (span-a)" or "12-23 here".
+  std::string where(int k) const;
+  // One line per span, for start-up output.
+  std::string describe() const;
+  // Bytes held by the input log (all sequences and spans).
+  size_t log_bytes() const;
+
+ private:
+  struct Runner;  // one span: its peers, the live link or local host
+  struct SeqLog {
+    std::vector<std::vector<float>> rows;                     // [span][cell * n_embd]
+    std::vector<std::vector<std::array<uint8_t, 16>>> chain;  // [span][cell]
+    std::vector<std::vector<int64_t>> pos;                    // [span][cell]
+  };
+  SpanClient(const Model& model, const SpanOptions& opts);
+  Status trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* out);
+  Status fail_over(int k, const Status& why);
+
+  const Model& model_;
+  SpanOptions opts_;
+  std::vector<LayerSpan> spans_;
+  std::vector<std::unique_ptr<Runner>> runners_;
+  mutable std::mutex mu_;
+  std::map<int32_t, SeqLog> logs_;
+  SpanStats stats_;
+};
+
+}  // namespace moesh

@@ -1,0 +1,424 @@
+// The backbone's span runner (span_client.h): per span a peer link (or the local host), per
+// sequence the log of every span's inputs and their hash chain, and the step protocol: send the
+// new rows, replay what the peer says it lacks, fail over to the next holder.
+#include "moesh/remote/span_client.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "moesh/swarm/span_host.h"
+#include "moesh/swarm/swarm.h"
+
+namespace moesh {
+
+namespace {
+
+// More resends than this for one step means the peer and the log disagree for good.
+constexpr int kMaxResends = 3;
+
+Result<wire::Hello> span_hello(const Model& model, const std::string& name) {
+  auto id = swarm::model_identity(model.file());
+  if (!id) return id.status().with_context("model identity");
+  auto shape = swarm::model_shape(model.file());
+  if (!shape) return shape.status().with_context("model shape");
+  return swarm::make_hello(wire::PeerRole::kBackbone, *id, *shape, swarm::ExpertSet{}, name);
+}
+
+}  // namespace
+
+Result<SpanTarget> parse_span_target(const std::string& s) {
+  const size_t at = s.find('@');
+  if (at == std::string::npos || at == 0 || at + 1 >= s.size()) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "--span '{}' is not FIRST-LAST@HOST:PORT (e.g. 12-23@10.0.0.2:7070)", s);
+  }
+  SpanTarget t;
+  MOESH_ASSIGN_OR_RETURN(t.span, parse_layer_span(s.substr(0, at)));
+  MOESH_ASSIGN_OR_RETURN(WorkerAddress a, parse_worker_address(s.substr(at + 1)));
+  t.peers.push_back(std::move(a));
+  return t;
+}
+
+Result<std::vector<SpanTarget>> merge_span_targets(std::vector<SpanTarget> targets) {
+  std::vector<SpanTarget> out;
+  for (SpanTarget& t : targets) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const SpanTarget& o) { return o.span == t.span; });
+    if (it != out.end()) {
+      for (WorkerAddress& a : t.peers) it->peers.push_back(std::move(a));
+    } else {
+      out.push_back(std::move(t));
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SpanTarget& a, const SpanTarget& b) { return a.span.first < b.span.first; });
+  for (size_t k = 1; k < out.size(); ++k) {
+    if (out[k].span.first <= out[k - 1].span.last) {
+      return make_error(StatusCode::kInvalidArgument, "spans {}-{} and {}-{} overlap", out[k - 1].span.first,
+                        out[k - 1].span.last, out[k].span.first, out[k].span.last);
+    }
+  }
+  return out;
+}
+
+// One span: the peers that may run it, the one in use (or the local host once all failed), and
+// what that runner is known to hold per sequence (cells whose inputs match the log).
+struct SpanClient::Runner {
+  SpanTarget target;
+  size_t next_peer = 0;  // the next peer to try on failure
+  std::unique_ptr<WorkerLink> link;
+  std::unique_ptr<swarm::SpanHost> local;
+  std::map<int32_t, int64_t> has;
+  std::string label;
+};
+
+SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
+
+SpanClient::~SpanClient() {
+  for (auto& r : runners_) {
+    if (r->link) r->link->shut_down();
+  }
+}
+
+Result<std::shared_ptr<SpanClient>> SpanClient::connect(const Model& model, std::vector<SpanTarget> targets,
+                                                        const SpanOptions& opts) {
+  MOESH_ASSIGN_OR_RETURN(std::vector<SpanTarget> merged, merge_span_targets(std::move(targets)));
+  if (merged.empty()) return make_error(StatusCode::kInvalidArgument, "no spans given");
+  const int64_t n_layer = model.hparams().n_layer;
+  for (const SpanTarget& t : merged) {
+    if (t.span.last >= n_layer) {
+      return make_error(StatusCode::kInvalidArgument, "span {}-{} is beyond the model's blocks 0-{}", t.span.first,
+                        t.span.last, n_layer - 1);
+    }
+  }
+  for (wire::WireDType d : {opts.hidden_wire, opts.return_wire}) {
+    if (d != wire::WireDType::kF32 && d != wire::WireDType::kF16 && d != wire::WireDType::kBF16) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "{} rows are not offered between spans (f32, f16 or bf16: a replayed input must re-encode "
+                        "to its own bits)",
+                        wire::wire_dtype_name(d));
+    }
+  }
+  std::shared_ptr<SpanClient> c(new SpanClient(model, opts));
+  for (SpanTarget& t : merged) {
+    c->spans_.push_back(t.span);
+    auto r = std::make_unique<Runner>();
+    r->target = std::move(t);
+    c->runners_.push_back(std::move(r));
+  }
+  for (size_t k = 0; k < c->runners_.size(); ++k) {
+    Status st = c->fail_over(static_cast<int>(k), Status::ok());
+    if (!st.is_ok()) return st;
+  }
+  c->stats_.failovers = 0;  // the first connection of each span is not a failover
+  return c;
+}
+
+// Moves span k to its next peer that connects, else (local_fallback) to this process. `why` is
+// what made the current one fail (ok at start-up).
+Status SpanClient::fail_over(int k, const Status& why) {
+  Runner& r = *runners_[static_cast<size_t>(k)];
+  const LayerSpan sp = r.target.span;
+  if (r.link) {
+    spdlog::warn("span {}-{}: {} failed ({}); moving the span", sp.first, sp.last, r.label, why.to_string());
+    r.link->shut_down();
+    r.link.reset();
+  }
+  r.has.clear();  // a new runner holds nothing of ours until it says so
+  std::string errors;
+  MOESH_ASSIGN_OR_RETURN(wire::Hello hello, span_hello(model_, opts_.name));
+  while (r.next_peer < r.target.peers.size()) {
+    const WorkerAddress& a = r.target.peers[r.next_peer++];
+    auto link = connect_worker(a, hello, opts_.link);
+    Status st = link ? Status::ok() : link.status();
+    if (st.is_ok() && ((*link)->session.features & wire::kFeatureSpan) == 0) {
+      st = make_error(StatusCode::kUnsupported, "{} runs no layer span (start it with moesh span)", (*link)->label);
+    }
+    if (st.is_ok()) {
+      r.link = std::move(*link);
+      r.label = r.link->label;
+      if (!why.is_ok()) ++stats_.failovers;
+      return Status::ok();
+    }
+    errors += fmt::format("; {}: {}", a.to_string(), st.message());
+  }
+  if (!opts_.local_fallback) {
+    return make_error(StatusCode::kUnavailable, "span {}-{}: no peer can run it{}", sp.first, sp.last, errors);
+  }
+  if (!r.local) {
+    swarm::SpanHostOptions ho;
+    ho.span = sp;
+    ho.n_threads = opts_.local_threads;
+    MOESH_ASSIGN_OR_RETURN(r.local, swarm::SpanHost::create(model_, ho));
+  }
+  if (!errors.empty()) spdlog::warn("span {}-{}: runs here (peers: {})", sp.first, sp.last, errors.substr(2));
+  r.label = "here";
+  if (!why.is_ok()) ++stats_.failovers;
+  return Status::ok();
+}
+
+// One round trip of span k (or one local step).
+Status SpanClient::trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* out) {
+  Runner& r = *runners_[static_cast<size_t>(k)];
+  ++stats_.trips;
+  if (r.local) {
+    auto res = r.local->step(opts_.name, m);
+    if (!res) return res.status();
+    *out = std::move(*res);
+    return Status::ok();
+  }
+  auto frame = wire::encode_span_step(m);
+  if (!frame) return frame.status();
+  if (frame->size() - wire::kHeaderBytes > r.link->session.max_send_bytes) {
+    return make_error(StatusCode::kOutOfRange, "{}: a SPAN_STEP of {} bytes exceeds its frame limit", r.label,
+                      frame->size());
+  }
+  stats_.bytes_sent += frame->size();
+  const net::Deadline deadline = net::deadline_in(opts_.timeout);
+  MOESH_RETURN_IF_ERROR(r.link->mux->start(m.request_id, *frame, deadline).with_context(r.label));
+  auto reply = r.link->mux->wait(m.request_id, deadline);
+  if (!reply) return reply.status().with_context(r.label);
+  stats_.bytes_received += wire::kHeaderBytes + reply->payload.size();
+  wire::DecodeLimits lim = r.link->limits;
+  auto res = wire::decode_span_result(*reply, lim);
+  if (!res) return res.status().with_context(r.label);
+  *out = std::move(*res);
+  return Status::ok();
+}
+
+Status SpanClient::run(int k, const SpanBatch& b, float* h) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (k < 0 || static_cast<size_t>(k) >= runners_.size())
+    return make_error(StatusCode::kInvalidArgument, "no span {}", k);
+  const int64_t D = model_.hparams().n_embd;
+  const size_t ks = static_cast<size_t>(k), n_spans = runners_.size();
+
+  // The step's sequences in order of appearance, and its rows grouped by sequence.
+  struct Part {
+    int32_t seq;
+    int64_t n_before;
+    std::vector<int64_t> rows;  // batch rows, in order
+  };
+  std::vector<Part> parts;
+  for (int64_t i = 0; i < b.n; ++i) {
+    auto it = std::find_if(parts.begin(), parts.end(), [&](const Part& p) { return p.seq == b.seq[i]; });
+    if (it == parts.end()) {
+      parts.push_back({b.seq[i], b.cell[i], {}});
+      it = parts.end() - 1;
+    }
+    it->rows.push_back(i);
+  }
+  // The log follows the backbone's state: a shorter sequence was rolled back (a failed step).
+  for (Part& p : parts) {
+    SeqLog& log = logs_[p.seq];
+    log.rows.resize(n_spans);
+    log.chain.resize(n_spans);
+    log.pos.resize(n_spans);
+    const int64_t held = static_cast<int64_t>(log.chain[ks].size());
+    if (held < p.n_before) {
+      return make_error(StatusCode::kInternal,
+                        "span {}-{}: the input log of sequence {} holds {} cells, the step continues from {}",
+                        spans_[ks].first, spans_[ks].last, p.seq, held, p.n_before);
+    }
+    log.chain[ks].resize(static_cast<size_t>(p.n_before));
+    log.pos[ks].resize(static_cast<size_t>(p.n_before));
+    log.rows[ks].resize(static_cast<size_t>(p.n_before * D));
+  }
+  // The new rows as the peer will see them (after the wire's encoding).
+  std::vector<float> grouped(static_cast<size_t>(b.n * D));
+  {
+    size_t o = 0;
+    for (const Part& p : parts) {
+      for (int64_t i : p.rows) std::copy(h + i * D, h + (i + 1) * D, grouped.data() + (o++) * D);
+    }
+  }
+  if (opts_.hidden_wire != wire::WireDType::kF32) {
+    auto enc =
+        wire::encode_rows(opts_.hidden_wire, grouped.data(), static_cast<uint32_t>(b.n), static_cast<uint32_t>(D));
+    if (!enc) return enc.status();
+    wire::decode_rows(*enc, grouped.data());
+  }
+
+  Runner* r = runners_[ks].get();
+  int resends = 0;
+  for (;;) {
+    // Each sequence starts where the runner is known to hold matching cells.
+    wire::SpanStepMsg m;
+    m.request_id = r->link ? r->link->mux->next_request_id() : stats_.trips + 1;
+    m.first = static_cast<uint32_t>(spans_[ks].first);
+    m.last = static_cast<uint32_t>(spans_[ks].last);
+    m.return_dtype = opts_.return_wire;
+    std::vector<float> rows;
+    size_t o = 0;
+    uint64_t replayed = 0;
+    for (const Part& p : parts) {
+      const SeqLog& log = logs_[p.seq];
+      auto it = r->has.find(p.seq);
+      const int64_t start = std::min<int64_t>(it == r->has.end() ? 0 : it->second, p.n_before);
+      wire::SpanSeq q;
+      q.seq = p.seq;
+      q.start = static_cast<uint64_t>(start);
+      q.n_replay = static_cast<uint32_t>(p.n_before - start);
+      q.n_new = static_cast<uint32_t>(p.rows.size());
+      if (start > 0) q.chain = log.chain[ks][static_cast<size_t>(start - 1)];
+      m.seqs.push_back(q);
+      rows.insert(rows.end(), log.rows[ks].begin() + start * D, log.rows[ks].end());
+      for (int64_t c = start; c < p.n_before; ++c) {
+        m.pos.push_back(log.pos[ks][static_cast<size_t>(c)]);
+        m.cut.push_back(0);
+      }
+      replayed += static_cast<uint64_t>(p.n_before - start);
+      for (int64_t i : p.rows) {
+        m.pos.push_back(b.pos[i]);
+        m.cut.push_back(b.logits != nullptr && b.logits[i] ? 1 : 0);
+      }
+      rows.insert(rows.end(), grouped.begin() + static_cast<ptrdiff_t>(o * D),
+                  grouped.begin() + static_cast<ptrdiff_t>((o + p.rows.size()) * D));
+      o += p.rows.size();
+    }
+    auto enc = wire::encode_rows(opts_.hidden_wire, rows.data(), static_cast<uint32_t>(m.pos.size()),
+                                 static_cast<uint32_t>(D));
+    if (!enc) return enc.status();
+    m.hidden = std::move(*enc);
+    wire::SpanResultMsg res;
+    Status st = trip(k, m, &res);
+    if (st.is_ok() && !res.need.empty()) {
+      // The runner lacks inputs: resend with them replayed.
+      if (++resends > kMaxResends) {
+        return make_error(StatusCode::kInternal, "span {}-{}: {} still lacks inputs after {} resends", spans_[ks].first,
+                          spans_[ks].last, r->label, kMaxResends);
+      }
+      ++stats_.resends;
+      for (const wire::SpanHave& hv : res.need) r->has[hv.seq] = static_cast<int64_t>(hv.have);
+      continue;
+    }
+    if (st.is_ok() && (res.rows.n_rows != static_cast<uint32_t>(b.n) || res.rows.n_cols != static_cast<uint32_t>(D))) {
+      st = make_error(StatusCode::kCorrupt, "{}: SPAN_RESULT has {}x{} rows, the step sent {}x{}", r->label,
+                      res.rows.n_rows, res.rows.n_cols, b.n, D);
+    }
+    if (!st.is_ok()) {
+      if (r->local) return st.with_context(fmt::format("span {}-{} here", spans_[ks].first, spans_[ks].last));
+      Status moved = fail_over(k, st);
+      if (!moved.is_ok()) return moved.with_context(st.message());
+      r = runners_[ks].get();
+      continue;
+    }
+    // Done: the rows back in batch order; the inputs logged.
+    std::vector<float> out(static_cast<size_t>(b.n * D));
+    wire::decode_rows(res.rows, out.data());
+    o = 0;
+    for (const Part& p : parts) {
+      SeqLog& log = logs_[p.seq];
+      std::array<uint8_t, 16> c = p.n_before > 0 ? log.chain[ks].back() : std::array<uint8_t, 16>{};
+      for (int64_t i : p.rows) {
+        const float* in = grouped.data() + o * D;
+        c = swarm::span_chain_next(c, b.pos[i], in, D);
+        log.chain[ks].push_back(c);
+        log.pos[ks].push_back(b.pos[i]);
+        log.rows[ks].insert(log.rows[ks].end(), in, in + D);
+        std::copy(out.data() + o * D, out.data() + (o + 1) * D, h + i * D);
+        ++o;
+      }
+      r->has[p.seq] = p.n_before + static_cast<int64_t>(p.rows.size());
+    }
+    stats_.replayed_rows += replayed;
+    ++stats_.steps;
+    if (r->local) ++stats_.local_steps;
+    return Status::ok();
+  }
+}
+
+void SpanClient::on_truncate(int32_t seq, int64_t n_keep) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = logs_.find(seq);
+  if (it == logs_.end()) return;
+  const int64_t D = model_.hparams().n_embd;
+  const size_t n = static_cast<size_t>(std::max<int64_t>(n_keep, 0));
+  for (size_t k = 0; k < it->second.chain.size(); ++k) {
+    if (it->second.chain[k].size() <= n) continue;
+    it->second.chain[k].resize(n);
+    it->second.pos[k].resize(n);
+    it->second.rows[k].resize(n * static_cast<size_t>(D));
+  }
+}
+
+void SpanClient::on_copy(int32_t src, int32_t dst, int64_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t D = model_.hparams().n_embd;
+  auto it = logs_.find(src);
+  if (it == logs_.end()) {
+    logs_.erase(dst);
+  } else {
+    SeqLog copy;
+    const SeqLog& from = it->second;
+    const size_t m = static_cast<size_t>(std::max<int64_t>(n, 0));
+    copy.rows.resize(from.rows.size());
+    copy.chain.resize(from.chain.size());
+    copy.pos.resize(from.pos.size());
+    for (size_t k = 0; k < from.chain.size(); ++k) {
+      const size_t c = std::min(m, from.chain[k].size());
+      copy.chain[k].assign(from.chain[k].begin(), from.chain[k].begin() + static_cast<ptrdiff_t>(c));
+      copy.pos[k].assign(from.pos[k].begin(), from.pos[k].begin() + static_cast<ptrdiff_t>(c));
+      copy.rows[k].assign(from.rows[k].begin(), from.rows[k].begin() + static_cast<ptrdiff_t>(c * D));
+    }
+    logs_[dst] = std::move(copy);
+  }
+  // The runner holds src's prefix; it finds it by its chain and copies it to dst itself.
+  for (auto& r : runners_) {
+    auto h = r->has.find(src);
+    if (h == r->has.end()) {
+      r->has.erase(dst);
+    } else {
+      r->has[dst] = std::min(h->second, n);
+    }
+  }
+}
+
+void SpanClient::on_remove(int32_t seq) {
+  std::lock_guard<std::mutex> lk(mu_);
+  logs_.erase(seq);
+  for (auto& r : runners_) r->has.erase(seq);
+}
+
+void SpanClient::on_clear() {
+  std::lock_guard<std::mutex> lk(mu_);
+  logs_.clear();
+  for (auto& r : runners_) r->has.clear();
+}
+
+SpanStats SpanClient::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+std::string SpanClient::where(int k) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const Runner& r = *runners_.at(static_cast<size_t>(k));
+  return fmt::format("{}-{} {}", r.target.span.first, r.target.span.last,
+                     r.local ? std::string("here") : "on " + r.label);
+}
+
+std::string SpanClient::describe() const {
+  std::string out;
+  for (size_t k = 0; k < runners_.size(); ++k) {
+    out += fmt::format("span {}", where(static_cast<int>(k)));
+    const Runner& r = *runners_[k];
+    if (r.target.peers.size() > 1) out += fmt::format(" ({} peers named)", r.target.peers.size());
+    out += "\n";
+  }
+  return out;
+}
+
+size_t SpanClient::log_bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t n = 0;
+  for (const auto& [seq, log] : logs_) {
+    for (size_t k = 0; k < log.rows.size(); ++k) {
+      n += log.rows[k].size() * sizeof(float) + log.chain[k].size() * 16 + log.pos[k].size() * sizeof(int64_t);
+    }
+  }
+  return n;
+}
+
+}  // namespace moesh

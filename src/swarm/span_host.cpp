@@ -1,0 +1,214 @@
+// The span peer's compute (span_host.h): one Context holding the span's share of every
+// backbone's sequences, keyed by (backbone name, sequence id), and the hash chains that tell
+// which held cells a step may build on.
+#include "moesh/swarm/span_host.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace moesh::swarm {
+
+SpanChain span_chain_next(const SpanChain& prev, int64_t pos, const float* row, int64_t n_embd) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  XXH3_128bits_update(st, prev.data(), prev.size());
+  XXH3_128bits_update(st, &pos, sizeof(pos));
+  XXH3_128bits_update(st, row, static_cast<size_t>(n_embd) * sizeof(float));
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  SpanChain out;
+  std::memcpy(out.data(), &h.low64, 8);
+  std::memcpy(out.data() + 8, &h.high64, 8);
+  // All zero is reserved for the empty chain.
+  if (out == SpanChain{}) out[0] = 1;
+  return out;
+}
+
+SpanHost::SpanHost(const Model& model, const SpanHostOptions& opts) : model_(model), opts_(opts) {}
+SpanHost::~SpanHost() = default;
+
+Result<std::unique_ptr<SpanHost>> SpanHost::create(const Model& model, const SpanHostOptions& opts) {
+  const int64_t n_layer = model.hparams().n_layer;
+  if (opts.span.first < 0 || opts.span.last < opts.span.first || opts.span.last >= n_layer) {
+    return make_error(StatusCode::kInvalidArgument, "blocks {}-{} are not within the model's 0-{}", opts.span.first,
+                      opts.span.last, n_layer - 1);
+  }
+  if (opts.max_seqs == 0) return make_error(StatusCode::kInvalidArgument, "max_seqs must be at least 1");
+  std::unique_ptr<SpanHost> h(new SpanHost(model, opts));
+  ContextParams cp;
+  cp.n_threads = opts.n_threads;
+  cp.n_ctx = opts.n_ctx;
+  cp.executor = opts.executor;
+  cp.micro_batching = MicroBatching::kOff;
+  h->ctx_ = std::make_unique<Context>(model, cp);
+  return h;
+}
+
+size_t SpanHost::n_sequences() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return seqs_.size();
+}
+
+int64_t SpanHost::usable(const Seq& s, uint64_t start, const SpanChain& chain) const {
+  if (start == 0) return 0;
+  if (s.chain.size() < start || s.chain[start - 1] != chain) return 0;
+  // The cells match; a recurrent state can only go back to a checkpoint.
+  return ctx_->state().restorable(s.local, static_cast<int64_t>(start));
+}
+
+void SpanHost::evict(const std::vector<Key>& keep) {
+  while (seqs_.size() > opts_.max_seqs) {
+    auto victim = seqs_.end();
+    for (auto it = seqs_.begin(); it != seqs_.end(); ++it) {
+      if (std::find(keep.begin(), keep.end(), it->first) != keep.end()) continue;
+      if (victim == seqs_.end() || it->second.last_use < victim->second.last_use) victim = it;
+    }
+    if (victim == seqs_.end()) return;
+    ctx_->state().remove(victim->second.local);
+    seqs_.erase(victim);
+    stats_.evictions.fetch_add(1);
+  }
+}
+
+Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::SpanStepMsg& m) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t D = model_.hparams().n_embd;
+  if (static_cast<int>(m.first) != opts_.span.first || static_cast<int>(m.last) != opts_.span.last) {
+    stats_.errors.fetch_add(1);
+    return make_error(StatusCode::kNotFound, "this span peer runs blocks {}-{}, the step asks for {}-{}",
+                      opts_.span.first, opts_.span.last, m.first, m.last);
+  }
+  if (static_cast<int64_t>(m.hidden.n_cols) != D) {
+    stats_.errors.fetch_add(1);
+    return make_error(StatusCode::kInvalidArgument, "rows of width {}, the model's is {}", m.hidden.n_cols, D);
+  }
+
+  // 1. Which sequences can start where the step says, and from what (nothing changes yet).
+  struct Start {
+    Key key;
+    const Seq* from = nullptr;  // a sequence whose prefix matches (a copy), or null
+  };
+  std::vector<Start> starts(m.seqs.size());
+  std::vector<wire::SpanHave> need;
+  for (size_t k = 0; k < m.seqs.size(); ++k) {
+    const wire::SpanSeq& q = m.seqs[k];
+    starts[k].key = {peer, q.seq};
+    if (q.start == 0) continue;
+    auto it = seqs_.find(starts[k].key);
+    const int64_t own = it == seqs_.end() ? 0 : usable(it->second, q.start, q.chain);
+    if (own == static_cast<int64_t>(q.start)) continue;
+    // Another of this backbone's sequences with the same inputs up to `start` (its prefix cache
+    // copied them there): copy them here too.
+    for (const auto& [key, s] : seqs_) {
+      if (key.first == peer && key.second != q.seq && usable(s, q.start, q.chain) == static_cast<int64_t>(q.start)) {
+        starts[k].from = &s;
+        break;
+      }
+    }
+    if (starts[k].from == nullptr) need.push_back({q.seq, static_cast<uint64_t>(own)});
+  }
+  if (!need.empty()) {
+    stats_.needs.fetch_add(1);
+    wire::SpanResultMsg r;
+    r.request_id = m.request_id;
+    r.need = std::move(need);
+    return r;
+  }
+
+  // 2. Cut or copy every sequence to its start; then the rows.
+  SequenceState& state = ctx_->state();
+  std::vector<int32_t> local(m.seqs.size());
+  for (size_t k = 0; k < m.seqs.size(); ++k) {
+    const wire::SpanSeq& q = m.seqs[k];
+    auto it = seqs_.find(starts[k].key);
+    if (it == seqs_.end()) it = seqs_.emplace(starts[k].key, Seq{next_local_++, {}, 0}).first;
+    Seq& s = it->second;
+    Status st = Status::ok();
+    if (starts[k].from != nullptr) {
+      st = state.copy(starts[k].from->local, s.local, static_cast<int64_t>(q.start));
+      s.chain.assign(starts[k].from->chain.begin(), starts[k].from->chain.begin() + static_cast<ptrdiff_t>(q.start));
+      stats_.prefix_copies.fetch_add(1);
+    } else {
+      st = state.truncate(s.local, static_cast<int64_t>(q.start));
+      s.chain.resize(std::min<size_t>(s.chain.size(), q.start));
+    }
+    if (st.is_ok() && state.seq_len(s.local) != static_cast<int64_t>(q.start)) {
+      st = make_error(StatusCode::kInternal, "sequence {} holds {} cells after a cut to {}", q.seq,
+                      state.seq_len(s.local), q.start);
+    }
+    if (!st.is_ok()) {
+      stats_.errors.fetch_add(1);
+      return st;
+    }
+    s.last_use = ++clock_;
+    local[k] = s.local;
+  }
+  const uint32_t n_rows = m.n_rows();
+  std::vector<float> h(static_cast<size_t>(n_rows) * static_cast<size_t>(D));
+  wire::decode_rows(m.hidden, h.data());
+  std::vector<Context::LayerToken> toks(n_rows);
+  uint32_t n_new = 0;
+  {
+    uint32_t row = 0;
+    for (size_t k = 0; k < m.seqs.size(); ++k) {
+      for (uint32_t j = 0; j < m.seqs[k].n_replay + m.seqs[k].n_new; ++j, ++row) {
+        toks[row] = {local[k], m.pos[row], m.cut[row] != 0};
+      }
+      n_new += m.seqs[k].n_new;
+    }
+  }
+  // The chains of the new cells, from the inputs as received (before decode_layers overwrites h).
+  std::vector<SpanChain> chains(n_rows);
+  {
+    uint32_t row = 0;
+    for (size_t k = 0; k < m.seqs.size(); ++k) {
+      const Seq& s = seqs_.at(starts[k].key);
+      SpanChain c = s.chain.empty() ? SpanChain{} : s.chain.back();
+      for (uint32_t j = 0; j < m.seqs[k].n_replay + m.seqs[k].n_new; ++j, ++row) {
+        c = span_chain_next(c, m.pos[row], h.data() + static_cast<size_t>(row) * D, D);
+        chains[row] = c;
+      }
+    }
+  }
+  Status st = ctx_->decode_layers(toks, opts_.span.first, opts_.span.last, h.data());
+  if (!st.is_ok()) {
+    stats_.errors.fetch_add(1);
+    return st;
+  }
+
+  // 3. The new rows back; the chains kept.
+  std::vector<float> out(static_cast<size_t>(n_new) * static_cast<size_t>(D));
+  std::vector<Key> keep;
+  {
+    uint32_t row = 0, o = 0;
+    for (size_t k = 0; k < m.seqs.size(); ++k) {
+      Seq& s = seqs_.at(starts[k].key);
+      for (uint32_t j = 0; j < m.seqs[k].n_replay + m.seqs[k].n_new; ++j, ++row) {
+        s.chain.push_back(chains[row]);
+        if (j >= m.seqs[k].n_replay) {
+          std::copy(h.data() + static_cast<size_t>(row) * D, h.data() + static_cast<size_t>(row + 1) * D,
+                    out.data() + static_cast<size_t>(o++) * D);
+        }
+      }
+      stats_.replayed_rows.fetch_add(m.seqs[k].n_replay);
+      keep.push_back(starts[k].key);
+    }
+  }
+  evict(keep);
+  auto rows = wire::encode_rows(m.return_dtype, out.data(), n_new, static_cast<uint32_t>(D));
+  if (!rows) return rows.status();
+  stats_.steps.fetch_add(1);
+  stats_.rows.fetch_add(n_rows);
+  wire::SpanResultMsg r;
+  r.request_id = m.request_id;
+  r.rows = std::move(*rows);
+  r.compute_us = static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  return r;
+}
+
+}  // namespace moesh::swarm

@@ -1,0 +1,162 @@
+// `moesh span`: a span peer — runs blocks FIRST-LAST of a model for backbones (docs/span.md).
+//
+// It is a worker (same port, handshake, swarm key, TLS) that also holds the span's attention and
+// KV cache: a backbone started with --span FIRST-LAST@HOST:PORT sends it the rows entering the
+// span once per step and gets back the rows leaving it. It serves the span's routed experts as an
+// expert worker too, and may send its own MoE layers' experts to expert workers (--worker).
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "command.h"
+#include "model_cli.h"
+#include "moesh/swarm/span_host.h"
+#include "moesh/swarm/swarm.h"
+#include "moesh/wan/host_tcp.h"
+#include "swarm_cli.h"
+
+namespace moesh::cli {
+namespace {
+
+struct SpanArgs {
+  std::string model;
+  std::string layers;
+  std::string listen = "127.0.0.1:0";
+  int threads = 0;
+  std::string name;
+  std::string tls_cert, tls_key;  // --tls-cert, --tls-key
+  int64_t ctx = 0;
+  int max_seqs = 256;
+  // --worker ...: expert workers for the span's own MoE layers; --swarm-key and --congestion
+  // also apply to the backbones this peer serves.
+  SwarmArgs swarm;
+};
+
+swarm::Worker* g_span_worker = nullptr;
+
+extern "C" void on_span_stop_signal(int) {
+  if (g_span_worker != nullptr) g_span_worker->stop();
+}
+
+int run_span(const SpanArgs& a) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "moesh span: error: %s\n", s.to_string().c_str());
+    return 1;
+  };
+  if (!a.swarm.spans.empty())
+    return fail(make_error(StatusCode::kInvalidArgument, "a span peer does not itself use --span"));
+  auto span = parse_layer_span(a.layers);
+  if (!span) return fail(span.status().with_context("--layers"));
+  auto where = parse_listen_address(a.listen);
+  if (!where) return fail(make_error(StatusCode::kInvalidArgument, "--listen '{}' is not HOST:PORT", a.listen));
+  auto model = load_model_or_report(a.model, false, "span");
+  if (!model) return 1;
+  std::shared_ptr<RemoteExecutor> remote;
+  if (!open_remote_or_report(*model, a.swarm, "span", &remote)) return 1;
+  swarm::SpanHostOptions ho;
+  ho.span = *span;
+  ho.n_threads = a.threads;
+  ho.n_ctx = a.ctx;
+  ho.executor = remote;
+  if (a.max_seqs < 1) return fail(make_error(StatusCode::kInvalidArgument, "--max-seqs must be >= 1"));
+  ho.max_seqs = static_cast<size_t>(a.max_seqs);
+  auto host = swarm::SpanHost::create(*model, ho);
+  if (!host) return fail(host.status());
+
+  // The span's routed experts, served to backbones as an expert worker as well.
+  auto file = gguf::File::open(a.model);
+  if (!file) return fail(file.status());
+  auto shape = swarm::model_shape(**file);
+  if (!shape) return fail(shape.status());
+  std::vector<wire::ExpertRange> ranges;
+  for (uint32_t l : shape->moe_layers) {
+    if (static_cast<int>(l) >= span->first && static_cast<int>(l) <= span->last)
+      ranges.push_back({l, 0, shape->n_expert});
+  }
+  if (ranges.empty())
+    return fail(make_error(StatusCode::kInvalidArgument,
+                           "blocks {}-{} hold no MoE layer (a span peer serves its "
+                           "experts too); give a span with at least one",
+                           span->first, span->last));
+  auto store = swarm::ExpertStore::open(std::move(*file), swarm::canonicalize(std::move(ranges)));
+  if (!store) return fail(store.status());
+
+  swarm::WorkerOptions o;
+  o.host = where->host;
+  o.port = where->port;
+  o.n_threads = a.threads;
+  o.congestion = a.swarm.congestion;
+  o.name = a.name.empty() ? fmt::format("span-{}-{}", span->first, span->last) : a.name;
+  if (!a.swarm.swarm_key.empty()) {
+    auto key = net::SwarmKey::load(a.swarm.swarm_key);
+    if (!key) return fail(key.status());
+    o.swarm_key = std::move(*key);
+  }
+  if (a.tls_cert.empty() != a.tls_key.empty())
+    return fail(make_error(StatusCode::kInvalidArgument, "--tls-cert and --tls-key go together"));
+  if (!a.tls_cert.empty()) {
+    auto id = net::TlsIdentity::load(a.tls_cert, a.tls_key);
+    if (!id) return fail(id.status());
+    o.tls = std::move(*id);
+  }
+  o.span = std::shared_ptr<swarm::SpanHost>(std::move(*host));
+  auto worker = swarm::Worker::start(store->get(), o);
+  if (!worker) return fail(worker.status());
+  for (const std::string& w : wan::check_host_tcp_settings(a.swarm.congestion)) {
+    std::fprintf(stderr, "moesh span: warning: %s\n", w.c_str());
+  }
+  std::printf("model %s (id %s)\n", a.model.c_str(), (*store)->identity().hex().c_str());
+  std::printf("span: blocks %d-%d of %lld\n", span->first, span->last,
+              static_cast<long long>(model->hparams().n_layer));
+  std::printf("held experts: %llu (%s)\n", static_cast<unsigned long long>((*store)->held().n_pairs()),
+              (*store)->held().to_string().c_str());
+  std::printf("name: %s\n", (*worker)->name().c_str());
+  if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
+  if (o.tls) std::printf("tls: certificate sha256 %s\n", o.tls->fingerprint().c_str());
+  std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));
+  std::fflush(stdout);
+
+  g_span_worker = worker->get();
+  struct sigaction sa = {};
+  sa.sa_handler = on_span_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  (*worker)->run();
+  g_span_worker = nullptr;
+  const swarm::SpanHostStats& hs = o.span->stats();
+  std::printf(
+      "span peer stopped: %llu steps, %llu rows (%llu replayed), %llu answered with missing inputs, %llu prefix "
+      "copies, %llu evictions, %llu errors; %llu expert dispatches\n",
+      static_cast<unsigned long long>(hs.steps.load()), static_cast<unsigned long long>(hs.rows.load()),
+      static_cast<unsigned long long>(hs.replayed_rows.load()), static_cast<unsigned long long>(hs.needs.load()),
+      static_cast<unsigned long long>(hs.prefix_copies.load()), static_cast<unsigned long long>(hs.evictions.load()),
+      static_cast<unsigned long long>(hs.errors.load()),
+      static_cast<unsigned long long>((*worker)->stats().dispatches.load()));
+  std::fflush(stdout);
+  return 0;
+}
+
+const CommandRegistrar kReg{Command{
+    "span", "Run blocks FIRST-LAST of a model for backbones (a span peer; backbones use --span)",
+    [](CLI::App* sub) -> std::function<int()> {
+      auto a = std::make_shared<SpanArgs>();
+      sub->add_option("-m,--model", a->model, "Model GGUF")->required();
+      sub->add_option("--layers", a->layers, "Blocks to run: FIRST-LAST (e.g. 12-23)")->required();
+      sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)")->capture_default_str();
+      sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");
+      sub->add_option("--name", a->name, "Name announced in the handshake (default span-FIRST-LAST)");
+      sub->add_option("-c,--ctx-size", a->ctx, "Cells per sequence (0: the model's context length)");
+      sub->add_option("--max-seqs", a->max_seqs,
+                      "Sequences kept over all backbones; the least recently used beyond it is dropped "
+                      "(its backbone replays it)")
+          ->capture_default_str();
+      sub->add_option("--tls-cert", a->tls_cert, "PEM certificate: every connection must use TLS");
+      sub->add_option("--tls-key", a->tls_key, "PEM private key of --tls-cert");
+      add_swarm_options(sub, &a->swarm);
+      return [a] { return run_span(*a); };
+    }}};
+
+}  // namespace
+}  // namespace moesh::cli
