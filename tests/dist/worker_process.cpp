@@ -15,16 +15,24 @@ namespace moesh::test {
 Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn(const std::string& model, const std::string& spec,
                                                             int threads, std::chrono::milliseconds startup,
                                                             std::vector<std::string> extra) {
+  const std::string th = std::to_string(threads);
+  std::vector<std::string> args = {"worker",   "-m",          model,       "--experts", spec,
+                                   "--listen", "127.0.0.1:0", "--threads", th};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return spawn_command(std::move(args), spec, startup);
+}
+
+Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn_command(std::vector<std::string> cmd_args,
+                                                                    const std::string& spec,
+                                                                    std::chrono::milliseconds startup) {
   const std::string bin = std::string(MOESH_BIN_DIR) + "/moesh";
   if (access(bin.c_str(), X_OK) != 0) {
     return make_error(StatusCode::kNotFound, "worker binary {} not found (build the moesh target)", bin);
   }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return make_error(StatusCode::kIoError, "pipe: {}", std::strerror(errno));
-  const std::string th = std::to_string(threads);
-  std::vector<std::string> args = {bin,  "worker",   "-m",          model,       "--experts",
-                                   spec, "--listen", "127.0.0.1:0", "--threads", th};
-  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<std::string> args = {bin};
+  args.insert(args.end(), cmd_args.begin(), cmd_args.end());
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return make_error(StatusCode::kIoError, "fork: {}", std::strerror(errno));

@@ -26,6 +26,11 @@ class WorkerProcess {
   static Result<std::unique_ptr<WorkerProcess>> spawn(
       const std::string& model, const std::string& spec, int threads = 1,
       std::chrono::milliseconds startup = std::chrono::milliseconds(20000), std::vector<std::string> extra = {});
+  // Any moesh command that prints "listening on HOST:PORT" (e.g. {"span", "-m", M, "--layers",
+  // "2-4", "--listen", "127.0.0.1:0"}): `label` names it in errors.
+  static Result<std::unique_ptr<WorkerProcess>> spawn_command(
+      std::vector<std::string> args, const std::string& label,
+      std::chrono::milliseconds startup = std::chrono::milliseconds(20000));
   ~WorkerProcess();
   WorkerProcess(const WorkerProcess&) = delete;
   WorkerProcess& operator=(const WorkerProcess&) = delete;

@@ -1,0 +1,375 @@
+// Layer spans through real `moesh span` processes on 127.0.0.1: blocks FIRST-LAST run on a span
+// peer, one trip per span and step. Everything that works all-local must give the same bits
+// across spans: prompt batches, token-by-token decoding, several sequences in one step
+// (continuous batching), speculative rollback, prefix copies, every architecture; and a peer that
+// is killed mid-generation is replaced (the next peer named for the span, then this process) with
+// its inputs replayed, so the output does not change.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "dist/dist_util.h"
+#include "dist/worker_process.h"
+#include "moesh/model/speculative.h"
+#include "moesh/remote/span_client.h"
+#include "util/run_moesh.h"
+
+namespace moesh::test {
+namespace {
+
+// qwen3moe, 6 blocks, Q8_0: enough blocks for two spans with local blocks before, between and
+// after them.
+std::string six_block_model() {
+  MakeModelSpec s = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
+  s.type = MakeFileType::kQ8_0;
+  s.seed = 91;
+  s.n_layer = 6;
+  s.n_ctx = 512;
+  return made_model("qwen3moe-l6", s);
+}
+
+Result<std::unique_ptr<WorkerProcess>> spawn_span(const std::string& model, const std::string& layers,
+                                                  std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"span", "-m", model, "--layers", layers, "--listen", "127.0.0.1:0", "-t", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return WorkerProcess::spawn_command(std::move(args), "span " + layers);
+}
+
+SpanTarget target(int first, int last, std::vector<const WorkerProcess*> peers) {
+  SpanTarget t;
+  t.span = {first, last};
+  for (const WorkerProcess* p : peers) t.peers.push_back(p->address());
+  return t;
+}
+
+std::shared_ptr<SpanClient> connect_spans(const Model& m, std::vector<SpanTarget> targets, bool fallback = true) {
+  SpanOptions o;
+  o.local_fallback = fallback;
+  o.local_threads = 1;
+  o.timeout = std::chrono::milliseconds(20000);
+  auto c = SpanClient::connect(m, std::move(targets), o);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  return c.is_ok() ? *c : nullptr;
+}
+
+Context make_ctx(const Model& m, std::shared_ptr<SpanRunner> spans, int64_t n_ctx = 256) {
+  ContextParams cp;
+  cp.n_threads = 1;
+  cp.n_ctx = n_ctx;
+  cp.spans = std::move(spans);
+  return Context(m, cp);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A prompt as one batch, then `n_dec` greedy tokens one at a time; every logits row kept.
+std::vector<float> greedy_rows(Context& ctx, const std::vector<int32_t>& prompt, int n_dec, int32_t seq = 0) {
+  const int64_t V = ctx.model().hparams().n_vocab;
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  std::vector<float> rows(static_cast<size_t>((P + n_dec) * V));
+  Status st = ctx.decode(seq, prompt.data(), P, rows.data());
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  for (int i = 0; i < n_dec && st.is_ok(); ++i) {
+    const float* last = rows.data() + (P + i - 1) * V;
+    const int32_t t = static_cast<int32_t>(std::max_element(last, last + V) - last);
+    st = ctx.decode(seq, &t, 1, rows.data() + (P + i) * V);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+  }
+  return rows;
+}
+
+TEST(Span, TwoSpanPeersGiveTheLocalBitsWithOneTripPerSpanAndStep) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const Model& m = **model;
+  auto a = spawn_span(path, "1-2");
+  auto b = spawn_span(path, "4-4");
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  const std::vector<int32_t> prompt = test_tokens(path, m.hparams().n_vocab, 10);
+
+  Context local = make_ctx(m, nullptr);
+  const std::vector<float> want = greedy_rows(local, prompt, 6);
+  auto spans = connect_spans(m, {target(4, 4, {b->get()}), target(1, 2, {a->get()})});
+  ASSERT_NE(spans, nullptr);
+  ASSERT_EQ(spans->spans().size(), 2u);
+  EXPECT_EQ(spans->spans()[0], (LayerSpan{1, 2}));  // sorted by first block
+  Context ctx = make_ctx(m, spans);
+  EXPECT_TRUE(same_bits(greedy_rows(ctx, prompt, 6), want));
+  // 7 forward passes (the prompt, then 6 tokens) x 2 spans: one trip each, nothing replayed.
+  const SpanStats s = spans->stats();
+  EXPECT_EQ(s.steps, 14u);
+  EXPECT_EQ(s.trips, 14u);
+  EXPECT_EQ(s.resends, 0u);
+  EXPECT_EQ(s.replayed_rows, 0u);
+  EXPECT_EQ(s.failovers, 0u);
+  EXPECT_EQ(s.local_steps, 0u);
+  EXPECT_GT(spans->log_bytes(), 0u);
+  EXPECT_NE(spans->where(0).find("span-1-2"), std::string::npos) << spans->where(0);
+}
+
+TEST(Span, SeveralSequencesInOneStepMakeOneTripPerSpan) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  const int64_t V = m.hparams().n_vocab;
+  auto a = spawn_span(path, "0-2");
+  auto b = spawn_span(path, "3-5");
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  auto spans = connect_spans(m, {target(0, 2, {a->get()}), target(3, 5, {b->get()})});
+  ASSERT_NE(spans, nullptr);
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  // Three sequences of different lengths, prompts then two mixed steps.
+  const std::vector<std::vector<int32_t>> prompts = {{5, 6, 7}, {40, 41, 42, 43, 44}, {9}};
+  for (int32_t s = 0; s < 3; ++s) {
+    std::vector<float> lg(prompts[s].size() * V), lg2(prompts[s].size() * V);
+    ASSERT_TRUE(ctx.decode(s, prompts[s].data(), static_cast<int64_t>(prompts[s].size()), lg.data()).is_ok());
+    ASSERT_TRUE(local.decode(s, prompts[s].data(), static_cast<int64_t>(prompts[s].size()), lg2.data()).is_ok());
+    EXPECT_TRUE(same_bits(lg, lg2)) << "prompt of sequence " << s;
+  }
+  const uint64_t trips_before = spans->stats().trips;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<Context::BatchToken> batch = {
+        {0, 11 + step, true}, {1, 12 + step, true}, {2, 13 + step, false}, {2, 14 + step, true}};
+    std::vector<float> lg(3 * V), lg2(3 * V);
+    ASSERT_TRUE(ctx.decode_batch(batch, lg.data()).is_ok());
+    ASSERT_TRUE(local.decode_batch(batch, lg2.data()).is_ok());
+    EXPECT_TRUE(same_bits(lg, lg2)) << "step " << step;
+  }
+  EXPECT_EQ(spans->stats().trips - trips_before, 4u);  // 2 steps x 2 spans, all sequences in each
+}
+
+// A draft source that proposes wrong tokens (every draft rejected: a rollback on every span
+// each step) or the true continuation (every draft kept).
+class FixedDraft final : public DraftSource {
+ public:
+  FixedDraft(std::vector<int32_t> truth, size_t prompt_len, int32_t n_vocab, bool wrong)
+      : truth_(std::move(truth)), prompt_len_(prompt_len), n_vocab_(n_vocab), wrong_(wrong) {}
+  void propose(int32_t, std::span<const int32_t> h, int max_tokens, std::vector<int32_t>* out) override {
+    out->clear();
+    for (size_t i = h.size() - prompt_len_; i < truth_.size() && static_cast<int>(out->size()) < max_tokens; ++i) {
+      out->push_back(wrong_ ? (truth_[i] + 1) % n_vocab_ : truth_[i]);
+    }
+  }
+  std::string name() const override { return wrong_ ? "wrong" : "oracle"; }
+
+ private:
+  std::vector<int32_t> truth_;
+  size_t prompt_len_;
+  int32_t n_vocab_;
+  bool wrong_;
+};
+
+std::vector<int32_t> speculative_greedy(Context& ctx, const std::vector<int32_t>& prompt, int n, DraftSource* draft) {
+  SamplingParams sp;
+  sp.temp = 0;
+  Sampler sampler(sp);
+  SpeculativeDecoder dec(&ctx, 0, &sampler, draft, SpeculativeParams{4, false});
+  std::vector<int32_t> out;
+  int32_t first = -1;
+  Status st = dec.start(prompt, &first);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  out.push_back(first);
+  std::vector<int32_t> got;
+  while (st.is_ok() && static_cast<int>(out.size()) < n) {
+    st = dec.step(n - static_cast<int>(out.size()), &got);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    out.insert(out.end(), got.begin(), got.end());
+  }
+  return out;
+}
+
+// Every architecture the reference set has: a span of its last blocks on a peer; batch and
+// incremental logits bit-identical to all-local; speculative greedy with rejected and with kept
+// drafts equal to plain greedy (rollback on the span).
+TEST(Span, EveryArchitectureIsExactAndRollsBackAcrossASpan) {
+  const std::vector<std::string> files = {
+      "qwen3moe-s.Q8_0.gguf",        "mixtral-s.Q8_0.gguf",         "deepseek2-s.Q8_0.gguf",
+      "archs/glm4moe-a.Q8_0.gguf",   "archs/gptoss-a.Q8_0.gguf",    "archs/llama4-a.Q8_0.gguf",
+      "archs/minimaxm2-a.Q8_0.gguf", "archs/qwen35moe-a.Q8_0.gguf", "archs/qwen3next-a.Q8_0.gguf"};
+  if (!std::filesystem::exists(reference_path(files[0]))) GTEST_SKIP() << "no reference set at " << MOESH_REFERENCE_DIR;
+  for (const std::string& f : files) {
+    SCOPED_TRACE(f);
+    const std::string path = reference_path(f);
+    auto model = Model::load(path);
+    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+    const Model& m = **model;
+    const int n_layer = static_cast<int>(m.hparams().n_layer);
+    // The last blocks, from the first MoE block after block 0 (a span peer serves its experts).
+    int first = 1;
+    while (first < n_layer - 1 && !m.layers[static_cast<size_t>(first)].is_moe) ++first;
+    const std::string layers = std::to_string(first) + "-" + std::to_string(n_layer - 1);
+    auto peer = spawn_span(path, layers);
+    ASSERT_TRUE(peer.is_ok()) << peer.status().to_string();
+    auto spans = connect_spans(m, {target(first, n_layer - 1, {peer->get()})}, /*fallback=*/false);
+    ASSERT_NE(spans, nullptr);
+    const std::vector<int32_t> prompt = test_tokens(path, m.hparams().n_vocab, 8);
+    Context local = make_ctx(m, nullptr);
+    Context ctx = make_ctx(m, spans);
+    EXPECT_TRUE(same_bits(greedy_rows(ctx, prompt, 4), greedy_rows(local, prompt, 4)));
+
+    const int n = 10;
+    Context plain_ctx = make_ctx(m, nullptr);
+    const std::vector<int32_t> truth = speculative_greedy(plain_ctx, prompt, n, nullptr);
+    for (bool wrong : {true, false}) {
+      FixedDraft draft(truth, prompt.size(), static_cast<int32_t>(m.hparams().n_vocab), wrong);
+      Context sctx = make_ctx(m, spans);
+      EXPECT_EQ(speculative_greedy(sctx, prompt, n, &draft), truth) << draft.name();
+    }
+    EXPECT_EQ(spans->stats().failovers, 0u);
+  }
+}
+
+// The backbone's prefix cache copies a sequence's cells to another: the peer finds the copied
+// prefix by its hash chain and copies it too (no inputs replayed); and a peer that dropped a
+// sequence (--max-seqs 1, two sequences taking turns) says what it lacks and gets it replayed.
+TEST(Span, PrefixCopiesAndEvictedSequencesStayExact) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  const int64_t V = m.hparams().n_vocab;
+  auto a = spawn_span(path, "1-4");
+  ASSERT_TRUE(a.is_ok());
+  auto spans = connect_spans(m, {target(1, 4, {a->get()})});
+  ASSERT_NE(spans, nullptr);
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  std::vector<float> lg(prompt.size() * V), lg2(prompt.size() * V);
+  ASSERT_TRUE(ctx.decode(0, prompt.data(), 8, lg.data()).is_ok());
+  ASSERT_TRUE(local.decode(0, prompt.data(), 8, lg2.data()).is_ok());
+  ASSERT_TRUE(ctx.state().copy(0, 1, 5).is_ok());
+  ASSERT_TRUE(local.state().copy(0, 1, 5).is_ok());
+  const std::vector<int32_t> tail = {7, 7, 8};
+  std::vector<float> t1(3 * V), t2(3 * V);
+  ASSERT_TRUE(ctx.decode(1, tail.data(), 3, t1.data()).is_ok());
+  ASSERT_TRUE(local.decode(1, tail.data(), 3, t2.data()).is_ok());
+  EXPECT_TRUE(same_bits(t1, t2));
+  EXPECT_EQ(spans->stats().resends, 0u);
+  EXPECT_EQ(spans->stats().replayed_rows, 0u);
+  // A removed sequence id used again starts from nothing.
+  ctx.state().remove(1);
+  local.state().remove(1);
+  ASSERT_TRUE(ctx.decode(1, tail.data(), 3, t1.data()).is_ok());
+  ASSERT_TRUE(local.decode(1, tail.data(), 3, t2.data()).is_ok());
+  EXPECT_TRUE(same_bits(t1, t2));
+
+  auto small = spawn_span(path, "1-4", {"--max-seqs", "1"});
+  ASSERT_TRUE(small.is_ok());
+  auto evicting = connect_spans(m, {target(1, 4, {small->get()})});
+  ASSERT_NE(evicting, nullptr);
+  Context ectx = make_ctx(m, evicting);
+  Context elocal = make_ctx(m, nullptr);
+  for (int round = 0; round < 3; ++round) {
+    for (int32_t s = 0; s < 2; ++s) {
+      const int32_t t = 20 + 3 * round + s;
+      std::vector<float> x(V), y(V);
+      ASSERT_TRUE(ectx.decode(s, &t, 1, x.data()).is_ok());
+      ASSERT_TRUE(elocal.decode(s, &t, 1, y.data()).is_ok());
+      EXPECT_TRUE(same_bits(x, y)) << "round " << round << " sequence " << s;
+    }
+  }
+  const SpanStats es = evicting->stats();
+  EXPECT_GE(es.resends, 4u);  // every turn after the first two finds the other sequence dropped
+  EXPECT_GT(es.replayed_rows, 0u);
+  EXPECT_EQ(es.failovers, 0u);
+}
+
+// kill -9 of a span peer mid-generation: the span moves to the next peer named for it (its
+// inputs replayed), and when that one dies too, to this process; the tokens do not change.
+TEST(Span, KilledPeersAreReplacedAndTheirInputsReplayed) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  const int64_t V = m.hparams().n_vocab;
+  auto a = spawn_span(path, "2-4");
+  auto a2 = spawn_span(path, "2-4");
+  ASSERT_TRUE(a.is_ok() && a2.is_ok());
+  auto spans = connect_spans(m, {target(2, 4, {a->get(), a2->get()})});
+  ASSERT_NE(spans, nullptr);
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  const std::vector<int32_t> prompt = {8, 16, 32, 64, 128, 3};
+  std::vector<float> x(prompt.size() * V), y(prompt.size() * V);
+  ASSERT_TRUE(ctx.decode(0, prompt.data(), 6, x.data()).is_ok());
+  ASSERT_TRUE(local.decode(0, prompt.data(), 6, y.data()).is_ok());
+  int32_t t = 1;
+  for (int i = 0; i < 12; ++i) {
+    if (i == 3) (*a)->kill_now();   // the first peer dies
+    if (i == 8) (*a2)->kill_now();  // and its replacement
+    std::vector<float> p(V), q(V);
+    Status st = ctx.decode(0, &t, 1, p.data());
+    ASSERT_TRUE(st.is_ok()) << "token " << i << ": " << st.to_string();
+    ASSERT_TRUE(local.decode(0, &t, 1, q.data()).is_ok());
+    ASSERT_TRUE(same_bits(p, q)) << "token " << i;
+    t = static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin());
+  }
+  const SpanStats s = spans->stats();
+  EXPECT_EQ(s.failovers, 2u);
+  EXPECT_EQ(s.local_steps, 4u);  // tokens 8..11 ran here
+  // The replacement got the 6 + 3 cells before it; this process the 6 + 8.
+  EXPECT_EQ(s.replayed_rows, 9u + 14u);
+  EXPECT_EQ(spans->where(0), "2-4 here");
+
+  // Without the fallback, losing the last peer fails the step clearly and changes nothing.
+  auto b = spawn_span(path, "2-4");
+  ASSERT_TRUE(b.is_ok());
+  auto strict = connect_spans(m, {target(2, 4, {b->get()})}, /*fallback=*/false);
+  ASSERT_NE(strict, nullptr);
+  Context sctx = make_ctx(m, strict);
+  ASSERT_TRUE(sctx.decode(0, prompt.data(), 6, x.data()).is_ok());
+  (*b)->kill_now();
+  Status st = sctx.decode(0, &t, 1, x.data());
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("span 2-4"), std::string::npos) << st.to_string();
+  EXPECT_EQ(sctx.state().seq_len(0), 6);
+}
+
+std::string quoted(const std::string& s) {
+  return "'" + s + "'";
+}
+
+// The CLI: `moesh run --span` prints the all-local tokens and reports one trip per span and
+// pass; bad --span values are refused with exit 2 or a clear error.
+TEST(Span, RunWithSpansPrintsTheLocalTokens) {
+  const std::string path = six_block_model();
+  auto a = spawn_span(path, "1-2");
+  auto b = spawn_span(path, "3-5");
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  const std::string common = "run -m " + quoted(path) + " --tokens 5,6,7,8 -n 8 -t 1 --json";
+  RunResult local = run_moesh(common);
+  RunResult spans =
+      run_moesh(common + " --span 1-2@" + (*a)->address().to_string() + " --span 3-5@" + (*b)->address().to_string());
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  ASSERT_EQ(spans.exit_code, 0) << spans.err;
+  auto lj = nlohmann::json::parse(local.out, nullptr, false);
+  auto sj = nlohmann::json::parse(spans.out, nullptr, false);
+  ASSERT_FALSE(lj.is_discarded()) << local.out;
+  ASSERT_FALSE(sj.is_discarded()) << spans.out;
+  EXPECT_EQ(lj["tokens"], sj["tokens"]);
+  EXPECT_EQ(sj["spans"]["trips"], 16);  // 8 passes (the prompt, then 7 tokens) x 2 spans
+  EXPECT_EQ(sj["spans"]["failovers"], 0);
+
+  RunResult overlap =
+      run_moesh(common + " --span 1-3@" + (*a)->address().to_string() + " --span 3-5@" + (*b)->address().to_string());
+  EXPECT_EQ(overlap.exit_code, 1) << overlap.err;
+  EXPECT_NE(overlap.err.find("overlap"), std::string::npos) << overlap.err;
+  RunResult wrong = run_moesh(common + " --span 1-3@" + (*a)->address().to_string() + " --no-span-fallback");
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.err.find("runs blocks 1-2"), std::string::npos) << wrong.err;
+  RunResult garbage = run_moesh(common + " --span 1-x@127.0.0.1:1");
+  EXPECT_EQ(garbage.exit_code, 1) << garbage.err;
+  EXPECT_NE(garbage.err.find("FIRST-LAST"), std::string::npos) << garbage.err;
+  RunResult q8 = run_moesh(common + " --span 1-2@" + (*a)->address().to_string() + " --span-wire q8");
+  EXPECT_EQ(q8.exit_code, 2) << q8.err;
+}
+
+}  // namespace
+}  // namespace moesh::test
