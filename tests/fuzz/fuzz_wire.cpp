@@ -99,6 +99,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case MsgType::kInfoReply:
       check_roundtrip(in, decode_info(*f), encode_info);
       break;
+    case MsgType::kSpanStep:
+      check_roundtrip(in, decode_span_step(*f, lim), encode_span_step);
+      break;
+    case MsgType::kSpanResult:
+      check_roundtrip(in, decode_span_result(*f, lim), encode_span_result);
+      break;
     case MsgType::kCOUNT:
       break;
   }

@@ -68,6 +68,31 @@ int main(int argc, char** argv) {
   put(wdir, "stored", encode_stored(StoredMsg{10, 1, 6, 532, 4096}));
   put(wdir, "info", encode_info_request(11));
   put(wdir, "info-reply", encode_info(InfoMsg{11, 2, 8, 4096, 532, 8192, 1 << 20, 1234}));
+  {
+    SpanStepMsg st;
+    st.request_id = 12;
+    st.first = 2;
+    st.last = 5;
+    SpanSeq q0{.seq = 0, .n_replay = 0, .n_new = 2, .start = 0};
+    SpanSeq q1{.seq = 3, .n_replay = 1, .n_new = 1, .start = 4};
+    q1.chain.fill(0x3c);
+    st.seqs = {q0, q1};
+    st.pos = {0, 1, 4, 5};
+    st.cut = {0, 1, 0, 1};
+    std::vector<float> rows(4 * 64);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.01f * static_cast<float>(i);
+    st.hidden = encode_rows(WireDType::kF32, rows.data(), 4, 64).value();
+    put(wdir, "span-step", encode_span_step(st));
+    SpanResultMsg res;
+    res.request_id = 12;
+    res.compute_us = 99;
+    res.rows = encode_rows(WireDType::kF16, rows.data(), 3, 64).value();
+    put(wdir, "span-result", encode_span_result(res));
+    SpanResultMsg need;
+    need.request_id = 12;
+    need.need = {{3, 2}};
+    put(wdir, "span-need", encode_span_result(need));
+  }
   put(wdir, "ping", encode_ping(PingMsg{3, 123456789, 16, 8}));
   put(wdir, "pong", encode_pong(PongMsg{3, 123456789, 987654321, 8}));
   put(wdir, "goodbye", encode_goodbye(GoodbyeMsg{0, "bye"}));

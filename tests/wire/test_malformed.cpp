@@ -69,6 +69,10 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_info_request(*f).status();
     case MsgType::kInfoReply:
       return decode_info(*f).status();
+    case MsgType::kSpanStep:
+      return decode_span_step(*f, lim).status();
+    case MsgType::kSpanResult:
+      return decode_span_result(*f, lim).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -109,6 +113,10 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_info_request(decode_info_request(f).value()).value();
     case MsgType::kInfoReply:
       return encode_info(decode_info(f).value()).value();
+    case MsgType::kSpanStep:
+      return encode_span_step(decode_span_step(f, lim).value()).value();
+    case MsgType::kSpanResult:
+      return encode_span_result(decode_span_result(f, lim).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -544,6 +552,118 @@ TEST(WireMalformed, InfoAndInfoReplyFields) {
   EXPECT_FALSE(encode_info(bad).is_ok());
 }
 
+// Two sequences of 2 new rows each: seq 4 starts fresh, seq 9 after the 5 cells its chain names.
+// n_embd 8, f16 rows. Layout: fixed 24, sequences at 24 and 64 (40 each), positions at 104, cut
+// flags at 136, rows at 140.
+SpanStepMsg good_span_step_msg() {
+  SpanStepMsg m;
+  m.request_id = 41;
+  m.first = 2;
+  m.last = 5;
+  m.return_dtype = WireDType::kBF16;
+  SpanSeq a{.seq = 4, .n_replay = 0, .n_new = 2, .start = 0};
+  SpanSeq b{.seq = 9, .n_replay = 0, .n_new = 2, .start = 5};
+  b.chain.fill(0xab);
+  m.seqs = {a, b};
+  m.pos = {0, 1, 5, 6};
+  m.cut = {0, 1, 0, 1};
+  std::vector<float> rows(4 * 8);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  m.hidden = encode_rows(WireDType::kF16, rows.data(), 4, 8).value();
+  return m;
+}
+
+// SPAN_STEP / SPAN_RESULT: round trips and every field check, naming the field.
+TEST(WireMalformed, SpanStepAndResultFields) {
+  const SpanStepMsg m = good_span_step_msg();
+  const auto step = encode_span_step(m).value();
+  ASSERT_EQ(step.size(), kHeaderBytes + 24 + 2 * 40 + 4 * 8 + 4 + 4 * 16);
+  auto back = decode_span_step(parse_frame(step, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->first, 2u);
+  EXPECT_EQ(back->last, 5u);
+  EXPECT_EQ(back->return_dtype, WireDType::kBF16);
+  EXPECT_EQ(back->seqs, m.seqs);
+  EXPECT_EQ(back->pos, m.pos);
+  EXPECT_EQ(back->cut, m.cut);
+  EXPECT_EQ(back->hidden.bytes, m.hidden.bytes);
+  EXPECT_EQ(reencode(step, kLim), step);
+  auto edit = [](std::vector<uint8_t> b, auto fn) {
+    fn(b);
+    return reseal(b);
+  };
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 4, 8); }), StatusCode::kCorrupt,
+              "SPAN_STEP: block 8 out of range (model has 8)");
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 0, 6); }), StatusCode::kCorrupt, "blocks 6-5 are backwards");
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 8, 0); }), StatusCode::kCorrupt, "0 sequences");
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 16, 9000); }), StatusCode::kCorrupt, "n_embd 9000");
+  expect_code(edit(step, [](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "SPAN_STEP payload is");
+  expect_code(edit(step, [](auto& b) { put<uint16_t>(b, 22, 1); }), StatusCode::kCorrupt, "reserved field is 1");
+  // Sequence fields: a duplicate id, no new rows, a chain that is zero with start > 0.
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 64, 4); }), StatusCode::kCorrupt, "sequence 4 listed twice");
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 32, 0); }), StatusCode::kCorrupt, "sequence 4 has no new rows");
+  expect_code(edit(step, [](auto& b) { std::memset(b.data() + kHeaderBytes + 64 + 24, 0, 16); }), StatusCode::kCorrupt,
+              "sequence 9: the chain is zero exactly when start is 0");
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 36, 1); }), StatusCode::kCorrupt,
+              "nonzero reserved field of sequence 4");
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 32, 3); }), StatusCode::kCorrupt,
+              "sequences claim more than the 4 rows");
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 32, 1); }), StatusCode::kCorrupt,
+              "sequences cover 3 of 4 rows");
+  // Rows: positions, cut flags, padding.
+  expect_code(edit(step, [](auto& b) { put<uint64_t>(b, 104 + 8, 0); }), StatusCode::kCorrupt,
+              "row 1 of sequence 4: position 0 not increasing");
+  expect_code(edit(step, [](auto& b) { b[kHeaderBytes + 136 + 1] = 2; }), StatusCode::kCorrupt,
+              "cut flag of row 1 is 2");
+  expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 12, 5); }), StatusCode::kCorrupt, "SPAN_STEP payload is");
+  SpanStepMsg bad = m;
+  bad.request_id = 0;
+  EXPECT_FALSE(encode_span_step(bad).is_ok());
+  bad = m;
+  bad.cut.pop_back();
+  EXPECT_FALSE(encode_span_step(bad).is_ok());
+  bad = m;
+  std::vector<float> inf(4 * 8, std::numeric_limits<float>::infinity());
+  bad.hidden = encode_rows(WireDType::kF32, inf.data(), 4, 8).value();
+  const auto inf_step = encode_span_step(bad).value();        // the encoder lets a caller send them ...
+  expect_code(inf_step, StatusCode::kCorrupt, "SPAN_STEP:");  // ... the receiver refuses them
+
+  // SPAN_RESULT: rows, or the missing inputs (never both).
+  SpanResultMsg r;
+  r.request_id = 41;
+  r.compute_us = 1234;
+  std::vector<float> out(4 * 8, 0.5f);
+  r.rows = encode_rows(WireDType::kBF16, out.data(), 4, 8).value();
+  const auto res = encode_span_result(r).value();
+  ASSERT_EQ(res.size(), kHeaderBytes + 20 + 4 * 16);
+  auto rb = decode_span_result(parse_frame(res, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(rb.is_ok()) << rb.status().to_string();
+  EXPECT_EQ(rb->compute_us, 1234u);
+  EXPECT_EQ(rb->rows.bytes, r.rows.bytes);
+  EXPECT_TRUE(rb->need.empty());
+  EXPECT_EQ(reencode(res, kLim), res);
+  SpanResultMsg need;
+  need.request_id = 42;
+  need.need = {{9, 3}, {4, 0}};
+  const auto nres = encode_span_result(need).value();
+  ASSERT_EQ(nres.size(), kHeaderBytes + 20 + 2 * 16);
+  auto nb = decode_span_result(parse_frame(nres, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(nb.is_ok()) << nb.status().to_string();
+  EXPECT_EQ(nb->need, need.need);
+  EXPECT_EQ(reencode(nres, kLim), nres);
+  expect_code(edit(nres, [](auto& b) { put<uint32_t>(b, 20 + 16, 9); }), StatusCode::kCorrupt,
+              "sequence 9 listed twice");
+  expect_code(edit(nres, [](auto& b) { put<uint32_t>(b, 0, 0); }), StatusCode::kCorrupt, "SPAN_RESULT payload is");
+  expect_code(edit(res, [](auto& b) { put<uint8_t>(b, 12, 7); }), StatusCode::kCorrupt, "unknown wire dtype 7");
+  expect_code(edit(res, [](auto& b) { put<uint8_t>(b, 13, 1); }), StatusCode::kCorrupt, "nonzero reserved bytes");
+  SpanResultMsg empty;
+  empty.request_id = 5;
+  EXPECT_FALSE(encode_span_result(empty).is_ok());  // neither rows nor missing inputs
+  SpanResultMsg both = r;
+  both.need = {{1, 0}};
+  EXPECT_FALSE(encode_span_result(both).is_ok());
+}
+
 // Mutations: bit flips, byte overwrites, truncation, extension, header field edits; half of
 // them resealed so they get past the checksum to the field checks.
 TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
@@ -575,6 +695,13 @@ TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
       encode_stored({.request_id = 32, .layer = 1, .expert = 3, .replica_bytes = 9, .budget_bytes = 99}).value());
   seeds.push_back(encode_info_request(33).value());
   seeds.push_back(encode_info({.request_id = 33, .threads = 2, .slab_bytes = 9, .replica_budget_bytes = 1}).value());
+  seeds.push_back(encode_span_step(good_span_step_msg()).value());
+  {
+    SpanResultMsg need;
+    need.request_id = 34;
+    need.need = {{2, 7}};
+    seeds.push_back(encode_span_result(need).value());
+  }
   for (const auto& s : seeds) ASSERT_TRUE(decode_any(s, kLim).is_ok());
 
   std::mt19937_64 rng(20240611);
