@@ -18,14 +18,43 @@
 
 namespace moesh {
 
+namespace {
+
+// The state slots blocks [first, last] use: KV layers and recurrent layers, each a contiguous run
+// (slots are numbered in block order). A span outside the model, or last < 0: every block.
+struct SlotRange {
+  int64_t kv_base = 0, kv_count = 0, rec_base = 0, rec_count = 0;
+};
+SlotRange slots_of(const HParams& hp, LayerSpan sp) {
+  if (sp.last < 0 || sp.first < 0 || sp.last < sp.first || sp.last >= hp.n_layer) {
+    return {0, hp.n_kv_layer, 0, hp.n_rec_layer};
+  }
+  SlotRange r{-1, 0, -1, 0};
+  for (int il = sp.first; il <= sp.last; ++il) {
+    const int64_t slot = hp.state_slot[static_cast<size_t>(il)];
+    if (hp.is_recurrent(il)) {
+      if (r.rec_base < 0) r.rec_base = slot;
+      ++r.rec_count;
+    } else {
+      if (r.kv_base < 0) r.kv_base = slot;
+      ++r.kv_count;
+    }
+  }
+  r.kv_base = std::max<int64_t>(r.kv_base, 0);
+  r.rec_base = std::max<int64_t>(r.rec_base, 0);
+  return r;
+}
+
+}  // namespace
+
 Context::Context(const Model& model, const ContextParams& params)
     : model_(model),
       pool_(std::make_unique<ThreadPool>(params.n_threads)),
-      kv_(model.hparams().n_kv_layer, model.hparams().kv_k_width, model.hparams().kv_v_width,
+      kv_(slots_of(model.hparams(), params.layers).kv_count, model.hparams().kv_k_width, model.hparams().kv_v_width,
           params.n_ctx > 0 ? params.n_ctx : model.hparams().n_ctx_train),
-      rec_(model.hparams().n_rec_layer > 0
-               ? std::make_unique<RecurrentState>(model.hparams().n_rec_layer, model.hparams().rec_width,
-                                                  params.checkpoints)
+      rec_(slots_of(model.hparams(), params.layers).rec_count > 0
+               ? std::make_unique<RecurrentState>(slots_of(model.hparams(), params.layers).rec_count,
+                                                  model.hparams().rec_width, params.checkpoints)
                : nullptr),
       state_(&kv_, rec_.get()),
       executor_(params.executor),
@@ -35,6 +64,17 @@ Context::Context(const Model& model, const ContextParams& params)
     executor_ = std::make_shared<LocalExecutor>(model.expert_weights(), pool_.get());
   else
     executor_->set_pool(pool_.get());
+  const SlotRange slots = slots_of(model.hparams(), params.layers);
+  if (params.layers.last >= 0) {
+    if (slots.kv_count == model.hparams().n_kv_layer && slots.rec_count == model.hparams().n_rec_layer &&
+        (params.layers.first != 0 || params.layers.last != model.hparams().n_layer - 1)) {
+      span_status_ = make_error(StatusCode::kInvalidArgument, "blocks {}-{} are not within the model's 0-{}",
+                                params.layers.first, params.layers.last, model.hparams().n_layer - 1);
+    }
+    layers_ = params.layers;
+    kv_base_ = slots.kv_base;
+    rec_base_ = slots.rec_base;
+  }
   spans_ = params.spans;
   if (spans_) {
     const int n_layer = static_cast<int>(model.hparams().n_layer);
@@ -85,6 +125,10 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     return make_error(StatusCode::kInvalidArgument, "decode: logits requested but no buffer given");
   }
   if (!span_status_.is_ok()) return span_status_;
+  if (layers_.last >= 0 && (layers_.first != 0 || layers_.last != hp.n_layer - 1)) {
+    return make_error(StatusCode::kInvalidArgument, "decode: this context holds blocks {}-{} only (decode_layers)",
+                      layers_.first, layers_.last);
+  }
   Scratch& s = *scratch_;
   n_hidden_ = 0;
 
@@ -326,6 +370,11 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
                       hp.n_layer - 1);
   }
   if (spans_) return make_error(StatusCode::kInvalidArgument, "decode_layers: this context has spans of its own");
+  if (!span_status_.is_ok()) return span_status_;
+  if (layers_.last >= 0 && (first < layers_.first || last > layers_.last)) {
+    return make_error(StatusCode::kInvalidArgument, "decode_layers: blocks {}-{} asked, this context holds {}-{}",
+                      first, last, layers_.first, layers_.last);
+  }
   Scratch& s = *scratch_;
   n_hidden_ = 0;
   std::vector<int64_t> given(static_cast<size_t>(T));
@@ -341,7 +390,8 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
   MOESH_RETURN_IF_ERROR(reserve_cells(T, given.data(), cut.data(), &steps, &step_of));
   detail::Fwd f{model_,     hp,         pool_.get(),
                 kv_,        rec_.get(), s,
-                *executor_, observer_,  detail::Batch{T, s.seq.data(), s.pos.data(), s.cell.data()}};
+                *executor_, observer_,  detail::Batch{T, s.seq.data(), s.pos.data(), s.cell.data()},
+                kv_base_,   rec_base_};
   const size_t n_act = static_cast<size_t>(T * D);
   detail::BlockBufs b{detail::grow(s.h, n_act), detail::grow(s.xn, n_act), detail::grow(s.attn_out, n_act),
                       detail::grow(s.ffn_out, n_act)};

@@ -63,11 +63,14 @@ struct Fwd {
   ExpertExecutor& executor;
   ForwardObserver* observer;
   Batch batch;
+  // A context that holds only some blocks' state (ContextParams::layers) keeps KV layers from
+  // kv_base and recurrent layers from rec_base.
+  int64_t kv_base = 0, rec_base = 0;
 };
 
 // Block il's layer in the KV cache (attention blocks) or in the recurrent state.
 inline int64_t state_layer(const Fwd& f, int il) {
-  return f.hp.state_slot[static_cast<size_t>(il)];
+  return f.hp.state_slot[static_cast<size_t>(il)] - (f.hp.is_recurrent(il) ? f.rec_base : f.kv_base);
 }
 
 inline const float* f32(const TensorView& t) {

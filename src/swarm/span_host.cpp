@@ -43,6 +43,7 @@ Result<std::unique_ptr<SpanHost>> SpanHost::create(const Model& model, const Spa
   cp.n_ctx = opts.n_ctx;
   cp.executor = opts.executor;
   cp.micro_batching = MicroBatching::kOff;
+  cp.layers = opts.span;  // only the span's KV cells and recurrent state are kept here
   h->ctx_ = std::make_unique<Context>(model, cp);
   return h;
 }

@@ -268,6 +268,9 @@ struct ContextParams {
   // context with spans are never split into micro-batches, and observers see only the blocks
   // that run here.
   std::shared_ptr<SpanRunner> spans;
+  // Only these blocks run here (a span peer: decode_layers within them), so only their KV cells
+  // and recurrent state are kept. last < 0: every block (decode_batch needs that).
+  LayerSpan layers{0, -1};
 };
 
 class Context {
@@ -371,8 +374,10 @@ class Context {
   MicroBatchPolicy mb_policy_;
   MicroBatchStats mb_stats_;
   std::shared_ptr<SpanRunner> spans_;
-  std::vector<int> span_at_;           // [n_layer]: the span starting at block il, else -1
-  Status span_status_ = Status::ok();  // why the spans cannot be used (checked at decode)
+  std::vector<int> span_at_;            // [n_layer]: the span starting at block il, else -1
+  Status span_status_ = Status::ok();   // why the spans cannot be used (checked at decode)
+  LayerSpan layers_{0, -1};             // ContextParams::layers, resolved
+  int64_t kv_base_ = 0, rec_base_ = 0;  // the state slots of the first block of layers_
 };
 
 }  // namespace moesh
