@@ -65,6 +65,13 @@ Context::Context(const Model& model, const ContextParams& params)
   else
     executor_->set_pool(pool_.get());
   const SlotRange slots = slots_of(model.hparams(), params.layers);
+  if (!model.holds_all_blocks() && (params.layers.last < 0 || params.layers.first < model.blocks().first ||
+                                    params.layers.last > model.blocks().last)) {
+    span_status_ = make_error(StatusCode::kInvalidArgument,
+                              "the model file holds blocks {}-{} only (a span slice): run it as a span peer "
+                              "(moesh span --layers within them)",
+                              model.blocks().first, model.blocks().last);
+  }
   if (params.layers.last >= 0) {
     if (slots.kv_count == model.hparams().n_kv_layer && slots.rec_count == model.hparams().n_rec_layer &&
         (params.layers.first != 0 || params.layers.last != model.hparams().n_layer - 1)) {

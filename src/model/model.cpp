@@ -210,16 +210,30 @@ Result<std::unique_ptr<Model>> Model::from_file(std::unique_ptr<gguf::File> file
 Status Model::bind_tensors() {
   FileBinder b(*file_, opts_.dequant_f32, &owned_);
   const HParams& hp = hp_;
-  MOESH_ASSIGN_OR_RETURN(tok_embd, b.take("token_embd.weight", {hp.n_embd, hp.n_vocab}));
+  // A span slice (`moesh slice --layers`) holds some blocks only, for a span peer; no
+  // embedding or output head.
+  blocks_ = {0, static_cast<int>(hp.n_layer) - 1};
+  auto kind = file_->get_or<std::string>("moesh.slice.kind", "");
+  const bool span_slice = kind.is_ok() && *kind == "span";
+  if (span_slice) {
+    auto sp = file_->get<std::vector<int32_t>>("moesh.slice.span");
+    if (!sp) return sp.status().with_context("span slice");
+    if (sp->size() != 2 || (*sp)[0] < 0 || (*sp)[1] < (*sp)[0] || (*sp)[1] >= hp.n_layer) {
+      return make_error(StatusCode::kCorrupt, "moesh.slice.span is not two blocks FIRST <= LAST within 0-{}",
+                        hp.n_layer - 1);
+    }
+    blocks_ = {(*sp)[0], (*sp)[1]};
+  }
+  MOESH_ASSIGN_OR_RETURN(tok_embd, b.take("token_embd.weight", {hp.n_embd, hp.n_vocab}, !span_slice));
   MOESH_ASSIGN_OR_RETURN(output_norm, b.take("output_norm.weight", {hp.n_embd}));
   MOESH_ASSIGN_OR_RETURN(output, b.take("output.weight", {hp.n_embd, hp.n_vocab}, false));
-  if (!output.valid()) output = tok_embd;  // tied embeddings
+  if (!output.valid()) output = tok_embd;  // tied embeddings (or none: a span slice)
   if (output_norm.type != GgmlType::F32) {
     return make_error(StatusCode::kUnsupported, "tensor 'output_norm.weight' must be F32");
   }
   if (hp.arch->bind_globals != nullptr) MOESH_RETURN_IF_ERROR(hp.arch->bind_globals(b, &hp_));
   layers.resize(static_cast<size_t>(hp.n_layer));
-  for (int il = 0; il < hp.n_layer; ++il) {
+  for (int il = blocks_.first; il <= blocks_.last; ++il) {
     LayerWeights* lw = &layers[static_cast<size_t>(il)];
     Status st = hp.arch->bind_layer(b, hp, il, lw);
     MOESH_RETURN_IF_ERROR(st);
@@ -233,7 +247,7 @@ Status Model::bind_tensors() {
   }
   // The NextN/MTP blocks, when the architecture runs them as a draft head: a block that does
   // not bind only takes the draft head away (nextn_status says why), never the model.
-  if (hp.n_nextn > 0 && hp.arch->bind_nextn != nullptr) {
+  if (hp.n_nextn > 0 && hp.arch->bind_nextn != nullptr && !span_slice) {
     for (int k = 0; k < hp.n_nextn; ++k) {
       const int il = static_cast<int>(hp.n_layer) + k;
       NextnWeights nw;

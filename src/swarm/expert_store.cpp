@@ -82,8 +82,17 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
     s->weights_.push_back(std::move(w));
     return s->weights_.size() - 1;
   };
-  if (kind.empty()) {
+  if (kind.empty() || kind == kKindSpan) {
+    // A span slice holds its blocks' stacked tensors as a full model does.
+    int32_t lo = 0, hi = static_cast<int32_t>(s->shape_.n_layer) - 1;
+    if (kind == kKindSpan) {
+      MOESH_ASSIGN_OR_RETURN(std::vector<int32_t> sp, f.get<std::vector<int32_t>>(kKeySpan));
+      if (sp.size() != 2) return make_error(StatusCode::kCorrupt, "{}: {} is not [first, last]", f.path(), kKeySpan);
+      lo = sp[0];
+      hi = sp[1];
+    }
     for (uint32_t l : s->shape_.moe_layers) {
+      if (static_cast<int32_t>(l) < lo || static_cast<int32_t>(l) > hi) continue;
       MOESH_ASSIGN_OR_RETURN(size_t wi, add_weights("", l));
       if (s->weights_[wi]->n_expert() != s->shape_.n_expert) {
         return make_error(StatusCode::kCorrupt, "tensor '{}' stacks {} experts, the model has {}",

@@ -274,6 +274,47 @@ Status write_backbone_slice(const gguf::File& model, const std::string& out) {
   return w.write_file(out);
 }
 
+Status write_span_slice(const gguf::File& model, int first, int last, const std::string& out) {
+  const std::string kind = slice_kind(model);
+  if (!kind.empty()) {
+    return make_error(StatusCode::kInvalidArgument, "{} is a {} slice; cut a span from the full model", model.path(),
+                      kind);
+  }
+  MOESH_ASSIGN_OR_RETURN(ModelShape shape, model_shape(model));
+  if (first < 0 || last < first || static_cast<uint32_t>(last) >= shape.n_layer) {
+    return make_error(StatusCode::kInvalidArgument, "blocks {}-{} are not within the model's 0-{}", first, last,
+                      shape.n_layer - 1);
+  }
+  gguf::Writer w;
+  MOESH_RETURN_IF_ERROR(start_slice(model, kKindSpan, shape, &w));
+  w.set(kKeySpan, gguf::Value::i32_array({first, last}));
+  for (const auto& t : model.tensors()) {
+    std::string_view name = t.name;
+    bool keep = false;
+    if (name.starts_with("blk.")) {
+      uint32_t il = 0;
+      size_t i = 4;
+      for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) il = il * 10 + (name[i] - '0');
+      keep = i > 4 && static_cast<int>(il) >= first && static_cast<int>(il) <= last;
+    } else {
+      // The embedding and the output head are the backbone's; the rest (norms, rope factors)
+      // is small and some blocks read it.
+      keep = name != "token_embd.weight" && name != "output.weight";
+    }
+    if (!keep) continue;
+    const TensorView v = model.view(t);
+    if (is_routed_expert_tensor(t.name) && t.n_dims == 3) {
+      // As every slice: the slab hashes, so the span peer's experts are checked when mapped.
+      w.set(kKeyHashPrefix + t.name, u64_array(hash_slabs(v)));
+      w.set(kKeyLayoutPrefix + t.name, u64_array({static_cast<uint64_t>(t.type), static_cast<uint64_t>(t.ne[0]),
+                                                  static_cast<uint64_t>(t.ne[1]), static_cast<uint64_t>(t.ne[2])}));
+    }
+    std::vector<int64_t> ne(v.ne, v.ne + t.n_dims);
+    MOESH_RETURN_IF_ERROR(w.add_tensor(t.name, t.type, ne, v.data));
+  }
+  return w.write_file(out);
+}
+
 Result<std::vector<uint64_t>> expert_slab_hashes(const gguf::File& f, const std::string& tensor_name) {
   const std::string key = kKeyHashPrefix + tensor_name;
   const gguf::TensorInfo* ti = f.find_tensor(tensor_name);

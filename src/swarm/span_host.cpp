@@ -36,6 +36,10 @@ Result<std::unique_ptr<SpanHost>> SpanHost::create(const Model& model, const Spa
     return make_error(StatusCode::kInvalidArgument, "blocks {}-{} are not within the model's 0-{}", opts.span.first,
                       opts.span.last, n_layer - 1);
   }
+  if (opts.span.first < model.blocks().first || opts.span.last > model.blocks().last) {
+    return make_error(StatusCode::kInvalidArgument, "blocks {}-{} asked, the file holds {}-{} only (a span slice)",
+                      opts.span.first, opts.span.last, model.blocks().first, model.blocks().last);
+  }
   if (opts.max_seqs == 0) return make_error(StatusCode::kInvalidArgument, "max_seqs must be at least 1");
   std::unique_ptr<SpanHost> h(new SpanHost(model, opts));
   ContextParams cp;

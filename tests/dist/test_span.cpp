@@ -371,5 +371,41 @@ TEST(Span, RunWithSpansPrintsTheLocalTokens) {
   EXPECT_EQ(q8.exit_code, 2) << q8.err;
 }
 
+// `moesh slice --layers` cuts the file a span peer needs: its blocks (and the small globals), no
+// embedding or head. A peer on it gives the same bits; the slice refuses to run anything else.
+TEST(Span, ASpanSliceIsAllASpanPeerNeeds) {
+  const std::string path = six_block_model();
+  const std::string slice = temp_dir() + "/span-2-4.gguf";
+  RunResult cut = run_moesh("slice -m " + quoted(path) + " --layers 2-4 -o " + quoted(slice));
+  ASSERT_EQ(cut.exit_code, 0) << cut.err;
+  EXPECT_LT(std::filesystem::file_size(slice), std::filesystem::file_size(path) * 3 / 4);
+  auto sliced = Model::load(slice);
+  ASSERT_TRUE(sliced.is_ok()) << sliced.status().to_string();
+  EXPECT_EQ((*sliced)->blocks(), (LayerSpan{2, 4}));
+  EXPECT_FALSE((*sliced)->tok_embd.valid());
+  auto peer = spawn_span(slice, "2-4");
+  ASSERT_TRUE(peer.is_ok()) << peer.status().to_string();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  auto spans = connect_spans(**model, {target(2, 4, {peer->get()})}, /*fallback=*/false);
+  ASSERT_NE(spans, nullptr);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+  Context ctx = make_ctx(**model, spans);
+  Context local = make_ctx(**model, nullptr);
+  EXPECT_TRUE(same_bits(greedy_rows(ctx, prompt, 3), greedy_rows(local, prompt, 3)));
+  // Blocks outside the slice, a run of the slice itself, a slice of a slice: refused.
+  RunResult outside = run_moesh("span -m " + quoted(slice) + " --layers 1-4 --listen 127.0.0.1:0");
+  EXPECT_EQ(outside.exit_code, 1);
+  EXPECT_NE(outside.err.find("holds 2-4 only"), std::string::npos) << outside.err;
+  RunResult run = run_moesh("run -m " + quoted(slice) + " --tokens 1,2 -n 1");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_NE(run.err.find("span slice"), std::string::npos) << run.err;
+  RunResult again = run_moesh("slice -m " + quoted(slice) + " --layers 2-3 -o " + quoted(slice + ".2"));
+  EXPECT_EQ(again.exit_code, 1);
+  RunResult beyond = run_moesh("slice -m " + quoted(path) + " --layers 4-9 -o " + quoted(slice + ".3"));
+  EXPECT_EQ(beyond.exit_code, 1);
+  EXPECT_NE(beyond.err.find("not within the model's 0-5"), std::string::npos) << beyond.err;
+}
+
 }  // namespace
 }  // namespace moesh::test

@@ -204,6 +204,10 @@ class Model {
   const HParams& hparams() const { return hp_; }
   const gguf::File& file() const { return *file_; }
   const LoadOptions& options() const { return opts_; }
+  // The blocks this file holds: all of them, or a span slice's (`moesh slice --layers`), which
+  // only a context restricted to them (ContextParams::layers) can run.
+  const LayerSpan& blocks() const { return blocks_; }
+  bool holds_all_blocks() const { return blocks_.first == 0 && blocks_.last == hp_.n_layer - 1; }
 
   TensorView tok_embd, output_norm, output;
   std::vector<LayerWeights> layers;
@@ -223,6 +227,7 @@ class Model {
 
   HParams hp_;
   LoadOptions opts_;
+  LayerSpan blocks_;
   std::unique_ptr<gguf::File> file_;
   std::vector<std::vector<float>> owned_;  // dequant-f32 copies
 };

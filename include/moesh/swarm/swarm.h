@@ -50,6 +50,8 @@ inline constexpr const char* kKeyHashPrefix = "moesh.slice.hash.";
 inline constexpr const char* kKeyLayoutPrefix = "moesh.slice.layout.";
 inline constexpr const char* kKindExperts = "experts";
 inline constexpr const char* kKindBackbone = "backbone";
+inline constexpr const char* kKindSpan = "span";
+inline constexpr const char* kKeySpan = "moesh.slice.span";  // i32 [first, last] of a span slice
 
 // ---- model shape -----------------------------------------------------------------------------
 
@@ -192,6 +194,10 @@ Status write_expert_slice(const gguf::File& model, const ExpertSet& experts, con
 // identity, and for each stacked (3-D) `*_exps` tensor of the model its slab hash array
 // (`moesh.slice.hash.` + name, one XXH3-64 per expert), so experts received later can be checked.
 Status write_backbone_slice(const gguf::File& model, const std::string& out);
+// Span slice (`moesh slice --layers F-L`, for `moesh span`): every tensor of blocks F..L, the
+// global tensors the blocks read (norms, rope factors; not token_embd / output), the metadata,
+// kind = span, the span, MoE layers and the identity. Model::load binds only those blocks.
+Status write_span_slice(const gguf::File& model, int first, int last, const std::string& out);
 // Replicas (wire STORE): checks one expert's slabs against the model `f` describes — each tensor's
 // type and 2-D shape against the stacked tensor's layout, its bytes' hash against the model's own
 // slab hash (a full model's data, or the arrays every slice carries for every stacked tensor) —
