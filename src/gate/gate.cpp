@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -33,17 +34,21 @@ class MarginObserver final : public ForwardObserver {
   std::vector<double> min_margin;
 };
 
-// Records every MoE layer's routing decisions as sorted expert sets, in call order.
+// Records every MoE layer's routing decisions as sorted expert sets, keyed by (layer, the
+// layer's n-th token): blocks that run on a span peer report nothing here, so only decisions
+// both sides saw are compared.
 class RoutingRecorder final : public ForwardObserver {
  public:
-  void on_routing(int, int64_t n_tokens, int k, const int32_t* ids, const float*) override {
+  void on_routing(int layer, int64_t n_tokens, int k, const int32_t* ids, const float*) override {
+    int64_t& seen = per_layer[layer];
     for (int64_t t = 0; t < n_tokens; ++t) {
       std::vector<int32_t> s(ids + t * k, ids + (t + 1) * k);
       std::sort(s.begin(), s.end());
-      decisions.push_back(std::move(s));
+      decisions[{layer, seen++}] = std::move(s);
     }
   }
-  std::vector<std::vector<int32_t>> decisions;
+  std::map<std::pair<int, int64_t>, std::vector<int32_t>> decisions;
+  std::map<int, int64_t> per_layer;
 };
 
 // Top-1 minus runner-up, divided by the RMS of the row (0 for an all-zero row).
@@ -309,9 +314,11 @@ Result<SequenceResult> compare_sequence(Context& local, Context& remote, const s
     cos_sum += c;
   }
   r.cos_mean = cos_sum / static_cast<double>(r.n_tokens);
-  r.routing_total = static_cast<int64_t>(std::min(rec_local.decisions.size(), rec_remote.decisions.size()));
-  for (int64_t i = 0; i < r.routing_total; ++i) {
-    r.routing_same += rec_local.decisions[static_cast<size_t>(i)] == rec_remote.decisions[static_cast<size_t>(i)];
+  for (const auto& [key, set] : rec_remote.decisions) {
+    auto it = rec_local.decisions.find(key);
+    if (it == rec_local.decisions.end()) continue;
+    ++r.routing_total;
+    r.routing_same += it->second == set ? 1 : 0;
   }
   r.pass = opts.bitwise ? r.bitwise : (r.argmax_frac() >= opts.min_argmax && r.cos_min >= opts.min_cosine);
   return r;
@@ -337,8 +344,9 @@ int64_t GateReport::n_tokens() const {
 
 Result<GateReport> run_gate(const Model& model, const std::shared_ptr<RemoteExecutor>& remote,
                             const std::vector<std::vector<int32_t>>& sequences, const CompareOptions& opts,
-                            int n_threads) {
-  if (remote == nullptr) return make_error(StatusCode::kInvalidArgument, "the gate needs a remote executor");
+                            int n_threads, std::shared_ptr<SpanRunner> spans) {
+  if (remote == nullptr && spans == nullptr)
+    return make_error(StatusCode::kInvalidArgument, "the gate needs a remote executor or span peers");
   if (sequences.empty()) return make_error(StatusCode::kInvalidArgument, "no sequences to compare");
   for (size_t il = 0; il < model.layers.size(); ++il) {
     if (model.layers[il].is_moe && !model.layers[il].experts.valid()) {
@@ -355,6 +363,7 @@ Result<GateReport> run_gate(const Model& model, const std::shared_ptr<RemoteExec
   cp.n_ctx = max_len;
   Context local_ctx(model, cp);
   cp.executor = remote;
+  cp.spans = std::move(spans);
   Context remote_ctx(model, cp);
   GateReport rep;
   rep.pass = true;

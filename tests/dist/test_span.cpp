@@ -12,6 +12,7 @@
 #include "dist/worker_process.h"
 #include "moesh/model/speculative.h"
 #include "moesh/remote/span_client.h"
+#include "moesh/serve/scheduler.h"
 #include "util/run_moesh.h"
 
 namespace moesh::test {
@@ -405,6 +406,102 @@ TEST(Span, ASpanSliceIsAllASpanPeerNeeds) {
   RunResult beyond = run_moesh("slice -m " + quoted(path) + " --layers 4-9 -o " + quoted(slice + ".3"));
   EXPECT_EQ(beyond.exit_code, 1);
   EXPECT_NE(beyond.err.find("not within the model's 0-5"), std::string::npos) << beyond.err;
+}
+
+// The server's scheduler over spans: continuous batching (several streams per step, one trip
+// per span for all of them), the prefix cache (a repeated prompt copied, not recomputed, on the
+// backbone and on the peer), n-gram drafts; every stream's tokens equal greedy decoding alone.
+TEST(Span, TheSchedulerBatchesStreamsAcrossSpans) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  auto a = spawn_span(path, "1-3");
+  ASSERT_TRUE(a.is_ok());
+  auto spans = connect_spans(m, {target(1, 3, {a->get()})});
+  ASSERT_NE(spans, nullptr);
+  SchedulerOptions o;
+  o.n_slots = 3;
+  o.n_ctx = 128;
+  o.n_threads = 1;
+  o.draft = "ngram";
+  o.spans = spans;
+  auto sched = Scheduler::create(m, nullptr, o);
+  ASSERT_TRUE(sched.is_ok()) << sched.status().to_string();
+  const std::vector<std::vector<int32_t>> prompts = {
+      {5, 6, 7, 8, 5, 6, 7, 8, 5, 6}, {40, 41, 42}, {5, 6, 7, 8, 5, 6, 7, 8, 5, 6}, {9, 10, 11, 12}};
+  struct Out {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> tokens;
+    bool done = false;
+    Status error;
+  };
+  std::vector<std::shared_ptr<Out>> outs;
+  auto submit = [&](const std::vector<int32_t>& p) {
+    auto out = std::make_shared<Out>();
+    outs.push_back(out);
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = 12;
+    r.ignore_eos = true;
+    auto id = (*sched)->submit(std::move(r), [out](const GenerationEvent& ev) {
+      std::lock_guard<std::mutex> lk(out->mu);
+      out->tokens.insert(out->tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.done) {
+        out->done = true;
+        out->error = ev.error;
+      }
+      out->cv.notify_all();
+      return true;
+    });
+    EXPECT_TRUE(id.is_ok()) << id.status().to_string();
+  };
+  auto check = [&](size_t i, const std::vector<int32_t>& prompt) {
+    std::unique_lock<std::mutex> lk(outs[i]->mu);
+    ASSERT_TRUE(outs[i]->cv.wait_for(lk, std::chrono::minutes(3), [&] { return outs[i]->done; }));
+    ASSERT_TRUE(outs[i]->error.is_ok()) << outs[i]->error.to_string();
+    Context alone = make_ctx(m, nullptr);
+    std::vector<float> rows = greedy_rows(alone, prompt, 11);
+    const int64_t V = m.hparams().n_vocab, P = static_cast<int64_t>(prompt.size());
+    std::vector<int32_t> want;
+    for (int k = 0; k < 12; ++k) {
+      const float* row = rows.data() + (P - 1 + k) * V;
+      want.push_back(static_cast<int32_t>(std::max_element(row, row + V) - row));
+    }
+    EXPECT_EQ(outs[i]->tokens, want) << "request " << i;
+  };
+  for (const auto& p : prompts) submit(p);
+  for (size_t i = 0; i < prompts.size(); ++i) check(i, prompts[i]);
+  // Once they are done, a prompt seen before is served from the prefix cache.
+  submit(prompts[0]);
+  check(prompts.size(), prompts[0]);
+  const SchedulerStats st = (*sched)->stats();
+  EXPECT_GE(st.max_batch_seen, 2u);
+  EXPECT_GT(st.cached_prompt_tokens, 0u);  // the repeated prompt
+  // One trip per span and step, whatever the number of streams in it (nothing was lost).
+  EXPECT_EQ(spans->stats().trips, st.steps);
+  EXPECT_EQ(spans->stats().failovers, 0u);
+  (*sched)->shutdown();
+}
+
+// `moesh gate --span`: exact across spans is bit-identical (PASS); f16 between spans is judged
+// by argmax and cosine.
+TEST(Span, GateChecksTheWireBetweenSpans) {
+  const std::string path = six_block_model();
+  auto a = spawn_span(path, "2-5");
+  ASSERT_TRUE(a.is_ok());
+  const std::string common =
+      "gate -m " + quoted(path) + " --span 2-5@" + (*a)->address().to_string() + " --sequences 2 -t 1 --raw-sequences";
+  RunResult exact = run_moesh(common);
+  EXPECT_EQ(exact.exit_code, 0) << exact.out << exact.err;
+  EXPECT_NE(exact.out.find("criterion: bit-identical logits"), std::string::npos) << exact.out;
+  EXPECT_NE(exact.out.find("1 span(s), span wire f32"), std::string::npos) << exact.out;
+  EXPECT_NE(exact.out.find("gate: PASS"), std::string::npos) << exact.out;
+  RunResult f16 = run_moesh(common + " --span-wire f16 --min-argmax 0.5 --min-cosine 0.99");
+  EXPECT_EQ(f16.exit_code, 0) << f16.out << f16.err;
+  EXPECT_NE(f16.out.find("criterion: argmax agreement"), std::string::npos) << f16.out;
+  EXPECT_NE(f16.out.find("span 2-5 on"), std::string::npos) << f16.out;
 }
 
 }  // namespace

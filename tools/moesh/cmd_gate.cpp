@@ -53,8 +53,8 @@ std::string wire_description(const RemoteOptions& ro) {
 }
 
 int run_gate(const GateArgs& a) {
-  if (!a.swarm.enabled()) {
-    std::fprintf(stderr, "moesh gate: error: give the remote path to check with --worker or --workers\n");
+  if (!a.swarm.enabled() && a.swarm.spans.empty()) {
+    std::fprintf(stderr, "moesh gate: error: give the remote path to check with --worker, --workers or --span\n");
     return 2;
   }
   if (a.n_seq < 1) {
@@ -127,20 +127,32 @@ int run_gate(const GateArgs& a) {
 
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "gate", &remote)) return 1;
-  const RemoteOptions& ro = remote->options();
+  std::shared_ptr<SpanClient> spans;
+  if (!open_spans_or_report(*model, a.swarm, "gate", a.threads, &spans)) return 1;
   gate::CompareOptions cmp;
   cmp.min_argmax = a.min_argmax;
   cmp.min_cosine = a.min_cosine;
-  cmp.bitwise = !a.no_bitwise && gate::is_bit_exact_path(*remote);
+  // Exact: f32 between spans and (with workers) the executor's exact path.
+  cmp.bitwise =
+      !a.no_bitwise && (!remote || gate::is_bit_exact_path(*remote)) && (!spans || a.swarm.span_wire == "f32");
 
+  std::string path;
+  if (remote) {
+    const RemoteOptions& ro = remote->options();
+    path = fmt::format("{}, combine {}, {} worker(s)", wire_description(ro), wire::combine_mode_name(ro.combine),
+                       remote->n_workers());
+  }
+  if (spans) {
+    path +=
+        fmt::format("{}{} span(s), span wire {}", path.empty() ? "" : "; ", spans->spans().size(), a.swarm.span_wire);
+  }
   std::printf(
-      "gate: %s | %s, combine %s, %zu worker(s) | criterion: %s\n", a.model.c_str(), wire_description(ro).c_str(),
-      wire::combine_mode_name(ro.combine), remote->n_workers(),
+      "gate: %s | %s | criterion: %s\n", a.model.c_str(), path.c_str(),
       cmp.bitwise
           ? "bit-identical logits"
           : fmt::format("argmax agreement >= {:.4f}, min cosine >= {:.6f}", a.min_argmax, a.min_cosine).c_str());
   std::printf("%s\n", curation_line.c_str());
-  auto rep = gate::run_gate(*model, remote, seqs, cmp, a.threads);
+  auto rep = gate::run_gate(*model, remote, seqs, cmp, a.threads, spans);
   if (!rep) {
     std::fprintf(stderr, "moesh gate: error: %s\n", rep.status().to_string().c_str());
     return 1;
@@ -172,8 +184,11 @@ int run_gate(const GateArgs& a) {
     }
     if (flips.size() > 12) std::printf("  ... %zu more\n", flips.size() - 12);
   }
-  print_traffic("(batches)", rep->traffic[0]);
-  print_traffic("(1-token steps)", rep->traffic[1]);
+  if (remote) {
+    print_traffic("(batches)", rep->traffic[0]);
+    print_traffic("(1-token steps)", rep->traffic[1]);
+  }
+  if (spans) print_span_stats(*spans, stdout);
   std::printf("time: local %.3f s, remote %.3f s\n", local_s, remote_s);
   std::printf("gate: %s\n", rep->pass ? "PASS" : "FAIL");
   return rep->pass ? 0 : 1;

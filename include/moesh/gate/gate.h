@@ -129,10 +129,11 @@ struct GateReport {
   int64_t n_tokens() const;
 };
 
-// Both contexts over `model` (the remote one with `remote` as its executor) and compare_sequence
-// on every sequence. `model` must hold every routed expert (the local reference run).
+// Both contexts over `model` (the remote one with `remote` as its executor and `spans` as its
+// span runner; either may be null, not both) and compare_sequence on every sequence. `model`
+// must hold every routed expert (the local reference run).
 Result<GateReport> run_gate(const Model& model, const std::shared_ptr<RemoteExecutor>& remote,
                             const std::vector<std::vector<int32_t>>& sequences, const CompareOptions& opts,
-                            int n_threads = 0);
+                            int n_threads = 0, std::shared_ptr<SpanRunner> spans = nullptr);
 
 }  // namespace moesh::gate
