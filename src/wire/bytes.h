@@ -8,6 +8,8 @@
 #include <span>
 #include <vector>
 
+#include "moesh/wire/wire.h"
+
 namespace moesh::wire::detail {
 
 // Host order is little-endian on every target we build for; memcpy keeps unaligned access legal.
@@ -61,5 +63,9 @@ class ByteReader {
   std::span<const uint8_t> in_;
   size_t pos_ = 0;
 };
+
+// A row block's dtype, byte count and (unless allowed) finiteness; errors with `code`, prefixed
+// by `what` (messages.cpp, shared by every message that carries rows).
+Status check_rows(StatusCode code, const char* what, const WireRows& rows, const DecodeLimits& lim);
 
 }  // namespace moesh::wire::detail

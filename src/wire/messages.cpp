@@ -13,6 +13,25 @@
 
 namespace moesh::wire {
 
+namespace detail {
+Status check_rows(StatusCode code, const char* what, const WireRows& rows, const DecodeLimits& lim) {
+  if (static_cast<uint8_t>(rows.dtype) >= static_cast<uint8_t>(WireDType::kCOUNT))
+    return make_error(code, "{}: unknown wire dtype {}", what, static_cast<int>(rows.dtype));
+  const size_t want = wire_row_bytes(rows.dtype, rows.n_cols) * rows.n_rows;
+  if (rows.bytes.size() != want)
+    return make_error(code, "{}: rows hold {} bytes, {}x{} {} needs {}", what, rows.bytes.size(), rows.n_rows,
+                      rows.n_cols, wire_dtype_name(rows.dtype), want);
+  if (!lim.allow_non_finite) {
+    Status st = check_rows_finite(rows);
+    if (!st.is_ok()) return Status(code, fmt::format("{}: {}", what, st.message()));
+  }
+  return Status::ok();
+}
+
+}  // namespace detail
+
+using detail::check_rows;
+
 namespace {
 
 using detail::ByteReader;
@@ -56,20 +75,6 @@ Status check_shape(StatusCode code, const char* what, uint32_t n_tokens, uint32_
 Status check_layer(StatusCode code, const char* what, uint32_t layer, const DecodeLimits& lim) {
   if (lim.n_layer != 0 && layer >= lim.n_layer)
     return make_error(code, "{}: layer {} out of range (model has {})", what, layer, lim.n_layer);
-  return Status::ok();
-}
-
-Status check_rows(StatusCode code, const char* what, const WireRows& rows, const DecodeLimits& lim) {
-  if (!dtype_ok(static_cast<uint8_t>(rows.dtype)))
-    return make_error(code, "{}: unknown wire dtype {}", what, static_cast<int>(rows.dtype));
-  const size_t want = wire_row_bytes(rows.dtype, rows.n_cols) * rows.n_rows;
-  if (rows.bytes.size() != want)
-    return make_error(code, "{}: rows hold {} bytes, {}x{} {} needs {}", what, rows.bytes.size(), rows.n_rows,
-                      rows.n_cols, wire_dtype_name(rows.dtype), want);
-  if (!lim.allow_non_finite) {
-    Status st = check_rows_finite(rows);
-    if (!st.is_ok()) return Status(code, fmt::format("{}: {}", what, st.message()));
-  }
   return Status::ok();
 }
 

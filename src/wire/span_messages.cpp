@@ -25,19 +25,9 @@ size_t align4(size_t n) {
 }
 
 Status check_span_rows(StatusCode code, const char* what, const WireRows& rows, const DecodeLimits& lim) {
-  if (static_cast<uint8_t>(rows.dtype) >= static_cast<uint8_t>(WireDType::kCOUNT))
-    return make_error(code, "{}: unknown wire dtype {}", what, static_cast<int>(rows.dtype));
   if (rows.n_cols == 0 || rows.n_cols > lim.max_n_embd)
     return make_error(code, "{}: n_embd {} outside 1..{}", what, rows.n_cols, lim.max_n_embd);
-  const size_t want = wire_row_bytes(rows.dtype, rows.n_cols) * rows.n_rows;
-  if (rows.bytes.size() != want)
-    return make_error(code, "{}: rows hold {} bytes, {}x{} {} needs {}", what, rows.bytes.size(), rows.n_rows,
-                      rows.n_cols, wire_dtype_name(rows.dtype), want);
-  if (!lim.allow_non_finite) {
-    Status st = check_rows_finite(rows);
-    if (!st.is_ok()) return Status(code, fmt::format("{}: {}", what, st.message()));
-  }
-  return Status::ok();
+  return detail::check_rows(code, what, rows, lim);
 }
 
 Status validate_span_step(const SpanStepMsg& m, const DecodeLimits& lim, StatusCode code) {
