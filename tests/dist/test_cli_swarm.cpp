@@ -16,10 +16,6 @@
 namespace moesh::test {
 namespace {
 
-std::string quoted(const std::string& s) {
-  return "'" + s + "'";
-}
-
 TEST(CliSwarm, GateExactIsBitIdenticalAndLossyListsItsFlips) {
   const std::string model = made_qwen3moe();
   auto a = WorkerProcess::spawn(model, "*:0-7");

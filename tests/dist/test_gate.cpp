@@ -50,10 +50,6 @@ std::vector<std::string> reference_ggufs() {
     GTEST_SKIP() << "\n\n*** reference folder " << MOESH_REFERENCE_DIR << " absent: gate not checked ***\n"; \
   }
 
-std::string quoted(const std::string& s) {
-  return "'" + s + "'";
-}
-
 // 2 workers with different thirds of the experts; the last third stays on the gate's backbone.
 TEST(Gate, CuratedLossyPathsPassOnEveryReferenceModel) {
   const auto files = reference_ggufs();

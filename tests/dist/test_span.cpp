@@ -333,10 +333,6 @@ TEST(Span, KilledPeersAreReplacedAndTheirInputsReplayed) {
   EXPECT_EQ(sctx.state().seq_len(0), 6);
 }
 
-std::string quoted(const std::string& s) {
-  return "'" + s + "'";
-}
-
 // The CLI: `moesh run --span` prints the all-local tokens and reports one trip per span and
 // pass; bad --span values are refused with exit 2 or a clear error.
 TEST(Span, RunWithSpansPrintsTheLocalTokens) {

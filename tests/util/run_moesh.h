@@ -18,7 +18,12 @@ struct RunResult {
   std::string out, err;
 };
 
-// `args` is appended to the binary path as shell text (quote paths yourself).
+// A path as one shell word (test paths hold no single quote).
+inline std::string quoted(const std::string& s) {
+  return "'" + s + "'";
+}
+
+// `args` is appended to the binary path as shell text (quote paths with quoted()).
 inline RunResult run_moesh(const std::string& args) {
   static std::atomic<int> counter{0};
   const std::string err_path =

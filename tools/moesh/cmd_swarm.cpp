@@ -1,6 +1,7 @@
 // `moesh swarm status`: the gateway's registry of workers. `moesh swarm ledger`: reads the work
 // ledgers of a gateway and its workers over HTTP and, with --check, verifies that both sides of
-// every worker's account agree (docs/swarm.md).
+// every worker's account agree. `moesh swarm plan`: which role each peer should take (span or
+// expert holder) and the step time that predicts (docs/swarm.md).
 #include <httplib.h>
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 
 #include "command.h"
 #include "moesh/serve/ledger.h"
+#include "plan_cli.h"
 
 namespace moesh::cli {
 namespace {
@@ -88,9 +90,72 @@ int run_status(const SwarmArgs& a) {
   return 0;
 }
 
+// The commands that start the peers and the backbone for a plan.
+std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::string& model) {
+  const std::string mf = model.empty() ? "MODEL.gguf" : model;
+  std::string out, backbone = "moesh run -m " + mf;
+  for (size_t i = 0; i < s.peers.size(); ++i) {
+    const PeerRole& r = p.roles[i];
+    const std::string addr = s.peers[i].addr.empty() ? "HOST:PORT" : s.peers[i].addr;
+    if (r.kind == RoleKind::kSpan) {
+      out += fmt::format("  {}: moesh span -m {} --layers {}-{} --listen {}\n", s.peers[i].peer.name, mf, r.first,
+                         r.last, addr);
+      backbone += fmt::format(" --span {}-{}@{}", r.first, r.last, addr);
+    } else if (r.kind == RoleKind::kExperts) {
+      out += fmt::format("  {}: moesh worker -m {} --experts '{}' --listen {}\n", s.peers[i].peer.name, mf,
+                         format_expert_spec(r.experts, s.model.n_expert), addr);
+      backbone += " --worker " + addr;
+    }
+  }
+  if (!p.backbone_experts.empty()) {
+    backbone += fmt::format(" --local-experts-mb {}", (s.opts.local_experts_bytes >> 20));
+  }
+  return out + "  backbone: " + backbone + "\n";
+}
+
+int run_plan(const PlanCliArgs& a) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "moesh swarm plan: error: %s\n", s.to_string().c_str());
+    return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  auto setup = resolve_plan_setup(a);
+  if (!setup) return fail(setup.status());
+  if (setup->peers.empty()) return fail(make_error(StatusCode::kInvalidArgument, "no --peer given"));
+  auto plan = plan_for_layout(*setup, a.layout);
+  if (!plan) return fail(plan.status());
+  auto experts = plan_all_experts(setup->model, setup->plan_peers, setup->opts);
+  auto spans = plan_all_spans(setup->model, setup->plan_peers, setup->opts);
+  const PlanModel& m = setup->model;
+  if (a.json) {
+    nlohmann::json j = plan_to_json(*setup, *plan);
+    j["layout"] = a.layout;
+    j["compare"] = nlohmann::json::object();
+    if (experts) j["compare"]["experts"] = {{"step_ms", experts->step_s * 1e3}, {"trips", experts->trips_per_step}};
+    if (spans) j["compare"]["spans"] = {{"step_ms", spans->step_s * 1e3}, {"trips", spans->trips_per_step}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("model %s: %d layers, %d experts top-%d; %.3f ns per byte (%s); %d token(s) per step\n", m.name.c_str(),
+              m.n_layer(), m.n_expert, m.n_expert_used, setup->seconds_per_byte * 1e9,
+              setup->calibrated ? "measured here" : (a.seconds_per_byte > 0 ? "given" : "default"),
+              setup->opts.tokens_per_step);
+  std::printf("layout: %s\n%s", a.layout.c_str(), render_plan(m, setup->plan_peers, *plan).c_str());
+  auto line = [](const char* what, const Result<SwarmPlan>& p) {
+    if (p)
+      std::printf("  %-26s %9.1f ms per step %8.2f tokens/s %6.2f trips\n", what, p->step_s * 1e3, p->tokens_per_s,
+                  p->trips_per_step);
+    else
+      std::printf("  %-26s does not fit (%s)\n", what, p.status().message().c_str());
+  };
+  std::printf("compared with:\n");
+  line("experts on every peer", experts);
+  line(fmt::format("{} equal spans", setup->peers.size()).c_str(), spans);
+  std::printf("commands:\n%s", plan_commands(*setup, *plan, a.model).c_str());
+  return 0;
+}
+
 const CommandRegistrar kReg{Command{
-    "swarm", "Inspect a running swarm: its registry of workers (status) and work ledgers (ledger)",
-    [](CLI::App* sub) -> std::function<int()> {
+    "swarm", "Inspect a running swarm (status, ledger) or plan one (plan)", [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<SwarmArgs>();
       auto which = std::make_shared<std::string>();
       sub->require_subcommand(1);
@@ -109,7 +174,13 @@ const CommandRegistrar kReg{Command{
       st->add_flag("--json", a->json, "Print the JSON document instead of the table");
       st->add_option("--timeout", a->timeout_s, "Seconds to wait");
       st->callback([which] { *which = "status"; });
-      return [a, which]() -> int {
+      auto pa = std::make_shared<PlanCliArgs>();
+      CLI::App* pl = sub->add_subcommand(
+          "plan", "Which role each peer takes (span peer or expert holder) and the predicted step time");
+      add_plan_options(pl, pa.get(), false);
+      pl->callback([which] { *which = "plan"; });
+      return [a, pa, which]() -> int {
+        if (*which == "plan") return run_plan(*pa);
         if (*which == "ledger") return run_ledger(*a);
         if (*which == "status") return run_status(*a);
         return 2;

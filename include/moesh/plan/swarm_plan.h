@@ -1,0 +1,147 @@
+// The swarm planner: which role each peer takes — a span peer hosting a run of whole layers, an
+// expert peer holding routed experts of the layers the backbone runs, or nothing — so that the
+// expected time of one decode step is smallest.
+//
+// The cost model (docs/swarm.md#plan), per step of T tokens (streams x (1 + drafts)):
+//   span peer s over layers f..l:  RTT_s + 2 x message + wire(T rows each way)
+//                                  + sum_{f..l} (dense_l + k x expert_l) x T / speed_s
+//   backbone MoE layer l:          dense_l x T / speed_b + E[max over the holders it needs of
+//                                  (RTT_w + 2 x message + wire + its pairs x expert_l / speed_w)]
+//                                  (the backbone's own copies are a holder with RTT 0; a holder is
+//                                  needed with probability 1 - prod_e (1 - p_le)^T)
+//   backbone dense layer l:        dense_l x T / speed_b
+// and the step costs the sum (spans are sent in turn from the backbone: a star, not a chain).
+// The search: each peer is idle, one span (a contiguous run of layers that fits its memory and has
+// a MoE block) or an expert holder; the backbone runs the layers no span covers, and their
+// routed experts fill the backbone's --local-experts budget first and then the expert peers,
+// nearest first, a whole layer at a time where it fits. Every split of peers into span and
+// expert roles is tried (up to PlanOptions::exhaustive_peers peers; above that, for k = 0..16,
+// the k peers with the most memory are span candidates in that order, each used or left idle,
+// the rest expert peers) and, for each, a dynamic programme over the layers places the spans
+// exactly. With the layers of each kind alike in size (true of every
+// architecture here) that is the optimum of the model above — tests compare it with brute force.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moesh/util/status.h"
+
+namespace moesh {
+
+namespace gguf {
+class File;
+}
+
+struct PlanLayer {
+  bool moe = true;
+  uint64_t dense_bytes = 0;   // attention, norms, router, shared experts (a dense layer: its FFN)
+  uint64_t expert_bytes = 0;  // one routed expert (0 for a dense layer)
+  uint64_t state_bytes = 0;   // KV cells or recurrent state of the contexts served
+  double dense_s = 0;         // per token at speed 1
+  double expert_s = 0;        // per (token, expert) pair at speed 1
+};
+
+struct PlanModel {
+  std::string name;
+  int n_expert = 0, n_expert_used = 0;
+  std::vector<PlanLayer> layers;
+  uint64_t global_bytes = 0;  // embeddings and head: always on the backbone
+  uint64_t hidden_bytes = 0;  // one token's hidden state on the wire
+  double global_s = 0;        // per token: embedding lookup and head, on the backbone
+  // [layer][expert] share of tokens routed there; empty: every expert k/n.
+  std::vector<std::vector<double>> p;
+
+  double p_at(int layer, int expert) const {
+    if (p.empty()) return n_expert > 0 ? static_cast<double>(n_expert_used) / n_expert : 0.0;
+    return p[static_cast<size_t>(layer)][static_cast<size_t>(expert)];
+  }
+  int n_layer() const { return static_cast<int>(layers.size()); }
+};
+
+// The shape and byte sizes of a GGUF model (tensor names blk.N.*, stacked *_exps experts); costs
+// are set from `seconds_per_byte` (decode is memory-bound: a token reads every dense byte and k
+// experts per layer), state from n_ctx and the attention keys. A model without routed experts is
+// kInvalidArgument.
+Result<PlanModel> plan_model_from_gguf(const gguf::File& f, int n_ctx, double seconds_per_byte);
+// Bytes one decode token reads (globals' head, dense parts, k experts per MoE layer): what
+// seconds_per_byte is measured against.
+uint64_t plan_bytes_per_token(const PlanModel& m);
+
+struct PlanPeer {
+  std::string name;
+  uint64_t memory_bytes = 0;  // what it may hold of the model (weights and state)
+  double rtt_s = 0;           // round trip to the backbone
+  double speed = 1;           // compute relative to the model's costs (2 = twice as fast)
+  double rate_bps = 0;        // link rate, bits per second; 0 = unlimited
+};
+
+struct PlanOptions {
+  uint64_t backbone_memory_bytes = UINT64_MAX;  // globals, dense parts and state of its layers
+  uint64_t local_experts_bytes = 0;             // routed experts it may keep (--local-experts-mb)
+  double backbone_speed = 1;
+  int tokens_per_step = 1;       // rows per step: streams x (1 + draft tokens)
+  double accepted_per_step = 0;  // tokens a step yields (0: tokens_per_step)
+  double message_s = 0;          // fixed cost of one message (framing, syscalls, wake-up)
+  bool spans = true;             // span roles allowed
+  bool experts = true;           // expert roles allowed
+  int exhaustive_peers = 6;      // every span/expert split up to this many peers
+};
+
+enum class RoleKind { kIdle, kSpan, kExperts };
+const char* role_name(RoleKind k);
+
+struct ExpertSlice {
+  int layer = 0, first = 0, last = 0;  // experts first..last of one layer
+  bool operator==(const ExpertSlice&) const = default;
+};
+
+struct PeerRole {
+  RoleKind kind = RoleKind::kIdle;
+  int first = -1, last = -1;         // kSpan: its layers
+  std::vector<ExpertSlice> experts;  // kExperts: what it holds
+  uint64_t bytes = 0;                // memory it uses
+  double trip_s = 0;                 // predicted cost of one trip to it (one token)
+};
+
+struct SwarmPlan {
+  std::vector<PeerRole> roles;                // per peer, in the order given
+  std::vector<ExpertSlice> backbone_experts;  // routed experts the backbone keeps
+  std::vector<int> layer_host;                // per layer: -1 the backbone, else the span peer
+  uint64_t backbone_bytes = 0;
+  double step_s = 0;            // predicted time of one step
+  double tokens_per_s = 0;      // accepted_per_step / step_s
+  double trips_per_step = 0;    // expected network waits: one per span, one per layer needing a peer
+  std::vector<double> layer_s;  // per layer (a span's whole cost on its first layer)
+};
+
+// The best plan, or kOutOfRange when no assignment holds every layer (memory), naming
+// how much is missing; kInvalidArgument for an inconsistent model or options.
+Result<SwarmPlan> plan_swarm(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o);
+
+// Fills step_s, tokens_per_s, trips_per_step, layer_s, bytes and trip_s of a plan whose roles,
+// layer_host and expert slices are set (the cost model above); kInvalidArgument if it is not a
+// valid plan (an expert nobody holds, a span beyond a peer's memory, a role it cannot have).
+Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan);
+
+// The plan with these roles (kinds[i] per peer; ranges[i] = its layers when it is a span), the
+// backbone's layers' experts filled as plan_swarm fills them (its budget, then the expert peers
+// nearest first). kOutOfRange when that does not hold everything. Tests compare plan_swarm
+// with the best of these over every role assignment (brute force).
+Result<SwarmPlan> plan_with_roles(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o,
+                                  const std::vector<RoleKind>& kinds, const std::vector<std::pair<int, int>>& ranges);
+
+// The fixed plans the headline compares against: every expert peer holding an equal share of
+// every layer's experts ("experts"), or the layers cut into as many equal spans as peers
+// ("spans", Petals-style). kOutOfRange when they do not fit.
+Result<SwarmPlan> plan_all_experts(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o);
+Result<SwarmPlan> plan_all_spans(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o);
+
+// "3-5:*,6:0-63" for `moesh worker --experts` (whole layers merged).
+std::string format_expert_spec(const std::vector<ExpertSlice>& s, int n_expert);
+
+// The human table `moesh swarm plan` prints.
+std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, const SwarmPlan& plan);
+
+}  // namespace moesh

@@ -1,0 +1,376 @@
+// The swarm simulator (simulate.h): an event queue, FIFO servers for CPUs and link directions,
+// and the backbone's decode step written as continuations.
+#include "moesh/plan/simulate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <queue>
+#include <random>
+
+namespace moesh {
+namespace {
+
+constexpr uint64_t kHeaderBytes = 64;  // framing of one DISPATCH/COMBINE/SPAN message
+
+class Sim {
+ public:
+  Sim(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& po, const SwarmPlan& plan,
+      const SimOptions& so)
+      : m_(m), peers_(peers), po_(po), plan_(plan), so_(so), rng_(so.seed) {
+    const size_t P = peers.size();
+    peer_cpu_.assign(P, 0.0);
+    up_busy_.assign(P, 0.0);
+    down_busy_.assign(P, 0.0);
+    up_last_.assign(P, 0.0);
+    down_last_.assign(P, 0.0);
+    fail_at_.assign(P, INFINITY);
+    known_dead_.assign(P, false);
+    span_here_.assign(P, false);
+    res_.peer_busy_s.assign(P, 0.0);
+    for (const SimFailure& f : so.failures) fail_at_[static_cast<size_t>(f.peer)] = std::min(fail_at_[f.peer], f.at_s);
+    owner_.assign(static_cast<size_t>(m.n_layer()), std::vector<int>(static_cast<size_t>(m.n_expert), -1));
+    for (size_t i = 0; i < P; ++i)
+      for (const ExpertSlice& s : plan.roles[i].experts)
+        for (int e = s.first; e <= s.last; ++e) owner_[s.layer][e] = static_cast<int>(i);
+    order_.resize(static_cast<size_t>(m.n_expert));
+  }
+
+  SimResult run() {
+    rows_ = static_cast<int64_t>(so_.streams) * so_.prompt_rows;
+    start_step();
+    while (!q_.empty()) {
+      Event ev = q_.top();
+      q_.pop();
+      now_ = ev.t;
+      ev.fn();
+    }
+    res_.seconds = now_;
+    res_.steps = static_cast<int>(step_times_.size());
+    res_.tokens_per_s = now_ > 0 ? res_.tokens / now_ : 0;
+    if (!step_times_.empty()) {
+      std::vector<double> s = step_times_;
+      std::sort(s.begin(), s.end());
+      res_.step_mean_s = std::accumulate(s.begin(), s.end(), 0.0) / s.size();
+      res_.step_p50_s = s[s.size() / 2];
+      res_.step_p99_s = s[std::min(s.size() - 1, static_cast<size_t>(std::ceil(0.99 * s.size())) - 1)];
+      res_.trips_per_step = static_cast<double>(trips_) / s.size();
+    }
+    return res_;
+  }
+
+ private:
+  struct Event {
+    double t;
+    uint64_t seq;
+    std::function<void()> fn;
+    bool operator<(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  void at(double t, std::function<void()> fn) { q_.push({t, seq_++, std::move(fn)}); }
+
+  // A FIFO server: work of `dur` seconds queued at `busy`; `done` runs when it finishes.
+  void serve(double* busy, double dur, std::function<void(double)> done) {
+    const double start = std::max(now_, *busy);
+    *busy = start + dur;
+    const double end = *busy;
+    at(end, [done = std::move(done), end] { done(end); });
+  }
+  void backbone_compute(double dur, std::function<void()> done) {
+    res_.backbone_busy_s += dur;
+    serve(&bb_cpu_, dur, [done = std::move(done)](double) { done(); });
+  }
+
+  // A message over peer p's link (up: backbone -> peer). Arrival after serialisation, delay,
+  // message cost and jitter, never before the link's previous message.
+  void send(int p, bool up, uint64_t bytes, std::function<void()> arrive) {
+    const PlanPeer& pr = peers_[static_cast<size_t>(p)];
+    double& busy = up ? up_busy_[p] : down_busy_[p];
+    double& last = up ? up_last_[p] : down_last_[p];
+    const double ser = pr.rate_bps > 0 ? bytes * 8.0 / pr.rate_bps : 0.0;
+    busy = std::max(now_, busy) + ser;
+    double t = busy + pr.rtt_s / 2 + po_.message_s;
+    if (so_.jitter_s > 0) t += std::uniform_real_distribution<double>(0, so_.jitter_s)(rng_);
+    t = std::max(t, last);
+    last = t;
+    res_.messages++;
+    res_.bytes += bytes;
+    at(t, std::move(arrive));
+  }
+
+  int tokens_per_step() const { return so_.streams * (1 + so_.draft); }
+
+  void start_step() {
+    if (static_cast<int>(step_times_.size()) >= so_.steps) return;
+    step_start_ = now_;
+    run_layer(0);
+  }
+
+  void run_layer(int l) {
+    if (l >= m_.n_layer()) {
+      backbone_compute(m_.global_s * tokens_per_step() / po_.backbone_speed, [this] { end_step(); });
+      return;
+    }
+    const int h = plan_.layer_host[static_cast<size_t>(l)];
+    if (h >= 0) {
+      const PeerRole& r = plan_.roles[static_cast<size_t>(h)];
+      run_span(h, r.first, r.last, [this, next = r.last + 1] { run_layer(next); });
+    } else {
+      backbone_layer(l, [this, l] { run_layer(l + 1); });
+    }
+  }
+
+  void end_step() {
+    step_times_.push_back(now_ - step_start_);
+    // Each stream keeps its verified token plus the drafts accepted before the first rejection.
+    int64_t got = 0;
+    std::bernoulli_distribution acc(so_.accept);
+    for (int s = 0; s < so_.streams; ++s) {
+      int a = 0;
+      while (a < so_.draft && acc(rng_)) ++a;
+      got += 1 + a;
+    }
+    res_.tokens += got;
+    rows_ += got;
+    start_step();
+  }
+
+  double span_compute_s(int first, int last, int rows) const {
+    double c = 0;
+    for (int l = first; l <= last; ++l) {
+      const PlanLayer& L = m_.layers[static_cast<size_t>(l)];
+      c += (L.dense_s + (L.moe ? m_.n_expert_used * L.expert_s : 0.0)) * rows;
+    }
+    return c;
+  }
+
+  void run_span(int p, int first, int last, std::function<void()> done) {
+    const int T = tokens_per_step();
+    if (span_here_[static_cast<size_t>(p)]) {
+      backbone_compute(span_compute_s(first, last, T) / po_.backbone_speed, std::move(done));
+      return;
+    }
+    trips_++;
+    auto replied = std::make_shared<bool>(false);
+    auto finish = std::make_shared<std::function<void()>>(std::move(done));
+    const uint64_t bytes = static_cast<uint64_t>(T) * m_.hidden_bytes + kHeaderBytes;
+    const double fail = fail_at_[static_cast<size_t>(p)];
+    const double speed = peers_[static_cast<size_t>(p)].speed;
+    send(p, true, bytes, [=, this] {
+      if (now_ >= fail) return;  // lost
+      const double dur = span_compute_s(first, last, T) / speed;
+      res_.peer_busy_s[static_cast<size_t>(p)] += dur;
+      serve(&peer_cpu_[static_cast<size_t>(p)], dur, [=, this](double end) {
+        if (end >= fail) return;
+        send(p, false, bytes, [=, this] {
+          if (*replied) return;
+          *replied = true;
+          (*finish)();
+        });
+      });
+    });
+    at(now_ + so_.timeout_s, [=, this] {
+      if (*replied) return;
+      *replied = true;
+      // Fail over to the backbone: replay every row this span was sent, then this step.
+      span_here_[static_cast<size_t>(p)] = true;
+      res_.failovers++;
+      res_.replayed_rows += rows_;
+      backbone_compute(span_compute_s(first, last, static_cast<int>(rows_) + T) / po_.backbone_speed, *finish);
+    });
+  }
+
+  // k distinct experts for one token, drawn from the layer's shares.
+  void draw(int l, std::vector<int>* out) {
+    out->clear();
+    const int n = m_.n_expert, k = m_.n_expert_used;
+    if (m_.p.empty()) {
+      std::iota(order_.begin(), order_.end(), 0);
+      for (int i = 0; i < k; ++i) {
+        const int j = i + static_cast<int>(std::uniform_int_distribution<int>(0, n - 1 - i)(rng_));
+        std::swap(order_[i], order_[j]);
+        out->push_back(order_[i]);
+      }
+      return;
+    }
+    std::vector<double> w = m_.p[static_cast<size_t>(l)];
+    for (int i = 0; i < k; ++i) {
+      const double total = std::accumulate(w.begin(), w.end(), 0.0);
+      if (total <= 0) break;
+      double u = std::uniform_real_distribution<double>(0, total)(rng_);
+      int e = 0;
+      for (; e < n - 1; ++e) {
+        if (u < w[e]) break;
+        u -= w[e];
+      }
+      out->push_back(e);
+      w[e] = 0;
+    }
+  }
+
+  void backbone_layer(int l, std::function<void()> done) {
+    const int T = tokens_per_step();
+    const PlanLayer& L = m_.layers[static_cast<size_t>(l)];
+    backbone_compute(L.dense_s * T / po_.backbone_speed, [this, l, T, done = std::move(done)] {
+      const PlanLayer& Ly = m_.layers[static_cast<size_t>(l)];
+      if (!Ly.moe) {
+        done();
+        return;
+      }
+      // Pairs and token rows per holder (-1: the backbone).
+      std::vector<int> pairs(peers_.size(), 0), rows(peers_.size(), 0);
+      int local_pairs = 0;
+      std::vector<int> picks, touched;
+      for (int t = 0; t < T; ++t) {
+        draw(l, &picks);
+        touched.assign(peers_.size(), 0);
+        for (int e : picks) {
+          int o = owner_[static_cast<size_t>(l)][static_cast<size_t>(e)];
+          if (o >= 0 && known_dead_[static_cast<size_t>(o)]) o = -1;  // the backbone's copy
+          if (o < 0) {
+            local_pairs++;
+          } else {
+            pairs[static_cast<size_t>(o)]++;
+            if (!touched[static_cast<size_t>(o)]) rows[static_cast<size_t>(o)]++;
+            touched[static_cast<size_t>(o)] = 1;
+          }
+        }
+      }
+      auto pending = std::make_shared<int>(1);
+      auto finish = std::make_shared<std::function<void()>>(done);
+      auto one_done = [pending, finish] {
+        if (--*pending == 0) (*finish)();
+      };
+      bool trip = false;
+      for (size_t w = 0; w < peers_.size(); ++w) {
+        if (pairs[w] == 0) continue;
+        trip = true;
+        ++*pending;
+        const int p = static_cast<int>(w), n_pairs = pairs[w];
+        const double fail = fail_at_[w], speed = peers_[w].speed;
+        auto replied = std::make_shared<bool>(false);
+        const uint64_t out_bytes = static_cast<uint64_t>(rows[w]) * m_.hidden_bytes + n_pairs * 8 + kHeaderBytes;
+        const uint64_t back_bytes = static_cast<uint64_t>(rows[w]) * m_.hidden_bytes + kHeaderBytes;
+        send(p, true, out_bytes, [=, this] {
+          if (now_ >= fail) return;
+          const double dur = n_pairs * Ly.expert_s / speed;
+          res_.peer_busy_s[w] += dur;
+          serve(&peer_cpu_[w], dur, [=, this](double end) {
+            if (end >= fail) return;
+            send(p, false, back_bytes, [=] {
+              if (*replied) return;
+              *replied = true;
+              one_done();
+            });
+          });
+        });
+        at(now_ + so_.timeout_s, [=, this] {
+          if (*replied) return;
+          *replied = true;
+          if (!known_dead_[w]) res_.failovers++;
+          known_dead_[w] = true;
+          backbone_compute(n_pairs * Ly.expert_s / po_.backbone_speed, one_done);
+        });
+      }
+      if (trip) trips_++;
+      if (local_pairs > 0) {
+        ++*pending;
+        backbone_compute(local_pairs * Ly.expert_s / po_.backbone_speed, one_done);
+      }
+      one_done();
+    });
+  }
+
+  const PlanModel& m_;
+  const std::vector<PlanPeer>& peers_;
+  const PlanOptions& po_;
+  const SwarmPlan& plan_;
+  const SimOptions& so_;
+  std::mt19937_64 rng_;
+  std::priority_queue<Event> q_;
+  uint64_t seq_ = 0;
+  double now_ = 0, bb_cpu_ = 0, step_start_ = 0;
+  std::vector<double> peer_cpu_, up_busy_, down_busy_, up_last_, down_last_, fail_at_;
+  std::vector<bool> known_dead_, span_here_;
+  std::vector<std::vector<int>> owner_;
+  std::vector<int> order_;
+  std::vector<double> step_times_;
+  int64_t rows_ = 0, trips_ = 0;
+  SimResult res_;
+};
+
+}  // namespace
+
+Result<SimResult> simulate(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& po,
+                           const SwarmPlan& plan, const SimOptions& so) {
+  SwarmPlan checked = plan;
+  MOESH_RETURN_IF_ERROR(evaluate_plan(m, peers, po, &checked));
+  if (so.steps < 1 || so.streams < 1 || so.draft < 0 || !(so.accept >= 0 && so.accept <= 1) || !(so.timeout_s > 0) ||
+      !(so.jitter_s >= 0) || so.prompt_rows < 0)
+    return make_error(StatusCode::kInvalidArgument,
+                      "simulate: steps and streams >= 1, draft and prompt rows >= 0, accept in [0,1], timeout > 0");
+  for (const SimFailure& f : so.failures)
+    if (f.peer < 0 || f.peer >= static_cast<int>(peers.size()))
+      return make_error(StatusCode::kInvalidArgument, "simulate: failure of peer {}, there are {}", f.peer,
+                        peers.size());
+  Sim sim(m, peers, po, checked, so);
+  return sim.run();
+}
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int n_layer, n_dense, n_expert, k, n_embd;
+  double expert_params, attn_params, shared_params, dense_ffn_params, global_params;
+  double kv_floats_per_cell;  // per layer
+};
+
+// Parameter counts from the published configurations (attention, shared expert, routed expert
+// of hidden x expert-FFN x 3 matrices, dense FFN of the leading layers, embeddings + head).
+constexpr Shape kShapes[] = {
+    {"qwen3-30b-a3b", 48, 0, 128, 8, 2048, 3.0 * 2048 * 768, 18.9e6, 0, 0, 2 * 151936.0 * 2048, 4 * 256},
+    {"deepseek-v3", 61, 3, 256, 8, 7168, 3.0 * 7168 * 2048, 187e6, 3.0 * 7168 * 2048, 3.0 * 7168 * 18432,
+     2 * 129280.0 * 7168, 576},
+    {"kimi-k2", 61, 1, 384, 8, 7168, 3.0 * 7168 * 2048, 101e6, 3.0 * 7168 * 2048, 3.0 * 7168 * 18432,
+     2 * 163840.0 * 7168, 576},
+    {"glm-4.5", 92, 3, 160, 8, 5120, 3.0 * 5120 * 1536, 136e6, 3.0 * 5120 * 1536, 3.0 * 5120 * 12288,
+     2 * 151552.0 * 5120, 8 * 256},
+};
+
+}  // namespace
+
+Result<PlanModel> plan_model_shape(const std::string& name, int n_ctx, double seconds_per_byte) {
+  constexpr double kBytesPerParam = 4.85 / 8;
+  for (const Shape& s : kShapes) {
+    if (name != s.name) continue;
+    PlanModel m;
+    m.name = s.name;
+    m.n_expert = s.n_expert;
+    m.n_expert_used = s.k;
+    m.hidden_bytes = static_cast<uint64_t>(s.n_embd) * 4;
+    m.global_bytes = static_cast<uint64_t>(s.global_params * kBytesPerParam);
+    m.global_s = m.global_bytes / 2.0 * seconds_per_byte;  // the head is half of the globals
+    for (int l = 0; l < s.n_layer; ++l) {
+      PlanLayer L;
+      L.moe = l >= s.n_dense;
+      L.dense_bytes = static_cast<uint64_t>(
+          (s.attn_params + (L.moe ? s.shared_params + s.n_embd * double(s.n_expert) : s.dense_ffn_params)) *
+          kBytesPerParam);
+      L.expert_bytes = L.moe ? static_cast<uint64_t>(s.expert_params * kBytesPerParam) : 0;
+      L.state_bytes = static_cast<uint64_t>(n_ctx * s.kv_floats_per_cell * 4);
+      L.dense_s = L.dense_bytes * seconds_per_byte;
+      L.expert_s = L.expert_bytes * seconds_per_byte;
+      m.layers.push_back(L);
+    }
+    return m;
+  }
+  std::string known;
+  for (const Shape& s : kShapes) known += std::string(known.empty() ? "" : ", ") + s.name;
+  return make_error(StatusCode::kNotFound, "simulate: unknown shape '{}' (known: {})", name, known);
+}
+
+}  // namespace moesh

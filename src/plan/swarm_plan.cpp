@@ -1,0 +1,754 @@
+// The swarm planner's cost model and search (swarm_plan.h).
+#include "moesh/plan/swarm_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include "moesh/gguf/gguf.h"
+
+namespace moesh {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double wire_s(double rate_bps, double bytes) {
+  return rate_bps > 0 ? bytes * 8.0 / rate_bps : 0.0;
+}
+
+int tokens(const PlanOptions& o) {
+  return std::max(1, o.tokens_per_step);
+}
+double accepted(const PlanOptions& o) {
+  return o.accepted_per_step > 0 ? o.accepted_per_step : tokens(o);
+}
+
+// A holder of routed experts of backbone layers: the backbone itself (peer -1) or an expert peer.
+struct Holder {
+  int peer = -1;
+  double rtt_s = 0, speed = 1, rate_bps = 0;
+};
+
+// One holder's share of one layer: experts first..last.
+struct Seg {
+  int holder = 0;
+  int first = 0, last = 0;
+};
+
+// E[max over the holders a step needs] of one backbone MoE layer, and the chance it makes a trip.
+struct LayerTrip {
+  double expected_s = 0;
+  double p_trip = 0;
+};
+
+// The chance one token needs none of a set of experts: exact (hypergeometric: its k distinct
+// experts all outside the set) when activations are uniform, else the product of (1 - p_e).
+double miss_chance(const PlanModel& m, int n_in_set, double product) {
+  if (!m.p.empty()) return product;
+  const int n = m.n_expert, k = m.n_expert_used;
+  if (n - n_in_set < k) return 0.0;
+  double r = 1.0;
+  for (int i = 0; i < k; ++i) r *= static_cast<double>(n - n_in_set - i) / (n - i);
+  return r;
+}
+
+LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const std::vector<Holder>& holders,
+                     const std::vector<Seg>& segs) {
+  const int T = tokens(o);
+  const PlanLayer& L = m.layers[static_cast<size_t>(layer)];
+  struct C {
+    double cost, product;
+    int count;
+    bool remote;
+  };
+  std::vector<C> cs;
+  for (const Seg& s : segs) {
+    double product = 1.0, share = 0.0;
+    for (int e = s.first; e <= s.last; ++e) {
+      const double p = m.p_at(layer, e);
+      product *= 1.0 - p;
+      share += p;
+    }
+    const int count = s.last - s.first + 1;
+    const double q = 1.0 - miss_chance(m, count, product);  // a token needs this holder
+    const Holder& h = holders[static_cast<size_t>(s.holder)];
+    double cost = share * T * L.expert_s / h.speed;  // its expected pairs
+    if (h.peer >= 0) cost += h.rtt_s + 2 * o.message_s + wire_s(h.rate_bps, 2.0 * q * T * m.hidden_bytes);
+    cs.push_back({cost, product, count, h.peer >= 0});
+  }
+  // E[max] = sum_i cost_i x P(holder i needed, none slower needed), slowest first:
+  //        = sum_i cost_i x (miss(slower)^T - miss(slower + i)^T).
+  std::sort(cs.begin(), cs.end(), [](const C& a, const C& b) { return a.cost > b.cost; });
+  LayerTrip r;
+  int n_slower = 0;
+  double prod_slower = 1.0, miss_slower = 1.0;
+  for (const C& c : cs) {
+    const double miss_with = std::pow(miss_chance(m, n_slower + c.count, prod_slower * c.product), T);
+    r.expected_s += c.cost * (miss_slower - miss_with);
+    n_slower += c.count;
+    prod_slower *= c.product;
+    miss_slower = miss_with;
+  }
+  int n_remote = 0;
+  double prod_remote = 1.0;
+  for (const C& c : cs)
+    if (c.remote) {
+      n_remote += c.count;
+      prod_remote *= c.product;
+    }
+  r.p_trip = n_remote > 0 ? 1.0 - std::pow(miss_chance(m, n_remote, prod_remote), T) : 0.0;
+  return r;
+}
+
+double span_cost(const PlanModel& m, const PlanOptions& o, const PlanPeer& p, int first, int last) {
+  const int T = tokens(o);
+  double c = p.rtt_s + 2 * o.message_s + wire_s(p.rate_bps, 2.0 * T * m.hidden_bytes);
+  for (int l = first; l <= last; ++l) {
+    const PlanLayer& L = m.layers[static_cast<size_t>(l)];
+    c += (L.dense_s + (L.moe ? m.n_expert_used * L.expert_s : 0.0)) * T / p.speed;
+  }
+  return c;
+}
+
+uint64_t layer_bytes(const PlanModel& m, int l) {
+  const PlanLayer& L = m.layers[static_cast<size_t>(l)];
+  return L.dense_bytes + L.state_bytes + (L.moe ? L.expert_bytes * static_cast<uint64_t>(m.n_expert) : 0);
+}
+
+Status check_inputs(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o) {
+  if (m.layers.empty() || m.n_expert <= 0 || m.n_expert_used <= 0 || m.n_expert_used > m.n_expert)
+    return make_error(StatusCode::kInvalidArgument, "plan: model '{}' has no routed experts ({} layers, {} of {})",
+                      m.name, m.layers.size(), m.n_expert_used, m.n_expert);
+  if (!m.p.empty()) {
+    if (m.p.size() != m.layers.size())
+      return make_error(StatusCode::kInvalidArgument, "plan: {} rows of activation shares for {} layers", m.p.size(),
+                        m.layers.size());
+    for (size_t l = 0; l < m.p.size(); ++l) {
+      if (m.p[l].size() != static_cast<size_t>(m.n_expert))
+        return make_error(StatusCode::kInvalidArgument, "plan: layer {} has {} activation shares, expected {}", l,
+                          m.p[l].size(), m.n_expert);
+      for (double v : m.p[l])
+        if (!(v >= 0 && v <= 1))
+          return make_error(StatusCode::kInvalidArgument, "plan: layer {}: activation share {} outside [0,1]", l, v);
+    }
+  }
+  for (const PlanPeer& p : peers)
+    if (!(p.speed > 0) || !(p.rtt_s >= 0) || !(p.rate_bps >= 0))
+      return make_error(StatusCode::kInvalidArgument, "plan: peer '{}': speed must be > 0, rtt and rate >= 0", p.name);
+  if (!(o.backbone_speed > 0)) return make_error(StatusCode::kInvalidArgument, "plan: backbone speed must be > 0");
+  return Status::ok();
+}
+
+// The expert-size unit of the fill: the largest routed expert of any layer.
+uint64_t expert_unit(const PlanModel& m) {
+  uint64_t u = 0;
+  for (const PlanLayer& L : m.layers)
+    if (L.moe) u = std::max(u, L.expert_bytes);
+  return std::max<uint64_t>(u, 1);
+}
+
+// The holders of backbone layers' experts in fill order (the backbone's budget, then expert peers
+// nearest first) and their capacity in experts.
+struct Fill {
+  std::vector<Holder> holders;
+  std::vector<int64_t> cap;  // experts each holds at most
+  int64_t total = 0;
+
+  // Segments of the j-th backbone MoE layer: slots [j*n, (j+1)*n) of the holders in order.
+  std::vector<Seg> segments(int64_t j, int n_expert) const {
+    std::vector<Seg> out;
+    int64_t lo = j * n_expert, hi = lo + n_expert, base = 0;
+    for (size_t h = 0; h < holders.size(); ++h) {
+      const int64_t a = std::max(lo, base), b = std::min(hi, base + cap[h]);
+      if (a < b) out.push_back({static_cast<int>(h), static_cast<int>(a - lo), static_cast<int>(b - lo - 1)});
+      base += cap[h];
+    }
+    return out;
+  }
+  int64_t layers(int n_expert) const { return total / n_expert; }
+};
+
+Fill make_fill(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o,
+               const std::vector<int>& expert_peers) {
+  Fill f;
+  const uint64_t unit = expert_unit(m);
+  f.holders.push_back({-1, 0, o.backbone_speed, 0});
+  f.cap.push_back(static_cast<int64_t>(o.local_experts_bytes / unit));
+  std::vector<int> order = expert_peers;
+  auto key = [&](int i) {
+    const PlanPeer& p = peers[static_cast<size_t>(i)];
+    return p.rtt_s + 2 * o.message_s + wire_s(p.rate_bps, 2.0 * m.hidden_bytes) +
+           m.n_expert_used * static_cast<double>(unit) / p.speed;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(a) < key(b); });
+  for (int i : order) {
+    const PlanPeer& p = peers[static_cast<size_t>(i)];
+    f.holders.push_back({i, p.rtt_s, p.speed, p.rate_bps});
+    f.cap.push_back(static_cast<int64_t>(p.memory_bytes / unit));
+  }
+  for (int64_t c : f.cap) f.total += c;
+  return f;
+}
+
+// The plan's layer costs and totals from explicit holders (evaluate_plan's core).
+struct Costing {
+  double step_s = 0, trips = 0;
+  std::vector<double> layer_s;
+};
+
+std::string fmt_bytes(uint64_t b) {
+  if (b >= (1ull << 30)) return fmt::format("{:.1f} GiB", b / double(1ull << 30));
+  return fmt::format("{:.1f} MiB", b / double(1ull << 20));
+}
+
+// One candidate split: span peers S (the DP places them) and expert peers E (the fill).
+struct Candidate {
+  double cost = kInf;
+  std::vector<std::pair<int, std::pair<int, int>>> spans;  // (peer, (first, last))
+  std::vector<int> expert_peers;
+};
+
+// The DP over layers for one split. `ordered`: spans only in the order of S (the heuristic for
+// many peers), else any subset of S in any order (a mask).
+Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o,
+                         const std::vector<int>& S, const std::vector<int>& E, bool ordered) {
+  Candidate best;
+  const int L = m.n_layer(), T = tokens(o);
+  const Fill fill = make_fill(m, peers, o, E);
+  const int64_t max_kb = std::min<int64_t>(fill.layers(m.n_expert), L);
+  int n_moe = 0, n_dense = 0;
+  uint64_t moe_bb = 0, dense_bb = 0;  // backbone bytes per layer of each kind (largest)
+  for (int l = 0; l < L; ++l) {
+    const PlanLayer& Ly = m.layers[static_cast<size_t>(l)];
+    (Ly.moe ? n_moe : n_dense)++;
+    (Ly.moe ? moe_bb : dense_bb) = std::max(Ly.moe ? moe_bb : dense_bb, Ly.dense_bytes + Ly.state_bytes);
+  }
+  const int KB = static_cast<int>(max_kb) + 1, ND = n_dense + 1;
+  const int NS = ordered ? static_cast<int>(S.size()) + 1 : (1 << S.size());
+  // Cost of the kb-th backbone MoE layer at layer l.
+  std::vector<std::vector<double>> bl(static_cast<size_t>(KB), std::vector<double>(static_cast<size_t>(L), kInf));
+  for (int j = 0; j < max_kb; ++j) {
+    const std::vector<Seg> segs = fill.segments(j, m.n_expert);
+    for (int l = 0; l < L; ++l)
+      if (m.layers[static_cast<size_t>(l)].moe)
+        bl[static_cast<size_t>(j)][static_cast<size_t>(l)] =
+            m.layers[static_cast<size_t>(l)].dense_s * T / o.backbone_speed +
+            layer_trip(m, o, l, fill.holders, segs).expected_s;
+  }
+  auto idx = [&](int pos, int s, int kb, int nd) { return ((static_cast<size_t>(pos) * NS + s) * KB + kb) * ND + nd; };
+  const size_t n_states = static_cast<size_t>(L + 1) * NS * KB * ND;
+  std::vector<double> dp(n_states, kInf);
+  struct Parent {
+    int32_t prev = -1;
+    int16_t span_peer = -1;  // index into S; -1: a backbone layer
+  };
+  std::vector<Parent> par(n_states);
+  dp[idx(0, 0, 0, 0)] = 0;
+  for (int pos = 0; pos < L; ++pos) {
+    const PlanLayer& Ly = m.layers[static_cast<size_t>(pos)];
+    for (int s = 0; s < NS; ++s)
+      for (int kb = 0; kb < KB; ++kb)
+        for (int nd = 0; nd < ND; ++nd) {
+          const size_t from = idx(pos, s, kb, nd);
+          const double c0 = dp[from];
+          if (c0 == kInf) continue;
+          auto relax = [&](size_t to, double c, int span_peer) {
+            if (c < dp[to]) {
+              dp[to] = c;
+              par[to] = {static_cast<int32_t>(from), static_cast<int16_t>(span_peer)};
+            }
+          };
+          // Layer pos on the backbone.
+          if (Ly.moe) {
+            if (kb + 1 < KB)
+              relax(idx(pos + 1, s, kb + 1, nd), c0 + bl[static_cast<size_t>(kb)][static_cast<size_t>(pos)], -1);
+          } else if (nd + 1 < ND) {
+            relax(idx(pos + 1, s, kb, nd + 1), c0 + Ly.dense_s * T / o.backbone_speed, -1);
+          }
+          // Ordered: candidate s is skipped (it stays idle) or is the next span.
+          if (ordered && s < static_cast<int>(S.size())) relax(idx(pos, s + 1, kb, nd), c0, -1);
+          // A span starting at pos.
+          for (size_t si = 0; si < S.size(); ++si) {
+            int ns;
+            if (ordered) {
+              if (static_cast<int>(si) != s) continue;
+              ns = s + 1;
+            } else {
+              if (s & (1 << si)) continue;
+              ns = s | (1 << si);
+            }
+            const PlanPeer& p = peers[static_cast<size_t>(S[si])];
+            uint64_t bytes = 0;
+            bool has_moe = false;
+            for (int last = pos; last < L; ++last) {
+              bytes += layer_bytes(m, last);
+              if (bytes > p.memory_bytes) break;
+              has_moe = has_moe || m.layers[static_cast<size_t>(last)].moe;
+              if (!has_moe) continue;
+              relax(idx(last + 1, ns, kb, nd), c0 + span_cost(m, o, p, pos, last), static_cast<int>(si));
+            }
+          }
+        }
+  }
+  // The backbone must hold the globals and its layers' dense parts and state.
+  size_t best_state = SIZE_MAX;
+  for (int s = 0; s < NS; ++s)
+    for (int kb = 0; kb < KB; ++kb)
+      for (int nd = 0; nd < ND; ++nd) {
+        const size_t at = idx(L, s, kb, nd);
+        if (dp[at] == kInf) continue;
+        const uint64_t bb = m.global_bytes + kb * moe_bb + nd * dense_bb;
+        if (bb > o.backbone_memory_bytes) continue;
+        if (best_state == SIZE_MAX || dp[at] < dp[best_state]) best_state = at;
+      }
+  if (best_state == SIZE_MAX) return best;
+  best.cost = dp[best_state];
+  // Walk back: a span's parent is its start position.
+  for (size_t at = best_state; par[at].prev >= 0; at = static_cast<size_t>(par[at].prev)) {
+    if (par[at].span_peer < 0) continue;
+    const size_t from = static_cast<size_t>(par[at].prev);
+    const int first = static_cast<int>(from / (static_cast<size_t>(NS) * KB * ND));
+    const int last = static_cast<int>(at / (static_cast<size_t>(NS) * KB * ND)) - 1;
+    best.spans.push_back({S[static_cast<size_t>(par[at].span_peer)], {first, last}});
+  }
+  best.expert_peers = E;
+  (void)n_moe;
+  return best;
+}
+
+// Turns a split's spans into a full plan: layer hosts and the fill's expert slices.
+SwarmPlan materialise(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o,
+                      const Candidate& c) {
+  SwarmPlan plan;
+  plan.roles.assign(peers.size(), PeerRole{});
+  plan.layer_host.assign(static_cast<size_t>(m.n_layer()), -1);
+  for (const auto& [peer, range] : c.spans) {
+    PeerRole& r = plan.roles[static_cast<size_t>(peer)];
+    r.kind = RoleKind::kSpan;
+    r.first = range.first;
+    r.last = range.second;
+    for (int l = range.first; l <= range.second; ++l) plan.layer_host[static_cast<size_t>(l)] = peer;
+  }
+  const Fill fill = make_fill(m, peers, o, c.expert_peers);
+  int64_t j = 0;
+  for (int l = 0; l < m.n_layer(); ++l) {
+    if (plan.layer_host[static_cast<size_t>(l)] >= 0 || !m.layers[static_cast<size_t>(l)].moe) continue;
+    for (const Seg& s : fill.segments(j++, m.n_expert)) {
+      const int peer = fill.holders[static_cast<size_t>(s.holder)].peer;
+      const ExpertSlice sl{l, s.first, s.last};
+      if (peer < 0) {
+        plan.backbone_experts.push_back(sl);
+      } else {
+        plan.roles[static_cast<size_t>(peer)].kind = RoleKind::kExperts;
+        plan.roles[static_cast<size_t>(peer)].experts.push_back(sl);
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace
+
+const char* role_name(RoleKind k) {
+  switch (k) {
+    case RoleKind::kIdle:
+      return "idle";
+    case RoleKind::kSpan:
+      return "span";
+    case RoleKind::kExperts:
+      return "experts";
+  }
+  return "?";
+}
+
+uint64_t plan_bytes_per_token(const PlanModel& m) {
+  uint64_t b = 0;
+  for (const PlanLayer& L : m.layers) b += L.dense_bytes + (L.moe ? L.expert_bytes * m.n_expert_used : 0);
+  return b;
+}
+
+Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan) {
+  MOESH_RETURN_IF_ERROR(check_inputs(m, peers, o));
+  const int L = m.n_layer(), T = tokens(o);
+  if (plan->roles.size() != peers.size() || plan->layer_host.size() != static_cast<size_t>(L))
+    return make_error(StatusCode::kInvalidArgument, "plan: {} roles for {} peers, {} layer hosts for {} layers",
+                      plan->roles.size(), peers.size(), plan->layer_host.size(), L);
+  // Who holds each expert of the backbone's layers.
+  std::vector<Holder> holders{{-1, 0, o.backbone_speed, 0}};
+  std::vector<std::vector<int>> owner(static_cast<size_t>(L), std::vector<int>(static_cast<size_t>(m.n_expert), -1));
+  auto claim = [&](const ExpertSlice& s, int holder, const std::string& who) -> Status {
+    if (s.layer < 0 || s.layer >= L || s.first < 0 || s.last >= m.n_expert || s.first > s.last ||
+        !m.layers[static_cast<size_t>(s.layer)].moe)
+      return make_error(StatusCode::kInvalidArgument, "plan: {} holds layer {} experts {}-{}, not in the model", who,
+                        s.layer, s.first, s.last);
+    if (plan->layer_host[static_cast<size_t>(s.layer)] >= 0)
+      return make_error(StatusCode::kInvalidArgument, "plan: {} holds experts of layer {}, which a span runs", who,
+                        s.layer);
+    for (int e = s.first; e <= s.last; ++e) {
+      int& o2 = owner[static_cast<size_t>(s.layer)][static_cast<size_t>(e)];
+      if (o2 >= 0)
+        return make_error(StatusCode::kInvalidArgument, "plan: layer {} expert {} is held twice", s.layer, e);
+      o2 = holder;
+    }
+    return Status::ok();
+  };
+  const uint64_t unit = expert_unit(m);
+  uint64_t bb_experts = 0;
+  for (const ExpertSlice& s : plan->backbone_experts) {
+    MOESH_RETURN_IF_ERROR(claim(s, 0, "the backbone"));
+    bb_experts += static_cast<uint64_t>(s.last - s.first + 1) * unit;
+  }
+  if (bb_experts > o.local_experts_bytes)
+    return make_error(StatusCode::kInvalidArgument, "plan: the backbone keeps {} of experts, its budget is {}",
+                      fmt_bytes(bb_experts), fmt_bytes(o.local_experts_bytes));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    PeerRole& r = plan->roles[i];
+    const PlanPeer& p = peers[i];
+    r.bytes = 0;
+    if (r.kind == RoleKind::kSpan) {
+      if (!o.spans) return make_error(StatusCode::kInvalidArgument, "plan: span roles are not allowed ({})", p.name);
+      if (r.first < 0 || r.last >= L || r.first > r.last)
+        return make_error(StatusCode::kInvalidArgument, "plan: peer '{}' spans layers {}-{}, not in the model", p.name,
+                          r.first, r.last);
+      bool has_moe = false;
+      for (int l = r.first; l <= r.last; ++l) has_moe = has_moe || m.layers[static_cast<size_t>(l)].moe;
+      if (!has_moe)
+        return make_error(StatusCode::kInvalidArgument, "plan: span {}-{} of '{}' has no MoE block", r.first, r.last,
+                          p.name);
+      for (int l = r.first; l <= r.last; ++l) {
+        if (plan->layer_host[static_cast<size_t>(l)] != static_cast<int>(i))
+          return make_error(StatusCode::kInvalidArgument, "plan: layer {} is not hosted by its span peer '{}'", l,
+                            p.name);
+        r.bytes += layer_bytes(m, l);
+      }
+      r.trip_s = span_cost(m, PlanOptions{.tokens_per_step = 1, .message_s = o.message_s}, p, r.first, r.last);
+    } else if (r.kind == RoleKind::kExperts) {
+      if (!o.experts)
+        return make_error(StatusCode::kInvalidArgument, "plan: expert roles are not allowed ({})", p.name);
+      holders.push_back({static_cast<int>(i), p.rtt_s, p.speed, p.rate_bps});
+      for (const ExpertSlice& s : r.experts) {
+        MOESH_RETURN_IF_ERROR(claim(s, static_cast<int>(holders.size() - 1), "peer '" + p.name + "'"));
+        r.bytes += static_cast<uint64_t>(s.last - s.first + 1) * unit;
+      }
+      r.trip_s = p.rtt_s + 2 * o.message_s + wire_s(p.rate_bps, 2.0 * m.hidden_bytes);
+    }
+    if (r.bytes > p.memory_bytes)
+      return make_error(StatusCode::kInvalidArgument, "plan: peer '{}' would hold {}, it has {}", p.name,
+                        fmt_bytes(r.bytes), fmt_bytes(p.memory_bytes));
+  }
+  for (int l = 0; l < L; ++l) {
+    const int h = plan->layer_host[static_cast<size_t>(l)];
+    if (h >= 0 && (h >= static_cast<int>(peers.size()) || plan->roles[static_cast<size_t>(h)].kind != RoleKind::kSpan))
+      return make_error(StatusCode::kInvalidArgument, "plan: layer {} names host {}, not a span peer", l, h);
+  }
+  // Costs, layer by layer.
+  plan->layer_s.assign(static_cast<size_t>(L), 0.0);
+  plan->step_s = m.global_s * T / o.backbone_speed;
+  plan->trips_per_step = 0;
+  plan->backbone_bytes = m.global_bytes;
+  for (int l = 0; l < L; ++l) {
+    const PlanLayer& Ly = m.layers[static_cast<size_t>(l)];
+    const int h = plan->layer_host[static_cast<size_t>(l)];
+    double c = 0;
+    if (h >= 0) {
+      const PeerRole& r = plan->roles[static_cast<size_t>(h)];
+      if (l == r.first) {
+        c = span_cost(m, o, peers[static_cast<size_t>(h)], r.first, r.last);
+        plan->trips_per_step += 1;
+      }
+    } else {
+      plan->backbone_bytes += Ly.dense_bytes + Ly.state_bytes;
+      c = Ly.dense_s * T / o.backbone_speed;
+      if (Ly.moe) {
+        std::vector<Seg> segs;
+        const auto& own = owner[static_cast<size_t>(l)];
+        for (int e = 0; e < m.n_expert; ++e) {
+          if (own[static_cast<size_t>(e)] < 0)
+            return make_error(StatusCode::kInvalidArgument, "plan: layer {} expert {} is held by nobody", l, e);
+          if (!segs.empty() && segs.back().holder == own[static_cast<size_t>(e)] && segs.back().last == e - 1)
+            segs.back().last = e;
+          else
+            segs.push_back({own[static_cast<size_t>(e)], e, e});
+        }
+        // Several segments of one holder in a layer are one message: merge them for the trip.
+        std::map<int, std::vector<Seg>> by_holder;
+        for (const Seg& s : segs) by_holder[s.holder].push_back(s);
+        PlanModel sub;
+        bool contiguous = true;
+        for (auto& [hid, v] : by_holder) contiguous = contiguous && v.size() == 1;
+        LayerTrip t;
+        if (contiguous) {
+          t = layer_trip(m, o, l, holders, segs);
+        } else {
+          // Permute this layer's experts so each holder's are contiguous (shares are what count).
+          std::vector<double> perm;
+          std::vector<Seg> ps;
+          sub = m;
+          for (auto& [hid, v] : by_holder) {
+            const int start = static_cast<int>(perm.size());
+            for (const Seg& s : v)
+              for (int e = s.first; e <= s.last; ++e) perm.push_back(m.p_at(l, e));
+            ps.push_back({hid, start, static_cast<int>(perm.size()) - 1});
+          }
+          if (!m.p.empty()) {  // uniform shares: only the counts matter
+            sub.p.assign(static_cast<size_t>(L), std::vector<double>(static_cast<size_t>(m.n_expert), 0.0));
+            sub.p[static_cast<size_t>(l)] = perm;
+          }
+          t = layer_trip(sub, o, l, holders, ps);
+        }
+        c += t.expected_s;
+        plan->trips_per_step += t.p_trip;
+      }
+    }
+    plan->layer_s[static_cast<size_t>(l)] = c;
+    plan->step_s += c;
+  }
+  if (plan->backbone_bytes > o.backbone_memory_bytes)
+    return make_error(StatusCode::kInvalidArgument, "plan: the backbone would hold {}, it has {}",
+                      fmt_bytes(plan->backbone_bytes), fmt_bytes(o.backbone_memory_bytes));
+  plan->backbone_bytes += bb_experts;
+  plan->tokens_per_s = plan->step_s > 0 ? accepted(o) / plan->step_s : 0;
+  return Status::ok();
+}
+
+Result<SwarmPlan> plan_swarm(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o) {
+  MOESH_RETURN_IF_ERROR(check_inputs(m, peers, o));
+  const int P = static_cast<int>(peers.size());
+  if (P > 4096) return make_error(StatusCode::kInvalidArgument, "plan: {} peers; at most 4096", P);
+  Candidate best;
+  auto consider = [&](const std::vector<int>& S, const std::vector<int>& E, bool ordered) {
+    Candidate c = best_for_split(m, peers, o, S, E, ordered);
+    if (c.cost < best.cost) best = std::move(c);
+  };
+  if (P <= o.exhaustive_peers) {
+    for (uint32_t mask = 0; mask < (1u << P); ++mask) {
+      std::vector<int> S, E;
+      for (int i = 0; i < P; ++i) ((mask >> i) & 1 ? S : E).push_back(i);
+      if (!S.empty() && !o.spans) continue;
+      if (!E.empty() && !o.experts) E.clear();  // they stay idle
+      consider(S, E, false);
+    }
+  } else {
+    // Peers with the most memory are the best spans: try the first k of that order as spans.
+    std::vector<int> order(static_cast<size_t>(P));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return peers[static_cast<size_t>(a)].memory_bytes > peers[static_cast<size_t>(b)].memory_bytes;
+    });
+    // More spans than layers cannot help; past 16 span candidates the DP grows for little gain.
+    const int k_max = std::min({P, m.n_layer(), 16});
+    for (int k = 0; k <= k_max; ++k) {
+      if (k > 0 && !o.spans) break;
+      std::vector<int> S(order.begin(), order.begin() + k), E;
+      if (o.experts) E.assign(order.begin() + k, order.end());
+      consider(S, E, true);
+    }
+  }
+  if (best.cost == kInf) {
+    uint64_t need = m.global_bytes, have = o.backbone_memory_bytes == UINT64_MAX ? 0 : o.backbone_memory_bytes;
+    for (int l = 0; l < m.n_layer(); ++l) need += layer_bytes(m, l);
+    for (const PlanPeer& p : peers) have += p.memory_bytes;
+    have += o.local_experts_bytes;
+    return make_error(StatusCode::kOutOfRange,
+                      "plan: no assignment holds every layer of '{}' ({} of weights and state; the backbone and {} "
+                      "peer(s) offer {}{})",
+                      m.name, fmt_bytes(need), P, o.backbone_memory_bytes == UINT64_MAX ? "unlimited + " : "",
+                      fmt_bytes(have));
+  }
+  SwarmPlan plan = materialise(m, peers, o, best);
+  MOESH_RETURN_IF_ERROR(evaluate_plan(m, peers, o, &plan));
+  return plan;
+}
+
+Result<SwarmPlan> plan_with_roles(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o,
+                                  const std::vector<RoleKind>& kinds, const std::vector<std::pair<int, int>>& ranges) {
+  MOESH_RETURN_IF_ERROR(check_inputs(m, peers, o));
+  if (kinds.size() != peers.size() || ranges.size() != peers.size())
+    return make_error(StatusCode::kInvalidArgument, "plan: {} roles and {} ranges for {} peers", kinds.size(),
+                      ranges.size(), peers.size());
+  Candidate c;
+  std::vector<bool> covered(static_cast<size_t>(m.n_layer()), false);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (kinds[i] == RoleKind::kExperts) c.expert_peers.push_back(static_cast<int>(i));
+    if (kinds[i] != RoleKind::kSpan) continue;
+    const auto [first, last] = ranges[i];
+    if (first < 0 || last >= m.n_layer() || first > last)
+      return make_error(StatusCode::kInvalidArgument, "plan: span {}-{} of peer '{}' is not in the model", first, last,
+                        peers[i].name);
+    for (int l = first; l <= last; ++l) {
+      if (covered[static_cast<size_t>(l)])
+        return make_error(StatusCode::kInvalidArgument, "plan: layer {} is in two spans", l);
+      covered[static_cast<size_t>(l)] = true;
+    }
+    c.spans.push_back({static_cast<int>(i), ranges[i]});
+  }
+  SwarmPlan plan = materialise(m, peers, o, c);
+  if (Status s = evaluate_plan(m, peers, o, &plan); !s.is_ok())
+    return make_error(StatusCode::kOutOfRange, "{}", s.message());
+  return plan;
+}
+
+Result<SwarmPlan> plan_all_experts(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o) {
+  MOESH_RETURN_IF_ERROR(check_inputs(m, peers, o));
+  if (peers.empty()) return make_error(StatusCode::kInvalidArgument, "plan: no peers");
+  SwarmPlan plan;
+  plan.roles.assign(peers.size(), PeerRole{});
+  plan.layer_host.assign(static_cast<size_t>(m.n_layer()), -1);
+  const int P = static_cast<int>(peers.size());
+  for (int i = 0; i < P; ++i) {
+    const int first = i * m.n_expert / P, last = (i + 1) * m.n_expert / P - 1;
+    if (first > last) continue;
+    plan.roles[static_cast<size_t>(i)].kind = RoleKind::kExperts;
+    for (int l = 0; l < m.n_layer(); ++l)
+      if (m.layers[static_cast<size_t>(l)].moe) plan.roles[static_cast<size_t>(i)].experts.push_back({l, first, last});
+  }
+  PlanOptions o2 = o;
+  o2.spans = false;
+  o2.experts = true;
+  if (Status s = evaluate_plan(m, peers, o2, &plan); !s.is_ok())
+    return make_error(StatusCode::kOutOfRange, "experts on every peer does not fit: {}", s.message());
+  return plan;
+}
+
+Result<SwarmPlan> plan_all_spans(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o) {
+  MOESH_RETURN_IF_ERROR(check_inputs(m, peers, o));
+  const int P = static_cast<int>(peers.size()), L = m.n_layer();
+  if (P == 0 || P > L) return make_error(StatusCode::kInvalidArgument, "plan: {} spans for {} layers", P, L);
+  SwarmPlan plan;
+  plan.roles.assign(peers.size(), PeerRole{});
+  plan.layer_host.assign(static_cast<size_t>(L), -1);
+  for (int i = 0; i < P; ++i) {
+    PeerRole& r = plan.roles[static_cast<size_t>(i)];
+    r.kind = RoleKind::kSpan;
+    r.first = i * L / P;
+    r.last = (i + 1) * L / P - 1;
+    for (int l = r.first; l <= r.last; ++l) plan.layer_host[static_cast<size_t>(l)] = i;
+  }
+  PlanOptions o2 = o;
+  o2.spans = true;
+  if (Status s = evaluate_plan(m, peers, o2, &plan); !s.is_ok())
+    return make_error(StatusCode::kOutOfRange, "{} equal spans do not fit: {}", P, s.message());
+  return plan;
+}
+
+std::string format_expert_spec(const std::vector<ExpertSlice>& s, int n_expert) {
+  // Group layers with the same expert range into layer runs.
+  std::vector<ExpertSlice> v = s;
+  std::sort(v.begin(), v.end(), [](const ExpertSlice& a, const ExpertSlice& b) {
+    return a.first != b.first ? a.first < b.first : a.last != b.last ? a.last < b.last : a.layer < b.layer;
+  });
+  struct Run {
+    int first_layer, last_layer, first, last;
+  };
+  std::vector<Run> runs;
+  size_t i = 0;
+  while (i < v.size()) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1].first == v[i].first && v[j + 1].last == v[i].last &&
+           v[j + 1].layer == v[j].layer + 1)
+      ++j;
+    runs.push_back({v[i].layer, v[j].layer, v[i].first, v[i].last});
+    i = j + 1;
+  }
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.first_layer < b.first_layer; });
+  std::string out;
+  for (const Run& r : runs) {
+    if (!out.empty()) out += ',';
+    out += r.first_layer == r.last_layer ? fmt::format("{}", r.first_layer)
+                                         : fmt::format("{}-{}", r.first_layer, r.last_layer);
+    out += ':';
+    if (r.first == 0 && r.last == n_expert - 1)
+      out += '*';
+    else if (r.first == r.last)
+      out += fmt::format("{}", r.first);
+    else
+      out += fmt::format("{}-{}", r.first, r.last);
+  }
+  return out;
+}
+
+std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, const SwarmPlan& plan) {
+  std::string out =
+      fmt::format("{:<14} {:<8} {:>9} {:>10} {:>11}  {}\n", "peer", "role", "rtt ms", "holds", "of memory", "what");
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const PlanPeer& p = peers[i];
+    const PeerRole& r = plan.roles[i];
+    std::string what = "-";
+    if (r.kind == RoleKind::kSpan) what = fmt::format("layers {}-{}", r.first, r.last);
+    if (r.kind == RoleKind::kExperts) what = "experts " + format_expert_spec(r.experts, m.n_expert);
+    out += fmt::format("{:<14} {:<8} {:>9.1f} {:>10} {:>11}  {}\n", p.name, role_name(r.kind), p.rtt_s * 1e3,
+                       fmt_bytes(r.bytes), fmt_bytes(p.memory_bytes), what);
+  }
+  int bb_layers = 0;
+  for (int h : plan.layer_host) bb_layers += h < 0;
+  out += fmt::format(
+      "{:<14} {:<8} {:>9} {:>10} {:>11}  {} layer(s){}\n", "backbone", "", "0", fmt_bytes(plan.backbone_bytes), "",
+      bb_layers,
+      plan.backbone_experts.empty() ? "" : ", keeps experts " + format_expert_spec(plan.backbone_experts, m.n_expert));
+  out += fmt::format("predicted: {:.1f} ms per step, {:.2f} tokens/s, {:.2f} trips per step\n", plan.step_s * 1e3,
+                     plan.tokens_per_s, plan.trips_per_step);
+  return out;
+}
+
+Result<PlanModel> plan_model_from_gguf(const gguf::File& f, int n_ctx, double seconds_per_byte) {
+  PlanModel m;
+  auto arch = f.get<std::string>("general.architecture");
+  if (!arch) return arch.status();
+  auto or_def = [](auto r, auto def) { return r.is_ok() ? *r : def; };
+  m.name = or_def(f.get_or<std::string>("general.name", *arch), *arch);
+  auto n_layer = f.get<int64_t>(*arch + ".block_count");
+  if (!n_layer) return n_layer.status();
+  auto n_embd = f.get<int64_t>(*arch + ".embedding_length");
+  if (!n_embd) return n_embd.status();
+  auto used = f.get_or<int64_t>(*arch + ".expert_used_count", 0);
+  if (!used) return used.status();
+  m.n_expert_used = static_cast<int>(*used);
+  m.hidden_bytes = static_cast<uint64_t>(*n_embd) * 4;
+  m.layers.assign(static_cast<size_t>(*n_layer), PlanLayer{});
+  for (PlanLayer& L : m.layers) L.moe = false;
+  std::vector<uint64_t> exp_bytes(static_cast<size_t>(*n_layer), 0);
+  uint64_t head_bytes = 0;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    int layer = -1;
+    if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) != 1 || layer < 0 || layer >= *n_layer) {
+      m.global_bytes += t.n_bytes;
+      if (t.name == "output.weight") head_bytes = t.n_bytes;
+      if (t.name == "token_embd.weight" && head_bytes == 0) head_bytes = t.n_bytes;
+      continue;
+    }
+    PlanLayer& L = m.layers[static_cast<size_t>(layer)];
+    if (t.name.find("_exps") != std::string::npos) {
+      L.moe = true;
+      exp_bytes[static_cast<size_t>(layer)] += t.n_bytes;
+      if (t.n_dims >= 3) m.n_expert = std::max(m.n_expert, static_cast<int>(t.ne[2]));
+    } else {
+      L.dense_bytes += t.n_bytes;
+    }
+  }
+  if (m.n_expert <= 0 || m.n_expert_used <= 0)
+    return make_error(StatusCode::kInvalidArgument, "plan: '{}' has no routed experts to place", m.name);
+  // KV: n_ctx cells x (K + V) floats per layer; recurrent layers are approximated the same way.
+  const int64_t n_head = or_def(f.get_or<int64_t>(*arch + ".attention.head_count", 1), int64_t{1});
+  int64_t n_head_kv = n_head;
+  if (auto v = f.get<int64_t>(*arch + ".attention.head_count_kv")) n_head_kv = *v;
+  const int64_t kl = or_def(f.get_or<int64_t>(*arch + ".attention.key_length", *n_embd / std::max<int64_t>(n_head, 1)),
+                            *n_embd / std::max<int64_t>(n_head, 1));
+  const int64_t vl = or_def(f.get_or<int64_t>(*arch + ".attention.value_length", kl), kl);
+  const uint64_t state = static_cast<uint64_t>(std::max(n_ctx, 0)) * static_cast<uint64_t>(n_head_kv * (kl + vl)) * 4;
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    PlanLayer& L = m.layers[l];
+    L.state_bytes = state;
+    if (L.moe) L.expert_bytes = exp_bytes[l] / static_cast<uint64_t>(m.n_expert);
+    L.dense_s = L.dense_bytes * seconds_per_byte;
+    L.expert_s = L.expert_bytes * seconds_per_byte;
+  }
+  m.global_s = head_bytes * seconds_per_byte;
+  return m;
+}
+
+}  // namespace moesh

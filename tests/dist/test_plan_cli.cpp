@@ -1,0 +1,198 @@
+// `moesh swarm plan` and `moesh simulate` from the CLI, and a plan carried out by real processes
+// on 127.0.0.1: the roles it prints are started (`moesh span`, `moesh worker`), the backbone runs
+// with the arguments it prints, and the run has the tokens of an all-local run and exactly the
+// trips per pass the plan predicts (structure, not time).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "dist/dist_util.h"
+#include "dist/worker_process.h"
+#include "util/run_moesh.h"
+
+namespace moesh::test {
+namespace {
+
+std::string eight_block_model() {
+  MakeModelSpec s = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
+  s.type = MakeFileType::kQ8_0;
+  s.seed = 13;
+  s.n_layer = 8;
+  s.n_ctx = 256;
+  return made_model("qwen3moe-l8-plan", s);
+}
+
+uint64_t file_bytes(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+nlohmann::json json_of(const RunResult& r) {
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out << r.err;
+  return j;
+}
+
+// Starts the plan's roles and runs the backbone with them; checks tokens and trips.
+void carry_out(const std::string& model, const nlohmann::json& plan, const nlohmann::json& local, int n) {
+  std::vector<std::unique_ptr<WorkerProcess>> procs;
+  std::string backbone;
+  int spans = 0;
+  for (const auto& r : plan["roles"]) {
+    const std::string role = r["role"];
+    if (role == "span") {
+      auto p = WorkerProcess::spawn_command(
+          {"span", "-m", model, "--layers", r["layers"], "--listen", "127.0.0.1:0", "-t", "1", "-c", "256"}, "span");
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      backbone += " --span " + std::string(r["layers"]) + "@" + (*p)->address().to_string();
+      procs.push_back(std::move(*p));
+      ++spans;
+    } else if (role == "experts") {
+      auto p = WorkerProcess::spawn_command(
+          {"worker", "-m", model, "--experts", r["experts"], "--listen", "127.0.0.1:0", "-t", "1"}, "worker");
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      backbone += " --worker " + (*p)->address().to_string();
+      procs.push_back(std::move(*p));
+    }
+  }
+  RunResult run =
+      run_moesh("run -m " + quoted(model) + " --tokens 5,6,7,8 -n " + std::to_string(n) + " -t 1 --json" + backbone);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const nlohmann::json j = json_of(run);
+  EXPECT_EQ(j["tokens"], local["tokens"]) << "plan " << plan.dump();
+  // n passes (the prompt, then n-1 tokens); every layer on expert peers needs one (no local
+  // experts: certain), every span one.
+  int64_t trips = 0;
+  if (j.contains("spans")) trips += j["spans"]["trips"].get<int64_t>();
+  if (j.contains("remote")) trips += j["remote"]["layer_calls"].get<int64_t>();
+  EXPECT_EQ(static_cast<double>(trips), plan["trips_per_step"].get<double>() * n) << plan.dump() << "\n" << j.dump();
+  if (spans > 0) EXPECT_EQ(j["spans"]["failovers"], 0);
+}
+
+TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
+  const std::string model = eight_block_model();
+  const uint64_t bytes = file_bytes(model);
+  ASSERT_GT(bytes, 0u);
+  const int n = 6;
+  RunResult local = run_moesh("run -m " + quoted(model) + " --tokens 5,6,7,8 -n " + std::to_string(n) + " -t 1 --json");
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  const nlohmann::json lj = json_of(local);
+  // Three peers: one holds about half the model, two less than a third each: the plan mixes
+  // roles (the big one holds experts of the backbone's layers, the small ones are spans).
+  auto peers = [&](int big, int small) {
+    return " --peer big:mem=" + std::to_string(bytes * big / 100) +
+           ",rtt=20ms --peer s1:mem=" + std::to_string(bytes * small / 100) +
+           ",rtt=20ms --peer s2:mem=" + std::to_string(bytes * small / 100) + ",rtt=30ms";
+  };
+  const std::string opts = " -c 256 --message-us 100 --json";
+  const std::string tight = "swarm plan -m " + quoted(model) + peers(55, 30) + opts;
+  const std::string roomy = "swarm plan -m " + quoted(model) + peers(60, 60) + opts;
+  {
+    RunResult pr = run_moesh(tight);
+    ASSERT_EQ(pr.exit_code, 0) << pr.err;
+    const nlohmann::json plan = json_of(pr);
+    ASSERT_EQ(plan["roles"].size(), 3u);
+    EXPECT_EQ(plan["n_layer"], 8);
+    EXPECT_EQ(plan["roles"][0]["role"], "experts") << plan.dump();
+    EXPECT_EQ(plan["roles"][1]["role"], "span") << plan.dump();
+    EXPECT_EQ(plan["roles"][2]["role"], "span") << plan.dump();
+    EXPECT_FALSE(plan["compare"].contains("experts"));  // neither fixed layout fits these peers
+    EXPECT_FALSE(plan["compare"].contains("spans"));
+    carry_out(model, plan, lj, n);
+  }
+  for (const std::string layout : {"plan", "experts", "spans"}) {
+    SCOPED_TRACE(layout);
+    RunResult pr = run_moesh(roomy + " --layout " + layout);
+    ASSERT_EQ(pr.exit_code, 0) << pr.err;
+    const nlohmann::json plan = json_of(pr);
+    ASSERT_EQ(plan["roles"].size(), 3u);
+    EXPECT_GT(plan["predicted_tokens_per_s"].get<double>(), 0);
+    if (layout == std::string("spans")) {
+      for (const auto& r : plan["roles"]) EXPECT_EQ(r["role"], "span");
+      EXPECT_EQ(plan["roles"][0]["layers"], "0-1");
+      EXPECT_EQ(plan["trips_per_step"], 3.0);
+    }
+    if (layout == std::string("experts")) {
+      for (const auto& r : plan["roles"]) EXPECT_EQ(r["role"], "experts");
+      EXPECT_EQ(plan["trips_per_step"], 8.0);
+    }
+    if (layout == std::string("plan")) {
+      // Its prediction is no worse than either fixed layout's.
+      ASSERT_TRUE(plan["compare"].contains("experts") && plan["compare"].contains("spans")) << plan.dump();
+      EXPECT_LE(plan["predicted_step_ms"].get<double>(), plan["compare"]["experts"]["step_ms"].get<double>() + 1e-9);
+      EXPECT_LE(plan["predicted_step_ms"].get<double>(), plan["compare"]["spans"]["step_ms"].get<double>() + 1e-9);
+    }
+    carry_out(model, plan, lj, n);
+  }
+  // A backbone that may hold only the globals: the layers must all go to spans or expert peers,
+  // and the plan says so.
+  RunResult small_bb = run_moesh(roomy + " --backbone-mem " + std::to_string(bytes * 8 / 100));
+  ASSERT_EQ(small_bb.exit_code, 0) << small_bb.err;
+  const nlohmann::json tj = json_of(small_bb);
+  EXPECT_LE(tj["backbone_bytes"].get<uint64_t>(), bytes * 8 / 100);
+  carry_out(model, tj, lj, n);
+}
+
+TEST(PlanCli, TheTextPlanListsRolesComparisonsAndCommands) {
+  const std::string model = eight_block_model();
+  RunResult r = run_moesh("swarm plan -m " + quoted(model) +
+                          " --calibrate --peer a:mem=1GiB,rtt=20ms,addr=10.0.0.2:7001 --peer b:mem=1GiB,rtt=50ms");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("measured here"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("predicted:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("experts on every peer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("moesh span -m"), std::string::npos) << r.out;  // 1 GiB holds the whole model
+  EXPECT_NE(r.out.find("--listen 10.0.0.2:7001"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("backbone: moesh run -m"), std::string::npos) << r.out;
+}
+
+TEST(PlanCli, BadInputsGetClearErrors) {
+  const std::string model = eight_block_model();
+  const std::string m = "swarm plan -m " + quoted(model);
+  RunResult none = run_moesh(m);
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("no --peer"), std::string::npos) << none.err;
+  RunResult bad_mem = run_moesh(m + " --peer a:mem=lots");
+  EXPECT_EQ(bad_mem.exit_code, 2);
+  EXPECT_NE(bad_mem.err.find("not a size"), std::string::npos) << bad_mem.err;
+  RunResult bad_key = run_moesh(m + " --peer a:mem=1GiB,colour=red");
+  EXPECT_EQ(bad_key.exit_code, 2);
+  EXPECT_NE(bad_key.err.find("unknown key 'colour'"), std::string::npos) << bad_key.err;
+  RunResult small = run_moesh(m + " --peer a:mem=1KiB --backbone-mem 1KiB");
+  EXPECT_EQ(small.exit_code, 1);
+  EXPECT_NE(small.err.find("no assignment holds every layer"), std::string::npos) << small.err;
+  RunResult both = run_moesh(m + " --shape deepseek-v3 --peer a:mem=1GiB");
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("exactly one of"), std::string::npos) << both.err;
+  RunResult layout = run_moesh(m + " --peer a:mem=1GiB --layout ring");
+  EXPECT_EQ(layout.exit_code, 2);
+  EXPECT_NE(layout.err.find("plan, experts or spans"), std::string::npos) << layout.err;
+}
+
+TEST(SimulateCli, ADeepSeekSizedSwarmOfHundredsOfPeersWithAFailure) {
+  RunResult r = run_moesh(
+      "simulate --shape deepseek-v3 --peers 200 --peer-memory 8GiB --rtt-median 30ms --rtt-sigma 0.5 "
+      "--backbone-mem 64GiB --steps 6 --fail g5@1s --timeout 2s --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = json_of(r);
+  EXPECT_EQ(j["model"], "deepseek-v3");
+  EXPECT_EQ(j["n_layer"], 61);
+  EXPECT_EQ(j["roles"].size(), 200u);
+  EXPECT_EQ(j["simulated"]["steps"], 6);
+  EXPECT_EQ(j["simulated"]["tokens"], 6);
+  EXPECT_GT(j["simulated"]["trips_per_step"].get<double>(), 0);
+  RunResult text = run_moesh(
+      "simulate --shape qwen3-30b-a3b --peer a:mem=64GiB,rtt=20ms --peer b:mem=64GiB,rtt=20ms "
+      "--layout spans --steps 8 --draft 3 --accept 0.5");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("simulated: 8 steps"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("2 span peer(s)"), std::string::npos) << text.out;
+  RunResult unknown = run_moesh("simulate --shape gpt-9 --peers 2");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("known: qwen3-30b-a3b"), std::string::npos) << unknown.err;
+  RunResult bad_fail = run_moesh("simulate --shape kimi-k2 --peers 2 --peer-memory 1TiB --fail nobody@1s");
+  EXPECT_EQ(bad_fail.exit_code, 2);
+  EXPECT_NE(bad_fail.err.find("--fail 'nobody@1s'"), std::string::npos) << bad_fail.err;
+}
+
+}  // namespace
+}  // namespace moesh::test

@@ -1,0 +1,175 @@
+// The swarm simulator: with nothing random it reproduces the planner's cost model exactly (spans)
+// or in expectation (expert fan-out); trips per step follow the roles; failures are survived with
+// the replay the real backbone does; drafts multiply tokens per step; the large shapes load.
+#include <gtest/gtest.h>
+
+#include "moesh/plan/simulate.h"
+
+namespace moesh {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+PlanModel model(int n_layer) {
+  PlanModel m;
+  m.name = "toy";
+  m.n_expert = 16;
+  m.n_expert_used = 4;
+  m.hidden_bytes = 4096;
+  m.global_bytes = 4 * kMiB;
+  m.global_s = 1e-4;
+  for (int l = 0; l < n_layer; ++l) m.layers.push_back({true, 2 * kMiB, kMiB, kMiB / 4, 4e-4, 2e-4});
+  return m;
+}
+
+std::vector<PlanPeer> four(double rtt) {
+  std::vector<PlanPeer> p;
+  for (int i = 0; i < 4; ++i) p.push_back({"p" + std::to_string(i), 1ull << 34, rtt, 1, 0});
+  return p;
+}
+
+TEST(Simulate, SpansMatchThePlannerExactly) {
+  const PlanModel m = model(8);
+  const auto peers = four(0.02);
+  PlanOptions po;
+  po.message_s = 1e-4;
+  auto plan = plan_all_spans(m, peers, po);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  SimOptions so;
+  so.steps = 10;
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->steps, 10);
+  EXPECT_EQ(r->tokens, 10);
+  EXPECT_DOUBLE_EQ(r->trips_per_step, 4.0);
+  EXPECT_EQ(r->messages, 10 * 4 * 2);
+  EXPECT_NEAR(r->step_mean_s, plan->step_s, 1e-9);
+  EXPECT_NEAR(r->step_p99_s, plan->step_s, 1e-9);
+}
+
+TEST(Simulate, ExpertFanOutMatchesThePlannerInExpectation) {
+  const PlanModel m = model(8);
+  auto peers = four(0.02);
+  peers[3].rtt_s = 0.05;  // one far peer: the expected max matters
+  PlanOptions po;
+  po.message_s = 1e-4;
+  auto plan = plan_all_experts(m, peers, po);
+  ASSERT_TRUE(plan.is_ok());
+  SimOptions so;
+  so.steps = 400;
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_DOUBLE_EQ(r->trips_per_step, 8.0);  // every MoE layer needs a peer
+  EXPECT_NEAR(r->step_mean_s / plan->step_s, 1.0, 0.03) << r->step_mean_s << " vs " << plan->step_s;
+}
+
+TEST(Simulate, LocalLayersMakeNoTrips) {
+  const PlanModel m = model(4);
+  const auto peers = four(0.02);
+  PlanOptions po;
+  po.local_experts_bytes = 4 * 16 * kMiB;
+  auto plan = plan_swarm(m, peers, po);
+  ASSERT_TRUE(plan.is_ok());
+  auto r = simulate(m, peers, po, *plan, SimOptions{});
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->messages, 0);
+  EXPECT_DOUBLE_EQ(r->trips_per_step, 0.0);
+}
+
+TEST(Simulate, AFailedSpanPeerIsReplayedOnTheBackbone) {
+  const PlanModel m = model(8);
+  const auto peers = four(0.02);
+  PlanOptions po;
+  auto plan = plan_all_spans(m, peers, po);
+  ASSERT_TRUE(plan.is_ok());
+  SimOptions so;
+  so.steps = 20;
+  so.prompt_rows = 16;
+  so.timeout_s = 0.5;
+  so.failures = {{2, 0.3}};
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->steps, 20);
+  EXPECT_EQ(r->tokens, 20);
+  EXPECT_EQ(r->failovers, 1);
+  EXPECT_GE(r->replayed_rows, 16);    // the prompt and the tokens before the failure
+  EXPECT_LT(r->trips_per_step, 4.0);  // span 2 runs on the backbone afterwards
+  EXPECT_GT(r->step_p99_s, 0.5);      // the step that waited for the timeout
+}
+
+TEST(Simulate, AFailedExpertPeerFallsBackToTheBackbone) {
+  const PlanModel m = model(8);
+  const auto peers = four(0.02);
+  PlanOptions po;
+  auto plan = plan_all_experts(m, peers, po);
+  ASSERT_TRUE(plan.is_ok());
+  SimOptions so;
+  so.steps = 12;
+  so.failures = {{1, 0.5}};
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->steps, 12);
+  EXPECT_EQ(r->failovers, 1);
+}
+
+TEST(Simulate, DraftsMultiplyTokensNotTrips) {
+  const PlanModel m = model(8);
+  const auto peers = four(0.02);
+  PlanOptions po;
+  auto plan = plan_all_spans(m, peers, po);
+  ASSERT_TRUE(plan.is_ok());
+  SimOptions so;
+  so.steps = 8;
+  so.draft = 4;
+  so.accept = 1.0;
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->tokens, 8 * 5);
+  EXPECT_DOUBLE_EQ(r->trips_per_step, 4.0);
+  so.accept = 0.0;
+  auto none = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_EQ(none->tokens, 8);
+}
+
+TEST(Simulate, ALowRateLinkCostsSerialisation) {
+  const PlanModel m = model(4);
+  auto peers = four(0.02);
+  PlanOptions po;
+  auto plan = plan_all_spans(m, peers, po);
+  ASSERT_TRUE(plan.is_ok());
+  SimOptions so;
+  so.steps = 4;
+  so.streams = 32;
+  auto fast = simulate(m, peers, po, *plan, so);
+  for (auto& p : peers) p.rate_bps = 10e6;
+  auto slow = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(fast.is_ok() && slow.is_ok());
+  // 32 rows x 4 KiB each way per span = ~0.2 s at 10 Mbit/s, four spans.
+  EXPECT_GT(slow->step_mean_s - fast->step_mean_s, 4 * 2 * 32 * 4096 * 8 / 10e6 * 0.95);
+}
+
+TEST(Simulate, LargeShapesLoadAndRunAtScale) {
+  auto ds = plan_model_shape("deepseek-v3", 4096, 1e-10);
+  ASSERT_TRUE(ds.is_ok());
+  uint64_t total = ds->global_bytes;
+  for (const PlanLayer& L : ds->layers) total += L.dense_bytes + (L.moe ? L.expert_bytes * ds->n_expert : 0);
+  // 671 B parameters at 4.85 bits: ~407 GB.
+  EXPECT_NEAR(total / 1e9, 407, 25);
+  std::vector<PlanPeer> peers;
+  for (int i = 0; i < 200; ++i) peers.push_back({"p" + std::to_string(i), 8ull << 30, 0.01 + 0.0005 * i, 1, 0});
+  PlanOptions po;
+  po.backbone_memory_bytes = 64ull << 30;
+  auto plan = plan_swarm(*ds, peers, po);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  SimOptions so;
+  so.steps = 4;
+  auto r = simulate(*ds, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->steps, 4);
+  EXPECT_GT(r->tokens_per_s, 0);
+  EXPECT_FALSE(plan_model_shape("gpt-5", 1, 1).is_ok());
+}
+
+}  // namespace
+}  // namespace moesh

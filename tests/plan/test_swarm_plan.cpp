@@ -1,0 +1,242 @@
+// The swarm planner: its search equals brute force over every role assignment on small cases,
+// the cost model's structure (a span is one trip, a layer on expert peers is one, local layers
+// none), memory limits, and the fixed layouts the headline compares.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "moesh/plan/swarm_plan.h"
+
+namespace moesh {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+// n_layer layers (the first n_dense dense), n_expert experts of 1 MiB, dense parts of 2 MiB.
+PlanModel toy_model(int n_layer, int n_expert, int k, int n_dense = 0) {
+  PlanModel m;
+  m.name = "toy";
+  m.n_expert = n_expert;
+  m.n_expert_used = k;
+  m.hidden_bytes = 4096;
+  m.global_bytes = 4 * kMiB;
+  for (int l = 0; l < n_layer; ++l) {
+    PlanLayer L;
+    L.moe = l >= n_dense;
+    L.dense_bytes = L.moe ? 2 * kMiB : 6 * kMiB;
+    L.expert_bytes = L.moe ? kMiB : 0;
+    L.state_bytes = kMiB / 4;
+    L.dense_s = L.moe ? 0.4e-3 : 1.2e-3;
+    L.expert_s = L.moe ? 0.2e-3 : 0;
+    m.layers.push_back(L);
+  }
+  return m;
+}
+
+uint64_t whole_layer(const PlanModel& m) {
+  return 2 * kMiB + kMiB / 4 + static_cast<uint64_t>(m.n_expert) * kMiB;
+}
+
+// The best of plan_with_roles over every assignment: each peer idle, experts, or any span.
+double brute_force(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o) {
+  const int P = static_cast<int>(peers.size()), L = m.n_layer();
+  std::vector<std::pair<RoleKind, std::pair<int, int>>> choices{{RoleKind::kIdle, {-1, -1}},
+                                                                {RoleKind::kExperts, {-1, -1}}};
+  for (int f = 0; f < L; ++f)
+    for (int l = f; l < L; ++l) choices.push_back({RoleKind::kSpan, {f, l}});
+  double best = INFINITY;
+  std::vector<RoleKind> kinds(static_cast<size_t>(P));
+  std::vector<std::pair<int, int>> ranges(static_cast<size_t>(P));
+  std::function<void(int)> rec = [&](int i) {
+    if (i == P) {
+      auto p = plan_with_roles(m, peers, o, kinds, ranges);
+      if (p) best = std::min(best, p->step_s);
+      return;
+    }
+    for (const auto& [k, r] : choices) {
+      if (k == RoleKind::kSpan && !o.spans) continue;
+      if (k == RoleKind::kExperts && !o.experts) continue;
+      kinds[static_cast<size_t>(i)] = k;
+      ranges[static_cast<size_t>(i)] = r;
+      rec(i + 1);
+    }
+  };
+  rec(0);
+  return best;
+}
+
+TEST(SwarmPlan, EqualsBruteForceOnRandomSmallSwarms) {
+  std::mt19937 rng(7);
+  int compared = 0, with_span = 0, with_experts = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int L = 2 + static_cast<int>(rng() % 4), n_dense = static_cast<int>(rng() % 2);
+    PlanModel m = toy_model(L, 8, 2, n_dense);
+    if (rng() % 2) {  // skewed activations
+      m.p.assign(static_cast<size_t>(L), std::vector<double>(8, 0.0));
+      for (int l = n_dense; l < L; ++l)
+        for (int e = 0; e < 8; ++e) m.p[static_cast<size_t>(l)][static_cast<size_t>(e)] = e < 2 ? 0.7 : 0.6 / 6;
+    }
+    const int P = 1 + static_cast<int>(rng() % 3);
+    std::vector<PlanPeer> peers;
+    for (int i = 0; i < P; ++i) {
+      PlanPeer p;
+      p.name = "p" + std::to_string(i);
+      p.memory_bytes = whole_layer(m) * (rng() % 4) + kMiB * (rng() % 9);
+      p.rtt_s = 1e-3 * static_cast<double>(1 + rng() % 100);
+      p.speed = 0.25 + 0.25 * static_cast<double>(rng() % 8);
+      peers.push_back(p);
+    }
+    PlanOptions o;
+    o.message_s = 1e-4;
+    o.tokens_per_step = 1 + static_cast<int>(rng() % 4);
+    o.local_experts_bytes = kMiB * (rng() % 12);
+    if (rng() % 2) o.backbone_memory_bytes = m.global_bytes + (2 * kMiB + kMiB / 4) * (rng() % 4);
+    const double bf = brute_force(m, peers, o);
+    auto plan = plan_swarm(m, peers, o);
+    if (std::isinf(bf)) {
+      EXPECT_FALSE(plan.is_ok()) << "trial " << trial << ": brute force finds nothing, the planner a plan";
+      if (!plan) EXPECT_EQ(plan.status().code(), StatusCode::kOutOfRange);
+      continue;
+    }
+    ASSERT_TRUE(plan.is_ok()) << "trial " << trial << ": " << plan.status().to_string();
+    EXPECT_NEAR(plan->step_s, bf, 1e-12) << "trial " << trial << "\n" << render_plan(m, peers, *plan);
+    ++compared;
+    for (const PeerRole& r : plan->roles) {
+      with_span += r.kind == RoleKind::kSpan;
+      with_experts += r.kind == RoleKind::kExperts;
+    }
+  }
+  // The random cases must exercise both roles and many feasible problems.
+  EXPECT_GE(compared, 30);
+  EXPECT_GT(with_span, 5);
+  EXPECT_GT(with_experts, 5);
+}
+
+TEST(SwarmPlan, HeuristicForManyPeersIsValidAndNoWorseThanFixedLayouts) {
+  PlanModel m = toy_model(12, 16, 4, 1);
+  std::vector<PlanPeer> peers;
+  for (int i = 0; i < 10; ++i)
+    peers.push_back({"p" + std::to_string(i), whole_layer(m) * (1 + i % 4), 0.005 * (1 + i % 5), 1.0, 0});
+  PlanOptions o;
+  o.message_s = 1e-4;
+  o.exhaustive_peers = 6;  // 10 peers: the ordered heuristic
+  o.backbone_memory_bytes = m.global_bytes + 8 * kMiB;
+  auto plan = plan_swarm(m, peers, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  SwarmPlan again = *plan;
+  ASSERT_TRUE(evaluate_plan(m, peers, o, &again).is_ok());
+  EXPECT_DOUBLE_EQ(again.step_s, plan->step_s);
+  for (auto fixed : {plan_all_spans(m, std::vector<PlanPeer>(peers.begin(), peers.begin() + 4), o)}) {
+    if (!fixed) continue;
+    EXPECT_LE(plan->step_s, fixed->step_s + 1e-12);
+  }
+}
+
+// Structure of the model: trips per step and who holds what.
+TEST(SwarmPlan, TripsPerStepFollowTheRoles) {
+  PlanModel m = toy_model(8, 16, 4);
+  std::vector<PlanPeer> peers(4);
+  for (int i = 0; i < 4; ++i)
+    peers[static_cast<size_t>(i)] = {"p" + std::to_string(i), 10 * whole_layer(m), 0.02, 1, 0};
+  PlanOptions o;
+  o.backbone_memory_bytes = m.global_bytes;  // Petals-style backbone: embeddings and head only
+  auto experts = plan_all_experts(m, peers, PlanOptions{});
+  ASSERT_TRUE(experts.is_ok()) << experts.status().to_string();
+  // Every MoE layer needs at least one peer for a top-4 token over 4 peers: one trip each.
+  EXPECT_NEAR(experts->trips_per_step, 8.0, 1e-9);  // exact: no local experts
+  EXPECT_EQ(format_expert_spec(experts->roles[1].experts, 16), "0-7:4-7");
+  auto spans = plan_all_spans(m, peers, o);
+  ASSERT_TRUE(spans.is_ok()) << spans.status().to_string();
+  EXPECT_DOUBLE_EQ(spans->trips_per_step, 4.0);
+  EXPECT_EQ(spans->roles[2].first, 4);
+  EXPECT_EQ(spans->roles[2].last, 5);
+  // With room for everything on one peer, one span of all 8 layers: one trip.
+  auto best = plan_swarm(m, peers, o);
+  ASSERT_TRUE(best.is_ok()) << best.status().to_string();
+  EXPECT_DOUBLE_EQ(best->trips_per_step, 1.0);
+  EXPECT_LT(best->step_s, spans->step_s);
+  int n_span = 0;
+  for (const PeerRole& r : best->roles) n_span += r.kind == RoleKind::kSpan;
+  EXPECT_EQ(n_span, 1);
+  // A backbone holding everything needs nobody.
+  PlanOptions big;
+  big.local_experts_bytes = 16 * 8 * kMiB;
+  auto alone = plan_swarm(m, peers, big);
+  ASSERT_TRUE(alone.is_ok());
+  EXPECT_DOUBLE_EQ(alone->trips_per_step, 0.0);
+  for (const PeerRole& r : alone->roles) EXPECT_EQ(r.kind, RoleKind::kIdle);
+}
+
+TEST(SwarmPlan, AFarSmallPeerGetsNothingWhenTheNearOnesSuffice) {
+  PlanModel m = toy_model(8, 16, 4);
+  std::vector<PlanPeer> peers(4);
+  for (int i = 0; i < 4; ++i) peers[static_cast<size_t>(i)] = {"p" + std::to_string(i), 3 * whole_layer(m), 0.02, 1, 0};
+  PlanOptions o;
+  o.backbone_memory_bytes = m.global_bytes;
+  auto four = plan_swarm(m, peers, o);
+  ASSERT_TRUE(four.is_ok()) << four.status().to_string();
+  peers.push_back({"phone", 8 * kMiB, 0.08, 0.3, 0});
+  auto five = plan_swarm(m, peers, o);
+  ASSERT_TRUE(five.is_ok());
+  EXPECT_LE(five->step_s, four->step_s);
+  EXPECT_EQ(five->roles[4].kind, RoleKind::kIdle) << render_plan(m, peers, *five);
+  // When the others cannot hold the model the phone must take experts: 4 x 27 experts < 8 x 16,
+  // and a span (one layer at most) frees nothing.
+  PlanOptions roomy;
+  std::vector<PlanPeer> short_of(4);
+  for (int i = 0; i < 4; ++i)
+    short_of[static_cast<size_t>(i)] = {"p" + std::to_string(i), whole_layer(m) * 3 / 2, 0.02, 1, 0};
+  auto tight = plan_swarm(m, short_of, roomy);
+  ASSERT_FALSE(tight.is_ok());
+  EXPECT_EQ(tight.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(tight.status().message().find("no assignment holds every layer"), std::string::npos);
+  short_of.push_back({"phone", 24 * kMiB, 0.08, 0.3, 0});
+  auto with_phone = plan_swarm(m, short_of, roomy);
+  ASSERT_TRUE(with_phone.is_ok()) << with_phone.status().to_string();
+  EXPECT_EQ(with_phone->roles[4].kind, RoleKind::kExperts);
+}
+
+TEST(SwarmPlan, MoreTokensPerStepRaiseComputeNotTrips) {
+  PlanModel m = toy_model(6, 16, 4);
+  std::vector<PlanPeer> peers{{"a", 3 * whole_layer(m), 0.02, 1, 0}, {"b", 3 * whole_layer(m), 0.02, 1, 0}};
+  PlanOptions one, many;
+  one.backbone_memory_bytes = many.backbone_memory_bytes = m.global_bytes;
+  many.tokens_per_step = 8;
+  auto a = plan_swarm(m, peers, one), b = plan_swarm(m, peers, many);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_DOUBLE_EQ(a->trips_per_step, b->trips_per_step);
+  EXPECT_GT(b->step_s, a->step_s);
+  EXPECT_GT(b->tokens_per_s, 2 * a->tokens_per_s);
+}
+
+TEST(SwarmPlan, RejectsBadInputsByName) {
+  PlanModel m = toy_model(4, 8, 2);
+  std::vector<PlanPeer> peers{{"slow", kMiB, 0.01, 0, 0}};
+  auto r = plan_swarm(m, peers, PlanOptions{});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("'slow'"), std::string::npos);
+  PlanModel none = m;
+  none.n_expert_used = 0;
+  EXPECT_EQ(plan_swarm(none, {}, PlanOptions{}).status().code(), StatusCode::kInvalidArgument);
+  PlanModel bad_p = m;
+  bad_p.p.assign(4, std::vector<double>(8, 1.5));
+  EXPECT_NE(plan_swarm(bad_p, {}, PlanOptions{}).status().message().find("outside [0,1]"), std::string::npos);
+  // A hand-made plan holding an expert twice is refused.
+  std::vector<PlanPeer> two{{"a", 100 * kMiB, 0.01, 1, 0}, {"b", 100 * kMiB, 0.01, 1, 0}};
+  auto ex = plan_all_experts(m, two, PlanOptions{});
+  ASSERT_TRUE(ex.is_ok());
+  SwarmPlan twice = *ex;
+  twice.roles[1].experts.push_back({0, 0, 0});
+  Status s = evaluate_plan(m, two, PlanOptions{}, &twice);
+  EXPECT_NE(s.message().find("held twice"), std::string::npos) << s.to_string();
+}
+
+TEST(SwarmPlan, ExpertSpecMergesLayerRuns) {
+  std::vector<ExpertSlice> s{{0, 0, 15}, {1, 0, 15}, {2, 0, 15}, {3, 0, 7}, {4, 0, 7}, {6, 3, 3}};
+  EXPECT_EQ(format_expert_spec(s, 16), "0-2:*,3-4:0-7,6:3");
+}
+
+}  // namespace
+}  // namespace moesh

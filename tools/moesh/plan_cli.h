@@ -1,0 +1,302 @@
+// Options shared by `moesh swarm plan` and `moesh simulate`: the model (a GGUF file or a named
+// shape), its measured costs, the peers, the backbone and the layout (docs/swarm.md#plan,
+// docs/simulate.md).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model_cli.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/model/model.h"
+#include "moesh/plan/simulate.h"
+#include "moesh/plan/swarm_plan.h"
+#include "moesh/wan/spec.h"
+
+namespace moesh::cli {
+
+struct PlanCliArgs {
+  std::string model, shape;
+  int n_ctx = 4096;
+  double seconds_per_byte = 0;  // 0: --calibrate or the default
+  bool calibrate = false;
+  int calibrate_threads = 1;
+  std::vector<std::string> peer_specs;
+  // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
+  int n_peers = 0;
+  std::string peer_memory = "8GiB", rtt_median = "20ms";
+  double rtt_sigma = 0, peer_speed = 1;
+  std::string backbone_memory, local_experts = "0";
+  double backbone_speed = 1;
+  double message_us = 150;
+  int streams = 1, draft = 0;
+  double accept = 0;
+  std::string layout = "plan";
+  bool json = false;
+  uint64_t seed = 1;
+};
+
+// Seconds per byte when nothing is measured: this machine type decodes the perf model (Q4_K_M,
+// 1 thread) at about 2 GB/s of weights (docs/PERFORMANCE.md).
+inline constexpr double kDefaultSecondsPerByte = 1.0 / 2.0e9;
+
+inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
+  sub->add_option("-m,--model", a->model, "GGUF model: its layers, experts and byte sizes");
+  sub->add_option("--shape", a->shape,
+                  "A named model shape instead of a file: qwen3-30b-a3b, deepseek-v3, kimi-k2, glm-4.5");
+  sub->add_option("-c,--ctx-size", a->n_ctx, "Cells of KV per sequence the peers must hold");
+  sub->add_option("--seconds-per-byte", a->seconds_per_byte,
+                  "Measured compute cost per weight byte read (default: --calibrate, else 0.5 ns)");
+  sub->add_flag("--calibrate", a->calibrate, "Measure it: decode a few tokens of -m here, all local");
+  sub->add_option("--calibrate-threads", a->calibrate_threads, "Threads for --calibrate");
+  sub->add_option("--peer", a->peer_specs, "NAME:mem=8GiB,rtt=20ms,speed=1,rate=100mbit[,addr=HOST:PORT] (repeatable)");
+  sub->add_option("--backbone-mem", a->backbone_memory,
+                  "What the backbone may hold of the model (globals, dense parts, KV of its layers); default "
+                  "unlimited");
+  sub->add_option("--local-experts-mb", a->local_experts, "Routed experts the backbone may keep, MiB");
+  sub->add_option("--backbone-speed", a->backbone_speed, "Backbone compute relative to the measured cost");
+  sub->add_option("--message-us", a->message_us, "Fixed cost of one message, microseconds (measured: PERFORMANCE.md)");
+  sub->add_option("--streams", a->streams, "Sequences per step");
+  sub->add_option("--draft", a->draft, "Draft tokens per stream per step (speculative decoding)");
+  sub->add_option("--accept", a->accept, "Chance each draft token is accepted, until the first rejection");
+  sub->add_option("--layout", a->layout,
+                  "plan (the planner's choice) | experts (every peer an equal share of "
+                  "every layer) | spans (equal spans, Petals-style)");
+  sub->add_flag("--json", a->json, "Print JSON");
+  if (simulate) {
+    sub->add_option("--peers", a->n_peers, "Generate N more peers (with --peer-memory, --rtt-median, --rtt-sigma)");
+    sub->add_option("--peer-memory", a->peer_memory, "Memory of each generated peer");
+    sub->add_option("--rtt-median", a->rtt_median, "Median RTT of the generated peers");
+    sub->add_option("--rtt-sigma", a->rtt_sigma, "Log-normal sigma of their RTTs (0: all equal)");
+    sub->add_option("--peer-speed", a->peer_speed, "Compute speed of the generated peers");
+    sub->add_option("--seed", a->seed, "Seed of the generated RTTs and of the simulation");
+  }
+}
+
+// "8GiB", "512MiB", "2GB", "1000000" (bytes).
+inline Result<uint64_t> parse_bytes(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return make_error(StatusCode::kInvalidArgument, "'{}' is not a size (e.g. 8GiB)", s);
+  double v = 0;
+  try {
+    v = std::stod(std::string(s.substr(0, i)));
+  } catch (...) {
+    return make_error(StatusCode::kInvalidArgument, "'{}' is not a size (e.g. 8GiB)", s);
+  }
+  const std::string_view u = s.substr(i);
+  double mul = 1;
+  if (u == "" || u == "B")
+    mul = 1;
+  else if (u == "KiB" || u == "K")
+    mul = 1024.0;
+  else if (u == "MiB" || u == "M")
+    mul = 1024.0 * 1024;
+  else if (u == "GiB" || u == "G")
+    mul = 1024.0 * 1024 * 1024;
+  else if (u == "TiB" || u == "T")
+    mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (u == "KB")
+    mul = 1e3;
+  else if (u == "MB")
+    mul = 1e6;
+  else if (u == "GB")
+    mul = 1e9;
+  else if (u == "TB")
+    mul = 1e12;
+  else
+    return make_error(StatusCode::kInvalidArgument, "'{}': unknown unit '{}' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+                      s, u);
+  return static_cast<uint64_t>(v * mul);
+}
+
+struct CliPeer {
+  PlanPeer peer;
+  std::string addr;
+};
+
+inline Result<CliPeer> parse_plan_peer(std::string_view spec) {
+  CliPeer out;
+  const size_t colon = spec.find(':');
+  out.peer.name = std::string(spec.substr(0, colon));
+  if (out.peer.name.empty()) return make_error(StatusCode::kInvalidArgument, "--peer '{}': no name", spec);
+  bool have_mem = false;
+  std::string_view rest = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view kv = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const size_t eq = kv.find('=');
+    if (eq == std::string_view::npos)
+      return make_error(StatusCode::kInvalidArgument, "--peer '{}': '{}' is not KEY=VALUE", spec, kv);
+    const std::string_view k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    if (k == "mem") {
+      auto b = parse_bytes(v);
+      if (!b) return b.status().with_context(fmt::format("--peer '{}'", spec));
+      out.peer.memory_bytes = *b;
+      have_mem = true;
+    } else if (k == "rtt") {
+      auto d = wan::parse_duration(v);
+      if (!d) return d.status().with_context(fmt::format("--peer '{}'", spec));
+      out.peer.rtt_s = static_cast<double>(d->count()) * 1e-9;
+    } else if (k == "speed") {
+      try {
+        out.peer.speed = std::stod(std::string(v));
+      } catch (...) {
+        return make_error(StatusCode::kInvalidArgument, "--peer '{}': speed '{}' is not a number", spec, v);
+      }
+    } else if (k == "rate") {
+      auto r = wan::parse_rate(v);
+      if (!r) return r.status().with_context(fmt::format("--peer '{}'", spec));
+      out.peer.rate_bps = *r;
+    } else if (k == "addr") {
+      out.addr = std::string(v);
+    } else {
+      return make_error(StatusCode::kInvalidArgument, "--peer '{}': unknown key '{}' (mem, rtt, speed, rate, addr)",
+                        spec, k);
+    }
+  }
+  if (!have_mem) return make_error(StatusCode::kInvalidArgument, "--peer '{}': mem= is required", spec);
+  return out;
+}
+
+// Decodes a few tokens of the model here, all local, and divides the time by the bytes a token
+// reads: the cost per byte the plan's compute terms use.
+inline Result<double> calibrate_seconds_per_byte(const std::string& path, int threads, const PlanModel& pm) {
+  auto model = Model::load(path, LoadOptions{});
+  if (!model) return model.status();
+  ContextParams cp;
+  cp.n_threads = threads;
+  cp.n_ctx = 64;
+  Context ctx(**model, cp);
+  std::vector<int32_t> prompt{1, 2, 3, 4};
+  MOESH_RETURN_IF_ERROR(ctx.decode(0, prompt.data(), 4, nullptr, false));
+  int32_t tok = 5;
+  MOESH_RETURN_IF_ERROR(ctx.decode(0, &tok, 1, nullptr, false));  // warm-up
+  constexpr int kTokens = 16;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kTokens; ++i) {
+    tok = 6 + i;
+    MOESH_RETURN_IF_ERROR(ctx.decode(0, &tok, 1, nullptr, false));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kTokens;
+  return s / static_cast<double>(plan_bytes_per_token(pm) + pm.global_bytes / 2);
+}
+
+// Everything the two commands need, resolved from the options.
+struct PlanSetup {
+  PlanModel model;
+  std::vector<CliPeer> peers;
+  std::vector<PlanPeer> plan_peers;
+  PlanOptions opts;
+  double seconds_per_byte = 0;
+  bool calibrated = false;
+};
+
+inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
+  PlanSetup s;
+  if (a.model.empty() == a.shape.empty())
+    return make_error(StatusCode::kInvalidArgument, "give exactly one of -m MODEL.gguf and --shape NAME");
+  s.seconds_per_byte = a.seconds_per_byte > 0 ? a.seconds_per_byte : kDefaultSecondsPerByte;
+  if (!a.model.empty()) {
+    auto f = gguf::File::open(a.model);
+    if (!f) return f.status();
+    auto m = plan_model_from_gguf(**f, a.n_ctx, s.seconds_per_byte);
+    if (!m) return m.status();
+    s.model = std::move(*m);
+    if (a.calibrate) {
+      auto spb = calibrate_seconds_per_byte(a.model, a.calibrate_threads, s.model);
+      if (!spb) return spb.status().with_context("--calibrate");
+      s.seconds_per_byte = *spb;
+      s.calibrated = true;
+      auto again = plan_model_from_gguf(**f, a.n_ctx, s.seconds_per_byte);
+      if (!again) return again.status();
+      s.model = std::move(*again);
+    }
+  } else {
+    if (a.calibrate) return make_error(StatusCode::kInvalidArgument, "--calibrate needs -m (a shape has no weights)");
+    auto m = plan_model_shape(a.shape, a.n_ctx, s.seconds_per_byte);
+    if (!m) return m.status();
+    s.model = std::move(*m);
+  }
+  for (const std::string& spec : a.peer_specs) {
+    auto p = parse_plan_peer(spec);
+    if (!p) return p.status();
+    s.peers.push_back(std::move(*p));
+  }
+  if (a.n_peers > 0) {
+    auto mem = parse_bytes(a.peer_memory);
+    if (!mem) return mem.status().with_context("--peer-memory");
+    auto med = wan::parse_duration(a.rtt_median);
+    if (!med) return med.status().with_context("--rtt-median");
+    std::mt19937_64 rng(a.seed);
+    std::lognormal_distribution<double> rtt(std::log(static_cast<double>(med->count()) * 1e-9), a.rtt_sigma);
+    for (int i = 0; i < a.n_peers; ++i) {
+      CliPeer p;
+      p.peer = {fmt::format("g{}", i), *mem, a.rtt_sigma > 0 ? rtt(rng) : static_cast<double>(med->count()) * 1e-9,
+                a.peer_speed, 0};
+      s.peers.push_back(p);
+    }
+  }
+  for (const CliPeer& p : s.peers) s.plan_peers.push_back(p.peer);
+  if (!a.backbone_memory.empty()) {
+    auto b = parse_bytes(a.backbone_memory);
+    if (!b) return b.status().with_context("--backbone-mem");
+    s.opts.backbone_memory_bytes = *b;
+  }
+  auto le = parse_bytes(a.local_experts +
+                        (a.local_experts.find_first_not_of("0123456789.") == std::string::npos ? "MiB" : ""));
+  if (!le) return le.status().with_context("--local-experts-mb");
+  s.opts.local_experts_bytes = *le;
+  s.opts.backbone_speed = a.backbone_speed;
+  s.opts.message_s = a.message_us * 1e-6;
+  if (a.streams < 1 || a.draft < 0 || a.accept < 0 || a.accept > 1)
+    return make_error(StatusCode::kInvalidArgument, "--streams >= 1, --draft >= 0, --accept in [0,1]");
+  s.opts.tokens_per_step = a.streams * (1 + a.draft);
+  // Expected tokens a stream keeps per step: 1 + sum_{i=1..d} accept^i.
+  double kept = 1;
+  for (int i = 1; i <= a.draft; ++i) kept += std::pow(a.accept, i);
+  s.opts.accepted_per_step = a.streams * kept;
+  return s;
+}
+
+inline Result<SwarmPlan> plan_for_layout(const PlanSetup& s, const std::string& layout) {
+  if (layout == "plan") return plan_swarm(s.model, s.plan_peers, s.opts);
+  if (layout == "experts") return plan_all_experts(s.model, s.plan_peers, s.opts);
+  if (layout == "spans") return plan_all_spans(s.model, s.plan_peers, s.opts);
+  return make_error(StatusCode::kInvalidArgument, "--layout '{}': plan, experts or spans", layout);
+}
+
+inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
+  nlohmann::json roles = nlohmann::json::array();
+  for (size_t i = 0; i < s.peers.size(); ++i) {
+    const PeerRole& r = p.roles[i];
+    nlohmann::json j{{"peer", s.peers[i].peer.name},
+                     {"role", role_name(r.kind)},
+                     {"bytes", r.bytes},
+                     {"memory_bytes", s.peers[i].peer.memory_bytes},
+                     {"rtt_ms", s.peers[i].peer.rtt_s * 1e3}};
+    if (!s.peers[i].addr.empty()) j["addr"] = s.peers[i].addr;
+    if (r.kind == RoleKind::kSpan) j["layers"] = fmt::format("{}-{}", r.first, r.last);
+    if (r.kind == RoleKind::kExperts) j["experts"] = format_expert_spec(r.experts, s.model.n_expert);
+    roles.push_back(j);
+  }
+  return nlohmann::json{{"model", s.model.name},
+                        {"n_layer", s.model.n_layer()},
+                        {"seconds_per_byte", s.seconds_per_byte},
+                        {"calibrated", s.calibrated},
+                        {"tokens_per_step", s.opts.tokens_per_step},
+                        {"roles", roles},
+                        {"backbone_bytes", p.backbone_bytes},
+                        {"backbone_experts", format_expert_spec(p.backbone_experts, s.model.n_expert)},
+                        {"predicted_step_ms", p.step_s * 1e3},
+                        {"predicted_tokens_per_s", p.tokens_per_s},
+                        {"trips_per_step", p.trips_per_step}};
+}
+
+}  // namespace moesh::cli
