@@ -29,7 +29,7 @@ port=7001
 
 model_bytes=$(stat -c %s "$model")
 peer_mem=$((model_bytes * 40 / 100))  # a third of the layers and their KV, a little more
-bb_mem=$((model_bytes * 3 / 100))     # embeddings, head and a little: Petals-style backbone
+bb_mem=$((model_bytes * 27 / 100))     # embeddings, head and the dense parts (attention, router) of every layer: layout (a) needs them
 phone_mem=$((model_bytes * 4 / 100))
 
 # Calibration 1: the compute cost per byte, from a local decode here.
@@ -75,7 +75,7 @@ stop_roles() { for p in "${role_pids[@]}"; do kill "$p" 2>/dev/null || true; wai
 
 csv="$out/headline.csv"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$root" rev-parse --short HEAD) model 48 layers 128x top-8 narrow tg$n; $spb s/byte" > "$csv"
-echo "rtt_ms,config,peers,tok_s,trips_per_token,predicted_tok_s,simulated_tok_s,sim_vs_measured,tokens_equal" >> "$csv"
+echo "rtt_ms,config,peers,tok_s,trips_per_token,predicted_tok_s,simulated_tok_s,sim_vs_measured,tokens_equal,passes,drafted,accepted,roles" >> "$csv"
 
 # measure CONFIG RTT LAYOUT [draft] [phone]
 measure() {
@@ -106,7 +106,10 @@ sim_tps = sim["simulated"]["tokens_per_s"]
 # The simulator runs plain decoding: compare like with like (tokens per step x steps).
 sim_note = sim_tps / tps if "draft" not in run else float("nan")
 same = ",".join(map(str, run["tokens"])) == ref
-print(f"{rtt},{config},{npeers},{tps:.2f},{trips_per_token:.2f},{plan['predicted_tokens_per_s']:.2f},{sim_tps:.2f},{sim_note:.3f},{same}")
+d = run.get("draft", {"passes": t["predicted_n"], "drafted": 0, "accepted": 0})
+roles = " ".join(f"{r['peer']}={r['role']}:{r.get('layers') or r.get('experts') or '-'}" for r in plan["roles"])
+print(f"{rtt},{config},{npeers},{tps:.2f},{trips_per_token:.2f},{plan['predicted_tokens_per_s']:.2f},{sim_tps:.2f},"
+      f"{sim_note:.3f},{same},{d['passes']},{d['drafted']},{d['accepted']},{roles}")
 PY
 }
 

@@ -49,9 +49,10 @@ class Sim {
       now_ = ev.t;
       ev.fn();
     }
-    res_.seconds = now_;
+    // Pending timeouts of answered messages run after the last step: the run ends at its end.
+    res_.seconds = end_;
     res_.steps = static_cast<int>(step_times_.size());
-    res_.tokens_per_s = now_ > 0 ? res_.tokens / now_ : 0;
+    res_.tokens_per_s = end_ > 0 ? res_.tokens / end_ : 0;
     if (!step_times_.empty()) {
       std::vector<double> s = step_times_;
       std::sort(s.begin(), s.end());
@@ -125,6 +126,7 @@ class Sim {
 
   void end_step() {
     step_times_.push_back(now_ - step_start_);
+    end_ = now_;
     // Each stream keeps its verified token plus the drafts accepted before the first rejection.
     int64_t got = 0;
     std::bernoulli_distribution acc(so_.accept);
@@ -292,7 +294,7 @@ class Sim {
   std::mt19937_64 rng_;
   std::priority_queue<Event> q_;
   uint64_t seq_ = 0;
-  double now_ = 0, bb_cpu_ = 0, step_start_ = 0;
+  double now_ = 0, bb_cpu_ = 0, step_start_ = 0, end_ = 0;
   std::vector<double> peer_cpu_, up_busy_, down_busy_, up_last_, down_last_, fail_at_;
   std::vector<bool> known_dead_, span_here_;
   std::vector<std::vector<int>> owner_;

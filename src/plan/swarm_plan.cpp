@@ -540,9 +540,10 @@ Result<SwarmPlan> plan_swarm(const PlanModel& m, const std::vector<PlanPeer>& pe
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
       return peers[static_cast<size_t>(a)].memory_bytes > peers[static_cast<size_t>(b)].memory_bytes;
     });
-    // More spans than layers cannot help; past 16 span candidates the DP grows for little gain.
-    const int k_max = std::min({P, m.n_layer(), 16});
-    for (int k = 0; k <= k_max; ++k) {
+    // More spans than layers cannot help; k in steps (0-8, then every 4, then every 8) keeps
+    // the DPs few on hundreds of peers.
+    const int k_max = std::min(P, m.n_layer());
+    for (int k = 0; k <= k_max; k += k < 8 ? 1 : k < 32 ? 4 : 8) {
       if (k > 0 && !o.spans) break;
       std::vector<int> S(order.begin(), order.begin() + k), E;
       if (o.experts) E.assign(order.begin() + k, order.end());
@@ -618,22 +619,37 @@ Result<SwarmPlan> plan_all_experts(const PlanModel& m, const std::vector<PlanPee
 Result<SwarmPlan> plan_all_spans(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o) {
   MOESH_RETURN_IF_ERROR(check_inputs(m, peers, o));
   const int P = static_cast<int>(peers.size()), L = m.n_layer();
-  if (P == 0 || P > L) return make_error(StatusCode::kInvalidArgument, "plan: {} spans for {} layers", P, L);
-  SwarmPlan plan;
-  plan.roles.assign(peers.size(), PeerRole{});
-  plan.layer_host.assign(static_cast<size_t>(L), -1);
-  for (int i = 0; i < P; ++i) {
-    PeerRole& r = plan.roles[static_cast<size_t>(i)];
-    r.kind = RoleKind::kSpan;
-    r.first = i * L / P;
-    r.last = (i + 1) * L / P - 1;
-    for (int l = r.first; l <= r.last; ++l) plan.layer_host[static_cast<size_t>(l)] = i;
-  }
+  if (P == 0) return make_error(StatusCode::kInvalidArgument, "plan: no peers");
   PlanOptions o2 = o;
   o2.spans = true;
-  if (Status s = evaluate_plan(m, peers, o2, &plan); !s.is_ok())
-    return make_error(StatusCode::kOutOfRange, "{} equal spans do not fit: {}", P, s.message());
-  return plan;
+  // Equal spans over the first k peers: every peer when that fits, else the fewest that fit.
+  auto try_k = [&](int k, SwarmPlan* plan) {
+    plan->roles.assign(peers.size(), PeerRole{});
+    plan->layer_host.assign(static_cast<size_t>(L), -1);
+    // Split by MoE blocks (a span must hold one); a dense layer joins the span after it (the
+    // leading dense layers the first span), or the last span.
+    std::vector<int> moe;
+    for (int l = 0; l < L; ++l)
+      if (m.layers[static_cast<size_t>(l)].moe) moe.push_back(l);
+    const int M = static_cast<int>(moe.size());
+    if (k > M) return make_error(StatusCode::kInvalidArgument, "{} spans for {} MoE blocks", k, M);
+    int next = 0;
+    for (int i = 0; i < k; ++i) {
+      PeerRole& r = plan->roles[static_cast<size_t>(i)];
+      r.kind = RoleKind::kSpan;
+      r.first = next;
+      r.last = i == k - 1 ? L - 1 : moe[static_cast<size_t>((i + 1) * M / k - 1)];
+      next = r.last + 1;
+      for (int l = r.first; l <= r.last; ++l) plan->layer_host[static_cast<size_t>(l)] = i;
+    }
+    return evaluate_plan(m, peers, o2, plan);
+  };
+  SwarmPlan plan;
+  Status all = P <= L ? try_k(P, &plan) : make_error(StatusCode::kInvalidArgument, "{} peers for {} layers", P, L);
+  if (all.is_ok()) return plan;
+  for (int k = 1; k <= std::min(P, L); ++k)
+    if (try_k(k, &plan).is_ok()) return plan;
+  return make_error(StatusCode::kOutOfRange, "{} equal spans do not fit (nor fewer): {}", P, all.message());
 }
 
 std::string format_expert_spec(const std::vector<ExpertSlice>& s, int n_expert) {

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "moesh/swarm/span_host.h"
 #include "moesh/swarm/swarm.h"
@@ -71,6 +72,7 @@ struct SpanClient::Runner {
   std::unique_ptr<swarm::SpanHost> local;
   std::map<int32_t, int64_t> has;
   std::string label;
+  SpanPeerView view;  // what peers_view() reports: written under view_mu_ only
 };
 
 SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
@@ -138,6 +140,12 @@ Status SpanClient::fail_over(int k, const Status& why) {
     if (st.is_ok()) {
       r.link = std::move(*link);
       r.label = r.link->label;
+      {
+        std::lock_guard<std::mutex> vl(view_mu_);
+        r.view = SpanPeerView{
+            r.target.span, r.label, false, std::chrono::duration<double, std::milli>(r.link->warmup_rtt).count(), 0,
+            0.0,           0.0};
+      }
       if (!why.is_ok()) ++stats_.failovers;
       return Status::ok();
     }
@@ -154,6 +162,10 @@ Status SpanClient::fail_over(int k, const Status& why) {
   }
   if (!errors.empty()) spdlog::warn("span {}-{}: runs here (peers: {})", sp.first, sp.last, errors.substr(2));
   r.label = "here";
+  {
+    std::lock_guard<std::mutex> vl(view_mu_);
+    r.view = SpanPeerView{r.target.span, r.label, true, 0.0, 0, 0.0, 0.0};
+  }
   if (!why.is_ok()) ++stats_.failovers;
   return Status::ok();
 }
@@ -176,9 +188,17 @@ Status SpanClient::trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* 
   }
   stats_.bytes_sent += frame->size();
   const net::Deadline deadline = net::deadline_in(opts_.timeout);
+  const auto t0 = std::chrono::steady_clock::now();
   MOESH_RETURN_IF_ERROR(r.link->mux->start(m.request_id, *frame, deadline).with_context(r.label));
   auto reply = r.link->mux->wait(m.request_id, deadline);
   if (!reply) return reply.status().with_context(r.label);
+  {
+    std::lock_guard<std::mutex> vl(view_mu_);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++r.view.trips;
+    r.view.trip_seconds += dt;
+    r.view.min_trip_seconds = r.view.trips == 1 ? dt : std::min(r.view.min_trip_seconds, dt);
+  }
   stats_.bytes_received += wire::kHeaderBytes + reply->payload.size();
   wire::DecodeLimits lim = r.link->limits;
   auto res = wire::decode_span_result(*reply, lim);
@@ -397,6 +417,14 @@ std::string SpanClient::where(int k) const {
   const Runner& r = *runners_.at(static_cast<size_t>(k));
   return fmt::format("{}-{} {}", r.target.span.first, r.target.span.last,
                      r.local ? std::string("here") : "on " + r.label);
+}
+
+std::vector<SpanPeerView> SpanClient::peers_view() const {
+  // Not mu_: a step in flight holds it for a whole trip; the views have their own lock.
+  std::lock_guard<std::mutex> lk(view_mu_);
+  std::vector<SpanPeerView> out;
+  for (const auto& r : runners_) out.push_back(r->view);
+  return out;
 }
 
 std::string SpanClient::describe() const {

@@ -1,12 +1,116 @@
 // The dashboard page and its data (dashboard.h).
 #include "serve/dashboard.h"
 
+#include <cmath>
+
+#include "moesh/plan/swarm_plan.h"
 #include "moesh/serve/ledger.h"
 
 namespace moesh::serve {
 
-nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor* remote, double time_s) {
+nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor* remote, const Model* model,
+                              const SpanClient* spans) {
+  if (model == nullptr) return nullptr;
+  auto pm = plan_model_from_gguf(model->file(), 0, kDefaultSecondsPerByte);
+  if (!pm) return {{"error", pm.status().message()}};
+  const int L = pm->n_layer();
+  std::vector<PlanPeer> peers;
+  SwarmPlan plan;
+  plan.layer_host.assign(static_cast<size_t>(L), -1);
+  nlohmann::json rows = nlohmann::json::array();
+  if (spans != nullptr) {
+    for (const SpanPeerView& v : spans->peers_view()) {
+      if (v.span.first < 0 || v.span.last >= L) continue;
+      // RTT: the fastest trip seen (the warm-up's padded PING rides TCP slow start), else the warm-up.
+      const double rtt_s = v.local ? 0.0 : v.min_trip_seconds > 0 ? v.min_trip_seconds : v.warmup_rtt_ms * 1e-3;
+      PlanPeer p{v.label, UINT64_MAX, rtt_s, 1.0, 0};
+      PeerRole r;
+      r.kind = RoleKind::kSpan;
+      r.first = static_cast<int>(v.span.first);
+      r.last = static_cast<int>(v.span.last);
+      for (int l = r.first; l <= r.last; ++l) plan.layer_host[static_cast<size_t>(l)] = static_cast<int>(peers.size());
+      rows.push_back({{"name", v.label},
+                      {"role", "span"},
+                      {"what", fmt::format("layers {}-{}", r.first, r.last)},
+                      {"rtt_ms", p.rtt_s * 1e3},
+                      {"measured_trip_ms", v.trips > 0 ? 1e3 * v.trip_seconds / static_cast<double>(v.trips) : 0.0}});
+      peers.push_back(p);
+      plan.roles.push_back(r);
+    }
+  }
+  PlanOptions o;
+  o.local_experts_bytes = UINT64_MAX;
+  o.message_s = kDefaultMessageSeconds;
+  o.tokens_per_step = sched.steps > 0
+                          ? std::max(1, static_cast<int>(std::lround(static_cast<double>(sched.batch_tokens) /
+                                                                     static_cast<double>(sched.steps))))
+                          : 1;
+  if (remote != nullptr) {
+    const Placement& pl = remote->placement();
+    const std::vector<WorkerStatus> ws = remote->worker_status();
+    const size_t first_worker = peers.size();
+    for (const WorkerStatus& w : ws) {
+      const double rtt_ms = w.min_latency_ms > 0 ? w.min_latency_ms : w.warmup_rtt_ms;
+      peers.push_back({w.name.empty() ? w.label : w.name, UINT64_MAX, rtt_ms * 1e-3, 1.0, 0});
+      PeerRole r;
+      r.kind = RoleKind::kExperts;
+      plan.roles.push_back(r);
+      rows.push_back({{"name", peers.back().name},
+                      {"role", "experts"},
+                      {"what", w.experts},
+                      {"rtt_ms", rtt_ms},
+                      {"measured_trip_ms", w.mean_latency_ms}});
+    }
+    // Each layer's experts by owner, as contiguous slices.
+    for (int l = 0; l < std::min(L, pl.n_layer()); ++l) {
+      if (!pm->layers[static_cast<size_t>(l)].moe || plan.layer_host[static_cast<size_t>(l)] >= 0) continue;
+      int run_owner = Placement::kNone, run_first = 0;
+      auto flush = [&](int last) {
+        if (run_owner == Placement::kNone) return;
+        const ExpertSlice sl{l, run_first, last};
+        if (run_owner == Placement::kLocal)
+          plan.backbone_experts.push_back(sl);
+        else if (static_cast<size_t>(run_owner) < ws.size())
+          plan.roles[first_worker + static_cast<size_t>(run_owner)].experts.push_back(sl);
+      };
+      for (int e = 0; e < pl.n_expert(); ++e) {
+        const int own = pl.owner(l, e);
+        if (own != run_owner) {
+          flush(e - 1);
+          run_owner = own;
+          run_first = e;
+        }
+      }
+      flush(pl.n_expert() - 1);
+    }
+  } else {
+    // No workers: the backbone holds every expert of its layers.
+    for (int l = 0; l < L; ++l)
+      if (pm->layers[static_cast<size_t>(l)].moe && plan.layer_host[static_cast<size_t>(l)] < 0)
+        plan.backbone_experts.push_back({l, 0, pm->n_expert - 1});
+  }
+  for (size_t i = 0; i < plan.roles.size(); ++i)
+    if (plan.roles[i].kind == RoleKind::kExperts && plan.roles[i].experts.empty()) plan.roles[i].kind = RoleKind::kIdle;
   nlohmann::json j;
+  j["peers"] = rows;
+  j["tokens_per_step"] = o.tokens_per_step;
+  j["seconds_per_byte"] = kDefaultSecondsPerByte;
+  const double measured = sched.steps > 0 ? 1e3 * sched.busy_seconds / static_cast<double>(sched.steps) : 0.0;
+  j["measured_step_ms"] = measured;
+  if (Status st = evaluate_plan(*pm, peers, o, &plan); !st.is_ok()) {
+    j["error"] = st.message();
+    return j;
+  }
+  j["predicted_step_ms"] = plan.step_s * 1e3;
+  j["trips_per_step"] = plan.trips_per_step;
+  j["ratio"] = plan.step_s > 0 && measured > 0 ? measured / (plan.step_s * 1e3) : 0.0;
+  return j;
+}
+
+nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor* remote, double time_s,
+                              const Model* model, const SpanClient* spans) {
+  nlohmann::json j;
+  j["plan"] = plan_card_json(sched, remote, model, spans);
   j["status"] = swarm_status_json(remote);
   j["time_s"] = time_s;
   j["generated_tokens"] = sched.generated_tokens;
@@ -61,6 +165,11 @@ const char* dashboard_html() {
 </div>
 <div class="card"><h2>Workers</h2><table id="workers"><thead><tr><th>#</th><th class="l">name</th><th class="l">path</th>
 <th class="l">state</th><th>experts</th><th>rtt ms</th><th>min ms</th><th>heard s</th><th>requests</th><th>errors</th><th>rejoins</th><th>threads</th><th>replicas MiB</th></tr></thead><tbody></tbody></table></div>
+<div class="card"><h2>Plan: the live layout priced by the planner's cost model</h2>
+<div>predicted <span class="kpi" id="plan_pred">–</span> ms per step, measured <span class="kpi" id="plan_meas">–</span> ms
+(<span id="plan_ratio">–</span>×), <span id="plan_trips">–</span> trips per step, <span id="plan_tps">–</span> tokens per step
+<span id="plan_err" class="down"></span></div>
+<table id="plan"><thead><tr><th class="l">peer</th><th class="l">role</th><th class="l">holds</th><th>rtt ms</th><th>trip ms</th></tr></thead><tbody></tbody></table></div>
 <div class="card"><h2>Expert activations (share of each layer's tokens)</h2><table id="heat"></table></div>
 <script>
 const hist = []; let updates = 0;
@@ -117,6 +226,23 @@ function drawWorkers(workers) {
     tb.appendChild(tr);
   }
 }
+function drawPlan(p) {
+  if (!p) return;
+  el('plan_err').textContent = p.error ? 'cannot price: ' + p.error : '';
+  el('plan_pred').textContent = p.predicted_step_ms !== undefined ? p.predicted_step_ms.toFixed(1) : '–';
+  el('plan_meas').textContent = p.measured_step_ms ? p.measured_step_ms.toFixed(1) : '–';
+  el('plan_ratio').textContent = p.ratio ? p.ratio.toFixed(2) : '–';
+  el('plan_trips').textContent = p.trips_per_step !== undefined ? p.trips_per_step.toFixed(2) : '–';
+  el('plan_tps').textContent = p.tokens_per_step;
+  const tb = el('plan').tBodies[0]; tb.innerHTML = '';
+  for (const r of p.peers || []) {
+    const tr = document.createElement('tr'); tr.className = 'planpeer'; tr.dataset.name = r.name; tr.dataset.role = r.role;
+    [r.name, r.role, r.what, r.rtt_ms.toFixed(2), r.measured_trip_ms.toFixed(2)].forEach((c, i) => {
+      const td = document.createElement('td'); td.textContent = c; if (i < 3) td.className = 'l'; tr.appendChild(td); });
+    tb.appendChild(tr);
+  }
+  document.body.dataset.planPredicted = p.predicted_step_ms !== undefined ? p.predicted_step_ms : '';
+}
 function drawHeat(h) {
   const t = el('heat'); t.innerHTML = '';
   for (const L of h.layers) {
@@ -145,7 +271,7 @@ async function update() {
     el('tps').textContent = p.tps.toFixed(1);
     el('tpt').textContent = p.tpt.toFixed(2);
     el('nup').textContent = j.status.workers.filter(w => w.state === 'up').length + ' / ' + j.status.workers.length;
-    drawMap(j.status.workers); drawWorkers(j.status.workers); drawHeat(j.heatmap); drawChart();
+    drawMap(j.status.workers); drawWorkers(j.status.workers); drawHeat(j.heatmap); drawPlan(j.plan); drawChart();
     updates += 1; el('updates').textContent = updates; document.body.dataset.updates = updates;
     // For tests and scrapers: the first and latest generated-token counts this page saw.
     if (document.body.dataset.genFirst === undefined) document.body.dataset.genFirst = j.generated_tokens;

@@ -6,7 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moesh/model/model.h"
 #include "moesh/remote/remote.h"
+#include "moesh/remote/span_client.h"
 #include "moesh/serve/scheduler.h"
 
 namespace moesh::serve {
@@ -14,7 +16,19 @@ namespace moesh::serve {
 const char* dashboard_html();
 // {"status": swarm_status_json, "time_s", "generated_tokens", "requests_finished",
 //  "requests_failed", "layer_calls", "token_layers", "heatmap": {"n_expert", "layers":
-//  [{"layer", "tokens", "share": [per expert: pairs / tokens]}]}}; remote null: no workers.
-nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor* remote, double time_s);
+//  [{"layer", "tokens", "share": [per expert: pairs / tokens]}]},
+//  "plan": plan_card_json} ; remote null: no workers.
+nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor* remote, double time_s,
+                              const Model* model = nullptr, const SpanClient* spans = nullptr);
+
+// The live layout priced by the planner's cost model (plan/swarm_plan.h) beside what it
+// measures: every worker an expert peer holding what it announced (RTT: its fastest trip seen,
+// else the warm-up round trip),
+// every span a span peer, the backbone's own copies local; tokens per step as the scheduler's
+// mean. {"predicted_step_ms", "measured_step_ms", "ratio", "tokens_per_step", "trips_per_step",
+// "seconds_per_byte", "peers": [{"name", "role", "what", "rtt_ms", "measured_trip_ms"}]} or
+// {"error"} when the layout cannot be priced; null without a model.
+nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor* remote, const Model* model,
+                              const SpanClient* spans);
 
 }  // namespace moesh::serve

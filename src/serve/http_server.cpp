@@ -470,7 +470,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
   });
   svr.Get("/swarm/dashboard.json", [m](const httplib::Request&, httplib::Response& res) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - m->started_steady).count();
-    res.set_content(dashboard_json(m->t.scheduler->stats(), m->t.remote, t).dump(), "application/json");
+    res.set_content(dashboard_json(m->t.scheduler->stats(), m->t.remote, t, m->t.model, m->t.spans).dump(),
+                    "application/json");
   });
   // The backbone's side of the work ledger (serve/ledger.h); `moesh swarm ledger` reads it.
   svr.Get("/swarm/ledger", [m](const httplib::Request&, httplib::Response& res) {

@@ -45,6 +45,7 @@ TEST(Simulate, SpansMatchThePlannerExactly) {
   EXPECT_EQ(r->messages, 10 * 4 * 2);
   EXPECT_NEAR(r->step_mean_s, plan->step_s, 1e-9);
   EXPECT_NEAR(r->step_p99_s, plan->step_s, 1e-9);
+  EXPECT_NEAR(r->tokens_per_s, plan->tokens_per_s, 1e-6);  // the run ends with its last step
 }
 
 TEST(Simulate, ExpertFanOutMatchesThePlannerInExpectation) {

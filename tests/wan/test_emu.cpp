@@ -256,5 +256,81 @@ TEST(WanEmu, SwarmRoundTripsOverTheEmulatedWanAreWhatThePlacementPredicts) {
   EXPECT_TRUE(emu_namespaces(name).empty());
 }
 
+// `moesh swarm plan` carried out over the emulated WAN: three peers (one big, two small) at 20 ms;
+// the plan mixes roles (an expert peer, two spans); its processes run in the peer namespaces and
+// the backbone in the hub's. The run has the all-local tokens and exactly the predicted trips.
+TEST(WanEmu, APlanCarriedOutOverTheEmulatedWanHasThePredictedTrips) {
+  if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string name = "p" + std::to_string(::getpid());
+  testing::MoeshChild up(
+      {"wan-emu", "up", "--name", name, "--peer", "a:delay=10ms", "--peer", "b:delay=10ms", "--peer", "c:delay=15ms"});
+  std::vector<std::map<std::string, std::string>> peers;
+  ASSERT_NO_FATAL_FAILURE(wait_ready(&up, &peers));
+  ASSERT_EQ(peers.size(), 3u);
+  MakeModelSpec spec = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
+  spec.type = MakeFileType::kQ8_0;
+  spec.seed = 13;
+  spec.n_layer = 8;
+  spec.n_ctx = 256;
+  const std::string model = test::made_model("qwen3moe-l8-emu-plan", spec);
+  const uint64_t bytes = std::filesystem::file_size(model);
+  const int pct[3] = {55, 30, 30};
+  const int rtt[3] = {20, 20, 30};
+  std::string plan_args = "swarm plan -m '" + model + "' -c 256 --message-us 100 --json";
+  for (int i = 0; i < 3; ++i)
+    plan_args += fmt::format(" --peer {}:mem={},rtt={}ms,addr={}:7001", peers[static_cast<size_t>(i)]["name"],
+                             bytes * pct[i] / 100, rtt[i], peers[static_cast<size_t>(i)]["peer_addr"]);
+  const auto pr = test::run_moesh(plan_args);
+  ASSERT_EQ(pr.exit_code, 0) << pr.err;
+  const auto plan = nlohmann::json::parse(pr.out, nullptr, false);
+  ASSERT_TRUE(plan.is_object()) << pr.out;
+  std::vector<std::unique_ptr<testing::MoeshChild>> procs;
+  std::vector<std::string> backbone = {"run", "-m", model, "--tokens", "5,6,7,8", "-n", "5", "-t", "1", "--json"};
+  int roles = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& r = plan["roles"][i];
+    const std::string role = r["role"], addr = r["addr"];
+    std::vector<std::string> args;
+    if (role == "span") {
+      args = {"span", "-m", model, "--layers", r["layers"], "--listen", addr, "-t", "1", "-c", "256"};
+      backbone.insert(backbone.end(), {"--span", std::string(r["layers"]) + "@" + addr});
+    } else if (role == "experts") {
+      args = {"worker", "-m", model, "--experts", r["experts"], "--listen", addr, "-t", "1"};
+      backbone.insert(backbone.end(), {"--worker", addr});
+    } else {
+      continue;
+    }
+    ++roles;
+    procs.push_back(std::make_unique<testing::MoeshChild>(args, peers[i]["netns"]));
+    std::string l;
+    while (procs.back()->read_line(&l, 30s) && l.rfind("listening on ", 0) != 0) {
+    }
+    ASSERT_EQ(l.rfind("listening on ", 0), 0u) << procs.back()->output();
+  }
+  EXPECT_EQ(roles, 3) << plan.dump();
+  const auto local = test::run_moesh("run -m '" + model + "' --tokens 5,6,7,8 -n 5 -t 1 --json");
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  testing::MoeshChild run(backbone, hub_netns_name(name));
+  ASSERT_TRUE(run.started());
+  std::string line, json_line;
+  while (run.read_line(&line, 120s))
+    if (!line.empty() && line[0] == '{') json_line = line;
+  ASSERT_EQ(run.wait_exit(30s), 0) << run.output();
+  const auto j = nlohmann::json::parse(json_line, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << json_line;
+  EXPECT_EQ(j["tokens"], nlohmann::json::parse(local.out)["tokens"]);
+  uint64_t trips = 0;
+  if (j.contains("spans")) trips += j["spans"]["trips"].get<uint64_t>();
+  if (j.contains("remote")) trips += j["remote"]["layer_calls"].get<uint64_t>();
+  EXPECT_EQ(static_cast<double>(trips), plan["trips_per_step"].get<double>() * 5) << plan.dump() << j.dump();
+
+  procs.clear();
+  const auto down = test::run_moesh("wan-emu down --name " + name);
+  EXPECT_EQ(down.exit_code, 0) << down.out << down.err;
+  up.drain(10s);
+  EXPECT_EQ(up.wait_exit(10s), 0) << up.output();
+  EXPECT_TRUE(emu_namespaces(name).empty());
+}
+
 }  // namespace
 }  // namespace moesh::wan

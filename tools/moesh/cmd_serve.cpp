@@ -121,6 +121,7 @@ int run_serve(const ServeArgs& a) {
   target.tokenizer = tok.get();
   target.chat_template = tmpl.get();
   target.remote = remote.get();
+  target.spans = spans.get();
 
   auto server = serve::HttpServer::create(target, ho);
   if (!server) return fail(server.status());

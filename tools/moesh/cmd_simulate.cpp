@@ -14,7 +14,7 @@ struct SimArgs {
   PlanCliArgs plan;
   int steps = 32;
   int prompt_rows = 0;
-  std::string jitter = "0", timeout = "1s";
+  std::string jitter = "0", timeout = "60s";
   std::vector<std::string> failures;  // NAME@SECONDS
 };
 

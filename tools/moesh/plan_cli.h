@@ -33,7 +33,7 @@ struct PlanCliArgs {
   double rtt_sigma = 0, peer_speed = 1;
   std::string backbone_memory, local_experts = "0";
   double backbone_speed = 1;
-  double message_us = 150;
+  double message_us = kDefaultMessageSeconds * 1e6;
   int streams = 1, draft = 0;
   double accept = 0;
   std::string layout = "plan";
@@ -41,17 +41,13 @@ struct PlanCliArgs {
   uint64_t seed = 1;
 };
 
-// Seconds per byte when nothing is measured: this machine type decodes the perf model (Q4_K_M,
-// 1 thread) at about 2 GB/s of weights (docs/PERFORMANCE.md).
-inline constexpr double kDefaultSecondsPerByte = 1.0 / 2.0e9;
-
 inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
   sub->add_option("-m,--model", a->model, "GGUF model: its layers, experts and byte sizes");
   sub->add_option("--shape", a->shape,
                   "A named model shape instead of a file: qwen3-30b-a3b, deepseek-v3, kimi-k2, glm-4.5");
   sub->add_option("-c,--ctx-size", a->n_ctx, "Cells of KV per sequence the peers must hold");
   sub->add_option("--seconds-per-byte", a->seconds_per_byte,
-                  "Measured compute cost per weight byte read (default: --calibrate, else 0.5 ns)");
+                  "Measured compute cost per weight byte read (default: --calibrate, else 0.25 ns)");
   sub->add_flag("--calibrate", a->calibrate, "Measure it: decode a few tokens of -m here, all local");
   sub->add_option("--calibrate-threads", a->calibrate_threads, "Threads for --calibrate");
   sub->add_option("--peer", a->peer_specs, "NAME:mem=8GiB,rtt=20ms,speed=1,rate=100mbit[,addr=HOST:PORT] (repeatable)");

@@ -29,13 +29,13 @@ struct SimFailure {
 };
 
 struct SimOptions {
-  int steps = 32;          // decode steps
-  int streams = 1;         // sequences per step (continuous batching)
-  int draft = 0;           // draft tokens per stream per step (speculative decoding)
-  double accept = 0;       // chance each draft token is accepted, until the first rejection
-  int prompt_rows = 0;     // rows every span already holds per stream (replayed on failure)
-  double jitter_s = 0;     // one-way jitter, uniform in [0, jitter_s], never reordering
-  double timeout_s = 1.0;  // how long a lost reply is waited for
+  int steps = 32;           // decode steps
+  int streams = 1;          // sequences per step (continuous batching)
+  int draft = 0;            // draft tokens per stream per step (speculative decoding)
+  double accept = 0;        // chance each draft token is accepted, until the first rejection
+  int prompt_rows = 0;      // rows every span already holds per stream (replayed on failure)
+  double jitter_s = 0;      // one-way jitter, uniform in [0, jitter_s], never reordering
+  double timeout_s = 60.0;  // how long a lost reply is waited for (--span-timeout-ms' default)
   std::vector<SimFailure> failures;
   uint64_t seed = 1;
 };

@@ -34,6 +34,12 @@ namespace gguf {
 class File;
 }
 
+// Costs when nothing is measured, from bench/wan/headline.sh on this machine type (2-core EPYC,
+// 1 thread, Q8_0): a decode reads 0.17-0.30 ns per weight byte (--calibrate), and one message
+// through this code and the emulated network costs 78-106 us (docs/PERFORMANCE.md, C16).
+inline constexpr double kDefaultSecondsPerByte = 0.25e-9;
+inline constexpr double kDefaultMessageSeconds = 100e-6;
+
 struct PlanLayer {
   bool moe = true;
   uint64_t dense_bytes = 0;   // attention, norms, router, shared experts (a dense layer: its FFN)
@@ -134,7 +140,8 @@ Result<SwarmPlan> plan_with_roles(const PlanModel& m, const std::vector<PlanPeer
 
 // The fixed plans the headline compares against: every expert peer holding an equal share of
 // every layer's experts ("experts"), or the layers cut into as many equal spans as peers
-// ("spans", Petals-style). kOutOfRange when they do not fit.
+// ("spans", Petals-style; when that does not fit, equal spans over the fewest of the first peers
+// that fit, the rest idle). kOutOfRange when they do not fit.
 Result<SwarmPlan> plan_all_experts(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o);
 Result<SwarmPlan> plan_all_spans(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o);
 

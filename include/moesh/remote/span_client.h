@@ -67,6 +67,17 @@ struct SpanStats {
   uint64_t bytes_sent = 0, bytes_received = 0;
 };
 
+// What the backbone sees of one span now (the dashboard's plan card).
+struct SpanPeerView {
+  LayerSpan span;
+  std::string label;            // the peer in use, or "here"
+  bool local = false;           // runs on this process (fallback)
+  double warmup_rtt_ms = 0;     // the link's warm-up round trip at connect
+  uint64_t trips = 0;           // SPAN_STEP round trips to the current peer
+  double trip_seconds = 0;      // their total time (network and the peer's compute)
+  double min_trip_seconds = 0;  // the fastest of them (0: none yet)
+};
+
 class SpanClient final : public SpanRunner {
  public:
   // Connects the first reachable peer of every span (each must offer kFeatureSpan for the same
@@ -84,6 +95,7 @@ class SpanClient final : public SpanRunner {
   void on_clear() override;
 
   SpanStats stats() const;
+  std::vector<SpanPeerView> peers_view() const;
   // Who runs span k now: "12-23 on 127.0.0.1:7001 (span-a)" or "12-23 here".
   std::string where(int k) const;
   // One line per span, for start-up output.
@@ -107,6 +119,7 @@ class SpanClient final : public SpanRunner {
   std::vector<LayerSpan> spans_;
   std::vector<std::unique_ptr<Runner>> runners_;
   mutable std::mutex mu_;
+  mutable std::mutex view_mu_;  // Runner::view
   std::map<int32_t, SeqLog> logs_;
   SpanStats stats_;
 };

@@ -21,6 +21,7 @@
 
 #include "moesh/model/model.h"
 #include "moesh/remote/remote.h"
+#include "moesh/remote/span_client.h"
 #include "moesh/serve/scheduler.h"
 #include "moesh/text/chat.h"
 #include "moesh/text/tokenizer.h"
@@ -45,6 +46,7 @@ struct ServeTarget {
   const Tokenizer* tokenizer = nullptr;         // null: token-id prompts only, no text out
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
   const RemoteExecutor* remote = nullptr;       // null: no per-worker metrics
+  const SpanClient* spans = nullptr;            // null: no span peers (the dashboard's plan card)
 };
 
 class HttpServer {

@@ -384,6 +384,20 @@ if command -v chromium >/dev/null 2>&1; then
     grep -q "data-worker=\"$w\"" "$TMP/dash.html" || fail "dashboard: worker $w not on the map"
   done
   ok "dashboard: both workers in the table and on the map"
+  for w in w1 w2; do
+    grep -q "<tr class=\"planpeer\" data-name=\"$w\" data-role=\"experts\">" "$TMP/dash.html" \
+      || fail "dashboard: worker $w not in the plan card as an expert peer"
+  done
+  pred=$(sed -n 's/.*data-plan-predicted="\([0-9.]*\)".*/\1/p' "$TMP/dash.html" | head -1)
+  [ -n "$pred" ] || fail "dashboard: the plan card has no prediction"
+  curl -sS "$BASE/swarm/dashboard.json" | python3 -c '
+import json, sys
+p = json.load(sys.stdin)["plan"]
+assert "error" not in p, p
+assert p["predicted_step_ms"] > 0 and p["measured_step_ms"] > 0 and p["ratio"] > 0, p
+assert sorted(r["name"] for r in p["peers"]) == ["w1", "w2"], p
+assert p["trips_per_step"] > 0, p' || fail "dashboard.json: plan card"
+  ok "dashboard: the plan card prices the live layout ($pred ms predicted per step) beside the measured step"
   gfirst=$(sed -n 's/.*data-gen-first="\([0-9]*\)".*/\1/p' "$TMP/dash.html" | head -1)
   glast=$(sed -n 's/.*data-gen-last="\([0-9]*\)".*/\1/p' "$TMP/dash.html" | head -1)
   [ -n "$glast" ] && [ "$glast" -gt "$gfirst" ] || fail "dashboard: generated tokens did not move ($gfirst -> $glast)"
