@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <fstream>
+
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
 #include "util/run_moesh.h"
@@ -130,6 +132,49 @@ TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
   const nlohmann::json tj = json_of(small_bb);
   EXPECT_LE(tj["backbone_bytes"].get<uint64_t>(), bytes * 8 / 100);
   carry_out(model, tj, lj, n);
+}
+
+// Re-planning after a peer left and another joined: the moves name every changed role and the
+// slice to cut for it; a peer that left is "gone".
+TEST(PlanCli, ReplanningListsTheMovesFromThePreviousPlan) {
+  const std::string model = eight_block_model();
+  const uint64_t bytes = file_bytes(model);
+  auto peer = [&](const std::string& name, int pct, int rtt) {
+    return " --peer " + name + ":mem=" + std::to_string(bytes * pct / 100) + ",rtt=" + std::to_string(rtt) + "ms";
+  };
+  const std::string base = "swarm plan -m " + quoted(model) + " -c 256";
+  RunResult before = run_moesh(base + peer("big", 55, 20) + peer("s1", 30, 20) + peer("s2", 30, 30) + " --json");
+  ASSERT_EQ(before.exit_code, 0) << before.err;
+  const std::string old_path = temp_dir() + "/plan-before.json";
+  {
+    std::ofstream(old_path) << before.out;
+  }
+  RunResult same = run_moesh(base + peer("big", 55, 20) + peer("s1", 30, 20) + peer("s2", 30, 30) + " --json --from " +
+                             quoted(old_path));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_TRUE(json_of(same)["moves"].empty()) << same.out;
+  RunResult after =
+      run_moesh(base + peer("big", 55, 20) + peer("s1", 30, 20) + peer("s3", 60, 25) + " --json --from " + quoted(old_path));
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  const nlohmann::json moves = json_of(after)["moves"];
+  ASSERT_FALSE(moves.empty());
+  bool s2_gone = false, s3_new = false;
+  for (const auto& mv : moves) {
+    if (mv["peer"] == "s2") s2_gone = mv["to"] == "gone";
+    if (mv["peer"] == "s3") {
+      s3_new = std::string(mv["from"]).rfind("absent", 0) == 0;
+      EXPECT_NE(std::string(mv["slice"]).find("moesh slice -m"), std::string::npos) << mv.dump();
+    }
+  }
+  EXPECT_TRUE(s2_gone) << moves.dump();
+  EXPECT_TRUE(s3_new) << moves.dump();
+  RunResult text = run_moesh(base + peer("big", 55, 20) + peer("s3", 60, 25) + " --from " + quoted(old_path));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("moves from"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("transfer: moesh slice"), std::string::npos) << text.out;
+  RunResult missing = run_moesh(base + peer("big", 200, 20) + " --from /nonexistent/plan.json");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("cannot open"), std::string::npos) << missing.err;
 }
 
 TEST(PlanCli, TheTextPlanListsRolesComparisonsAndCommands) {

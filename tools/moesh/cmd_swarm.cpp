@@ -5,6 +5,8 @@
 #include <httplib.h>
 
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -113,6 +115,40 @@ std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::str
   return out + "  backbone: " + backbone + "\n";
 }
 
+// Re-planning: what changes from a previous plan's roles to the new plan's, per peer, and the
+// slice each new role needs (cut with `moesh slice`; it carries the model identity, which the
+// backbone checks in the peer's HELLO before using it).
+nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& new_plan, const std::string& model) {
+  std::map<std::string, std::pair<std::string, std::string>> before, after;
+  auto what = [](const nlohmann::json& r) -> std::string {
+    if (r.contains("layers")) return r["layers"];
+    if (r.contains("experts")) return r["experts"];
+    return "-";
+  };
+  if (old_plan.contains("roles") && old_plan["roles"].is_array())
+    for (const auto& r : old_plan["roles"])
+      if (r.contains("peer") && r.contains("role")) before[r["peer"]] = {r["role"], what(r)};
+  for (const auto& r : new_plan["roles"]) after[r["peer"]] = {r["role"], what(r)};
+  const std::string mf = model.empty() ? "MODEL.gguf" : model;
+  nlohmann::json moves = nlohmann::json::array();
+  for (const auto& [peer, role] : after) {
+    auto it = before.find(peer);
+    const std::pair<std::string, std::string> was =
+        it == before.end() ? std::pair<std::string, std::string>{"absent", "-"} : it->second;
+    if (was == role) continue;
+    nlohmann::json mv{{"peer", peer}, {"from", was.first + " " + was.second}, {"to", role.first + " " + role.second}};
+    if (role.first == "span")
+      mv["slice"] = fmt::format("moesh slice -m {} --layers {} -o {}-span.gguf", mf, role.second, peer);
+    else if (role.first == "experts")
+      mv["slice"] = fmt::format("moesh slice -m {} --experts '{}' -o {}-experts.gguf", mf, role.second, peer);
+    moves.push_back(mv);
+  }
+  for (const auto& [peer, role] : before)
+    if (!after.count(peer) && role.first != "idle")
+      moves.push_back({{"peer", peer}, {"from", role.first + " " + role.second}, {"to", "gone"}});
+  return moves;
+}
+
 int run_plan(const PlanCliArgs& a) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "moesh swarm plan: error: %s\n", s.to_string().c_str());
@@ -126,8 +162,18 @@ int run_plan(const PlanCliArgs& a) {
   auto experts = plan_all_experts(setup->model, setup->plan_peers, setup->opts);
   auto spans = plan_all_spans(setup->model, setup->plan_peers, setup->opts);
   const PlanModel& m = setup->model;
+  nlohmann::json moves;
+  if (!a.from.empty()) {
+    std::ifstream in(a.from);
+    if (!in.is_open()) return fail(make_error(StatusCode::kInvalidArgument, "--from {}: cannot open it", a.from));
+    auto old_plan = nlohmann::json::parse(in, nullptr, false);
+    if (old_plan.is_discarded() || !old_plan.is_object() || !old_plan.contains("roles"))
+      return fail(make_error(StatusCode::kInvalidArgument, "--from {}: not a plan (moesh swarm plan --json)", a.from));
+    moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model);
+  }
   if (a.json) {
     nlohmann::json j = plan_to_json(*setup, *plan);
+    if (!a.from.empty()) j["moves"] = moves;
     j["layout"] = a.layout;
     j["compare"] = nlohmann::json::object();
     if (experts) j["compare"]["experts"] = {{"step_ms", experts->step_s * 1e3}, {"trips", experts->trips_per_step}};
@@ -151,6 +197,16 @@ int run_plan(const PlanCliArgs& a) {
   line("experts on every peer", experts);
   line(fmt::format("{} equal spans", setup->peers.size()).c_str(), spans);
   std::printf("commands:\n%s", plan_commands(*setup, *plan, a.model).c_str());
+  if (!a.from.empty()) {
+    std::printf("moves from %s:%s\n", a.from.c_str(), moves.empty() ? " none" : "");
+    for (const auto& mv : moves) {
+      std::printf("  %s: %s -> %s\n", std::string(mv["peer"]).c_str(), std::string(mv["from"]).c_str(),
+                  std::string(mv["to"]).c_str());
+      if (mv.contains("slice"))
+        std::printf("    transfer: %s (it carries the model identity the backbone checks at the handshake)\n",
+                    std::string(mv["slice"]).c_str());
+    }
+  }
   return 0;
 }
 

@@ -37,6 +37,7 @@ struct PlanCliArgs {
   int streams = 1, draft = 0;
   double accept = 0;
   std::string layout = "plan";
+  std::string from;  // a previous plan's JSON: print the moves to the new one
   bool json = false;
   uint64_t seed = 1;
 };
@@ -64,6 +65,9 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
                   "plan (the planner's choice) | experts (every peer an equal share of "
                   "every layer) | spans (equal spans, Petals-style)");
   sub->add_flag("--json", a->json, "Print JSON");
+  if (!simulate)
+    sub->add_option("--from", a->from,
+                    "A previous plan (--json output): list what moves (roles, slices to transfer) to reach the new one");
   if (simulate) {
     sub->add_option("--peers", a->n_peers, "Generate N more peers (with --peer-memory, --rtt-median, --rtt-sigma)");
     sub->add_option("--peer-memory", a->peer_memory, "Memory of each generated peer");
