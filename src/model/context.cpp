@@ -25,9 +25,25 @@ namespace {
 struct SlotRange {
   int64_t kv_base = 0, kv_count = 0, rec_base = 0, rec_count = 0;
 };
-SlotRange slots_of(const HParams& hp, LayerSpan sp) {
+// Blocks a span runs elsewhere: their state is not kept here (ContextParams::spans, with every
+// block otherwise; slot_map_). Overlapping or out-of-range spans are reported by the constructor.
+std::vector<bool> span_blocks(const HParams& hp, const ContextParams& p) {
+  std::vector<bool> out(static_cast<size_t>(hp.n_layer), false);
+  if (!p.spans || p.layers.last >= 0) return out;
+  for (const LayerSpan& sp : p.spans->spans())
+    for (int64_t il = std::max<int64_t>(sp.first, 0); il <= sp.last && il < hp.n_layer; ++il)
+      out[static_cast<size_t>(il)] = true;
+  return out;
+}
+
+SlotRange slots_of(const HParams& hp, const ContextParams& p) {
+  const LayerSpan sp = p.layers;
   if (sp.last < 0 || sp.first < 0 || sp.last < sp.first || sp.last >= hp.n_layer) {
-    return {0, hp.n_kv_layer, 0, hp.n_rec_layer};
+    const std::vector<bool> away = span_blocks(hp, p);
+    SlotRange r{0, 0, 0, 0};
+    for (int64_t il = 0; il < hp.n_layer; ++il)
+      if (!away[static_cast<size_t>(il)]) ++(hp.is_recurrent(il) ? r.rec_count : r.kv_count);
+    return r;
   }
   SlotRange r{-1, 0, -1, 0};
   for (int il = sp.first; il <= sp.last; ++il) {
@@ -50,10 +66,10 @@ SlotRange slots_of(const HParams& hp, LayerSpan sp) {
 Context::Context(const Model& model, const ContextParams& params)
     : model_(model),
       pool_(std::make_unique<ThreadPool>(params.n_threads)),
-      kv_(slots_of(model.hparams(), params.layers).kv_count, model.hparams().kv_k_width, model.hparams().kv_v_width,
+      kv_(slots_of(model.hparams(), params).kv_count, model.hparams().kv_k_width, model.hparams().kv_v_width,
           params.n_ctx > 0 ? params.n_ctx : model.hparams().n_ctx_train),
-      rec_(slots_of(model.hparams(), params.layers).rec_count > 0
-               ? std::make_unique<RecurrentState>(slots_of(model.hparams(), params.layers).rec_count,
+      rec_(slots_of(model.hparams(), params).rec_count > 0
+               ? std::make_unique<RecurrentState>(slots_of(model.hparams(), params).rec_count,
                                                   model.hparams().rec_width, params.checkpoints)
                : nullptr),
       state_(&kv_, rec_.get()),
@@ -64,7 +80,16 @@ Context::Context(const Model& model, const ContextParams& params)
     executor_ = std::make_shared<LocalExecutor>(model.expert_weights(), pool_.get());
   else
     executor_->set_pool(pool_.get());
-  const SlotRange slots = slots_of(model.hparams(), params.layers);
+  const SlotRange slots = slots_of(model.hparams(), params);
+  if (const std::vector<bool> away = span_blocks(model.hparams(), params);
+      std::find(away.begin(), away.end(), true) != away.end()) {
+    // Compact state layers for the blocks that run here, in block order.
+    const HParams& hp = model.hparams();
+    slot_map_.assign(static_cast<size_t>(hp.n_layer), -1);
+    int32_t n_kv = 0, n_rec = 0;
+    for (int64_t il = 0; il < hp.n_layer; ++il)
+      if (!away[static_cast<size_t>(il)]) slot_map_[static_cast<size_t>(il)] = hp.is_recurrent(il) ? n_rec++ : n_kv++;
+  }
   if (!model.holds_all_blocks() && (params.layers.last < 0 || params.layers.first < model.blocks().first ||
                                     params.layers.last > model.blocks().last)) {
     span_status_ = make_error(StatusCode::kInvalidArgument,
@@ -219,7 +244,8 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
       pcell = pt.cell.data();
     }
     pt.f.emplace(detail::Fwd{model_, hp, pool_.get(), kv_, rec_.get(), ps, *executor_, observer_,
-                             detail::Batch{n, pseq, ppos, pcell}});
+                             detail::Batch{n, pseq, ppos, pcell}, 0, 0,
+                             slot_map_.empty() ? nullptr : slot_map_.data()});
     const size_t n_act = static_cast<size_t>(n * D);
     pt.h = detail::grow(ps.h, n_act);
     pt.xn = detail::grow(ps.xn, n_act);
@@ -398,7 +424,7 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
   detail::Fwd f{model_,     hp,         pool_.get(),
                 kv_,        rec_.get(), s,
                 *executor_, observer_,  detail::Batch{T, s.seq.data(), s.pos.data(), s.cell.data()},
-                kv_base_,   rec_base_};
+                kv_base_,   rec_base_,  slot_map_.empty() ? nullptr : slot_map_.data()};
   const size_t n_act = static_cast<size_t>(T * D);
   detail::BlockBufs b{detail::grow(s.h, n_act), detail::grow(s.xn, n_act), detail::grow(s.attn_out, n_act),
                       detail::grow(s.ffn_out, n_act)};

@@ -66,10 +66,14 @@ struct Fwd {
   // A context that holds only some blocks' state (ContextParams::layers) keeps KV layers from
   // kv_base and recurrent layers from rec_base.
   int64_t kv_base = 0, rec_base = 0;
+  // A backbone whose spans run some blocks elsewhere keeps state for the other blocks only: per
+  // block, its layer in the KV cache or recurrent state (-1: a span's). Null: the rule above.
+  const int32_t* slot_map = nullptr;
 };
 
 // Block il's layer in the KV cache (attention blocks) or in the recurrent state.
 inline int64_t state_layer(const Fwd& f, int il) {
+  if (f.slot_map != nullptr) return f.slot_map[il];
   return f.hp.state_slot[static_cast<size_t>(il)] - (f.hp.is_recurrent(il) ? f.rec_base : f.kv_base);
 }
 

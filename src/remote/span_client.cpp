@@ -72,7 +72,9 @@ struct SpanClient::Runner {
   std::unique_ptr<swarm::SpanHost> local;
   std::map<int32_t, int64_t> has;
   std::string label;
-  SpanPeerView view;  // what peers_view() reports: written under view_mu_ only
+  SpanPeerView view;   // what peers_view() reports: written under view_mu_ only
+  size_t current = 0;  // index into target.peers of the peer in use; peers.size(): here
+  std::chrono::steady_clock::time_point last_retry{};
 };
 
 SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
@@ -140,6 +142,8 @@ Status SpanClient::fail_over(int k, const Status& why) {
     if (st.is_ok()) {
       r.link = std::move(*link);
       r.label = r.link->label;
+      r.current = r.next_peer - 1;
+      r.last_retry = std::chrono::steady_clock::now();
       {
         std::lock_guard<std::mutex> vl(view_mu_);
         r.view = SpanPeerView{
@@ -162,12 +166,42 @@ Status SpanClient::fail_over(int k, const Status& why) {
   }
   if (!errors.empty()) spdlog::warn("span {}-{}: runs here (peers: {})", sp.first, sp.last, errors.substr(2));
   r.label = "here";
+  r.current = r.target.peers.size();
+  r.last_retry = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> vl(view_mu_);
     r.view = SpanPeerView{r.target.span, r.label, true, 0.0, 0, 0.0, 0.0};
   }
   if (!why.is_ok()) ++stats_.failovers;
   return Status::ok();
+}
+
+void SpanClient::retry_preferred(int k) {
+  Runner& r = *runners_[static_cast<size_t>(k)];
+  if (r.current == 0 || opts_.retry_preferred.count() < 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - r.last_retry < opts_.retry_preferred) return;
+  r.last_retry = now;
+  auto hello = span_hello(model_, opts_.name);
+  if (!hello) return;
+  const LayerSpan sp = r.target.span;
+  for (size_t i = 0; i < std::min(r.current, r.target.peers.size()); ++i) {
+    auto link = connect_worker(r.target.peers[i], *hello, opts_.link);
+    if (!link || ((*link)->session.features & wire::kFeatureSpan) == 0) continue;
+    spdlog::info("span {}-{}: back on {} (was {})", sp.first, sp.last, (*link)->label, r.label);
+    if (r.link) r.link->shut_down();
+    r.link = std::move(*link);
+    r.local.reset();
+    r.has.clear();  // it holds nothing of ours until it says so: the need/replay path restores it
+    r.label = r.link->label;
+    r.current = i;
+    r.next_peer = i + 1;
+    ++stats_.restored;
+    std::lock_guard<std::mutex> vl(view_mu_);
+    r.view = SpanPeerView{sp, r.label, false, std::chrono::duration<double, std::milli>(r.link->warmup_rtt).count(),
+                          0,  0.0,     0.0};
+    return;
+  }
 }
 
 // One round trip of span k (or one local step).
@@ -260,6 +294,7 @@ Status SpanClient::run(int k, const SpanBatch& b, float* h) {
     wire::decode_rows(*enc, grouped.data());
   }
 
+  retry_preferred(k);
   Runner* r = runners_[ks].get();
   int resends = 0;
   for (;;) {

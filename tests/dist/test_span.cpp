@@ -31,7 +31,9 @@ std::string six_block_model() {
 
 Result<std::unique_ptr<WorkerProcess>> spawn_span(const std::string& model, const std::string& layers,
                                                   std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {"span", "-m", model, "--layers", layers, "--listen", "127.0.0.1:0", "-t", "1"};
+  std::vector<std::string> args = {"span", "-m", model, "--layers", layers, "-t", "1"};
+  if (std::find(extra.begin(), extra.end(), "--listen") == extra.end())
+    extra.insert(extra.end(), {"--listen", "127.0.0.1:0"});
   args.insert(args.end(), extra.begin(), extra.end());
   return WorkerProcess::spawn_command(std::move(args), "span " + layers);
 }
@@ -99,6 +101,9 @@ TEST(Span, TwoSpanPeersGiveTheLocalBitsWithOneTripPerSpanAndStep) {
   ASSERT_EQ(spans->spans().size(), 2u);
   EXPECT_EQ(spans->spans()[0], (LayerSpan{1, 2}));  // sorted by first block
   Context ctx = make_ctx(m, spans);
+  // Only the blocks that run here (0, 3, 5) keep KV cells on the backbone.
+  EXPECT_EQ(ctx.kv().n_layer(), 3);
+  EXPECT_EQ(local.kv().n_layer(), 6);
   EXPECT_TRUE(same_bits(greedy_rows(ctx, prompt, 6), want));
   // 7 forward passes (the prompt, then 6 tokens) x 2 spans: one trip each, nothing replayed.
   const SpanStats s = spans->stats();
@@ -331,6 +336,55 @@ TEST(Span, KilledPeersAreReplacedAndTheirInputsReplayed) {
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
   EXPECT_NE(st.message().find("span 2-4"), std::string::npos) << st.to_string();
   EXPECT_EQ(sctx.state().seq_len(0), 6);
+}
+
+// A failed primary that comes back (restarted on its address) gets the span back at the next
+// retry: its inputs are replayed from the log and the bits stay those of all-local.
+TEST(Span, AFailedPrimaryGetsTheSpanBackWhenItReturns) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  const int64_t V = m.hparams().n_vocab;
+  auto a = spawn_span(path, "1-3");
+  ASSERT_TRUE(a.is_ok());
+  const std::string addr = (*a)->address().to_string();
+  SpanOptions o;
+  o.local_threads = 1;
+  o.timeout = std::chrono::milliseconds(20000);
+  o.retry_preferred = std::chrono::milliseconds(0);  // before every step
+  auto c = SpanClient::connect(m, {target(1, 3, {a->get()})}, o);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  std::shared_ptr<SpanClient> spans = *c;
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  const std::vector<int32_t> prompt = {4, 9, 27, 81, 5};
+  std::vector<float> x(prompt.size() * V), y(prompt.size() * V);
+  ASSERT_TRUE(ctx.decode(0, prompt.data(), 5, x.data()).is_ok());
+  ASSERT_TRUE(local.decode(0, prompt.data(), 5, y.data()).is_ok());
+  std::unique_ptr<WorkerProcess> back;
+  int32_t t = 2;
+  for (int i = 0; i < 10; ++i) {
+    if (i == 2) (*a)->kill_now();  // tokens 2..5 run here (the primary refuses connections)
+    if (i == 6) {                  // the primary is back on its address
+      auto b = spawn_span(path, "1-3", {"--listen", addr});
+      ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+      back = std::move(*b);
+    }
+    std::vector<float> p(V), q(V);
+    Status st = ctx.decode(0, &t, 1, p.data());
+    ASSERT_TRUE(st.is_ok()) << "token " << i << ": " << st.to_string();
+    ASSERT_TRUE(local.decode(0, &t, 1, q.data()).is_ok());
+    ASSERT_TRUE(same_bits(p, q)) << "token " << i;
+    t = static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin());
+  }
+  const SpanStats s = spans->stats();
+  EXPECT_EQ(s.failovers, 1u);
+  EXPECT_EQ(s.restored, 1u);
+  EXPECT_EQ(s.local_steps, 4u);
+  // Here: the 5 + 2 cells before the failure; back on the primary: all 5 + 6 of them.
+  EXPECT_EQ(s.replayed_rows, 7u + 11u);
+  EXPECT_NE(spans->where(0).find(addr), std::string::npos) << spans->where(0);
 }
 
 // The CLI: `moesh run --span` prints the all-local tokens and reports one trip per span and

@@ -346,6 +346,8 @@ int run_bench(const BenchArgs& a) {
                 passes ? double(emitted) / double(passes) : 0.0, static_cast<long long>(accepted),
                 static_cast<long long>(drafted));
   }
+  // Span peers: trips, replays and failovers over every run above (warm-ups included).
+  if (spans) print_span_stats(*spans, stdout);
   return 0;
 }
 

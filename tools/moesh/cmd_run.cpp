@@ -232,6 +232,7 @@ int run_run(const RunArgs& a) {
                     {"resends", s.resends},
                     {"replayed_rows", s.replayed_rows},
                     {"failovers", s.failovers},
+                    {"restored", s.restored},
                     {"local_steps", s.local_steps},
                     {"bytes_sent", s.bytes_sent},
                     {"bytes_received", s.bytes_received},

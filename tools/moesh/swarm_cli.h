@@ -38,6 +38,7 @@ struct SwarmArgs {
   std::string span_wire = "f32";      // --span-wire
   int span_timeout_ms = 60000;        // --span-timeout-ms
   bool no_span_fallback = false;      // --no-span-fallback
+  int span_retry_ms = 10000;          // --span-retry-ms
 
   bool enabled() const { return !workers.empty() || !workers_file.empty() || !accept_workers.empty(); }
 };
@@ -143,6 +144,10 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
       ->capture_default_str();
   sub->add_flag("--no-span-fallback", a->no_span_fallback,
                 "Fail when every peer of a span fails, instead of running its blocks here");
+  sub->add_option("--span-retry-ms", a->span_retry_ms,
+                  "After a span moved off a failed peer, dial the peers named before its current one again at "
+                  "most this often and go back to the first that answers (-1: never)")
+      ->capture_default_str();
 }
 
 inline MicroBatching micro_batching_of(const SwarmArgs& a) {
@@ -274,6 +279,7 @@ inline bool open_spans_or_report(const Model& model, const SwarmArgs& a, const c
   so.hidden_wire = so.return_wire = *wd;
   so.timeout = std::chrono::milliseconds(a.span_timeout_ms);
   so.local_fallback = !a.no_span_fallback;
+  so.retry_preferred = std::chrono::milliseconds(a.span_retry_ms);
   so.local_threads = n_threads;
   auto c = SpanClient::connect(model, std::move(targets), so);
   if (!c) return fail(c.status());
@@ -285,12 +291,13 @@ inline bool open_spans_or_report(const Model& model, const SwarmArgs& a, const c
 inline void print_span_stats(const SpanClient& c, std::FILE* f) {
   const SpanStats s = c.stats();
   std::fprintf(f,
-               "spans: %llu span steps in %llu trips (%llu resends, %llu rows replayed), %llu failovers, %llu run "
-               "here; %.1f KiB sent, %.1f KiB received; input log %.1f KiB\n",
+               "spans: %llu span steps in %llu trips (%llu resends, %llu rows replayed), %llu failovers, %llu back on "
+               "a preferred peer, %llu run here; %.1f KiB sent, %.1f KiB received; input log %.1f KiB\n",
                static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.trips),
                static_cast<unsigned long long>(s.resends), static_cast<unsigned long long>(s.replayed_rows),
-               static_cast<unsigned long long>(s.failovers), static_cast<unsigned long long>(s.local_steps),
-               s.bytes_sent / 1024.0, s.bytes_received / 1024.0, c.log_bytes() / 1024.0);
+               static_cast<unsigned long long>(s.failovers), static_cast<unsigned long long>(s.restored),
+               static_cast<unsigned long long>(s.local_steps), s.bytes_sent / 1024.0, s.bytes_received / 1024.0,
+               c.log_bytes() / 1024.0);
   for (size_t k = 0; k < c.spans().size(); ++k) std::fprintf(f, "  span %s\n", c.where(static_cast<int>(k)).c_str());
 }
 

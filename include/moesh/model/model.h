@@ -383,6 +383,7 @@ class Context {
   Status span_status_ = Status::ok();   // why the spans cannot be used (checked at decode)
   LayerSpan layers_{0, -1};             // ContextParams::layers, resolved
   int64_t kv_base_ = 0, rec_base_ = 0;  // the state slots of the first block of layers_
+  std::vector<int32_t> slot_map_;       // with spans: per block, its state layer here (-1: a span's)
 };
 
 }  // namespace moesh

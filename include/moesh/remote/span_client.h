@@ -55,6 +55,10 @@ struct SpanOptions {
   // the step fails naming the span.
   bool local_fallback = true;
   int local_threads = 0;  // the local fallback's compute threads (<= 0: all cores)
+  // After a span moved off a peer (failure), the peers named before its current one (the
+  // failed primary first) are dialled again before a step at most this often, and the span goes
+  // back to the first that answers (its inputs replayed as after any move). < 0: never.
+  std::chrono::milliseconds retry_preferred{10000};
 };
 
 struct SpanStats {
@@ -65,6 +69,7 @@ struct SpanStats {
   uint64_t failovers = 0;      // switches to the next peer of a span (or to this process)
   uint64_t local_steps = 0;    // span steps run here
   uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t restored = 0;  // moves back to a preferred peer (retry_preferred)
 };
 
 // What the backbone sees of one span now (the dashboard's plan card).
@@ -113,6 +118,7 @@ class SpanClient final : public SpanRunner {
   SpanClient(const Model& model, const SpanOptions& opts);
   Status trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* out);
   Status fail_over(int k, const Status& why);
+  void retry_preferred(int k);
 
   const Model& model_;
   SpanOptions opts_;
