@@ -146,15 +146,13 @@ TEST(PlanCli, ReplanningListsTheMovesFromThePreviousPlan) {
   RunResult before = run_moesh(base + peer("big", 55, 20) + peer("s1", 30, 20) + peer("s2", 30, 30) + " --json");
   ASSERT_EQ(before.exit_code, 0) << before.err;
   const std::string old_path = temp_dir() + "/plan-before.json";
-  {
-    std::ofstream(old_path) << before.out;
-  }
+  { std::ofstream(old_path) << before.out; }
   RunResult same = run_moesh(base + peer("big", 55, 20) + peer("s1", 30, 20) + peer("s2", 30, 30) + " --json --from " +
                              quoted(old_path));
   ASSERT_EQ(same.exit_code, 0) << same.err;
   EXPECT_TRUE(json_of(same)["moves"].empty()) << same.out;
-  RunResult after =
-      run_moesh(base + peer("big", 55, 20) + peer("s1", 30, 20) + peer("s3", 60, 25) + " --json --from " + quoted(old_path));
+  RunResult after = run_moesh(base + peer("big", 55, 20) + peer("s1", 30, 20) + peer("s3", 60, 25) + " --json --from " +
+                              quoted(old_path));
   ASSERT_EQ(after.exit_code, 0) << after.err;
   const nlohmann::json moves = json_of(after)["moves"];
   ASSERT_FALSE(moves.empty());

@@ -67,6 +67,18 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// One greedy token through `ctx` (spans) and `local`: the logits bits must be equal; *t becomes
+// the next token.
+void step_both(Context& ctx, Context& local, int32_t* t, int i) {
+  const int64_t V = ctx.model().hparams().n_vocab;
+  std::vector<float> p(V), q(V);
+  Status st = ctx.decode(0, t, 1, p.data());
+  ASSERT_TRUE(st.is_ok()) << "token " << i << ": " << st.to_string();
+  ASSERT_TRUE(local.decode(0, t, 1, q.data()).is_ok());
+  ASSERT_TRUE(same_bits(p, q)) << "token " << i;
+  *t = static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin());
+}
+
 // A prompt as one batch, then `n_dec` greedy tokens one at a time; every logits row kept.
 std::vector<float> greedy_rows(Context& ctx, const std::vector<int32_t>& prompt, int n_dec, int32_t seq = 0) {
   const int64_t V = ctx.model().hparams().n_vocab;
@@ -310,12 +322,7 @@ TEST(Span, KilledPeersAreReplacedAndTheirInputsReplayed) {
   for (int i = 0; i < 12; ++i) {
     if (i == 3) (*a)->kill_now();   // the first peer dies
     if (i == 8) (*a2)->kill_now();  // and its replacement
-    std::vector<float> p(V), q(V);
-    Status st = ctx.decode(0, &t, 1, p.data());
-    ASSERT_TRUE(st.is_ok()) << "token " << i << ": " << st.to_string();
-    ASSERT_TRUE(local.decode(0, &t, 1, q.data()).is_ok());
-    ASSERT_TRUE(same_bits(p, q)) << "token " << i;
-    t = static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin());
+    ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
   }
   const SpanStats s = spans->stats();
   EXPECT_EQ(s.failovers, 2u);
@@ -371,12 +378,7 @@ TEST(Span, AFailedPrimaryGetsTheSpanBackWhenItReturns) {
       ASSERT_TRUE(b.is_ok()) << b.status().to_string();
       back = std::move(*b);
     }
-    std::vector<float> p(V), q(V);
-    Status st = ctx.decode(0, &t, 1, p.data());
-    ASSERT_TRUE(st.is_ok()) << "token " << i << ": " << st.to_string();
-    ASSERT_TRUE(local.decode(0, &t, 1, q.data()).is_ok());
-    ASSERT_TRUE(same_bits(p, q)) << "token " << i;
-    t = static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin());
+    ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
   }
   const SpanStats s = spans->stats();
   EXPECT_EQ(s.failovers, 1u);

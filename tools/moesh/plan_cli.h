@@ -66,8 +66,9 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
                   "every layer) | spans (equal spans, Petals-style)");
   sub->add_flag("--json", a->json, "Print JSON");
   if (!simulate)
-    sub->add_option("--from", a->from,
-                    "A previous plan (--json output): list what moves (roles, slices to transfer) to reach the new one");
+    sub->add_option(
+        "--from", a->from,
+        "A previous plan (--json output): list what moves (roles, slices to transfer) to reach the new one");
   if (simulate) {
     sub->add_option("--peers", a->n_peers, "Generate N more peers (with --peer-memory, --rtt-median, --rtt-sigma)");
     sub->add_option("--peer-memory", a->peer_memory, "Memory of each generated peer");
