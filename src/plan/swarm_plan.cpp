@@ -540,10 +540,10 @@ Result<SwarmPlan> plan_swarm(const PlanModel& m, const std::vector<PlanPeer>& pe
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
       return peers[static_cast<size_t>(a)].memory_bytes > peers[static_cast<size_t>(b)].memory_bytes;
     });
-    // More spans than layers cannot help; k in steps (0-8, then every 4, then every 8) keeps
+    // More spans than layers cannot help; k in steps (0-8, then every 4, then every 8, and k_max) keeps
     // the DPs few on hundreds of peers.
     const int k_max = std::min(P, m.n_layer());
-    for (int k = 0; k <= k_max; k += k < 8 ? 1 : k < 32 ? 4 : 8) {
+    for (int k = 0; k <= k_max; k = k == k_max ? k + 1 : std::min(k_max, k + (k < 8 ? 1 : k < 32 ? 4 : 8))) {
       if (k > 0 && !o.spans) break;
       std::vector<int> S(order.begin(), order.begin() + k), E;
       if (o.experts) E.assign(order.begin() + k, order.end());

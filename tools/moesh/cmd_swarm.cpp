@@ -195,7 +195,7 @@ int run_plan(const PlanCliArgs& a) {
   };
   std::printf("compared with:\n");
   line("experts on every peer", experts);
-  line(fmt::format("{} equal spans", setup->peers.size()).c_str(), spans);
+  line("equal spans (Petals-style)", spans);
   std::printf("commands:\n%s", plan_commands(*setup, *plan, a.model).c_str());
   if (!a.from.empty()) {
     std::printf("moves from %s:%s\n", a.from.c_str(), moves.empty() ? " none" : "");
