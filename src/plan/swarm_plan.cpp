@@ -195,12 +195,6 @@ Fill make_fill(const PlanModel& m, const std::vector<PlanPeer>& peers, const Pla
   return f;
 }
 
-// The plan's layer costs and totals from explicit holders (evaluate_plan's core).
-struct Costing {
-  double step_s = 0, trips = 0;
-  std::vector<double> layer_s;
-};
-
 std::string fmt_bytes(uint64_t b) {
   if (b >= (1ull << 30)) return fmt::format("{:.1f} GiB", b / double(1ull << 30));
   return fmt::format("{:.1f} MiB", b / double(1ull << 20));
@@ -221,11 +215,11 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
   const int L = m.n_layer(), T = tokens(o);
   const Fill fill = make_fill(m, peers, o, E);
   const int64_t max_kb = std::min<int64_t>(fill.layers(m.n_expert), L);
-  int n_moe = 0, n_dense = 0;
+  int n_dense = 0;
   uint64_t moe_bb = 0, dense_bb = 0;  // backbone bytes per layer of each kind (largest)
   for (int l = 0; l < L; ++l) {
     const PlanLayer& Ly = m.layers[static_cast<size_t>(l)];
-    (Ly.moe ? n_moe : n_dense)++;
+    if (!Ly.moe) ++n_dense;
     (Ly.moe ? moe_bb : dense_bb) = std::max(Ly.moe ? moe_bb : dense_bb, Ly.dense_bytes + Ly.state_bytes);
   }
   const int KB = static_cast<int>(max_kb) + 1, ND = n_dense + 1;
@@ -317,7 +311,6 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
     best.spans.push_back({S[static_cast<size_t>(par[at].span_peer)], {first, last}});
   }
   best.expert_peers = E;
-  (void)n_moe;
   return best;
 }
 
