@@ -57,8 +57,10 @@ double miss_chance(const PlanModel& m, int n_in_set, double product) {
   return r;
 }
 
+// `shares` (optional): this layer's activation shares in the segments' expert order, when the
+// segments index a permutation of the layer's experts; else the model's own.
 LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const std::vector<Holder>& holders,
-                     const std::vector<Seg>& segs) {
+                     const std::vector<Seg>& segs, const std::vector<double>* shares = nullptr) {
   const int T = tokens(o);
   const PlanLayer& L = m.layers[static_cast<size_t>(layer)];
   struct C {
@@ -70,7 +72,7 @@ LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const 
   for (const Seg& s : segs) {
     double product = 1.0, share = 0.0;
     for (int e = s.first; e <= s.last; ++e) {
-      const double p = m.p_at(layer, e);
+      const double p = shares != nullptr ? (*shares)[static_cast<size_t>(e)] : m.p_at(layer, e);
       product *= 1.0 - p;
       share += p;
     }
@@ -471,7 +473,6 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
         // Several segments of one holder in a layer are one message: merge them for the trip.
         std::map<int, std::vector<Seg>> by_holder;
         for (const Seg& s : segs) by_holder[s.holder].push_back(s);
-        PlanModel sub;
         bool contiguous = true;
         for (auto& [hid, v] : by_holder) contiguous = contiguous && v.size() == 1;
         LayerTrip t;
@@ -481,18 +482,13 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
           // Permute this layer's experts so each holder's are contiguous (shares are what count).
           std::vector<double> perm;
           std::vector<Seg> ps;
-          sub = m;
           for (auto& [hid, v] : by_holder) {
             const int start = static_cast<int>(perm.size());
             for (const Seg& s : v)
               for (int e = s.first; e <= s.last; ++e) perm.push_back(m.p_at(l, e));
             ps.push_back({hid, start, static_cast<int>(perm.size()) - 1});
           }
-          if (!m.p.empty()) {  // uniform shares: only the counts matter
-            sub.p.assign(static_cast<size_t>(L), std::vector<double>(static_cast<size_t>(m.n_expert), 0.0));
-            sub.p[static_cast<size_t>(l)] = perm;
-          }
-          t = layer_trip(sub, o, l, holders, ps);
+          t = layer_trip(m, o, l, holders, ps, &perm);
         }
         c += t.expected_s;
         plan->trips_per_step += t.p_trip;
