@@ -718,7 +718,33 @@ Result<PlanModel> plan_model_from_gguf(const gguf::File& f, int n_ctx, double se
   for (PlanLayer& L : m.layers) L.moe = false;
   std::vector<uint64_t> exp_bytes(static_cast<size_t>(*n_layer), 0);
   uint64_t head_bytes = 0;
-  for (const gguf::TensorInfo& t : f.tensors()) {
+  // A backbone slice (`moesh slice --backbone`) leaves the routed experts out but records each
+  // one's layout as "moesh.slice.layout.<tensor>" = [type, ne0, ne1, experts] (swarm.h,
+  // kKeyLayoutPrefix): priced as if present, so a gateway started from its slice plans the same
+  // swarm as one started from the full file.
+  std::vector<gguf::TensorInfo> tensors = f.tensors();
+  constexpr std::string_view kLayoutPrefix = "moesh.slice.layout.";
+  for (const auto& [key, value] : f.kvs()) {
+    if (!key.starts_with(kLayoutPrefix)) continue;
+    const std::string name = key.substr(kLayoutPrefix.size());
+    if (f.find_tensor(name) != nullptr || name.find("_exps") == std::string::npos) continue;
+    auto v = f.get<std::vector<uint64_t>>(key);
+    if (!v || v->size() != 4 || !type_is_known(static_cast<uint32_t>((*v)[0])) || (*v)[1] == 0 || (*v)[2] == 0 ||
+        (*v)[3] == 0 || (*v)[3] > 65536 || (*v)[1] > UINT32_MAX || (*v)[2] > UINT32_MAX ||
+        (*v)[1] % static_cast<uint64_t>(type_block_size(static_cast<GgmlType>((*v)[0]))) != 0) {
+      return make_error(StatusCode::kCorrupt, "plan: {} is not [type, ne0, ne1, experts] of a valid tensor", key);
+    }
+    gguf::TensorInfo t;
+    t.name = name;
+    t.type = static_cast<GgmlType>((*v)[0]);
+    t.n_dims = 3;
+    t.ne[0] = static_cast<int64_t>((*v)[1]);
+    t.ne[1] = static_cast<int64_t>((*v)[2]);
+    t.ne[2] = static_cast<int64_t>((*v)[3]);
+    t.n_bytes = type_row_bytes(t.type, t.ne[0]) * static_cast<uint64_t>(t.ne[1]) * static_cast<uint64_t>(t.ne[2]);
+    tensors.push_back(std::move(t));
+  }
+  for (const gguf::TensorInfo& t : tensors) {
     int layer = -1;
     if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) != 1 || layer < 0 || layer >= *n_layer) {
       m.global_bytes += t.n_bytes;

@@ -188,6 +188,34 @@ TEST(PlanCli, TheTextPlanListsRolesComparisonsAndCommands) {
   EXPECT_NE(r.out.find("backbone: moesh run -m"), std::string::npos) << r.out;
 }
 
+// A gateway started from its backbone slice (no routed experts, only their layouts) plans the
+// same swarm as one started from the full file: same roles, bytes and predicted step.
+TEST(PlanCli, ABackboneSlicePlansLikeTheFullFile) {
+  const std::string model = eight_block_model();
+  const std::string slice = ::testing::TempDir() + "plan-backbone.gguf";
+  RunResult cut = run_moesh("slice -m " + quoted(model) + " --backbone --out " + quoted(slice));
+  ASSERT_EQ(cut.exit_code, 0) << cut.err;
+  ASSERT_LT(file_bytes(slice), file_bytes(model) / 2);  // the experts really are left out
+  const std::string peers = " --peer a:mem=30MiB,rtt=20ms --peer b:mem=30MiB,rtt=30ms --peer c:mem=2MiB,rtt=5ms";
+  const std::string mem = " --backbone-mem 16MiB";
+  nlohmann::json full = json_of(run_moesh("swarm plan -m " + quoted(model) + peers + mem + " --json"));
+  nlohmann::json part = json_of(run_moesh("swarm plan -m " + quoted(slice) + peers + mem + " --json"));
+  ASSERT_TRUE(full.contains("roles") && part.contains("roles")) << full.dump() << part.dump();
+  EXPECT_EQ(part["roles"], full["roles"]);
+  EXPECT_EQ(part["backbone_bytes"], full["backbone_bytes"]);
+  EXPECT_EQ(part["predicted_step_ms"], full["predicted_step_ms"]);
+  EXPECT_EQ(part["trips_per_step"], full["trips_per_step"]);
+  // Its commands start the peers from the full file (the slice has no experts to serve) and the
+  // backbone from the slice.
+  RunResult text = run_moesh("swarm plan -m " + quoted(slice) + peers + mem);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find(" -m FULL_MODEL.gguf --"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("backbone: moesh run -m " + slice), std::string::npos) << text.out;
+  RunResult cal = run_moesh("swarm plan -m " + quoted(slice) + " --calibrate" + peers);
+  EXPECT_EQ(cal.exit_code, 2);
+  EXPECT_NE(cal.err.find("backbone slice"), std::string::npos) << cal.err;
+}
+
 TEST(PlanCli, BadInputsGetClearErrors) {
   const std::string model = eight_block_model();
   const std::string m = "swarm plan -m " + quoted(model);

@@ -13,6 +13,7 @@
 
 #include "command.h"
 #include "moesh/serve/ledger.h"
+#include "moesh/swarm/swarm.h"
 #include "plan_cli.h"
 
 namespace moesh::cli {
@@ -92,10 +93,20 @@ int run_status(const SwarmArgs& a) {
   return 0;
 }
 
+// The file the peers' commands start from: the model given, except that a backbone slice
+// (`moesh slice --backbone`: no routed experts) cannot feed a span peer or an expert worker, so
+// they are told to use the full file it was cut from.
+std::string peer_model_file(const std::string& model) {
+  if (model.empty()) return "MODEL.gguf";
+  auto f = gguf::File::open(model);
+  if (f && swarm::slice_kind(**f) == swarm::kKindBackbone) return "FULL_MODEL.gguf";
+  return model;
+}
+
 // The commands that start the peers and the backbone for a plan.
 std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::string& model) {
-  const std::string mf = model.empty() ? "MODEL.gguf" : model;
-  std::string out, backbone = "moesh run -m " + mf;
+  const std::string mf = peer_model_file(model);
+  std::string out, backbone = "moesh run -m " + (model.empty() ? std::string("MODEL.gguf") : model);
   for (size_t i = 0; i < s.peers.size(); ++i) {
     const PeerRole& r = p.roles[i];
     const std::string addr = s.peers[i].addr.empty() ? "HOST:PORT" : s.peers[i].addr;
@@ -129,7 +140,7 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
     for (const auto& r : old_plan["roles"])
       if (r.contains("peer") && r.contains("role")) before[r["peer"]] = {r["role"], what(r)};
   for (const auto& r : new_plan["roles"]) after[r["peer"]] = {r["role"], what(r)};
-  const std::string mf = model.empty() ? "MODEL.gguf" : model;
+  const std::string mf = peer_model_file(model);
   nlohmann::json moves = nlohmann::json::array();
   for (const auto& [peer, role] : after) {
     auto it = before.find(peer);

@@ -16,6 +16,7 @@
 #include "moesh/model/model.h"
 #include "moesh/plan/simulate.h"
 #include "moesh/plan/swarm_plan.h"
+#include "moesh/swarm/swarm.h"
 #include "moesh/wan/spec.h"
 
 namespace moesh::cli {
@@ -211,6 +212,12 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
     if (!m) return m.status();
     s.model = std::move(*m);
     if (a.calibrate) {
+      if (swarm::slice_kind(**f) == swarm::kKindBackbone) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "--calibrate decodes here and {} is a backbone slice (no routed experts): calibrate with "
+                          "the full file, or give --seconds-per-byte",
+                          a.model);
+      }
       auto spb = calibrate_seconds_per_byte(a.model, a.calibrate_threads, s.model);
       if (!spb) return spb.status().with_context("--calibrate");
       s.seconds_per_byte = *spb;
