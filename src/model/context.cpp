@@ -273,9 +273,17 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   if (n_parts == 1) {
     for (int il = 0; il < hp.n_layer && st.is_ok();) {
       const int k = span_at_.empty() ? -1 : span_at_[static_cast<size_t>(il)];
-      if (k >= 0) {  // blocks first..last run on a span peer: one trip for the whole span
-        st = spans_->run(k, SpanBatch{T, seq, pos, cell, wants.data()}, parts[0].h);
-        il = spans_->spans()[static_cast<size_t>(k)].last + 1;
+      if (k >= 0) {      // blocks first..last run on a span peer: one trip for the whole span
+        int k_last = k;  // a chained trip may run the spans after k too
+        st = spans_->run_from(k, SpanBatch{T, seq, pos, cell, wants.data()}, parts[0].h, &k_last);
+        const auto& sp = spans_->spans();
+        for (int j = k + 1; st.is_ok() && j <= k_last; ++j) {
+          if (static_cast<size_t>(j) >= sp.size() || sp[j].first != sp[j - 1].last + 1)
+            st = make_error(StatusCode::kInternal, "span runner ran spans {}..{}, which are not adjacent", k, k_last);
+        }
+        if (k_last < k) st = make_error(StatusCode::kInternal, "span runner ran spans {}..{}", k, k_last);
+        if (!st.is_ok()) break;
+        il = sp[static_cast<size_t>(k_last)].last + 1;
         continue;
       }
       st = pre(parts[0], il);

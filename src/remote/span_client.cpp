@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 
 #include "moesh/swarm/span_host.h"
 #include "moesh/swarm/swarm.h"
@@ -19,6 +20,8 @@ namespace {
 // More resends than this for one step means the peer and the log disagree for good.
 constexpr int kMaxResends = 3;
 
+}  // namespace
+
 Result<wire::Hello> span_hello(const Model& model, const std::string& name) {
   auto id = swarm::model_identity(model.file());
   if (!id) return id.status().with_context("model identity");
@@ -27,7 +30,24 @@ Result<wire::Hello> span_hello(const Model& model, const std::string& name) {
   return swarm::make_hello(wire::PeerRole::kBackbone, *id, *shape, swarm::ExpertSet{}, name);
 }
 
-}  // namespace
+const char* span_chain_mode_name(SpanChainMode m) {
+  switch (m) {
+    case SpanChainMode::kOff:
+      return "off";
+    case SpanChainMode::kOn:
+      return "on";
+    case SpanChainMode::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+Result<SpanChainMode> parse_span_chain_mode(const std::string& s) {
+  for (SpanChainMode m : {SpanChainMode::kOff, SpanChainMode::kOn, SpanChainMode::kAuto}) {
+    if (s == span_chain_mode_name(m)) return m;
+  }
+  return make_error(StatusCode::kInvalidArgument, "--span-chain '{}' is not off, on or auto", s);
+}
 
 Result<SpanTarget> parse_span_target(const std::string& s) {
   const size_t at = s.find('@');
@@ -75,6 +95,8 @@ struct SpanClient::Runner {
   SpanPeerView view;   // what peers_view() reports: written under view_mu_ only
   size_t current = 0;  // index into target.peers of the peer in use; peers.size(): here
   std::chrono::steady_clock::time_point last_retry{};
+  double star_seconds = 0;  // kAuto: moving average of clean single-stream trips (span_client.h)
+  int star_samples = 0;
 };
 
 SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
@@ -241,19 +263,14 @@ Status SpanClient::trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* 
   return Status::ok();
 }
 
-Status SpanClient::run(int k, const SpanBatch& b, float* h) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (k < 0 || static_cast<size_t>(k) >= runners_.size())
-    return make_error(StatusCode::kInvalidArgument, "no span {}", k);
-  const int64_t D = model_.hparams().n_embd;
-  const size_t ks = static_cast<size_t>(k), n_spans = runners_.size();
+struct SpanClient::Part {
+  int32_t seq;
+  int64_t n_before;
+  std::vector<int64_t> rows;  // batch rows, in order
+};
 
-  // The step's sequences in order of appearance, and its rows grouped by sequence.
-  struct Part {
-    int32_t seq;
-    int64_t n_before;
-    std::vector<int64_t> rows;  // batch rows, in order
-  };
+Result<std::vector<SpanClient::Part>> SpanClient::begin_step(int k_first, int k_last, const SpanBatch& b) {
+  const int64_t D = model_.hparams().n_embd;
   std::vector<Part> parts;
   for (int64_t i = 0; i < b.n; ++i) {
     auto it = std::find_if(parts.begin(), parts.end(), [&](const Part& p) { return p.seq == b.seq[i]; });
@@ -264,79 +281,154 @@ Status SpanClient::run(int k, const SpanBatch& b, float* h) {
     it->rows.push_back(i);
   }
   // The log follows the backbone's state: a shorter sequence was rolled back (a failed step).
-  for (Part& p : parts) {
+  const size_t n_spans = runners_.size();
+  for (const Part& p : parts) {
     SeqLog& log = logs_[p.seq];
     log.rows.resize(n_spans);
     log.chain.resize(n_spans);
     log.pos.resize(n_spans);
-    const int64_t held = static_cast<int64_t>(log.chain[ks].size());
-    if (held < p.n_before) {
-      return make_error(StatusCode::kInternal,
-                        "span {}-{}: the input log of sequence {} holds {} cells, the step continues from {}",
-                        spans_[ks].first, spans_[ks].last, p.seq, held, p.n_before);
-    }
-    log.chain[ks].resize(static_cast<size_t>(p.n_before));
-    log.pos[ks].resize(static_cast<size_t>(p.n_before));
-    log.rows[ks].resize(static_cast<size_t>(p.n_before * D));
-  }
-  // The new rows as the peer will see them (after the wire's encoding).
-  std::vector<float> grouped(static_cast<size_t>(b.n * D));
-  {
-    size_t o = 0;
-    for (const Part& p : parts) {
-      for (int64_t i : p.rows) std::copy(h + i * D, h + (i + 1) * D, grouped.data() + (o++) * D);
+    for (int k = k_first; k <= k_last; ++k) {
+      const size_t ks = static_cast<size_t>(k);
+      const int64_t held = static_cast<int64_t>(log.chain[ks].size());
+      if (held < p.n_before) {
+        return make_error(StatusCode::kInternal,
+                          "span {}-{}: the input log of sequence {} holds {} cells, the step continues from {}",
+                          spans_[ks].first, spans_[ks].last, p.seq, held, p.n_before);
+      }
+      log.chain[ks].resize(static_cast<size_t>(p.n_before));
+      log.pos[ks].resize(static_cast<size_t>(p.n_before));
+      log.rows[ks].resize(static_cast<size_t>(p.n_before * D));
     }
   }
-  if (opts_.hidden_wire != wire::WireDType::kF32) {
-    auto enc =
-        wire::encode_rows(opts_.hidden_wire, grouped.data(), static_cast<uint32_t>(b.n), static_cast<uint32_t>(D));
-    if (!enc) return enc.status();
-    wire::decode_rows(*enc, grouped.data());
-  }
+  return parts;
+}
 
+std::vector<float> SpanClient::gather(const std::vector<Part>& parts, const float* h) const {
+  const int64_t D = model_.hparams().n_embd;
+  std::vector<float> rows;
+  for (const Part& p : parts) {
+    for (int64_t i : p.rows) rows.insert(rows.end(), h + i * D, h + (i + 1) * D);
+  }
+  return rows;
+}
+
+void SpanClient::scatter(const std::vector<Part>& parts, const std::vector<float>& rows, float* h) const {
+  const int64_t D = model_.hparams().n_embd;
+  size_t o = 0;
+  for (const Part& p : parts) {
+    for (int64_t i : p.rows) {
+      std::copy(rows.data() + o * D, rows.data() + (o + 1) * D, h + i * D);
+      ++o;
+    }
+  }
+}
+
+Status SpanClient::round_to_wire(std::vector<float>* rows) const {
+  if (opts_.hidden_wire == wire::WireDType::kF32) return Status::ok();
+  const uint32_t D = static_cast<uint32_t>(model_.hparams().n_embd);
+  const uint32_t n = static_cast<uint32_t>(rows->size() / D);
+  MOESH_ASSIGN_OR_RETURN(wire::WireRows enc, wire::encode_rows(opts_.hidden_wire, rows->data(), n, D));
+  wire::decode_rows(enc, rows->data());
+  return Status::ok();
+}
+
+Result<wire::SpanStepMsg> SpanClient::step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
+                                                   const std::vector<float>& grouped, uint64_t* replayed) {
+  const int64_t D = model_.hparams().n_embd;
+  const size_t ks = static_cast<size_t>(k);
+  Runner* r = runners_[ks].get();
+  // Each sequence starts where the runner is known to hold matching cells.
+  wire::SpanStepMsg m;
+  m.request_id = r->link ? r->link->mux->next_request_id() : stats_.trips + 1;
+  m.first = static_cast<uint32_t>(spans_[ks].first);
+  m.last = static_cast<uint32_t>(spans_[ks].last);
+  m.return_dtype = opts_.return_wire;
+  std::vector<float> rows;
+  size_t o = 0;
+  *replayed = 0;
+  for (const Part& p : parts) {
+    const SeqLog& log = logs_.at(p.seq);
+    auto it = r->has.find(p.seq);
+    const int64_t start = std::min<int64_t>(it == r->has.end() ? 0 : it->second, p.n_before);
+    wire::SpanSeq q;
+    q.seq = p.seq;
+    q.start = static_cast<uint64_t>(start);
+    q.n_replay = static_cast<uint32_t>(p.n_before - start);
+    q.n_new = static_cast<uint32_t>(p.rows.size());
+    if (start > 0) q.chain = log.chain[ks][static_cast<size_t>(start - 1)];
+    m.seqs.push_back(q);
+    rows.insert(rows.end(), log.rows[ks].begin() + start * D, log.rows[ks].end());
+    for (int64_t c = start; c < p.n_before; ++c) {
+      m.pos.push_back(log.pos[ks][static_cast<size_t>(c)]);
+      m.cut.push_back(0);
+    }
+    *replayed += static_cast<uint64_t>(p.n_before - start);
+    for (int64_t i : p.rows) {
+      m.pos.push_back(b.pos[i]);
+      m.cut.push_back(b.logits != nullptr && b.logits[i] ? 1 : 0);
+    }
+    rows.insert(rows.end(), grouped.begin() + static_cast<ptrdiff_t>(o * D),
+                grouped.begin() + static_cast<ptrdiff_t>((o + p.rows.size()) * D));
+    o += p.rows.size();
+  }
+  auto enc =
+      wire::encode_rows(opts_.hidden_wire, rows.data(), static_cast<uint32_t>(m.pos.size()), static_cast<uint32_t>(D));
+  if (!enc) return enc.status();
+  m.hidden = std::move(*enc);
+  return m;
+}
+
+void SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
+                        std::vector<float>* rows) {
+  const int64_t D = model_.hparams().n_embd;
+  const size_t ks = static_cast<size_t>(k);
+  Runner& r = *runners_[ks];
+  std::vector<float> out(rows->size());
+  wire::decode_rows(res.rows, out.data());
+  size_t o = 0;
+  for (const Part& p : parts) {
+    SeqLog& log = logs_[p.seq];
+    std::array<uint8_t, 16> c = p.n_before > 0 ? log.chain[ks].back() : std::array<uint8_t, 16>{};
+    for (int64_t i : p.rows) {
+      const float* in = rows->data() + (o++) * D;
+      c = swarm::span_chain_next(c, b.pos[i], in, D);
+      log.chain[ks].push_back(c);
+      log.pos[ks].push_back(b.pos[i]);
+      log.rows[ks].insert(log.rows[ks].end(), in, in + D);
+    }
+    r.has[p.seq] = p.n_before + static_cast<int64_t>(p.rows.size());
+  }
+  *rows = std::move(out);
+  ++stats_.steps;
+  if (r.local) ++stats_.local_steps;
+}
+
+// Small steps (single streams decoding) are what kAuto times: their trips are mostly the network.
+constexpr int64_t kTimedStepRows = 8;
+constexpr double kTimeAverage = 0.2;  // weight of a new sample in the moving averages
+constexpr int kMinSamples = 3;
+constexpr uint64_t kProbeEvery = 50;  // kAuto tries the losing layout once every this many steps
+
+namespace {
+void add_sample(double* avg, int* n, double seconds) {
+  *avg = *n == 0 ? seconds : (1 - kTimeAverage) * *avg + kTimeAverage * seconds;
+  ++*n;
+}
+}  // namespace
+
+Status SpanClient::star(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
+  const size_t ks = static_cast<size_t>(k);
+  const int64_t D = model_.hparams().n_embd;
+  MOESH_RETURN_IF_ERROR(round_to_wire(rows));  // idempotent: rows from a chain are already rounded
   retry_preferred(k);
   Runner* r = runners_[ks].get();
   int resends = 0;
+  bool clean = true;  // one trip, no resend or failover: a fair sample of the span's trip time
   for (;;) {
-    // Each sequence starts where the runner is known to hold matching cells.
-    wire::SpanStepMsg m;
-    m.request_id = r->link ? r->link->mux->next_request_id() : stats_.trips + 1;
-    m.first = static_cast<uint32_t>(spans_[ks].first);
-    m.last = static_cast<uint32_t>(spans_[ks].last);
-    m.return_dtype = opts_.return_wire;
-    std::vector<float> rows;
-    size_t o = 0;
     uint64_t replayed = 0;
-    for (const Part& p : parts) {
-      const SeqLog& log = logs_[p.seq];
-      auto it = r->has.find(p.seq);
-      const int64_t start = std::min<int64_t>(it == r->has.end() ? 0 : it->second, p.n_before);
-      wire::SpanSeq q;
-      q.seq = p.seq;
-      q.start = static_cast<uint64_t>(start);
-      q.n_replay = static_cast<uint32_t>(p.n_before - start);
-      q.n_new = static_cast<uint32_t>(p.rows.size());
-      if (start > 0) q.chain = log.chain[ks][static_cast<size_t>(start - 1)];
-      m.seqs.push_back(q);
-      rows.insert(rows.end(), log.rows[ks].begin() + start * D, log.rows[ks].end());
-      for (int64_t c = start; c < p.n_before; ++c) {
-        m.pos.push_back(log.pos[ks][static_cast<size_t>(c)]);
-        m.cut.push_back(0);
-      }
-      replayed += static_cast<uint64_t>(p.n_before - start);
-      for (int64_t i : p.rows) {
-        m.pos.push_back(b.pos[i]);
-        m.cut.push_back(b.logits != nullptr && b.logits[i] ? 1 : 0);
-      }
-      rows.insert(rows.end(), grouped.begin() + static_cast<ptrdiff_t>(o * D),
-                  grouped.begin() + static_cast<ptrdiff_t>((o + p.rows.size()) * D));
-      o += p.rows.size();
-    }
-    auto enc = wire::encode_rows(opts_.hidden_wire, rows.data(), static_cast<uint32_t>(m.pos.size()),
-                                 static_cast<uint32_t>(D));
-    if (!enc) return enc.status();
-    m.hidden = std::move(*enc);
+    MOESH_ASSIGN_OR_RETURN(wire::SpanStepMsg m, step_message(k, parts, b, *rows, &replayed));
     wire::SpanResultMsg res;
+    const auto t0 = std::chrono::steady_clock::now();
     Status st = trip(k, m, &res);
     if (st.is_ok() && !res.need.empty()) {
       // The runner lacks inputs: resend with them replayed.
@@ -345,6 +437,7 @@ Status SpanClient::run(int k, const SpanBatch& b, float* h) {
                           spans_[ks].last, r->label, kMaxResends);
       }
       ++stats_.resends;
+      clean = false;
       for (const wire::SpanHave& hv : res.need) r->has[hv.seq] = static_cast<int64_t>(hv.have);
       continue;
     }
@@ -357,31 +450,228 @@ Status SpanClient::run(int k, const SpanBatch& b, float* h) {
       Status moved = fail_over(k, st);
       if (!moved.is_ok()) return moved.with_context(st.message());
       r = runners_[ks].get();
+      clean = false;
       continue;
     }
-    // Done: the rows back in batch order; the inputs logged.
-    std::vector<float> out(static_cast<size_t>(b.n * D));
-    wire::decode_rows(res.rows, out.data());
-    o = 0;
-    for (const Part& p : parts) {
-      SeqLog& log = logs_[p.seq];
-      std::array<uint8_t, 16> c = p.n_before > 0 ? log.chain[ks].back() : std::array<uint8_t, 16>{};
-      for (int64_t i : p.rows) {
-        const float* in = grouped.data() + o * D;
-        c = swarm::span_chain_next(c, b.pos[i], in, D);
-        log.chain[ks].push_back(c);
-        log.pos[ks].push_back(b.pos[i]);
-        log.rows[ks].insert(log.rows[ks].end(), in, in + D);
-        std::copy(out.data() + o * D, out.data() + (o + 1) * D, h + i * D);
-        ++o;
-      }
-      r->has[p.seq] = p.n_before + static_cast<int64_t>(p.rows.size());
+    if (clean && r->link && b.n <= kTimedStepRows) {
+      add_sample(&r->star_seconds, &r->star_samples,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
+    accept(k, parts, b, res, rows);
     stats_.replayed_rows += replayed;
-    ++stats_.steps;
-    if (r->local) ++stats_.local_steps;
     return Status::ok();
   }
+}
+
+int SpanClient::chain_end(int k, const std::vector<Part>& parts, int64_t n_rows) {
+  if (opts_.chain == SpanChainMode::kOff || opts_.link.tls_pins) return k;
+  auto chainable = [&](int j) {
+    const Runner& r = *runners_[static_cast<size_t>(j)];
+    if (!r.link || (r.link->session.features & wire::kFeatureSpanChain) == 0) return false;
+    if (r.link->address.path != WorkerPath::kDirect || r.link->address.websocket) return false;
+    // A hop never replays: its runner must hold every sequence's cells already.
+    for (const Part& p : parts) {
+      auto it = r.has.find(p.seq);
+      if ((it == r.has.end() ? 0 : it->second) != p.n_before) return false;
+    }
+    return true;
+  };
+  if (!chainable(k)) return k;
+  int e = k;
+  while (static_cast<size_t>(e + 1) < runners_.size() &&
+         spans_[static_cast<size_t>(e + 1)].first == spans_[static_cast<size_t>(e)].last + 1 && chainable(e + 1) &&
+         e + 1 - k < static_cast<int>(wire::kMaxSpanHops)) {
+    ++e;
+  }
+  if (e == k || opts_.chain == SpanChainMode::kOn) return e;
+  // kAuto: chain where it measured faster than the star trips it replaces.
+  ChainTimes& ct = chain_times_[{k, e}];
+  double star_sum = 0;
+  bool star_known = true;
+  for (int j = k; j <= e; ++j) {
+    const Runner& r = *runners_[static_cast<size_t>(j)];
+    star_known = star_known && r.star_samples >= kMinSamples;
+    star_sum += r.star_seconds;
+  }
+  if (n_rows > kTimedStepRows) {
+    // Not timed: follow what the small steps measured (chain until they say otherwise).
+    return ct.samples < kMinSamples || !star_known || ct.seconds <= star_sum ? e : k;
+  }
+  const uint64_t d = ++ct.decisions;
+  if (ct.samples < kMinSamples) return e;
+  if (!star_known) return k;
+  const bool chain_wins = ct.seconds <= star_sum;
+  const bool probe = d % kProbeEvery == 0;
+  return chain_wins != probe ? e : k;
+}
+
+Status SpanClient::chain(int k, int e, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
+  const int64_t D = model_.hparams().n_embd;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (next_chain_id_ == 0) {
+    std::random_device rd;
+    next_chain_id_ = (uint64_t{rd()} << 32 | rd()) | 1;
+  }
+  const uint64_t chain_id = next_chain_id_++;
+  if (next_chain_id_ == 0) next_chain_id_ = 1;
+  MOESH_RETURN_IF_ERROR(round_to_wire(rows));
+
+  // 1. The awaits, so that each peer after the head answers as soon as its forwarded step is done.
+  //    Span j may compute only after spans k..j-1: its deadline grows with its place in the chain.
+  std::vector<uint64_t> await_id(static_cast<size_t>(e - k + 1), 0);
+  std::vector<net::Deadline> deadline(static_cast<size_t>(e - k + 1));
+  int last = e;  // the chain's last span: awaits could be started up to it
+  for (int j = k; j <= e; ++j) {
+    const auto budget = opts_.timeout * (j - k + 1);
+    deadline[static_cast<size_t>(j - k)] = net::deadline_in(budget);
+    if (j == k) continue;
+    WorkerLink& link = *runners_[static_cast<size_t>(j)]->link;
+    wire::SpanAwaitMsg aw;
+    aw.request_id = link.mux->next_request_id();
+    aw.chain_id = chain_id;
+    aw.first = static_cast<uint32_t>(spans_[static_cast<size_t>(j)].first);
+    aw.last = static_cast<uint32_t>(spans_[static_cast<size_t>(j)].last);
+    aw.timeout_ms = static_cast<uint32_t>(std::clamp<int64_t>(budget.count(), 1, wire::kMaxSpanAwaitMs));
+    auto frame = wire::encode_span_await(aw);
+    Status st = frame ? link.mux->start(aw.request_id, *frame, deadline[static_cast<size_t>(j - k)]) : frame.status();
+    if (!st.is_ok()) {
+      last = j - 1;
+      break;
+    }
+    await_id[static_cast<size_t>(j - k)] = aw.request_id;
+    ++stats_.trips;
+    ++stats_.awaits;
+    stats_.bytes_sent += frame->size();
+  }
+  auto cancel_awaits = [&](int from) {
+    for (int j = std::max(from, k + 1); j <= last; ++j) {
+      uint64_t& id = await_id[static_cast<size_t>(j - k)];
+      if (id != 0) runners_[static_cast<size_t>(j)]->link->mux->cancel(id);
+      id = 0;
+    }
+  };
+
+  // 2. The head step, naming the hops after it with what the backbone's log says each holds.
+  int j = k;
+  Status why = Status::ok();
+  bool failed_peer = false;  // the break is the peer's own failure (not a lack or a lost hop)
+  if (last > k) {
+    uint64_t replayed = 0;
+    MOESH_ASSIGN_OR_RETURN(wire::SpanStepMsg m, step_message(k, parts, b, *rows, &replayed));
+    m.chain_id = chain_id;
+    m.hop_dtype = opts_.hidden_wire;
+    for (int h = k + 1; h <= last; ++h) {
+      const size_t hs = static_cast<size_t>(h);
+      wire::SpanHop hop;
+      hop.address = runners_[hs]->link->address.to_string();
+      hop.first = static_cast<uint32_t>(spans_[hs].first);
+      hop.last = static_cast<uint32_t>(spans_[hs].last);
+      for (const Part& p : parts) {
+        hop.start.push_back(static_cast<uint64_t>(p.n_before));
+        hop.chain.push_back(p.n_before > 0 ? logs_.at(p.seq).chain[hs][static_cast<size_t>(p.n_before - 1)]
+                                           : std::array<uint8_t, 16>{});
+      }
+      m.next.push_back(std::move(hop));
+    }
+    ++stats_.chains;
+    // 3. The results in span order: the head's reply, then each await's.
+    for (; j <= last; ++j) {
+      Runner& r = *runners_[static_cast<size_t>(j)];
+      wire::SpanResultMsg res;
+      Status st = Status::ok();
+      if (j == k) {
+        st = trip(k, m, &res);
+        failed_peer = !st.is_ok();
+      } else {
+        const size_t js = static_cast<size_t>(j - k);
+        auto reply = r.link->mux->wait(await_id[js], deadline[js]);
+        await_id[js] = 0;
+        if (!reply) {
+          st = reply.status().with_context(r.label);
+          // Nothing at all by the deadline (not even the peer's own timeout answer): it stalled.
+          failed_peer = net::Clock::now() >= deadline[js];
+        } else {
+          stats_.bytes_received += wire::kHeaderBytes + reply->payload.size();
+          auto dec = wire::decode_span_result(*reply, r.link->limits);
+          if (dec) {
+            res = std::move(*dec);
+          } else {
+            st = dec.status().with_context(r.label);
+          }
+        }
+      }
+      if (st.is_ok() && !res.need.empty())
+        st = make_error(StatusCode::kUnavailable, "{} lacks inputs of a chained step", r.label);
+      if (st.is_ok() && (res.rows.n_rows != static_cast<uint32_t>(b.n) || res.rows.n_cols != static_cast<uint32_t>(D)))
+        st = make_error(StatusCode::kCorrupt, "{}: SPAN_RESULT has {}x{} rows, the step sent {}x{}", r.label,
+                        res.rows.n_rows, res.rows.n_cols, b.n, D);
+      if (!st.is_ok()) {
+        why = st;
+        break;
+      }
+      accept(j, parts, b, res, rows);
+      ++stats_.chained_steps;
+      if (j == k) stats_.replayed_rows += replayed;
+      if (j < last) MOESH_RETURN_IF_ERROR(round_to_wire(rows));
+      if (!res.forward_error.empty() && j < last) {
+        why = make_error(StatusCode::kUnavailable, "{} could not pass its rows on: {}", r.label, res.forward_error);
+        ++j;
+        break;
+      }
+    }
+  }
+  cancel_awaits(j);
+  if (j > e) {
+    if (b.n <= kTimedStepRows) {
+      ChainTimes& ct = chain_times_[{k, e}];
+      int n = ct.samples;
+      add_sample(&ct.seconds, &n, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      ct.samples = n;
+    }
+    return Status::ok();
+  }
+  // 4. From the span where it broke, star-style: resends with replay, failover.
+  if (!why.is_ok()) {
+    ++stats_.chain_breaks;
+    spdlog::info("span chain {}-{}: finished star-style from span {}-{}: {}", spans_[static_cast<size_t>(k)].first,
+                 spans_[static_cast<size_t>(e)].last, spans_[static_cast<size_t>(j)].first,
+                 spans_[static_cast<size_t>(j)].last, why.to_string());
+    if (failed_peer) {
+      Status moved = fail_over(j, why);
+      if (!moved.is_ok()) return moved.with_context(why.message());
+    }
+  }
+  for (; j <= e; ++j) MOESH_RETURN_IF_ERROR(star(j, parts, b, rows));
+  return Status::ok();
+}
+
+Status SpanClient::run(int k, const SpanBatch& b, float* h) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (k < 0 || static_cast<size_t>(k) >= runners_.size())
+    return make_error(StatusCode::kInvalidArgument, "no span {}", k);
+  MOESH_ASSIGN_OR_RETURN(std::vector<Part> parts, begin_step(k, k, b));
+  std::vector<float> rows = gather(parts, h);
+  MOESH_RETURN_IF_ERROR(star(k, parts, b, &rows));
+  scatter(parts, rows, h);
+  return Status::ok();
+}
+
+Status SpanClient::run_from(int k, const SpanBatch& b, float* h, int* k_last) {
+  std::lock_guard<std::mutex> lk(mu_);
+  *k_last = k;
+  if (k < 0 || static_cast<size_t>(k) >= runners_.size())
+    return make_error(StatusCode::kInvalidArgument, "no span {}", k);
+  for (size_t j = static_cast<size_t>(k); j < runners_.size(); ++j) retry_preferred(static_cast<int>(j));
+  MOESH_ASSIGN_OR_RETURN(std::vector<Part> parts, begin_step(k, k, b));
+  const int e = chain_end(k, parts, b.n);
+  if (e > k) {
+    MOESH_ASSIGN_OR_RETURN(parts, begin_step(k, e, b));
+  }
+  std::vector<float> rows = gather(parts, h);
+  MOESH_RETURN_IF_ERROR(e > k ? chain(k, e, parts, b, &rows) : star(k, parts, b, &rows));
+  scatter(parts, rows, h);
+  *k_last = e;
+  return Status::ok();
 }
 
 void SpanClient::on_truncate(int32_t seq, int64_t n_keep) {

@@ -143,8 +143,9 @@ wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const Model
   h.dtypes = kAllDTypes;
   h.modes = kAllModes;
   // A backbone may send STORE; a worker offers it only with a replica folder (it adds the bit).
-  h.features = wire::kFeatureFetch | wire::kFeatureInfo |
-               (role == wire::PeerRole::kBackbone ? wire::kFeatureStore | wire::kFeatureSpan : 0u);
+  h.features =
+      wire::kFeatureFetch | wire::kFeatureInfo |
+      (role == wire::PeerRole::kBackbone ? wire::kFeatureStore | wire::kFeatureSpan | wire::kFeatureSpanChain : 0u);
   h.expert_act =
       shape.expert_ffn.act == ExpertActivation::kSwigluOai ? wire::kExpertActSwigluOai : wire::kExpertActSilu;
   h.expert_flags = static_cast<uint8_t>((shape.expert_ffn.biases ? wire::kExpertFlagBiases : 0) |

@@ -26,6 +26,7 @@
 #include "moesh/net/tls.h"
 #include "moesh/net/transport.h"
 #include "moesh/net/websocket.h"
+#include "moesh/swarm/span_chain.h"
 #include "moesh/swarm/span_host.h"
 #include "moesh/util/process.h"
 #include "swarm/worker_internal.h"
@@ -138,6 +139,10 @@ struct Worker::Impl {
   void handle_info(net::Connection& conn, const wire::Frame& f);
   void handle_span(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                    const wire::Session& session);
+  void handle_span_await(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                         const wire::Session& session);
+  // Chained spans: forwarded steps' results meet the backbones' SPAN_AWAITs here.
+  SpanAwaits span_awaits;
   net::Clock::time_point started = net::Clock::now();
   // Maps the replicas a previous run left in opts.replica_dir.
   Status load_replicas();
@@ -480,7 +485,32 @@ void Worker::Impl::handle_span(net::Connection& conn, const wire::Frame& f, cons
     fail(wire::WireError::kMalformed, req.status().message());
     return;
   }
-  auto res = opts.span->step(session.peer.name, *req);
+  // A forwarded step (chained, sent by the previous span's peer) names the backbone whose
+  // sequences it carries; its result goes to that backbone's SPAN_AWAIT, never back here.
+  const bool forwarded = !req->origin.empty();
+  if (req->chain_id != 0 && (!opts.span_forwarder || (session.features & wire::kFeatureSpanChain) == 0)) {
+    fail(wire::WireError::kUnsupported, "this span peer does not chain spans");
+    return;
+  }
+  const std::string owner = forwarded ? req->origin : session.peer.name;
+  if (forwarded) stats.span_forwarded.fetch_add(1);
+  auto res = opts.span->step(owner, *req);
+  if (res && res->need.empty() && !req->next.empty()) {
+    // Pass the rows on before answering: the next span's compute is the critical path.
+    auto hop = make_hop_step(*req, owner, *res);
+    Status st = hop ? opts.span_forwarder->forward(req->next.front().address, std::move(*hop)) : hop.status();
+    stats.span_forwards.fetch_add(1);
+    if (!st.is_ok()) {
+      stats.span_forward_errors.fetch_add(1);
+      res->forward_error = st.message().substr(0, wire::kMaxTextBytes);
+      spdlog::warn("span step of '{}': not passed on to {}: {}", owner, req->next.front().address, st.to_string());
+    }
+  }
+  if (forwarded) {
+    if (!res) stats.errors.fetch_add(1);
+    span_awaits.deliver(owner, req->chain_id, req->first, std::move(res));
+    return;
+  }
   if (!res) {
     fail(wire::status_code_to_wire_error(res.status().code()), res.status().message());
     return;
@@ -491,6 +521,33 @@ void Worker::Impl::handle_span(net::Connection& conn, const wire::Frame& f, cons
     return;
   }
   (void)conn.send_frame(*frame, send_deadline(frame->size()));
+}
+
+void Worker::Impl::handle_span_await(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                                     const wire::Session& session) {
+  stats.span_awaits.fetch_add(1);
+  if (!opts.span || (session.features & wire::kFeatureSpanChain) == 0) {
+    stats.errors.fetch_add(1);
+    net::send_error(conn, f.request_id(), wire::WireError::kUnsupported, "this span peer does not chain spans",
+                    net::deadline_in(kSendTimeout));
+    return;
+  }
+  auto m = wire::decode_span_await(f, lim);
+  if (!m) {
+    stats.errors.fetch_add(1);
+    net::send_error(conn, f.request_id(), wire::WireError::kMalformed, m.status().message(),
+                    net::deadline_in(kSendTimeout));
+    return;
+  }
+  if (static_cast<int>(m->first) != opts.span->span().first || static_cast<int>(m->last) != opts.span->span().last) {
+    stats.errors.fetch_add(1);
+    net::send_error(conn, f.request_id(), wire::WireError::kNotHeld,
+                    fmt::format("this span peer runs blocks {}-{}, the await names {}-{}", opts.span->span().first,
+                                opts.span->span().last, m->first, m->last),
+                    net::deadline_in(kSendTimeout));
+    return;
+  }
+  span_awaits.await(&conn, session.peer.name, *m);
 }
 
 Status Worker::Impl::load_replicas() {
@@ -571,6 +628,7 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   }
   if (offers_store()) hello.features |= wire::kFeatureStore;
   if (opts.span) hello.features |= wire::kFeatureSpan;
+  if (opts.span && opts.span_forwarder) hello.features |= wire::kFeatureSpanChain;
   auto session =
       net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout), opts.swarm_key.get());
   if (!session) {
@@ -589,8 +647,15 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   lim.max_frame_bytes = opts.max_frame_bytes;
   lim.n_expert = store->shape().n_expert;
   lim.n_layer = store->shape().n_layer;
+  // Awaits waiting on this connection are forgotten when it ends (the object outlives serve()).
+  struct AwaitsOf {
+    SpanAwaits& a;
+    net::Connection* c;
+    ~AwaitsOf() { a.drop(c); }
+  } awaits_of{span_awaits, &conn};
   while (!stopping()) {
     auto f = conn.recv_frame(net::deadline_in(kPollSlice));
+    if (opts.span_forwarder) span_awaits.sweep(&conn);
     if (!f) {
       if (f.status().code() == StatusCode::kTimeout) {
         if (idle_timeout.count() > 0 && !beat.tick(conn)) {
@@ -624,6 +689,9 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         break;
       case wire::MsgType::kSpanStep:
         handle_span(conn, *f, lim, *session);
+        break;
+      case wire::MsgType::kSpanAwait:
+        handle_span_await(conn, *f, lim, *session);
         break;
       case wire::MsgType::kPing: {
         auto p = wire::decode_ping(*f);

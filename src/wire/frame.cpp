@@ -34,6 +34,8 @@ const char* msg_type_name(MsgType t) {
       return "SPAN_STEP";
     case MsgType::kSpanResult:
       return "SPAN_RESULT";
+    case MsgType::kSpanAwait:
+      return "SPAN_AWAIT";
     case MsgType::kRoute:
       return "ROUTE";
     case MsgType::kStore:

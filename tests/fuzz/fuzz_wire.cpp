@@ -105,6 +105,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case MsgType::kSpanResult:
       check_roundtrip(in, decode_span_result(*f, lim), encode_span_result);
       break;
+    case MsgType::kSpanAwait:
+      check_roundtrip(in, decode_span_await(*f, lim), encode_span_await);
+      break;
     case MsgType::kCOUNT:
       break;
   }

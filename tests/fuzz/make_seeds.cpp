@@ -92,6 +92,29 @@ int main(int argc, char** argv) {
     need.request_id = 12;
     need.need = {{3, 2}};
     put(wdir, "span-need", encode_span_result(need));
+    // Chained: two hops after blocks 2-5, f16 between them; a forwarded hop; an await.
+    SpanStepMsg ch = st;
+    ch.seqs[1].n_replay = 0;
+    ch.seqs[1].n_new = 2;
+    ch.seqs[1].start = 5;
+    ch.chain_id = 21;
+    ch.hop_dtype = WireDType::kF16;
+    SpanHop h1{.address = "127.0.0.1:7001", .first = 6, .last = 6, .start = {0, 5}, .chain = {}};
+    h1.chain.resize(2);
+    h1.chain[1].fill(0x5a);
+    SpanHop h2 = h1;
+    h2.address = "127.0.0.1:7002";
+    h2.first = h2.last = 7;
+    ch.next = {h1, h2};
+    put(wdir, "span-step-chained", encode_span_step(ch));
+    ch.origin = "backbone";
+    ch.next = {h2};
+    ch.first = ch.last = 6;
+    put(wdir, "span-step-forwarded", encode_span_step(ch));
+    SpanResultMsg ferr = res;
+    ferr.forward_error = "127.0.0.1:7002: connection refused";
+    put(wdir, "span-result-forward-error", encode_span_result(ferr));
+    put(wdir, "span-await", encode_span_await(SpanAwaitMsg{13, 21, 6, 6, 30000}));
   }
   put(wdir, "ping", encode_ping(PingMsg{3, 123456789, 16, 8}));
   put(wdir, "pong", encode_pong(PongMsg{3, 123456789, 987654321, 8}));

@@ -73,6 +73,8 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_span_step(*f, lim).status();
     case MsgType::kSpanResult:
       return decode_span_result(*f, lim).status();
+    case MsgType::kSpanAwait:
+      return decode_span_await(*f, lim).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -117,6 +119,8 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_span_step(decode_span_step(f, lim).value()).value();
     case MsgType::kSpanResult:
       return encode_span_result(decode_span_result(f, lim).value()).value();
+    case MsgType::kSpanAwait:
+      return encode_span_await(decode_span_await(f, lim).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -598,7 +602,10 @@ TEST(WireMalformed, SpanStepAndResultFields) {
   expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 8, 0); }), StatusCode::kCorrupt, "0 sequences");
   expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 16, 9000); }), StatusCode::kCorrupt, "n_embd 9000");
   expect_code(edit(step, [](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "SPAN_STEP payload is");
-  expect_code(edit(step, [](auto& b) { put<uint16_t>(b, 22, 1); }), StatusCode::kCorrupt, "reserved field is 1");
+  expect_code(edit(step, [](auto& b) { put<uint16_t>(b, 22, 2); }), StatusCode::kCorrupt, "reserved flag bits 0x2");
+  // The chained flag with no chain section after the rows.
+  expect_code(edit(step, [](auto& b) { put<uint16_t>(b, 22, 1); }), StatusCode::kCorrupt,
+              "chain section ends inside its fixed part");
   // Sequence fields: a duplicate id, no new rows, a chain that is zero with start > 0.
   expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 64, 4); }), StatusCode::kCorrupt, "sequence 4 listed twice");
   expect_code(edit(step, [](auto& b) { put<uint32_t>(b, 32, 0); }), StatusCode::kCorrupt, "sequence 4 has no new rows");
@@ -664,6 +671,128 @@ TEST(WireMalformed, SpanStepAndResultFields) {
   EXPECT_FALSE(encode_span_result(both).is_ok());
 }
 
+// A chained SPAN_STEP (good_span_step_msg plus two hops) and SPAN_AWAIT: round trips and every
+// field check of the chain section, naming the field.
+SpanStepMsg good_chained_step_msg() {
+  SpanStepMsg m = good_span_step_msg();  // blocks 2-5, sequences 4 (start 0) and 9 (start 5)
+  m.chain_id = 77;
+  m.hop_dtype = WireDType::kF16;
+  SpanHop a{.address = "10.0.0.3:7070", .first = 6, .last = 6, .start = {0, 5}, .chain = {}};
+  a.chain.resize(2);
+  a.chain[1].fill(0x11);
+  SpanHop b{.address = "peer-b:7071", .first = 7, .last = 7, .start = {0, 5}, .chain = a.chain};
+  m.next = {a, b};
+  return m;
+}
+
+TEST(WireMalformed, SpanChainAndAwaitFields) {
+  const SpanStepMsg m = good_chained_step_msg();
+  const auto step = encode_span_step(m).value();
+  // The plain step's bytes, then 12 bytes (id, dtype, origin length, hops), no origin, and per hop
+  // 12 + the address padded to 4 + 2 x 24.
+  const size_t base = kHeaderBytes + 24 + 2 * 40 + 4 * 8 + 4 + 4 * 16;
+  ASSERT_EQ(step.size(), base + 12 + (12 + 16 + 48) + (12 + 12 + 48));
+  auto back = decode_span_step(parse_frame(step, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->chain_id, 77u);
+  EXPECT_EQ(back->hop_dtype, WireDType::kF16);
+  EXPECT_TRUE(back->origin.empty());
+  EXPECT_EQ(back->next, m.next);
+  EXPECT_EQ(back->hidden.bytes, m.hidden.bytes);
+  EXPECT_EQ(reencode(step, kLim), step);
+  // A forwarded step: an origin, no replays.
+  SpanStepMsg fwd = m;
+  fwd.origin = "backbone-1";
+  fwd.next.pop_back();
+  const auto fstep = encode_span_step(fwd).value();
+  auto fb = decode_span_step(parse_frame(fstep, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(fb.is_ok()) << fb.status().to_string();
+  EXPECT_EQ(fb->origin, "backbone-1");
+  EXPECT_EQ(reencode(fstep, kLim), fstep);
+
+  auto edit = [](std::vector<uint8_t> b, auto fn) {
+    fn(b);
+    return reseal(b);
+  };
+  const size_t ext = base - kHeaderBytes;  // payload offset of the chain section
+  expect_code(edit(step, [&](auto& b) { put<uint64_t>(b, ext, 0); }), StatusCode::kCorrupt, "chain id 0");
+  expect_code(edit(step, [&](auto& b) { put<uint8_t>(b, ext + 8, 9); }), StatusCode::kCorrupt, "unknown hop dtype 9");
+  expect_code(edit(step, [&](auto& b) { put<uint8_t>(b, ext + 8, 3); }), StatusCode::kCorrupt,
+              "hop dtype 3 is not f32, f16 or bf16");
+  expect_code(edit(step, [&](auto& b) { put<uint16_t>(b, ext + 10, 65); }), StatusCode::kCorrupt,
+              "65 next hops over 64");
+  expect_code(edit(step, [&](auto& b) { put<uint16_t>(b, ext + 10, 3); }), StatusCode::kCorrupt,
+              "chain section ends inside the hops");
+  expect_code(edit(step, [&](auto& b) { put<uint16_t>(b, ext + 10, 1); }), StatusCode::kCorrupt,
+              "bytes after the chain section");
+  expect_code(edit(step, [&](auto& b) { put<uint32_t>(b, ext + 12, 7); }), StatusCode::kCorrupt,
+              "hop 0 blocks 7-6 do not follow block 5");
+  expect_code(edit(step, [&](auto& b) { put<uint16_t>(b, ext + 12 + 10, 1); }), StatusCode::kCorrupt,
+              "nonzero reserved field of a hop");
+  // Hop 0's second sequence: start 5 with a zero chain.
+  expect_code(edit(step, [&](auto& b) { std::memset(b.data() + kHeaderBytes + ext + 12 + 28 + 24 + 8, 0, 16); }),
+              StatusCode::kCorrupt, "hop 0 sequence 9: the chain is zero exactly when start is 0");
+  expect_code(edit(step, [&](auto& b) { put<uint32_t>(b, ext + 12 + 76 + 4, 8); }), StatusCode::kCorrupt,
+              "hop 1 block 8 out of range");
+  // Encoder-side rules.
+  SpanStepMsg bad = m;
+  bad.next.clear();
+  EXPECT_FALSE(encode_span_step(bad).is_ok());  // chained, no hop, no origin
+  bad = m;
+  bad.chain_id = 0;
+  EXPECT_FALSE(encode_span_step(bad).is_ok());  // hops without a chain id
+  bad = fwd;
+  bad.seqs[1].n_replay = 1;
+  bad.seqs[1].n_new = 1;
+  EXPECT_FALSE(encode_span_step(bad).is_ok());  // a forwarded step never replays
+  bad = m;
+  bad.next[0].address.clear();
+  auto no_addr = encode_span_step(bad);
+  ASSERT_FALSE(no_addr.is_ok());
+  EXPECT_NE(no_addr.status().message().find("hop 0 address of 0 bytes"), std::string::npos);
+  bad = m;
+  bad.next[0].start.pop_back();
+  EXPECT_FALSE(encode_span_step(bad).is_ok());
+  bad = m;
+  bad.origin.assign(300, 'x');
+  EXPECT_FALSE(encode_span_step(bad).is_ok());
+
+  // SPAN_RESULT's forward error.
+  SpanResultMsg r;
+  r.request_id = 41;
+  std::vector<float> out(4 * 8, 0.5f);
+  r.rows = encode_rows(WireDType::kF32, out.data(), 4, 8).value();
+  r.forward_error = "10.0.0.3:7070: connection refused";
+  const auto res = encode_span_result(r).value();
+  ASSERT_EQ(res.size(), kHeaderBytes + 20 + 4 * 32 + r.forward_error.size());
+  auto rb = decode_span_result(parse_frame(res, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(rb.is_ok()) << rb.status().to_string();
+  EXPECT_EQ(rb->forward_error, r.forward_error);
+  EXPECT_EQ(rb->rows.bytes, r.rows.bytes);
+  EXPECT_EQ(reencode(res, kLim), res);
+  expect_code(edit(res, [](auto& b) { put<uint16_t>(b, 14, 2000); }), StatusCode::kCorrupt,
+              "forward error of 2000 bytes over 1024");
+  expect_code(edit(res, [](auto& b) { put<uint16_t>(b, 14, 3); }), StatusCode::kCorrupt, "SPAN_RESULT payload is");
+
+  // SPAN_AWAIT.
+  const SpanAwaitMsg aw{.request_id = 9, .chain_id = 77, .first = 6, .last = 6, .timeout_ms = 30000};
+  const auto awb = encode_span_await(aw).value();
+  ASSERT_EQ(awb.size(), kHeaderBytes + 24);
+  auto ab = decode_span_await(parse_frame(awb, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(ab.is_ok()) << ab.status().to_string();
+  EXPECT_EQ(*ab, aw);
+  EXPECT_EQ(reencode(awb, kLim), awb);
+  expect_code(edit(awb, [](auto& b) { put<uint64_t>(b, 0, 0); }), StatusCode::kCorrupt, "SPAN_AWAIT: chain id 0");
+  expect_code(edit(awb, [](auto& b) { put<uint32_t>(b, 12, 8); }), StatusCode::kCorrupt, "block 8 out of range");
+  expect_code(edit(awb, [](auto& b) { put<uint32_t>(b, 8, 7); }), StatusCode::kCorrupt, "blocks 7-6 are backwards");
+  expect_code(edit(awb, [](auto& b) { put<uint32_t>(b, 16, 0); }), StatusCode::kCorrupt, "timeout 0 ms");
+  expect_code(edit(awb, [](auto& b) { put<uint32_t>(b, 20, 1); }), StatusCode::kCorrupt, "reserved field is 1");
+  expect_code(edit(awb, [](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "SPAN_AWAIT payload is 25 bytes");
+  SpanAwaitMsg bad_aw = aw;
+  bad_aw.request_id = 0;
+  EXPECT_FALSE(encode_span_await(bad_aw).is_ok());
+}
+
 // Mutations: bit flips, byte overwrites, truncation, extension, header field edits; half of
 // them resealed so they get past the checksum to the field checks.
 TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
@@ -696,6 +825,8 @@ TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
   seeds.push_back(encode_info_request(33).value());
   seeds.push_back(encode_info({.request_id = 33, .threads = 2, .slab_bytes = 9, .replica_budget_bytes = 1}).value());
   seeds.push_back(encode_span_step(good_span_step_msg()).value());
+  seeds.push_back(encode_span_step(good_chained_step_msg()).value());
+  seeds.push_back(encode_span_await({.request_id = 35, .chain_id = 3, .first = 1, .last = 2, .timeout_ms = 9}).value());
   {
     SpanResultMsg need;
     need.request_id = 34;

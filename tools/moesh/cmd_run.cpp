@@ -234,6 +234,10 @@ int run_run(const RunArgs& a) {
                     {"failovers", s.failovers},
                     {"restored", s.restored},
                     {"local_steps", s.local_steps},
+                    {"chains", s.chains},
+                    {"chained_steps", s.chained_steps},
+                    {"awaits", s.awaits},
+                    {"chain_breaks", s.chain_breaks},
                     {"bytes_sent", s.bytes_sent},
                     {"bytes_received", s.bytes_received},
                     {"where", where}};

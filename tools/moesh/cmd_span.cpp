@@ -10,6 +10,7 @@
 
 #include "command.h"
 #include "model_cli.h"
+#include "moesh/remote/span_forward.h"
 #include "moesh/swarm/span_host.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/wan/host_tcp.h"
@@ -27,6 +28,7 @@ struct SpanArgs {
   std::string tls_cert, tls_key;  // --tls-cert, --tls-key
   int64_t ctx = 0;
   int max_seqs = 256;
+  bool no_chain = false;  // --no-chain: answer star-style only
   // --worker ...: expert workers for the span's own MoE layers; --swarm-key and --congestion
   // also apply to the backbones this peer serves.
   SwarmArgs swarm;
@@ -100,6 +102,18 @@ int run_span(const SpanArgs& a) {
     o.tls = std::move(*id);
   }
   o.span = std::shared_ptr<swarm::SpanHost>(std::move(*host));
+  if (!a.no_chain) {
+    // Chained spans: this peer passes chained steps on to the next span's peer itself, with its
+    // own swarm key and socket settings (TLS-pinned swarms are not chained by backbones).
+    auto ro = remote_options(a.swarm);
+    if (!ro) return fail(ro.status());
+    SpanForwardOptions fo;
+    fo.link = ro->link_options();
+    fo.name = o.name;
+    auto fwd = SpanForwardLinks::create(*model, fo);
+    if (!fwd) return fail(fwd.status());
+    o.span_forwarder = std::move(*fwd);
+  }
   auto worker = swarm::Worker::start(store->get(), o);
   if (!worker) return fail(worker.status());
   for (const std::string& w : wan::check_host_tcp_settings(a.swarm.congestion)) {
@@ -128,12 +142,17 @@ int run_span(const SpanArgs& a) {
   const swarm::SpanHostStats& hs = o.span->stats();
   std::printf(
       "span peer stopped: %llu steps, %llu rows (%llu replayed), %llu answered with missing inputs, %llu prefix "
-      "copies, %llu evictions, %llu errors; %llu expert dispatches\n",
+      "copies, %llu evictions, %llu errors; %llu expert dispatches; chained: %llu received from a peer, %llu "
+      "passed on (%llu failed), %llu awaits\n",
       static_cast<unsigned long long>(hs.steps.load()), static_cast<unsigned long long>(hs.rows.load()),
       static_cast<unsigned long long>(hs.replayed_rows.load()), static_cast<unsigned long long>(hs.needs.load()),
       static_cast<unsigned long long>(hs.prefix_copies.load()), static_cast<unsigned long long>(hs.evictions.load()),
       static_cast<unsigned long long>(hs.errors.load()),
-      static_cast<unsigned long long>((*worker)->stats().dispatches.load()));
+      static_cast<unsigned long long>((*worker)->stats().dispatches.load()),
+      static_cast<unsigned long long>((*worker)->stats().span_forwarded.load()),
+      static_cast<unsigned long long>((*worker)->stats().span_forwards.load()),
+      static_cast<unsigned long long>((*worker)->stats().span_forward_errors.load()),
+      static_cast<unsigned long long>((*worker)->stats().span_awaits.load()));
   std::fflush(stdout);
   return 0;
 }
@@ -152,6 +171,9 @@ const CommandRegistrar kReg{Command{
                       "Sequences kept over all backbones; the least recently used beyond it is dropped "
                       "(its backbone replays it)")
           ->capture_default_str();
+      sub->add_flag("--no-chain", a->no_chain,
+                    "Do not take chained steps (pass rows on to the next span's peer); backbones then use star "
+                    "trips");
       sub->add_option("--tls-cert", a->tls_cert, "PEM certificate: every connection must use TLS");
       sub->add_option("--tls-key", a->tls_key, "PEM private key of --tls-cert");
       add_swarm_options(sub, &a->swarm);

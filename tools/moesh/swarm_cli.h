@@ -39,6 +39,7 @@ struct SwarmArgs {
   int span_timeout_ms = 60000;        // --span-timeout-ms
   bool no_span_fallback = false;      // --no-span-fallback
   int span_retry_ms = 10000;          // --span-retry-ms
+  std::string span_chain = "auto";    // --span-chain
 
   bool enabled() const { return !workers.empty() || !workers_file.empty() || !accept_workers.empty(); }
 };
@@ -144,6 +145,10 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
       ->capture_default_str();
   sub->add_flag("--no-span-fallback", a->no_span_fallback,
                 "Fail when every peer of a span fails, instead of running its blocks here");
+  sub->add_option("--span-chain", a->span_chain,
+                  "Adjacent spans as one chain, each peer passing its rows on to the next: auto (where it "
+                  "measured faster than star trips), on, or off")
+      ->capture_default_str();
   sub->add_option("--span-retry-ms", a->span_retry_ms,
                   "After a span moved off a failed peer, dial the peers named before its current one again at "
                   "most this often and go back to the first that answers (-1: never)")
@@ -280,6 +285,9 @@ inline bool open_spans_or_report(const Model& model, const SwarmArgs& a, const c
   so.timeout = std::chrono::milliseconds(a.span_timeout_ms);
   so.local_fallback = !a.no_span_fallback;
   so.retry_preferred = std::chrono::milliseconds(a.span_retry_ms);
+  auto chain = parse_span_chain_mode(a.span_chain);
+  if (!chain) return fail(chain.status());
+  so.chain = *chain;
   so.local_threads = n_threads;
   auto c = SpanClient::connect(model, std::move(targets), so);
   if (!c) return fail(c.status());
@@ -292,11 +300,14 @@ inline void print_span_stats(const SpanClient& c, std::FILE* f) {
   const SpanStats s = c.stats();
   std::fprintf(f,
                "spans: %llu span steps in %llu trips (%llu resends, %llu rows replayed), %llu failovers, %llu back on "
-               "a preferred peer, %llu run here; %.1f KiB sent, %.1f KiB received; input log %.1f KiB\n",
+               "a preferred peer, %llu run here; %llu chained in %llu chains (%llu awaits, %llu broken); %.1f KiB "
+               "sent, %.1f KiB received; input log %.1f KiB\n",
                static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.trips),
                static_cast<unsigned long long>(s.resends), static_cast<unsigned long long>(s.replayed_rows),
                static_cast<unsigned long long>(s.failovers), static_cast<unsigned long long>(s.restored),
-               static_cast<unsigned long long>(s.local_steps), s.bytes_sent / 1024.0, s.bytes_received / 1024.0,
+               static_cast<unsigned long long>(s.local_steps), static_cast<unsigned long long>(s.chained_steps),
+               static_cast<unsigned long long>(s.chains), static_cast<unsigned long long>(s.awaits),
+               static_cast<unsigned long long>(s.chain_breaks), s.bytes_sent / 1024.0, s.bytes_received / 1024.0,
                c.log_bytes() / 1024.0);
   for (size_t k = 0; k < c.spans().size(); ++k) std::fprintf(f, "  span %s\n", c.where(static_cast<int>(k)).c_str());
 }

@@ -47,6 +47,13 @@ class SpanRunner : public StateListener {
   // h [b.n][n_embd]: the rows entering span k's first block; on return the rows leaving its last.
   // On error h is unspecified and the step fails (the context rolls its cells back).
   virtual Status run(int k, const SpanBatch& b, float* h) = 0;
+  // Span k and, where the runner can take them in the same trip, the spans right after it
+  // (chained spans, docs/span.md): h enters span k's first block and, on return, leaves the last
+  // block of span *k_last (>= k; the spans k..*k_last are adjacent). Default: span k alone.
+  virtual Status run_from(int k, const SpanBatch& b, float* h, int* k_last) {
+    *k_last = k;
+    return run(k, b, h);
+  }
 };
 
 }  // namespace moesh

@@ -30,6 +30,10 @@ namespace swarm {
 class SpanHost;
 }
 
+// The HELLO sent to span peers (by a backbone, or a span peer passing a chained step on): the
+// model's identity and shape, no experts held.
+Result<wire::Hello> span_hello(const Model& model, const std::string& name);
+
 // One span and who may run it, in order of preference.
 struct SpanTarget {
   LayerSpan span;
@@ -42,6 +46,15 @@ Result<SpanTarget> parse_span_target(const std::string& s);
 // Targets with equal spans merged (peers appended in order), sorted by first block; overlapping
 // different spans: kInvalidArgument naming both.
 Result<std::vector<SpanTarget>> merge_span_targets(std::vector<SpanTarget> targets);
+
+// Chained spans (swarm/span_chain.h): adjacent spans whose peers all offer kFeatureSpanChain and
+// are reached directly (plain HOST:PORT, no TLS pins) may take a step as one chain — the first
+// peer passes its rows on to the next, the backbone collects every span's result with
+// SPAN_AWAIT. kAuto chains where it measured faster than star trips (single-stream steps timed
+// both ways, the loser probed now and then); kOn always chains where it can; kOff never.
+enum class SpanChainMode : uint8_t { kOff, kOn, kAuto };
+const char* span_chain_mode_name(SpanChainMode m);
+Result<SpanChainMode> parse_span_chain_mode(const std::string& s);  // "off", "on", "auto"
 
 struct SpanOptions {
   LinkOptions link;
@@ -59,6 +72,7 @@ struct SpanOptions {
   // failed primary first) are dialled again before a step at most this often, and the span goes
   // back to the first that answers (its inputs replayed as after any move). < 0: never.
   std::chrono::milliseconds retry_preferred{10000};
+  SpanChainMode chain = SpanChainMode::kAuto;
 };
 
 struct SpanStats {
@@ -69,7 +83,11 @@ struct SpanStats {
   uint64_t failovers = 0;      // switches to the next peer of a span (or to this process)
   uint64_t local_steps = 0;    // span steps run here
   uint64_t bytes_sent = 0, bytes_received = 0;
-  uint64_t restored = 0;  // moves back to a preferred peer (retry_preferred)
+  uint64_t restored = 0;       // moves back to a preferred peer (retry_preferred)
+  uint64_t chains = 0;         // chained trips: one head SPAN_STEP for several adjacent spans
+  uint64_t chained_steps = 0;  // span steps completed inside a chain (counted in steps too)
+  uint64_t awaits = 0;         // SPAN_AWAITs sent (counted in trips: one per span after the head)
+  uint64_t chain_breaks = 0;   // chains finished star-style after a failure, a lack or a lost hop
 };
 
 // What the backbone sees of one span now (the dashboard's plan card).
@@ -94,6 +112,7 @@ class SpanClient final : public SpanRunner {
 
   const std::vector<LayerSpan>& spans() const override { return spans_; }
   Status run(int k, const SpanBatch& b, float* h) override;
+  Status run_from(int k, const SpanBatch& b, float* h, int* k_last) override;
   void on_truncate(int32_t seq, int64_t n_keep) override;
   void on_copy(int32_t src, int32_t dst, int64_t n) override;
   void on_remove(int32_t seq) override;
@@ -115,10 +134,29 @@ class SpanClient final : public SpanRunner {
     std::vector<std::vector<std::array<uint8_t, 16>>> chain;  // [span][cell]
     std::vector<std::vector<int64_t>> pos;                    // [span][cell]
   };
+  struct Part;  // one sequence of a step: its cells before it and its rows in the batch
   SpanClient(const Model& model, const SpanOptions& opts);
   Status trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* out);
   Status fail_over(int k, const Status& why);
   void retry_preferred(int k);
+  // The step's sequences in order of appearance; each span's log cut back to where they start.
+  Result<std::vector<Part>> begin_step(int k_first, int k_last, const SpanBatch& b);
+  // Rows of the step in sequence-grouped order <-> batch order; rows as the hidden wire carries them.
+  std::vector<float> gather(const std::vector<Part>& parts, const float* h) const;
+  void scatter(const std::vector<Part>& parts, const std::vector<float>& rows, float* h) const;
+  Status round_to_wire(std::vector<float>* rows) const;
+  // The step message for span k (replaying what its runner lacks) from the grouped rows.
+  Result<wire::SpanStepMsg> step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
+                                         const std::vector<float>& rows, uint64_t* replayed);
+  // Span k's result accepted: its inputs logged, what its runner holds, rows := its outputs.
+  void accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
+              std::vector<float>* rows);
+  // One span star-style: resends with replay, failover. rows: its inputs in, its outputs out.
+  Status star(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows);
+  // Spans k..e as one chain (finished star-style from where it breaks).
+  Status chain(int k, int e, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows);
+  // The last span a chain from k may reach for this step (k: no chain).
+  int chain_end(int k, const std::vector<Part>& parts, int64_t n_rows);
 
   const Model& model_;
   SpanOptions opts_;
@@ -128,6 +166,14 @@ class SpanClient final : public SpanRunner {
   mutable std::mutex view_mu_;  // Runner::view
   std::map<int32_t, SeqLog> logs_;
   SpanStats stats_;
+  uint64_t next_chain_id_ = 0;  // random start: ids of a restarted backbone do not meet old ones
+  // kAuto's measurements (single-stream steps only): per chain start k and end e, and per span.
+  struct ChainTimes {
+    double seconds = 0;  // moving average of the whole chain's trip
+    int samples = 0;
+    uint64_t decisions = 0;
+  };
+  std::map<std::pair<int, int>, ChainTimes> chain_times_;
 };
 
 }  // namespace moesh

@@ -239,6 +239,7 @@ std::string slice_kind(const gguf::File& f);
 // ---- the worker process ------------------------------------------------------------------------
 
 class SpanHost;
+class SpanForwarder;
 
 struct WorkerOptions {
   std::string host = "127.0.0.1";
@@ -282,6 +283,10 @@ struct WorkerOptions {
   // Span peer (`moesh span`, span_host.h): also runs whole blocks for backbones (SPAN_STEP,
   // feature bit kFeatureSpan). Null: an expert worker only.
   std::shared_ptr<SpanHost> span;
+  // Chained spans (span_chain.h): passes the rows of a chained step on to the next span's peer
+  // and answers SPAN_AWAIT (feature bit kFeatureSpanChain). Null: steps are answered star-style
+  // only. Needs `span`.
+  std::shared_ptr<SpanForwarder> span_forwarder;
 };
 
 struct WorkerStats {
@@ -298,6 +303,10 @@ struct WorkerStats {
   std::atomic<uint64_t> store_refusals{0};  // STOREs refused (budget, hashes, shape, disk)
   std::atomic<uint64_t> replica_bytes{0};   // slab bytes of the replicas held now
   std::atomic<uint64_t> span_steps{0};      // SPAN_STEPs received (span peers)
+  std::atomic<uint64_t> span_forwarded{0};  // chained steps received from another span peer
+  std::atomic<uint64_t> span_forwards{0};   // chained steps passed on to the next span's peer
+  std::atomic<uint64_t> span_forward_errors{0};  // of which could not be sent
+  std::atomic<uint64_t> span_awaits{0};          // SPAN_AWAITs received
 };
 
 // One side's account of the work done between a backbone and a worker (the work ledger): the

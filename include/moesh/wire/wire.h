@@ -58,7 +58,11 @@ constexpr uint32_t kFeatureStore = 1u << 2;
 constexpr uint32_t kFeatureInfo = 1u << 3;
 // Span peer (`moesh span`): runs whole blocks for the backbone (SPAN_STEP, answered with SPAN_RESULT).
 constexpr uint32_t kFeatureSpan = 1u << 4;
-constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo | kFeatureSpan;
+// Span peer that passes a chained step on to the next span's peer itself (SPAN_STEP's chain
+// fields) and answers SPAN_AWAIT with the result of a step forwarded to it (docs/span.md).
+constexpr uint32_t kFeatureSpanChain = 1u << 5;
+constexpr uint32_t kAllFeatures =
+    kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo | kFeatureSpan | kFeatureSpanChain;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
@@ -79,6 +83,7 @@ enum class MsgType : uint16_t {
   kInfoReply = 15,   // worker -> backbone: its capacity (same request id)
   kSpanStep = 16,    // backbone -> span peer: rows entering blocks first..last of one step [kFeatureSpan]
   kSpanResult = 17,  // span peer -> backbone: the rows leaving them, or which inputs it lacks
+  kSpanAwait = 18,   // backbone -> span peer: answer with the result of the chained step forwarded to you
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -379,6 +384,21 @@ struct SpanSeq {
   std::array<uint8_t, 16> chain{};  // hash chain of the inputs of cells [0, start) (all zero: start 0)
   bool operator==(const SpanSeq&) const = default;
 };
+// Chained spans [kFeatureSpanChain]: a step may name the spans after it (`next`, adjacent, in
+// order). The peer that computes it passes the rows leaving its last block on to the first hop's
+// peer itself (as a SPAN_STEP with `origin` set and the rest of `next`), instead of the backbone
+// sending them there, and still returns them to whoever sent the step (the backbone logs every
+// span's inputs: replay and failover stay as they are). A forwarded step never replays, and its
+// result goes to the backbone that asked for it with SPAN_AWAIT, not back to the forwarder.
+constexpr uint32_t kMaxSpanHops = 64;
+struct SpanHop {
+  std::string address;  // HOST:PORT of the span peer that runs it (1..255 bytes)
+  uint32_t first = 0, last = 0;
+  // Per sequence of the step, in its order: the cells that peer holds and their hash chain.
+  std::vector<uint64_t> start;
+  std::vector<std::array<uint8_t, 16>> chain;
+  bool operator==(const SpanHop&) const = default;
+};
 struct SpanStepMsg {
   uint64_t request_id = 0;  // != 0
   uint32_t first = 0, last = 0;
@@ -387,7 +407,24 @@ struct SpanStepMsg {
   std::vector<int64_t> pos;  // per row: its position (increasing within a sequence)
   std::vector<uint8_t> cut;  // per row, 0/1: a cut after it is likely (recurrent checkpoints)
   WireRows hidden;           // rows x n_embd, grouped as above
+  // Chained (chain_id != 0): the hops after this span. The backbone sends the head step with an
+  // empty origin; a forwarded step names the backbone whose sequences these are.
+  uint64_t chain_id = 0;
+  std::string origin;                     // <= kMaxNameBytes
+  WireDType hop_dtype = WireDType::kF32;  // rows between hops: f32, f16 or bf16
+  std::vector<SpanHop> next;              // <= kMaxSpanHops
   uint32_t n_rows() const { return hidden.n_rows; }
+};
+// SPAN_AWAIT: the backbone asks a span peer for the result of the chained step `chain_id` of blocks
+// first..last that another peer forwards to it; answered (same request id) with that SPAN_RESULT,
+// or ERROR kTimeout after timeout_ms. It never blocks the peer's other work.
+constexpr uint32_t kMaxSpanAwaitMs = 600000;
+struct SpanAwaitMsg {
+  uint64_t request_id = 0;  // != 0
+  uint64_t chain_id = 0;    // != 0
+  uint32_t first = 0, last = 0;
+  uint32_t timeout_ms = 0;  // 1..kMaxSpanAwaitMs
+  bool operator==(const SpanAwaitMsg&) const = default;
 };
 struct SpanHave {
   int32_t seq = 0;
@@ -399,6 +436,9 @@ struct SpanResultMsg {
   uint32_t compute_us = 0;
   std::vector<SpanHave> need;  // non-empty: nothing was computed or changed; rows is empty
   WireRows rows;               // otherwise: one row per new row of the step, in its order
+  // Chained steps: why this peer could not pass its rows on to the next hop (empty: it did, or
+  // the step had none). <= kMaxTextBytes.
+  std::string forward_error;
 };
 
 // Swarm-key authentication (net/auth.h): a fresh random challenge and/or an HMAC-SHA256 proof.
@@ -469,6 +509,7 @@ Result<std::vector<uint8_t>> encode_info_request(uint64_t request_id);
 Result<std::vector<uint8_t>> encode_info(const InfoMsg& m);
 Result<std::vector<uint8_t>> encode_span_step(const SpanStepMsg& m);
 Result<std::vector<uint8_t>> encode_span_result(const SpanResultMsg& m);
+Result<std::vector<uint8_t>> encode_span_await(const SpanAwaitMsg& m);
 
 // Decoders check the frame type, every count against the payload size and the limits, and
 // every enum; they never allocate more than the payload size implies.
@@ -487,6 +528,7 @@ Result<SlabMsg> decode_store(const Frame& f, const DecodeLimits& lim);
 Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim);
 Result<SpanStepMsg> decode_span_step(const Frame& f, const DecodeLimits& lim);
 Result<SpanResultMsg> decode_span_result(const Frame& f, const DecodeLimits& lim);
+Result<SpanAwaitMsg> decode_span_await(const Frame& f, const DecodeLimits& lim);
 // INFO: the request id (!= 0); the payload must be empty.
 Result<uint64_t> decode_info_request(const Frame& f);
 Result<InfoMsg> decode_info(const Frame& f);
