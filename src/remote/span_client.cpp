@@ -97,6 +97,8 @@ struct SpanClient::Runner {
   std::chrono::steady_clock::time_point last_retry{};
   double star_seconds = 0;  // kAuto: moving average of clean single-stream trips (span_client.h)
   int star_samples = 0;
+  double compute_seconds = 0;  // kAuto: moving average of the peer's compute of those steps
+  int compute_samples = 0;
 };
 
 SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
@@ -378,6 +380,19 @@ Result<wire::SpanStepMsg> SpanClient::step_message(int k, const std::vector<Part
   return m;
 }
 
+// Small steps (single streams decoding) are what kAuto times: their trips are mostly the network.
+constexpr int64_t kTimedStepRows = 8;
+constexpr double kTimeAverage = 0.2;  // weight of a new sample in the moving averages
+constexpr int kMinSamples = 3;
+constexpr uint64_t kProbeEvery = 50;  // kAuto tries the losing layout once every this many steps
+
+namespace {
+void add_sample(double* avg, int* n, double seconds) {
+  *avg = *n == 0 ? seconds : (1 - kTimeAverage) * *avg + kTimeAverage * seconds;
+  ++*n;
+}
+}  // namespace
+
 void SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
                         std::vector<float>* rows) {
   const int64_t D = model_.hparams().n_embd;
@@ -401,20 +416,8 @@ void SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& 
   *rows = std::move(out);
   ++stats_.steps;
   if (r.local) ++stats_.local_steps;
+  if (r.link && b.n <= kTimedStepRows) add_sample(&r.compute_seconds, &r.compute_samples, res.compute_us * 1e-6);
 }
-
-// Small steps (single streams decoding) are what kAuto times: their trips are mostly the network.
-constexpr int64_t kTimedStepRows = 8;
-constexpr double kTimeAverage = 0.2;  // weight of a new sample in the moving averages
-constexpr int kMinSamples = 3;
-constexpr uint64_t kProbeEvery = 50;  // kAuto tries the losing layout once every this many steps
-
-namespace {
-void add_sample(double* avg, int* n, double seconds) {
-  *avg = *n == 0 ? seconds : (1 - kTimeAverage) * *avg + kTimeAverage * seconds;
-  ++*n;
-}
-}  // namespace
 
 Status SpanClient::star(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
   const size_t ks = static_cast<size_t>(k);
@@ -485,22 +488,24 @@ int SpanClient::chain_end(int k, const std::vector<Part>& parts, int64_t n_rows)
     ++e;
   }
   if (e == k || opts_.chain == SpanChainMode::kOn) return e;
-  // kAuto: chain where it measured faster than the star trips it replaces.
+  // kAuto: chain where it measured faster than the star trips it replaces. Until star trips of
+  // a span are timed, one is taken as its link's warm-up round trip plus the peer's compute (an
+  // upper bound: the warm-up carries padding), so a chain that clearly wins is not interrupted
+  // to time star trips first; the loser is still tried once every kProbeEvery steps.
   ChainTimes& ct = chain_times_[{k, e}];
   double star_sum = 0;
-  bool star_known = true;
   for (int j = k; j <= e; ++j) {
     const Runner& r = *runners_[static_cast<size_t>(j)];
-    star_known = star_known && r.star_samples >= kMinSamples;
-    star_sum += r.star_seconds;
+    star_sum += r.star_samples >= kMinSamples
+                    ? r.star_seconds
+                    : std::chrono::duration<double>(r.link->warmup_rtt).count() + r.compute_seconds;
   }
   if (n_rows > kTimedStepRows) {
     // Not timed: follow what the small steps measured (chain until they say otherwise).
-    return ct.samples < kMinSamples || !star_known || ct.seconds <= star_sum ? e : k;
+    return ct.samples < kMinSamples || ct.seconds <= star_sum ? e : k;
   }
   const uint64_t d = ++ct.decisions;
   if (ct.samples < kMinSamples) return e;
-  if (!star_known) return k;
   const bool chain_wins = ct.seconds <= star_sum;
   const bool probe = d % kProbeEvery == 0;
   return chain_wins != probe ? e : k;
