@@ -10,6 +10,7 @@ PKGS=(
   libasio-dev libpcre2-dev libcpp-httplib-dev libssl-dev libboost-dev
   clang-format clang libclang-rt-14-dev graphviz gnuplot-nox
   curl iproute2 openssl
+  python3 python3-jinja2
   chromium
 )
 
