@@ -340,17 +340,34 @@ TEST(Span, ASpanSliceIsAllASpanPeerNeeds) {
   EXPECT_NE(beyond.err.find("not within the model's 0-5"), std::string::npos) << beyond.err;
 }
 
+void scheduler_across_spans(bool chained);
+
 // The server's scheduler over spans: continuous batching (several streams per step, one trip
 // per span for all of them), the prefix cache (a repeated prompt copied, not recomputed, on the
 // backbone and on the peer), n-gram drafts; every stream's tokens equal greedy decoding alone.
+// Once with one span, once with two adjacent spans chained (one chain per step).
 TEST(Span, TheSchedulerBatchesStreamsAcrossSpans) {
+  for (bool chained : {false, true}) {
+    SCOPED_TRACE(chained ? "two chained spans" : "one span");
+    ASSERT_NO_FATAL_FAILURE(scheduler_across_spans(chained));
+  }
+}
+
+void scheduler_across_spans(bool chained) {
   const std::string path = six_block_model();
   auto model = Model::load(path);
   ASSERT_TRUE(model.is_ok());
   const Model& m = **model;
-  auto a = spawn_span(path, "1-3");
+  auto a = spawn_span(path, chained ? "1-2" : "1-3");
   ASSERT_TRUE(a.is_ok());
-  auto spans = connect_spans(m, {target(1, 3, {a->get()})});
+  std::vector<SpanTarget> targets = {target(1, chained ? 2 : 3, {a->get()})};
+  Result<std::unique_ptr<WorkerProcess>> b = make_error(StatusCode::kNotFound, "no second span");
+  if (chained) {
+    b = spawn_span(path, "3-4");
+    ASSERT_TRUE(b.is_ok());
+    targets.push_back(target(3, 4, {b->get()}));
+  }
+  auto spans = connect_spans(m, std::move(targets), true, chained ? SpanChainMode::kOn : SpanChainMode::kAuto);
   ASSERT_NE(spans, nullptr);
   SchedulerOptions o;
   o.n_slots = 3;
@@ -411,8 +428,12 @@ TEST(Span, TheSchedulerBatchesStreamsAcrossSpans) {
   const SchedulerStats st = (*sched)->stats();
   EXPECT_GE(st.max_batch_seen, 2u);
   EXPECT_GT(st.cached_prompt_tokens, 0u);  // the repeated prompt
-  // One trip per span and step, whatever the number of streams in it (nothing was lost).
-  EXPECT_EQ(spans->stats().trips, st.steps);
+  // One trip per span and step, whatever the number of streams in it (nothing was lost); chained,
+  // every step is one chain (its head trip and one await).
+  const uint64_t n_spans = chained ? 2 : 1;
+  EXPECT_EQ(spans->stats().trips, n_spans * st.steps);
+  EXPECT_EQ(spans->stats().chains, chained ? st.steps : 0u);
+  EXPECT_EQ(spans->stats().chain_breaks, 0u);
   EXPECT_EQ(spans->stats().failovers, 0u);
   (*sched)->shutdown();
 }
