@@ -118,6 +118,11 @@ class Sim {
     const int h = plan_.layer_host[static_cast<size_t>(l)];
     if (h >= 0) {
       const PeerRole& r = plan_.roles[static_cast<size_t>(h)];
+      const std::vector<int> chain = chain_from(h);
+      if (chain.size() > 1) {
+        run_chain(chain, 0);
+        return;
+      }
       run_span(h, r.first, r.last, [this, next = r.last + 1] { run_layer(next); });
     } else {
       backbone_layer(l, [this, l] { run_layer(l + 1); });
@@ -183,6 +188,67 @@ class Sim {
       res_.replayed_rows += rows_;
       backbone_compute(span_compute_s(first, last, static_cast<int>(rows_) + T) / po_.backbone_speed, *finish);
     });
+  }
+
+  // The spans the plan chains from span peer h on (h first; just h when the next is not chained
+  // after it). A chain is only taken by peers that never fail in this run: the runtime finishes a
+  // broken chain star-style, which the star path below models.
+  std::vector<int> chain_from(int h) const {
+    std::vector<int> out{h};
+    auto healthy = [&](int p) {
+      return !span_here_[static_cast<size_t>(p)] && std::isinf(fail_at_[static_cast<size_t>(p)]);
+    };
+    if (!healthy(h)) return out;
+    for (;;) {
+      const int next = plan_.roles[static_cast<size_t>(out.back())].last + 1;
+      if (next >= m_.n_layer()) break;
+      const int h2 = plan_.layer_host[static_cast<size_t>(next)];
+      if (h2 < 0 || plan_.roles[static_cast<size_t>(h2)].chained_after != out.back() || !healthy(h2)) break;
+      out.push_back(h2);
+    }
+    return out;
+  }
+
+  // A message from span peer q straight to span peer p: half their RTT, one message cost, the
+  // slower link's rate.
+  void send_p2p(int q, int p, uint64_t bytes, std::function<void()> arrive) {
+    const PlanPeer &a = peers_[static_cast<size_t>(q)], &b = peers_[static_cast<size_t>(p)];
+    const double rate =
+        a.rate_bps > 0 && b.rate_bps > 0 ? std::min(a.rate_bps, b.rate_bps) : std::max(a.rate_bps, b.rate_bps);
+    double t = now_ + (rate > 0 ? bytes * 8.0 / rate : 0.0) +
+               po_.peer_rtt_s[static_cast<size_t>(q)][static_cast<size_t>(p)] / 2 + po_.message_s;
+    if (so_.jitter_s > 0) t += std::uniform_real_distribution<double>(0, so_.jitter_s)(rng_);
+    res_.messages++;
+    res_.bytes += bytes;
+    at(t, std::move(arrive));
+  }
+
+  // Spans chain[i..] of one step: the head's rows come from the backbone, each next span's from
+  // the peer before it, and the last returns to the backbone; every peer also returns a copy of its
+  // rows to the backbone (the backbone's log), off the critical path.
+  void run_chain(const std::vector<int>& chain, size_t i) {
+    const int T = tokens_per_step();
+    const uint64_t bytes = static_cast<uint64_t>(T) * m_.hidden_bytes + kHeaderBytes;
+    auto compute = [=, this] {
+      const int p = chain[i];
+      const PeerRole& r = plan_.roles[static_cast<size_t>(p)];
+      const double dur = span_compute_s(r.first, r.last, T) / peers_[static_cast<size_t>(p)].speed;
+      res_.peer_busy_s[static_cast<size_t>(p)] += dur;
+      serve(&peer_cpu_[static_cast<size_t>(p)], dur, [=, this](double) {
+        if (i + 1 < chain.size()) {
+          send_p2p(p, chain[i + 1], bytes, [=, this] { run_chain(chain, i + 1); });
+          send(p, false, bytes, [] {});  // the copy for the backbone's log
+        } else {
+          send(p, false, bytes, [this, next = r.last + 1] { run_layer(next); });
+        }
+      });
+    };
+    trips_++;  // the head's trip, or the await the backbone sends this span
+    if (i == 0) {
+      send(chain[0], true, bytes, compute);
+    } else {
+      compute();
+    }
   }
 
   // k distinct experts for one token, drawn from the layer's shares.

@@ -117,6 +117,24 @@ double span_cost(const PlanModel& m, const PlanOptions& o, const PlanPeer& p, in
   return c;
 }
 
+}  // namespace
+
+double chain_saving(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, int q, int p) {
+  if (!o.chain_spans || q < 0 || p < 0 || q == p || static_cast<size_t>(q) >= o.peer_rtt_s.size() ||
+      static_cast<size_t>(p) >= o.peer_rtt_s[static_cast<size_t>(q)].size())
+    return 0;
+  const double hop = o.peer_rtt_s[static_cast<size_t>(q)][static_cast<size_t>(p)];
+  if (hop < 0) return 0;
+  const PlanPeer &a = peers[static_cast<size_t>(q)], &b = peers[static_cast<size_t>(p)];
+  // q -> backbone -> p (two messages, each on its own link) becomes q -> p (one message, at the
+  // slower of the two links' rates).
+  const double rows = static_cast<double>(tokens(o)) * static_cast<double>(m.hidden_bytes);
+  const double wire = std::min(wire_s(a.rate_bps, rows), wire_s(b.rate_bps, rows));
+  return std::max(0.0, 0.5 * (a.rtt_s + b.rtt_s - hop) + o.message_s + wire);
+}
+
+namespace {
+
 uint64_t layer_bytes(const PlanModel& m, int l) {
   const PlanLayer& L = m.layers[static_cast<size_t>(l)];
   return L.dense_bytes + L.state_bytes + (L.moe ? L.expert_bytes * static_cast<uint64_t>(m.n_expert) : 0);
@@ -126,6 +144,16 @@ Status check_inputs(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
   if (m.layers.empty() || m.n_expert <= 0 || m.n_expert_used <= 0 || m.n_expert_used > m.n_expert)
     return make_error(StatusCode::kInvalidArgument, "plan: model '{}' has no routed experts ({} layers, {} of {})",
                       m.name, m.layers.size(), m.n_expert_used, m.n_expert);
+  if (!o.peer_rtt_s.empty()) {
+    if (o.peer_rtt_s.size() != peers.size())
+      return make_error(StatusCode::kInvalidArgument, "plan: peer RTTs for {} peers, {} given", o.peer_rtt_s.size(),
+                        peers.size());
+    for (const auto& row : o.peer_rtt_s) {
+      if (row.size() != peers.size())
+        return make_error(StatusCode::kInvalidArgument, "plan: a row of {} peer RTTs for {} peers", row.size(),
+                          peers.size());
+    }
+  }
   if (!m.p.empty()) {
     if (m.p.size() != m.layers.size())
       return make_error(StatusCode::kInvalidArgument, "plan: {} rows of activation shares for {} layers", m.p.size(),
@@ -226,6 +254,21 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
   }
   const int KB = static_cast<int>(max_kb) + 1, ND = n_dense + 1;
   const int NS = ordered ? static_cast<int>(S.size()) + 1 : (1 << S.size());
+  // Chains: what a span saves right after another (saving[q][p], indices into S). The state then
+  // also says which span ended at the previous layer: ordered, only "S[s-1] did" (pv 1) or not
+  // (pv 0); with masks, its index (pv = q + 1) or none (pv 0).
+  std::vector<std::vector<double>> saving(S.size(), std::vector<double>(S.size(), 0.0));
+  bool any_saving = false;
+  for (size_t q = 0; q < S.size(); ++q)
+    for (size_t p = 0; p < S.size(); ++p) {
+      saving[q][p] = chain_saving(m, peers, o, S[q], S[p]);
+      any_saving = any_saving || saving[q][p] > 0;
+    }
+  const int PV = !any_saving ? 1 : ordered ? 2 : static_cast<int>(S.size()) + 1;
+  auto prev_span = [&](int s, int pv) -> int {  // index into S of the span that just ended, or -1
+    if (pv == 0) return -1;
+    return ordered ? s - 1 : pv - 1;
+  };
   // Cost of the kb-th backbone MoE layer at layer l.
   std::vector<std::vector<double>> bl(static_cast<size_t>(KB), std::vector<double>(static_cast<size_t>(L), kInf));
   for (int j = 0; j < max_kb; ++j) {
@@ -236,80 +279,89 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
             m.layers[static_cast<size_t>(l)].dense_s * T / o.backbone_speed +
             layer_trip(m, o, l, fill.holders, segs).expected_s;
   }
-  auto idx = [&](int pos, int s, int kb, int nd) { return ((static_cast<size_t>(pos) * NS + s) * KB + kb) * ND + nd; };
-  const size_t n_states = static_cast<size_t>(L + 1) * NS * KB * ND;
+  auto idx = [&](int pos, int s, int kb, int nd, int pv) {
+    return (((static_cast<size_t>(pos) * NS + s) * KB + kb) * ND + nd) * PV + pv;
+  };
+  const size_t per_pos = static_cast<size_t>(NS) * KB * ND * PV;
+  const size_t n_states = static_cast<size_t>(L + 1) * per_pos;
   std::vector<double> dp(n_states, kInf);
   struct Parent {
     int32_t prev = -1;
     int16_t span_peer = -1;  // index into S; -1: a backbone layer
   };
   std::vector<Parent> par(n_states);
-  dp[idx(0, 0, 0, 0)] = 0;
+  dp[idx(0, 0, 0, 0, 0)] = 0;
   for (int pos = 0; pos < L; ++pos) {
     const PlanLayer& Ly = m.layers[static_cast<size_t>(pos)];
     for (int s = 0; s < NS; ++s)
       for (int kb = 0; kb < KB; ++kb)
-        for (int nd = 0; nd < ND; ++nd) {
-          const size_t from = idx(pos, s, kb, nd);
-          const double c0 = dp[from];
-          if (c0 == kInf) continue;
-          auto relax = [&](size_t to, double c, int span_peer) {
-            if (c < dp[to]) {
-              dp[to] = c;
-              par[to] = {static_cast<int32_t>(from), static_cast<int16_t>(span_peer)};
+        for (int nd = 0; nd < ND; ++nd)
+          for (int pv = 0; pv < PV; ++pv) {
+            const size_t from = idx(pos, s, kb, nd, pv);
+            const double c0 = dp[from];
+            if (c0 == kInf) continue;
+            auto relax = [&](size_t to, double c, int span_peer) {
+              if (c < dp[to]) {
+                dp[to] = c;
+                par[to] = {static_cast<int32_t>(from), static_cast<int16_t>(span_peer)};
+              }
+            };
+            // Layer pos on the backbone.
+            if (Ly.moe) {
+              if (kb + 1 < KB)
+                relax(idx(pos + 1, s, kb + 1, nd, 0), c0 + bl[static_cast<size_t>(kb)][static_cast<size_t>(pos)], -1);
+            } else if (nd + 1 < ND) {
+              relax(idx(pos + 1, s, kb, nd + 1, 0), c0 + Ly.dense_s * T / o.backbone_speed, -1);
             }
-          };
-          // Layer pos on the backbone.
-          if (Ly.moe) {
-            if (kb + 1 < KB)
-              relax(idx(pos + 1, s, kb + 1, nd), c0 + bl[static_cast<size_t>(kb)][static_cast<size_t>(pos)], -1);
-          } else if (nd + 1 < ND) {
-            relax(idx(pos + 1, s, kb, nd + 1), c0 + Ly.dense_s * T / o.backbone_speed, -1);
+            // Ordered: candidate s is skipped (it stays idle) or is the next span. (A skip forgets
+            // the span that just ended: the heuristic then prices no chain across an idle peer.)
+            if (ordered && s < static_cast<int>(S.size())) relax(idx(pos, s + 1, kb, nd, 0), c0, -1);
+            const int q = prev_span(s, pv);
+            // A span starting at pos.
+            for (size_t si = 0; si < S.size(); ++si) {
+              int ns;
+              if (ordered) {
+                if (static_cast<int>(si) != s) continue;
+                ns = s + 1;
+              } else {
+                if (s & (1 << si)) continue;
+                ns = s | (1 << si);
+              }
+              const PlanPeer& p = peers[static_cast<size_t>(S[si])];
+              const double save = q >= 0 ? saving[static_cast<size_t>(q)][si] : 0.0;
+              const int npv = PV == 1 ? 0 : ordered ? 1 : static_cast<int>(si) + 1;
+              uint64_t bytes = 0;
+              bool has_moe = false;
+              for (int last = pos; last < L; ++last) {
+                bytes += layer_bytes(m, last);
+                if (bytes > p.memory_bytes) break;
+                has_moe = has_moe || m.layers[static_cast<size_t>(last)].moe;
+                if (!has_moe) continue;
+                relax(idx(last + 1, ns, kb, nd, npv), c0 + span_cost(m, o, p, pos, last) - save, static_cast<int>(si));
+              }
+            }
           }
-          // Ordered: candidate s is skipped (it stays idle) or is the next span.
-          if (ordered && s < static_cast<int>(S.size())) relax(idx(pos, s + 1, kb, nd), c0, -1);
-          // A span starting at pos.
-          for (size_t si = 0; si < S.size(); ++si) {
-            int ns;
-            if (ordered) {
-              if (static_cast<int>(si) != s) continue;
-              ns = s + 1;
-            } else {
-              if (s & (1 << si)) continue;
-              ns = s | (1 << si);
-            }
-            const PlanPeer& p = peers[static_cast<size_t>(S[si])];
-            uint64_t bytes = 0;
-            bool has_moe = false;
-            for (int last = pos; last < L; ++last) {
-              bytes += layer_bytes(m, last);
-              if (bytes > p.memory_bytes) break;
-              has_moe = has_moe || m.layers[static_cast<size_t>(last)].moe;
-              if (!has_moe) continue;
-              relax(idx(last + 1, ns, kb, nd), c0 + span_cost(m, o, p, pos, last), static_cast<int>(si));
-            }
-          }
-        }
   }
   // The backbone must hold the globals and its layers' dense parts and state.
   size_t best_state = SIZE_MAX;
   for (int s = 0; s < NS; ++s)
     for (int kb = 0; kb < KB; ++kb)
-      for (int nd = 0; nd < ND; ++nd) {
-        const size_t at = idx(L, s, kb, nd);
-        if (dp[at] == kInf) continue;
-        const uint64_t bb = m.global_bytes + kb * moe_bb + nd * dense_bb;
-        if (bb > o.backbone_memory_bytes) continue;
-        if (best_state == SIZE_MAX || dp[at] < dp[best_state]) best_state = at;
-      }
+      for (int nd = 0; nd < ND; ++nd)
+        for (int pv = 0; pv < PV; ++pv) {
+          const size_t at = idx(L, s, kb, nd, pv);
+          if (dp[at] == kInf) continue;
+          const uint64_t bb = m.global_bytes + kb * moe_bb + nd * dense_bb;
+          if (bb > o.backbone_memory_bytes) continue;
+          if (best_state == SIZE_MAX || dp[at] < dp[best_state]) best_state = at;
+        }
   if (best_state == SIZE_MAX) return best;
   best.cost = dp[best_state];
   // Walk back: a span's parent is its start position.
   for (size_t at = best_state; par[at].prev >= 0; at = static_cast<size_t>(par[at].prev)) {
     if (par[at].span_peer < 0) continue;
     const size_t from = static_cast<size_t>(par[at].prev);
-    const int first = static_cast<int>(from / (static_cast<size_t>(NS) * KB * ND));
-    const int last = static_cast<int>(at / (static_cast<size_t>(NS) * KB * ND)) - 1;
+    const int first = static_cast<int>(from / per_pos);
+    const int last = static_cast<int>(at / per_pos) - 1;
     best.spans.push_back({S[static_cast<size_t>(par[at].span_peer)], {first, last}});
   }
   best.expert_peers = E;
@@ -421,7 +473,10 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
                             p.name);
         r.bytes += layer_bytes(m, l);
       }
-      r.trip_s = span_cost(m, PlanOptions{.tokens_per_step = 1, .message_s = o.message_s}, p, r.first, r.last);
+      PlanOptions one;
+      one.tokens_per_step = 1;
+      one.message_s = o.message_s;
+      r.trip_s = span_cost(m, one, p, r.first, r.last);
     } else if (r.kind == RoleKind::kExperts) {
       if (!o.experts)
         return make_error(StatusCode::kInvalidArgument, "plan: expert roles are not allowed ({})", p.name);
@@ -455,6 +510,11 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
       if (l == r.first) {
         c = span_cost(m, o, peers[static_cast<size_t>(h)], r.first, r.last);
         plan->trips_per_step += 1;
+        // Right after another span: the two chain where that is faster.
+        const int q = l > 0 ? plan->layer_host[static_cast<size_t>(l - 1)] : -1;
+        const double save = q >= 0 && q != h ? chain_saving(m, peers, o, q, h) : 0.0;
+        c -= save;
+        plan->roles[static_cast<size_t>(h)].chained_after = save > 0 ? q : -1;
       }
     } else {
       plan->backbone_bytes += Ly.dense_bytes + Ly.state_bytes;
@@ -685,6 +745,8 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
     const PeerRole& r = plan.roles[i];
     std::string what = "-";
     if (r.kind == RoleKind::kSpan) what = fmt::format("layers {}-{}", r.first, r.last);
+    if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
+      what += fmt::format(" (chained after {})", peers[static_cast<size_t>(r.chained_after)].name);
     if (r.kind == RoleKind::kExperts) what = "experts " + format_expert_spec(r.experts, m.n_expert);
     out += fmt::format("{:<14} {:<8} {:>9.1f} {:>10} {:>11}  {}\n", p.name, role_name(r.kind), p.rtt_s * 1e3,
                        fmt_bytes(r.bytes), fmt_bytes(p.memory_bytes), what);

@@ -237,6 +237,38 @@ TEST(PlanCli, BadInputsGetClearErrors) {
   RunResult layout = run_moesh(m + " --peer a:mem=1GiB --layout ring");
   EXPECT_EQ(layout.exit_code, 2);
   EXPECT_NE(layout.err.find("plan, experts or spans"), std::string::npos) << layout.err;
+  RunResult bad_pair = run_moesh(m + " --peer a:mem=1GiB --peer b:mem=1GiB --peer-rtt a:c=10ms");
+  EXPECT_EQ(bad_pair.exit_code, 2);
+  EXPECT_NE(bad_pair.err.find("two different --peer names"), std::string::npos) << bad_pair.err;
+  RunResult bad_rtt = run_moesh(m + " --peer a:mem=1GiB --peer b:mem=1GiB --peer-rtt a:b=soon");
+  EXPECT_EQ(bad_rtt.exit_code, 2);
+  EXPECT_NE(bad_rtt.err.find("--peer-rtt 'a:b=soon'"), std::string::npos) << bad_rtt.err;
+}
+
+// Peers far from the backbone and close to each other: with their RTT given, the equal spans are
+// priced as one chain (each after the one before) and predicted faster than star; the simulator
+// agrees with the planner exactly.
+TEST(PlanCli, PeerRttsPriceAdjacentSpansAsAChain) {
+  const std::string model = eight_block_model();
+  const std::string common =
+      "-m " + quoted(model) +
+      " --peer a:mem=1GiB,rtt=100ms --peer b:mem=1GiB,rtt=100ms --layout spans --seconds-per-byte "
+      "0.25e-9 --message-us 100 --json";
+  RunResult star = run_moesh("swarm plan " + common);
+  RunResult chain = run_moesh("swarm plan " + common + " --peer-rtt 20ms");
+  RunResult off = run_moesh("swarm plan " + common + " --peer-rtt a:b=20ms --no-chain");
+  ASSERT_EQ(star.exit_code, 0) << star.err;
+  ASSERT_EQ(chain.exit_code, 0) << chain.err;
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  const nlohmann::json s = json_of(star), c = json_of(chain), o = json_of(off);
+  EXPECT_FALSE(s["roles"][1].contains("chained_after"));
+  EXPECT_EQ(c["roles"][1]["chained_after"], "a");
+  // One hop saves 1/2 (100 + 100 - 20) ms and one message (0.1 ms).
+  EXPECT_NEAR(s["predicted_step_ms"].get<double>() - c["predicted_step_ms"].get<double>(), 90.1, 1e-6);
+  EXPECT_NEAR(o["predicted_step_ms"].get<double>(), s["predicted_step_ms"].get<double>(), 1e-9);
+  RunResult sim = run_moesh("simulate " + common + " --peer-rtt 20ms --steps 4");
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_NEAR(json_of(sim)["simulated"]["step_mean_ms"].get<double>(), c["predicted_step_ms"].get<double>(), 1e-6);
 }
 
 TEST(SimulateCli, ADeepSeekSizedSwarmOfHundredsOfPeersWithAFailure) {

@@ -114,6 +114,87 @@ TEST(SwarmPlan, EqualsBruteForceOnRandomSmallSwarms) {
   EXPECT_GT(with_experts, 5);
 }
 
+// With RTTs between peers known, adjacent spans are priced as a chain: the search (a DP that
+// remembers which span ended at the previous layer) still equals brute force.
+TEST(SwarmPlan, ChainedSpansEqualBruteForceOnRandomSmallSwarms) {
+  std::mt19937 rng(11);
+  int compared = 0, chained = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int L = 2 + static_cast<int>(rng() % 4), n_dense = static_cast<int>(rng() % 2);
+    PlanModel m = toy_model(L, 8, 2, n_dense);
+    const int P = 2 + static_cast<int>(rng() % 2);
+    std::vector<PlanPeer> peers;
+    for (int i = 0; i < P; ++i) {
+      PlanPeer p;
+      p.name = "p" + std::to_string(i);
+      p.memory_bytes = whole_layer(m) * (1 + rng() % 3);
+      p.rtt_s = 1e-3 * static_cast<double>(20 + rng() % 100);
+      p.speed = 0.5 + 0.25 * static_cast<double>(rng() % 4);
+      peers.push_back(p);
+    }
+    PlanOptions o;
+    o.message_s = 1e-4;
+    o.experts = rng() % 2 == 0;
+    o.peer_rtt_s.assign(static_cast<size_t>(P), std::vector<double>(static_cast<size_t>(P), -1.0));
+    for (int i = 0; i < P; ++i)
+      for (int j = i + 1; j < P; ++j) {
+        if (rng() % 4 == 0) continue;  // unknown: star only
+        const double r = 1e-3 * static_cast<double>(1 + rng() % 150);
+        o.peer_rtt_s[static_cast<size_t>(i)][static_cast<size_t>(j)] = r;
+        o.peer_rtt_s[static_cast<size_t>(j)][static_cast<size_t>(i)] = r;
+      }
+    const double bf = brute_force(m, peers, o);
+    auto plan = plan_swarm(m, peers, o);
+    if (std::isinf(bf)) {
+      EXPECT_FALSE(plan.is_ok()) << "trial " << trial;
+      continue;
+    }
+    ASSERT_TRUE(plan.is_ok()) << "trial " << trial << ": " << plan.status().to_string();
+    EXPECT_NEAR(plan->step_s, bf, 1e-12) << "trial " << trial << "\n" << render_plan(m, peers, *plan);
+    ++compared;
+    for (const PeerRole& r : plan->roles) chained += r.chained_after >= 0;
+  }
+  EXPECT_GE(compared, 30);
+  EXPECT_GT(chained, 5) << "the random cases must chain spans";
+}
+
+// Four one-layer spans on peers 100 ms from the backbone and 20 ms from each other: chained, a
+// step costs 50 + 3 x 10 + 50 ms of network, not 4 x 100 (plus the same compute); without peer
+// RTTs, or with chaining off, it is the star. The table names the chain.
+TEST(SwarmPlan, AdjacentSpansChainWhenPeersAreCloserToEachOther) {
+  PlanModel m = toy_model(4, 8, 2);
+  std::vector<PlanPeer> peers;
+  for (int i = 0; i < 4; ++i) peers.push_back({"p" + std::to_string(i), whole_layer(m), 0.1, 1, 0});
+  PlanOptions o;
+  o.experts = false;
+  o.backbone_memory_bytes = m.global_bytes;  // every layer must go to a span
+  auto star = plan_swarm(m, peers, o);
+  ASSERT_TRUE(star.is_ok()) << star.status().to_string();
+  o.peer_rtt_s.assign(4, std::vector<double>(4, 0.02));
+  auto chain = plan_swarm(m, peers, o);
+  ASSERT_TRUE(chain.is_ok()) << chain.status().to_string();
+  // Each of the 3 chained hops also saves one message (o.message_s is 0 here).
+  EXPECT_NEAR(star->step_s - chain->step_s, 0.4 - (0.05 + 3 * 0.01 + 0.05), 1e-9);
+  EXPECT_EQ(chain->trips_per_step, 4);
+  int n_chained = 0;
+  for (const PeerRole& r : chain->roles) n_chained += r.chained_after >= 0;
+  EXPECT_EQ(n_chained, 3);
+  EXPECT_NE(render_plan(m, peers, *chain).find("(chained after p"), std::string::npos);
+  o.chain_spans = false;
+  auto off = plan_swarm(m, peers, o);
+  ASSERT_TRUE(off.is_ok());
+  EXPECT_NEAR(off->step_s, star->step_s, 1e-12);
+  // Peers farther from each other than from the backbone: chaining would not help, so nothing chains.
+  o.chain_spans = true;
+  o.peer_rtt_s.assign(4, std::vector<double>(4, 0.3));
+  auto far = plan_swarm(m, peers, o);
+  ASSERT_TRUE(far.is_ok());
+  EXPECT_NEAR(far->step_s, star->step_s, 1e-12);
+  // A matrix of the wrong size is refused.
+  o.peer_rtt_s.assign(3, std::vector<double>(3, 0.02));
+  EXPECT_EQ(plan_swarm(m, peers, o).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(SwarmPlan, HeuristicForManyPeersIsValidAndNoWorseThanFixedLayouts) {
   PlanModel m = toy_model(12, 16, 4, 1);
   std::vector<PlanPeer> peers;

@@ -28,6 +28,8 @@ struct PlanCliArgs {
   bool calibrate = false;
   int calibrate_threads = 1;
   std::vector<std::string> peer_specs;
+  std::vector<std::string> peer_rtts;  // --peer-rtt A:B=20ms (a pair) or 20ms (every other pair)
+  bool no_chain = false;
   // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
   int n_peers = 0;
   std::string peer_memory = "8GiB", rtt_median = "20ms";
@@ -53,6 +55,10 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
   sub->add_flag("--calibrate", a->calibrate, "Measure it: decode a few tokens of -m here, all local");
   sub->add_option("--calibrate-threads", a->calibrate_threads, "Threads for --calibrate");
   sub->add_option("--peer", a->peer_specs, "NAME:mem=8GiB,rtt=20ms,speed=1,rate=100mbit[,addr=HOST:PORT] (repeatable)");
+  sub->add_option("--peer-rtt", a->peer_rtts,
+                  "Round trip between two peers, A:B=20ms (repeatable), or a bare 20ms for every pair not named: "
+                  "adjacent spans on such peers are priced as a chain (docs/span.md#chained-spans)");
+  sub->add_flag("--no-chain", a->no_chain, "Price every span as a star trip from the backbone (as --span-chain off)");
   sub->add_option("--backbone-mem", a->backbone_memory,
                   "What the backbone may hold of the model (globals, dense parts, KV of its layers); default "
                   "unlimited");
@@ -167,6 +173,48 @@ inline Result<CliPeer> parse_plan_peer(std::string_view spec) {
   return out;
 }
 
+// --peer-rtt values into the planner's matrix: "A:B=20ms" sets one pair (both ways), a bare
+// "20ms" every pair no other value names. Errors name the value.
+inline Status parse_peer_rtts(const std::vector<std::string>& values, const std::vector<PlanPeer>& peers,
+                              std::vector<std::vector<double>>* out) {
+  out->clear();
+  if (values.empty()) return Status::ok();
+  const size_t P = peers.size();
+  out->assign(P, std::vector<double>(P, -1.0));
+  std::vector<std::vector<bool>> named(P, std::vector<bool>(P, false));
+  double fallback = -1;
+  auto index = [&](std::string_view name) -> int {
+    for (size_t i = 0; i < P; ++i)
+      if (peers[i].name == name) return static_cast<int>(i);
+    return -1;
+  };
+  for (const std::string& v : values) {
+    const size_t eq = v.find('=');
+    auto d = wan::parse_duration(eq == std::string::npos ? std::string_view(v) : std::string_view(v).substr(eq + 1));
+    if (!d) return d.status().with_context(fmt::format("--peer-rtt '{}'", v));
+    const double sec = static_cast<double>(d->count()) * 1e-9;
+    if (eq == std::string::npos) {
+      fallback = sec;
+      continue;
+    }
+    const std::string_view pair = std::string_view(v).substr(0, eq);
+    const size_t colon = pair.find(':');
+    const int a = colon == std::string_view::npos ? -1 : index(pair.substr(0, colon));
+    const int b = colon == std::string_view::npos ? -1 : index(pair.substr(colon + 1));
+    if (a < 0 || b < 0 || a == b)
+      return make_error(StatusCode::kInvalidArgument,
+                        "--peer-rtt '{}': not A:B=DURATION with two different --peer names", v);
+    (*out)[static_cast<size_t>(a)][static_cast<size_t>(b)] = (*out)[static_cast<size_t>(b)][static_cast<size_t>(a)] =
+        sec;
+    named[static_cast<size_t>(a)][static_cast<size_t>(b)] = named[static_cast<size_t>(b)][static_cast<size_t>(a)] =
+        true;
+  }
+  for (size_t i = 0; i < P; ++i)
+    for (size_t j = 0; j < P; ++j)
+      if (i != j && !named[i][j]) (*out)[i][j] = fallback;
+  return Status::ok();
+}
+
 // Decodes a few tokens of the model here, all local, and divides the time by the bytes a token
 // reads: the cost per byte the plan's compute terms use.
 inline Result<double> calibrate_seconds_per_byte(const std::string& path, int threads, const PlanModel& pm) {
@@ -252,6 +300,8 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
     }
   }
   for (const CliPeer& p : s.peers) s.plan_peers.push_back(p.peer);
+  MOESH_RETURN_IF_ERROR(parse_peer_rtts(a.peer_rtts, s.plan_peers, &s.opts.peer_rtt_s));
+  s.opts.chain_spans = !a.no_chain;
   if (!a.backbone_memory.empty()) {
     auto b = parse_bytes(a.backbone_memory);
     if (!b) return b.status().with_context("--backbone-mem");
@@ -291,6 +341,8 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
                      {"rtt_ms", s.peers[i].peer.rtt_s * 1e3}};
     if (!s.peers[i].addr.empty()) j["addr"] = s.peers[i].addr;
     if (r.kind == RoleKind::kSpan) j["layers"] = fmt::format("{}-{}", r.first, r.last);
+    if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
+      j["chained_after"] = s.peers[static_cast<size_t>(r.chained_after)].peer.name;
     if (r.kind == RoleKind::kExperts) j["experts"] = format_expert_spec(r.experts, s.model.n_expert);
     roles.push_back(j);
   }

@@ -10,7 +10,12 @@
 //                                  (the backbone's own copies are a holder with RTT 0; a holder is
 //                                  needed with probability 1 - prod_e (1 - p_le)^T)
 //   backbone dense layer l:        dense_l x T / speed_b
-// and the step costs the sum (spans are sent in turn from the backbone: a star, not a chain).
+// and the step costs the sum. Spans are sent in turn from the backbone (a star) unless two
+// adjacent spans can chain (docs/span.md "Chained spans": the first peer passes its rows straight
+// to the next): when the RTT between their peers is known (PlanOptions::peer_rtt_s), the pair
+// costs ½RTT(q, p) instead of ½RTT_q + ½RTT_p (the return to the backbone and the next send),
+// where that is less — so a run of chained spans costs ½RTT_first + Σ ½RTT(hop) + ½RTT_last plus
+// their compute.
 // The search: each peer is idle, one span (a contiguous run of layers that fits its memory and has
 // a MoE block) or an expert holder; the backbone runs the layers no span covers, and their
 // routed experts fill the backbone's --local-experts budget first and then the expert peers,
@@ -93,7 +98,16 @@ struct PlanOptions {
   bool spans = true;             // span roles allowed
   bool experts = true;           // expert roles allowed
   int exhaustive_peers = 6;      // every span/expert split up to this many peers
+  // Round trips between peers, seconds: [i][j] for peers i, j in the order given (symmetric;
+  // < 0: unknown). Empty: none known. Where known, adjacent spans are priced as a chain.
+  std::vector<std::vector<double>> peer_rtt_s;
+  bool chain_spans = true;  // false: price every span as a star trip from the backbone
 };
+
+// What chaining span peer p right after span peer q saves per step: ½RTT_q + ½RTT_p - ½RTT(q, p),
+// one message, and one of the two links' wire time (q -> p replaces q -> backbone -> p); 0 when
+// their RTT is unknown, chaining is off, or the chain would not be faster.
+double chain_saving(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, int q, int p);
 
 enum class RoleKind { kIdle, kSpan, kExperts };
 const char* role_name(RoleKind k);
@@ -109,6 +123,7 @@ struct PeerRole {
   std::vector<ExpertSlice> experts;  // kExperts: what it holds
   uint64_t bytes = 0;                // memory it uses
   double trip_s = 0;                 // predicted cost of one trip to it (one token)
+  int chained_after = -1;            // kSpan: the peer whose span it follows in a chain (-1: none)
 };
 
 struct SwarmPlan {
