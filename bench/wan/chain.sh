@@ -28,6 +28,10 @@ port=7001
 spans=(0-11 12-23 24-35 36-47)
 local_tokens=$("$moesh" run -m "$model" --tokens "$prompt" -n "$n" -t 1 --json 2>/dev/null |
                python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["tokens"])))')
+# The planner's and the simulator's predictions beside each measurement: compute cost per byte
+# from a local decode here, message cost as C16 measured it (MSG_US).
+spb=$("$moesh" swarm plan -m "$model" --calibrate --peer x:mem=1GiB --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds_per_byte"])')
+msg_us="${MSG_US:-77.6}"
 
 start_peers() {
   peer_pids=()
@@ -48,22 +52,32 @@ stop_peers() { for p in "${peer_pids[@]}"; do kill "$p" 2>/dev/null || true; wai
 
 csv="$out/chain.csv"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$root" rev-parse --short HEAD) model 48 layers in 4 spans, tg$n, backbone in its own namespace" > "$csv"
-echo "geometry,rtt_ms,peer_rtt_ms,mode,tok_s,trips_per_token,chains_per_token,chain_breaks,tokens_equal" >> "$csv"
+echo "geometry,rtt_ms,peer_rtt_ms,mode,tok_s,trips_per_token,chains_per_token,chain_breaks,tokens_equal,predicted_tok_s,simulated_tok_s,sim_vs_measured" >> "$csv"
 
 # measure GEOMETRY RTT PEER_RTT MODE
 measure() {
   local geometry="$1" rtt="$2" peer_rtt="$3" mode="$4"
   ip netns exec moesh-ch-bb "$moesh" run -m "$model" --tokens "$prompt" -n "$n" -t 1 --json \
     --span-chain "$mode" "${span_args[@]}" > "$logs/run.json" 2>"$logs/run.err" || { cat "$logs/run.err" >&2; exit 1; }
-  python3 - "$logs/run.json" "$geometry" "$rtt" "$peer_rtt" "$mode" "$local_tokens" <<'PY' | tee -a "$csv"
+  local i pargs=() chain=()
+  for i in 1 2 3 4; do pargs+=(--peer "p$i:mem=1GiB,rtt=${rtt}ms"); done
+  [ "$mode" = off ] && chain=(--no-chain)
+  local common=(-m "$model" -c 512 "${pargs[@]}" --peer-rtt "${peer_rtt}ms" "${chain[@]}" --seconds-per-byte "$spb"
+                --message-us "$msg_us" --layout spans)
+  "$moesh" swarm plan "${common[@]}" --json > "$logs/plan.json"
+  "$moesh" simulate "${common[@]}" --steps "$n" --json > "$logs/sim.json"
+  python3 - "$logs/run.json" "$logs/plan.json" "$logs/sim.json" "$geometry" "$rtt" "$peer_rtt" "$mode" \
+    "$local_tokens" <<'PY' | tee -a "$csv"
 import json, sys
-run = json.load(open(sys.argv[1]))
-geometry, rtt, peer_rtt, mode, ref = sys.argv[2:7]
+run, plan, sim = (json.load(open(p)) for p in sys.argv[1:4])
+geometry, rtt, peer_rtt, mode, ref = sys.argv[4:9]
 t, s = run["timings"], run["spans"]
 n = t["predicted_n"]
 same = ",".join(map(str, run["tokens"])) == ref
-print(f"{geometry},{rtt},{peer_rtt},{mode},{t['predicted_per_second']:.2f},{s['trips'] / n:.2f},"
-      f"{s['chains'] / n:.2f},{s['chain_breaks']},{same}")
+tps, sim_tps = t["predicted_per_second"], sim["simulated"]["tokens_per_s"]
+print(f"{geometry},{rtt},{peer_rtt},{mode},{tps:.2f},{s['trips'] / n:.2f},"
+      f"{s['chains'] / n:.2f},{s['chain_breaks']},{same},{plan['predicted_tokens_per_s']:.2f},{sim_tps:.2f},"
+      f"{sim_tps / tps:.3f}")
 PY
 }
 
