@@ -99,6 +99,9 @@ struct SpanClient::Runner {
   int star_samples = 0;
   double compute_seconds = 0;  // kAuto: moving average of the peer's compute of those steps
   int compute_samples = 0;
+  // Not chained to from the span before it until then: a hop to it failed while it answered the
+  // backbone (a path between the two peers that does not work), so chaining would only break again.
+  std::chrono::steady_clock::time_point no_chain_until{};
 };
 
 SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
@@ -380,6 +383,9 @@ Result<wire::SpanStepMsg> SpanClient::step_message(int k, const std::vector<Part
   return m;
 }
 
+// How long a span whose hop failed (while it still answered star-style) is not chained to.
+constexpr std::chrono::seconds kNoChainAfterBrokenHop{60};
+
 // Small steps (single streams decoding) are what kAuto times: their trips are mostly the network.
 constexpr int64_t kTimedStepRows = 8;
 constexpr double kTimeAverage = 0.2;  // weight of a new sample in the moving averages
@@ -471,6 +477,7 @@ int SpanClient::chain_end(int k, const std::vector<Part>& parts, int64_t n_rows)
   auto chainable = [&](int j) {
     const Runner& r = *runners_[static_cast<size_t>(j)];
     if (!r.link || (r.link->session.features & wire::kFeatureSpanChain) == 0) return false;
+    if (j > k && std::chrono::steady_clock::now() < r.no_chain_until) return false;
     if (r.link->address.path != WorkerPath::kDirect || r.link->address.websocket) return false;
     // A hop never replays: its runner must hold every sequence's cells already (more after a
     // rollback: it cuts back to where the step starts, as star-style).
@@ -647,7 +654,18 @@ Status SpanClient::chain(int k, int e, const std::vector<Part>& parts, const Spa
       if (!moved.is_ok()) return moved.with_context(why.message());
     }
   }
+  const int broke_at = j;
+  const std::string broken_label = runners_[static_cast<size_t>(j)]->label;
   for (; j <= e; ++j) MOESH_RETURN_IF_ERROR(star(j, parts, b, rows));
+  // The span where the chain broke answered star-style, from the same peer: the hop to it is what
+  // failed (a forward error, a lost forwarded step), so do not chain to it for a while.
+  Runner& rb = *runners_[static_cast<size_t>(broke_at)];
+  if (!why.is_ok() && broke_at > k && rb.label == broken_label && !rb.local) {
+    rb.no_chain_until = std::chrono::steady_clock::now() + kNoChainAfterBrokenHop;
+    spdlog::warn("span {}-{}: not chained to for {} s (the hop to {} failed: {})",
+                 spans_[static_cast<size_t>(broke_at)].first, spans_[static_cast<size_t>(broke_at)].last,
+                 kNoChainAfterBrokenHop.count(), rb.label, why.message());
+  }
   return Status::ok();
 }
 

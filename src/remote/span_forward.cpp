@@ -38,14 +38,24 @@ Result<WorkerLink*> SpanForwardLinks::link_to(const std::string& address, bool f
     it->second->shut_down();
     links_.erase(it);
   }
+  const auto now = std::chrono::steady_clock::now();
+  if (auto u = unreachable_.find(address); u != unreachable_.end()) {
+    if (now < u->second.first) return u->second.second;
+    unreachable_.erase(u);
+  }
   MOESH_ASSIGN_OR_RETURN(WorkerAddress a, parse_worker_address(address));
   if (a.path != WorkerPath::kDirect || a.websocket || !a.alternatives.empty())
     return make_error(StatusCode::kInvalidArgument, "next hop '{}' is not a plain HOST:PORT", address);
-  MOESH_ASSIGN_OR_RETURN(std::unique_ptr<WorkerLink> link, connect_worker(a, hello_, opts_.link));
-  if ((link->session.features & wire::kFeatureSpanChain) == 0)
-    return make_error(StatusCode::kUnsupported, "{} does not chain spans", link->label);
-  WorkerLink* raw = link.get();
-  links_[address] = std::move(link);
+  auto link = connect_worker(a, hello_, opts_.link);
+  Status st = link ? Status::ok() : link.status();
+  if (st.is_ok() && ((*link)->session.features & wire::kFeatureSpanChain) == 0)
+    st = make_error(StatusCode::kUnsupported, "{} does not chain spans", (*link)->label);
+  if (!st.is_ok()) {
+    unreachable_[address] = {now + opts_.redial_after, st};
+    return st;
+  }
+  WorkerLink* raw = link->get();
+  links_[address] = std::move(*link);
   return raw;
 }
 

@@ -17,6 +17,7 @@ struct SpanForwardOptions {
   LinkOptions link;  // the swarm key, congestion control and deadlines of this peer
   std::string name;  // HELLO name of this peer on the links it dials
   std::chrono::milliseconds send_timeout{10000};
+  std::chrono::milliseconds redial_after{5000};  // after a failed dial, forwards there fail at once this long
 };
 
 class SpanForwardLinks final : public swarm::SpanForwarder {
@@ -39,6 +40,9 @@ class SpanForwardLinks final : public swarm::SpanForwarder {
   SpanForwardOptions opts_;
   mutable std::mutex mu_;  // one forward at a time: a link is written by one thread
   std::map<std::string, std::unique_ptr<WorkerLink>> links_;
+  // Addresses that could not be dialled, and until when a forward to them fails at once (so a
+  // dead or unreachable next hop costs one connect deadline, not one per step).
+  std::map<std::string, std::pair<std::chrono::steady_clock::time_point, Status>> unreachable_;
 };
 
 }  // namespace moesh
