@@ -91,6 +91,14 @@ bool StepTimeModel::measured(int64_t n_tokens) const {
 
 double StepTimeModel::predict(int64_t n_tokens) const {
   const size_t b = static_cast<size_t>(std::clamp<int64_t>(n_tokens, 1, kMaxTracked));
+  double floor = 0;  // the largest measured mean of a smaller count
+  for (size_t n = 1; n < b; ++n) {
+    if (n_[n] > 0) floor = std::max(floor, sum_[n] / static_cast<double>(n_[n]));
+  }
+  return std::max(floor, fitted(b));
+}
+
+double StepTimeModel::fitted(size_t b) const {
   if (n_[b] > 0) return sum_[b] / static_cast<double>(n_[b]);
   double sx = 0, sy = 0, sxx = 0, sxy = 0, only = 0;
   int m = 0;
@@ -189,7 +197,7 @@ Status SpeculativeDecoder::step(int max_new, std::vector<int32_t>* out) {
   ++stats_.steps;
   stats_.step_seconds += dt;
   stats_.drafted += k;
-  times_.record(1 + k, dt);
+  times_.record(1 + k, p_.step_cost ? p_.step_cost(1 + k) : dt);
   // Position i's logits give the token after feed_[i]. Sample in order, exactly as plain
   // decoding would: a draft is kept while it equals the sampled token; the first token that
   // differs (or the one after the last draft) is emitted and becomes the next step's feed.

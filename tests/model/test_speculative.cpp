@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -115,12 +116,13 @@ struct SpecRun {
 };
 
 SpecRun speculative(const Model& m, const std::vector<int32_t>& prompt, int n, const SamplingParams& sp,
-                    DraftSource* draft, bool adaptive, int draft_max = 8, int step_checkpoints = 32) {
+                    DraftSource* draft, bool adaptive, int draft_max = 8, int step_checkpoints = 32,
+                    std::function<double(int64_t)> step_cost = nullptr) {
   ContextParams cp{1, 256, nullptr};
   cp.checkpoints.step_tokens = step_checkpoints;
   Context ctx(m, cp);
   Sampler sampler(sp);
-  SpeculativeDecoder dec(&ctx, 0, &sampler, draft, SpeculativeParams{draft_max, adaptive});
+  SpeculativeDecoder dec(&ctx, 0, &sampler, draft, SpeculativeParams{draft_max, adaptive, std::move(step_cost)});
   SpecRun r;
   int32_t first = -1;
   EXPECT_TRUE(dec.start(prompt, &first).is_ok());
@@ -206,11 +208,35 @@ TEST(SpeculativeCostModel, StopsDraftingWhenDraftsAreNeverKept) {
   SamplingParams sp;
   const auto want = plain(**m, prompt, 80, sp);
   ScriptedDraft wrong(want, prompt.size(), true);
-  const SpecRun r = speculative(**m, prompt, 80, sp, &wrong, /*adaptive=*/true);
+  // A pass costs 10 ms plus 3 ms per extra token (a fixed cost model, not this machine's clock, so
+  // the decisions do not depend on how busy the machine is).
+  auto cost = [](int64_t n) { return 0.010 + 0.003 * static_cast<double>(n - 1); };
+  const SpecRun r = speculative(**m, prompt, 80, sp, &wrong, /*adaptive=*/true, 8, 32, cost);
   EXPECT_EQ(r.tokens, want);
   // Each rejected position lowers its estimate; after a few steps the model stops drafting and
   // only probes one draft every 32 steps. (Structure, not time: counts of drafted tokens.)
-  EXPECT_LT(r.stats.drafted, 40) << "kept drafting although nothing was ever accepted";
+  EXPECT_LT(r.stats.drafted, 12) << "kept drafting although nothing was ever accepted";
+  EXPECT_GT(r.stats.drafted, 0) << "never tried a draft";
+}
+
+// The step-time model: a pass with more tokens is never predicted cheaper than a smaller one
+// that was measured (a noisy sample must not make drafts look free), and with drafts that are
+// never kept, one more token per pass stops being worth it once its keep estimate falls below
+// what the extra token costs.
+TEST(SpeculativeCostModel, LargerPassesAreNeverPredictedCheaper) {
+  StepTimeModel t;
+  t.record(1, 0.010);
+  t.record(2, 0.009);  // noise: the 2-token pass happened to be timed faster
+  EXPECT_DOUBLE_EQ(t.predict(2), 0.010);
+  EXPECT_GE(t.predict(5), 0.010);
+  StepTimeModel u;
+  u.record(1, 0.010);
+  u.record(2, 0.013);
+  DraftAcceptance a;
+  EXPECT_EQ(choose_draft_length(u, a, 4, 1), 1);  // keep(1) = 1/2: 1.5 tokens for 1.3x the time
+  a.record(1, false);
+  a.record(1, false);  // keep(1) = 1/4: 1.25 tokens for 1.3x the time
+  EXPECT_EQ(choose_draft_length(u, a, 4, 1), 0);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -115,7 +116,8 @@ Result<std::unique_ptr<DraftSource>> make_draft_source(const std::string& name, 
 //
 // Step time by tokens fed: the measured mean for that count, else a least-squares line through
 // the measured means, else (one count measured) that count's time — drafts assumed free, so they
-// get tried.
+// get tried. Never less than a smaller count's measured mean: a pass with more tokens does not
+// get cheaper, and on a busy machine a noisy sample must not make drafts look free.
 class StepTimeModel {
  public:
   void record(int64_t n_tokens, double seconds);
@@ -126,6 +128,7 @@ class StepTimeModel {
 
  private:
   static constexpr int64_t kMaxTracked = 1024;  // larger batches share the last bucket
+  double fitted(size_t bucket) const;           // the mean or the line, without the floor
   std::vector<double> sum_ = std::vector<double>(kMaxTracked + 1, 0.0);
   std::vector<int64_t> n_ = std::vector<int64_t>(kMaxTracked + 1, 0);
   int n_points_ = 0;
@@ -152,6 +155,10 @@ int choose_draft_length(const StepTimeModel& t, const DraftAcceptance& a, int ca
 struct SpeculativeParams {
   int draft_max = 16;    // most drafts verified in one step
   bool adaptive = true;  // false: always verify what the source proposes (up to draft_max)
+  // What a pass of n tokens is taken to cost, in seconds, instead of its measured time (null:
+  // measured). For tests of the cost model's decisions, which must not depend on how busy the
+  // machine is.
+  std::function<double(int64_t n_tokens)> step_cost;
 };
 
 struct SpeculativeStats {
