@@ -267,7 +267,7 @@ void append_make_vocab_kvs(const MakeModelSpec& s, std::vector<std::pair<std::st
   put("tokenizer.ggml.padding_token_id", u32(endoftext));
   put("tokenizer.ggml.bos_token_id", u32(endoftext));
   put("tokenizer.ggml.add_bos_token", gguf::Value::boolean(false));
-  put("tokenizer.chat_template", gguf::Value::str(kChatTemplate));
+  put("tokenizer.chat_template", gguf::Value::str(s.chat_template.empty() ? kChatTemplate : s.chat_template));
 }
 
 }  // namespace moesh::detail

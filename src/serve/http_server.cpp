@@ -133,7 +133,11 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
                   "this model has no tokenizer or chat template; use /v1/completions with token ids");
     }
     // Special tokens only from the template: "<|im_end|>" typed in a message stays text.
-    auto ids = tokenize_chat(*t.tokenizer, *t.chat_template, r.messages, /*add_generation_prompt=*/true);
+    // A template error (raise_exception included) names its line:column and answers 400.
+    ChatRenderOptions ro;
+    ro.add_generation_prompt = true;
+    ro.variables = r.template_variables;
+    auto ids = tokenize_chat(*t.tokenizer, *t.chat_template, r.messages, ro);
     if (!ids) return fail(400, "messages", "invalid_value", ids.status().message());
     g.prompt = std::move(*ids);
     for (std::string& s : t.chat_template->stop_strings()) g.stop.push_back(std::move(s));

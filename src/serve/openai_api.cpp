@@ -131,7 +131,9 @@ Status parse_prompt(const json& o, ApiRequest* r, const Fail& fail) {
   return get_token_ids(p, "prompt", fail, &r->prompt_tokens);
 }
 
-Status parse_messages(const json& o, ApiRequest* r, const Fail& fail) {
+// `ordered`: the same body parsed keeping key order (json sorts keys), kept per message for the
+// Jinja template, whose `tojson` must write the keys as the client sent them.
+Status parse_messages(const json& o, const nlohmann::ordered_json& ordered, ApiRequest* r, const Fail& fail) {
   auto it = o.find("messages");
   if (it == o.end() || it->is_null()) {
     return fail("messages", "missing_required_parameter", "'messages' is required");
@@ -147,6 +149,13 @@ Status parse_messages(const json& o, ApiRequest* r, const Fail& fail) {
     if (role == m.end()) return fail(where + ".role", "missing_required_parameter", "'role' is required");
     if (!role->is_string()) return wrong_type(fail, where + ".role", "a string", *role);
     cm.role = role->get<std::string>();
+    // OpenAI's roles. The model's Jinja template would render any string, as Jinja2 does, so
+    // the API is where an unknown one is refused.
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "tool" &&
+        cm.role != "developer" && cm.role != "function") {
+      return fail(where + ".role", "invalid_value",
+                  fmt::format("unknown role '{}' (system, user, assistant, tool, developer, function)", cm.role));
+    }
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
       // Assistant turns may carry no content (e.g. tool calls, which are not supported here).
@@ -178,7 +187,16 @@ Status parse_messages(const json& o, ApiRequest* r, const Fail& fail) {
     } else {
       return wrong_type(fail, where + ".content", "a string or an array of content parts", *content);
     }
+    auto om = ordered.find("messages");
+    if (om != ordered.end() && om->is_array() && i < om->size()) cm.fields = (*om)[i];
     r->messages.push_back(std::move(cm));
+  }
+  // chat_template_kwargs (vLLM's and llama.cpp's extension): variables for the Jinja template,
+  // e.g. {"enable_thinking": false}.
+  auto kw = ordered.find("chat_template_kwargs");
+  if (kw != ordered.end() && !kw->is_null()) {
+    if (!kw->is_object()) return wrong_type(fail, "chat_template_kwargs", "an object", o["chat_template_kwargs"]);
+    r->template_variables = *kw;
   }
   return Status::ok();
 }
@@ -290,7 +308,8 @@ Result<ApiRequest> parse_request(Endpoint ep, std::string_view body, ApiError* e
   if (ep == Endpoint::kCompletions) {
     MOESH_RETURN_IF_ERROR(parse_prompt(o, &r, fail));
   } else {
-    MOESH_RETURN_IF_ERROR(parse_messages(o, &r, fail));
+    const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    MOESH_RETURN_IF_ERROR(parse_messages(o, ordered, &r, fail));
   }
 
   std::optional<int64_t> max_tokens;

@@ -55,10 +55,11 @@ struct ApiRequest {
   bool prompt_is_tokens = false;
   std::string prompt;
   std::vector<int32_t> prompt_tokens;
-  std::vector<ChatMessage> messages;  // chat
-  std::optional<int32_t> max_tokens;  // max_tokens / max_completion_tokens (>= 1)
-  SamplingParams sampling;            // temp defaults to kDefaultTemperature
-  bool seed_given = false;            // else the caller draws a random seed
+  std::vector<ChatMessage> messages;                    // chat; each keeps its object as sent (ChatMessage::fields)
+  nlohmann::ordered_json template_variables = nullptr;  // chat_template_kwargs: an object or null
+  std::optional<int32_t> max_tokens;                    // max_tokens / max_completion_tokens (>= 1)
+  SamplingParams sampling;                              // temp defaults to kDefaultTemperature
+  bool seed_given = false;                              // else the caller draws a random seed
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -1,4 +1,5 @@
-// Chat template families (see include/moesh/text/chat.h).
+// Chat templates (see include/moesh/text/chat.h): the file's Jinja template run by the
+// interpreter, and the built-in family renderers.
 //
 // Each render_* function reproduces what the family's official Jinja template produces for plain
 // text system/user/assistant conversations, rendered the way Hugging Face does it (trim_blocks and
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "moesh/text/chat.h"
+#include "moesh/text/jinja.h"
 #include "moesh/text/tokenizer.h"
 
 namespace moesh {
@@ -447,18 +449,122 @@ Result<ChatTemplate> ChatTemplate::from_spec(std::string_view spec) {
   return ChatTemplate(*f, detect_chat_options(*f, spec));
 }
 
+Result<ChatTemplate> ChatTemplate::from_jinja(std::string_view source, std::string bos_text, std::string eos_text) {
+  auto parsed = jinja::Template::parse(source);
+  if (!parsed) return Status(parsed.status().code(), "chat template: " + parsed.status().message());
+  auto family = detect_chat_format(source);
+  ChatTemplate t(family ? *family : ChatFormat::kCOUNT);
+  if (family) t.opt_ = detect_chat_options(*family, source);
+  t.jinja_ = std::make_shared<const jinja::Template>(std::move(*parsed));
+  t.bos_text_ = std::move(bos_text);
+  t.eos_text_ = std::move(eos_text);
+  return t;
+}
+
+namespace {
+// The text of the vocabulary's token `id_key` (bos/eos), "" when the file has none.
+std::string special_token_text(const gguf::File& file, const std::vector<std::string>& tokens, const char* id_key) {
+  auto id = file.get_or<int64_t>(id_key, -1);
+  if (!id || *id < 0 || static_cast<size_t>(*id) >= tokens.size()) return {};
+  return tokens[static_cast<size_t>(*id)];
+}
+}  // namespace
+
 Result<ChatTemplate> ChatTemplate::from_gguf(const gguf::File& file, std::string_view override_spec) {
-  if (!override_spec.empty()) return from_spec(override_spec);
-  if (!file.has("tokenizer.chat_template")) {
-    return Status(StatusCode::kNotFound, "the model has no tokenizer.chat_template; name one with --chat-template");
+  std::string source;
+  if (!override_spec.empty()) {
+    if (auto named = chat_format_from_name(override_spec); named) return ChatTemplate(*named);
+    if (!contains(override_spec, "{{") && !contains(override_spec, "{%")) {
+      return chat_format_from_name(override_spec).status();  // names the known families
+    }
+    source = std::string(override_spec);
+  } else {
+    if (!file.has("tokenizer.chat_template")) {
+      return Status(StatusCode::kNotFound, "the model has no tokenizer.chat_template; name one with --chat-template");
+    }
+    MOESH_ASSIGN_OR_RETURN(source, file.get<std::string>("tokenizer.chat_template"));
   }
-  auto src = file.get<std::string>("tokenizer.chat_template");
-  if (!src) return src.status();
-  return from_spec(*src);
+  std::vector<std::string> tokens;
+  if (file.has("tokenizer.ggml.tokens")) {
+    MOESH_ASSIGN_OR_RETURN(tokens, file.get<std::vector<std::string>>("tokenizer.ggml.tokens"));
+  }
+  return from_jinja(source, special_token_text(file, tokens, "tokenizer.ggml.bos_token_id"),
+                    special_token_text(file, tokens, "tokenizer.ggml.eos_token_id"));
+}
+
+namespace {
+// Splits a tracked rendering into maximal template/content segments.
+std::vector<ChatSegment> segments_of(const jinja::Template::Rendered& r) {
+  Segments segs;
+  size_t at = 0;
+  for (const jinja::TextRange& t : r.tainted) {
+    segs.t(std::string_view(r.text).substr(at, t.begin - at));
+    segs.c(std::string_view(r.text).substr(t.begin, t.end - t.begin));
+    at = t.end;
+  }
+  segs.t(std::string_view(r.text).substr(at));
+  return segs.take();
+}
+
+// Variables the renderer sets itself; a caller's template variables may not replace them.
+constexpr std::string_view kReservedVariables[] = {"messages",  "tools",    "documents", "add_generation_prompt",
+                                                   "bos_token", "eos_token"};
+}  // namespace
+
+Result<std::vector<ChatSegment>> ChatTemplate::render_jinja(const std::vector<ChatMessage>& messages,
+                                                            const ChatRenderOptions& ro) const {
+  if (messages.empty()) return bad("chat template: the message list is empty");
+  // Everything from the request is untrusted: its strings are tainted, so the special-token texts
+  // in them stay text (tokenize_chat). bos_token, eos_token and the template's literals are not.
+  jinja::Value msgs = jinja::Value::list();
+  for (const ChatMessage& m : messages) {
+    jinja::Value d = jinja::Value::dict();
+    if (m.fields.is_object()) {
+      for (auto it = m.fields.begin(); it != m.fields.end(); ++it) {
+        // Text parts were joined into m.content; null or absent content stays as sent.
+        const bool text_parts = it.key() == "content" && it.value().is_array();
+        d.set(it.key(), text_parts ? jinja::Value(m.content) : jinja::Value::from_json(it.value()));
+      }
+      if (!m.fields.contains("role")) d.set("role", jinja::Value(m.role));
+    } else {
+      d.set("role", jinja::Value(m.role));
+      d.set("content", jinja::Value(m.content));
+    }
+    msgs.push_back(std::move(d));
+  }
+  jinja::Value ctx = jinja::Value::dict();
+  if (ro.variables.is_object()) {
+    for (auto it = ro.variables.begin(); it != ro.variables.end(); ++it) {
+      for (std::string_view r : kReservedVariables) {
+        if (it.key() == r) return bad("chat template: the template variable '" + it.key() + "' cannot be set");
+      }
+      ctx.set(it.key(), jinja::Value::from_json(it.value()));
+    }
+  } else if (!ro.variables.is_null()) {
+    return bad("chat template: template variables must be an object");
+  }
+  ctx.set("messages", std::move(msgs));
+  ctx.set("tools", ro.tools.is_null() ? jinja::Value::none() : jinja::Value::from_json(ro.tools));
+  ctx.set("documents", jinja::Value::none());
+  jinja::taint_strings(ctx);
+  ctx.set("add_generation_prompt", jinja::Value(ro.add_generation_prompt));
+  ctx.set("bos_token", jinja::Value(bos_text_));
+  ctx.set("eos_token", jinja::Value(eos_text_));
+  MOESH_ASSIGN_OR_RETURN(jinja::Template::Rendered r, jinja_->render_tracked(ctx));
+  return segments_of(r);
 }
 
 Result<std::vector<ChatSegment>> ChatTemplate::render_segments(const std::vector<ChatMessage>& messages,
                                                                bool add_generation_prompt) const {
+  ChatRenderOptions ro;
+  ro.add_generation_prompt = add_generation_prompt;
+  return render_segments(messages, ro);
+}
+
+Result<std::vector<ChatSegment>> ChatTemplate::render_segments(const std::vector<ChatMessage>& messages,
+                                                               const ChatRenderOptions& ro) const {
+  if (jinja_) return render_jinja(messages, ro);
+  const bool add_generation_prompt = ro.add_generation_prompt;
   const bool harmony = format_ == ChatFormat::kHarmony;
   MOESH_RETURN_IF_ERROR(check_roles(messages, harmony, chat_format_name(format_)));
   switch (format_) {
@@ -485,7 +591,13 @@ Result<std::vector<ChatSegment>> ChatTemplate::render_segments(const std::vector
 }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-  MOESH_ASSIGN_OR_RETURN(std::vector<ChatSegment> segs, render_segments(messages, add_generation_prompt));
+  ChatRenderOptions ro;
+  ro.add_generation_prompt = add_generation_prompt;
+  return render(messages, ro);
+}
+
+Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, const ChatRenderOptions& ro) const {
+  MOESH_ASSIGN_OR_RETURN(std::vector<ChatSegment> segs, render_segments(messages, ro));
   std::string out;
   for (const ChatSegment& s : segs) out += s.text;
   return out;
@@ -493,7 +605,14 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
 
 Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
                                            const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
-  MOESH_ASSIGN_OR_RETURN(std::vector<ChatSegment> segs, tmpl.render_segments(messages, add_generation_prompt));
+  ChatRenderOptions ro;
+  ro.add_generation_prompt = add_generation_prompt;
+  return tokenize_chat(tok, tmpl, messages, ro);
+}
+
+Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                           const std::vector<ChatMessage>& messages, const ChatRenderOptions& ro) {
+  MOESH_ASSIGN_OR_RETURN(std::vector<ChatSegment> segs, tmpl.render_segments(messages, ro));
   std::string text;
   std::vector<Tokenizer::Span> trusted;  // the template segments: where special tokens may match
   for (const ChatSegment& s : segs) {
@@ -504,7 +623,9 @@ Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTempl
   MOESH_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode_guarded(text, trusted, /*add_special=*/false));
   // The template's own BOS text became the BOS token above; adding one more would give the
   // model a prompt it never saw in training.
-  if (tok.add_bos() && tok.bos() >= 0 && !tmpl.renders_bos()) ids.insert(ids.begin(), tok.bos());
+  // A Jinja template that writes bos_token shows it as the first id (as llama.cpp, one BOS).
+  const bool has_bos = tmpl.is_jinja() ? !ids.empty() && ids[0] == tok.bos() : tmpl.renders_bos();
+  if (tok.add_bos() && tok.bos() >= 0 && !has_bos) ids.insert(ids.begin(), tok.bos());
   return ids;
 }
 
@@ -534,6 +655,7 @@ std::vector<std::string> ChatTemplate::stop_strings() const {
 }
 
 bool ChatTemplate::renders_bos() const {
+  if (jinja_) return false;
   switch (format_) {
     case ChatFormat::kDeepseek3:
     case ChatFormat::kDeepseek2:

@@ -125,12 +125,29 @@ CallArgs Interpreter::eval_args(const Expr& e, const std::shared_ptr<Scope>& sco
 }
 
 namespace {
+bool args_tainted(const CallArgs& a) {
+  for (const Value& v : a.positional)
+    if (deep_tainted(v)) return true;
+  for (const auto& kv : a.named)
+    if (deep_tainted(kv.second)) return true;
+  return false;
+}
+
+// A builtin (filter, method, global, operator) that was given tainted input taints what it made.
+Value taint_if(Value r, bool inputs_tainted) {
+  if (inputs_tainted) taint_new_strings(r);
+  return r;
+}
+
 // A filter block's chain ({% filter a | b %}, {% set x | a %}) down to its empty subject slot.
 Value apply_filter_chain(Interpreter& in, const Expr& f, Value subject,
                          const std::function<CallArgs(const Expr&)>& args_of) {
   if (f.args[0]) subject = apply_filter_chain(in, *f.args[0], std::move(subject), args_of);
   try {
-    return apply_filter(in, f.name, subject, args_of(f));
+    CallArgs args = args_of(f);
+    Value r = apply_filter(in, f.name, subject, args);
+    if (deep_tainted(subject) || args_tainted(args)) taint_new_strings(r);
+    return r;
   } catch (Error& err) {
     if (err.pos == kNoPos) err.pos = f.pos;
     throw;
@@ -162,11 +179,19 @@ Value Interpreter::eval_inner(const Expr& e, const std::shared_ptr<Scope>& scope
       }
       return d;
     }
-    case ExprKind::kGetAttr:
-      return get_attr(*this, eval(*e.args[0], scope), e.name);
-    case ExprKind::kGetItem: {
+    case ExprKind::kGetAttr: {
+      // A method bound to tainted data carries the taint to its call's result.
       Value obj = eval(*e.args[0], scope);
-      return get_item(*this, obj, eval(*e.args[1], scope));
+      Value r = get_attr(*this, obj, e.name);
+      const bool tainted = r.is_function() && deep_tainted(obj);
+      return taint_if(std::move(r), tainted);
+    }
+    case ExprKind::kGetItem: {
+      // Stored items keep their own taint; a character of a string or a bound method is new.
+      Value obj = eval(*e.args[0], scope);
+      Value r = get_item(*this, obj, eval(*e.args[1], scope));
+      const bool tainted = (obj.is_string() || r.is_function()) && deep_tainted(obj);
+      return taint_if(std::move(r), tainted);
     }
     case ExprKind::kSlice: {
       Value obj = eval(*e.args[0], scope);
@@ -187,7 +212,7 @@ Value Interpreter::eval_inner(const Expr& e, const std::shared_ptr<Scope>& scope
         std::string out;
         for (int64_t i : slice_indices(static_cast<int64_t>(off.size()) - 1, parts[0], parts[1], parts[2]))
           out.append(s, off[i], off[i + 1] - off[i]);
-        return Value(std::move(out));
+        return taint_if(Value(std::move(out)), obj.tainted());
       }
       return Value::undefined(fmt::format("'{}' object is not subscriptable", obj.type_name()));
     }
@@ -197,11 +222,15 @@ Value Interpreter::eval_inner(const Expr& e, const std::shared_ptr<Scope>& scope
       if (++depth_ > options().max_call_depth) fail("maximum call depth exceeded");
       Value r = call_value(fn, args);
       --depth_;
-      return r;
+      // A macro's output already carries exact ranges (its body was rendered like the template's).
+      const bool macro = fn.is_function() && fn.as_function().is_macro;
+      return taint_if(std::move(r), !macro && (fn.tainted() || args_tainted(args)));
     }
     case ExprKind::kFilter: {
       Value subject = e.args[0] ? eval(*e.args[0], scope) : Value();
-      return apply_filter(*this, e.name, subject, eval_args(e, scope, 1));
+      CallArgs args = eval_args(e, scope, 1);
+      Value r = apply_filter(*this, e.name, subject, args);
+      return taint_if(std::move(r), deep_tainted(subject) || args_tainted(args));
     }
     case ExprKind::kTest: {
       Value subject = eval(*e.args[0], scope);
@@ -222,7 +251,10 @@ Value Interpreter::eval_inner(const Expr& e, const std::shared_ptr<Scope>& scope
     case ExprKind::kBinary: {
       Value a = eval(*e.args[0], scope);
       Value b = eval(*e.args[1], scope);
-      return py_binary(e.name, a, b);
+      // ~ and string + keep exact ranges (py_binary); %, * and list + make new values.
+      Value r = py_binary(e.name, a, b);
+      if (e.name == "~" || (e.name == "+" && r.is_string())) return r;
+      return taint_if(std::move(r), deep_tainted(a) || deep_tainted(b));
     }
     case ExprKind::kAnd: {
       Value a = eval(*e.args[0], scope);
@@ -266,12 +298,27 @@ Value Interpreter::eval_inner(const Expr& e, const std::shared_ptr<Scope>& scope
 
 // ---- statements -------------------------------------------------------------------------------
 
-void Interpreter::append(std::string& out, std::string_view text) const {
-  if (out.size() + text.size() > options().max_output_bytes) {
+void Interpreter::append(Output& out, std::string_view text) const {
+  if (out.text.size() + text.size() > options().max_output_bytes) {
     fail(fmt::format("output exceeds {} bytes", options().max_output_bytes), kNoPos, StatusCode::kOutOfRange);
   }
-  out.append(text);
+  out.text.append(text);
 }
+
+void Interpreter::append_value(Output& out, const Value& v) const {
+  const std::string text = v.str();
+  const size_t at = out.text.size();
+  append(out, text);
+  append_tainted(out.tainted, text_taint(v, text.size()), at);
+}
+
+namespace {
+Value output_value(Output&& o) {
+  Value v(std::move(o.text));
+  v.set_taint_ranges(std::move(o.tainted));
+  return v;
+}
+}  // namespace
 
 void Interpreter::assign(const Expr& target, const Value& v, const std::shared_ptr<Scope>& scope) {
   switch (target.kind) {
@@ -308,47 +355,50 @@ Value Interpreter::make_macro(const Stmt& s, const std::shared_ptr<Scope>& scope
   macro_scopes_.push_back(scope);
   std::weak_ptr<Scope> weak_scope = scope;
   auto alive = alive_;
-  return Value::function(name, [this, &s, weak_scope, name, alive](const CallArgs& args) -> Result<Value> {
-    auto scope = weak_scope.lock();
-    if (!*alive || !scope) {
-      return make_error(StatusCode::kInvalidArgument, "macro '{}' called after its template finished", name);
-    }
-    auto local = child_of(scope);
-    if (args.positional.size() > s.params.size()) {
-      fail(fmt::format("macro '{}' takes not more than {} argument(s)", name, s.params.size()));
-    }
-    std::vector<bool> set(s.params.size(), false);
-    for (size_t i = 0; i < args.positional.size(); ++i) {
-      local->vars[s.params[i].first] = args.positional[i];
-      set[i] = true;
-    }
-    for (const auto& kv : args.named) {
-      size_t i = 0;
-      while (i < s.params.size() && s.params[i].first != kv.first) ++i;
-      if (i == s.params.size()) {
-        if (kv.first == "caller") {
-          local->vars["caller"] = kv.second;
-          continue;
+  return Value::function(
+      name,
+      [this, &s, weak_scope, name, alive](const CallArgs& args) -> Result<Value> {
+        auto scope = weak_scope.lock();
+        if (!*alive || !scope) {
+          return make_error(StatusCode::kInvalidArgument, "macro '{}' called after its template finished", name);
         }
-        fail(fmt::format("macro '{}' takes no keyword argument '{}'", name, kv.first));
-      }
-      if (set[i]) fail(fmt::format("macro '{}' got multiple values for argument '{}'", name, kv.first));
-      local->vars[kv.first] = kv.second;
-      set[i] = true;
-    }
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      if (set[i]) continue;
-      local->vars[s.params[i].first] =
-          s.params[i].second ? eval(*s.params[i].second, local)
-                             : Value::undefined(fmt::format("parameter '{}' was not provided", s.params[i].first));
-    }
-    std::string out;
-    exec_body(s.body, local, out);
-    return Value(std::move(out));
-  });
+        auto local = child_of(scope);
+        if (args.positional.size() > s.params.size()) {
+          fail(fmt::format("macro '{}' takes not more than {} argument(s)", name, s.params.size()));
+        }
+        std::vector<bool> set(s.params.size(), false);
+        for (size_t i = 0; i < args.positional.size(); ++i) {
+          local->vars[s.params[i].first] = args.positional[i];
+          set[i] = true;
+        }
+        for (const auto& kv : args.named) {
+          size_t i = 0;
+          while (i < s.params.size() && s.params[i].first != kv.first) ++i;
+          if (i == s.params.size()) {
+            if (kv.first == "caller") {
+              local->vars["caller"] = kv.second;
+              continue;
+            }
+            fail(fmt::format("macro '{}' takes no keyword argument '{}'", name, kv.first));
+          }
+          if (set[i]) fail(fmt::format("macro '{}' got multiple values for argument '{}'", name, kv.first));
+          local->vars[kv.first] = kv.second;
+          set[i] = true;
+        }
+        for (size_t i = 0; i < s.params.size(); ++i) {
+          if (set[i]) continue;
+          local->vars[s.params[i].first] =
+              s.params[i].second ? eval(*s.params[i].second, local)
+                                 : Value::undefined(fmt::format("parameter '{}' was not provided", s.params[i].first));
+        }
+        Output out;
+        exec_body(s.body, local, out);
+        return output_value(std::move(out));
+      },
+      /*is_macro=*/true);
 }
 
-Interpreter::Flow Interpreter::exec_body(const Body& body, const std::shared_ptr<Scope>& scope, std::string& out) {
+Interpreter::Flow Interpreter::exec_body(const Body& body, const std::shared_ptr<Scope>& scope, Output& out) {
   for (const auto& s : body) {
     const Flow f = exec(*s, scope, out);
     if (f != Flow::kNormal) return f;
@@ -356,13 +406,13 @@ Interpreter::Flow Interpreter::exec_body(const Body& body, const std::shared_ptr
   return Flow::kNormal;
 }
 
-Interpreter::Flow Interpreter::exec(const Stmt& s, const std::shared_ptr<Scope>& scope, std::string& out) {
+Interpreter::Flow Interpreter::exec(const Stmt& s, const std::shared_ptr<Scope>& scope, Output& out) {
   switch (s.kind) {
     case StmtKind::kText:
       append(out, s.text);
       break;
     case StmtKind::kOutput:
-      append(out, eval(*s.expr, scope).str());
+      append_value(out, eval(*s.expr, scope));
       break;
     case StmtKind::kIf:
       for (const auto& [cond, body] : s.branches) {
@@ -377,15 +427,15 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, const std::shared_ptr<Scope>&
       break;
     case StmtKind::kSetBlock:
     case StmtKind::kFilterBlock: {
-      std::string text;
+      Output text;
       const Flow f = exec_body(s.body, scope, text);
-      Value v(std::move(text));
+      Value v = output_value(std::move(text));
       if (s.expr)
         v = apply_filter_chain(*this, *s.expr, std::move(v), [&](const Expr& f) { return eval_args(f, scope, 1); });
       if (s.kind == StmtKind::kSetBlock) {
         assign(*s.target, v, scope);
       } else {
-        append(out, v.str());
+        append_value(out, v);
       }
       if (f != Flow::kNormal) return f;
       break;
@@ -400,7 +450,9 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, const std::shared_ptr<Scope>&
       args.named.emplace_back("caller", make_macro(s, scope, &s));
       if (++depth_ > options().max_call_depth) fail("maximum call depth exceeded", s.pos);
       try {
-        append(out, call_value(fn, args).str());
+        Value r = call_value(fn, args);
+        const bool macro = fn.is_function() && fn.as_function().is_macro;
+        append_value(out, taint_if(std::move(r), !macro && (fn.tainted() || args_tainted(args))));
       } catch (Error& err) {
         if (err.pos == kNoPos) err.pos = s.pos;
         throw;
@@ -416,7 +468,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, const std::shared_ptr<Scope>&
   return Flow::kNormal;
 }
 
-void Interpreter::exec_for(const Stmt& s, const std::shared_ptr<Scope>& scope, std::string& out) {
+void Interpreter::exec_for(const Stmt& s, const std::shared_ptr<Scope>& scope, Output& out) {
   Value iterable = eval(*s.expr, scope);
   std::vector<Value> items;
   try {
@@ -424,6 +476,9 @@ void Interpreter::exec_for(const Stmt& s, const std::shared_ptr<Scope>& scope, s
   } catch (Error& err) {
     if (err.pos == kNoPos) err.pos = s.expr->pos;
     throw;
+  }
+  if (iterable.is_string() && iterable.tainted()) {
+    for (Value& c : items) c.taint_whole();  // the characters of a tainted string
   }
   if (s.cond) {
     std::vector<Value> kept;
@@ -464,7 +519,7 @@ void Interpreter::exec_for(const Stmt& s, const std::shared_ptr<Scope>& scope, s
   }
 }
 
-std::string Interpreter::render(const Value& context) {
+Output Interpreter::render(const Value& context) {
   auto globals = std::make_shared<Scope>();
   const Value g = make_globals(options());
   for (const auto& kv : g.as_dict().items) globals->vars[kv.first.as_string()] = kv.second;
@@ -474,7 +529,7 @@ std::string Interpreter::render(const Value& context) {
       if (kv.first.is_string()) top->vars[kv.first.as_string()] = kv.second;
     }
   }
-  std::string out;
+  Output out;
   exec_body(impl_.body, top, out);
   return out;
 }
@@ -500,13 +555,19 @@ Result<Template> Template::parse(std::string_view source, const Options& options
 }
 
 Result<std::string> Template::render(const Value& context) const {
+  MOESH_ASSIGN_OR_RETURN(Rendered r, render_tracked(context));
+  return std::move(r.text);
+}
+
+Result<Template::Rendered> Template::render_tracked(const Value& context) const {
   if (!context.is_dict() && !context.is_undefined() && !context.is_none()) {
     return make_error(StatusCode::kInvalidArgument, "jinja render: the context must be a dict, not {}",
                       context.type_name());
   }
   try {
     Interpreter in(*impl_);
-    return in.render(context);
+    Output out = in.render(context);
+    return Rendered{std::move(out.text), std::move(out.tainted)};
   } catch (const Error& e) {
     if (e.raised) {
       return make_error(e.code, "template raised an exception at {}: {}", position_text(impl_->source, e.pos), e.msg);

@@ -133,6 +133,17 @@ int64_t py_len(const Value& v);
 // "a" % args (printf-style formatting with %s %r %d %i %f %x %%).
 std::string py_percent_format(const std::string& fmt, const Value& args);
 
+// ---- taint (jinja_value.cpp) ----------------------------------------------------------------
+
+// Taints whole every string in `v` (recursively) that carries no ranges yet, and flags functions:
+// the result of a builtin that was given tainted input.
+void taint_new_strings(Value& v);
+// Appends `src` shifted by `offset` to `dst`, merging touching ranges.
+void append_tainted(std::vector<TextRange>& dst, const std::vector<TextRange>& src, size_t offset);
+// The tainted ranges of `v`'s printed text (str(), text_len bytes): a string's own ranges; any
+// other value all of it when it holds a tainted string.
+std::vector<TextRange> text_taint(const Value& v, size_t text_len);
+
 // ---- builtins (jinja_builtins.cpp) ----------------------------------------------------------
 
 class Interpreter;
@@ -153,6 +164,12 @@ Value get_attr(const Interpreter& in, const Value& obj, const std::string& name)
 // obj[key] (key lookup first, then attribute).
 Value get_item(const Interpreter& in, const Value& obj, const Value& key);
 
+// Rendered text with the byte ranges that came from tainted strings.
+struct Output {
+  std::string text;
+  std::vector<TextRange> tainted;
+};
+
 // The evaluator (jinja_eval.cpp); builtins call back into it for filters that take tests.
 class Interpreter {
  public:
@@ -162,19 +179,20 @@ class Interpreter {
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
   const Options& options() const { return impl_.options; }
-  std::string render(const Value& context);  // throws Error
+  Output render(const Value& context);  // throws Error
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
-  Flow exec_body(const Body& body, const std::shared_ptr<Scope>& scope, std::string& out);
-  Flow exec(const Stmt& s, const std::shared_ptr<Scope>& scope, std::string& out);
-  void exec_for(const Stmt& s, const std::shared_ptr<Scope>& scope, std::string& out);
+  Flow exec_body(const Body& body, const std::shared_ptr<Scope>& scope, Output& out);
+  Flow exec(const Stmt& s, const std::shared_ptr<Scope>& scope, Output& out);
+  void exec_for(const Stmt& s, const std::shared_ptr<Scope>& scope, Output& out);
   Value eval(const Expr& e, const std::shared_ptr<Scope>& scope);
   Value eval_inner(const Expr& e, const std::shared_ptr<Scope>& scope);
   CallArgs eval_args(const Expr& e, const std::shared_ptr<Scope>& scope, size_t first);
   void assign(const Expr& target, const Value& v, const std::shared_ptr<Scope>& scope);
   Value make_macro(const Stmt& s, const std::shared_ptr<Scope>& scope, const Stmt* caller_of);
-  void append(std::string& out, std::string_view text) const;
+  void append(Output& out, std::string_view text) const;  // template text
+  void append_value(Output& out, const Value& v) const;   // {{ v }}: its text and taint
 
   const Template::Impl& impl_;
   int depth_ = 0;

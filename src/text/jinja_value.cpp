@@ -29,8 +29,115 @@ Value Value::dict() {
   return Value(Storage(std::make_shared<Dict>()));
 }
 
-Value Value::function(std::string name, NativeFunction fn) {
-  return Value(Storage(std::make_shared<Function>(Function{std::move(name), std::move(fn)})));
+Value Value::function(std::string name, NativeFunction fn, bool is_macro) {
+  return Value(Storage(std::make_shared<Function>(Function{std::move(name), std::move(fn), is_macro})));
+}
+
+// ---- taint ----------------------------------------------------------------------------------
+
+namespace {
+// Non-strings are tainted whole: their taint_ points here.
+const std::shared_ptr<const std::vector<TextRange>>& whole_flag() {
+  static const auto flag = std::make_shared<const std::vector<TextRange>>();
+  return flag;
+}
+// Containers nest at most this deep in a walk; deeper (or cyclic, which only a mutable
+// environment can build) is treated as tainted, the safe side.
+constexpr int kMaxTaintDepth = 64;
+
+bool deep_tainted_at(const Value& v, int depth) {
+  if (v.tainted()) return true;
+  if (!v.is_list() && !v.is_dict()) return false;
+  if (depth >= kMaxTaintDepth) return true;
+  if (v.is_list()) {
+    for (const Value& x : v.as_list().items)
+      if (deep_tainted_at(x, depth + 1)) return true;
+    return false;
+  }
+  for (const auto& kv : v.as_dict().items)
+    if (deep_tainted_at(kv.first, depth + 1) || deep_tainted_at(kv.second, depth + 1)) return true;
+  return false;
+}
+
+// only_new: leave strings that already carry ranges alone (they are existing values with exact
+// ranges); else every string becomes tainted whole.
+void mark_strings(Value& v, bool only_new, int depth) {
+  if (depth >= kMaxTaintDepth) return;
+  if (v.is_string() || v.is_function()) {
+    if (!only_new || !v.tainted()) v.taint_whole();
+  } else if (v.is_list()) {
+    for (Value& x : v.as_list().items) mark_strings(x, only_new, depth + 1);
+  } else if (v.is_dict()) {
+    for (auto& kv : v.as_dict().items) {
+      mark_strings(kv.first, only_new, depth + 1);
+      mark_strings(kv.second, only_new, depth + 1);
+    }
+  }
+}
+}  // namespace
+
+const std::vector<TextRange>& Value::taint_ranges() const {
+  static const std::vector<TextRange> none;
+  return taint_ && is_string() ? *taint_ : none;
+}
+
+void Value::set_taint_ranges(std::vector<TextRange> ranges) {
+  if (!is_string()) return;
+  const size_t n = as_string().size();
+  std::sort(ranges.begin(), ranges.end(), [](const TextRange& a, const TextRange& b) { return a.begin < b.begin; });
+  std::vector<TextRange> merged;
+  for (TextRange r : ranges) {
+    r.end = std::min(r.end, n);
+    if (r.begin >= r.end) continue;
+    if (!merged.empty() && r.begin <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, r.end);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  if (merged.empty()) {
+    taint_.reset();
+  } else {
+    taint_ = std::make_shared<const std::vector<TextRange>>(std::move(merged));
+  }
+}
+
+void Value::taint_whole() {
+  if (is_string()) {
+    set_taint_ranges({TextRange{0, as_string().size()}});
+  } else {
+    taint_ = whole_flag();
+  }
+}
+
+void taint_strings(Value& v) {
+  mark_strings(v, /*only_new=*/false, 0);
+}
+
+bool deep_tainted(const Value& v) {
+  return deep_tainted_at(v, 0);
+}
+
+void taint_new_strings(Value& v) {
+  mark_strings(v, /*only_new=*/true, 0);
+}
+
+void append_tainted(std::vector<TextRange>& dst, const std::vector<TextRange>& src, size_t offset) {
+  for (const TextRange& r : src) {
+    const TextRange s{r.begin + offset, r.end + offset};
+    if (s.begin >= s.end) continue;
+    if (!dst.empty() && dst.back().end == s.begin) {
+      dst.back().end = s.end;
+    } else {
+      dst.push_back(s);
+    }
+  }
+}
+
+std::vector<TextRange> text_taint(const Value& v, size_t text_len) {
+  if (v.is_string()) return v.taint_ranges();
+  if (text_len > 0 && deep_tainted(v)) return {TextRange{0, text_len}};
+  return {};
 }
 
 namespace {
@@ -412,7 +519,15 @@ Value repeat(const Value& seq, int64_t n) {
 }  // namespace
 
 Value py_binary(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") return Value(a.str() + b.str());
+  if (op == "~" || (op == "+" && a.is_string() && b.is_string())) {
+    // Concatenation keeps each side's tainted ranges exactly.
+    std::string sa = a.str(), sb = b.str();
+    std::vector<TextRange> ranges = text_taint(a, sa.size());
+    append_tainted(ranges, text_taint(b, sb.size()), sa.size());
+    Value r(sa + sb);
+    r.set_taint_ranges(std::move(ranges));
+    return r;
+  }
   const bool nums = a.is_number() && b.is_number();
   const bool ints = nums && is_intlike(a) && is_intlike(b);
   if (op == "+") {

@@ -114,6 +114,33 @@ TEST(OpenAiParse, ChatMessagesAndMaxCompletionTokens) {
   EXPECT_EQ(*r.max_tokens, 9);  // max_completion_tokens wins
 }
 
+// Each message keeps its object as sent, keys in the order sent, for the model's Jinja template
+// (tool_calls, reasoning_content, tool_call_id; `tojson` must match transformers); the
+// chat_template_kwargs object becomes template variables.
+TEST(OpenAiParse, ChatMessagesKeepTheirFieldsInOrder) {
+  const ApiRequest r = parse_ok(Endpoint::kChatCompletions, R"({
+    "messages": [{"role": "user", "content": "Weather?"},
+                 {"role": "assistant", "reasoning_content": "use the tool", "content": null,
+                  "tool_calls": [{"id": "c1", "type": "function",
+                                  "function": {"name": "get", "arguments": "{\"z\": 1, \"a\": 2}"}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+    "chat_template_kwargs": {"enable_thinking": false, "b": 1, "a": 2}})");
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[1].fields.dump(),
+            R"({"role":"assistant","reasoning_content":"use the tool","content":null,"tool_calls":[{"id":"c1",)"
+            R"("type":"function","function":{"name":"get","arguments":"{\"z\": 1, \"a\": 2}"}}]})");
+  EXPECT_EQ(r.messages[2].role, "tool");
+  EXPECT_EQ(r.messages[2].fields["tool_call_id"], "c1");
+  EXPECT_EQ(r.template_variables.dump(), R"({"enable_thinking":false,"b":1,"a":2})");
+  const ApiError role = parse_err(Endpoint::kChatCompletions, R"({"messages": [{"role": "wizard", "content": "x"}]})");
+  EXPECT_EQ(role.param, "messages[0].role");
+  EXPECT_EQ(role.code, "invalid_value");
+  const ApiError e = parse_err(Endpoint::kChatCompletions,
+                               R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]})");
+  EXPECT_EQ(e.param, "chat_template_kwargs");
+  EXPECT_EQ(e.code, "invalid_type");
+}
+
 struct BadCase {
   Endpoint ep;
   const char* body;

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "command.h"
@@ -18,7 +20,8 @@ struct MakeModelArgs {
   std::string type;  // empty: the preset's type, else f32
   std::string preset;
   std::string name;
-  std::string vocab;  // empty: bpe
+  std::string vocab;               // empty: bpe
+  std::string chat_template_file;  // empty: the built-in ChatML template
   uint64_t seed = 0;
   int threads = 0;
   bool dry_run = false;
@@ -131,6 +134,20 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
   }
   if (sub->count("--seed")) spec.seed = a.seed;
   if (!a.name.empty()) spec.name = a.name;
+  if (!a.chat_template_file.empty()) {
+    if (spec.vocab != MakeVocab::kBpe) {
+      std::fprintf(stderr, "make-model: --chat-template-file needs --vocab bpe\n");
+      return 2;
+    }
+    std::ifstream in(a.chat_template_file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) {
+      std::fprintf(stderr, "make-model: cannot read --chat-template-file '%s'\n", a.chat_template_file.c_str());
+      return 2;
+    }
+    spec.chat_template = text.str();
+  }
   spec.tied_embeddings = a.tied_embeddings;
   for (const auto& f : kIntFlags) {
     auto it = a.ints.find(f.flag);
@@ -197,6 +214,9 @@ CommandRegistrar reg{
               sub->add_option("--vocab", a->vocab,
                               "bpe (default): a byte-level BPE tokenizer learned from a built-in text, "
                               "with ChatML specials and chat template | none: ids only (no_vocab)");
+              sub->add_option("--chat-template-file", a->chat_template_file,
+                              "write this file's Jinja source as tokenizer.chat_template (--vocab bpe; "
+                              "default: a ChatML template)");
               sub->add_option("--threads", a->threads, "quantization threads (default: all cores)");
               sub->add_option("--rope-base", a->rope_base, "rope.freq_base");
               sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");

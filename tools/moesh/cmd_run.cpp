@@ -90,7 +90,11 @@ int run_run(const RunArgs& a) {
   if (!a.chat.empty()) {
     auto tmpl = ChatTemplate::from_gguf(model->file(), chat_template_spec(*model, a.chat_template, "run"));
     if (!tmpl) {
-      std::fprintf(stderr, "moesh run: error: %s\n", tmpl.status().message().c_str());
+      const bool from_file = a.chat_template.empty() && model->file().has("tokenizer.chat_template");
+      std::fprintf(stderr, "moesh run: error: %s%s\n", tmpl.status().message().c_str(),
+                   from_file ? " (in the file's tokenizer.chat_template; --chat-template NAME uses a built-in family "
+                               "instead)"
+                             : "");
       return 2;
     }
     std::vector<ChatMessage> msgs;
@@ -312,8 +316,8 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("--chat", a->chat, "A user message, wrapped in the model's chat template");
       sub->add_option("--system", a->system, "System message for --chat");
       sub->add_option("--chat-template", a->chat_template,
-                      "Chat template family name (chatml, deepseek3, deepseek2, llama3, harmony, "
-                      "mistral) or Jinja source, instead of the file's");
+                      "Chat template instead of the file's: a built-in family (chatml, deepseek3, deepseek2, "
+                      "llama3, harmony, mistral, ...) or Jinja source to execute");
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_flag("--json", a->json, "Print one JSON object instead of text");
       sub->add_option("--draft", a->draft,

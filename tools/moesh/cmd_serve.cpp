@@ -1,5 +1,5 @@
 // `moesh serve -m MODEL [--worker HOST:PORT ... | --workers FILE] [--host H --port P]
-//  [--parallel N] [-c CTX] [--threads N] [--chat-template NAME] [--batch-tokens N] [--api-key K]`:
+//  [--parallel N] [-c CTX] [--threads N] [--chat-template NAME|JINJA] [--batch-tokens N] [--api-key K]`:
 // the OpenAI-compatible HTTP server (docs/serve.md). Loads the model, its tokenizer and chat
 // template, connects to the workers like `moesh run`, starts the Scheduler and the HTTP gateway,
 // and prints "listening on HOST:PORT" (with --port 0 the port the OS chose) once it accepts
@@ -71,8 +71,9 @@ int run_serve(const ServeArgs& a) {
     if (!t) return fail(t.status());
     tok = std::move(*t);
   }
-  // A chat template is optional: without one only /v1/completions works. An explicit
-  // --chat-template that cannot be used is an error, not a silent fallback.
+  // A chat template is optional: without one only /v1/completions works. The file's template is
+  // parsed here, once; one that does not parse (or an explicit --chat-template that cannot be
+  // used) is an error, not a silent fallback to a family that may format prompts differently.
   std::unique_ptr<ChatTemplate> tmpl;
   if (tok) {
     auto ct = ChatTemplate::from_gguf(model->file(), chat_template_spec(*model, a.chat_template, "serve"));
@@ -80,6 +81,10 @@ int run_serve(const ServeArgs& a) {
       tmpl = std::make_unique<ChatTemplate>(*ct);
     } else if (!a.chat_template.empty()) {
       return fail(ct.status());
+    } else if (model->file().has("tokenizer.chat_template")) {
+      return fail(Status(ct.status().code(), ct.status().message() +
+                                                 " (in the file's tokenizer.chat_template; --chat-template NAME "
+                                                 "uses a built-in family instead)"));
     } else {
       std::fprintf(stderr, "moesh serve: no chat template (%s); /v1/chat/completions is disabled\n",
                    ct.status().message().c_str());
@@ -165,7 +170,8 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("-c,--ctx-size", a->ctx, "Context (cells) per slot (default: model's, at most 4096)");
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_option("--chat-template", a->chat_template,
-                      "Chat template family (chatml, llama3, deepseek3, ...) overriding the file's");
+                      "Chat template instead of the file's: a built-in family (chatml, llama3, deepseek3, ...) "
+                      "or Jinja source to execute");
       sub->add_option("--draft", a->draft,
                       "Speculative decoding for every request with this draft source: ngram or nextn (the "
                       "model's NextN/MTP head; same output, "

@@ -74,6 +74,8 @@ struct MakeModelSpec {
   MakeVocab vocab = MakeVocab::kBpe;
   // No output.weight: the logits use token_embd as the output matrix (tied embeddings).
   bool tied_embeddings = false;
+  // kBpe: the tokenizer.chat_template written (Jinja source); empty: the built-in ChatML one.
+  std::string chat_template;
 
   int64_t n_vocab = 512;
   int64_t n_ctx = 256;  // <arch>.context_length

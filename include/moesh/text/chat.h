@@ -1,9 +1,14 @@
 // Chat formatting: turns a list of messages into the prompt text a model was trained on.
 //
-// A GGUF carries its template as Jinja source in `tokenizer.chat_template`. Rather than run
-// arbitrary Jinja, moesh recognises the template families it supports from marker strings in that
-// source (the way llama.cpp's llm_chat_detect_template does) and renders them with C++ code that
-// reproduces the template's output byte for byte:
+// A GGUF carries its template as Jinja source in `tokenizer.chat_template`. moesh executes that
+// source with its Jinja interpreter (moesh/text/jinja.h) the way Hugging Face transformers'
+// apply_chat_template does: the messages as dicts (role, content and whatever else the client
+// sent: tool_calls, reasoning_content, name, tool_call_id), `tools`, `add_generation_prompt`,
+// `bos_token` / `eos_token` as the vocabulary's texts, plus extra variables a caller passes
+// (enable_thinking, ...). The template is parsed once, when the model is loaded.
+//
+// Built-in family renderers remain, C++ code that reproduces each family's official template for
+// plain system/user/assistant conversations byte for byte:
 //
 //   chatml    <|im_start|>role\ncontent<|im_end|>\n ...  (Qwen, Qwen2/3, many fine-tunes)
 //   deepseek3 <｜begin▁of▁sentence｜>system<｜User｜>..<｜Assistant｜>..<｜end▁of▁sentence｜>
@@ -12,17 +17,28 @@
 //   harmony   (gpt-oss) <|start|>role<|message|>content<|end|> ... <|start|>assistant
 //   mistral   (Mixtral) [INST] ... [/INST] answer</s>
 //
-// `--chat-template NAME` (or a Jinja source containing a family's markers) overrides the file's
-// template. An unrecognised template is an error naming the known names, not a silent fallback.
+// They are used when a file has no template (the caller picks its architecture's family) or when
+// `--chat-template NAME` forces one. `--chat-template` with Jinja source runs that source through
+// the interpreter instead of the file's. A template that does not parse is an error naming its
+// line:column when the model is loaded (not a silent fallback to a family); one that raises
+// (raise_exception) fails the request with the template's message and position.
+//
+// Either way the output is split into template text and message content (ChatSegment), so that
+// tokenize_chat() parses special-token texts only where the template wrote them: with Jinja every
+// string that comes from the request is tainted and the interpreter tracks which output bytes
+// derive from it (see jinja.h).
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "moesh/gguf/gguf.h"
+#include "moesh/text/jinja.h"
 #include "moesh/util/status.h"
 
 namespace moesh {
@@ -66,8 +82,24 @@ struct ChatTemplateOptions {
 ChatTemplateOptions detect_chat_options(ChatFormat f, std::string_view jinja_source);
 
 struct ChatMessage {
-  std::string role;  // "system" | "user" | "assistant" (| "developer" for harmony)
+  std::string role;  // families: "system" | "user" | "assistant" (| "developer" for harmony)
   std::string content;
+  // The message object as the client sent it (keys in the order sent, so `tojson` writes what
+  // transformers writes), or null. A Jinja template sees all its fields, with `content` replaced
+  // by the text above when it was sent as text parts (null and absent content stay so); without
+  // it the template sees {role, content}. The family renderers read only role and content.
+  nlohmann::ordered_json fields = nullptr;
+};
+
+// What a template renders besides the messages.
+struct ChatRenderOptions {
+  bool add_generation_prompt = true;  // append the assistant turn header so the model answers next
+  // Jinja only (the family renderers ignore these): the request's `tools` (an array; null: the
+  // template sees tools=None, as in transformers) and further template variables (an object:
+  // enable_thinking, reasoning_effort, ...), which may not replace messages, tools, documents,
+  // add_generation_prompt, bos_token or eos_token.
+  nlohmann::ordered_json tools = nullptr;
+  nlohmann::ordered_json variables = nullptr;
 };
 
 // One piece of a rendered prompt. Template text (turn markers, role headers, BOS, the harmony
@@ -82,35 +114,58 @@ class Tokenizer;
 
 class ChatTemplate {
  public:
+  // A built-in family renderer.
   explicit ChatTemplate(ChatFormat f) : format_(f) {}
   ChatTemplate(ChatFormat f, ChatTemplateOptions opt) : format_(f), opt_(std::move(opt)) {}
-  // A family name or Jinja source (the family and its options detected from it).
+  // A family by name, or the family (and its options) whose markers Jinja source holds: the
+  // built-in renderer that imitates that source. Errors: unknown name, no family matches.
   static Result<ChatTemplate> from_spec(std::string_view spec);
-  // From the GGUF: `override_spec` (a family name or Jinja source) when non-empty, else
-  // tokenizer.chat_template. Errors: no template in the file and no override; unknown family.
+  // Executes Jinja source (parsed here, once). bos_text / eos_text are what the template sees as
+  // bos_token / eos_token. format() and options() are the family whose markers the source holds
+  // (kCOUNT if none) and what detect_chat_options() reads; rendering does not use them, only
+  // stop_strings() does. Errors: a syntax error, naming line:column.
+  static Result<ChatTemplate> from_jinja(std::string_view source, std::string bos_text = {}, std::string eos_text = {});
+  // From the GGUF: `override_spec` when non-empty (a family name forces that family; Jinja
+  // source, anything with "{{" or "{%", is executed), else the file's tokenizer.chat_template
+  // executed, with bos_token / eos_token the texts of the vocabulary's BOS / EOS tokens.
+  // Errors: no template in the file and no override; an unknown family name; a template that
+  // does not parse.
   static Result<ChatTemplate> from_gguf(const gguf::File& file, std::string_view override_spec = {});
 
+  // True when this executes Jinja source; false for a family renderer.
+  bool is_jinja() const { return jinja_ != nullptr; }
   ChatFormat format() const { return format_; }
   const ChatTemplateOptions& options() const { return opt_; }
-  // The prompt text. add_generation_prompt appends the assistant turn header so the model
-  // answers next. Errors (kInvalidArgument): an unknown role, an empty message list, or an
-  // ordering the template itself rejects (e.g. mistral requires user/assistant alternation).
+  // The prompt text. Errors (kInvalidArgument): an empty message list; for a family, an unknown
+  // role or an ordering the template itself rejects (e.g. mistral requires user/assistant
+  // alternation); for Jinja, whatever the template raises or a runtime error, with line:column.
   Result<std::string> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  Result<std::string> render(const std::vector<ChatMessage>& messages, const ChatRenderOptions& ro) const;
   // The same prompt as render() (the concatenated texts are render()'s output byte for byte;
   // render() is built on this), split into maximal runs of template text and message content.
-  // Segments are never empty and neighbours always differ in is_content.
+  // Segments are never empty and neighbours always differ in is_content. With Jinja, content is
+  // every output byte derived from the request's strings (messages, tools, variables), exactly
+  // where the template concatenates them and wholly where it transforms them (jinja.h).
   Result<std::vector<ChatSegment>> render_segments(const std::vector<ChatMessage>& messages,
                                                    bool add_generation_prompt = true) const;
+  Result<std::vector<ChatSegment>> render_segments(const std::vector<ChatMessage>& messages,
+                                                   const ChatRenderOptions& ro) const;
   // Texts that end an assistant turn in this format (e.g. "<|im_end|>"); generation also stops
   // on the tokenizer's end-of-generation tokens, these catch templates whose end marker is text.
+  // Jinja: those of the family format() names, none when no family matched.
   std::vector<std::string> stop_strings() const;
-  // True when the rendered text already starts with the BOS text, so the caller must not add
-  // a BOS token again when tokenizing.
+  // True when the family's rendered text already starts with the BOS text, so the caller must not
+  // add a BOS token again when tokenizing. Jinja: false (tokenize_chat looks at the output).
   bool renders_bos() const;
 
  private:
+  Result<std::vector<ChatSegment>> render_jinja(const std::vector<ChatMessage>& messages,
+                                                const ChatRenderOptions& ro) const;
+
   ChatFormat format_;
   ChatTemplateOptions opt_;
+  std::shared_ptr<const jinja::Template> jinja_;  // shared by copies: parsed once per model
+  std::string bos_text_, eos_text_;
 };
 
 // The prompt ids of a chat, safe against chat-structure injection: special-token texts are
@@ -123,9 +178,11 @@ class ChatTemplate {
 // segment by segment, so a conversation whose content holds no special-token text gives exactly
 // encode(render(), parse_special=true): no BPE merge differences where content meets template
 // text, and no extra SentencePiece space prefix at the start of each content run. BOS is added
-// when the vocabulary asks for it and the template does not render its own; EOS is never
-// appended (the model is to continue the prompt).
+// when the vocabulary asks for it and the template does not render its own (Jinja: the ids do
+// not already start with BOS); EOS is never appended (the model is to continue the prompt).
 Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
                                            const std::vector<ChatMessage>& messages, bool add_generation_prompt = true);
+Result<std::vector<int32_t>> tokenize_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                           const std::vector<ChatMessage>& messages, const ChatRenderOptions& ro);
 
 }  // namespace moesh

@@ -20,6 +20,15 @@
 // Strings are UTF-8; length, indexing and slicing count code points. Case mapping (upper, lower,
 // title, capitalize) changes ASCII letters only.
 //
+// Taint (what makes chat rendering injection-safe): a string may carry the byte ranges of its text
+// that came from untrusted input (mark the input with taint_strings()). `~`, string `+`, output
+// and macro bodies keep the ranges exact; any other operation that makes a new string from a
+// tainted value (a filter, a method, slicing, `%`, `*`, iterating a string) taints the whole new
+// string, and strings inside a container a builtin returns from tainted inputs are tainted whole
+// too. Template::render_tracked() returns the output with its tainted ranges. The rule errs one
+// way only: template text may end up tainted (then tokenized as plain text), input text never
+// ends up untainted.
+//
 // Errors: every failure is a Status naming the template position as line:column — a syntax error
 // (kInvalidArgument), an unknown filter/test/statement (kUnsupported), a runtime type error or a
 // template's `raise_exception("...")` (kInvalidArgument, the message quoted). No exception leaves
@@ -43,6 +52,13 @@
 namespace moesh::jinja {
 
 class Value;
+
+// Bytes [begin, end) of a string.
+struct TextRange {
+  size_t begin = 0;
+  size_t end = 0;
+  friend bool operator==(const TextRange& a, const TextRange& b) { return a.begin == b.begin && a.end == b.end; }
+};
 
 // Arguments of a call from a template: f(a, b, key=c).
 struct CallArgs {
@@ -76,6 +92,7 @@ class Value {
   struct Function {
     std::string name;
     NativeFunction fn;
+    bool is_macro = false;  // a template's macro (or caller): its result carries exact taint ranges
   };
   struct Undefined {
     std::string hint;  // why it is undefined, for the error when it is used ("'dict object' has no attribute 'x'")
@@ -95,7 +112,7 @@ class Value {
   static Value list(std::vector<Value> items = {});
   static Value tuple(std::vector<Value> items);
   static Value dict();
-  static Value function(std::string name, NativeFunction fn);
+  static Value function(std::string name, NativeFunction fn, bool is_macro = false);
   // JSON null/bool/number/string/array/object → none/bool/int or float/string/list/dict, in the
   // json's key order. Parse requests with ordered_json: nlohmann::json sorts object keys, so a
   // template's `tools | tojson` would no longer match what transformers writes.
@@ -136,6 +153,14 @@ class Value {
   std::string repr() const;       // Python repr() ("'a'" for a string)
   const char* type_name() const;  // Python's type name ("str", "int", "dict", "NoneType", ...)
 
+  // Taint (see the top of this file). A string's ranges are sorted, disjoint, non-empty and
+  // within the string; other kinds are tainted as a whole or not at all.
+  bool tainted() const { return taint_ != nullptr; }
+  const std::vector<TextRange>& taint_ranges() const;    // empty when untainted (or not a string)
+  void set_taint_ranges(std::vector<TextRange> ranges);  // a string: sorts and merges; empty clears
+  void taint_whole();                                    // a string: all its bytes (none if empty); others: flagged
+  void clear_taint() { taint_.reset(); }
+
   // Python ==: numbers compare by value across int/float/bool, lists and dicts by content.
   friend bool operator==(const Value& a, const Value& b);
 
@@ -146,7 +171,14 @@ class Value {
   explicit Value(Undefined u) : v_(std::move(u)) {}
   explicit Value(std::nullptr_t) : v_(nullptr) {}
   Storage v_;
+  std::shared_ptr<const std::vector<TextRange>> taint_;
 };
+
+// Marks every string in `v` (list items, dict keys and values, recursively) tainted as a whole:
+// what a caller does to the untrusted parts of a context before rendering.
+void taint_strings(Value& v);
+// True when `v` is a tainted string or holds one (recursively).
+bool deep_tainted(const Value& v);
 
 // json.dumps(value, ensure_ascii=False, indent=indent, separators=..., sort_keys=...) as Python
 // writes it: what HF's `tojson` filter returns. indent < 0 means None (one line, ", " and ": ");
@@ -180,6 +212,13 @@ class Template {
  public:
   static Result<Template> parse(std::string_view source, const Options& options = {});
   Result<std::string> render(const Value& context) const;
+  // The same rendering plus the byte ranges of the output that came from tainted strings
+  // (sorted, disjoint, non-empty). render() returns rendered.text of this.
+  struct Rendered {
+    std::string text;
+    std::vector<TextRange> tainted;
+  };
+  Result<Rendered> render_tracked(const Value& context) const;
 
   struct Impl;  // the parsed program (src/text/jinja_internal.h)
 

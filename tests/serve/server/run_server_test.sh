@@ -253,7 +253,7 @@ run_curl_checks() {
   expect_eq "$(js 'j.error.code' <"$TMP/body")" "context_length_exceeded" "[$cfg] context error code"
   err_case /v1/chat/completions '{"messages": "hi"}' 400 messages "messages as a string"
   err_case /v1/chat/completions '{"messages": [{"role": "user", "content": 3}]}' 400 "messages[0].content" "content as a number"
-  err_case /v1/chat/completions '{"messages": [{"role": "wizard", "content": "x"}]}' 400 messages "unknown role"
+  err_case /v1/chat/completions '{"messages": [{"role": "wizard", "content": "x"}]}' 400 "messages[0].role" "unknown role"
   curl -sS -o "$TMP/body" -w '%{http_code}' "$BASE/v1/nothing" >"$TMP/status"
   expect_eq "$(status)" "404" "[$cfg] unknown path: 404"
   expect_eq "$(js 'j.error.code' <"$TMP/body")" "not_found" "[$cfg] 404 error body"
@@ -329,6 +329,51 @@ else
   echo "SKIPPED: openai npm package unavailable (npm ci failed: $(tail -1 "$TMP/npm.log"))"
   echo "=================================================================="
 fi
+
+# ---- the file's own Jinja chat template -------------------------------------------------------
+# A template no built-in family imitates (make-model --chat-template-file): the gateway executes
+# it, with chat_template_kwargs as variables; special-token text typed in a message stays text; a
+# raise_exception answers 400 naming the template position; one that does not parse stops serve.
+cat >"$TMP/custom.jinja" <<'JINJA'
+{%- for m in messages %}
+{%- if loop.first and m.role == 'assistant' %}{{ raise_exception('the first message must not be the assistant') }}{% endif %}
+<|im_start|>{{ m.role }}
+{% if greet %}HELLO THERE MY GOOD FRIEND {% endif %}{{ m.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+JINJA
+printf '{%% for m in messages %%}{{ m.content }\n' >"$TMP/broken.jinja"
+for t in custom broken; do
+  "$MOESH" make-model --arch qwen3moe --out "$TMP/$t.gguf" --seed 4243 --n-vocab 512 --n-ctx 512 --n-layer 1 \
+    --n-embd 64 --n-ff-exp 64 --n-head 2 --head-dim 32 --n-expert 4 --n-expert-used 2 \
+    --chat-template-file "$TMP/$t.jinja" >/dev/null 2>&1 || fail "make-model --chat-template-file $t"
+done
+if timeout 120 "$MOESH" serve -m "$TMP/broken.gguf" --port 0 >"$TMP/broken.log" 2>&1; then
+  fail "serve started with a broken template"
+fi
+grep -q "jinja syntax error at line [0-9]*:[0-9]*" "$TMP/broken.log" || { cat "$TMP/broken.log" >&2; fail "broken template error names no position"; }
+ok "serve refuses a template that does not parse, naming line:column"
+start_server jinja -m "$TMP/custom.gguf" --parallel 1 -c 512 --threads 1
+prompt_tokens() {  # content [kwargs] -> usage.prompt_tokens
+  local body="{\"messages\":[{\"role\":\"user\",\"content\":$1}],\"max_tokens\":1,\"temperature\":0${2:+,\"chat_template_kwargs\":$2}}"
+  post /v1/chat/completions "$body" | js 'j.usage.prompt_tokens'
+  [ "$(status)" == "200" ] || fail "chat with the custom template: HTTP $(status): $(cat "$TMP/body")"
+}
+N_PLAIN=$(prompt_tokens '"x"')
+N_GREET=$(prompt_tokens '"x"' '{"greet":true}')
+[ "$N_GREET" -gt "$N_PLAIN" ] || fail "chat_template_kwargs did not reach the template ($N_GREET vs $N_PLAIN tokens)"
+ok "the file's template ran, with chat_template_kwargs ($N_PLAIN -> $N_GREET prompt tokens)"
+N_INJECT=$(prompt_tokens '"<|im_end|>"')
+[ "$N_INJECT" -gt "$N_PLAIN" ] || fail "'<|im_end|>' typed in a message became a control token ($N_INJECT tokens)"
+ok "special-token text in a message stays text ($N_INJECT vs $N_PLAIN prompt tokens)"
+post /v1/chat/completions '{"messages":[{"role":"assistant","content":"hi"}],"max_tokens":1}' >/dev/null
+expect_eq "$(status)" "400" "a raise_exception in the template answers 400"
+MSG=$(js 'j.error.message' <"$TMP/body")
+case "$MSG" in *"the first message must not be the assistant"*"line "* | *"line "*"the first message must not be the assistant"*) ok "the 400 carries the template's message and position" ;;
+  *) fail "raise_exception message: $MSG" ;;
+esac
+kill "${PIDS[-1]}" 2>/dev/null || true
 
 # ---- configuration 1: all experts local ------------------------------------------------------
 start_server local -m "$MODEL" --parallel 4 -c 4096 --threads 2 --max-body 262144
