@@ -10,6 +10,7 @@
 #include <ctime>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "moesh/serve/ledger.h"
@@ -39,6 +40,7 @@ struct StreamState {
   std::shared_ptr<Channel> ch;
   uint64_t id = 0;
   CompletionResult res;
+  std::optional<ChatOutputParser> parser;  // chat: splits content / reasoning / tool calls
   bool include_usage = false;
   bool started = false;
   bool got_text = false;
@@ -86,7 +88,11 @@ struct HttpServer::Impl {
   std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();
 
   bool authorized(const httplib::Request& req, httplib::Response& res);
-  Result<GenerationRequest> build_generation(const ApiRequest& r, ApiError* err) const;
+  OutputFormat out_fmt;          // how the chat template's model writes reasoning and tool calls
+  bool object_args = false;      // the template wants tool-call arguments as objects
+  bool no_null_content = false;  // the template fails on content null (tool-call turns)
+  // For chat, *starts_in_reasoning tells whether the rendered prompt left a <think> open.
+  Result<GenerationRequest> build_generation(const ApiRequest& r, ApiError* err, bool* starts_in_reasoning) const;
   void handle_generate(Endpoint ep, const httplib::Request& req, const std::string& body, httplib::Response& res);
   bool stream_step(StreamState& s, httplib::DataSink& sink);
   // Waits for at least one event (or shutdown); moves them out.
@@ -116,7 +122,8 @@ bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response
   return false;
 }
 
-Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r, ApiError* err) const {
+Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r, ApiError* err,
+                                                             bool* starts_in_reasoning) const {
   auto fail = [err](int http, std::string param, std::string code, std::string msg) -> Status {
     err->http_status = http;
     err->type = "invalid_request_error";
@@ -134,12 +141,37 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
     }
     // Special tokens only from the template: "<|im_end|>" typed in a message stays text.
     // A template error (raise_exception included) names its line:column and answers 400.
+    if (!r.tools.is_null() && !t.chat_template->is_jinja()) {
+      return fail(400, "tools", "unsupported_value",
+                  fmt::format("this model's chat template (the built-in '{}' renderer) cannot show tools to the "
+                              "model; use a model whose GGUF has a Jinja chat template, or --chat-template SOURCE",
+                              chat_format_name(t.chat_template->format())));
+    }
     ChatRenderOptions ro;
     ro.add_generation_prompt = true;
     ro.variables = r.template_variables;
-    auto ids = tokenize_chat(*t.tokenizer, *t.chat_template, r.messages, ro);
+    ro.tools = r.tools;
+    // Arguments arrive as JSON strings (OpenAI's shape); a template that iterates them or writes
+    // them with tojson gets the object, as llama.cpp does for such templates.
+    std::vector<ChatMessage> messages = r.messages;
+    if (object_args) tool_call_arguments_to_objects(&messages);
+    if (no_null_content) null_content_to_empty(&messages);
+    auto ids = tokenize_chat(*t.tokenizer, *t.chat_template, messages, ro);
     if (!ids) return fail(400, "messages", "invalid_value", ids.status().message());
     g.prompt = std::move(*ids);
+    if (out_fmt.think_tags) {
+      auto text = t.chat_template->render(messages, ro);
+      *starts_in_reasoning = text.is_ok() && prompt_opens_reasoning(*text);
+    }
+    if (r.scripted_output) {
+      if (!opts.test_hooks) {
+        return fail(400, "moesh_scripted_output", "unsupported_value",
+                    "'moesh_scripted_output' is a test hook; start the server with --test-hooks");
+      }
+      auto forced = t.tokenizer->encode(*r.scripted_output, /*add_special=*/false, /*parse_special=*/true);
+      if (!forced) return fail(400, "moesh_scripted_output", "invalid_value", forced.status().message());
+      g.scripted_tokens = std::move(*forced);
+    }
     for (std::string& s : t.chat_template->stop_strings()) g.stop.push_back(std::move(s));
   } else if (r.prompt_is_tokens) {
     const int64_t n_vocab = t.model->hparams().n_vocab;
@@ -206,7 +238,8 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
   ApiError err;
   auto parsed = parse_request(ep, body, &err);
   if (!parsed) return send_error(res, err);
-  auto gen = build_generation(*parsed, &err);
+  bool in_reasoning = false;
+  auto gen = build_generation(*parsed, &err, &in_reasoning);
   if (!gen) return send_error(res, err);
 
   auto ch = std::make_shared<Channel>();
@@ -226,6 +259,11 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
   base.id = make_id(ep);
   base.created = static_cast<int64_t>(std::time(nullptr));
   base.model = opts.model_name;
+  std::optional<ChatOutputParser> parser;
+  if (ep == Endpoint::kChatCompletions) {
+    parser.emplace(out_fmt, !parsed->tools.is_null(), in_reasoning,
+                   "call_" + base.id.substr(base.id.find('-') + 1) + "_");
+  }
 
   if (!parsed->stream) {
     std::deque<GenerationEvent> evs;
@@ -258,6 +296,13 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
         }
         base.finish = ev.finish;
         base.usage = ev.usage;
+        if (parser) {
+          parser->push(base.text);
+          parser->finish();
+          base.text = parser->content();
+          base.reasoning = parser->reasoning();
+          base.tool_calls = parser->tool_calls();
+        }
         res.set_content(dump_json(completion_response(ep, base)), "application/json");
         metrics.observe_duration(ep_name, seconds_since(t0));
         return;
@@ -272,6 +317,7 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
   st->ch = ch;
   st->id = *id;
   st->res = std::move(base);
+  st->parser = std::move(parser);
   st->include_usage = parsed->include_usage;
   st->t0 = t0;
   res.set_header("Cache-Control", "no-cache");
@@ -313,7 +359,13 @@ bool HttpServer::Impl::stream_step(StreamState& s, httplib::DataSink& sink) {
         s.got_text = true;
         metrics.observe_ttft(s.ep_name, seconds_since(s.t0));
       }
-      if (!write(sse_event(text_chunk(s.ep, s.res, ev.text, s.include_usage)))) return false;
+      if (s.parser) {
+        for (const json& c : delta_chunks(s.res, s.parser->push(ev.text), s.include_usage)) {
+          if (!write(sse_event(c))) return false;
+        }
+      } else if (!write(sse_event(text_chunk(s.ep, s.res, ev.text, s.include_usage)))) {
+        return false;
+      }
     }
     if (!ev.done) continue;
     s.finished = true;
@@ -327,6 +379,12 @@ bool HttpServer::Impl::stream_step(StreamState& s, httplib::DataSink& sink) {
     } else {
       s.res.finish = ev.finish;
       s.res.usage = ev.usage;
+      if (s.parser) {
+        for (const json& c : delta_chunks(s.res, s.parser->finish(), s.include_usage)) {
+          if (!write(sse_event(c))) return false;
+        }
+        s.res.tool_calls = s.parser->tool_calls();
+      }
       if (!write(sse_event(finish_chunk(s.ep, s.res, s.include_usage)))) return false;
       if (s.include_usage && !write(sse_event(usage_chunk(s.ep, s.res)))) return false;
     }
@@ -347,6 +405,11 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
   impl->opts = opts;
   impl->id_salt = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   impl->started_unix = static_cast<int64_t>(std::time(nullptr));
+  if (target.chat_template != nullptr && target.chat_template->is_jinja()) {
+    impl->out_fmt = detect_output_format(target.chat_template->jinja_source());
+    impl->object_args = template_wants_object_arguments(*target.chat_template);
+    impl->no_null_content = template_rejects_null_content(*target.chat_template);
+  }
   Impl* m = impl.get();
   httplib::Server& svr = m->svr;
 

@@ -1,6 +1,8 @@
 // OpenAI request parsing/validation and response shapes (see openai_api.h).
 #include "serve/openai_api.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -131,6 +133,8 @@ Status parse_prompt(const json& o, ApiRequest* r, const Fail& fail) {
   return get_token_ids(p, "prompt", fail, &r->prompt_tokens);
 }
 
+Status check_tool_calls(const json& calls, const std::string& where, const Fail& fail);
+
 // `ordered`: the same body parsed keeping key order (json sorts keys), kept per message for the
 // Jinja template, whose `tojson` must write the keys as the client sent them.
 Status parse_messages(const json& o, const nlohmann::ordered_json& ordered, ApiRequest* r, const Fail& fail) {
@@ -156,9 +160,18 @@ Status parse_messages(const json& o, const nlohmann::ordered_json& ordered, ApiR
       return fail(where + ".role", "invalid_value",
                   fmt::format("unknown role '{}' (system, user, assistant, tool, developer, function)", cm.role));
     }
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      if (cm.role != "assistant") {
+        return fail(where + ".tool_calls", "invalid_value", "only assistant messages carry 'tool_calls'");
+      }
+      MOESH_RETURN_IF_ERROR(check_tool_calls(*tc, where + ".tool_calls", fail));
+    }
+    if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null() && !id->is_string()) {
+      return wrong_type(fail, where + ".tool_call_id", "a string", *id);
+    }
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
-      // Assistant turns may carry no content (e.g. tool calls, which are not supported here).
+      // Assistant turns may carry no content (tool calls only).
       if (cm.role != "assistant") {
         return fail(where + ".content", "missing_required_parameter", "'content' is required");
       }
@@ -241,9 +254,148 @@ Status reject_unsupported(const json& o, Endpoint ep, const Fail& fail) {
   if (lp != o.end() && !lp->is_null() && !(lp->is_boolean() && !lp->get<bool>())) {
     return fail("logprobs", "unsupported_value", "'logprobs' is not supported");
   }
-  auto tools = o.find("tools");
-  if (tools != o.end() && !tools->is_null() && !(tools->is_array() && tools->empty())) {
-    return fail("tools", "unsupported_value", "'tools' is not supported");
+  if (ep == Endpoint::kCompletions) {
+    for (const char* k : {"tools", "tool_choice"}) {
+      auto it = o.find(k);
+      if (it != o.end() && !it->is_null()) {
+        return fail(k, "unsupported_value", fmt::format("'{}' is only for /v1/chat/completions", k));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+// OpenAI's rule for function names.
+bool valid_function_name(const std::string& n) {
+  if (n.empty() || n.size() > 64) return false;
+  for (char c : n) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') return false;
+  }
+  return true;
+}
+
+// tools: [{"type":"function","function":{"name","description"?,"parameters"?,"strict"?}}];
+// tool_choice: "auto" | "none" | "required" | {"type":"function","function":{"name"}}.
+Status parse_tools(const json& o, const nlohmann::ordered_json& ordered, ApiRequest* r, const Fail& fail) {
+  auto it = o.find("tools");
+  std::vector<std::string> names;
+  if (it != o.end() && !it->is_null()) {
+    if (!it->is_array()) return wrong_type(fail, "tools", "an array", *it);
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!t.is_object()) return wrong_type(fail, where, "an object", t);
+      auto type = t.find("type");
+      if (type == t.end() || !type->is_string()) {
+        return fail(where + ".type", "missing_required_parameter", "a tool needs \"type\": \"function\"");
+      }
+      if (*type != "function") {
+        return fail(where + ".type", "unsupported_value",
+                    fmt::format("tools of type '{}' are not supported (only 'function')", type->get<std::string>()));
+      }
+      auto fn = t.find("function");
+      if (fn == t.end() || fn->is_null()) {
+        return fail(where + ".function", "missing_required_parameter", "a function tool needs 'function'");
+      }
+      if (!fn->is_object()) return wrong_type(fail, where + ".function", "an object", *fn);
+      auto name = fn->find("name");
+      if (name == fn->end() || name->is_null()) {
+        return fail(where + ".function.name", "missing_required_parameter", "a function needs a 'name'");
+      }
+      if (!name->is_string()) return wrong_type(fail, where + ".function.name", "a string", *name);
+      const std::string n = name->get<std::string>();
+      if (!valid_function_name(n)) {
+        return fail(where + ".function.name", "invalid_value",
+                    fmt::format("function name '{}' must be 1-64 characters of a-z, A-Z, 0-9, '_', '-', '.'", n));
+      }
+      if (auto d = fn->find("description"); d != fn->end() && !d->is_null() && !d->is_string()) {
+        return wrong_type(fail, where + ".function.description", "a string", *d);
+      }
+      if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object()) {
+        return wrong_type(fail, where + ".function.parameters", "an object (a JSON Schema)", *p);
+      }
+      if (auto st = fn->find("strict"); st != fn->end() && !st->is_null() && !st->is_boolean()) {
+        return wrong_type(fail, where + ".function.strict", "a boolean", *st);
+      }
+      names.push_back(n);
+    }
+    if (!it->empty()) r->tools = ordered["tools"];
+  }
+  auto tc = o.find("tool_choice");
+  if (tc == o.end() || tc->is_null()) return Status::ok();
+  if (tc->is_string()) {
+    const std::string v = tc->get<std::string>();
+    if (v == "auto") {
+      r->tool_choice = ToolChoice::kAuto;
+    } else if (v == "none") {
+      r->tool_choice = ToolChoice::kNone;
+    } else if (v == "required") {
+      r->tool_choice = ToolChoice::kRequired;
+    } else {
+      return fail("tool_choice", "invalid_value",
+                  fmt::format("'tool_choice' must be \"auto\", \"none\", \"required\" or a function, got '{}'", v));
+    }
+  } else if (tc->is_object()) {
+    auto fn = tc->find("function");
+    auto type = tc->find("type");
+    if (type == tc->end() || *type != "function" || fn == tc->end() || !fn->is_object() || !fn->contains("name") ||
+        !(*fn)["name"].is_string()) {
+      return fail("tool_choice", "invalid_value",
+                  "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    r->tool_choice = ToolChoice::kFunction;
+    r->tool_choice_name = (*fn)["name"].get<std::string>();
+    if (std::find(names.begin(), names.end(), r->tool_choice_name) == names.end()) {
+      return fail("tool_choice", "invalid_value",
+                  fmt::format("'tool_choice' names function '{}', which is not in 'tools'", r->tool_choice_name));
+    }
+    nlohmann::ordered_json only = nlohmann::ordered_json::array();
+    for (const auto& t : r->tools) {
+      if (t["function"]["name"] == r->tool_choice_name) only.push_back(t);
+    }
+    r->tools = std::move(only);
+  } else {
+    return wrong_type(fail, "tool_choice", "a string or an object", *tc);
+  }
+  if ((r->tool_choice == ToolChoice::kRequired) && r->tools.is_null()) {
+    return fail("tool_choice", "invalid_value", "'tool_choice' \"required\" needs 'tools'");
+  }
+  if (r->tool_choice == ToolChoice::kNone) r->tools = nullptr;
+  return Status::ok();
+}
+
+// An assistant message's tool_calls: [{"id"?, "type": "function", "function": {"name",
+// "arguments": a JSON string (as OpenAI sends it) or an object}}].
+Status check_tool_calls(const json& calls, const std::string& where, const Fail& fail) {
+  if (!calls.is_array()) return wrong_type(fail, where, "an array", calls);
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const json& c = calls[j];
+    const std::string w = fmt::format("{}[{}]", where, j);
+    if (!c.is_object()) return wrong_type(fail, w, "an object", c);
+    if (auto id = c.find("id"); id != c.end() && !id->is_null() && !id->is_string()) {
+      return wrong_type(fail, w + ".id", "a string", *id);
+    }
+    if (auto type = c.find("type"); type != c.end() && !type->is_null() && *type != "function") {
+      return fail(w + ".type", "unsupported_value", "only tool calls of type 'function' are supported");
+    }
+    auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object()) {
+      return fail(w + ".function", "missing_required_parameter", "a tool call needs a 'function' object");
+    }
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string()) {
+      return fail(w + ".function.name", "missing_required_parameter", "a tool call needs a string 'name'");
+    }
+    auto args = fn->find("arguments");
+    if (args == fn->end() || args->is_null()) continue;
+    if (args->is_string()) {
+      const json a = json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (!a.is_object()) {
+        return fail(w + ".function.arguments", "invalid_value", "'arguments' must be a JSON object as a string");
+      }
+    } else if (!args->is_object()) {
+      return wrong_type(fail, w + ".function.arguments", "a string (JSON) or an object", *args);
+    }
   }
   return Status::ok();
 }
@@ -310,6 +462,11 @@ Result<ApiRequest> parse_request(Endpoint ep, std::string_view body, ApiError* e
   } else {
     const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
     MOESH_RETURN_IF_ERROR(parse_messages(o, ordered, &r, fail));
+    MOESH_RETURN_IF_ERROR(parse_tools(o, ordered, &r, fail));
+    if (auto so = o.find("moesh_scripted_output"); so != o.end() && !so->is_null()) {
+      if (!so->is_string()) return wrong_type(fail, "moesh_scripted_output", "a string", *so);
+      r.scripted_output = so->get<std::string>();
+    }
   }
 
   std::optional<int64_t> max_tokens;
@@ -374,6 +531,11 @@ const char* openai_finish_reason(FinishReason r) {
   return r == FinishReason::kLength ? "length" : "stop";
 }
 
+const char* openai_finish_reason(const CompletionResult& r) {
+  if (!r.tool_calls.empty() && r.finish != FinishReason::kLength) return "tool_calls";
+  return openai_finish_reason(r.finish);
+}
+
 nlohmann::json usage_json(const Usage& u) {
   json j{{"prompt_tokens", u.prompt_tokens},
          {"completion_tokens", u.completion_tokens},
@@ -402,12 +564,24 @@ json chunk_base(Endpoint ep, const CompletionResult& r, bool include_usage) {
 }  // namespace
 
 nlohmann::json completion_response(Endpoint ep, const CompletionResult& r) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r.finish)}};
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r)}};
   json j = {{"id", r.id}, {"created", r.created}, {"model", r.model}};
   if (ep == Endpoint::kChatCompletions) {
     j["object"] = "chat.completion";
     j["system_fingerprint"] = "moesh";
-    choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+    json msg = {{"role", "assistant"}};
+    // With calls and nothing else said, content is null (as OpenAI answers).
+    msg["content"] = r.text.empty() && !r.tool_calls.empty() ? json(nullptr) : json(r.text);
+    if (!r.reasoning.empty()) msg["reasoning_content"] = r.reasoning;
+    if (!r.tool_calls.empty()) {
+      json calls = json::array();
+      for (const ToolCall& c : r.tool_calls) {
+        calls.push_back(
+            {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    choice["message"] = std::move(msg);
   } else {
     j["object"] = "text_completion";
     choice["text"] = r.text;
@@ -437,9 +611,40 @@ nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_vi
   return j;
 }
 
+std::vector<nlohmann::json> delta_chunks(const CompletionResult& r, const OutputDelta& d, bool include_usage) {
+  std::vector<json> out;
+  auto add = [&](json delta) {
+    json j = chunk_base(Endpoint::kChatCompletions, r, include_usage);
+    j["choices"] =
+        json::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    out.push_back(std::move(j));
+  };
+  if (!d.reasoning.empty()) add({{"reasoning_content", d.reasoning}});
+  if (!d.content.empty()) add({{"content", d.content}});
+  for (size_t i = 0; i < d.calls.size(); ++i) {
+    const ToolCall& c = d.calls[i];
+    const int index = d.first_call_index + static_cast<int>(i);
+    add({{"tool_calls", json::array({{{"index", index},
+                                      {"id", c.id},
+                                      {"type", "function"},
+                                      {"function", {{"name", c.name}, {"arguments", ""}}}}})}});
+    // Arguments in fragments, cut at UTF-8 character boundaries, as a streaming model sends them.
+    const std::string_view a = c.arguments;
+    size_t at = 0;
+    while (at < a.size()) {
+      size_t end = std::min(a.size(), at + 8);
+      while (end < a.size() && (static_cast<unsigned char>(a[end]) & 0xC0) == 0x80) ++end;
+      add({{"tool_calls",
+            json::array({{{"index", index}, {"function", {{"arguments", std::string(a.substr(at, end - at))}}}}})}});
+      at = end;
+    }
+  }
+  return out;
+}
+
 nlohmann::json finish_chunk(Endpoint ep, const CompletionResult& r, bool include_usage) {
   json j = chunk_base(ep, r, include_usage);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r.finish)}};
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r)}};
   if (ep == Endpoint::kChatCompletions)
     choice["delta"] = json::object();
   else

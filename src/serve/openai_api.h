@@ -21,6 +21,7 @@
 #include "moesh/serve/scheduler.h"
 #include "moesh/text/chat.h"
 #include "moesh/util/status.h"
+#include "serve/chat_output.h"
 
 namespace moesh::serve {
 
@@ -47,6 +48,12 @@ inline constexpr int32_t kDefaultCompletionMaxTokens = 16;
 inline constexpr float kDefaultTemperature = 1.0f;
 inline constexpr size_t kMaxStopStrings = 16;
 
+// tool_choice: "auto" (default: the model may call a tool), "none" (tools are neither shown to
+// the template nor parsed out), "required" or {"type":"function","function":{"name":..}}
+// (accepted and parsed like "auto"; nothing forces the model to call yet — no constrained
+// decoding; a named function must be one of `tools`, and the template sees only that one).
+enum class ToolChoice { kAuto, kNone, kRequired, kFunction };
+
 // A validated /v1/completions or /v1/chat/completions request.
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -64,6 +71,15 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension (llama.cpp server): generate past EOS
+  // chat: `tools` as sent (an array of {"type":"function","function":{name, description?,
+  // parameters?, strict?}}, validated) or null; what the template sees after tool_choice.
+  nlohmann::ordered_json tools = nullptr;
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;  // kFunction
+  // Test hook (`moesh serve --test-hooks` only; the HTTP layer refuses it otherwise): the
+  // generated text starts with this text, whatever the model would have sampled, so tests of
+  // tool calls and reasoning get a known output from a random-weight model.
+  std::optional<std::string> scripted_output;
 };
 
 // Parses and validates a body. On failure returns the Status and fills *error (status 400, the
@@ -76,14 +92,19 @@ struct CompletionResult {
   std::string id;       // "cmpl-..." / "chatcmpl-..."
   int64_t created = 0;  // unix seconds
   std::string model;
-  std::string text;
+  std::string text;  // completions: the text; chat: the content (outside reasoning and calls)
   FinishReason finish = FinishReason::kStop;
   Usage usage;
+  // chat: what the output parser (chat_output.h) took out of the text.
+  std::string reasoning;  // "reasoning_content", left out when empty
+  std::vector<ToolCall> tool_calls;
 };
 
 // OpenAI's finish_reason: "stop" or "length" ("stop" also covers a cancelled request, which no
 // client sees; errors are reported as error bodies, not finish reasons).
 const char* openai_finish_reason(FinishReason r);
+// "tool_calls" when the result holds calls and did not run out of tokens, else as above.
+const char* openai_finish_reason(const CompletionResult& r);
 nlohmann::json usage_json(const Usage& u);
 
 // Non-streaming responses: "text_completion" / "chat.completion".
@@ -93,6 +114,10 @@ nlohmann::json completion_response(Endpoint ep, const CompletionResult& r);
 // every chunk carries "usage": null and usage_chunk() adds the final one with empty choices.
 nlohmann::json role_chunk(const CompletionResult& r, bool include_usage);  // chat only
 nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_view text, bool include_usage);
+// The chunks for one parser delta (chat only): reasoning, then content, then each call as a
+// chunk with index/id/type/name and empty arguments followed by chunks with its argument
+// fragments (the client concatenates them). None when the delta is empty.
+std::vector<nlohmann::json> delta_chunks(const CompletionResult& r, const OutputDelta& d, bool include_usage);
 nlohmann::json finish_chunk(Endpoint ep, const CompletionResult& r, bool include_usage);
 nlohmann::json usage_chunk(Endpoint ep, const CompletionResult& r);
 

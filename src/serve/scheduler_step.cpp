@@ -214,7 +214,8 @@ void Scheduler::Impl::step() {
   int64_t row = 0;
   // Samples one row for the job and handles the token; false when the job finished.
   auto emit = [&](SchedJob& j, const float* lg) {
-    const int32_t t = j.sampler.sample(lg, n_vocab, j.history);
+    int32_t t = j.sampler.sample(lg, n_vocab, j.history);
+    if (static_cast<size_t>(j.n_generated) < j.req.scripted_tokens.size()) t = j.req.scripted_tokens[j.n_generated];
     ++n_sampled;
     j.history.push_back(t);
     ++j.n_generated;

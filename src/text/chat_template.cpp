@@ -458,6 +458,7 @@ Result<ChatTemplate> ChatTemplate::from_jinja(std::string_view source, std::stri
   t.jinja_ = std::make_shared<const jinja::Template>(std::move(*parsed));
   t.bos_text_ = std::move(bos_text);
   t.eos_text_ = std::move(eos_text);
+  t.source_ = std::string(source);
   return t;
 }
 

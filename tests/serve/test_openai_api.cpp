@@ -337,6 +337,164 @@ TEST(OpenAiResponse, StreamingChunks) {
   EXPECT_NE(bad.find("\xEF\xBF\xBD"), std::string::npos);
 }
 
+// tools / tool_choice: accepted and validated; what the template sees follows tool_choice.
+TEST(OpenAiTools, ToolsAndToolChoice) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "Weather in Paris?"}])";
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+                   {"type": "function", "function": {"name": "get_time"}}])";
+  ApiRequest r = parse_ok(Endpoint::kChatCompletions, "{" + msgs + "," + tools + "}");
+  ASSERT_TRUE(r.tools.is_array());
+  ASSERT_EQ(r.tools.size(), 2u);
+  EXPECT_EQ(r.tools[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(r.tools[0]["function"].begin().key(), "name") << "keys as sent, for tojson";
+  EXPECT_EQ(r.tool_choice, ToolChoice::kAuto);
+  r = parse_ok(Endpoint::kChatCompletions, "{" + msgs + "," + tools + R"(, "tool_choice": "none"})");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kNone);
+  EXPECT_TRUE(r.tools.is_null()) << "none: the model is not shown the tools";
+  r = parse_ok(Endpoint::kChatCompletions, "{" + msgs + "," + tools + R"(, "tool_choice": "required"})");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kRequired);
+  EXPECT_EQ(r.tools.size(), 2u);
+  r = parse_ok(
+      Endpoint::kChatCompletions,
+      "{" + msgs + "," + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kFunction);
+  EXPECT_EQ(r.tool_choice_name, "get_time");
+  ASSERT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(r.tools[0]["function"]["name"], "get_time");
+  // An empty list is no tools; the test hook field is parsed (the server decides whether to honour it).
+  r = parse_ok(Endpoint::kChatCompletions, "{" + msgs + R"(, "tools": [], "moesh_scripted_output": "x"})");
+  EXPECT_TRUE(r.tools.is_null());
+  EXPECT_EQ(r.scripted_output.value_or(""), "x");
+  // History with tool calls and tool results.
+  r = parse_ok(Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})");
+  EXPECT_EQ(r.messages.size(), 3u);
+
+  const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
+  const BadCase cases[] = {
+      {Endpoint::kChatCompletions, R"("tools": {}})", "tools", "invalid_type"},
+      {Endpoint::kChatCompletions, R"("tools": [3]})", "tools[0]", "invalid_type"},
+      {Endpoint::kChatCompletions, R"("tools": [{"function": {"name": "f"}}]})", "tools[0].type",
+       "missing_required_parameter"},
+      {Endpoint::kChatCompletions, R"("tools": [{"type": "retrieval"}]})", "tools[0].type", "unsupported_value"},
+      {Endpoint::kChatCompletions, R"("tools": [{"type": "function"}]})", "tools[0].function",
+       "missing_required_parameter"},
+      {Endpoint::kChatCompletions, R"("tools": [{"type": "function", "function": {}}]})", "tools[0].function.name",
+       "missing_required_parameter"},
+      {Endpoint::kChatCompletions, R"("tools": [{"type": "function", "function": {"name": "a b"}}]})",
+       "tools[0].function.name", "invalid_value"},
+      {Endpoint::kChatCompletions, R"("tools": [{"type": "function", "function": {"name": 5}}]})",
+       "tools[0].function.name", "invalid_type"},
+      {Endpoint::kChatCompletions, R"("tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]})",
+       "tools[0].function.parameters", "invalid_type"},
+      {Endpoint::kChatCompletions, R"("tools": [{"type": "function", "function": {"name": "f", "description": 1}}]})",
+       "tools[0].function.description", "invalid_type"},
+      {Endpoint::kChatCompletions, R"("tool_choice": "sometimes"})", "tool_choice", "invalid_value"},
+      {Endpoint::kChatCompletions, R"("tool_choice": 3})", "tool_choice", "invalid_type"},
+      {Endpoint::kChatCompletions, R"("tool_choice": "required"})", "tool_choice", "invalid_value"},
+      {Endpoint::kChatCompletions,
+       R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+       "tool_choice", "invalid_value"},
+      {Endpoint::kChatCompletions, R"("tool_choice": {"type": "function"}})", "tool_choice", "invalid_value"},
+      {Endpoint::kChatCompletions, R"("moesh_scripted_output": 1})", "moesh_scripted_output", "invalid_type"},
+  };
+  for (const BadCase& c : cases) {
+    const ApiError e = parse_err(c.ep, m + c.body);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_EQ(e.code, c.code) << c.body;
+  }
+  // Completions has no tools.
+  EXPECT_EQ(parse_err(Endpoint::kCompletions, R"({"prompt": "x", "tools": [{"type": "function"}]})").param, "tools");
+  // Bad tool calls in the history name their field.
+  const BadCase hist[] = {
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "assistant", "tool_calls": {}}]})",
+       "messages[0].tool_calls", "invalid_type"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function"}]}]})",
+       "messages[0].tool_calls[0].function", "missing_required_parameter"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]})",
+       "messages[0].tool_calls[0].function.arguments", "invalid_value"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}]})",
+       "messages[0].tool_calls[0].function.arguments", "invalid_type"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]})",
+       "messages[0].tool_calls", "invalid_value"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "tool", "tool_call_id": 7, "content": "x"}]})",
+       "messages[0].tool_call_id", "invalid_type"},
+  };
+  for (const BadCase& c : hist) {
+    const ApiError e = parse_err(c.ep, c.body);
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_EQ(e.code, c.code) << c.body;
+  }
+}
+
+TEST(OpenAiTools, ResponseWithToolCallsAndReasoning) {
+  CompletionResult r = sample_result();
+  r.finish = FinishReason::kStop;
+  r.text = "";
+  r.reasoning = "need the weather";
+  r.tool_calls = {{"call_0", "get_weather", R"({"city":"Paris"})"}};
+  json j = completion_response(Endpoint::kChatCompletions, r);
+  const json& msg = j["choices"][0]["message"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_TRUE(msg["content"].is_null());
+  EXPECT_EQ(msg["reasoning_content"], "need the weather");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["id"], "call_0");
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})") << "a JSON string";
+  // Cut off by max_tokens: "length" wins; no calls, no reasoning: the plain shape.
+  r.finish = FinishReason::kLength;
+  EXPECT_EQ(completion_response(Endpoint::kChatCompletions, r)["choices"][0]["finish_reason"], "length");
+  const json plain = completion_response(Endpoint::kChatCompletions, sample_result());
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning_content"));
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "héllo");
+}
+
+// Streamed deltas: reasoning, content, then per call a header chunk and argument fragments that
+// concatenate to the arguments (as the openai client assembles them).
+TEST(OpenAiTools, StreamedDeltas) {
+  CompletionResult r = sample_result();
+  OutputDelta d;
+  d.reasoning = "hm";
+  d.content = "ok";
+  d.first_call_index = 1;
+  d.calls = {{"call_1", "f", R"({"city":"Zürich, a long name to split"})"}};
+  const std::vector<json> chunks = delta_chunks(r, d, true);
+  ASSERT_GE(chunks.size(), 5u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["reasoning_content"], "hm");
+  EXPECT_EQ(chunks[1]["choices"][0]["delta"]["content"], "ok");
+  const json& head = chunks[2]["choices"][0]["delta"]["tool_calls"][0];
+  EXPECT_EQ(head["index"], 1);
+  EXPECT_EQ(head["id"], "call_1");
+  EXPECT_EQ(head["type"], "function");
+  EXPECT_EQ(head["function"]["name"], "f");
+  std::string args;
+  for (size_t i = 3; i < chunks.size(); ++i) {
+    const json& tc = chunks[i]["choices"][0]["delta"]["tool_calls"][0];
+    EXPECT_EQ(tc["index"], 1);
+    EXPECT_FALSE(tc.contains("id"));
+    EXPECT_TRUE(chunks[i]["choices"][0]["finish_reason"].is_null());
+    EXPECT_TRUE(chunks[i].contains("usage"));
+    args += tc["function"]["arguments"].get<std::string>();
+    EXPECT_NO_THROW(chunks[i].dump()) << "fragments cut at UTF-8 boundaries";
+  }
+  EXPECT_EQ(args, d.calls[0].arguments);
+  EXPECT_TRUE(delta_chunks(r, OutputDelta{}, false).empty());
+  r.tool_calls = d.calls;
+  r.finish = FinishReason::kStop;
+  EXPECT_EQ(finish_chunk(Endpoint::kChatCompletions, r, false)["choices"][0]["finish_reason"], "tool_calls");
+}
+
 TEST(OpenAiResponse, ModelsList) {
   const json j = models_response("tiny.gguf", 5);
   EXPECT_EQ(j["object"], "list");

@@ -41,6 +41,7 @@ struct ServeArgs {
   size_t max_body = 4u << 20;
   std::string draft;
   int draft_max = 16;
+  bool test_hooks = false;
   SwarmArgs swarm;
 };
 
@@ -119,6 +120,7 @@ int run_serve(const ServeArgs& a) {
   ho.api_key = a.api_key;
   ho.http_threads = a.http_threads;
   ho.max_body_bytes = a.max_body;
+  ho.test_hooks = a.test_hooks;
   ho.model_name = !a.alias.empty() ? a.alias : std::filesystem::path(a.model).filename().string();
   serve::ServeTarget target;
   target.scheduler = sched->get();
@@ -190,6 +192,8 @@ const CommandRegistrar k_reg{Command{
       sub->add_option("--http-threads", a->http_threads,
                       "HTTP threads = most concurrent connections (default: max(64, 4*parallel+16))");
       sub->add_option("--max-body", a->max_body, "Largest request body in bytes (413 beyond)")->capture_default_str();
+      sub->add_flag("--test-hooks", a->test_hooks,
+                    "Tests only: accept 'moesh_scripted_output' (the text a chat answer starts with)");
       add_swarm_options(sub, &a->swarm);
       return [a] { return run_serve(*a); };
     }}};

@@ -37,6 +37,9 @@ struct ServerOptions {
   size_t max_body_bytes = 4u << 20;  // larger bodies get 413
   int http_threads = 0;              // <= 0: max(64, 4 * slots + 16)
   int io_timeout_s = 30;             // socket read/write timeout of a connection
+  // Test hooks (`--test-hooks`): chat requests may carry moesh_scripted_output, the text the
+  // generation starts with (openai_api.h). Off: such requests get 400.
+  bool test_hooks = false;
 };
 
 // What the gateway serves. Everything must outlive the HttpServer.

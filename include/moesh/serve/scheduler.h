@@ -58,6 +58,10 @@ struct GenerationRequest {
   // scheduler's draft_max, 0 = off, N = at most N drafts per step. The output is the same either
   // way; drafts only change how many tokens a step carries.
   int draft_max = -1;
+  // Test hook: the first generated tokens are these, in order, instead of what the sampler picks
+  // (the model still runs every step; sampling resumes after them). `moesh serve --test-hooks`
+  // sets it from a request's moesh_scripted_output, so API tests get a known output.
+  std::vector<int32_t> scripted_tokens;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };

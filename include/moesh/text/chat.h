@@ -134,6 +134,9 @@ class ChatTemplate {
 
   // True when this executes Jinja source; false for a family renderer.
   bool is_jinja() const { return jinja_ != nullptr; }
+  // The Jinja source this executes ("" for a family renderer), e.g. to tell which syntax the
+  // model writes its tool calls in.
+  const std::string& jinja_source() const { return source_; }
   ChatFormat format() const { return format_; }
   const ChatTemplateOptions& options() const { return opt_; }
   // The prompt text. Errors (kInvalidArgument): an empty message list; for a family, an unknown
@@ -166,6 +169,7 @@ class ChatTemplate {
   ChatTemplateOptions opt_;
   std::shared_ptr<const jinja::Template> jinja_;  // shared by copies: parsed once per model
   std::string bos_text_, eos_text_;
+  std::string source_;
 };
 
 // The prompt ids of a chat, safe against chat-structure injection: special-token texts are

@@ -373,6 +373,32 @@ MSG=$(js 'j.error.message' <"$TMP/body")
 case "$MSG" in *"the first message must not be the assistant"*"line "* | *"line "*"the first message must not be the assistant"*) ok "the 400 carries the template's message and position" ;;
   *) fail "raise_exception message: $MSG" ;;
 esac
+post /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"moesh_scripted_output":"hi"}' >/dev/null
+expect_eq "$(status)" "400" "moesh_scripted_output without --test-hooks: 400"
+expect_eq "$(js 'j.error.param' <"$TMP/body")" "moesh_scripted_output" "the 400 names moesh_scripted_output"
+post /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"f"}}]}' >/dev/null
+expect_eq "$(status)" "200" "tools accepted by a Jinja template that ignores them"
+kill "${PIDS[-1]}" 2>/dev/null || true
+
+# ---- tools and reasoning: Qwen3's real template, outputs scripted by --test-hooks -------------
+"$MOESH" make-model --arch qwen3moe --out "$TMP/qwen3t.gguf" --seed 4244 --n-vocab 512 --n-ctx 4096 --n-layer 1 \
+  --n-embd 64 --n-ff-exp 64 --n-head 2 --head-dim 32 --n-expert 4 --n-expert-used 2 \
+  --chat-template-file "$SRC/../../text/jinja/real/qwen3.jinja" >/dev/null 2>&1 || fail "make-model with qwen3.jinja"
+start_server tools -m "$TMP/qwen3t.gguf" --parallel 1 -c 4096 --threads 1 --test-hooks
+TOOL_BODY='{"messages":[{"role":"user","content":"Weather in Paris?"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"max_tokens":100,"moesh_scripted_output":"<think>\nwhich city\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>"}'
+post /v1/chat/completions "$TOOL_BODY" >/dev/null
+expect_eq "$(status)" "200" "[tools] chat with tools"
+expect_eq "$(js 'j.choices[0].finish_reason' <"$TMP/body")" "tool_calls" "[tools] finish_reason tool_calls"
+expect_eq "$(js 'j.choices[0].message.tool_calls[0].function.arguments' <"$TMP/body")" '{"city":"Paris"}' "[tools] arguments as a JSON string"
+expect_eq "$(js 'j.choices[0].message.reasoning_content' <"$TMP/body")" "which city" "[tools] reasoning_content"
+expect_eq "$(js 'j.choices[0].message.content' <"$TMP/body")" "null" "[tools] content null"
+if [ "$NODE_OK" == 1 ]; then
+  cp "$SRC/openai_tools.mjs" "$NODE_DIR/"
+  node "$NODE_DIR/openai_tools.mjs" "$BASE/v1" || fail "[tools] OpenAI client tool-call checks"
+  ok "[tools] OpenAI client tool-call checks"
+else
+  echo "SKIPPED: openai npm package unavailable ([tools] OpenAI client checks not run)"
+fi
 kill "${PIDS[-1]}" 2>/dev/null || true
 
 # ---- configuration 1: all experts local ------------------------------------------------------
