@@ -20,6 +20,7 @@ uint64_t registry_seed(std::string_view arch) {
   if (arch == "minimax-m2") return 5104;
   if (arch == "qwen35moe") return 5105;
   if (arch == "qwen3next") return 5106;
+  if (arch == "step35") return 5201;
   return 5100;
 }
 

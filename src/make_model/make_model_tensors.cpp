@@ -301,9 +301,12 @@ std::vector<PlannedTensor> make_model_layout(const MakeModelSpec& s) {
   for (const auto& t : ts) n_attn_v += attn_v_like(t.name) ? 1 : 0;
   int i_attn_v = 0;
   uint64_t off = 0;
+  // llama-quantize's layer count is block_count: NextN blocks after the decoder included.
+  int64_t n_blocks = s.n_layer;
+  for (const auto& t : ts) n_blocks = std::max<int64_t>(n_blocks, t.layer + 1);
   for (auto& t : ts) {
     const bool is_v = attn_v_like(t.name);
-    t.type = make_model_tensor_type(s.type, t.name, t.n_dims, t.ne, s.n_layer, s.n_expert, i_attn_v, n_attn_v);
+    t.type = make_model_tensor_type(s.type, t.name, t.n_dims, t.ne, n_blocks, s.n_expert, i_attn_v, n_attn_v);
     if (is_v) ++i_attn_v;
     const int64_t bs = type_block_size(t.type);
     t.n_bytes = (t.ne[0] % bs == 0) ? type_row_bytes(t.type, t.ne[0]) * uint64_t(t.n_rows()) : 0;

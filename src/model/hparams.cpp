@@ -1,6 +1,7 @@
 // Hyper-parameters from GGUF metadata: the keys every architecture shares, with llama.cpp's
 // defaults, then the architecture's own (its ArchDef::read_hparams, arch_*.cpp), then the checks
 // that hold for all (docs/background/moe-architectures.md §3-4, reference README §8).
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -46,6 +47,39 @@ float default_rope_attn_factor(const HParams::RopeScaling& rs) {
   auto g = [f](float m) { return f <= 1.0f ? 1.0f : 0.1f * m * std::log(f) + 1.0f; };
   const float a = rs.log_mul == 0.0f ? g(1.0f) / base : g(1.0f) / g(rs.log_mul) / base;
   return a * rs.attn_factor_cfg;
+}
+
+// attention.head_count and head_count_kv: one number, or one per block (step35: the query
+// heads differ per block). The KV cache has one width, so per-block KV head counts must agree.
+Status read_head_counts(const KeyReader& kr, HParams* hp) {
+  const gguf::Value* hc = kr.file().find(kr.full("attention.head_count"));
+  if (hc != nullptr && hc->type == gguf::ValueType::ARRAY) {
+    MOESH_ASSIGN_OR_RETURN(hp->n_head_layer, kr.file().get<std::vector<int64_t>>(kr.full("attention.head_count")));
+    if (static_cast<int64_t>(hp->n_head_layer.size()) != hp->n_layer) {
+      return make_error(StatusCode::kCorrupt, "{} has {} entries for {} = {}", kr.full("attention.head_count"),
+                        hp->n_head_layer.size(), kr.full("block_count"), hp->n_layer);
+    }
+    hp->n_head = 0;
+    for (int64_t h : hp->n_head_layer) {
+      MOESH_RETURN_IF_ERROR(kr.positive("attention.head_count", h));
+      hp->n_head = std::max(hp->n_head, h);
+    }
+  } else {
+    MOESH_RETURN_IF_ERROR(kr.req<int64_t>("attention.head_count", &hp->n_head));
+  }
+  const gguf::Value* kv = kr.file().find(kr.full("attention.head_count_kv"));
+  if (kv != nullptr && kv->type == gguf::ValueType::ARRAY) {
+    MOESH_ASSIGN_OR_RETURN(std::vector<int64_t> v,
+                           kr.file().get<std::vector<int64_t>>(kr.full("attention.head_count_kv")));
+    if (v.empty() || std::any_of(v.begin(), v.end(), [&](int64_t x) { return x != v[0]; })) {
+      return make_error(StatusCode::kUnsupported, "{}: per-block KV head counts that differ are not supported",
+                        kr.full("attention.head_count_kv"));
+    }
+    hp->n_head_kv = v[0];
+  } else {
+    MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("attention.head_count_kv", &hp->n_head_kv, hp->n_head));
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -118,7 +152,7 @@ Result<HParams> load_hparams(const gguf::File& f) {
   MOESH_RETURN_IF_ERROR(kr.req<int64_t>("context_length", &hp.n_ctx_train));
   MOESH_RETURN_IF_ERROR(kr.req<int64_t>("embedding_length", &hp.n_embd));
   MOESH_RETURN_IF_ERROR(kr.req<int64_t>("block_count", &hp.n_layer));
-  MOESH_RETURN_IF_ERROR(kr.req<int64_t>("attention.head_count", &hp.n_head));
+  MOESH_RETURN_IF_ERROR(read_head_counts(kr, &hp));
   for (auto [k, v] : {std::pair{"vocab_size", hp.n_vocab},
                       {"context_length", hp.n_ctx_train},
                       {"embedding_length", hp.n_embd},
@@ -126,11 +160,12 @@ Result<HParams> load_hparams(const gguf::File& f) {
                       {"attention.head_count", hp.n_head}}) {
     MOESH_RETURN_IF_ERROR(kr.positive(k, v));
   }
-  MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("attention.head_count_kv", &hp.n_head_kv, hp.n_head));
   MOESH_RETURN_IF_ERROR(kr.positive("attention.head_count_kv", hp.n_head_kv));
-  if (hp.n_head % hp.n_head_kv != 0) {
-    return make_error(StatusCode::kCorrupt, "{} = {} is not a multiple of {} = {}", kr.full("attention.head_count"),
-                      hp.n_head, kr.full("attention.head_count_kv"), hp.n_head_kv);
+  for (int64_t il = 0; il < std::max<int64_t>(1, static_cast<int64_t>(hp.n_head_layer.size())); ++il) {
+    if (hp.n_head_of(il) % hp.n_head_kv != 0) {
+      return make_error(StatusCode::kCorrupt, "{} = {} is not a multiple of {} = {}", kr.full("attention.head_count"),
+                        hp.n_head_of(il), kr.full("attention.head_count_kv"), hp.n_head_kv);
+    }
   }
   MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("attention.key_length", &hp.head_dim_k, hp.n_embd / hp.n_head));
   MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("attention.value_length", &hp.head_dim_v, hp.head_dim_k));

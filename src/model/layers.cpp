@@ -166,8 +166,10 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
 void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out) {
   const HParams& hp = f.hp;
   const int64_t T = f.batch.n;
-  const int64_t n_head = hp.n_head, n_kv = hp.n_head_kv;
+  const int64_t n_head = hp.n_head_of(il), n_kv = hp.n_head_kv;
   const int64_t dk = hp.head_dim_k, dv = hp.head_dim_v;
+  // Sliding-window blocks may have their own RoPE (step35: another base, the whole head).
+  const RopeParams& rope_p = lw.swa && hp.rope_swa_own ? hp.rope_swa : hp.rope;
   const int64_t q_width = n_head * dk * (hp.q_gated ? 2 : 1);
   float* qp = grow(f.s.qa, static_cast<size_t>(T * q_width));
   float* k = grow(f.s.k, static_cast<size_t>(T * n_kv * dk));
@@ -214,8 +216,8 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
         break;
     }
     if (lw.rope) {
-      rope(qt, nh, idk, static_cast<size_t>(dk), f.batch.pos[t], hp.rope);
-      rope(kt, nkv, idk, static_cast<size_t>(dk), f.batch.pos[t], hp.rope);
+      rope(qt, nh, idk, static_cast<size_t>(dk), f.batch.pos[t], rope_p);
+      rope(kt, nkv, idk, static_cast<size_t>(dk), f.batch.pos[t], rope_p);
       if (hp.qk_norm == QkNorm::kUnweighted) {  // llama4: after RoPE, no weight, RoPE layers only
         rms_norm_rows(qt, TensorView{}, qt, n_head, dk, hp.rms_eps);
         rms_norm_rows(kt, TensorView{}, kt, n_kv, dk, hp.rms_eps);
@@ -239,12 +241,22 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
   if (gate != nullptr) {
     for (int64_t i = 0; i < T * n_head * dv; ++i) o[i] = o[i] * sigmoid(gate[i]);
   }
+  if (lw.head_gate.valid()) {
+    // One gate per head (step35): o_h *= sigmoid(attn_gate_h · x), x the attn-normed input
+    // (llama.cpp: mul_mat, ggml_sigmoid, a broadcast ggml_mul).
+    float* hg = grow(f.s.tmp, static_cast<size_t>(T * n_head));
+    project(f, xn, T, hp.n_embd, {{&lw.head_gate, hg}});
+    for (int64_t r = 0; r < T * n_head; ++r) {
+      const float g = sigmoid(hg[r]);
+      for (int64_t d = 0; d < dv; ++d) o[r * dv + d] = o[r * dv + d] * g;
+    }
+  }
   project(f, o, T, n_head * dv, {{&lw.wo, out}});
   add_bias(out, lw.bo, hp.n_embd);
 }
 
-void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x,
-               float* out) {
+void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x, float* out,
+               float limit) {
   const int64_t T = f.batch.n;
   const int64_t n_ff = gate.ne[1];
   const size_t n = static_cast<size_t>(T * n_ff);
@@ -252,7 +264,11 @@ void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const Tenso
   float* u = grow(f.s.ffn_u, n);
   float* h = grow(f.s.ffn_h, n);
   project(f, x, T, gate.ne[0], {{&gate, g}, {&up, u}});
-  swiglu(g, u, h, static_cast<int64_t>(n));
+  if (limit > 0.0f) {
+    swiglu_limited(g, u, h, static_cast<int64_t>(n), limit);
+  } else {
+    swiglu(g, u, h, static_cast<int64_t>(n));
+  }
   project(f, h, T, n_ff, {{&down, out}});
 }
 
@@ -362,7 +378,7 @@ Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCal
   call->has_shexp = lw.gate_shexp.valid();
   if (call->has_shexp) {
     float* shexp = grow(f.s.shexp, static_cast<size_t>(T * n_embd));
-    dense_ffn(f, lw.gate_shexp, lw.up_shexp, lw.down_shexp, xn, shexp);
+    dense_ffn(f, lw.gate_shexp, lw.up_shexp, lw.down_shexp, xn, shexp, lw.swiglu_limit);
     if (lw.shexp_gate.valid()) {
       // qwen3next / qwen35moe: shexp *= sigmoid(ffn_gate_inp_shexp · x), one scalar per token.
       TensorView g = lw.shexp_gate;  // [n_embd] used as an [n_embd, 1] matrix
@@ -422,7 +438,7 @@ Status block_begin(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, M
   for (size_t i = 0; i < n_act; ++i) b.h[i] = b.attn_out[i] + b.h[i];
   rms_norm_rows(b.h, lw.ffn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
   if (lw.is_moe) return moe_begin(f, il, lw, b.xn, call);
-  dense_ffn(f, lw.ffn_gate, lw.ffn_up, lw.ffn_down, b.xn, b.ffn_out);
+  dense_ffn(f, lw.ffn_gate, lw.ffn_up, lw.ffn_down, b.xn, b.ffn_out, lw.swiglu_limit);
   return Status::ok();
 }
 

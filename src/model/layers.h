@@ -113,14 +113,16 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
                     float kq_scale, float* o, const AttnCoreOpts& opts = {});
 
 // The GQA attention family: q/k/v projections (+ biases), Q/K norm per hp.qk_norm, RoPE unless
-// the layer is NoPE, the cache, attention (sliding window for swa layers, sinks when bound),
-// the gated output of hp.q_gated, the output projection (+ bias). Recurrent blocks of a hybrid
-// (hp.is_recurrent) run attention_deltanet instead.
+// the layer is NoPE (hp.rope_swa on swa layers when hp.rope_swa_own), the cache, attention
+// (sliding window for swa layers, sinks when bound), the gated output of hp.q_gated or the
+// head-wise gate lw.head_gate, the output projection (+ bias). Query heads: hp.n_head_of(il). Recurrent blocks of a
+// hybrid (hp.is_recurrent) run attention_deltanet instead.
 void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 
-// Dense SwiGLU FFN: out = down(silu(gate x) * (up x)).
-void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x,
-               float* out);
+// Dense SwiGLU FFN: out = down(silu(gate x) * (up x)); limit > 0: the clamped SwiGLU
+// down(min(silu(gate x), limit) * clamp(up x, -limit, limit)) (step35, LayerWeights::swiglu_limit).
+void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x, float* out,
+               float limit = 0.0f);
 
 // The MoE FFN of docs/background/moe-architectures.md §1 for every architecture: router (f32), routing, plan,
 // executor submit, shared experts while it runs, wait, out = routed (+ shared).

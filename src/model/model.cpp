@@ -88,7 +88,7 @@ Status bind_rope_freqs(TensorBinder& b, HParams* hp) {
 
 Status bind_gqa(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw, const char* biases, bool sinks) {
   const int64_t d = hp.n_embd, dk = hp.head_dim_k, dv = hp.head_dim_v;
-  const int64_t H = hp.n_head, Hkv = hp.n_head_kv;
+  const int64_t H = hp.n_head_of(il), Hkv = hp.n_head_kv;
   const std::string bs = biases;
   // A gated query (qwen3next) emits [query | gate] per head: twice the width.
   const int64_t q_width = H * dk * (hp.q_gated ? 2 : 1);
@@ -154,6 +154,7 @@ Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeigh
     MOESH_ASSIGN_OR_RETURN(lw->experts.down_b, b.take(blk(il, "ffn_down_exps.bias"), {d, e}));
   }
   lw->experts.act = hp.expert_ffn.act;
+  lw->experts.swiglu_limit = hp.expert_ffn.swiglu_limit_of(il);
   // All three absent = a backbone slice's layer (experts served remotely).
   const bool has_experts = lw->experts.gate.valid() || lw->experts.up.valid() || lw->experts.down.valid();
   if (has_experts) MOESH_RETURN_IF_ERROR(lw->experts.validate());

@@ -13,11 +13,12 @@ extern const ArchDef kArchLlama4;
 extern const ArchDef kArchMinimaxM2;
 extern const ArchDef kArchQwen3Next;
 extern const ArchDef kArchQwen35Moe;
+extern const ArchDef kArchStep35;
 
 const std::vector<const ArchDef*>& all_archs() {
   static const std::vector<const ArchDef*> archs = {
       &kArchQwen3Moe, &kArchLlama,     &kArchDeepseek2, &kArchGptOss,    &kArchGlm4Moe,
-      &kArchLlama4,   &kArchMinimaxM2, &kArchQwen3Next, &kArchQwen35Moe,
+      &kArchLlama4,   &kArchMinimaxM2, &kArchQwen3Next, &kArchQwen35Moe, &kArchStep35,
   };
   return archs;
 }

@@ -54,10 +54,15 @@ const char* expert_activation_name(ExpertActivation a) {
   }
 }
 
+bool ExpertFfn::has_swiglu_limits() const {
+  return std::any_of(swiglu_limit.begin(), swiglu_limit.end(), [](float l) { return l > 0.0f; });
+}
+
 std::string ExpertFfn::describe() const {
   std::string s = expert_activation_name(act);
   if (biases) s += "+bias";
   if (input_scaled) s += ", weight on input";
+  if (has_swiglu_limits()) s += ", clamped per layer";
   return s;
 }
 
@@ -78,10 +83,14 @@ void add_expert_bias(const TensorView& b, int64_t e, int64_t r0, int64_t r1, flo
   }
 }
 
-void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n) {
+void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n, float limit) {
   switch (act) {
     case ExpertActivation::kSilu:
-      swiglu(g, u, h, n);
+      if (limit > 0.0f) {
+        swiglu_limited(g, u, h, n, limit);
+      } else {
+        swiglu(g, u, h, n);
+      }
       break;
     case ExpertActivation::kSwigluOai:
       swiglu_oai(g, u, h, n);
@@ -122,7 +131,8 @@ void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, cons
     add_expert_bias(w.up_b, e, 0, n_ff, s->u.data(), n_ff, n_sel);
   }
   for (int64_t j = 0; j < n_sel; ++j) {
-    expert_activation(w.act, s->g.data() + j * n_ff, s->u.data() + j * n_ff, s->h.data() + j * n_ff, n_ff);
+    expert_activation(w.act, s->g.data() + j * n_ff, s->u.data() + j * n_ff, s->h.data() + j * n_ff, n_ff,
+                      w.swiglu_limit);
   }
   quantize_rows(quant::vec_dot_type(down.type), s->h.data(), n_sel, n_ff, &s->hq, pool);
   matmul_q(down, s->hq, y, ldy, pool);

@@ -173,6 +173,7 @@ void LocalExperts::rebuild_view(Layer& L) {
     v.data = L.buf[w].data();
   }
   L.view.act = act_;
+  L.view.swiglu_limit = model_.hparams().expert_ffn.swiglu_limit_of(static_cast<int64_t>(&L - layers_.data()));
   // Expert biases (the backbone file keeps them; they are tiny): the same rows, compacted by slot.
   const size_t l = static_cast<size_t>(&L - layers_.data());
   const ExpertWeights& model_w = model_.layers[l].experts;

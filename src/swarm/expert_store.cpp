@@ -78,6 +78,7 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
       MOESH_ASSIGN_OR_RETURN(w->down_b, f.tensor(p + "ffn_down_exps.bias" + suffix));
     }
     w->act = act;
+    w->swiglu_limit = ffn.swiglu_limit_of(layer);
     MOESH_RETURN_IF_ERROR(check_triplet(*w, s->shape_));
     s->weights_.push_back(std::move(w));
     return s->weights_.size() - 1;

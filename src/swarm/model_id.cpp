@@ -149,7 +149,8 @@ wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const Model
   h.expert_act =
       shape.expert_ffn.act == ExpertActivation::kSwigluOai ? wire::kExpertActSwigluOai : wire::kExpertActSilu;
   h.expert_flags = static_cast<uint8_t>((shape.expert_ffn.biases ? wire::kExpertFlagBiases : 0) |
-                                        (shape.expert_ffn.input_scaled ? wire::kExpertFlagInputScaled : 0));
+                                        (shape.expert_ffn.input_scaled ? wire::kExpertFlagInputScaled : 0) |
+                                        (shape.expert_ffn.has_swiglu_limits() ? wire::kExpertFlagSwigluLimit : 0));
   if (role == wire::PeerRole::kWorker) h.experts = held.ranges;
   if (name.size() > wire::kMaxNameBytes) name.resize(wire::kMaxNameBytes);
   h.name = std::move(name);

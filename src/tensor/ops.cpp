@@ -107,6 +107,11 @@ MOESH_FMA_CLONES void swiglu(const float* g, const float* u, float* y, int64_t n
   for (int64_t i = 0; i < n; ++i) y[i] = silu_v(g[i]) * u[i];
 }
 
+MOESH_FMA_CLONES void swiglu_limited(const float* g, const float* u, float* y, int64_t n, float limit) {
+  // ggml_silu's vector path (ggml_v_silu) for whole groups, as swiglu.
+  for (int64_t i = 0; i < n; ++i) y[i] = std::min(silu_v(g[i]), limit) * std::clamp(u[i], -limit, limit);
+}
+
 void swiglu_oai(const float* g, const float* u, float* y, int64_t n, float alpha, float limit) {
   for (int64_t i = 0; i < n; ++i) {
     const float a = std::min(g[i], limit);

@@ -41,6 +41,11 @@ std::vector<std::string> reference_ggufs() {
     const std::string p = std::string(MOESH_REFERENCE_DIR) + "/archs/" + f;
     if (std::filesystem::exists(p, ec)) out.push_back(p);
   }
+  // And of archs2/.
+  for (const char* f : {"step35-a.Q8_0.gguf"}) {
+    const std::string p = std::string(MOESH_REFERENCE_DIR) + "/archs2/" + f;
+    if (std::filesystem::exists(p, ec)) out.push_back(p);
+  }
   std::sort(out.begin(), out.end());
   return out;
 }

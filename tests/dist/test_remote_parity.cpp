@@ -265,20 +265,17 @@ TEST_P(RemoteParity, AllModesAgainstLocal) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, RemoteParity,
-                         ::testing::Values(Case{"make_qwen3moe_f16", ""}, Case{"qwen3moe_Q8_0", "qwen3moe-s.Q8_0.gguf"},
-                                           Case{"qwen3moe_Q4_K_M", "qwen3moe-s.Q4_K_M.gguf"},
-                                           Case{"mixtral_Q8_0", "mixtral-s.Q8_0.gguf"},
-                                           Case{"mixtral_Q4_K_M", "mixtral-s.Q4_K_M.gguf"},
-                                           Case{"deepseek2_Q8_0", "deepseek2-s.Q8_0.gguf"},
-                                           Case{"deepseek2_Q4_K_M", "deepseek2-s.Q4_K_M.gguf"},
-                                           Case{"gptoss_MXFP4_MOE", "archs/gptoss-a.MXFP4_MOE.gguf"},
-                                           Case{"glm4moe_Q4_K_M", "archs/glm4moe-a.Q4_K_M.gguf"},
-                                           Case{"llama4_Q8_0", "archs/llama4-a.Q8_0.gguf"},
-                                           Case{"minimaxm2_Q8_0", "archs/minimaxm2-a.Q8_0.gguf"},
-                                           Case{"qwen3next_Q8_0", "archs/qwen3next-a.Q8_0.gguf"},
-                                           Case{"qwen35moe_Q4_K_M", "archs/qwen35moe-a.Q4_K_M.gguf"}),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.label; });
+INSTANTIATE_TEST_SUITE_P(
+    Models, RemoteParity,
+    ::testing::Values(
+        Case{"make_qwen3moe_f16", ""}, Case{"qwen3moe_Q8_0", "qwen3moe-s.Q8_0.gguf"},
+        Case{"qwen3moe_Q4_K_M", "qwen3moe-s.Q4_K_M.gguf"}, Case{"mixtral_Q8_0", "mixtral-s.Q8_0.gguf"},
+        Case{"mixtral_Q4_K_M", "mixtral-s.Q4_K_M.gguf"}, Case{"deepseek2_Q8_0", "deepseek2-s.Q8_0.gguf"},
+        Case{"deepseek2_Q4_K_M", "deepseek2-s.Q4_K_M.gguf"}, Case{"gptoss_MXFP4_MOE", "archs/gptoss-a.MXFP4_MOE.gguf"},
+        Case{"glm4moe_Q4_K_M", "archs/glm4moe-a.Q4_K_M.gguf"}, Case{"llama4_Q8_0", "archs/llama4-a.Q8_0.gguf"},
+        Case{"minimaxm2_Q8_0", "archs/minimaxm2-a.Q8_0.gguf"}, Case{"qwen3next_Q8_0", "archs/qwen3next-a.Q8_0.gguf"},
+        Case{"qwen35moe_Q4_K_M", "archs/qwen35moe-a.Q4_K_M.gguf"}, Case{"step35_Q8_0", "archs2/step35-a.Q8_0.gguf"}),
+    [](const ::testing::TestParamInfo<Case>& i) { return i.param.label; });
 
 // `--wire HIDDEN,RETURN` through the CLI: q8,f16 runs and prints both dtypes; hidden q8 with an
 // f32 return and exact combine passes the gate's bit-identical criterion on a k-quant model;

@@ -86,10 +86,11 @@ TEST(Span, SeveralSequencesInOneStepMakeOneTripPerSpan) {
 // incremental logits bit-identical to all-local; speculative greedy with rejected and with kept
 // drafts equal to plain greedy (rollback on the span).
 TEST(Span, EveryArchitectureIsExactAndRollsBackAcrossASpan) {
-  const std::vector<std::string> files = {
-      "qwen3moe-s.Q8_0.gguf",        "mixtral-s.Q8_0.gguf",         "deepseek2-s.Q8_0.gguf",
-      "archs/glm4moe-a.Q8_0.gguf",   "archs/gptoss-a.Q8_0.gguf",    "archs/llama4-a.Q8_0.gguf",
-      "archs/minimaxm2-a.Q8_0.gguf", "archs/qwen35moe-a.Q8_0.gguf", "archs/qwen3next-a.Q8_0.gguf"};
+  const std::vector<std::string> files = {"qwen3moe-s.Q8_0.gguf",        "mixtral-s.Q8_0.gguf",
+                                          "deepseek2-s.Q8_0.gguf",       "archs/glm4moe-a.Q8_0.gguf",
+                                          "archs/gptoss-a.Q8_0.gguf",    "archs/llama4-a.Q8_0.gguf",
+                                          "archs/minimaxm2-a.Q8_0.gguf", "archs/qwen35moe-a.Q8_0.gguf",
+                                          "archs/qwen3next-a.Q8_0.gguf", "archs2/step35-a.Q8_0.gguf"};
   if (!std::filesystem::exists(reference_path(files[0]))) GTEST_SKIP() << "no reference set at " << MOESH_REFERENCE_DIR;
   for (const std::string& f : files) {
     SCOPED_TRACE(f);

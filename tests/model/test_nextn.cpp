@@ -145,24 +145,26 @@ TEST(Nextn, ABrokenHeadTakesOnlyTheDraftSourceAway) {
 }
 
 TEST(Nextn, DecodingThroughTheHeadIsPlainDecoding) {
-  auto m = load(model_path("glm4moe"));
-  ASSERT_TRUE(m);
-  const auto prompt = prompt_of(m->hparams().n_vocab);
-  constexpr int kN = 20;
-  for (const bool sampled : {false, true}) {
-    SCOPED_TRACE(sampled ? "sampled (temp 0.8, seed 3)" : "greedy");
-    SamplingParams sp;
-    if (sampled) sp.temp = 0.8f, sp.seed = 3;
-    const GenRun want = generate(*m, prompt, kN, sp, nullptr);
-    std::unique_ptr<DraftSource> head;
-    const GenRun got = generate(*m, prompt, kN, sp, &head);
-    ASSERT_TRUE(head);
-    EXPECT_EQ(got.tokens, want.tokens);
-    EXPECT_EQ(got.cells, static_cast<int64_t>(prompt.size() + kN - 1)) << "rejected drafts left cells behind";
-    EXPECT_GT(got.stats.drafted, 0) << "the head proposed nothing";
-    const auto& hs = static_cast<NextnDraft&>(*head).stats();
-    EXPECT_EQ(hs.failures, 0) << static_cast<NextnDraft&>(*head).last_error().to_string();
-    EXPECT_GT(hs.runs, 0);
+  for (const char* arch : {"glm4moe", "step35"}) {
+    auto m = load(model_path(arch));
+    ASSERT_TRUE(m);
+    const auto prompt = prompt_of(m->hparams().n_vocab);
+    constexpr int kN = 20;
+    for (const bool sampled : {false, true}) {
+      SCOPED_TRACE(std::string(arch) + (sampled ? " sampled (temp 0.8, seed 3)" : " greedy"));
+      SamplingParams sp;
+      if (sampled) sp.temp = 0.8f, sp.seed = 3;
+      const GenRun want = generate(*m, prompt, kN, sp, nullptr);
+      std::unique_ptr<DraftSource> head;
+      const GenRun got = generate(*m, prompt, kN, sp, &head);
+      ASSERT_TRUE(head);
+      EXPECT_EQ(got.tokens, want.tokens);
+      EXPECT_EQ(got.cells, static_cast<int64_t>(prompt.size() + kN - 1)) << "rejected drafts left cells behind";
+      EXPECT_GT(got.stats.drafted, 0) << "the head proposed nothing";
+      const auto& hs = static_cast<NextnDraft&>(*head).stats();
+      EXPECT_EQ(hs.failures, 0) << static_cast<NextnDraft&>(*head).last_error().to_string();
+      EXPECT_GT(hs.runs, 0);
+    }
   }
 }
 
@@ -234,19 +236,22 @@ TEST(Nextn, AHeadThatKnowsTheModelDraftsWhatItGenerates) {
   EXPECT_LE(got.stats.steps, (kN - 1 + 3) / 4) << "3 drafts kept per pass: 4 tokens each";
 }
 
-// The reference glm4moe file (written by llama.cpp's converter, with its real NextN tensors).
+// The reference glm4moe and step35 files (written by llama.cpp's tools, with their NextN tensors).
 TEST(Nextn, ReferenceFileDraftsAndDecodesLikePlain) {
-  const std::string path = testing::reference_dir() + "/archs/glm4moe-a.Q8_0.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "reference set absent: " << path;
-  auto m = load(path);
-  ASSERT_TRUE(m);
-  ASSERT_EQ(m->nextn.size(), 1u) << m->nextn_status.to_string();
-  const auto prompt = prompt_of(m->hparams().n_vocab);
-  const GenRun want = generate(*m, prompt, 16, SamplingParams{}, nullptr);
-  std::unique_ptr<DraftSource> head;
-  const GenRun got = generate(*m, prompt, 16, SamplingParams{}, &head);
-  EXPECT_EQ(got.tokens, want.tokens);
-  EXPECT_GT(got.stats.drafted, 0);
+  for (const char* file : {"/archs/glm4moe-a.Q8_0.gguf", "/archs2/step35-a.Q8_0.gguf"}) {
+    SCOPED_TRACE(file);
+    const std::string path = testing::reference_dir() + file;
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << "reference set absent: " << path;
+    auto m = load(path);
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->nextn.size(), 1u) << m->nextn_status.to_string();
+    const auto prompt = prompt_of(m->hparams().n_vocab);
+    const GenRun want = generate(*m, prompt, 16, SamplingParams{}, nullptr);
+    std::unique_ptr<DraftSource> head;
+    const GenRun got = generate(*m, prompt, 16, SamplingParams{}, &head);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_GT(got.stats.drafted, 0);
+  }
 }
 
 }  // namespace

@@ -76,6 +76,12 @@ Tolerance tolerance_for(const std::string& file) {
   Tolerance t;
   if (file.find("Q8_0") != std::string::npos || file.find("MXFP4") != std::string::npos) t.weight = 0.0;
   if (file == "deepseek2-s.Q4_K_M.gguf") t.weight = 2.5e-3;
+  // archs2/ was made on an AVX2 host (its README §1): llama.cpp's F32 orders there (router,
+  // KQ, softmax) differ from the AVX-512 ones moesh follows in the last bits, so weights are
+  // within ulps, and a Q8_K rounding step can flip at one position of a Q4_K_M file
+  // (step35-a.Q4_K_M seq16 position 5: weights 2.5e-5, logits 0.027; the rest ~1e-6).
+  // Observed: step35-a.Q8_0 4.8e-7 (logits identical to 4 digits), step35-a.Q4_K_M 2.5e-5.
+  if (file.starts_with("archs2/")) t.weight = file.find("Q4_K_M") != std::string::npos ? 2.5e-4 : 5e-6;
   return t;
 }
 

@@ -185,6 +185,27 @@ TEST(Ops, ActivationsMatchDouble) {
   EXPECT_GT(clamped, 10) << "swiglu_oai limit never exercised";
 }
 
+// step35's clamped SwiGLU: min(silu(g), L) * clamp(u, -L, L), the gate clamped after SiLU and from
+// above only; where nothing is clamped it is swiglu's bits.
+TEST(Ops, SwigluLimitedClampsTheSiluAndTheUp) {
+  auto g = randn(4096, 7, 4.0f);
+  auto u = randn(4096, 8, 4.0f);
+  std::vector<float> y(g.size()), yl(g.size());
+  const float L = 1.5f;
+  swiglu(g.data(), u.data(), y.data(), static_cast<int64_t>(g.size()));
+  swiglu_limited(g.data(), u.data(), yl.data(), static_cast<int64_t>(g.size()), L);
+  int n_gate = 0, n_up = 0, n_neg_gate = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float s = silu_v(g[i]);
+    n_gate += s > L, n_up += std::fabs(u[i]) > L, n_neg_gate += s < -L;
+    EXPECT_EQ(yl[i], std::min(s, L) * std::clamp(u[i], -L, L)) << i;
+    if (s <= L && std::fabs(u[i]) <= L) EXPECT_EQ(yl[i], y[i]) << i;
+  }
+  EXPECT_GT(n_gate, 100);
+  EXPECT_GT(n_up, 100);
+  EXPECT_EQ(n_neg_gate, 0);  // silu >= -0.279: the lower gate bound never binds
+}
+
 // ---------------------------------------------------------------- RoPE
 
 // Reference for one head. The angle follows the spec's f32 steps (theta_0 = pos, repeated f32

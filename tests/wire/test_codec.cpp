@@ -315,6 +315,19 @@ TEST(WireCodec, HelloV4CarriesTheExpertFfnAndMismatchesAreRefused) {
   b.expert_act = kExpertActSilu;
   b.expert_flags = 0;
   EXPECT_FALSE(negotiate(b, *got).is_ok());
+  // step35's per-layer SwiGLU limits: a worker that would compute the plain SwiGLU is refused.
+  Hello wl = sample_hello(PeerRole::kWorker, 16);
+  wl.expert_flags = kExpertFlagSwigluLimit;
+  auto wl_got = decode_hello(reparse(encode_hello(wl).value()));
+  ASSERT_TRUE(wl_got.is_ok()) << wl_got.status().to_string();
+  EXPECT_EQ(wl_got->expert_flags, kExpertFlagSwigluLimit);
+  Hello bl = sample_hello(PeerRole::kBackbone, 16);
+  bl.expert_flags = kExpertFlagSwigluLimit;
+  EXPECT_TRUE(negotiate(bl, *wl_got).is_ok());
+  bl.expert_flags = 0;
+  st = negotiate(bl, *wl_got).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("clamped per layer"), std::string::npos) << st.message();
   // Unknown definitions are malformed, and a v3 peer (no definition) is refused, saying why.
   Hello bad = w;
   bad.expert_act = 7;

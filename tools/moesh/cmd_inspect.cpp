@@ -188,6 +188,17 @@ ModelDesc describe_model(const File& f) {
                   h.rope_scaling.yarn ? fmt::format(" yarn x{}", h.rope_scaling.factor) : "", qk,
                   h.n_swa > 0 ? fmt::format(", {} {}", h.swa_chunked ? "chunks of" : "window", h.n_swa) : "") +
           (h.q_gated ? ", sigmoid-gated output" : ""));
+  if (!h.n_head_layer.empty() || !h.swa_layer.empty()) {  // step35: the blocks differ
+    std::string per;
+    for (int64_t il = 0; il < h.n_layer; ++il) {
+      const bool swa = static_cast<size_t>(il) < h.swa_layer.size() && h.swa_layer[static_cast<size_t>(il)] != 0;
+      per += fmt::format("{}{}{}", il > 0 ? " " : "", h.n_head_of(il), swa ? "w" : "");
+    }
+    add("per block",
+        fmt::format(
+            "query heads {} (w: window {}{})", per, h.n_swa,
+            h.rope_swa_own ? fmt::format(", rope {} dims base {}", h.rope_swa.n_rot, h.rope_swa.freq_base) : ""));
+  }
   if (h.n_expert > 0) {
     add("experts",
         fmt::format("{} routed, top-{}, {} gating{}{}{}, width {}", h.n_expert, h.n_expert_used,

@@ -59,8 +59,14 @@ struct HParams {
   int64_t n_ctx_train = 0;
   int64_t n_embd = 0;
   int64_t n_layer = 0;
-  int64_t n_head = 0;
+  int64_t n_head = 0;  // query heads (with per-block counts: the largest)
   int64_t n_head_kv = 0;
+  // attention.head_count as a per-block array (step35; the NextN blocks included): block il's
+  // query heads. Empty: n_head everywhere.
+  std::vector<int64_t> n_head_layer;
+  int64_t n_head_of(int64_t il) const {
+    return il >= 0 && il < static_cast<int64_t>(n_head_layer.size()) ? n_head_layer[static_cast<size_t>(il)] : n_head;
+  }
   int64_t head_dim_k = 0;  // per-head K/Q width as attention sees it (MLA: kv_lora + n_rot)
   int64_t head_dim_v = 0;  // per-head V width (MLA: kv_lora)
   int64_t n_rot = 0;
@@ -89,7 +95,11 @@ struct HParams {
   int64_t head_dim_qk_mla = 0;  // nope + rope (key_length_mla)
   int64_t head_dim_v_mla = 0;   // value_length_mla
 
-  RopeParams rope;        // mode, n_rot, base, YaRN (freq_factors set by the loader)
+  RopeParams rope;  // mode, n_rot, base, YaRN (freq_factors set by the loader)
+  // Sliding-window blocks' own RoPE when rope_swa_own (step35: rope.freq_base_swa over the whole
+  // head, no rope_freqs); otherwise they use `rope` like the others.
+  bool rope_swa_own = false;
+  RopeParams rope_swa;
   float kq_scale = 0.0f;  // attention score scale; 0 until set (default 1/sqrt(head_dim_k))
   // The rope.scaling.* keys as stored (RopeParams holds what the kernels use).
   struct RopeScaling {
@@ -102,10 +112,14 @@ struct HParams {
 
   // Attention variants of the GQA family (layers.h attention_gqa).
   QkNorm qk_norm = QkNorm::kNone;
-  bool q_gated = false;          // attn_q emits [query | gate] per head; o *= sigmoid(gate) (qwen3next)
-  int64_t n_swa = 0;             // layers marked swa: a query sees the last n_swa cells ...
-  bool swa_chunked = false;      // ... or only its own chunk of n_swa positions (llama4: 8192)
-  int64_t swa_period = 0;        // gpt-oss sliding_window_pattern: the last block of each period is full
+  bool q_gated = false;            // attn_q emits [query | gate] per head; o *= sigmoid(gate) (qwen3next)
+  int64_t n_swa = 0;               // layers marked swa: a query sees the last n_swa cells ...
+  bool swa_chunked = false;        // ... or only its own chunk of n_swa positions (llama4: 8192)
+  int64_t swa_period = 0;          // gpt-oss sliding_window_pattern: the last block of each period is full
+  std::vector<uint8_t> swa_layer;  // per block (step35's sliding_window_pattern array): 1 = sliding window
+  // Per block (step35 swiglu_clamp_shexp): the dense FFN's / shared expert's SwiGLU limit
+  // (LayerWeights::swiglu_limit); the routed experts' limits are expert_ffn.swiglu_limit.
+  std::vector<float> ffn_swiglu_limit;
   int64_t no_rope_step = 0;      // llama4: every n-th block is NoPE
   float attn_temp_scale = 0.0f;  // NoPE layers' query temperature (llama4: 0.1; 0 = off)
   float attn_temp_floor = 8192.0f;
@@ -158,13 +172,17 @@ struct LayerWeights {
   // GQA family (attention_gqa): projections, optional biases, Q/K norms, attention sinks
   TensorView wq, wk, wv, wo, q_norm, k_norm;
   TensorView bq, bk, bv, bo, sinks;
-  bool rope = true;  // false: a NoPE layer (llama4)
-  bool swa = false;  // sliding-window layer (hp.n_swa)
+  bool rope = true;      // false: a NoPE layer (llama4)
+  bool swa = false;      // sliding-window layer (hp.n_swa)
+  TensorView head_gate;  // attn_gate [n_embd, n_head]: output of head h *= sigmoid(head_gate_h · x) (step35)
   // MLA (deepseek2)
   TensorView wq_a, q_a_norm, wq_b, wkv_a_mqa, kv_a_norm, wk_b, wv_b;
   TensorView ffn_norm;
   // dense FFN
   TensorView ffn_gate, ffn_up, ffn_down;
+  // > 0: the dense FFN and the shared expert use the clamped SwiGLU min(silu(g), L) * clamp(u, ±L)
+  // (step35 swiglu_clamp_shexp); the routed experts' limit is experts.swiglu_limit.
+  float swiglu_limit = 0.0f;
   // MoE
   bool is_moe = false;
   TensorView router;       // ffn_gate_inp [n_embd, n_expert], F32

@@ -46,9 +46,20 @@ struct ExpertFfn {
   // (llama4). The backbone applies it before dispatch (moe_begin), so executors and workers see
   // ordinary rows with weight 1; it is part of the definition so both ends agree on it.
   bool input_scaled = false;
+  // Per block (step35's swiglu_clamp_exp, indexed by block): a limit L > 0 clamps kSilu as
+  // h = min(silu(g), L) * clamp(u, -L, L); 0 or a block past the end: plain. The values come
+  // from the model file on both ends (its metadata is part of the model identity).
+  std::vector<float> swiglu_limit;
+
+  float swiglu_limit_of(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(swiglu_limit.size()) ? swiglu_limit[static_cast<size_t>(layer)]
+                                                                           : 0.0f;
+  }
+  bool has_swiglu_limits() const;  // some block has a limit > 0
 
   bool operator==(const ExpertFfn&) const = default;
-  std::string describe() const;  // "silu", "swiglu-oai+bias", "silu, weight on input"
+  // "silu", "swiglu-oai+bias", "silu, weight on input", "silu, clamped per layer"
+  std::string describe() const;
 };
 
 // A layer's stacked routed-expert tensors. gate/up: ne = [n_embd, n_ff_exp, n_expert];
@@ -59,6 +70,7 @@ struct ExpertWeights {
   TensorView gate, up, down;
   TensorView gate_b, up_b, down_b;
   ExpertActivation act = ExpertActivation::kSilu;
+  float swiglu_limit = 0.0f;  // this layer's ExpertFfn::swiglu_limit_of (> 0: clamped kSilu)
 
   bool has_biases() const { return gate_b.valid(); }
 

@@ -70,6 +70,9 @@ float sigmoid(float x);  // 1/(1+expf(-x))
 float gelu(float x);     // tanh approximation
 // y[i] = silu_v(g[i]) * u[i] (ggml_vec_swiglu_f32's vector path)
 void swiglu(const float* g, const float* u, float* y, int64_t n);
+// Clamped SwiGLU (step35): y[i] = min(silu_v(g[i]), limit) * clamp(u[i], -limit, limit) (llama.cpp's
+// ggml_silu, ggml_clamp twice, ggml_mul; the gate is clamped after SiLU and from above only).
+void swiglu_limited(const float* g, const float* u, float* y, int64_t n, float limit);
 // gpt-oss: a=min(g,limit), b=clamp(u,-limit,limit), y = a*sigmoid(alpha*a)*(b+1)
 void swiglu_oai(const float* g, const float* u, float* y, int64_t n, float alpha = 1.702f, float limit = 7.0f);
 

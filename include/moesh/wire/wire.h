@@ -268,7 +268,10 @@ constexpr uint8_t kExpertActSilu = 0;                // silu(g) * u
 constexpr uint8_t kExpertActSwigluOai = 1;           // gpt-oss's clamped swiglu
 constexpr uint8_t kExpertFlagBiases = 1u << 0;       // per-expert gate/up/down biases
 constexpr uint8_t kExpertFlagInputScaled = 1u << 1;  // mixing weight on the input (llama4)
-// "silu", "swiglu-oai+bias", "silu, weight on input" (as ExpertFfn::describe()).
+// Per-layer SwiGLU limits (step35: min(silu(g), L) * clamp(u, ±L) where the model file's
+// swiglu_clamp_exp[layer] = L > 0); the values are the file's, covered by the model identity.
+constexpr uint8_t kExpertFlagSwigluLimit = 1u << 2;
+// "silu", "swiglu-oai+bias", "silu, weight on input", "silu, clamped per layer" (as ExpertFfn::describe()).
 std::string expert_ffn_name(uint8_t act, uint8_t flags);
 
 // Pure outcome of two HELLOs: the version both speak and the intersected capabilities.
