@@ -25,11 +25,15 @@
 #include "moesh/make_model/make_model.h"
 #include "moesh/text/chat.h"
 #include "moesh/text/tokenizer.h"
+#include "text/jinja_ref_util.h"
 
 namespace moesh {
 namespace {
 
 namespace fs = std::filesystem;
+using test::python;
+using test::run_capture;
+using test::ShellRun;
 using ojson = nlohmann::ordered_json;
 using Msgs = std::vector<ChatMessage>;
 
@@ -474,31 +478,10 @@ TEST(ChatJinja, TokenizeChatParsesSpecialsOnlyInTemplateText) {
 
 // ---- against Jinja2 ----------------------------------------------------------------------------
 
-struct Proc {
-  int exit_code = -1;
-  std::string out;
-};
-
-Proc run_capture(const std::string& cmd) {
-  Proc r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string python() {
-  return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-}
-
 // The chat API over the real templates and the corpus, against jinja_ref.py given the context
 // ChatTemplate builds (as transformers: tools and documents None when absent, bos/eos texts).
 TEST(ChatJinjaReference, RealTemplatesThroughTheChatApi) {
-  const Proc probe = run_capture(python() + " -c 'import jinja2' 2>&1");
+  const ShellRun probe = run_capture(python() + " -c 'import jinja2' 2>&1");
   if (probe.exit_code != 0) {
     GTEST_SKIP() << "python3 with jinja2 is not available (" << probe.out
                  << "); install python3-jinja2 (scripts/install-deps.sh)";
@@ -529,7 +512,8 @@ TEST(ChatJinjaReference, RealTemplatesThroughTheChatApi) {
   }
   write_file(dir / "jobs.json", jobs.dump());
   const fs::path script = fs::path(MOESH_SOURCE_DIR) / "tests" / "text" / "jinja_ref.py";
-  const Proc r = run_capture(python() + " '" + script.string() + "' --batch '" + (dir / "jobs.json").string() + "'");
+  const ShellRun r =
+      run_capture(python() + " '" + script.string() + "' --batch '" + (dir / "jobs.json").string() + "'");
   fs::remove_all(dir);
   ASSERT_EQ(r.exit_code, 0) << "jinja_ref.py failed: " << r.out;
   const ojson results = ojson::parse(r.out);

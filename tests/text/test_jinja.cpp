@@ -21,11 +21,15 @@
 #include <sstream>
 
 #include "moesh/text/jinja.h"
+#include "text/jinja_ref_util.h"
 
 namespace moesh::jinja {
 namespace {
 
 namespace fs = std::filesystem;
+using test::python;
+using test::run_capture;
+using test::ShellRun;
 using ojson = nlohmann::ordered_json;
 
 const fs::path kJinjaDir = fs::path(MOESH_SOURCE_DIR) / "tests" / "text" / "jinja";
@@ -42,31 +46,9 @@ void write_file(const fs::path& p, const std::string& s) {
   f << s;
 }
 
-struct Run {
-  int exit_code = -1;
-  std::string out;
-};
-
-Run run_capture(const std::string& cmd) {
-  Run r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-// Debian's interpreter first (python3-jinja2 lives there), else whatever python3 is on PATH.
-std::string python() {
-  return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-}
-
 // Why the reference cannot run here, or "" when it can.
 std::string reference_unavailable() {
-  const Run r = run_capture(python() + " -c 'import jinja2; print(jinja2.__version__)' 2>&1");
+  const ShellRun r = run_capture(python() + " -c 'import jinja2; print(jinja2.__version__)' 2>&1");
   if (r.exit_code != 0) {
     return "python3 with jinja2 is not available (" + python() + ": " + r.out +
            "); install python3-jinja2 (scripts/install-deps.sh)";
@@ -109,7 +91,7 @@ void compare_with_reference(const std::vector<Job>& jobs, int* n_same_text, int*
   const fs::path batch_path = temp_dir() / "jobs.json";
   write_file(batch_path, batch.dump());
   const fs::path script = fs::path(MOESH_SOURCE_DIR) / "tests" / "text" / "jinja_ref.py";
-  const Run r = run_capture(python() + " '" + script.string() + "' --batch '" + batch_path.string() + "'");
+  const ShellRun r = run_capture(python() + " '" + script.string() + "' --batch '" + batch_path.string() + "'");
   ASSERT_EQ(r.exit_code, 0) << "jinja_ref.py failed: " << r.out;
   const ojson results = ojson::parse(r.out);
   ASSERT_EQ(results.size(), jobs.size());
