@@ -2,11 +2,12 @@
 BUILD      ?= build
 BUILD_SAN  ?= build-sanitize
 BUILD_FUZZ ?= build-fuzz
+BUILD_ARM  ?= build-aarch64
 FUZZ_SECONDS ?= 30
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all build deps test test-sanitize fuzz demo bench format format-check clean
+.PHONY: all build deps test test-sanitize fuzz demo bench format format-check clean deps-cross-aarch64 cross-aarch64 test-aarch64
 
 all: build
 
@@ -19,8 +20,12 @@ $(BUILD)/CMakeCache.txt:
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# With a cross build present (make cross-aarch64), `make test` also brings it up to date first, so
+# test_aarch64_worker never runs a stale aarch64 worker, and then runs its ops tests under qemu.
 test: build
+	@if [ -f $(BUILD_ARM)/CMakeCache.txt ]; then cmake --build $(BUILD_ARM) -j $(JOBS) --target $(ARM_TARGETS); fi
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	@if [ -f $(BUILD_ARM)/CMakeCache.txt ]; then cd $(BUILD_ARM) && ctest --output-on-failure -j $(JOBS) -L ops; fi
 
 # ASan+UBSan over the labels that exercise kernels, parsers and the model code.
 test-sanitize: deps
@@ -35,6 +40,25 @@ fuzz: deps
 	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_wire fuzz_gguf fuzz_http
 	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
 
+# aarch64 (ARM boards, phones) cross build with Debian's g++-aarch64-linux-gnu and multiarch arm64
+# libraries (docs/arm.md): the moesh binary and the ops tests, which ctest runs under qemu-user.
+ARM_TARGETS ?= moesh test_fp16 test_quant test_kernels_simd test_kernels_golden test_ops test_determinism
+
+deps-cross-aarch64:
+	@./scripts/install-cross-aarch64.sh
+
+$(BUILD_ARM)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_ARM) -DCMAKE_TOOLCHAIN_FILE=cmake/toolchain-aarch64.cmake -DCMAKE_BUILD_TYPE=Release -DMOESH_BUILD_BENCH=OFF
+
+cross-aarch64: deps-cross-aarch64 $(BUILD_ARM)/CMakeCache.txt
+	cmake --build $(BUILD_ARM) -j $(JOBS) --target $(ARM_TARGETS)
+
+# The aarch64 ops tests under qemu, then an x86 backbone against the aarch64 worker under qemu.
+test-aarch64: cross-aarch64 build
+	cd $(BUILD_ARM) && ctest --output-on-failure -j $(JOBS) -L ops $(CTEST_ARGS)
+	cmake --build $(BUILD) -j $(JOBS) --target test_aarch64_worker
+	cd $(BUILD) && ctest --output-on-failure -R '^test_aarch64_worker$$' $(CTEST_ARGS)
+
 demo: build
 	./scripts/demo.sh $(BUILD)
 
@@ -48,4 +72,4 @@ format-check: deps
 	./scripts/check-format.sh
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ) $(BUILD_ARM)

@@ -26,13 +26,21 @@ Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn_command(std::vector<
                                                                     const std::string& spec,
                                                                     std::chrono::milliseconds startup) {
   const std::string bin = std::string(MOESH_BIN_DIR) + "/moesh";
+  std::vector<std::string> args = {bin};
+  args.insert(args.end(), cmd_args.begin(), cmd_args.end());
+  return spawn_program(std::move(args), spec, startup);
+}
+
+Result<std::unique_ptr<WorkerProcess>> WorkerProcess::spawn_program(std::vector<std::string> args,
+                                                                    const std::string& spec,
+                                                                    std::chrono::milliseconds startup) {
+  if (args.empty()) return make_error(StatusCode::kInvalidArgument, "spawn_program: no program");
+  const std::string bin = args[0];
   if (access(bin.c_str(), X_OK) != 0) {
     return make_error(StatusCode::kNotFound, "worker binary {} not found (build the moesh target)", bin);
   }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return make_error(StatusCode::kIoError, "pipe: {}", std::strerror(errno));
-  std::vector<std::string> args = {bin};
-  args.insert(args.end(), cmd_args.begin(), cmd_args.end());
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return make_error(StatusCode::kIoError, "fork: {}", std::strerror(errno));

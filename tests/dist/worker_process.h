@@ -31,6 +31,12 @@ class WorkerProcess {
   static Result<std::unique_ptr<WorkerProcess>> spawn_command(
       std::vector<std::string> args, const std::string& label,
       std::chrono::milliseconds startup = std::chrono::milliseconds(20000));
+  // Any program that prints "listening on HOST:PORT": argv[0] is its path (e.g. {"qemu-aarch64",
+  // "-L", "/usr/aarch64-linux-gnu", "build-aarch64/bin/moesh", "worker", ...}). pid() is that
+  // program's (under qemu-user: the emulator's, which is the guest's process).
+  static Result<std::unique_ptr<WorkerProcess>> spawn_program(
+      std::vector<std::string> argv, const std::string& label,
+      std::chrono::milliseconds startup = std::chrono::milliseconds(20000));
   ~WorkerProcess();
   WorkerProcess(const WorkerProcess&) = delete;
   WorkerProcess& operator=(const WorkerProcess&) = delete;
