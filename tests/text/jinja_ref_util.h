@@ -1,5 +1,6 @@
 // Shared by the tests that compare moesh's Jinja rendering with Debian's python3-jinja2
-// (tests/text/jinja_ref.py): running a shell command and capturing its output, and which python.
+// (tests/text/jinja_ref.py): running a shell command and capturing its output, which python, and
+// reading and writing the files they exchange.
 #pragma once
 
 #include <sys/wait.h>
@@ -7,6 +8,8 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace moesh::test {
@@ -31,6 +34,18 @@ inline ShellRun run_capture(const std::string& cmd) {
 // Debian's interpreter first (python3-jinja2 lives there), else whatever python3 is on PATH.
 inline std::string python() {
   return std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline void write_file(const std::filesystem::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f << s;
 }
 
 }  // namespace moesh::test

@@ -32,8 +32,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::python;
+using test::read_file;
 using test::run_capture;
 using test::ShellRun;
+using test::write_file;
 using ojson = nlohmann::ordered_json;
 using Msgs = std::vector<ChatMessage>;
 
@@ -41,18 +43,6 @@ const fs::path kJinjaDir = fs::path(MOESH_SOURCE_DIR) / "tests" / "text" / "jinj
 // The real templates whose families moesh targets (tests/text/jinja/real/README.md).
 const char* const kRealTemplates[] = {"chatml", "qwen2_5_basic", "deepseek2", "llama3_1",
                                       "glm4_5", "deepseek_v3",   "qwen3"};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
 
 std::vector<fs::path> conversation_files() {
   std::vector<fs::path> out;

@@ -28,23 +28,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::python;
+using test::read_file;
 using test::run_capture;
 using test::ShellRun;
+using test::write_file;
 using ojson = nlohmann::ordered_json;
 
 const fs::path kJinjaDir = fs::path(MOESH_SOURCE_DIR) / "tests" / "text" / "jinja";
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
 
 // Why the reference cannot run here, or "" when it can.
 std::string reference_unavailable() {
