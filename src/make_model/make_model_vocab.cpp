@@ -214,6 +214,21 @@ Status validate_make_vocab(const MakeModelSpec& s) {
     return make_error(StatusCode::kInvalidArgument, "unknown vocab kind");
   }
   if (s.vocab == MakeVocab::kNone) return Status::ok();
+  if (!s.imported_vocab.empty()) {
+    const gguf::Value* tokens = nullptr;
+    for (const auto& [k, v] : s.imported_vocab) {
+      if (k == "tokenizer.ggml.tokens") tokens = &v;
+    }
+    if (tokens == nullptr || !std::holds_alternative<gguf::Array>(tokens->v)) {
+      return make_error(StatusCode::kInvalidArgument, "the imported vocabulary has no tokenizer.ggml.tokens");
+    }
+    const auto n = static_cast<int64_t>(std::get<gguf::Array>(tokens->v).items.size());
+    if (s.n_vocab != n) {
+      return make_error(StatusCode::kInvalidArgument, "n_vocab {} differs from the imported vocabulary's {} tokens",
+                        s.n_vocab, n);
+    }
+    return Status::ok();
+  }
   if (s.n_vocab < kMakeVocabMinTokens) {
     return make_error(StatusCode::kInvalidArgument,
                       "n_vocab {} is too small for the built-in BPE tokenizer, which needs at "
@@ -231,6 +246,20 @@ Status validate_make_vocab(const MakeModelSpec& s) {
 }
 
 void append_make_vocab_kvs(const MakeModelSpec& s, std::vector<std::pair<std::string, gguf::Value>>& kvs) {
+  if (!s.imported_vocab.empty()) {
+    bool have_template = false;
+    for (const auto& [k, v] : s.imported_vocab) {
+      if (k == "tokenizer.chat_template" && !s.chat_template.empty()) {
+        kvs.emplace_back(k, gguf::Value::str(s.chat_template));
+        have_template = true;
+      } else {
+        kvs.emplace_back(k, v);
+      }
+    }
+    if (!have_template && !s.chat_template.empty())
+      kvs.emplace_back("tokenizer.chat_template", gguf::Value::str(s.chat_template));
+    return;
+  }
   const TrainedBpe& t = trained();
   const int64_t n_special = std::size(kMakeVocabSpecials);
   const int64_t budget = s.n_vocab - 256 - n_special;

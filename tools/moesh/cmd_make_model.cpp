@@ -10,6 +10,7 @@
 
 #include "command.h"
 #include "moesh/make_model/make_model.h"
+#include "moesh/text/hf_vocab.h"
 
 namespace moesh::cli {
 namespace {
@@ -22,6 +23,8 @@ struct MakeModelArgs {
   std::string name;
   std::string vocab;               // empty: bpe
   std::string chat_template_file;  // empty: the built-in ChatML template
+  std::string vocab_from;          // a Hugging Face tokenizer directory (hf_vocab.h)
+  std::string vocab_pre;           // tokenizer.ggml.pre override for --vocab-from
   uint64_t seed = 0;
   int threads = 0;
   bool dry_run = false;
@@ -132,6 +135,28 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
     std::fprintf(stderr, "make-model: unknown --vocab '%s' (bpe, none)\n", a.vocab.c_str());
     return 2;
   }
+  if (!a.vocab_from.empty()) {
+    if (spec.vocab != MakeVocab::kBpe) {
+      std::fprintf(stderr, "make-model: --vocab-from cannot be combined with --vocab none\n");
+      return 2;
+    }
+    HfVocabOptions vo;
+    vo.pre = a.vocab_pre;
+    auto v = import_hf_vocab(a.vocab_from, vo);
+    if (!v) {
+      std::fprintf(stderr, "make-model: --vocab-from: %s\n", v.status().to_string().c_str());
+      return 2;
+    }
+    if (sub->count("--n-vocab") && a.ints.at("--n-vocab") != v->n_tokens) {
+      std::fprintf(stderr, "make-model: --n-vocab %lld differs from the %lld tokens of --vocab-from\n",
+                   static_cast<long long>(a.ints.at("--n-vocab")), static_cast<long long>(v->n_tokens));
+      return 2;
+    }
+    std::printf("tokenizer from %s: %lld tokens, pre %s, %s chat template\n", a.vocab_from.c_str(),
+                static_cast<long long>(v->n_tokens), v->pre.c_str(), v->chat_template.empty() ? "no" : "its own");
+    spec.n_vocab = v->n_tokens;
+    spec.imported_vocab = std::move(v->kvs);
+  }
   if (sub->count("--seed")) spec.seed = a.seed;
   if (!a.name.empty()) spec.name = a.name;
   if (!a.chat_template_file.empty()) {
@@ -217,6 +242,12 @@ CommandRegistrar reg{
               sub->add_option("--chat-template-file", a->chat_template_file,
                               "write this file's Jinja source as tokenizer.chat_template (--vocab bpe; "
                               "default: a ChatML template)");
+              sub->add_option("--vocab-from", a->vocab_from,
+                              "a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json, optional "
+                              "config.json): write its tokenizer and chat template (sets n_vocab)");
+              sub->add_option("--vocab-pre", a->vocab_pre,
+                              "with --vocab-from: the tokenizer.ggml.pre name when the pre-tokenizer is not "
+                              "detected (qwen2, llama-bpe, deepseek-v3, gpt-4o, ...)");
               sub->add_option("--threads", a->threads, "quantization threads (default: all cores)");
               sub->add_option("--rope-base", a->rope_base, "rope.freq_base");
               sub->add_option("--rms-eps", a->rms_eps, "RMSNorm epsilon");

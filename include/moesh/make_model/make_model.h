@@ -74,8 +74,12 @@ struct MakeModelSpec {
   MakeVocab vocab = MakeVocab::kBpe;
   // No output.weight: the logits use token_embd as the output matrix (tied embeddings).
   bool tied_embeddings = false;
-  // kBpe: the tokenizer.chat_template written (Jinja source); empty: the built-in ChatML one.
+  // kBpe: the tokenizer.chat_template written (Jinja source); empty: the built-in ChatML one
+  // (or the imported tokenizer's own).
   std::string chat_template;
+  // kBpe: a real tokenizer's GGUF keys (import_hf_vocab in moesh/text/hf_vocab.h, `--vocab-from`),
+  // written instead of the built-in vocabulary; n_vocab must equal its token count.
+  std::vector<std::pair<std::string, gguf::Value>> imported_vocab;
 
   int64_t n_vocab = 512;
   int64_t n_ctx = 256;  // <arch>.context_length
