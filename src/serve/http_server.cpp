@@ -14,6 +14,7 @@
 #include <random>
 
 #include "moesh/serve/ledger.h"
+#include "moesh/text/json_grammar.h"
 #include "serve/dashboard.h"
 #include "serve/metrics.h"
 #include "serve/openai_api.h"
@@ -25,27 +26,69 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Events of one request, handed from the scheduler thread to the HTTP thread serving it.
+// Events of one request's choices, handed from the scheduler thread to the HTTP thread serving
+// it; each tagged with its choice index (n > 1).
 struct Channel {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<GenerationEvent> events;
+  std::deque<std::pair<int, GenerationEvent>> events;
   std::atomic<bool> gone{false};  // the client went away: the sink tells the scheduler to cancel
 };
 
-// A streaming response in progress.
-struct StreamState {
+// One choice of a request.
+struct ChoiceState {
+  uint64_t id = 0;  // scheduler request id; 0 until submitted
+  CompletionResult res;
+  std::optional<ChatOutputParser> parser;  // chat: splits content / reasoning / tool calls
+  std::vector<TokenLogprob> lps;           // logprobs not yet written (all of them when not streaming)
+  size_t text_bytes = 0;                   // completions: the text offset of the next token
+  bool done = false;
+};
+
+// A request in progress (streaming or not): its choices, and the ones still to submit. With n > 1
+// the first choice goes alone; the others are submitted once its first event shows the prompt is
+// in its slot, so they copy those cells (the prefix cache) instead of computing the prompt again.
+struct GenState {
   Endpoint ep = Endpoint::kCompletions;
   std::string ep_name;
   std::shared_ptr<Channel> ch;
-  uint64_t id = 0;
-  CompletionResult res;
-  std::optional<ChatOutputParser> parser;  // chat: splits content / reasoning / tool calls
+  std::vector<ChoiceState> choices;
+  std::vector<GenerationRequest> later;  // choices 1..n-1, submitted after choice 0's first event
   bool include_usage = false;
   bool started = false;
   bool got_text = false;
   bool finished = false;
+  int n_done = 0;
   Clock::time_point t0;
+};
+
+// response_format by constrained decoding: one matcher per choice over the server's token mask.
+class JsonConstraint final : public TokenConstraint {
+ public:
+  JsonConstraint(std::shared_ptr<const JsonGrammar> g, std::shared_ptr<const JsonTokenMask> mask)
+      : m_(std::move(g)), mask_(std::move(mask)) {}
+  Status allowed(std::vector<uint8_t>& a) override {
+    if (mask_->fill(m_, a) == 0) {
+      return make_error(StatusCode::kInvalidArgument, "no token of the vocabulary can continue the JSON output");
+    }
+    return Status::ok();
+  }
+  Status accept(int32_t t) override {
+    if (mask_->is_eog(t)) {
+      if (m_.complete()) return Status::ok();
+      return make_error(StatusCode::kInvalidArgument, "end of generation before the JSON value is complete");
+    }
+    JsonMatcher next = m_;
+    if (!next.feed(mask_->bytes(t))) {
+      return make_error(StatusCode::kInvalidArgument, "token {} does not continue the JSON output", t);
+    }
+    m_ = std::move(next);
+    return Status::ok();
+  }
+
+ private:
+  JsonMatcher m_;
+  std::shared_ptr<const JsonTokenMask> mask_;
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -88,15 +131,24 @@ struct HttpServer::Impl {
   std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();
 
   bool authorized(const httplib::Request& req, httplib::Response& res);
-  OutputFormat out_fmt;          // how the chat template's model writes reasoning and tool calls
-  bool object_args = false;      // the template wants tool-call arguments as objects
-  bool no_null_content = false;  // the template fails on content null (tool-call turns)
+  OutputFormat out_fmt;                            // how the chat template's model writes reasoning and tool calls
+  bool object_args = false;                        // the template wants tool-call arguments as objects
+  bool no_null_content = false;                    // the template fails on content null (tool-call turns)
+  std::shared_ptr<const JsonTokenMask> json_mask;  // response_format; built at start-up with a tokenizer
   // For chat, *starts_in_reasoning tells whether the rendered prompt left a <think> open.
   Result<GenerationRequest> build_generation(const ApiRequest& r, ApiError* err, bool* starts_in_reasoning) const;
   void handle_generate(Endpoint ep, const httplib::Request& req, const std::string& body, httplib::Response& res);
-  bool stream_step(StreamState& s, httplib::DataSink& sink);
+  bool stream_step(GenState& s, httplib::DataSink& sink);
   // Waits for at least one event (or shutdown); moves them out.
-  bool wait_events(Channel& ch, std::deque<GenerationEvent>* out);
+  bool wait_events(Channel& ch, std::deque<std::pair<int, GenerationEvent>>* out);
+  // Submits choice i (its sink tags events with i).
+  Result<uint64_t> submit_choice(GenState& g, int i, GenerationRequest req);
+  // After choice 0's first event: submits the rest. An error cancels every choice.
+  Status submit_later(GenState& g);
+  void cancel_all(GenState& g);
+  // Folds one event into its choice: text through the parser, logprobs. Returns the chunks to
+  // stream (empty when not streaming).
+  std::vector<nlohmann::json> absorb(GenState& g, int i, GenerationEvent& ev, bool streaming);
   std::string make_id(Endpoint ep) {
     return fmt::format("{}-{:016x}{:08x}", ep == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl", id_salt,
                        next_id.fetch_add(1));
@@ -216,10 +268,28 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
   if (!r.seed_given) g.sampling.seed = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ next_id.load();
   for (const std::string& s : r.stop) g.stop.push_back(s);
   g.ignore_eos = r.ignore_eos;
+  g.top_logprobs = r.top_logprobs;
+  if (r.response_format != ResponseFormat::kText) {
+    if (json_mask == nullptr) {
+      return fail(400, "response_format", "unsupported_value",
+                  "response_format needs a model with a tokenizer (constrained decoding works on token texts)");
+    }
+    std::shared_ptr<const JsonGrammar> grammar = json_object_grammar();
+    if (r.response_format == ResponseFormat::kJsonSchema) {
+      auto compiled = compile_json_schema(r.json_schema);
+      if (!compiled) {
+        return fail(400, "response_format.json_schema.schema",
+                    compiled.status().code() == StatusCode::kUnsupported ? "unsupported_value" : "invalid_value",
+                    compiled.status().message());
+      }
+      grammar = std::move(*compiled);
+    }
+    g.constraint = std::make_shared<JsonConstraint>(std::move(grammar), json_mask);
+  }
   return g;
 }
 
-bool HttpServer::Impl::wait_events(Channel& ch, std::deque<GenerationEvent>* out) {
+bool HttpServer::Impl::wait_events(Channel& ch, std::deque<std::pair<int, GenerationEvent>>* out) {
   std::unique_lock<std::mutex> lk(ch.mu);
   // The timeout only exists to notice a server shutdown; events wake us at once.
   while (ch.events.empty()) {
@@ -228,6 +298,72 @@ bool HttpServer::Impl::wait_events(Channel& ch, std::deque<GenerationEvent>* out
   }
   out->swap(ch.events);
   return true;
+}
+
+Result<uint64_t> HttpServer::Impl::submit_choice(GenState& g, int i, GenerationRequest req) {
+  auto sink = [ch = g.ch, i](const GenerationEvent& e) {
+    if (ch->gone.load()) return false;
+    {
+      std::lock_guard<std::mutex> lk(ch->mu);
+      ch->events.emplace_back(i, e);
+    }
+    ch->cv.notify_one();
+    return true;
+  };
+  auto id = t.scheduler->submit(std::move(req), sink);
+  if (id) g.choices[static_cast<size_t>(i)].id = *id;
+  return id;
+}
+
+Status HttpServer::Impl::submit_later(GenState& g) {
+  for (size_t k = 0; k < g.later.size(); ++k) {
+    auto id = submit_choice(g, static_cast<int>(k + 1), std::move(g.later[k]));
+    if (!id) {
+      g.later.clear();
+      cancel_all(g);
+      return id.status();
+    }
+  }
+  g.later.clear();
+  return Status::ok();
+}
+
+void HttpServer::Impl::cancel_all(GenState& g) {
+  g.ch->gone = true;
+  for (const ChoiceState& c : g.choices) {
+    if (c.id != 0 && !c.done) t.scheduler->cancel(c.id);
+  }
+}
+
+std::vector<nlohmann::json> HttpServer::Impl::absorb(GenState& g, int i, GenerationEvent& ev, bool streaming) {
+  ChoiceState& c = g.choices[static_cast<size_t>(i)];
+  std::vector<json> chunks;
+  if (!ev.logprobs.empty()) c.lps.insert(c.lps.end(), ev.logprobs.begin(), ev.logprobs.end());
+  if (!ev.text.empty() && !g.got_text) {
+    g.got_text = true;
+    metrics.observe_ttft(g.ep_name, seconds_since(g.t0));
+  }
+  if (!streaming) {
+    c.res.text += ev.text;
+    return chunks;
+  }
+  if (!ev.text.empty()) {
+    if (c.parser) {
+      chunks = delta_chunks(c.res, c.parser->push(ev.text), g.include_usage);
+    } else {
+      chunks.push_back(text_chunk(g.ep, c.res, ev.text, g.include_usage));
+    }
+  }
+  // Logprobs ride on the first chunk of the event that produced them; text held back (a stop
+  // string in the making, a tool call being parsed) carries them to the next chunk.
+  if (!chunks.empty() && !c.lps.empty()) {
+    chunks.front()["choices"][0]["logprobs"] = logprobs_json(g.ep, c.lps, t.tokenizer, c.text_bytes);
+    for (const TokenLogprob& lp : c.lps) {
+      c.text_bytes += t.tokenizer != nullptr ? t.tokenizer->token_to_piece(lp.token, true).size() : 0;
+    }
+    c.lps.clear();
+  }
+  return chunks;
 }
 
 void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req, const std::string& body,
@@ -239,39 +375,45 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
   auto parsed = parse_request(ep, body, &err);
   if (!parsed) return send_error(res, err);
   bool in_reasoning = false;
-  auto gen = build_generation(*parsed, &err, &in_reasoning);
-  if (!gen) return send_error(res, err);
-
-  auto ch = std::make_shared<Channel>();
-  auto sink = [ch](const GenerationEvent& e) {
-    if (ch->gone.load()) return false;
-    {
-      std::lock_guard<std::mutex> lk(ch->mu);
-      ch->events.push_back(e);
-    }
-    ch->cv.notify_one();
-    return true;
-  };
-  auto id = t.scheduler->submit(std::move(*gen), sink);
-  if (!id) return send_error(res, api_error_from_status(id.status()));
-
-  CompletionResult base;
-  base.id = make_id(ep);
-  base.created = static_cast<int64_t>(std::time(nullptr));
-  base.model = opts.model_name;
-  std::optional<ChatOutputParser> parser;
-  if (ep == Endpoint::kChatCompletions) {
-    parser.emplace(out_fmt, !parsed->tools.is_null(), in_reasoning,
-                   "call_" + base.id.substr(base.id.find('-') + 1) + "_");
+  std::vector<GenerationRequest> gens;
+  for (int i = 0; i < parsed->n; ++i) {
+    auto gen = build_generation(*parsed, &err, &in_reasoning);
+    if (!gen) return send_error(res, err);
+    // Choice i samples with seed + i: different answers, each reproducible with a given seed.
+    if (i > 0) gen->sampling.seed = gens.front().sampling.seed + static_cast<uint64_t>(i);
+    gens.push_back(std::move(*gen));
   }
 
+  auto g = std::make_shared<GenState>();
+  g->ep = ep;
+  g->ep_name = ep_name;
+  g->ch = std::make_shared<Channel>();
+  g->include_usage = parsed->include_usage;
+  g->t0 = t0;
+  const std::string id_text = make_id(ep);
+  for (int i = 0; i < parsed->n; ++i) {
+    ChoiceState c;
+    c.res.id = id_text;
+    c.res.created = static_cast<int64_t>(std::time(nullptr));
+    c.res.model = opts.model_name;
+    c.res.index = i;
+    if (ep == Endpoint::kChatCompletions) {
+      c.parser.emplace(out_fmt, !parsed->tools.is_null(), in_reasoning,
+                       "call_" + id_text.substr(id_text.find('-') + 1) + "_" + (i > 0 ? std::to_string(i) + "_" : ""));
+    }
+    g->choices.push_back(std::move(c));
+  }
+  for (size_t i = 1; i < gens.size(); ++i) g->later.push_back(std::move(gens[i]));
+  if (auto id = submit_choice(*g, 0, std::move(gens.front())); !id) {
+    return send_error(res, api_error_from_status(id.status()));
+  }
+  const bool want_logprobs = parsed->top_logprobs >= 0;
+
   if (!parsed->stream) {
-    std::deque<GenerationEvent> evs;
-    bool got_text = false;
+    std::deque<std::pair<int, GenerationEvent>> evs;
     for (;;) {
-      if (!wait_events(*ch, &evs)) {
-        ch->gone = true;
-        t.scheduler->cancel(*id);
+      if (!wait_events(*g->ch, &evs)) {
+        cancel_all(*g);
         ApiError e;
         e.http_status = 503;
         e.type = "server_error";
@@ -279,14 +421,16 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
         e.message = "the server is shutting down";
         return send_error(res, e);
       }
-      for (GenerationEvent& ev : evs) {
-        if (!ev.text.empty() && !got_text) {
-          got_text = true;
-          metrics.observe_ttft(ep_name, seconds_since(t0));
+      for (auto& [i, ev] : evs) {
+        if (!g->later.empty()) {
+          if (Status st = submit_later(*g); !st.is_ok()) return send_error(res, api_error_from_status(st));
         }
-        base.text += ev.text;
+        ChoiceState& c = g->choices[static_cast<size_t>(i)];
+        absorb(*g, i, ev, /*streaming=*/false);
         if (!ev.done) continue;
+        c.done = true;
         if (ev.finish == FinishReason::kError || ev.finish == FinishReason::kCancelled) {
+          cancel_all(*g);
           ApiError e;
           e.http_status = ev.finish == FinishReason::kError ? 500 : 503;
           e.type = "server_error";
@@ -294,16 +438,20 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
           e.message = ev.finish == FinishReason::kError ? ev.error.message() : "the request was cancelled";
           return send_error(res, e);
         }
-        base.finish = ev.finish;
-        base.usage = ev.usage;
-        if (parser) {
-          parser->push(base.text);
-          parser->finish();
-          base.text = parser->content();
-          base.reasoning = parser->reasoning();
-          base.tool_calls = parser->tool_calls();
+        c.res.finish = ev.finish;
+        c.res.usage = ev.usage;
+        if (c.parser) {
+          c.parser->push(c.res.text);
+          c.parser->finish();
+          c.res.text = c.parser->content();
+          c.res.reasoning = c.parser->reasoning();
+          c.res.tool_calls = c.parser->tool_calls();
         }
-        res.set_content(dump_json(completion_response(ep, base)), "application/json");
+        if (want_logprobs) c.res.logprobs = logprobs_json(ep, c.lps, t.tokenizer);
+        if (++g->n_done < static_cast<int>(g->choices.size())) continue;
+        std::vector<CompletionResult> results;
+        for (ChoiceState& x : g->choices) results.push_back(std::move(x.res));
+        res.set_content(dump_json(completion_response(ep, results)), "application/json");
         metrics.observe_duration(ep_name, seconds_since(t0));
         return;
       }
@@ -311,82 +459,89 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
     }
   }
 
-  auto st = std::make_shared<StreamState>();
-  st->ep = ep;
-  st->ep_name = ep_name;
-  st->ch = ch;
-  st->id = *id;
-  st->res = std::move(base);
-  st->parser = std::move(parser);
-  st->include_usage = parsed->include_usage;
-  st->t0 = t0;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, st](size_t /*offset*/, httplib::DataSink& sink) { return stream_step(*st, sink); },
-      [this, st](bool success) {
+      "text/event-stream", [this, g](size_t /*offset*/, httplib::DataSink& sink) { return stream_step(*g, sink); },
+      [this, g](bool success) {
         // The response is gone without a finished stream (client went away, write error,
-        // shutdown): free the slot now instead of generating for nobody.
-        if (!success || !st->finished) {
-          st->ch->gone = true;
-          t.scheduler->cancel(st->id);
-        }
+        // shutdown): free the slots now instead of generating for nobody.
+        if (!success || !g->finished) cancel_all(*g);
       });
 }
 
-bool HttpServer::Impl::stream_step(StreamState& s, httplib::DataSink& sink) {
+bool HttpServer::Impl::stream_step(GenState& s, httplib::DataSink& sink) {
   auto write = [&](const std::string& data) {
     if (sink.write(data.data(), data.size())) return true;
-    s.ch->gone = true;
-    t.scheduler->cancel(s.id);
+    cancel_all(s);
     return false;
   };
   if (!s.started) {
     s.started = true;
-    if (s.ep == Endpoint::kChatCompletions && !write(sse_event(role_chunk(s.res, s.include_usage)))) {
-      return false;
+    if (s.ep == Endpoint::kChatCompletions) {
+      for (const ChoiceState& c : s.choices) {
+        if (!write(sse_event(role_chunk(c.res, s.include_usage)))) return false;
+      }
     }
   }
-  std::deque<GenerationEvent> evs;
+  std::deque<std::pair<int, GenerationEvent>> evs;
   if (!wait_events(*s.ch, &evs)) {
-    s.ch->gone = true;
-    t.scheduler->cancel(s.id);
+    cancel_all(s);
     return false;
   }
-  for (GenerationEvent& ev : evs) {
-    if (!ev.text.empty()) {
-      if (!s.got_text) {
-        s.got_text = true;
-        metrics.observe_ttft(s.ep_name, seconds_since(s.t0));
-      }
-      if (s.parser) {
-        for (const json& c : delta_chunks(s.res, s.parser->push(ev.text), s.include_usage)) {
-          if (!write(sse_event(c))) return false;
-        }
-      } else if (!write(sse_event(text_chunk(s.ep, s.res, ev.text, s.include_usage)))) {
+  for (auto& [i, ev] : evs) {
+    if (!s.later.empty()) {
+      if (Status st = submit_later(s); !st.is_ok()) {
+        s.finished = true;
+        const ApiError e = api_error_from_status(st);
+        (void)write(sse_event(error_json(e)));
         return false;
       }
     }
+    ChoiceState& c = s.choices[static_cast<size_t>(i)];
+    for (const json& chunk : absorb(s, i, ev, /*streaming=*/true)) {
+      if (!write(sse_event(chunk))) return false;
+    }
     if (!ev.done) continue;
-    s.finished = true;
+    c.done = true;
     if (ev.finish == FinishReason::kError || ev.finish == FinishReason::kCancelled) {
+      s.finished = true;
+      cancel_all(s);
       ApiError e;
       e.http_status = 500;
       e.type = "server_error";
       e.code = ev.finish == FinishReason::kError ? "generation_failed" : "cancelled";
       e.message = ev.finish == FinishReason::kError ? ev.error.message() : "the request was cancelled";
       if (!write(sse_event(error_json(e)))) return false;
-    } else {
-      s.res.finish = ev.finish;
-      s.res.usage = ev.usage;
-      if (s.parser) {
-        for (const json& c : delta_chunks(s.res, s.parser->finish(), s.include_usage)) {
-          if (!write(sse_event(c))) return false;
-        }
-        s.res.tool_calls = s.parser->tool_calls();
+      if (!write(std::string(kSseDone))) return false;
+      sink.done();
+      return true;
+    }
+    c.res.finish = ev.finish;
+    c.res.usage = ev.usage;
+    std::vector<json> tail;
+    if (c.parser) {
+      tail = delta_chunks(c.res, c.parser->finish(), s.include_usage);
+      c.res.tool_calls = c.parser->tool_calls();
+    }
+    tail.push_back(finish_chunk(s.ep, c.res, s.include_usage));
+    if (!c.lps.empty()) {
+      tail.front()["choices"][0]["logprobs"] = logprobs_json(s.ep, c.lps, t.tokenizer, c.text_bytes);
+      c.lps.clear();
+    }
+    for (const json& chunk : tail) {
+      if (!write(sse_event(chunk))) return false;
+    }
+    if (++s.n_done < static_cast<int>(s.choices.size())) continue;
+    s.finished = true;
+    if (s.include_usage) {
+      CompletionResult total = s.choices.front().res;
+      for (size_t k = 1; k < s.choices.size(); ++k) {
+        total.usage.completion_tokens += s.choices[k].res.usage.completion_tokens;
+        total.usage.draft_tokens += s.choices[k].res.usage.draft_tokens;
+        total.usage.accepted_draft_tokens += s.choices[k].res.usage.accepted_draft_tokens;
       }
-      if (!write(sse_event(finish_chunk(s.ep, s.res, s.include_usage)))) return false;
-      if (s.include_usage && !write(sse_event(usage_chunk(s.ep, s.res)))) return false;
+      if (!write(sse_event(usage_chunk(s.ep, total)))) return false;
     }
     if (!write(std::string(kSseDone))) return false;
     metrics.observe_duration(s.ep_name, seconds_since(s.t0));
@@ -410,6 +565,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     impl->object_args = template_wants_object_arguments(*target.chat_template);
     impl->no_null_content = template_rejects_null_content(*target.chat_template);
   }
+  if (target.tokenizer != nullptr) impl->json_mask = std::make_shared<const JsonTokenMask>(*target.tokenizer);
   Impl* m = impl.get();
   httplib::Server& svr = m->svr;
 

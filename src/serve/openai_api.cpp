@@ -235,9 +235,6 @@ Status parse_stop(const json& o, ApiRequest* r, const Fail& fail) {
 
 // Fields OpenAI defines that this server does not implement: accepted only at their "off" value.
 Status reject_unsupported(const json& o, Endpoint ep, const Fail& fail) {
-  std::optional<int64_t> n;
-  MOESH_RETURN_IF_ERROR(get_int(o, "n", 1, 128, fail, &n));
-  if (n && *n != 1) return fail("n", "unsupported_value", "only n = 1 is supported");
   if (ep == Endpoint::kCompletions) {
     bool echo = false;
     MOESH_RETURN_IF_ERROR(get_bool(o, "echo", fail, &echo));
@@ -250,10 +247,6 @@ Status reject_unsupported(const json& o, Endpoint ep, const Fail& fail) {
       return fail("suffix", "unsupported_value", "'suffix' is not supported");
     }
   }
-  auto lp = o.find("logprobs");
-  if (lp != o.end() && !lp->is_null() && !(lp->is_boolean() && !lp->get<bool>())) {
-    return fail("logprobs", "unsupported_value", "'logprobs' is not supported");
-  }
   if (ep == Endpoint::kCompletions) {
     for (const char* k : {"tools", "tool_choice"}) {
       auto it = o.find(k);
@@ -261,6 +254,71 @@ Status reject_unsupported(const json& o, Endpoint ep, const Fail& fail) {
         return fail(k, "unsupported_value", fmt::format("'{}' is only for /v1/chat/completions", k));
       }
     }
+  }
+  return Status::ok();
+}
+
+// n; logprobs / top_logprobs (chat: a boolean and 0..20 alternatives; completions: the legacy
+// integer 0..5, the number of alternatives).
+Status parse_choices_and_logprobs(const json& o, Endpoint ep, ApiRequest* r, const Fail& fail) {
+  std::optional<int64_t> n;
+  MOESH_RETURN_IF_ERROR(get_int(o, "n", 1, kMaxChoices, fail, &n));
+  if (n) r->n = static_cast<int>(*n);
+  if (ep == Endpoint::kCompletions) {
+    std::optional<int64_t> lp;
+    MOESH_RETURN_IF_ERROR(get_int(o, "logprobs", 0, 5, fail, &lp));
+    if (lp) r->top_logprobs = static_cast<int>(*lp);
+    return Status::ok();
+  }
+  bool want = false;
+  MOESH_RETURN_IF_ERROR(get_bool(o, "logprobs", fail, &want));
+  std::optional<int64_t> top;
+  MOESH_RETURN_IF_ERROR(get_int(o, "top_logprobs", 0, kMaxTopLogprobs, fail, &top));
+  if (top && !want) return fail("top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true");
+  if (want) r->top_logprobs = top ? static_cast<int>(*top) : 0;
+  return Status::ok();
+}
+
+// response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name",
+// "schema"?, "strict"?, "description"?}}. The schema itself is checked when it is compiled.
+Status parse_response_format(const json& o, const nlohmann::ordered_json& ordered, ApiRequest* r, const Fail& fail) {
+  auto it = o.find("response_format");
+  if (it == o.end() || it->is_null()) return Status::ok();
+  if (!it->is_object()) return wrong_type(fail, "response_format", "an object", *it);
+  auto type = it->find("type");
+  if (type == it->end() || !type->is_string()) {
+    return fail("response_format.type", "missing_required_parameter",
+                "response_format needs a \"type\": \"text\", \"json_object\" or \"json_schema\"");
+  }
+  const std::string t = type->get<std::string>();
+  if (t == "text") return Status::ok();
+  if (t == "json_object") {
+    r->response_format = ResponseFormat::kJsonObject;
+    return Status::ok();
+  }
+  if (t != "json_schema") {
+    return fail("response_format.type", "invalid_value",
+                fmt::format("response_format type '{}' is not one of text, json_object, json_schema", t));
+  }
+  auto js = it->find("json_schema");
+  if (js == it->end() || js->is_null()) {
+    return fail("response_format.json_schema", "missing_required_parameter",
+                "response_format of type json_schema needs 'json_schema'");
+  }
+  if (!js->is_object()) return wrong_type(fail, "response_format.json_schema", "an object", *js);
+  auto name = js->find("name");
+  if (name == js->end() || !name->is_string()) {
+    return fail("response_format.json_schema.name", "missing_required_parameter", "json_schema needs a string 'name'");
+  }
+  r->response_format = ResponseFormat::kJsonSchema;
+  const auto& oj = ordered["response_format"]["json_schema"];
+  if (auto sc = oj.find("schema"); sc != oj.end() && !sc->is_null()) {
+    if (!sc->is_object() && !sc->is_boolean()) {
+      return wrong_type(fail, "response_format.json_schema.schema", "an object", (*js)["schema"]);
+    }
+    r->json_schema = *sc;
+  } else {
+    r->json_schema = nlohmann::ordered_json::object();  // any JSON value
   }
   return Status::ok();
 }
@@ -457,10 +515,12 @@ Result<ApiRequest> parse_request(Endpoint ep, std::string_view body, ApiError* e
     r.model = m->get<std::string>();
   }
   MOESH_RETURN_IF_ERROR(reject_unsupported(o, ep, fail));
+  MOESH_RETURN_IF_ERROR(parse_choices_and_logprobs(o, ep, &r, fail));
+  const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  MOESH_RETURN_IF_ERROR(parse_response_format(o, ordered, &r, fail));
   if (ep == Endpoint::kCompletions) {
     MOESH_RETURN_IF_ERROR(parse_prompt(o, &r, fail));
   } else {
-    const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
     MOESH_RETURN_IF_ERROR(parse_messages(o, ordered, &r, fail));
     MOESH_RETURN_IF_ERROR(parse_tools(o, ordered, &r, fail));
     if (auto so = o.find("moesh_scripted_output"); so != o.end() && !so->is_null()) {
@@ -564,7 +624,7 @@ json chunk_base(Endpoint ep, const CompletionResult& r, bool include_usage) {
 }  // namespace
 
 nlohmann::json completion_response(Endpoint ep, const CompletionResult& r) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r)}};
+  json choice = {{"index", r.index}, {"logprobs", r.logprobs}, {"finish_reason", openai_finish_reason(r)}};
   json j = {{"id", r.id}, {"created", r.created}, {"model", r.model}};
   if (ep == Endpoint::kChatCompletions) {
     j["object"] = "chat.completion";
@@ -591,9 +651,77 @@ nlohmann::json completion_response(Endpoint ep, const CompletionResult& r) {
   return j;
 }
 
+nlohmann::json completion_response(Endpoint ep, const std::vector<CompletionResult>& choices) {
+  if (choices.empty()) return json::object();
+  json j = completion_response(ep, choices.front());
+  Usage u = choices.front().usage;
+  for (size_t i = 1; i < choices.size(); ++i) {
+    j["choices"].push_back(completion_response(ep, choices[i])["choices"][0]);
+    u.completion_tokens += choices[i].usage.completion_tokens;
+    u.draft_tokens += choices[i].usage.draft_tokens;
+    u.accepted_draft_tokens += choices[i].usage.accepted_draft_tokens;
+  }
+  j["usage"] = usage_json(u);
+  return j;
+}
+
+nlohmann::json logprobs_json(Endpoint ep, const std::vector<TokenLogprob>& lps, const Tokenizer* tok,
+                             size_t text_offset0) {
+  auto piece = [&](int32_t id) { return tok != nullptr ? tok->token_to_piece(id, /*special=*/true) : std::string(); };
+  auto bytes = [](const std::string& p) {
+    json b = json::array();
+    for (unsigned char c : p) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (ep == Endpoint::kChatCompletions) {
+    json content = json::array();
+    for (const TokenLogprob& lp : lps) {
+      const std::string p = piece(lp.token);
+      json top = json::array();
+      for (const auto& [id, l] : lp.top) {
+        const std::string tp = piece(id);
+        top.push_back({{"token", tp}, {"logprob", l}, {"bytes", bytes(tp)}});
+      }
+      content.push_back({{"token", p}, {"logprob", lp.logprob}, {"bytes", bytes(p)}, {"top_logprobs", std::move(top)}});
+    }
+    return json{{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  size_t at = text_offset0;
+  for (const TokenLogprob& lp : lps) {
+    const std::string p = piece(lp.token);
+    tokens.push_back(p);
+    token_lps.push_back(lp.logprob);
+    json top = json::object();
+    for (const auto& [id, l] : lp.top) top[piece(id)] = l;
+    tops.push_back(std::move(top));
+    offsets.push_back(at);
+    at += p.size();
+  }
+  return json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_lps)},
+              {"top_logprobs", std::move(tops)},
+              {"text_offset", std::move(offsets)}};
+}
+
+void append_logprobs(nlohmann::json& a, const nlohmann::json& b) {
+  if (b.is_null()) return;
+  if (a.is_null()) {
+    a = b;
+    return;
+  }
+  if (b.contains("content")) {
+    for (const json& e : b["content"]) a["content"].push_back(e);
+    return;
+  }
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const json& e : b[k]) a[k].push_back(e);
+  }
+}
+
 nlohmann::json role_chunk(const CompletionResult& r, bool include_usage) {
   json j = chunk_base(Endpoint::kChatCompletions, r, include_usage);
-  j["choices"] = json::array({{{"index", 0},
+  j["choices"] = json::array({{{"index", r.index},
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
@@ -602,7 +730,7 @@ nlohmann::json role_chunk(const CompletionResult& r, bool include_usage) {
 
 nlohmann::json text_chunk(Endpoint ep, const CompletionResult& r, std::string_view text, bool include_usage) {
   json j = chunk_base(ep, r, include_usage);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  json choice = {{"index", r.index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
   if (ep == Endpoint::kChatCompletions)
     choice["delta"] = {{"content", std::string(text)}};
   else
@@ -615,8 +743,8 @@ std::vector<nlohmann::json> delta_chunks(const CompletionResult& r, const Output
   std::vector<json> out;
   auto add = [&](json delta) {
     json j = chunk_base(Endpoint::kChatCompletions, r, include_usage);
-    j["choices"] =
-        json::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    j["choices"] = json::array(
+        {{{"index", r.index}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
     out.push_back(std::move(j));
   };
   if (!d.reasoning.empty()) add({{"reasoning_content", d.reasoning}});
@@ -644,7 +772,7 @@ std::vector<nlohmann::json> delta_chunks(const CompletionResult& r, const Output
 
 nlohmann::json finish_chunk(Endpoint ep, const CompletionResult& r, bool include_usage) {
   json j = chunk_base(ep, r, include_usage);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r)}};
+  json choice = {{"index", r.index}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(r)}};
   if (ep == Endpoint::kChatCompletions)
     choice["delta"] = json::object();
   else

@@ -54,6 +54,11 @@ inline constexpr size_t kMaxStopStrings = 16;
 // decoding; a named function must be one of `tools`, and the template sees only that one).
 enum class ToolChoice { kAuto, kNone, kRequired, kFunction };
 
+// response_format: kText (none), {"type":"json_object"} (any JSON object), {"type":"json_schema"}
+// (a value matching ApiRequest::json_schema); both by constrained decoding (json_constraint.h).
+enum class ResponseFormat { kText, kJsonObject, kJsonSchema };
+inline constexpr int kMaxChoices = 16;  // n
+
 // A validated /v1/completions or /v1/chat/completions request.
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -80,6 +85,10 @@ struct ApiRequest {
   // generated text starts with this text, whatever the model would have sampled, so tests of
   // tool calls and reasoning get a known output from a random-weight model.
   std::optional<std::string> scripted_output;
+  int n = 1;              // choices, each sampled with seed + index
+  int top_logprobs = -1;  // -1: no logprobs; else the alternatives per token (GenerationRequest)
+  ResponseFormat response_format = ResponseFormat::kText;
+  nlohmann::ordered_json json_schema = nullptr;  // kJsonSchema: the schema ({} = any value)
 };
 
 // Parses and validates a body. On failure returns the Status and fills *error (status 400, the
@@ -98,7 +107,18 @@ struct CompletionResult {
   // chat: what the output parser (chat_output.h) took out of the text.
   std::string reasoning;  // "reasoning_content", left out when empty
   std::vector<ToolCall> tool_calls;
+  int index = 0;                      // the choice (n > 1)
+  nlohmann::json logprobs = nullptr;  // the choice's "logprobs" (logprobs_json), null when not asked
 };
+
+// The "logprobs" of a choice for these tokens: chat {"content": [{token, logprob, bytes,
+// top_logprobs}], "refusal": null}; completions {"tokens", "token_logprobs", "top_logprobs",
+// "text_offset"} with offsets from text_offset0. Token texts are the tokens' bytes (invalid UTF-8
+// replaced in "token"; "bytes" keeps them).
+nlohmann::json logprobs_json(Endpoint ep, const std::vector<TokenLogprob>& lps, const Tokenizer* tok,
+                             size_t text_offset0 = 0);
+// Appends b's entries to a (both from logprobs_json for the same endpoint; a may be null).
+void append_logprobs(nlohmann::json& a, const nlohmann::json& b);
 
 // OpenAI's finish_reason: "stop" or "length" ("stop" also covers a cancelled request, which no
 // client sees; errors are reported as error bodies, not finish reasons).
@@ -107,8 +127,11 @@ const char* openai_finish_reason(FinishReason r);
 const char* openai_finish_reason(const CompletionResult& r);
 nlohmann::json usage_json(const Usage& u);
 
-// Non-streaming responses: "text_completion" / "chat.completion".
+// Non-streaming responses: "text_completion" / "chat.completion". With several choices (n > 1)
+// the id, created and model are the first's; usage counts the prompt once and every choice's
+// completion tokens.
 nlohmann::json completion_response(Endpoint ep, const CompletionResult& r);
+nlohmann::json completion_response(Endpoint ep, const std::vector<CompletionResult>& choices);
 
 // Streaming chunks ("text_completion" / "chat.completion.chunk"). When include_usage is on,
 // every chunk carries "usage": null and usage_chunk() adds the final one with empty choices.

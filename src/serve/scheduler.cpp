@@ -108,6 +108,10 @@ Status check_request(const GenerationRequest& r, const Model& model, const Token
     return make_error(StatusCode::kInvalidArgument, "max_tokens must be >= 1 (got {})", r.max_tokens);
   }
   MOESH_RETURN_IF_ERROR(r.sampling.validate());
+  if (r.top_logprobs < -1 || r.top_logprobs > kMaxTopLogprobs) {
+    return make_error(StatusCode::kInvalidArgument, "top_logprobs must be within [0, {}] (got {})", kMaxTopLogprobs,
+                      r.top_logprobs);
+  }
   if (!r.stop.empty() && tok == nullptr) {
     return make_error(StatusCode::kInvalidArgument, "stop strings need a tokenizer (this model has none)");
   }
@@ -284,6 +288,7 @@ void Scheduler::Impl::finish_job(std::unique_ptr<SchedJob> job, FinishReason why
   ev.request_id = job->id;
   ev.text = std::move(job->out_text);
   ev.tokens = std::move(job->out_tokens);
+  ev.logprobs = std::move(job->out_logprobs);
   ev.done = true;
   ev.finish = why;
   ev.error = std::move(error);
@@ -313,9 +318,11 @@ bool Scheduler::Impl::send_progress(SchedJob& job) {
   ev.request_id = job.id;
   ev.text = std::move(job.out_text);
   ev.tokens = std::move(job.out_tokens);
+  ev.logprobs = std::move(job.out_logprobs);
   ev.usage = job.usage;
   job.out_text.clear();
   job.out_tokens.clear();
+  job.out_logprobs.clear();
   return call_sink(job.sink, ev);
 }
 

@@ -45,6 +45,7 @@ struct SchedJob {
   // Output gathered during a step, sent after it.
   std::string out_text;
   std::vector<int32_t> out_tokens;
+  std::vector<TokenLogprob> out_logprobs;  // with req.top_logprobs >= 0, one per out_tokens entry
   FinishReason finish = FinishReason::kNone;
   Status error;
 
@@ -85,6 +86,8 @@ struct Scheduler::Impl {
   uint64_t tick = 0;
   std::vector<Context::BatchToken> batch;
   std::vector<float> logits;
+  std::vector<float> masked;           // a logits row with the constraint's refused tokens at -inf
+  std::vector<uint8_t> allowed;        // the constraint's mask
   std::shared_ptr<DraftSource> draft;  // null: no speculative decoding
   StepTimeModel step_times;            // by tokens per forward pass, for the draft cost model
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "serve/scheduler_internal.h"
 
@@ -110,6 +111,30 @@ void flush_text(SchedJob& j) {
   if (j.stop && !j.stop->stopped()) j.out_text += j.stop->flush();
 }
 
+// Log-softmax of the raw row at `t`, and the `top` most likely tokens (ties: lower id first).
+// Accumulated in double in index order, so the values do not depend on anything but the row.
+TokenLogprob token_logprob(const float* lg, int64_t n_vocab, int32_t t, int top) {
+  float mx = -INFINITY;
+  for (int64_t v = 0; v < n_vocab; ++v) mx = std::max(mx, lg[v]);
+  double sum = 0;
+  for (int64_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(lg[v]) - mx);
+  const double log_z = static_cast<double>(mx) + std::log(sum);
+  TokenLogprob out;
+  out.token = t;
+  out.logprob = static_cast<float>(static_cast<double>(lg[t]) - log_z);
+  if (top > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(n_vocab));
+    for (int64_t v = 0; v < n_vocab; ++v) ids[static_cast<size_t>(v)] = static_cast<int32_t>(v);
+    const auto k = static_cast<size_t>(std::min<int64_t>(top, n_vocab));
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                      [&](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); });
+    for (size_t q = 0; q < k; ++q) {
+      out.top.emplace_back(ids[q], static_cast<float>(static_cast<double>(lg[ids[q]]) - log_z));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // One slot's share of the step's batch.
@@ -140,7 +165,7 @@ void Scheduler::Impl::step() {
     SchedJob& j = *s.job;
     // Speculative decoding: drafts ride along; each position's logits are sampled in order below.
     j.drafts.clear();
-    const int want = j.req.draft_max < 0 ? opts.draft_max : j.req.draft_max;
+    const int want = j.req.constraint ? 0 : j.req.draft_max < 0 ? opts.draft_max : j.req.draft_max;
     if (draft && want > 0) {
       const int64_t cap = std::min<int64_t>({want, j.req.max_tokens - j.n_generated - 1, n_ctx - kv.seq_len(i) - 1,
                                              opts.max_batch_tokens - static_cast<int64_t>(batch.size()) - 1});
@@ -214,8 +239,31 @@ void Scheduler::Impl::step() {
   int64_t row = 0;
   // Samples one row for the job and handles the token; false when the job finished.
   auto emit = [&](SchedJob& j, const float* lg) {
-    int32_t t = j.sampler.sample(lg, n_vocab, j.history);
+    const float* row_logits = lg;
+    if (j.req.constraint) {
+      // Refused tokens get -inf, so every sampler setting picks among the allowed ones.
+      allowed.assign(static_cast<size_t>(n_vocab), 0);
+      if (Status cs = j.req.constraint->allowed(allowed); !cs.is_ok()) {
+        j.finish = FinishReason::kError;
+        j.error = cs.with_context("response_format");
+        return false;
+      }
+      masked.assign(lg, lg + n_vocab);
+      for (int64_t v = 0; v < n_vocab; ++v) {
+        if (allowed[static_cast<size_t>(v)] == 0) masked[static_cast<size_t>(v)] = -INFINITY;
+      }
+      row_logits = masked.data();
+    }
+    int32_t t = j.sampler.sample(row_logits, n_vocab, j.history);
     if (static_cast<size_t>(j.n_generated) < j.req.scripted_tokens.size()) t = j.req.scripted_tokens[j.n_generated];
+    if (j.req.constraint) {
+      if (Status cs = j.req.constraint->accept(t); !cs.is_ok()) {
+        j.finish = FinishReason::kError;
+        j.error = cs.with_context("response_format");
+        return false;
+      }
+    }
+    if (j.req.top_logprobs >= 0) j.out_logprobs.push_back(token_logprob(lg, n_vocab, t, j.req.top_logprobs));
     ++n_sampled;
     j.history.push_back(t);
     ++j.n_generated;
@@ -223,6 +271,7 @@ void Scheduler::Impl::step() {
     j.next_token = t;
     if (tok != nullptr && !j.req.ignore_eos && tok->is_eog(t)) {
       j.finish = FinishReason::kStop;
+      if (j.req.top_logprobs >= 0) j.out_logprobs.pop_back();  // like the token, left out of the output
       flush_text(j);
       return false;
     }
@@ -324,7 +373,8 @@ void Scheduler::Impl::step() {
     if (!s.job) continue;
     if (s.job->finish != FinishReason::kNone) {
       const FinishReason why = s.job->finish;
-      finish_job(std::move(s.job), why);
+      Status err = s.job->error;
+      finish_job(std::move(s.job), why, std::move(err));
     } else if (!send_progress(*s.job)) {
       finish_job(std::move(s.job), FinishReason::kCancelled);
     }

@@ -175,9 +175,34 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {Endpoint::kCompletions, R"({"prompt": "x", "stream": "yes"})", "stream", "invalid_type"},
       {Endpoint::kCompletions, R"({"prompt": "x", "stream_options": {"include_usage": 1}})",
        "stream_options.include_usage", "invalid_type"},
-      {Endpoint::kCompletions, R"({"prompt": "x", "n": 2})", "n", "unsupported_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "n": 17})", "n", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "n": 0})", "n", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "logprobs": 6})", "logprobs", "invalid_value"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "logprobs": true})", "logprobs", "invalid_type"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+       "top_logprobs", "invalid_value"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs",
+       "invalid_value"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs",
+       "invalid_type"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "response_format": 1})",
+       "response_format", "invalid_type"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "response_format": {}})",
+       "response_format.type", "missing_required_parameter"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})",
+       "response_format.type", "invalid_value"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}})",
+       "response_format.json_schema", "missing_required_parameter"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {}}})",
+       "response_format.json_schema.name", "missing_required_parameter"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": 3}}})",
+       "response_format.json_schema.schema", "invalid_type"},
       {Endpoint::kCompletions, R"({"prompt": "x", "echo": true})", "echo", "unsupported_value"},
-      {Endpoint::kCompletions, R"({"prompt": "x", "logprobs": 3})", "logprobs", "unsupported_value"},
       {Endpoint::kCompletions, R"({"prompt": "x", "model": 3})", "model", "invalid_type"},
       {Endpoint::kChatCompletions, R"({"prompt": "x"})", "messages", "missing_required_parameter"},
       {Endpoint::kChatCompletions, R"({"messages": {}})", "messages", "invalid_type"},
@@ -302,6 +327,74 @@ TEST(OpenAiResponse, NonStreamingShapes) {
   EXPECT_EQ(comp["choices"][0]["text"], "héllo");
   EXPECT_EQ(comp["choices"][0]["finish_reason"], "stop");
   EXPECT_FALSE(comp["choices"][0].contains("message"));
+}
+
+TEST(OpenAiParse, ChoicesLogprobsAndResponseFormat) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  auto r = parse_request(Endpoint::kChatCompletions, "{" + msgs + R"(, "n": 3, "logprobs": true, "top_logprobs": 5,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true,
+    "schema": {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}}}})",
+                         nullptr);
+  ASSERT_TRUE(r) << r.status().to_string();
+  EXPECT_EQ(r->n, 3);
+  EXPECT_EQ(r->top_logprobs, 5);
+  EXPECT_EQ(r->response_format, ResponseFormat::kJsonSchema);
+  // The schema keeps its property order (the order the output is written in).
+  EXPECT_EQ(r->json_schema["properties"].begin().key(), "b");
+  auto plain = parse_request(Endpoint::kChatCompletions, "{" + msgs + R"(, "logprobs": true})", nullptr);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->top_logprobs, 0);
+  EXPECT_EQ(plain->n, 1);
+  auto off = parse_request(Endpoint::kChatCompletions, "{" + msgs + R"(, "logprobs": false,
+    "response_format": {"type": "text"}})",
+                           nullptr);
+  ASSERT_TRUE(off);
+  EXPECT_EQ(off->top_logprobs, -1);
+  EXPECT_EQ(off->response_format, ResponseFormat::kText);
+  auto obj = parse_request(Endpoint::kChatCompletions, "{" + msgs + R"(, "response_format": {"type": "json_object"}})",
+                           nullptr);
+  ASSERT_TRUE(obj);
+  EXPECT_EQ(obj->response_format, ResponseFormat::kJsonObject);
+  auto comp = parse_request(Endpoint::kCompletions, R"({"prompt": "x", "logprobs": 2, "n": 2})", nullptr);
+  ASSERT_TRUE(comp);
+  EXPECT_EQ(comp->top_logprobs, 2);
+  EXPECT_EQ(comp->n, 2);
+}
+
+TEST(OpenAiResponse, LogprobsAndSeveralChoices) {
+  const std::vector<TokenLogprob> lps = {{7, -0.5f, {{7, -0.5f}, {9, -1.25f}}}, {9, -2.0f, {{3, -0.1f}, {9, -2.0f}}}};
+  // Without a tokenizer the token texts are empty; the numbers and shapes are what is checked.
+  const json chat = logprobs_json(Endpoint::kChatCompletions, lps, nullptr);
+  ASSERT_EQ(chat["content"].size(), 2u);
+  EXPECT_EQ(chat["content"][0]["logprob"], -0.5);
+  EXPECT_EQ(chat["content"][0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["logprob"], -1.25);
+  EXPECT_TRUE(chat["content"][1]["bytes"].is_array());
+  EXPECT_TRUE(chat["refusal"].is_null());
+  const json comp = logprobs_json(Endpoint::kCompletions, lps, nullptr, 5);
+  EXPECT_EQ(comp["token_logprobs"], json::array({-0.5, -2.0}));
+  EXPECT_EQ(comp["text_offset"], json::array({5, 5}));
+  EXPECT_EQ(comp["top_logprobs"].size(), 2u);
+  json acc = nullptr;
+  append_logprobs(acc, chat);
+  append_logprobs(acc, chat);
+  EXPECT_EQ(acc["content"].size(), 4u);
+
+  CompletionResult a = sample_result(), b = sample_result();
+  b.index = 1;
+  b.text = "other";
+  b.usage.completion_tokens = 6;
+  b.logprobs = chat;
+  const json two = completion_response(Endpoint::kChatCompletions, std::vector<CompletionResult>{a, b});
+  ASSERT_EQ(two["choices"].size(), 2u);
+  EXPECT_EQ(two["choices"][1]["index"], 1);
+  EXPECT_EQ(two["choices"][1]["message"]["content"], "other");
+  EXPECT_TRUE(two["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(two["choices"][1]["logprobs"]["content"].size(), 2u);
+  EXPECT_EQ(two["usage"]["prompt_tokens"], 11);  // once
+  EXPECT_EQ(two["usage"]["completion_tokens"], 10);
+  const json chunk = text_chunk(Endpoint::kChatCompletions, b, "x", false);
+  EXPECT_EQ(chunk["choices"][0]["index"], 1);
 }
 
 TEST(OpenAiResponse, StreamingChunks) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
@@ -94,6 +95,7 @@ struct Outcome {
   FinishReason finish = FinishReason::kNone;
   Status error;
   Usage usage;
+  std::vector<TokenLogprob> logprobs;
 
   void wait_done() {
     std::unique_lock<std::mutex> lk(mu);
@@ -112,6 +114,7 @@ EventSink collect(std::shared_ptr<Outcome> o, std::function<bool(const Generatio
     {
       std::lock_guard<std::mutex> lk(o->mu);
       o->tokens.insert(o->tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      o->logprobs.insert(o->logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
       o->text += ev.text;
       ++o->n_events;
       if (ev.done) {
@@ -171,6 +174,128 @@ struct Gate {
     cv.wait(lk, [&] { return is_open; });
   }
 };
+
+// Only tokens with id % mod == rest; counts its calls. `fail_after` >= 0: allowed() fails then.
+struct ModConstraint : TokenConstraint {
+  int mod = 2, rest = 0, fail_after = -1, calls = 0;
+  std::vector<int32_t> accepted;
+  Status allowed(std::vector<uint8_t>& a) override {
+    if (fail_after >= 0 && calls >= fail_after) {
+      return make_error(StatusCode::kInvalidArgument, "nothing can follow");
+    }
+    ++calls;
+    for (size_t t = 0; t < a.size(); ++t) a[t] = static_cast<int>(t) % mod == rest ? 1 : 0;
+    return Status::ok();
+  }
+  Status accept(int32_t t) override {
+    accepted.push_back(t);
+    return t % mod == rest ? Status::ok() : make_error(StatusCode::kInvalidArgument, "refused");
+  }
+};
+
+// Plain decode, recording each step's log-softmax and the argmax among tokens that `keep` allows.
+struct Reference {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<double>> logsoftmax;
+};
+Reference reference_decode(const std::vector<int32_t>& prompt, int n, const std::function<bool(int32_t)>& keep) {
+  const Model& m = tiny_model();
+  Context ctx(m, ContextParams{2, kCtx, nullptr});
+  const int64_t V = m.hparams().n_vocab;
+  std::vector<float> logits(V);
+  Reference r;
+  Status st = ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), logits.data(), false);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  for (int i = 0; i < n; ++i) {
+    float mx = -INFINITY;
+    for (float x : logits) mx = std::max(mx, x);
+    double sum = 0;
+    for (float x : logits) sum += std::exp(static_cast<double>(x) - mx);
+    std::vector<double> ls(V);
+    for (int64_t v = 0; v < V; ++v) ls[v] = static_cast<double>(logits[v]) - (mx + std::log(sum));
+    r.logsoftmax.push_back(std::move(ls));
+    int32_t best = -1;
+    for (int32_t v = 0; v < V; ++v) {
+      if (keep(v) && (best < 0 || logits[v] > logits[best])) best = v;
+    }
+    r.tokens.push_back(best);
+    if (i + 1 == n) break;
+    st = ctx.decode(0, &best, 1, logits.data(), false);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+  }
+  return r;
+}
+
+TEST(Scheduler, LogprobsFollowTheModelsDistribution) {
+  auto s = make_scheduler(opts(2));
+  const auto prompt = random_prompt(71, 9);
+  const Reference ref = reference_decode(prompt, 6, [](int32_t) { return true; });
+  GenerationRequest r = greedy_request(prompt, 6);
+  r.top_logprobs = 3;
+  auto o = std::make_shared<Outcome>();
+  submit_ok(*s, r, collect(o));
+  // A second stream in the same steps must not change the numbers (batch independence).
+  auto other = std::make_shared<Outcome>();
+  submit_ok(*s, greedy_request(random_prompt(72, 5), 6), collect(other));
+  o->wait_done();
+  other->wait_done();
+  EXPECT_EQ(o->tokens, ref.tokens);
+  ASSERT_EQ(o->logprobs.size(), o->tokens.size());
+  for (size_t i = 0; i < o->logprobs.size(); ++i) {
+    const TokenLogprob& lp = o->logprobs[i];
+    EXPECT_EQ(lp.token, o->tokens[i]);
+    EXPECT_NEAR(lp.logprob, ref.logsoftmax[i][static_cast<size_t>(lp.token)], 1e-6);
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_EQ(lp.top[0].first, lp.token);  // greedy: the chosen token is the most likely
+    EXPECT_GE(lp.top[0].second, lp.top[1].second);
+    EXPECT_GE(lp.top[1].second, lp.top[2].second);
+    for (const auto& [id, l] : lp.top) EXPECT_NEAR(l, ref.logsoftmax[i][static_cast<size_t>(id)], 1e-6);
+  }
+  EXPECT_TRUE(other->logprobs.empty());  // not asked
+
+  GenerationRequest bad = greedy_request(prompt, 2);
+  bad.top_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_FALSE(s->submit(bad, collect(std::make_shared<Outcome>())).is_ok());
+}
+
+TEST(Scheduler, ConstraintMasksEveryStepAndFailsCleanly) {
+  SchedulerOptions o = opts(2);
+  o.draft = "ngram";  // drafting is off for a constrained request
+  o.adaptive_drafts = false;
+  auto s = make_scheduler(o);
+  const auto prompt = random_prompt(81, 12);
+  const Reference ref = reference_decode(prompt, 8, [](int32_t t) { return t % 3 == 1; });
+  auto c = std::make_shared<ModConstraint>();
+  c->mod = 3;
+  c->rest = 1;
+  GenerationRequest r = greedy_request(prompt, 8);
+  r.constraint = c;
+  auto out = std::make_shared<Outcome>();
+  submit_ok(*s, r, collect(out));
+  out->wait_done();
+  EXPECT_EQ(out->finish, FinishReason::kLength);
+  EXPECT_EQ(out->tokens, ref.tokens);  // the argmax among allowed tokens, every step
+  EXPECT_EQ(c->calls, 8);
+  EXPECT_EQ(c->accepted, ref.tokens);
+  EXPECT_EQ(out->usage.draft_tokens, 0);
+
+  // A constraint that cannot continue fails the request with its reason; others go on.
+  auto stuck = std::make_shared<ModConstraint>();
+  stuck->fail_after = 3;
+  GenerationRequest r2 = greedy_request(prompt, 8);
+  r2.constraint = stuck;
+  auto failed = std::make_shared<Outcome>();
+  auto fine = std::make_shared<Outcome>();
+  submit_ok(*s, r2, collect(failed));
+  submit_ok(*s, greedy_request(prompt, 8), collect(fine));
+  failed->wait_done();
+  fine->wait_done();
+  EXPECT_EQ(failed->finish, FinishReason::kError);
+  EXPECT_NE(failed->error.message().find("nothing can follow"), std::string::npos) << failed->error.to_string();
+  EXPECT_EQ(failed->tokens.size(), 3u);
+  EXPECT_EQ(fine->finish, FinishReason::kLength);
+  EXPECT_EQ(fine->tokens, greedy_alone(prompt, 8));
+}
 
 TEST(Scheduler, ConcurrentGreedyRequestsMatchPlainDecode) {
   // 7 requests over 3 slots: some queue; long prompts are chunked (max_batch_tokens 48).

@@ -48,6 +48,28 @@
 
 namespace moesh {
 
+// Constrained decoding (response_format): which tokens may come next. A request's constraint
+// is used from the scheduler thread only, one call sequence per generated token: allowed(), then
+// accept() with the token sampled among them.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // allowed[t] = 1 for every token id t (allowed.size() == n_vocab) that keeps the output
+  // valid; end-of-generation tokens only where the output is complete. kInvalidArgument when
+  // nothing may follow (a grammar that cannot continue: the request fails with that error).
+  virtual Status allowed(std::vector<uint8_t>& allowed) = 0;
+  // The token chosen; kInvalidArgument when allowed() did not allow it (a scripted token).
+  virtual Status accept(int32_t token) = 0;
+};
+
+// One generated token's log-probability under the model (log-softmax of the raw logits, before
+// temperature, penalties and constraints) and the most likely alternatives, most likely first.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids, BOS/template already applied; non-empty
   int32_t max_tokens = 16;      // generated tokens at most (>= 1)
@@ -62,7 +84,14 @@ struct GenerationRequest {
   // (the model still runs every step; sampling resumes after them). `moesh serve --test-hooks`
   // sets it from a request's moesh_scripted_output, so API tests get a known output.
   std::vector<int32_t> scripted_tokens;
+  // -1: no log-probabilities; 0..kMaxTopLogprobs: each token's TokenLogprob with this many
+  // alternatives (GenerationEvent::logprobs).
+  int top_logprobs = -1;
+  // Null: unconstrained. Otherwise only tokens it allows are sampled; drafting is off for the
+  // request (each draft would need the grammar state of the position before it).
+  std::shared_ptr<TokenConstraint> constraint;
 };
+inline constexpr int kMaxTopLogprobs = 20;
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
@@ -77,8 +106,9 @@ struct Usage {
 
 struct GenerationEvent {
   uint64_t request_id = 0;
-  std::string text;             // new text since the last event (may be empty)
-  std::vector<int32_t> tokens;  // tokens generated since the last event
+  std::string text;                    // new text since the last event (may be empty)
+  std::vector<int32_t> tokens;         // tokens generated since the last event
+  std::vector<TokenLogprob> logprobs;  // one per entry of `tokens` when the request asked (top_logprobs >= 0)
   bool done = false;
   FinishReason finish = FinishReason::kNone;
   Status error;  // set when finish == kError

