@@ -19,6 +19,12 @@ constexpr std::string_view kDsCallOpen = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDsCallClose = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kHChannel = "<|channel|>";
+constexpr std::string_view kHMessage = "<|message|>";
+constexpr std::string_view kHStart = "<|start|>";
+constexpr std::string_view kHEnd = "<|end|>";
+constexpr std::string_view kHCall = "<|call|>";
+constexpr std::string_view kHReturn = "<|return|>";
 
 bool is_ws(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -170,6 +176,8 @@ const char* tool_call_format_name(ToolCallFormat f) {
       return "deepseek_v3";
     case ToolCallFormat::kGlm45:
       return "glm4_5";
+    case ToolCallFormat::kHarmony:
+      return "harmony";
     default:
       return "?";
   }
@@ -179,7 +187,11 @@ OutputFormat detect_output_format(std::string_view src) {
   OutputFormat f;
   auto has = [&](std::string_view m) { return src.find(m) != std::string_view::npos; };
   f.think_tags = has(kThinkClose);
-  if (has("<arg_key>")) {
+  f.harmony = has(kHChannel) && has(kHMessage);
+  if (f.harmony) {
+    f.think_tags = false;
+    if (has("to=functions") || has("functions.")) f.tools = ToolCallFormat::kHarmony;
+  } else if (has("<arg_key>")) {
     f.tools = ToolCallFormat::kGlm45;
   } else if (has(kDsCallOpen)) {
     f.tools = ToolCallFormat::kDeepseekV3;
@@ -339,7 +351,112 @@ bool ChatOutputParser::add_call(OutputDelta* d, std::string_view body) {
   return true;
 }
 
+void ChatOutputParser::step_harmony(OutputDelta* d, bool final) {
+  static constexpr std::string_view kEnds[] = {kHEnd, kHCall, kHReturn, kHStart, kHChannel};
+  for (;;) {
+    if (h_part_ == HarmonyPart::kHeader) {
+      // A header starts with <|start|>, <|channel|> or " to="; anything else is plain text the
+      // model wrote outside the format: content, up to the next marker.
+      auto starts_header = [&](std::string_view b) {
+        for (std::string_view m : {kHStart, kHChannel, std::string_view(" to=")}) {
+          if (b.substr(0, std::min(b.size(), m.size())) == m.substr(0, std::min(b.size(), m.size()))) return true;
+        }
+        return false;
+      };
+      if (buf_.empty()) return;
+      if (!starts_header(buf_)) {
+        h_part_ = HarmonyPart::kBody;
+        h_kind_ = HarmonyKind::kContent;
+        continue;
+      }
+      const size_t at = buf_.find(kHMessage);
+      if (at == std::string::npos) {
+        if (!final) return;
+        buf_.clear();  // a header the output ended in: nothing to show
+        return;
+      }
+      const std::string_view header = std::string_view(buf_).substr(0, at);
+      std::string channel;
+      if (size_t c = header.find(kHChannel); c != std::string_view::npos) {
+        size_t i = c + kHChannel.size(), j = i;
+        while (j < header.size() && !is_ws(header[j]) && header[j] != '<') ++j;
+        channel = std::string(header.substr(i, j - i));
+      }
+      std::string recipient;
+      if (size_t t = header.find("to="); t != std::string_view::npos) {
+        size_t i = t + 3, j = i;
+        while (j < header.size() && !is_ws(header[j]) && header[j] != '<') ++j;
+        recipient = std::string(header.substr(i, j - i));
+      }
+      if (parse_tools_ && recipient.rfind("functions.", 0) == 0) {
+        h_kind_ = HarmonyKind::kCall;
+        h_call_name_ = recipient.substr(10);
+        h_call_body_.clear();
+      } else {
+        h_kind_ = channel == "analysis" ? HarmonyKind::kReasoning : HarmonyKind::kContent;
+      }
+      buf_.erase(0, at + kHMessage.size());
+      h_part_ = HarmonyPart::kBody;
+      continue;
+    }
+    // Body: up to the first end marker (a <|start|> or <|channel|> also ends a body whose <|end|>
+    // the model left out).
+    size_t at = std::string::npos, len = 0;
+    for (std::string_view m : kEnds) {
+      const size_t p = buf_.find(m);
+      if (p < at) {
+        at = p;
+        len = m == kHStart || m == kHChannel ? 0 : m.size();
+      }
+    }
+    size_t take = at;
+    if (at == std::string::npos) {
+      size_t hold = 0;
+      if (!final) {
+        for (std::string_view m : kEnds) hold = std::max(hold, partial_suffix(buf_, m));
+      }
+      take = buf_.size() - hold;
+    }
+    const std::string_view body = std::string_view(buf_).substr(0, take);
+    switch (h_kind_) {
+      case HarmonyKind::kReasoning:
+        emit_reasoning(d, body);
+        break;
+      case HarmonyKind::kContent:
+        emit_content(d, body);
+        break;
+      case HarmonyKind::kCall:
+        h_call_body_ += body;
+        break;
+    }
+    buf_.erase(0, take);
+    if (at == std::string::npos && !final) return;
+    if (h_kind_ == HarmonyKind::kCall) {
+      // The body is the arguments object; one that does not parse comes back as content.
+      const ojson v = ojson::parse(trim(h_call_body_), nullptr, /*allow_exceptions=*/false);
+      ToolCall c;
+      c.name = h_call_name_;
+      if (!h_call_name_.empty() && arguments_text(v, &c.arguments)) {
+        c.id = id_prefix_ + std::to_string(calls_.size());
+        calls_.push_back(c);
+        d->calls.push_back(std::move(c));
+      } else {
+        emit_content(d, h_call_body_);
+      }
+      h_call_body_.clear();
+    }
+    buf_.erase(0, len);
+    h_part_ = HarmonyPart::kHeader;
+    h_kind_ = HarmonyKind::kContent;
+    if (at == std::string::npos) return;
+  }
+}
+
 void ChatOutputParser::step(OutputDelta* d, bool final) {
+  if (fmt_.harmony) {
+    step_harmony(d, final);
+    return;
+  }
   for (;;) {
     switch (mode_) {
       case Mode::kDone:

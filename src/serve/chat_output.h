@@ -34,13 +34,17 @@
 
 namespace moesh::serve {
 
-enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kDeepseekV3, kGlm45, kCOUNT };
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kDeepseekV3, kGlm45, kHarmony, kCOUNT };
 const char* tool_call_format_name(ToolCallFormat f);  // "none", "hermes", "llama3_json", ...
 
 // How a template's model writes its output.
 struct OutputFormat {
   ToolCallFormat tools = ToolCallFormat::kNone;
   bool think_tags = false;  // the template knows <think>...</think>
+  // gpt-oss's harmony format: <|channel|>analysis|commentary|final<|message|>...<|end|>, calls as
+  // "to=functions.NAME" on a commentary message ending in <|call|>. Its markers are control
+  // tokens, so the generation's text must render special tokens (GenerationRequest).
+  bool harmony = false;
 };
 // From Jinja template source; a family renderer (no source) gets {kNone, false}.
 OutputFormat detect_output_format(std::string_view template_source);
@@ -98,6 +102,10 @@ class ChatOutputParser {
  private:
   enum class Mode { kStart, kReasoning, kContent, kCall, kJsonCalls, kDone };
   void step(OutputDelta* d, bool final);
+  // harmony: a message header until <|message|>, then its body until an end marker.
+  enum class HarmonyPart { kHeader, kBody };
+  enum class HarmonyKind { kContent, kReasoning, kCall };
+  void step_harmony(OutputDelta* d, bool final);
   void emit_content(OutputDelta* d, std::string_view s);
   void emit_reasoning(OutputDelta* d, std::string_view s);
   bool add_call(OutputDelta* d, std::string_view body);
@@ -115,6 +123,9 @@ class ChatOutputParser {
   std::string call_open_;       // the marker that opened the current call (for the fallback)
   std::string content_, reasoning_;
   std::vector<ToolCall> calls_;
+  HarmonyPart h_part_ = HarmonyPart::kHeader;
+  HarmonyKind h_kind_ = HarmonyKind::kContent;
+  std::string h_call_name_, h_call_body_;
 };
 
 // One parsed call body (without its markers) in `format`; false when it does not parse.

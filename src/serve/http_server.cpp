@@ -225,6 +225,7 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
       g.scripted_tokens = std::move(*forced);
     }
     for (std::string& s : t.chat_template->stop_strings()) g.stop.push_back(std::move(s));
+    g.render_special = out_fmt.harmony;  // the parser reads harmony's markers
   } else if (r.prompt_is_tokens) {
     const int64_t n_vocab = t.model->hparams().n_vocab;
     for (int32_t id : r.prompt_tokens) {

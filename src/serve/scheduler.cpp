@@ -158,7 +158,7 @@ Result<uint64_t> Scheduler::submit(GenerationRequest req, EventSink sink) {
   if (st.is_ok()) {
     // Built before taking the lock: the decoder and stop matcher are per-request state.
     job = std::make_unique<SchedJob>(0, std::move(req), std::move(sink));
-    if (s.tok != nullptr) job->decoder.emplace(*s.tok);
+    if (s.tok != nullptr) job->decoder.emplace(*s.tok, job->req.render_special);
     if (!job->req.stop.empty()) job->stop.emplace(job->req.stop);
     job->history = job->req.prompt;
     job->usage.prompt_tokens = static_cast<int64_t>(job->req.prompt.size());

