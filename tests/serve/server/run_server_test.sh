@@ -259,6 +259,15 @@ run_curl_checks() {
     "true" "[$cfg] each choice's logprobs spell its text"
   expect_eq "$(js 'j.usage.completion_tokens' <"$TMP/body")" "18" "[$cfg] usage counts every choice"
   js 'j.choices.map(c => [c.text, c.logprobs.token_logprobs])' <"$TMP/body" >"$TMP/n3_$cfg"
+  # The later choices copy the prompt's cells from the first choice's slot (prefix cache).
+  wait_idle
+  local cached0 cached1 np
+  cached0=$(metric moesh_cached_prompt_tokens_total)
+  post /v1/completions "{\"prompt\":\"A fresh prompt for $cfg about shared prefixes in several parallel samples\",\"max_tokens\":4,\"n\":3,\"seed\":1,\"ignore_eos\":true}" >/dev/null
+  np=$(js 'j.usage.prompt_tokens' <"$TMP/body")
+  cached1=$(metric moesh_cached_prompt_tokens_total)
+  [ $((cached1 - cached0)) -ge $((2 * (np - 1))) ] || fail "[$cfg] n = 3: cached prompt tokens grew by $((cached1 - cached0)), want >= 2 x ($np - 1)"
+  ok "[$cfg] n = 3: choices 1 and 2 reused the prompt's cells ($((cached1 - cached0)) cached tokens for a $np-token prompt)"
   local schema='{"type":"object","properties":{"a":{"type":"integer","minimum":0,"maximum":9},"b":{"type":"boolean"},"c":{"enum":["x","y"]}},"required":["a","b","c"]}'
   post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"JSON\"}],\"max_tokens\":200,\"temperature\":1,\"seed\":3,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"abc\",\"schema\":$schema}}}" >/dev/null
   expect_eq "$(status)" "200" "[$cfg] response_format json_schema"
