@@ -33,11 +33,11 @@ test-sanitize: deps
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -L 'unit|ops|model' $(CTEST_ARGS)
 
-# libFuzzer (clang, ASan+UBSan) on the wire frames, GGUF images and HTTP request bodies, FUZZ_SECONDS each, from the
+# libFuzzer (clang, ASan+UBSan) on the wire frames, GGUF images, HTTP request bodies and JSON Schemas, FUZZ_SECONDS each, from the
 # corpus in tests/fuzz/corpus (new inputs go to a temporary directory; a crash fails).
 fuzz: deps
 	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DMOESH_SANITIZE=ON -DMOESH_FUZZ=ON -DMOESH_BUILD_BENCH=OFF
-	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_wire fuzz_gguf fuzz_http
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_wire fuzz_gguf fuzz_http fuzz_json
 	./scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
 
 # aarch64 (ARM boards, phones) cross build with Debian's g++-aarch64-linux-gnu and multiarch arm64

@@ -7,7 +7,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:?build dir}"
 secs="${2:-30}"
-for t in wire gguf http; do
+for t in wire gguf http json; do
   bin="$build/bin/fuzz_$t"
   [ -x "$bin" ] || { echo "fuzz: $bin not built" >&2; exit 1; }
   work="$(mktemp -d "${TMPDIR:-/tmp}/moesh-fuzz-$t.XXXXXX")"

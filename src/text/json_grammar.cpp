@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <bitset>
 #include <cctype>
 #include <cmath>
@@ -444,6 +445,7 @@ bool int_part_viable(double v, int digits, bool neg, double lo, double hi, bool 
 }  // namespace
 
 bool JsonMatcher::push_value(int32_t node_index, unsigned char c) {
+  if (stack_.size() >= static_cast<size_t>(kMaxNesting)) return false;
   const int32_t ni = g_->resolve(node_index);
   const JsonGrammar::Node& n = g_->nodes[static_cast<size_t>(ni)];
   if (!n.first.test(c)) return false;
@@ -889,13 +891,20 @@ JsonTokenMask::JsonTokenMask(const Tokenizer& tok) {
 int64_t JsonTokenMask::fill(const JsonMatcher& m, std::vector<uint8_t>& allowed) const {
   const bool complete = m.complete();
   int64_t count = 0;
+  // Most tokens fail on their first byte: decide the 256 first bytes once, copy the matcher
+  // only for tokens whose first byte it takes.
+  std::array<uint8_t, 256> first_ok{};
+  for (int b = 0; b < 256; ++b) {
+    JsonMatcher c = m;
+    first_ok[static_cast<size_t>(b)] = c.feed(static_cast<unsigned char>(b)) ? 1 : 0;
+  }
   JsonMatcher scratch = m;
   const size_t n = std::min(allowed.size(), pieces_.size());
   for (size_t t = 0; t < n; ++t) {
     uint8_t ok = 0;
     if (eog_[t] != 0) {
       ok = complete ? 1 : 0;
-    } else if (!pieces_[t].empty()) {
+    } else if (!pieces_[t].empty() && first_ok[static_cast<unsigned char>(pieces_[t][0])] != 0) {
       scratch = m;
       ok = scratch.feed(pieces_[t]) ? 1 : 0;
     }

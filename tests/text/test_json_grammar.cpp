@@ -212,6 +212,11 @@ TEST(JsonGrammar, AcceptsAndRefuses) {
   EXPECT_FALSE(accepts(any, R"({"a": 01})"));
   EXPECT_FALSE(accepts(any, R"({"a": 1,})"));
 
+  // Nesting is capped: any value may nest, but not deeper than kMaxNesting.
+  const ojson arrays = ojson::parse(R"({"type": "array"})");
+  EXPECT_TRUE(accepts(arrays, std::string(kMaxNesting, '[') + std::string(kMaxNesting, ']')));
+  EXPECT_FALSE(accepts(arrays, std::string(kMaxNesting + 1, '[') + std::string(kMaxNesting + 1, ']')));
+
   EXPECT_TRUE(accepts(schemas()[7], "11"));
   EXPECT_FALSE(accepts(schemas()[7], "13"));
   EXPECT_FALSE(accepts(schemas()[7], "9"));

@@ -18,6 +18,7 @@
 //  * $ref to #/$defs/NAME or #/definitions/NAME (recursion allowed);
 //  * annotations that do not constrain: title, description, default, examples, $schema, $id,
 //    $comment, strict, deprecated, readOnly, writeOnly.
+// Values nest at most kMaxNesting deep.
 // Whitespace between structural characters follows llama.cpp's json-schema `space` rule: none,
 // one space, or one or two newlines followed by at most kMaxIndent spaces or tabs (pretty
 // printing is fine, an endless or ragged run is not). Numbers have at most 18 integer and 18 fraction
@@ -37,6 +38,9 @@
 namespace moesh {
 
 inline constexpr int kMaxIndent = 20;
+// Objects and arrays nest at most this deep in a constrained output (a schema that allows any
+// value could otherwise be driven into an ever deeper, ever costlier stack).
+inline constexpr int kMaxNesting = 64;
 
 struct JsonGrammar;  // compiled schema, immutable, shared by every matcher of it
 
