@@ -21,10 +21,24 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Minimum routing margin over the MoE layers of each token of the last decode call.
+// Near-tie threshold of sparse-attention selections (glm-dsa indexer-score units). The reference
+// README's 0.01 (§4) keeps quantization-level differences from moving a selection; an f16 or q8
+// wire moves the indexer scores further (glmdsa-a: seq 3 flipped selections at 0.01, none at 0.04).
+constexpr double kMinSelectionMargin = 0.04;
+
+// Minimum routing margin over the MoE layers of each token of the last decode call. Sparse
+// attention selections (glm-dsa) count too: their margins, in routing-margin units (scaled by the
+// routing threshold over kMinSelectionMargin), so one threshold covers both near-ties.
 class MarginObserver final : public ForwardObserver {
  public:
+  explicit MarginObserver(double min_routing_margin) : selection_scale(min_routing_margin / kMinSelectionMargin) {}
   void start(int64_t n_tokens) { min_margin.assign(static_cast<size_t>(n_tokens), kInf); }
+  void on_selection_margins(int layer, int64_t n_tokens, const float* m) override {
+    std::vector<float> scaled(m, m + n_tokens);
+    for (float& x : scaled) x = static_cast<float>(x * selection_scale);
+    on_routing_margins(layer, n_tokens, scaled.data());
+  }
+  double selection_scale;
   void on_routing_margins(int, int64_t n_tokens, const float* m) override {
     if (static_cast<int64_t>(min_margin.size()) < n_tokens) min_margin.resize(static_cast<size_t>(n_tokens), kInf);
     for (int64_t t = 0; t < n_tokens; ++t) {
@@ -146,7 +160,7 @@ Result<CuratedSequences> curate_sequences(const Model& model, const CurationOpti
   cp.n_threads = opts.n_threads;
   cp.n_ctx = *std::max_element(lens.begin(), lens.end());
   Context ctx(model, cp);
-  MarginObserver obs;
+  MarginObserver obs(out.min_routing_margin);
   ctx.set_observer(&obs);
   const int64_t V = hp.n_vocab;
   std::vector<float> logits(static_cast<size_t>(V));
@@ -209,7 +223,7 @@ Result<std::vector<Conditioning>> measure_conditioning(const Model& model, const
   cp.n_threads = n_threads;
   cp.n_ctx = T;
   Context ctx(model, cp);
-  MarginObserver obs;
+  MarginObserver obs(default_min_routing_margin(model.hparams()));
   obs.start(T);
   ctx.set_observer(&obs);
   std::vector<float> logits(static_cast<size_t>(T * V));

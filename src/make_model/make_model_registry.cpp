@@ -21,6 +21,9 @@ uint64_t registry_seed(std::string_view arch) {
   if (arch == "qwen35moe") return 5105;
   if (arch == "qwen3next") return 5106;
   if (arch == "step35") return 5201;
+  if (arch == "glm-dsa") return 5202;
+  if (arch == "kimi-k3") return 5203;
+  if (arch == "minimax-m3") return 5204;
   return 5100;
 }
 

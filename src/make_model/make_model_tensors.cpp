@@ -162,10 +162,12 @@ gguf::Value u32(int64_t x) {
 
 GgmlType make_model_tensor_type(MakeFileType ftype, const std::string& name, int n_dims, const int64_t ne[4],
                                 int64_t n_layer, int64_t n_expert, int i_attn_v, int n_attn_v) {
-  // llama-quantize's filter: only 2-D/3-D "...weight" tensors, never norms, routers or the
-  // DeltaNet convolution.
+  // llama-quantize's filter: only 2-D/3-D "...weight" tensors, never norms, routers, the
+  // DeltaNet / KDA convolutions (ssm_conv1d, kimi-k3's ssm_conv1d_{q,k,v}) or MSA's indexer
+  // projections (minimax-m3 indexer.q_proj / k_proj).
   const bool quantize = n_dims >= 2 && ends_with(name, "weight") && !contains(name, "_norm.weight") &&
-                        !contains(name, "ffn_gate_inp.weight") && !contains(name, "ssm_conv1d.weight");
+                        !contains(name, "ffn_gate_inp.weight") && !contains(name, "ssm_conv1d") &&
+                        !contains(name, "indexer.q_proj.") && !contains(name, "indexer.k_proj.");
   if (!quantize) return GgmlType::F32;
   switch (ftype) {
     case MakeFileType::kF32:
@@ -225,6 +227,17 @@ WeightInit registry_init(const std::string& arch, const std::string& name) {
   if (name == "output.weight") return kInitOutput;
   if (contains(name, "norm.weight")) return kInitNorm;
   if (contains(name, "attn_sinks")) return {0.0f, 1.0f};
+  if (arch == "kimi-k3") {                     // reference README §3: KDA's decay inputs and the residual scores
+    const bool a = ends_with(name, ".ssm_a");  // -exp(A_log) = -U(1, 4); dt bias U(-1.5, -0.5)
+    if (a || contains(name, "ssm_dt.bias")) {
+      WeightInit w;
+      w.dist = WeightInit::Dist::kUniform;
+      w.lo = a ? -4.0f : -1.5f, w.hi = a ? -1.0f : -0.5f;
+      return w;
+    }
+    if (contains(name, "ssm_f_b")) return {0.0f, 0.1f};
+    if (contains(name, "res_score")) return {0.0f, 0.08f};
+  }
   // Gated DeltaNet (reference README §3): ssm_a holds -exp(A_log) = -U(1, 16); dt bias is
   // softplus^-1 of U(0.001, 0.1); the convolution 0.3; beta/alpha projections 0.1.
   if (ends_with(name, ".ssm_a")) {

@@ -102,8 +102,17 @@ void write_gqa_keys(const HParams& hp, KvList* kvs, bool lengths = true, bool ro
 // the recurrent-state width; and the inverse for make-model.
 Status read_deltanet_keys(const KeyReader& kr, HParams* hp);
 void write_deltanet_keys(const HParams& hp, KvList* kvs);
+// KDA (kimi-k3; layers_deltanet.cpp): ssm.conv_kernel, kda.head_dim, kda.gate_lower_bound; one
+// state per attention head (n_head); sets the recurrent-state width. And the inverse.
+Status read_kda_keys(const KeyReader& kr, HParams* hp);
+void write_kda_keys(const HParams& hp, KvList* kvs);
 // The hybrids' block mixer: gated DeltaNet in recurrent blocks, the GQA family in the others.
 void hybrid_mixer(detail::Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+
+// MLA (deepseek2, glm-dsa; layers_mla.cpp): rope.dimension_count, the q/kv LoRA ranks and the
+// MLA head sizes, the latent cache widths ([c | k_pe] as K, c as V), NORM RoPE and the score
+// scale (YaRN's magnitude moved into it).
+Status read_mla_keys(const KeyReader& kr, HParams* hp);
 
 // "<arch>.<key>" helpers for write_hparams.
 void put_u32(KvList* kvs, const HParams& hp, const char* key, int64_t v);

@@ -103,6 +103,13 @@ Context::Context(const Model& model, const ContextParams& params)
       span_status_ = make_error(StatusCode::kInvalidArgument, "blocks {}-{} are not within the model's 0-{}",
                                 params.layers.first, params.layers.last, model.hparams().n_layer - 1);
     }
+    if (!model.hparams().can_split_before(params.layers.first)) {
+      // glm-dsa: the block reuses a sparse-attention selection computed before it.
+      span_status_ = make_error(StatusCode::kInvalidArgument,
+                                "blocks {}-{}: block {} reuses the indexer selection of an earlier block, so a "
+                                "span cannot start there",
+                                params.layers.first, params.layers.last, params.layers.first);
+    }
     layers_ = params.layers;
     kv_base_ = slots.kv_base;
     rec_base_ = slots.rec_base;
@@ -118,6 +125,13 @@ Context::Context(const Model& model, const ContextParams& params)
         span_status_ =
             make_error(StatusCode::kInvalidArgument, "span {}-{} is not within blocks 0-{} after the previous span",
                        sp[k].first, sp[k].last, n_layer - 1);
+        break;
+      }
+      if (!model.hparams().can_split_before(sp[k].first) || !model.hparams().can_split_before(sp[k].last + 1)) {
+        span_status_ = make_error(StatusCode::kInvalidArgument,
+                                  "span {}-{}: a block on one side of its boundary reuses the indexer selection of "
+                                  "a block on the other (glm-dsa: spans start at blocks with their own indexer)",
+                                  sp[k].first, sp[k].last);
         break;
       }
       span_at_[static_cast<size_t>(sp[k].first)] = static_cast<int>(k);
@@ -157,6 +171,10 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     return make_error(StatusCode::kInvalidArgument, "decode: logits requested but no buffer given");
   }
   if (!span_status_.is_ok()) return span_status_;
+  if (spans_ && hp.attn_res_block > 0) {
+    return make_error(StatusCode::kUnsupported,
+                      "{}: spans do not carry the cross-layer residual attention's checkpoints", hp.arch_name);
+  }
   if (layers_.last >= 0 && (layers_.first != 0 || layers_.last != hp.n_layer - 1)) {
     return make_error(StatusCode::kInvalidArgument, "decode: this context holds blocks {}-{} only (decode_layers)",
                       layers_.first, layers_.last);
@@ -310,6 +328,14 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     return st;
   }
 
+  // Cross-layer residual attention: the head reads the mix of the checkpoints and the stream.
+  if (hp.attn_res_block > 0) {
+    for (int p = 0; p < n_parts; ++p) {
+      detail::residual_mix(*parts[p].f, detail::residual_ckpts_at_end(hp), parts[p].h, model_.output_res_score,
+                           parts[p].h);
+    }
+  }
+
   // The output head: normed rows of the tokens that want logits, one projection for all. With
   // set_keep_hidden every token's normed row is kept (the logits rows are copies of those).
   float* hid = keep_hidden_ ? detail::grow(s.hidden, static_cast<size_t>(T * D)) : nullptr;
@@ -411,6 +437,11 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
                       hp.n_layer - 1);
   }
   if (spans_) return make_error(StatusCode::kInvalidArgument, "decode_layers: this context has spans of its own");
+  if (hp.attn_res_block > 0) {
+    return make_error(StatusCode::kUnsupported,
+                      "decode_layers: {}'s cross-layer residual attention keeps checkpoints that spans do not carry",
+                      hp.arch_name);
+  }
   if (!span_status_.is_ok()) return span_status_;
   if (layers_.last >= 0 && (first < layers_.first || last > layers_.last)) {
     return make_error(StatusCode::kInvalidArgument, "decode_layers: blocks {}-{} asked, this context holds {}-{}",

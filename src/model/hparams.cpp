@@ -71,11 +71,13 @@ Status read_head_counts(const KeyReader& kr, HParams* hp) {
   if (kv != nullptr && kv->type == gguf::ValueType::ARRAY) {
     MOESH_ASSIGN_OR_RETURN(std::vector<int64_t> v,
                            kr.file().get<std::vector<int64_t>>(kr.full("attention.head_count_kv")));
-    if (v.empty() || std::any_of(v.begin(), v.end(), [&](int64_t x) { return x != v[0]; })) {
+    // 0 marks a recurrent block (kimi-k3: its architecture reads the array again); the others agree.
+    const auto nz = std::find_if(v.begin(), v.end(), [](int64_t x) { return x != 0; });
+    if (nz == v.end() || std::any_of(v.begin(), v.end(), [&](int64_t x) { return x != 0 && x != *nz; })) {
       return make_error(StatusCode::kUnsupported, "{}: per-block KV head counts that differ are not supported",
                         kr.full("attention.head_count_kv"));
     }
-    hp->n_head_kv = v[0];
+    hp->n_head_kv = *nz;
   } else {
     MOESH_RETURN_IF_ERROR(kr.opt<int64_t>("attention.head_count_kv", &hp->n_head_kv, hp->n_head));
   }

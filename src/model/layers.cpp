@@ -4,6 +4,7 @@
 
 #include "model/arch.h"
 #include "moesh/tensor/fma_clones.h"
+#include "moesh/tensor/fp16.h"
 #include "moesh/tensor/quant.h"
 
 namespace moesh::detail {
@@ -11,6 +12,34 @@ namespace moesh::detail {
 void rms_norm_rows(const float* x, const TensorView& w, float* y, int64_t n_rows, int64_t n, float eps) {
   const float* wd = w.valid() ? f32(w) : nullptr;
   for (int64_t i = 0; i < n_rows; ++i) rms_norm(x + i * n, wd, y + i * n, n, eps);
+}
+
+void layer_norm_rows(const float* x, const TensorView& w, const TensorView& b, float* y, int64_t n_rows, int64_t n,
+                     float eps) {
+  const float* wd = w.valid() ? f32(w) : nullptr;
+  const float* bd = b.valid() ? f32(b) : nullptr;
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const float* xi = x + i * n;
+    float* yi = y + i * n;
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += static_cast<double>(xi[j]);
+    const float mean = static_cast<float>(sum / static_cast<double>(n));
+    double sum2 = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = xi[j] - mean;
+      yi[j] = v;
+      sum2 += static_cast<double>(v * v);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(sum2 / static_cast<double>(n)) + eps);
+    for (int64_t j = 0; j < n; ++j) yi[j] = yi[j] * scale;
+    // Weight and bias as separate ops (ggml_mul, ggml_add), as llama.cpp's build_norm applies them.
+    if (wd != nullptr) {
+      for (int64_t j = 0; j < n; ++j) yi[j] = yi[j] * wd[j];
+    }
+    if (bd != nullptr) {
+      for (int64_t j = 0; j < n; ++j) yi[j] = yi[j] + bd[j];
+    }
+  }
 }
 
 void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer_list<Proj> outs) {
@@ -88,6 +117,55 @@ int64_t padded16(int64_t n) {
   return (n + 15) & ~static_cast<int64_t>(15);
 }
 
+// One query row of ggml's CPU flash attention (ggml_compute_forward_flash_attn_ext_f16_one_chunk)
+// with F16 K and V: Q converted to F16; s = ggml_vec_dot_f16 (F32 fused multiply-adds in 4
+// accumulators of 8 lanes, pairwise reduced) * scale; online softmax whose V accumulator is F16
+// (ggml_vec_scale_f16 / ggml_vec_mad_f16 round every update); out = VKQ * (1/S). scratch: dk + dv
+// floats.
+MOESH_FMA_CLONES void fa_f16_row(const float* q, const float* k, const float* v, size_t stride, int64_t n_vis,
+                                 int64_t dk, int64_t dv, float scale, float* scratch, float* out) {
+  auto r16 = [](float x) { return fp16_to_fp32(fp32_to_fp16(x)); };
+  float* q16 = scratch;
+  float* acc = scratch + dk;  // the F16 accumulator, held as F16-representable floats
+  for (int64_t i = 0; i < dk; ++i) q16[i] = r16(q[i]);
+  std::fill(acc, acc + dv, 0.0f);
+  float S = 0.0f, M = -INFINITY;
+  for (int64_t c = 0; c < n_vis; ++c) {
+    const float* kc = k + c * stride;
+    float lanes[4][8] = {};
+    const int64_t np = dk & ~static_cast<int64_t>(31);
+    for (int64_t i = 0; i < np; i += 32) {
+      for (int j = 0; j < 4; ++j) {
+        for (int l = 0; l < 8; ++l) lanes[j][l] = std::fmaf(kc[i + j * 8 + l], q16[i + j * 8 + l], lanes[j][l]);
+      }
+    }
+    for (int l = 0; l < 8; ++l) {
+      lanes[0][l] += lanes[2][l];
+      lanes[1][l] += lanes[3][l];
+    }
+    for (int l = 0; l < 8; ++l) lanes[0][l] += lanes[1][l];
+    float t0[4];
+    for (int l = 0; l < 4; ++l) t0[l] = lanes[0][l] + lanes[0][l + 4];
+    double sum = static_cast<double>((t0[0] + t0[1]) + (t0[2] + t0[3]));
+    for (int64_t i = np; i < dk; ++i) sum += static_cast<double>(kc[i] * q16[i]);
+    const float s = static_cast<float>(sum) * scale;
+    const float Mold = M;
+    float ms = 1.0f, vs = 1.0f;
+    if (s > M) {
+      M = s;
+      ms = std::exp(Mold - M);
+      for (int64_t d = 0; d < dv; ++d) acc[d] = r16(acc[d] * ms);
+    } else {
+      vs = std::exp(s - M);
+    }
+    const float* vc = v + c * stride;
+    for (int64_t d = 0; d < dv; ++d) acc[d] = r16(std::fmaf(vc[d], vs, acc[d]));
+    S = S * ms + vs;
+  }
+  const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+  for (int64_t d = 0; d < dv; ++d) out[d] = acc[d] * inv;
+}
+
 }  // namespace
 
 void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk, int64_t dv,
@@ -119,6 +197,18 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
 
   auto body = [&](int64_t i0, int64_t i1, int thread) {
     float* sc = scores_all + static_cast<size_t>(thread) * (n_pad + 16 * dv);
+    if (opts.fa_f16) {
+      for (int64_t item = i0; item < i1; ++item) {
+        const int64_t t = item / n_head, h = item % n_head;
+        const int64_t g = h / group;
+        const int64_t* cp = cell_pos[t];
+        int64_t n_vis = 0;
+        while (n_vis < n_cells[t] && cp[n_vis] <= b.pos[t]) ++n_vis;
+        fa_f16_row(q + (t * n_head + h) * dk, k0[t] + g * dk, v0[t] + g * dv, stride, n_vis, dk, dv, kq_scale, sc,
+                   o + (t * n_head + h) * dv);
+      }
+      return;
+    }
     float* lanes = sc + n_pad;  // [16][dv] accumulators of the KQV product (lane-major)
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t t = item / n_head, h = item % n_head;
@@ -140,8 +230,26 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       const int64_t base = c0 & ~static_cast<int64_t>(15);
       const float* kt = k0[t];
       std::fill(sc + base, sc + c0, -INFINITY);
-      for (int64_t c = c0; c < n_vis; ++c) {
-        sc[c] = dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale;
+      if (opts.block_keep != nullptr) {
+        // Block-sparse (MSA): cells of blocks the query's group did not take are masked.
+        const uint8_t* keep = opts.block_keep + (t * n_head_kv + g) * opts.keep_stride;
+        for (int64_t c = c0; c < n_vis; ++c) {
+          sc[c] = keep[cp[c] / opts.block_size] != 0 ? dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale
+                                                     : -INFINITY;
+        }
+      } else if (opts.cell_keep != nullptr) {
+        // Token-sparse (glm-dsa): only the cells the lightning indexer kept; masked cells get
+        // probability 0 and add exactly nothing to the KQV lanes.
+        std::fill(sc + c0, sc + n_vis, -INFINITY);
+        const int32_t* keep = opts.cell_keep + t * opts.cell_keep_stride;
+        for (int32_t j = 0; j < opts.cell_n_keep[t]; ++j) {
+          const int64_t c = keep[j];
+          if (c >= c0 && c < n_vis) sc[c] = dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale;
+        }
+      } else {
+        for (int64_t c = c0; c < n_vis; ++c) {
+          sc[c] = dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale;
+        }
       }
       const int64_t n_row = padded16(n_vis);
       std::fill(sc + n_vis, sc + n_row, -INFINITY);
@@ -230,13 +338,21 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
       for (int64_t i = 0; i < n_head * dk; ++i) qt[i] = qt[i] * scale;
     }
     const int64_t cell = f.batch.cell[t];
+    float* vt = v + t * n_kv * dv;
+    if (lw.kv_f16) {
+      for (int64_t i = 0; i < n_kv * dk; ++i) kt[i] = fp16_to_fp32(fp32_to_fp16(kt[i]));
+      for (int64_t i = 0; i < n_kv * dv; ++i) vt[i] = fp16_to_fp32(fp32_to_fp16(vt[i]));
+    }
     std::copy_n(kt, n_kv * dk, f.kv.k(f.batch.seq[t], state_layer(f, il), cell));
-    std::copy_n(v + t * n_kv * dv, n_kv * dv, f.kv.v(f.batch.seq[t], state_layer(f, il), cell));
+    std::copy_n(vt, n_kv * dv, f.kv.v(f.batch.seq[t], state_layer(f, il), cell));
   }
   float* o = grow(f.s.o, static_cast<size_t>(T * n_head * dv));
   AttnCoreOpts opts;
   if (lw.swa) (hp.swa_chunked ? opts.chunk : opts.window) = hp.n_swa;
   opts.sinks = lw.sinks.valid() ? f32(lw.sinks) : nullptr;
+  if (lw.msa_q.valid()) msa_select(f, il, lw, xn, &opts);  // minimax-m3: block-sparse
+  // Reference mode only (LoadOptions::llama_fa_batches): llama.cpp's kernel for short batches.
+  opts.fa_f16 = lw.kv_f16 && f.model.options().llama_fa_batches && T < 64;
   attention_core(f, il, q, n_head, n_kv, dk, dv, hp.kq_scale, o, opts);
   if (gate != nullptr) {
     for (int64_t i = 0; i < T * n_head * dv; ++i) o[i] = o[i] * sigmoid(gate[i]);
@@ -256,7 +372,7 @@ void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
 }
 
 void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x, float* out,
-               float limit) {
+               float limit, ExpertActivation act) {
   const int64_t T = f.batch.n;
   const int64_t n_ff = gate.ne[1];
   const size_t n = static_cast<size_t>(T * n_ff);
@@ -264,7 +380,11 @@ void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const Tenso
   float* u = grow(f.s.ffn_u, n);
   float* h = grow(f.s.ffn_h, n);
   project(f, x, T, gate.ne[0], {{&gate, g}, {&up, u}});
-  if (limit > 0.0f) {
+  if (act == ExpertActivation::kSwigluOai) {
+    swiglu_oai(g, u, h, static_cast<int64_t>(n));
+  } else if (act == ExpertActivation::kSitu) {
+    situ(g, u, h, static_cast<int64_t>(n), f.hp.expert_ffn.situ_beta, f.hp.expert_ffn.situ_linear_beta);
+  } else if (limit > 0.0f) {
     swiglu_limited(g, u, h, static_cast<int64_t>(n), limit);
   } else {
     swiglu(g, u, h, static_cast<int64_t>(n));
@@ -351,18 +471,29 @@ Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCal
     f.observer->on_routing_margins(il, T, margins.data());
   }
 
+  // Latent MoE: the experts take z = ffn_routed_down · x (the router read x).
+  const float* x_exp = xn;
+  const int64_t dx = hp.n_embd_exp();
+  call->latent = nullptr;
+  if (lw.ffn_routed_down.valid()) {
+    float* z = grow(f.s.moe_z, static_cast<size_t>(T * dx));
+    project(f, xn, T, n_embd, {{&lw.ffn_routed_down, z}});
+    x_exp = z;
+    call->latent = &lw;
+  }
+
   // THE DISPATCH POINT: routed experts go to the executor; shared experts run meanwhile.
   call->input_scaled = hp.expert_ffn.input_scaled;
   if (call->input_scaled) {
     // llama4: the weight multiplies the expert's input and the outputs are summed unweighted.
     // Each (token, rank) becomes its own row w·x with one expert of weight 1, so executors and
     // workers run ordinary rows; moe_end sums a token's k rows in rank order.
-    float* xs = grow(f.s.moe_x, static_cast<size_t>(T * k * n_embd));
+    float* xs = grow(f.s.moe_x, static_cast<size_t>(T * k * dx));
     for (int64_t t = 0; t < T; ++t) {
       for (int j = 0; j < k; ++j) {
-        float* row = xs + (t * k + j) * n_embd;
+        float* row = xs + (t * k + j) * dx;
         const float wj = w[t * k + j];
-        for (int64_t d = 0; d < n_embd; ++d) row[d] = xn[t * n_embd + d] * wj;
+        for (int64_t d = 0; d < dx; ++d) row[d] = x_exp[t * dx + d] * wj;
       }
     }
     float* ones = grow(f.s.moe_ones, static_cast<size_t>(T * k));
@@ -371,14 +502,14 @@ Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCal
     call->ticket = f.executor.submit(il, xs, T * k, f.s.plan);
   } else {
     MOESH_RETURN_IF_ERROR(make_plan(il, ids, w, T, k, hp.n_expert, &f.s.plan));
-    call->ticket = f.executor.submit(il, xn, T, f.s.plan);
+    call->ticket = f.executor.submit(il, x_exp, T, f.s.plan);
   }
   call->pending = true;
   call->k = k;
   call->has_shexp = lw.gate_shexp.valid();
   if (call->has_shexp) {
     float* shexp = grow(f.s.shexp, static_cast<size_t>(T * n_embd));
-    dense_ffn(f, lw.gate_shexp, lw.up_shexp, lw.down_shexp, xn, shexp, lw.swiglu_limit);
+    dense_ffn(f, lw.gate_shexp, lw.up_shexp, lw.down_shexp, xn, shexp, lw.swiglu_limit, lw.ffn_act);
     if (lw.shexp_gate.valid()) {
       // qwen3next / qwen35moe: shexp *= sigmoid(ffn_gate_inp_shexp · x), one scalar per token.
       TensorView g = lw.shexp_gate;  // [n_embd] used as an [n_embd, 1] matrix
@@ -406,20 +537,30 @@ Status moe_end(Fwd& f, int il, MoeCall* call, float* out) {
   auto routed = f.executor.wait(call->ticket);
   if (!routed) return routed.status().with_context(fmt::format("layer {} experts", il));
   const int64_t rows = call->input_scaled ? T * call->k : T;
-  if (static_cast<int64_t>(routed->size()) != rows * n_embd) {
+  const int64_t dx = f.hp.n_embd_exp();
+  if (static_cast<int64_t>(routed->size()) != rows * dx) {
     return make_error(StatusCode::kInternal, "layer {}: executor returned {} floats, expected {}", il, routed->size(),
-                      rows * n_embd);
+                      rows * dx);
   }
   const float* r = routed->data();
   if (call->input_scaled) {
     // Σ_j expert_j(w_j x) in rank order (weight 1: the same adds as llama.cpp's moe_out chain).
-    float* sum = grow(f.s.moe_sum, static_cast<size_t>(T * n_embd));
+    float* sum = grow(f.s.moe_sum, static_cast<size_t>(T * dx));
     for (int64_t t = 0; t < T; ++t) {
       for (int j = 0; j < call->k; ++j) {
-        rank_sum_step(sum + t * n_embd, r + (t * call->k + j) * n_embd, 1.0f, n_embd, j == 0);
+        rank_sum_step(sum + t * dx, r + (t * call->k + j) * dx, 1.0f, dx, j == 0);
       }
     }
     r = sum;
+  }
+  if (call->latent != nullptr) {
+    // Latent MoE: back to n_embd through the norm and the up-projection (the backbone's own).
+    const LayerWeights& lw = *call->latent;
+    float* zn = grow(f.s.moe_zn, static_cast<size_t>(T * dx));
+    rms_norm_rows(r, lw.ffn_routed_norm, zn, T, dx, f.hp.rms_eps);
+    float* up = grow(f.s.moe_up, static_cast<size_t>(T * n_embd));
+    project(f, zn, T, dx, {{&lw.ffn_routed_up, up}});
+    r = up;
   }
   // MoE output first, then the shared expert (llama.cpp: moe_out + shexp).
   if (has_shexp) {
@@ -430,15 +571,65 @@ Status moe_end(Fwd& f, int il, MoeCall* call, float* out) {
   return Status::ok();
 }
 
+void residual_mix(Fwd& f, int64_t n_ckpt, const float* cur, const TensorView& w, float* out) {
+  const int64_t T = f.batch.n, D = f.hp.n_embd;
+  if (n_ckpt <= 0) {
+    if (out != cur) std::copy_n(cur, T * D, out);
+    return;
+  }
+  const float* wd = f32(w);
+  const float* stack = f.s.res_stack.data();
+  float* sc = grow(f.s.res_scores, static_cast<size_t>(n_ckpt + 1 + D));
+  float* tmp = sc + n_ckpt + 1;
+  // σ = Σ_d rmsnorm(x)_d · w_d: ggml_rms_norm, ggml_mul, then ggml_sum_rows (a double sum).
+  auto score = [&](const float* x) {
+    rms_norm(x, nullptr, tmp, D, f.hp.rms_eps);
+    double s = 0.0;
+    for (int64_t d = 0; d < D; ++d) s += static_cast<double>(tmp[d] * wd[d]);
+    return static_cast<float>(s);
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < n_ckpt; ++i) sc[i] = score(stack + (i * T + t) * D);
+    sc[n_ckpt] = score(cur + t * D);
+    softmax(sc, n_ckpt + 1);
+    const float p_cur = sc[n_ckpt];
+    // ggml_dsv4_hc_pre (fused multiply-adds over the checkpoints), then + cur·π_cur (ggml_mul, ggml_add).
+    for (int64_t d = 0; d < D; ++d) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < n_ckpt; ++i) s = std::fmaf(stack[(i * T + t) * D + d], sc[i], s);
+      out[t * D + d] = s + cur[t * D + d] * p_cur;
+    }
+  }
+}
+
 Status block_begin(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call) {
   const int64_t D = f.hp.n_embd;
   const size_t n_act = static_cast<size_t>(f.batch.n * D);
-  rms_norm_rows(b.h, lw.attn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
-  f.hp.arch->mixer(f, il, lw, b.xn, b.attn_out);
-  for (size_t i = 0; i < n_act; ++i) b.h[i] = b.attn_out[i] + b.h[i];
-  rms_norm_rows(b.h, lw.ffn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
+  if (const int64_t B = f.hp.attn_res_block; B > 0) {
+    // Cross-layer residual attention (layers.h): ffn_out serves as the mixes' buffer until the FFN.
+    residual_mix(f, (il + B - 1) / B, b.h, lw.attn_res_score, b.ffn_out);
+    rms_norm_rows(b.ffn_out, lw.attn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
+    const bool bank = il % B == 0;
+    if (bank) {
+      float* stack = grow(f.s.res_stack, static_cast<size_t>((il / B + 1) * n_act));
+      std::copy_n(b.h, n_act, stack + (il / B) * n_act);
+    }
+    f.hp.arch->mixer(f, il, lw, b.xn, b.attn_out);
+    if (bank) {
+      std::copy_n(b.attn_out, n_act, b.h);
+    } else {
+      for (size_t i = 0; i < n_act; ++i) b.h[i] = b.h[i] + b.attn_out[i];
+    }
+    residual_mix(f, il / B + 1, b.h, lw.ffn_res_score, b.ffn_out);
+    rms_norm_rows(b.ffn_out, lw.ffn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
+  } else {
+    rms_norm_rows(b.h, lw.attn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
+    f.hp.arch->mixer(f, il, lw, b.xn, b.attn_out);
+    for (size_t i = 0; i < n_act; ++i) b.h[i] = b.attn_out[i] + b.h[i];
+    rms_norm_rows(b.h, lw.ffn_norm, b.xn, f.batch.n, D, f.hp.rms_eps);
+  }
   if (lw.is_moe) return moe_begin(f, il, lw, b.xn, call);
-  dense_ffn(f, lw.ffn_gate, lw.ffn_up, lw.ffn_down, b.xn, b.ffn_out, lw.swiglu_limit);
+  dense_ffn(f, lw.ffn_gate, lw.ffn_up, lw.ffn_down, b.xn, b.ffn_out, lw.swiglu_limit, lw.ffn_act);
   return Status::ok();
 }
 

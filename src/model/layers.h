@@ -30,9 +30,20 @@ struct Context::Scratch {
   std::vector<const int64_t*> tok_cell_pos;
   std::vector<int64_t> tok_n_cells;
   RoutingPlan plan;
-  QuantizedRows xq[3];          // one per distinct vec_dot_type
-  std::vector<float> out_rows;  // normed rows for the output head
-  std::vector<float> hidden;    // every token's normed row (Context::set_keep_hidden)
+  QuantizedRows xq[3];                       // one per distinct vec_dot_type
+  std::vector<float> out_rows;               // normed rows for the output head
+  std::vector<float> hidden;                 // every token's normed row (Context::set_keep_hidden)
+  std::vector<float> moe_z, moe_zn, moe_up;  // latent MoE: the dispatched latent, the normed sum, back up
+  std::vector<float> res_stack;              // residual-attention checkpoints [n_ckpt][T][n_embd]
+  std::vector<float> res_scores;
+  std::vector<float> msa_q, msa_scores;  // MSA indexer queries, per-thread block scores
+  std::vector<int32_t> msa_order;        // per-thread block order
+  std::vector<uint8_t> msa_keep;         // [T][n_head_kv][n_blocks] taken blocks
+  // Lightning indexer (layers_indexer.cpp): queries, keys, head weights, per-thread scores, and
+  // the batch's selection, [T][indexer_top_k] cells with a count per token (read again by the
+  // blocks that reuse it).
+  std::vector<float> idx_q, idx_k, idx_w, idx_scores;
+  std::vector<int32_t> dsa_keep, dsa_n_keep;
 };
 
 namespace detail {
@@ -108,6 +119,19 @@ struct AttnCoreOpts {
   int64_t window = 0;            // > 0: a query at position p sees cells with pos > p - window
   int64_t chunk = 0;             // > 0: ... and only cells of its own chunk (pos / chunk equal; llama4)
   const float* sinks = nullptr;  // [n_head] extra softmax logit per head (no value), or null
+  // Block-sparse attention (MSA): a query of token t in KV group g sees only cells whose block
+  // (pos / block_size) has block_keep[(t * n_head_kv + g) * keep_stride + block] != 0.
+  const uint8_t* block_keep = nullptr;
+  int64_t block_size = 0, keep_stride = 0;
+  // llama.cpp's CPU flash attention over an F16 cache, one query row at a time (its one_chunk
+  // kernel): Q rounded to F16, F16 dot products, online softmax with an F16 V accumulator. The
+  // cache must hold F16-representable K/V (LayerWeights::kv_f16).
+  bool fa_f16 = false;
+  // Token-sparse attention (glm-dsa): token t sees only the cell_n_keep[t] cells
+  // cell_keep[t * cell_keep_stride ...] (ascending, all visible); the others are masked (-inf).
+  const int32_t* cell_keep = nullptr;
+  const int32_t* cell_n_keep = nullptr;
+  int64_t cell_keep_stride = 0;
 };
 void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_head_kv, int64_t dk, int64_t dv,
                     float kq_scale, float* o, const AttnCoreOpts& opts = {});
@@ -120,12 +144,17 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
 void attention_gqa(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 
 // Dense SwiGLU FFN: out = down(silu(gate x) * (up x)); limit > 0: the clamped SwiGLU
-// down(min(silu(gate x), limit) * clamp(up x, -limit, limit)) (step35, LayerWeights::swiglu_limit).
+// down(min(silu(gate x), limit) * clamp(up x, -limit, limit)) (step35, LayerWeights::swiglu_limit);
+// act kSwigluOai: gpt-oss's swiglu-oai instead (minimax-m3, LayerWeights::ffn_act); kSitu: situ with
+// hp.expert_ffn's constants (kimi-k3).
 void dense_ffn(Fwd& f, const TensorView& gate, const TensorView& up, const TensorView& down, const float* x, float* out,
-               float limit = 0.0f);
+               float limit = 0.0f, ExpertActivation act = ExpertActivation::kSilu);
 
 // The MoE FFN of docs/background/moe-architectures.md §1 for every architecture: router (f32), routing, plan,
 // executor submit, shared experts while it runs, wait, out = routed (+ shared).
+// Latent MoE (lw.ffn_routed_down bound, kimi-k3): the router reads x, the executor gets
+// z = ffn_routed_down · x (hp.n_embd_exp() wide: what goes on the wire), and the routed sum m comes
+// back as ffn_routed_up · (rmsnorm(m) ⊙ ffn_routed_norm).
 Status moe_ffn(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 // The same in two halves, so the caller can run other work (another micro-batch) while the
 // routed experts are out: moe_begin routes, submits and computes the shared experts; moe_end
@@ -136,6 +165,7 @@ struct MoeCall {
   bool has_shexp = false;
   bool input_scaled = false;  // k rows per token were submitted (ExpertFfn::input_scaled)
   int k = 0;
+  const LayerWeights* latent = nullptr;  // latent MoE: the layer whose norm and up-projection follow
 };
 Status moe_begin(Fwd& f, int il, const LayerWeights& lw, const float* xn, MoeCall* call);
 Status moe_end(Fwd& f, int il, MoeCall* call, float* out);
@@ -147,8 +177,23 @@ Status moe_end(Fwd& f, int il, MoeCall* call, float* out);
 struct BlockBufs {
   float *h, *xn, *attn_out, *ffn_out;
 };
+// With cross-layer residual attention (hp.attn_res_block = B > 0, kimi-k3) h is the running
+// stream p and f.s.res_stack the checkpoints: the mixer reads attn_norm(mix(p, attn_res_score));
+// a block il % B == 0 banks p and restarts it from the mixer's output (p = out), others add;
+// the FFN reads ffn_norm(mix(p, ffn_res_score)). The checkpoints of a block are those of the
+// same call's earlier blocks, so a batch runs every block from 0 (no spans).
 Status block_begin(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call);
 Status block_end(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call);
+
+// The residual-attention mix of the reference README §7.4 over the first n_ckpt checkpoints of
+// f.s.res_stack and the stream cur [T][n_embd]: per token, scores σ_i = Σ(rmsnorm(c_i) ⊙ w) (no
+// norm weight; the sum in double, ggml_sum_rows) and σ_cur likewise, π = softmax, out = Σ π_i c_i
+// (fused, in checkpoint order) + π_cur·cur. n_ckpt = 0: out = cur. out may be cur.
+void residual_mix(Fwd& f, int64_t n_ckpt, const float* cur, const TensorView& w, float* out);
+// The checkpoints the output head's mix reads (after the last block).
+inline int64_t residual_ckpts_at_end(const HParams& hp) {
+  return hp.attn_res_block > 0 ? (hp.n_layer - 1) / hp.attn_res_block + 1 : 0;
+}
 
 // ---- tensor binding (the arch files' tensor tables) ----
 
@@ -186,14 +231,57 @@ Status bind_rope_freqs(TensorBinder& b, HParams* hp);
 // token_embd stand in).
 Status bind_nextn_block(TensorBinder& b, const HParams& hp, int il, NextnWeights* nw);
 
-// MLA attention (layers_mla.cpp; deepseek2).
+// MiniMax sparse attention (layers_msa.cpp; minimax-m3). bind_msa binds a block's indexer
+// (indexer.q_proj, k_proj, q_norm, k_norm). msa_select runs it inside attention_gqa, after the
+// batch's K/V are in the cache: iq = rope(rmsnorm(q_proj x)) per indexer head, ik =
+// rope(rmsnorm(k_proj x)) stored after the K heads of the cache row (hp.kv_k_width), then per
+// token and KV group the taken blocks (msa_take_blocks) into opts->block_keep.
+Status bind_msa(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
+void msa_select(Fwd& f, int il, const LayerWeights& lw, const float* xn, AttnCoreOpts* opts);
+// One query's block selection, as llama.cpp's msa_block_mask_op: bs[b] the block scores of
+// blocks 0..n_blk-1 (max of iq . ik over the block's visible cells, <= -1e30 for a block with
+// none), the `local` blocks ending at block `cur` forced (+1e30), then the top_k by score, ties
+// broken as std::partial_sort (libstdc++'s heap select) breaks them there; blocks without a
+// visible cell that are not forced are never taken. keep[b] = 1 for the taken blocks (n_blk
+// entries written); order: n_blk ints of scratch.
+void msa_take_blocks(float* bs, int64_t n_blk, int64_t cur, int64_t local, int64_t top_k, int32_t* order,
+                     uint8_t* keep);
+
+// MLA attention (layers_mla.cpp; deepseek2, glm-dsa): its tensors (attn_norm, attn_q_a /
+// attn_q_a_norm / attn_q_b or attn_q, attn_kv_a_mqa, attn_kv_a_norm, attn_k_b, attn_v_b,
+// attn_output) and the mixer; blocks with an indexer source (hp.indexer_source) attend only to
+// the cells their lightning indexer keeps.
+Status bind_mla(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
 void attention_mla(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+
+// y[i] = layernorm(x[i]) * w + b for n_rows rows of width n (ggml_norm: mean and variance summed
+// in double); w, b may be invalid (no weight / no bias).
+void layer_norm_rows(const float* x, const TensorView& w, const TensorView& b, float* y, int64_t n_rows, int64_t n,
+                     float eps);
+
+// The lightning indexer of DeepSeek-style sparse attention (layers_indexer.cpp; glm-dsa):
+// bind_indexer binds blk.il.indexer.* where block il computes its own selection;
+// lightning_indexer writes the batch's indexer keys into the cache (the K row after [c | k_pe])
+// and keeps, per token, the indexer_top_k visible cells of highest score (f.s.dsa_keep).
+Status bind_indexer(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
+void lightning_indexer(Fwd& f, int il, const LayerWeights& lw, const float* xn, const float* qr);
+// The indices of the k largest of v[0..n) (0 < k <= n) as llama.cpp's CPU top_k picks them:
+// libstdc++'s std::partial_sort heap selection over 0..n-1 with "v[a] > v[b]", so equal values
+// resolve the same way; written out here so the choice does not depend on the standard library.
+// out[0..k) in heap order.
+void top_k_heap_select(const float* v, int32_t n, int32_t k, int32_t* out);
 
 // Gated DeltaNet, the recurrent mixer of hybrid blocks (layers_deltanet.cpp; qwen3next,
 // qwen35moe): its tensors (attn_norm, attn_qkv, attn_gate, ssm_*) and the mixer, which reads
 // and advances each sequence's recurrent state (f.rec) token by token.
 Status bind_deltanet(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
 void attention_deltanet(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
+
+// KDA (Kimi Delta Attention, kimi-k3; layers_deltanet.cpp): the same recurrence with a decay per
+// key channel, separate q/k/v projections each with its own causal convolution, and a full-rank
+// sigmoid output gate; the same per-sequence state layout (conv window [q|k|v], then the heads).
+Status bind_kda(TensorBinder& b, const HParams& hp, int il, LayerWeights* lw);
+void attention_kda(Fwd& f, int il, const LayerWeights& lw, const float* xn, float* out);
 
 }  // namespace detail
 }  // namespace moesh

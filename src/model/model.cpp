@@ -145,16 +145,24 @@ Status bind_ffn(TensorBinder& b, const HParams& hp, int il, bool moe, LayerWeigh
   MOESH_ASSIGN_OR_RETURN(lw->router_b, b.take(blk(il, "ffn_gate_inp.bias"), {e}, needs.find('r') != std::string::npos));
   MOESH_ASSIGN_OR_RETURN(lw->exp_probs_b,
                          b.take(blk(il, "exp_probs_b.bias"), {e}, needs.find('s') != std::string::npos));
-  MOESH_ASSIGN_OR_RETURN(lw->experts.gate, b.take(blk(il, "ffn_gate_exps.weight"), {d, fe, e}));
-  MOESH_ASSIGN_OR_RETURN(lw->experts.up, b.take(blk(il, "ffn_up_exps.weight"), {d, fe, e}));
-  MOESH_ASSIGN_OR_RETURN(lw->experts.down, b.take(blk(il, "ffn_down_exps.weight"), {fe, d, e}));
+  const int64_t dx = hp.n_embd_exp();  // the experts' rows: n_embd, or the latent (kimi-k3)
+  MOESH_ASSIGN_OR_RETURN(lw->experts.gate, b.take(blk(il, "ffn_gate_exps.weight"), {dx, fe, e}));
+  MOESH_ASSIGN_OR_RETURN(lw->experts.up, b.take(blk(il, "ffn_up_exps.weight"), {dx, fe, e}));
+  MOESH_ASSIGN_OR_RETURN(lw->experts.down, b.take(blk(il, "ffn_down_exps.weight"), {fe, dx, e}));
   if (hp.expert_ffn.biases) {
     MOESH_ASSIGN_OR_RETURN(lw->experts.gate_b, b.take(blk(il, "ffn_gate_exps.bias"), {fe, e}));
     MOESH_ASSIGN_OR_RETURN(lw->experts.up_b, b.take(blk(il, "ffn_up_exps.bias"), {fe, e}));
-    MOESH_ASSIGN_OR_RETURN(lw->experts.down_b, b.take(blk(il, "ffn_down_exps.bias"), {d, e}));
+    MOESH_ASSIGN_OR_RETURN(lw->experts.down_b, b.take(blk(il, "ffn_down_exps.bias"), {dx, e}));
+  }
+  if (hp.n_expert_latent > 0) {  // latent MoE: the projections and the norm stay on the backbone
+    MOESH_ASSIGN_OR_RETURN(lw->ffn_routed_down, b.take(blk(il, "ffn_routed_down.weight"), {d, dx}));
+    MOESH_ASSIGN_OR_RETURN(lw->ffn_routed_norm, b.take(blk(il, "ffn_routed_norm.weight"), {dx}, false));
+    MOESH_ASSIGN_OR_RETURN(lw->ffn_routed_up, b.take(blk(il, "ffn_routed_up.weight"), {dx, d}));
+    MOESH_RETURN_IF_ERROR(require_f32(lw->ffn_routed_norm));
   }
   lw->experts.act = hp.expert_ffn.act;
   lw->experts.swiglu_limit = hp.expert_ffn.swiglu_limit_of(il);
+  lw->experts.situ_beta = hp.expert_ffn.situ_beta, lw->experts.situ_linear_beta = hp.expert_ffn.situ_linear_beta;
   // All three absent = a backbone slice's layer (experts served remotely).
   const bool has_experts = lw->experts.gate.valid() || lw->experts.up.valid() || lw->experts.down.valid();
   if (has_experts) MOESH_RETURN_IF_ERROR(lw->experts.validate());
@@ -229,6 +237,10 @@ Status Model::bind_tensors() {
   MOESH_ASSIGN_OR_RETURN(output_norm, b.take("output_norm.weight", {hp.n_embd}));
   MOESH_ASSIGN_OR_RETURN(output, b.take("output.weight", {hp.n_embd, hp.n_vocab}, false));
   if (!output.valid()) output = tok_embd;  // tied embeddings (or none: a span slice)
+  if (hp.attn_res_block > 0) {
+    MOESH_ASSIGN_OR_RETURN(output_res_score, b.take("output_res_score.weight", {hp.n_embd}, !span_slice));
+    MOESH_RETURN_IF_ERROR(detail::require_f32(output_res_score));
+  }
   if (output_norm.type != GgmlType::F32) {
     return make_error(StatusCode::kUnsupported, "tensor 'output_norm.weight' must be F32");
   }

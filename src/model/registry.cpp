@@ -14,11 +14,14 @@ extern const ArchDef kArchMinimaxM2;
 extern const ArchDef kArchQwen3Next;
 extern const ArchDef kArchQwen35Moe;
 extern const ArchDef kArchStep35;
+extern const ArchDef kArchMinimaxM3;
+extern const ArchDef kArchGlmDsa;
+extern const ArchDef kArchKimiK3;
 
 const std::vector<const ArchDef*>& all_archs() {
   static const std::vector<const ArchDef*> archs = {
-      &kArchQwen3Moe, &kArchLlama,     &kArchDeepseek2, &kArchGptOss,    &kArchGlm4Moe,
-      &kArchLlama4,   &kArchMinimaxM2, &kArchQwen3Next, &kArchQwen35Moe, &kArchStep35,
+      &kArchQwen3Moe,  &kArchLlama,     &kArchDeepseek2, &kArchGptOss,    &kArchGlm4Moe, &kArchLlama4, &kArchMinimaxM2,
+      &kArchQwen3Next, &kArchQwen35Moe, &kArchStep35,    &kArchMinimaxM3, &kArchGlmDsa,  &kArchKimiK3,
   };
   return archs;
 }

@@ -49,6 +49,8 @@ const char* expert_activation_name(ExpertActivation a) {
       return "silu";
     case ExpertActivation::kSwigluOai:
       return "swiglu-oai";
+    case ExpertActivation::kSitu:
+      return "situ";
     default:
       return "?";
   }
@@ -60,6 +62,7 @@ bool ExpertFfn::has_swiglu_limits() const {
 
 std::string ExpertFfn::describe() const {
   std::string s = expert_activation_name(act);
+  if (act == ExpertActivation::kSitu) s += fmt::format(" (beta {}, linear beta {})", situ_beta, situ_linear_beta);
   if (biases) s += "+bias";
   if (input_scaled) s += ", weight on input";
   if (has_swiglu_limits()) s += ", clamped per layer";
@@ -83,7 +86,8 @@ void add_expert_bias(const TensorView& b, int64_t e, int64_t r0, int64_t r1, flo
   }
 }
 
-void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n, float limit) {
+void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n, float limit,
+                       float situ_beta, float situ_linear_beta) {
   switch (act) {
     case ExpertActivation::kSilu:
       if (limit > 0.0f) {
@@ -94,6 +98,9 @@ void expert_activation(ExpertActivation act, const float* g, const float* u, flo
       break;
     case ExpertActivation::kSwigluOai:
       swiglu_oai(g, u, h, n);
+      break;
+    case ExpertActivation::kSitu:
+      situ(g, u, h, n, situ_beta, situ_linear_beta);
       break;
     default:
       break;
@@ -132,7 +139,7 @@ void expert_ffn(const ExpertWeights& w, int64_t e, const QuantizedRows& xq, cons
   }
   for (int64_t j = 0; j < n_sel; ++j) {
     expert_activation(w.act, s->g.data() + j * n_ff, s->u.data() + j * n_ff, s->h.data() + j * n_ff, n_ff,
-                      w.swiglu_limit);
+                      w.swiglu_limit, w.situ_beta, w.situ_linear_beta);
   }
   quantize_rows(quant::vec_dot_type(down.type), s->h.data(), n_sel, n_ff, &s->hq, pool);
   matmul_q(down, s->hq, y, ldy, pool);

@@ -76,7 +76,7 @@ void run_expert_groups(std::span<const ExpertRef> refs, const int32_t* offsets, 
   hq.data.resize(hq.row_bytes * static_cast<size_t>(n_pos));
   run_items(pool, n_pos, [&](int64_t p) {
     float* hp = h + p * n_ff;
-    expert_activation(w0.act, g + p * n_ff, u + p * n_ff, hp, n_ff, w0.swiglu_limit);
+    expert_activation(w0.act, g + p * n_ff, u + p * n_ff, hp, n_ff, w0.swiglu_limit, w0.situ_beta, w0.situ_linear_beta);
     down_from_float(hp, hq.data.data() + static_cast<size_t>(p) * hq.row_bytes, n_ff);
   });
   // C. down: items = (active expert, chunk of n_embd rows)

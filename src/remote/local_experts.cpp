@@ -174,6 +174,8 @@ void LocalExperts::rebuild_view(Layer& L) {
   }
   L.view.act = act_;
   L.view.swiglu_limit = model_.hparams().expert_ffn.swiglu_limit_of(static_cast<int64_t>(&L - layers_.data()));
+  L.view.situ_beta = model_.hparams().expert_ffn.situ_beta;
+  L.view.situ_linear_beta = model_.hparams().expert_ffn.situ_linear_beta;
   // Expert biases (the backbone file keeps them; they are tiny): the same rows, compacted by slot.
   const size_t l = static_cast<size_t>(&L - layers_.data());
   const ExpertWeights& model_w = model_.layers[l].experts;

@@ -23,7 +23,7 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   impl->model = &model;
   impl->opts = opts;
   const HParams& hp = model.hparams();
-  impl->n_embd = hp.n_embd;
+  impl->n_embd = hp.n_embd_exp();  // the rows the experts take (latent MoE: the latent)
   impl->n_expert = hp.n_expert;
   impl->mine = std::make_unique<LocalExperts>(model);
   impl->local = std::make_unique<LocalExecutor>(impl->mine->weights(), nullptr);
@@ -37,7 +37,7 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
 
   MOESH_ASSIGN_OR_RETURN(wire::Hello hello, backbone_hello(model, opts));
   MOESH_ASSIGN_OR_RETURN(swarm::ModelShape shape, swarm::model_shape(model.file()));
-  if (shape.n_embd != hp.n_embd || shape.n_layer != hp.n_layer || shape.n_expert != hp.n_expert) {
+  if (shape.n_embd != hp.n_embd_exp() || shape.n_layer != hp.n_layer || shape.n_expert != hp.n_expert) {
     return make_error(StatusCode::kInternal, "remote executor: model shape disagrees with its hparams");
   }
 

@@ -19,7 +19,7 @@ Result<ModelShape> model_shape(const gguf::File& f) {
   ModelShape s;
   s.n_layer = static_cast<uint32_t>(hp.n_layer);
   s.n_expert = static_cast<uint32_t>(hp.n_expert);
-  s.n_embd = static_cast<uint32_t>(hp.n_embd);
+  s.n_embd = static_cast<uint32_t>(hp.n_embd_exp());  // the experts' row width (latent MoE: the latent)
   s.expert_ffn = hp.expert_ffn;
   if (f.has(kKeyMoeLayers)) {
     MOESH_ASSIGN_OR_RETURN(std::vector<int32_t> ls, f.get<std::vector<int32_t>>(kKeyMoeLayers));

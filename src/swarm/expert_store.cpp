@@ -79,6 +79,7 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
     }
     w->act = act;
     w->swiglu_limit = ffn.swiglu_limit_of(layer);
+    w->situ_beta = ffn.situ_beta, w->situ_linear_beta = ffn.situ_linear_beta;
     MOESH_RETURN_IF_ERROR(check_triplet(*w, s->shape_));
     s->weights_.push_back(std::move(w));
     return s->weights_.size() - 1;

@@ -146,8 +146,9 @@ wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const Model
   h.features =
       wire::kFeatureFetch | wire::kFeatureInfo |
       (role == wire::PeerRole::kBackbone ? wire::kFeatureStore | wire::kFeatureSpan | wire::kFeatureSpanChain : 0u);
-  h.expert_act =
-      shape.expert_ffn.act == ExpertActivation::kSwigluOai ? wire::kExpertActSwigluOai : wire::kExpertActSilu;
+  h.expert_act = shape.expert_ffn.act == ExpertActivation::kSwigluOai ? wire::kExpertActSwigluOai
+                 : shape.expert_ffn.act == ExpertActivation::kSitu    ? wire::kExpertActSitu
+                                                                      : wire::kExpertActSilu;
   h.expert_flags = static_cast<uint8_t>((shape.expert_ffn.biases ? wire::kExpertFlagBiases : 0) |
                                         (shape.expert_ffn.input_scaled ? wire::kExpertFlagInputScaled : 0) |
                                         (shape.expert_ffn.has_swiglu_limits() ? wire::kExpertFlagSwigluLimit : 0));

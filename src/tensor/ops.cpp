@@ -112,6 +112,15 @@ MOESH_FMA_CLONES void swiglu_limited(const float* g, const float* u, float* y, i
   for (int64_t i = 0; i < n; ++i) y[i] = std::min(silu_v(g[i]), limit) * std::clamp(u[i], -limit, limit);
 }
 
+void situ(const float* g, const float* u, float* y, int64_t n, float beta, float lbeta) {
+  const float ib = 1.0f / beta, il = lbeta > 0.0f ? 1.0f / lbeta : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = (std::tanh(g[i] * ib) * beta) * sigmoid(g[i]);
+    const float b = lbeta > 0.0f ? std::tanh(u[i] * il) * lbeta : u[i];
+    y[i] = a * b;
+  }
+}
+
 void swiglu_oai(const float* g, const float* u, float* y, int64_t n, float alpha, float limit) {
   for (int64_t i = 0; i < n; ++i) {
     const float a = std::min(g[i], limit);

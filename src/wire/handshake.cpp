@@ -34,7 +34,7 @@ Status validate_hello(const Hello& m, StatusCode code) {
   // A HELLO claiming an older max_version has that version's layout, which has no features field.
   if (m.features != 0 && m.max_version < 3)
     return make_error(code, "HELLO: features 0x{:x} in a v{} HELLO (the field is v3)", m.features, m.max_version);
-  if (m.expert_act > kExpertActSwigluOai ||
+  if (m.expert_act > kExpertActSitu ||
       (m.expert_flags & ~(kExpertFlagBiases | kExpertFlagInputScaled | kExpertFlagSwigluLimit)) != 0)
     return make_error(code, "HELLO: unknown expert FFN (activation {}, flags 0x{:x})", m.expert_act, m.expert_flags);
   if ((m.expert_act != 0 || m.expert_flags != 0) && m.max_version < 4)
@@ -181,6 +181,7 @@ Result<Hello> decode_hello(const Frame& f) {
 std::string expert_ffn_name(uint8_t act, uint8_t flags) {
   std::string s = act == kExpertActSilu        ? "silu"
                   : act == kExpertActSwigluOai ? "swiglu-oai"
+                  : act == kExpertActSitu      ? "situ"
                                                : "activation " + std::to_string(act);
   if (flags & kExpertFlagBiases) s += "+bias";
   if (flags & kExpertFlagInputScaled) s += ", weight on input";

@@ -42,7 +42,7 @@ std::vector<std::string> reference_ggufs() {
     if (std::filesystem::exists(p, ec)) out.push_back(p);
   }
   // And of archs2/.
-  for (const char* f : {"step35-a.Q8_0.gguf"}) {
+  for (const char* f : {"step35-a.Q8_0.gguf", "glmdsa-a.Q8_0.gguf", "kimik3-a.Q8_0.gguf", "minimaxm3-a.Q8_0.gguf"}) {
     const std::string p = std::string(MOESH_REFERENCE_DIR) + "/archs2/" + f;
     if (std::filesystem::exists(p, ec)) out.push_back(p);
   }

@@ -274,7 +274,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"deepseek2_Q4_K_M", "deepseek2-s.Q4_K_M.gguf"}, Case{"gptoss_MXFP4_MOE", "archs/gptoss-a.MXFP4_MOE.gguf"},
         Case{"glm4moe_Q4_K_M", "archs/glm4moe-a.Q4_K_M.gguf"}, Case{"llama4_Q8_0", "archs/llama4-a.Q8_0.gguf"},
         Case{"minimaxm2_Q8_0", "archs/minimaxm2-a.Q8_0.gguf"}, Case{"qwen3next_Q8_0", "archs/qwen3next-a.Q8_0.gguf"},
-        Case{"qwen35moe_Q4_K_M", "archs/qwen35moe-a.Q4_K_M.gguf"}, Case{"step35_Q8_0", "archs2/step35-a.Q8_0.gguf"}),
+        Case{"qwen35moe_Q4_K_M", "archs/qwen35moe-a.Q4_K_M.gguf"}, Case{"step35_Q8_0", "archs2/step35-a.Q8_0.gguf"},
+        Case{"glmdsa_Q8_0", "archs2/glmdsa-a.Q8_0.gguf"}, Case{"kimik3_Q8_0", "archs2/kimik3-a.Q8_0.gguf"},
+        Case{"minimaxm3_Q8_0", "archs2/minimaxm3-a.Q8_0.gguf"},
+        Case{"minimaxm3_Q4_K_M", "archs2/minimaxm3-a.Q4_K_M.gguf"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.label; });
 
 // `--wire HIDDEN,RETURN` through the CLI: q8,f16 runs and prints both dtypes; hidden q8 with an

@@ -206,10 +206,12 @@ TEST(MakeModelPlan, RegistryArchsMatchTheArchsManifest) {
   std::ifstream in2(test::reference_dir() + "/archs2/manifest.json");
   const auto manifest2 = in2 ? nlohmann::ordered_json::parse(in2, nullptr, false)
                              : nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
-  const std::map<std::string, std::string> ref_of = {
-      {"gpt-oss", "gptoss-a"},      {"glm4moe", "glm4moe-a"},     {"llama4", "llama4-a"}, {"minimax-m2", "minimaxm2-a"},
-      {"qwen3next", "qwen3next-a"}, {"qwen35moe", "qwen35moe-a"}, {"step35", "step35-a"}};
-  const std::set<std::string> in_archs2 = {"step35"};
+  const std::map<std::string, std::string> ref_of = {{"gpt-oss", "gptoss-a"},       {"glm4moe", "glm4moe-a"},
+                                                     {"llama4", "llama4-a"},        {"minimax-m2", "minimaxm2-a"},
+                                                     {"qwen3next", "qwen3next-a"},  {"qwen35moe", "qwen35moe-a"},
+                                                     {"step35", "step35-a"},        {"glm-dsa", "glmdsa-a"},
+                                                     {"minimax-m3", "minimaxm3-a"}, {"kimi-k3", "kimik3-a"}};
+  const std::set<std::string> in_archs2 = {"step35", "glm-dsa", "minimax-m3", "kimi-k3"};
   ASSERT_EQ(make_arch_names().size(), 3 + ref_of.size());
   for (const auto& [arch, ref_model] : ref_of) {
     const bool second = in_archs2.count(arch) != 0;

@@ -145,7 +145,7 @@ TEST(Nextn, ABrokenHeadTakesOnlyTheDraftSourceAway) {
 }
 
 TEST(Nextn, DecodingThroughTheHeadIsPlainDecoding) {
-  for (const char* arch : {"glm4moe", "step35"}) {
+  for (const char* arch : {"glm4moe", "step35", "glm-dsa"}) {
     auto m = load(model_path(arch));
     ASSERT_TRUE(m);
     const auto prompt = prompt_of(m->hparams().n_vocab);
@@ -236,9 +236,10 @@ TEST(Nextn, AHeadThatKnowsTheModelDraftsWhatItGenerates) {
   EXPECT_LE(got.stats.steps, (kN - 1 + 3) / 4) << "3 drafts kept per pass: 4 tokens each";
 }
 
-// The reference glm4moe and step35 files (written by llama.cpp's tools, with their NextN tensors).
+// The reference glm4moe, step35 and glm-dsa files (written by llama.cpp's tools, with their NextN
+// tensors; glm-dsa's NextN block has no indexer and attends densely).
 TEST(Nextn, ReferenceFileDraftsAndDecodesLikePlain) {
-  for (const char* file : {"/archs/glm4moe-a.Q8_0.gguf", "/archs2/step35-a.Q8_0.gguf"}) {
+  for (const char* file : {"/archs/glm4moe-a.Q8_0.gguf", "/archs2/step35-a.Q8_0.gguf", "/archs2/glmdsa-a.Q8_0.gguf"}) {
     SCOPED_TRACE(file);
     const std::string path = testing::reference_dir() + file;
     if (!std::filesystem::exists(path)) GTEST_SKIP() << "reference set absent: " << path;

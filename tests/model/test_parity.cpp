@@ -42,9 +42,21 @@ const RefFile& ref_file(const std::string& gguf) {
   return cache.emplace(gguf, std::move(r)).first->second;
 }
 
-std::unique_ptr<Model> load_model(const std::string& gguf, bool dequant) {
+// minimax-m3: llama.cpp made its references with flash attention on (archs2 README §1), which in
+// the dense blocks casts K/V to F16 and picks its kernel by batch size: batches under 64 tokens
+// (seq16) accumulate V in F16, batches of 64 (seq64) run in F32. moesh follows the F32 kernel and
+// is batch-invariant; the references are compared in LoadOptions::llama_fa_batches mode, which
+// also picks by batch size, and batch == incremental is checked without it. Observed without the
+// mode: seq64 identical (Q8_0 max abs diff 5e-9), seq16 within 0.11 with the argmax differing at
+// two Q4_K_M positions whose reference top-2 gaps are 0.013 and 0.003.
+bool llama_fa_batches(const std::string& gguf) {
+  return gguf.find("minimaxm3") != std::string::npos;
+}
+
+std::unique_ptr<Model> load_model(const std::string& gguf, bool dequant, bool llama_fa = false) {
   LoadOptions o;
   o.dequant_f32 = dequant;
+  o.llama_fa_batches = llama_fa;
   auto m = Model::load(testing::reference_dir() + "/" + gguf, o);
   EXPECT_TRUE(m.is_ok()) << m.status().to_string();
   return m ? std::move(*m) : nullptr;
@@ -71,6 +83,9 @@ std::vector<float> decode_batch(const Model& m, const std::vector<int32_t>& toks
 struct Tolerance {
   double weight = 5e-6;  // mixing weights
   double hidden = 1e-5;  // residual stream after each layer (seq16)
+  // > 0: at a position whose reference top-2 gap is below this, the argmax may be another token
+  // whose reference logit is within this of the top (a near-tie); 0: argmax equal everywhere.
+  double argmax_gap = 0.0;
 };
 Tolerance tolerance_for(const std::string& file) {
   Tolerance t;
@@ -82,6 +97,17 @@ Tolerance tolerance_for(const std::string& file) {
   // (step35-a.Q4_K_M seq16 position 5: weights 2.5e-5, logits 0.027; the rest ~1e-6).
   // Observed: step35-a.Q8_0 4.8e-7 (logits identical to 4 digits), step35-a.Q4_K_M 2.5e-5.
   if (file.starts_with("archs2/")) t.weight = file.find("Q4_K_M") != std::string::npos ? 2.5e-4 : 5e-6;
+  // kimik3-a.Q8_0 is bit-identical (hidden states and logits, both sequences). Its Q4_K_M file
+  // carries the same AVX2-vs-AVX-512 ulps from layer 0 on (seq16: 4e-7 at positions 1-3, 6-8,
+  // 13), and kimi-k3 turns them into ~0.1 logit differences (reference README §6: native vs
+  // dequant-f32 0.24-0.42): observed hidden 0.053, weights 0.02, logits 0.098, min cosine
+  // 0.99963; argmax differs only at near-ties (seq16 positions 5, 7, 11: reference gaps 0.012,
+  // 0.004, 0.011).
+  if (file == "archs2/kimik3-a.Q4_K_M.gguf") t.weight = 0.05, t.hidden = 0.1, t.argmax_gap = 0.05;
+  // minimaxm3-a.Q4_K_M seq64 drifts from position 4 on (weights 5.6e-3, logits 0.066, min cosine
+  // 0.99990, argmax equal): an activation-quantization rounding step flips upstream, as in
+  // deepseek2-s.Q4_K_M; its seq16 and the Q8_0 file agree to 2.4e-7.
+  if (file == "archs2/minimaxm3-a.Q4_K_M.gguf") t.weight = 7.5e-3;
   return t;
 }
 
@@ -101,6 +127,11 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
   ASSERT_EQ(ref.seqs.size(), 2u) << "could not parse the reference JSON of " << GetParam();
   auto model = load_model(GetParam(), false);
   ASSERT_NE(model, nullptr);
+  std::unique_ptr<Model> ref_mode;  // llama.cpp's batch-dependent attention (llama_fa_batches)
+  if (llama_fa_batches(GetParam())) {
+    ref_mode = load_model(GetParam(), false, true);
+    ASSERT_NE(ref_mode, nullptr);
+  }
   const HParams& hp = model->hparams();
   const int64_t V = hp.n_vocab;
   const Tolerance tol = tolerance_for(GetParam());
@@ -111,7 +142,7 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
     SCOPED_TRACE(GetParam() + " " + seq.name);
     const int64_t T = static_cast<int64_t>(seq.tokens.size());
     RecordingObserver obs;
-    std::vector<float> logits = decode_batch(*model, seq.tokens, 2, &obs);
+    std::vector<float> logits = decode_batch(ref_mode ? *ref_mode : *model, seq.tokens, 2, &obs);
     ASSERT_EQ(static_cast<int64_t>(seq.logits.size()), T);
 
     // Non-degenerate data: the reference rows vary.
@@ -153,7 +184,13 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
     double worst_cos = 1.0, max_abs = 0.0;
     for (int64_t t = 0; t < T; ++t) {
       const float* row = logits.data() + t * V;
-      EXPECT_EQ(testing::argmax_of(row, V), seq.argmax[t]) << "position " << t;
+      const int32_t am = testing::argmax_of(row, V);
+      if (tol.argmax_gap > 0.0 && am != seq.argmax[t]) {
+        const std::vector<float>& r = seq.logits[t];
+        EXPECT_LE(r[seq.argmax[t]] - r[am], tol.argmax_gap) << "position " << t << ": not a near-tie";
+      } else {
+        EXPECT_EQ(am, seq.argmax[t]) << "position " << t;
+      }
       const double c = testing::cosine(row, seq.logits[t].data(), V);
       worst_cos = std::min(worst_cos, c);
       EXPECT_GE(c, min_cos) << "position " << t;
@@ -201,6 +238,7 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
     std::printf("  %s %s: routing weights max abs diff %.3g\n", GetParam().c_str(), seq.name.c_str(), max_w_diff);
 
     // One token at a time through the KV cache: bit-identical to the batch.
+    if (ref_mode) logits = decode_batch(*model, seq.tokens, 2);
     {
       ContextParams cp;
       cp.n_threads = 2;
@@ -234,7 +272,7 @@ TEST_P(Parity, LogitsRoutingAndIncremental) {
 TEST_P(Parity, DequantF32Mode) {
   const RefFile& ref = ref_file(GetParam());
   ASSERT_EQ(ref.dequant_seqs.size(), 2u) << "no dequant-f32 reference for " << GetParam();
-  auto model = load_model(GetParam(), true);
+  auto model = load_model(GetParam(), true, llama_fa_batches(GetParam()));
   ASSERT_NE(model, nullptr);
   const int64_t V = model->hparams().n_vocab;
   for (const RefSequence& seq : ref.dequant_seqs) {
@@ -249,8 +287,10 @@ TEST_P(Parity, DequantF32Mode) {
     }
     std::printf("  %s %s dequant-f32: max abs diff %.3g\n", GetParam().c_str(), seq.name.c_str(), max_abs);
     // Observed max abs diff over all files and sequences: 2.98e-06 (deepseek2-s.Q8_0 seq64);
-    // the bound is 10x that (reference README §7 expects ~1e-4 from an F32 engine).
-    EXPECT_LE(max_abs, 3e-5);
+    // the bound is 10x that (reference README §7 expects ~1e-4 from an F32 engine). minimax-m3:
+    // seq64 4.8e-5, seq16 (llama_fa_batches' F16 kernel) 4.9e-4 while its native files agree to
+    // 1.2e-6: the F16-accumulating kernel magnifies F32 order differences of the dequantized run.
+    EXPECT_LE(max_abs, llama_fa_batches(GetParam()) ? 5e-4 : 3e-5);
   }
 }
 

@@ -133,5 +133,35 @@ TEST(SpanContext, BadSpansAndRestrictedContextsAreRefused) {
   EXPECT_EQ(part.state().seq_len(0), 1);
 }
 
+// kimi-k3's cross-layer residual attention carries checkpoints between blocks that a span's
+// rows do not hold: spans are refused by name (both sides), the plain forward pass runs.
+TEST(SpanContext, ResidualAttentionModelsRefuseSpans) {
+  MakeModelSpec s;
+  ASSERT_TRUE(MakeModelSpec::defaults_for_name("kimi-k3", &s));
+  s.type = MakeFileType::kQ8_0;
+  s.vocab = MakeVocab::kNone;
+  const std::string p = testing::TempDir() + "/span-context-kimi.gguf";
+  ASSERT_TRUE(make_model(s, p).is_ok());
+  auto model = Model::load(p);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const Model& m = **model;
+  ASSERT_GT(m.hparams().attn_res_block, 0);
+  const int32_t tok = 3;
+  ContextParams cp;
+  cp.n_threads = 1;
+  cp.spans = std::make_shared<InProcessSpan>(m, LayerSpan{1, 2});
+  Context ctx(m, cp);
+  EXPECT_EQ(ctx.decode(0, &tok, 1, nullptr).code(), StatusCode::kUnsupported);
+  ContextParams pp;
+  pp.n_threads = 1;
+  pp.layers = {1, 2};
+  Context part(m, pp);
+  std::vector<float> h(static_cast<size_t>(m.hparams().n_embd), 0.1f);
+  std::vector<Context::LayerToken> toks = {{0, 0, false}};
+  EXPECT_EQ(part.decode_layers(toks, 1, 2, h.data()).code(), StatusCode::kUnsupported);
+  Context plain(m, ContextParams{.n_threads = 1});
+  EXPECT_TRUE(plain.decode(0, &tok, 1, nullptr).is_ok());
+}
+
 }  // namespace
 }  // namespace moesh

@@ -164,19 +164,29 @@ ModelDesc describe_model(const File& f) {
   };
   add("architecture", h.arch_name + " (supported)");
   add("blocks",
-      fmt::format(
-          "{} decoder{}{}", h.n_layer,
-          h.n_rec_layer > 0 ? fmt::format(" ({} gated DeltaNet, {} attention)", h.n_rec_layer, h.n_kv_layer) : "",
-          h.n_nextn > 0 ? fmt::format(" + {} NextN/MTP ({})", h.n_nextn, nextn_draft_head(h.arch_name)) : ""));
+      fmt::format("{} decoder{}{}", h.n_layer,
+                  h.n_rec_layer > 0 ? fmt::format(" ({} {}, {} attention)", h.n_rec_layer,
+                                                  h.dnet.kda ? "KDA" : "gated DeltaNet", h.n_kv_layer)
+                                    : "",
+                  h.n_nextn > 0 ? fmt::format(" + {} NextN/MTP ({})", h.n_nextn, nextn_draft_head(h.arch_name)) : ""));
   if (h.n_rec_layer > 0) {
     const HParams::DeltaNet& dn = h.dnet;
     // What a sequence costs beyond its KV cells: one state per recurrent block, and as much
     // again per checkpoint kept (rollback, prefix reuse).
     const double kib = static_cast<double>(h.rec_width * h.n_rec_layer) * sizeof(float) / 1024.0;
-    add("deltanet", fmt::format("{} key / {} value heads of {}, conv {}, {} head order, {} beta/alpha; "
-                                "state {:.1f} KiB per sequence (and per checkpoint)",
-                                dn.n_k_head, dn.n_v_head, dn.d_state, dn.d_conv, dn.tiled ? "tiled" : "grouped",
-                                dn.split_ba ? "separate" : "grouped", kib));
+    if (dn.kda) {  // kimi-k3
+      add("kda", fmt::format("{} heads of {}, conv {} on q/k/v, per-channel decay (lower bound {}); "
+                             "state {:.1f} KiB per sequence (and per checkpoint)",
+                             dn.n_v_head, dn.d_state, dn.d_conv, dn.gate_lower_bound, kib));
+    } else {
+      add("deltanet", fmt::format("{} key / {} value heads of {}, conv {}, {} head order, {} beta/alpha; "
+                                  "state {:.1f} KiB per sequence (and per checkpoint)",
+                                  dn.n_k_head, dn.n_v_head, dn.d_state, dn.d_conv, dn.tiled ? "tiled" : "grouped",
+                                  dn.split_ba ? "separate" : "grouped", kib));
+    }
+  }
+  if (h.attn_res_block > 0) {  // kimi-k3
+    add("residual", fmt::format("cross-layer residual attention, a checkpoint every {} blocks", h.attn_res_block));
   }
   const char* qk = h.qk_norm == QkNorm::kPerHead      ? ", per-head Q/K norm"
                    : h.qk_norm == QkNorm::kFull       ? ", Q/K norm over the whole projection"
@@ -199,6 +209,25 @@ ModelDesc describe_model(const File& f) {
             "query heads {} (w: window {}{})", per, h.n_swa,
             h.rope_swa_own ? fmt::format(", rope {} dims base {}", h.rope_swa.n_rot, h.rope_swa.freq_base) : ""));
   }
+  if (h.msa.n_head > 0) {  // minimax-m3: MiniMax sparse attention in the blocks after the dense ones
+    add("sparse attention",
+        fmt::format("MSA in blocks {}-{}: {} indexer heads (one per KV group) of {}, blocks of {} positions, "
+                    "top-{} blocks per group ({} most recent always)",
+                    h.n_leading_dense, h.n_layer - 1, h.msa.n_head, h.msa.head_dim, h.msa.block, h.msa.top_k,
+                    h.msa.local));
+  }
+  if (h.n_indexer_head > 0) {  // glm-dsa: DeepSeek sparse attention over MLA
+    std::string own, reused;
+    for (int64_t il = 0; il < h.n_layer; ++il) {
+      const int32_t src = h.indexer_source_of(il);
+      if (src == il) own += fmt::format("{}{}", own.empty() ? "" : " ", il);
+      if (src >= 0 && src < il) reused += fmt::format("{}{} (of {})", reused.empty() ? "" : ", ", il, src);
+    }
+    add("sparse attention",
+        fmt::format("DSA lightning indexer: {} heads of {}, top-{} cells per token; own selection in blocks {}{}",
+                    h.n_indexer_head, h.indexer_head_dim, h.indexer_top_k, own,
+                    reused.empty() ? "" : "; reused in " + reused));
+  }
   if (h.n_expert > 0) {
     add("experts",
         fmt::format("{} routed, top-{}, {} gating{}{}{}, width {}", h.n_expert, h.n_expert_used,
@@ -206,6 +235,10 @@ ModelDesc describe_model(const File& f) {
                     h.norm_w ? ", renormalised" : "",
                     h.w_scale != 0.0f && h.w_scale != 1.0f ? fmt::format(", x{}", h.w_scale) : "", h.n_ff_exp));
     add("expert ffn", h.expert_ffn.describe());
+    if (h.n_expert_latent > 0) {  // kimi-k3: what goes on the wire
+      add("latent moe", fmt::format("experts run on {}-wide rows (ffn_routed_down / _norm / _up on the backbone)",
+                                    h.n_expert_latent));
+    }
     if (h.n_expert_shared > 0) {
       add("shared expert",
           fmt::format("{} x width {}{}", h.n_expert_shared, h.n_ff_shexp > 0 ? h.n_ff_shexp : h.n_ff_exp,

@@ -95,6 +95,33 @@ struct HParams {
   int64_t head_dim_qk_mla = 0;  // nope + rope (key_length_mla)
   int64_t head_dim_v_mla = 0;   // value_length_mla
 
+  // Latent MoE (kimi-k3 expert_latent_length): the routed experts run in this width — the backbone
+  // projects x down (ffn_routed_down), dispatches the latent rows, then norms and projects the
+  // routed sum back up. 0: experts take n_embd-wide rows.
+  int64_t n_expert_latent = 0;
+  int64_t n_embd_exp() const { return n_expert_latent > 0 ? n_expert_latent : n_embd; }
+  // Cross-layer residual attention (kimi-k3 attn_res.block_size B > 0; layers.h residual_mix):
+  // every B-th block banks its input as a checkpoint and restarts the stream; each mixer, FFN
+  // and the output head read a softmax-weighted mix of the checkpoints and the stream.
+  int64_t attn_res_block = 0;
+  // DeepSeek-style sparse attention (glm-dsa): the lightning indexer (layers_indexer.cpp) keeps,
+  // per query token, the indexer_top_k cells of highest indexer score; MLA attends to those only.
+  // indexer_source[il]: block il computes its own selection (== il), reuses the selection of an
+  // earlier block (< il), or attends densely (-1; also every block beyond the array, e.g. NextN).
+  int64_t n_indexer_head = 0, indexer_head_dim = 0, indexer_top_k = 0;
+  std::vector<int32_t> indexer_source;
+  int32_t indexer_source_of(int64_t il) const {
+    return il >= 0 && il < static_cast<int64_t>(indexer_source.size()) ? indexer_source[static_cast<size_t>(il)] : -1;
+  }
+  // Whether blocks [0, il) and [il, n_layer) can run in different places (span boundaries): no
+  // block from il on reuses a selection computed before il (the selection is not sent along).
+  bool can_split_before(int64_t il) const {
+    for (int64_t j = il; j < static_cast<int64_t>(indexer_source.size()); ++j) {
+      if (indexer_source_of(j) >= 0 && indexer_source_of(j) < il) return false;
+    }
+    return true;
+  }
+
   RopeParams rope;  // mode, n_rot, base, YaRN (freq_factors set by the loader)
   // Sliding-window blocks' own RoPE when rope_swa_own (step35: rope.freq_base_swa over the whole
   // head, no rope_freqs); otherwise they use `rope` like the others.
@@ -120,6 +147,16 @@ struct HParams {
   // Per block (step35 swiglu_clamp_shexp): the dense FFN's / shared expert's SwiGLU limit
   // (LayerWeights::swiglu_limit); the routed experts' limits are expert_ffn.swiglu_limit.
   std::vector<float> ffn_swiglu_limit;
+  // MiniMax sparse attention (minimax-m3; layers_msa.cpp): blocks >= n_leading_dense run a
+  // block indexer (one indexer head per KV group) and their query heads attend only to the
+  // position blocks their group selected. n_head == 0: off.
+  struct Msa {
+    int64_t n_head = 0;    // attention.indexer.head_count (== n_head_kv)
+    int64_t head_dim = 0;  // attention.indexer.key_length
+    int64_t top_k = 0;     // attention.indexer.top_k: blocks taken per query and group
+    int64_t block = 0;     // attention.indexer.block_size: positions per block
+    int64_t local = 0;     // attention.indexer.local_blocks: most recent blocks always taken
+  } msa;
   int64_t no_rope_step = 0;      // llama4: every n-th block is NoPE
   float attn_temp_scale = 0.0f;  // NoPE layers' query temperature (llama4: 0.1; 0 = off)
   float attn_temp_floor = 8192.0f;
@@ -147,6 +184,10 @@ struct HParams {
     bool split_ba = false;      // separate ssm_beta / ssm_alpha (qwen35moe), else one grouped ssm_ba
     int64_t attn_interval = 4;  // full_attention_interval: block il attends when (il + 1) % it == 0
     int64_t conv_channels() const { return 2 * n_k_head * d_state + d_inner; }
+    // KDA (kimi-k3 kda.*): separate q/k/v projections and convolutions, a decay per key channel
+    // g = gate_lower_bound * sigmoid(exp(A_log) * f) and a full-rank sigmoid output gate.
+    bool kda = false;
+    float gate_lower_bound = 0.0f;
   } dnet;
 
   // The routed expert FFN (activation, biases, input scaling): part of the model's identity,
@@ -172,17 +213,30 @@ struct LayerWeights {
   // GQA family (attention_gqa): projections, optional biases, Q/K norms, attention sinks
   TensorView wq, wk, wv, wo, q_norm, k_norm;
   TensorView bq, bk, bv, bo, sinks;
-  bool rope = true;      // false: a NoPE layer (llama4)
-  bool swa = false;      // sliding-window layer (hp.n_swa)
+  bool rope = true;  // false: a NoPE layer (llama4)
+  bool swa = false;  // sliding-window layer (hp.n_swa)
+  // Attention reads K and V rounded to F16 (minimax-m3's dense blocks: llama.cpp's flash attention
+  // casts the F32 cache to F16 there); the cache keeps the rounded rows.
+  bool kv_f16 = false;
   TensorView head_gate;  // attn_gate [n_embd, n_head]: output of head h *= sigmoid(head_gate_h · x) (step35)
+  TensorView out_gate;   // attn_gate [n_embd, n_head*v]: MLA output *= sigmoid(out_gate · x), elementwise (kimi-k3)
+  // MiniMax sparse attention's block indexer (hp.msa; invalid in dense blocks): indexer.q_proj
+  // [n_embd, msa.n_head * msa.head_dim], k_proj [n_embd, msa.head_dim], q_norm / k_norm [msa.head_dim]
+  TensorView msa_q, msa_k, msa_q_norm, msa_k_norm;
   // MLA (deepseek2)
   TensorView wq_a, q_a_norm, wq_b, wkv_a_mqa, kv_a_norm, wk_b, wv_b;
+  // Lightning indexer (glm-dsa blocks that compute their own selection): iq = idx_wq_b · qr,
+  // ik = layernorm(idx_wk · x) ⊙ idx_k_norm + idx_k_norm_b, head weights idx_proj · x.
+  TensorView idx_wq_b, idx_wk, idx_k_norm, idx_k_norm_b, idx_proj;
   TensorView ffn_norm;
   // dense FFN
   TensorView ffn_gate, ffn_up, ffn_down;
   // > 0: the dense FFN and the shared expert use the clamped SwiGLU min(silu(g), L) * clamp(u, ±L)
   // (step35 swiglu_clamp_shexp); the routed experts' limit is experts.swiglu_limit.
   float swiglu_limit = 0.0f;
+  // The dense FFN's and the shared expert's activation (minimax-m3: kSwigluOai; routed experts:
+  // experts.act).
+  ExpertActivation ffn_act = ExpertActivation::kSilu;
   // MoE
   bool is_moe = false;
   TensorView router;       // ffn_gate_inp [n_embd, n_expert], F32
@@ -194,11 +248,23 @@ struct LayerWeights {
   // Gated DeltaNet (a recurrent block of a hybrid): fused q/k/v projection, output gate z,
   // beta/alpha (one grouped ssm_ba, or ssm_beta + ssm_alpha), convolution, decay and norm.
   TensorView wqkv, wqkv_gate, ssm_ba, ssm_beta, ssm_alpha, ssm_conv1d, ssm_dt_b, ssm_a, ssm_norm, ssm_out;
+  // KDA (kimi-k3): q/k/v use wq/wk/wv and wo; per-projection convolutions, decay factors, output gate.
+  TensorView ssm_conv_q, ssm_conv_k, ssm_conv_v, ssm_f_a, ssm_f_b, ssm_g;
+  // Latent MoE (hp.n_expert_latent): x -> latent, the routed sum's norm, latent -> n_embd.
+  TensorView ffn_routed_down, ffn_routed_norm, ffn_routed_up;
+  // Cross-layer residual attention (hp.attn_res_block): the mix scores before mixer and FFN.
+  TensorView attn_res_score, ffn_res_score;
 };
 
 struct LoadOptions {
   // Debug engine mode: dequantize every weight to F32 at load (matches *.dequant-f32.logits.json).
   bool dequant_f32 = false;
+  // Reference mode (tests): reproduce which CPU flash-attention kernel llama.cpp picks per batch
+  // in blocks whose K/V it casts to F16 (LayerWeights::kv_f16, minimax-m3's dense blocks): under
+  // 64 tokens its one-row kernel, which rounds Q to F16 and accumulates V in F16
+  // (AttnCoreOpts::fa_f16); from 64 its tiled F32 kernel, which moesh follows otherwise. Makes
+  // a token's bits depend on its batch: never for serving.
+  bool llama_fa_batches = false;
 };
 
 // A NextN/MTP block (DeepSeek-V3-style multi-token prediction; glm4moe files carry one after the
@@ -228,6 +294,7 @@ class Model {
   bool holds_all_blocks() const { return blocks_.first == 0 && blocks_.last == hp_.n_layer - 1; }
 
   TensorView tok_embd, output_norm, output;
+  TensorView output_res_score;  // the output head's residual mix (hp.attn_res_block > 0), else invalid
   std::vector<LayerWeights> layers;
   // Stacked routed-expert views per layer (invalid for dense layers), for executors.
   std::vector<ExpertWeights> expert_weights() const;
@@ -259,6 +326,10 @@ class ForwardObserver {
   // Routing margin of each token of MoE layer `layer` (routing_margins in routing.h), called
   // right after on_routing. Computed only while an observer is attached.
   virtual void on_routing_margins(int layer, int64_t n_tokens, const float* margins) {}
+  // Sparse-attention selection margin of each token of a block that computes its own selection
+  // (glm-dsa's lightning indexer: the top_k-th best indexer score minus the next best; +inf where
+  // every visible cell is kept). Computed only while an observer is attached.
+  virtual void on_selection_margins(int layer, int64_t n_tokens, const float* margins) {}
   // Residual stream after layer `layer`, [n_tokens][n_embd].
   virtual void on_layer_out(int layer, int64_t n_tokens, int64_t n_embd, const float* h) {}
 };

@@ -33,9 +33,10 @@
 namespace moesh {
 
 // Activation of the gated expert FFN. kSilu: h = silu(g) * u; kSwigluOai (gpt-oss):
-// g' = min(g, 7), u' = clamp(u, -7, 7), h = g' * sigmoid(1.702 g') * (u' + 1).
-enum class ExpertActivation { kSilu = 0, kSwigluOai, kCOUNT };
-const char* expert_activation_name(ExpertActivation a);  // "silu" | "swiglu-oai"
+// g' = min(g, 7), u' = clamp(u, -7, 7), h = g' * sigmoid(1.702 g') * (u' + 1). kSitu (kimi-k3):
+// h = b·tanh(g/b)·sigmoid(g) · l·tanh(u/l) with b = ExpertFfn::situ_beta, l = situ_linear_beta.
+enum class ExpertActivation { kSilu = 0, kSwigluOai, kSitu, kCOUNT };
+const char* expert_activation_name(ExpertActivation a);  // "silu" | "swiglu-oai" | "situ"
 
 // The definition of a routed expert FFN, fixed by the architecture: the backbone and every worker
 // must compute the same function, so it travels in the swarm handshake (wire HELLO v4).
@@ -50,6 +51,8 @@ struct ExpertFfn {
   // h = min(silu(g), L) * clamp(u, -L, L); 0 or a block past the end: plain. The values come
   // from the model file on both ends (its metadata is part of the model identity).
   std::vector<float> swiglu_limit;
+  // kSitu's two constants (activation.situ_beta / situ_linear_beta of the model file).
+  float situ_beta = 0.0f, situ_linear_beta = 0.0f;
 
   float swiglu_limit_of(int64_t layer) const {
     return layer >= 0 && layer < static_cast<int64_t>(swiglu_limit.size()) ? swiglu_limit[static_cast<size_t>(layer)]
@@ -70,7 +73,8 @@ struct ExpertWeights {
   TensorView gate, up, down;
   TensorView gate_b, up_b, down_b;
   ExpertActivation act = ExpertActivation::kSilu;
-  float swiglu_limit = 0.0f;  // this layer's ExpertFfn::swiglu_limit_of (> 0: clamped kSilu)
+  float swiglu_limit = 0.0f;                        // this layer's ExpertFfn::swiglu_limit_of (> 0: clamped kSilu)
+  float situ_beta = 0.0f, situ_linear_beta = 0.0f;  // kSitu's constants (ExpertFfn)
 
   bool has_biases() const { return gate_b.valid(); }
 

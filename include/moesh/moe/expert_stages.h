@@ -19,7 +19,8 @@ TensorView weight_rows(const TensorView& w, int64_t r0, int64_t r1);
 // (ExpertWeights::gate_b/up_b/down_b, row e), added after the matmul as ggml_add_id does.
 void add_expert_bias(const TensorView& b, int64_t e, int64_t r0, int64_t r1, float* y, int64_t ld, int64_t n_rows);
 // h = act(g, u) over n elements; `limit` > 0 clamps kSilu (ExpertWeights::swiglu_limit).
-void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n, float limit = 0.0f);
+void expert_activation(ExpertActivation act, const float* g, const float* u, float* h, int64_t n, float limit = 0.0f,
+                       float situ_beta = 0.0f, float situ_linear_beta = 0.0f);
 
 // What every executor records at submit(): the ticket and the dispatch's inputs (which must
 // stay valid until wait()). Executors' job types derive from it and reuse finished jobs, so a

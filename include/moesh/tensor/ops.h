@@ -75,6 +75,9 @@ void swiglu(const float* g, const float* u, float* y, int64_t n);
 void swiglu_limited(const float* g, const float* u, float* y, int64_t n, float limit);
 // gpt-oss: a=min(g,limit), b=clamp(u,-limit,limit), y = a*sigmoid(alpha*a)*(b+1)
 void swiglu_oai(const float* g, const float* u, float* y, int64_t n, float alpha = 1.702f, float limit = 7.0f);
+// situ (kimi-k3): y[i] = beta*tanh(g[i]/beta)*sigmoid(g[i]) * lbeta*tanh(u[i]/lbeta), the up branch
+// plain u[i] when lbeta <= 0 (llama.cpp: ggml_scale by 1/beta, ggml_tanh, ggml_scale, ggml_mul).
+void situ(const float* g, const float* u, float* y, int64_t n, float beta, float lbeta);
 
 // RoPE (ggml rope_f32 semantics incl. YaRN), applied in place to one token's heads.
 enum class RopeMode { kNorm, kNeox };

@@ -264,8 +264,10 @@ struct Hello {
   uint8_t expert_flags = 0;
 };
 
-constexpr uint8_t kExpertActSilu = 0;                // silu(g) * u
-constexpr uint8_t kExpertActSwigluOai = 1;           // gpt-oss's clamped swiglu
+constexpr uint8_t kExpertActSilu = 0;       // silu(g) * u
+constexpr uint8_t kExpertActSwigluOai = 1;  // gpt-oss's clamped swiglu
+// kimi-k3's situ; its two constants are the model file's (covered by the model identity).
+constexpr uint8_t kExpertActSitu = 2;
 constexpr uint8_t kExpertFlagBiases = 1u << 0;       // per-expert gate/up/down biases
 constexpr uint8_t kExpertFlagInputScaled = 1u << 1;  // mixing weight on the input (llama4)
 // Per-layer SwiGLU limits (step35: min(silu(g), L) * clamp(u, ±L) where the model file's
