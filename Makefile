@@ -30,7 +30,7 @@ test: build
 # ASan+UBSan over the labels that exercise kernels, parsers and the model code.
 test-sanitize: deps
 	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DMOESH_SANITIZE=ON -DMOESH_BUILD_BENCH=OFF
-	cmake --build $(BUILD_SAN) -j $(JOBS)
+	cmake --build $(BUILD_SAN) -j $(JOBS) --target check-targets
 	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -L 'unit|ops|model' $(CTEST_ARGS)
 
 # libFuzzer (clang, ASan+UBSan) on the wire frames, GGUF images, HTTP request bodies and JSON Schemas, FUZZ_SECONDS each, from the

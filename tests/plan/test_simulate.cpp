@@ -8,7 +8,7 @@
 namespace moesh {
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kSimMiB = 1ull << 20;
 
 PlanModel model(int n_layer) {
   PlanModel m;
@@ -16,9 +16,9 @@ PlanModel model(int n_layer) {
   m.n_expert = 16;
   m.n_expert_used = 4;
   m.hidden_bytes = 4096;
-  m.global_bytes = 4 * kMiB;
+  m.global_bytes = 4 * kSimMiB;
   m.global_s = 1e-4;
-  for (int l = 0; l < n_layer; ++l) m.layers.push_back({true, 2 * kMiB, kMiB, kMiB / 4, 4e-4, 2e-4});
+  for (int l = 0; l < n_layer; ++l) m.layers.push_back({true, 2 * kSimMiB, kSimMiB, kSimMiB / 4, 4e-4, 2e-4});
   return m;
 }
 
@@ -102,7 +102,7 @@ TEST(Simulate, LocalLayersMakeNoTrips) {
   const PlanModel m = model(4);
   const auto peers = four(0.02);
   PlanOptions po;
-  po.local_experts_bytes = 4 * 16 * kMiB;
+  po.local_experts_bytes = 4 * 16 * kSimMiB;
   auto plan = plan_swarm(m, peers, po);
   ASSERT_TRUE(plan.is_ok());
   auto r = simulate(m, peers, po, *plan, SimOptions{});

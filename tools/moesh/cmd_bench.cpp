@@ -351,7 +351,7 @@ int run_bench(const BenchArgs& a) {
   return 0;
 }
 
-const CommandRegistrar k_reg{Command{
+const CommandRegistrar kRegisterBench{Command{
     "bench", "Prompt-processing and generation throughput (llama-bench style)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<BenchArgs>();

@@ -239,7 +239,7 @@ int run_chat(const ChatArgs& a) {
   return 0;
 }
 
-CommandRegistrar reg{
+CommandRegistrar kRegisterChat{
     Command{"chat", "Talk to a `moesh serve` gateway (OpenAI chat API, streamed)", [](CLI::App* sub) {
               auto a = std::make_shared<ChatArgs>();
               sub->add_option("message", a->message, "One user message (omit: read turns from stdin)");

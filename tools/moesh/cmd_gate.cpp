@@ -194,7 +194,7 @@ int run_gate(const GateArgs& a) {
   return rep->pass ? 0 : 1;
 }
 
-const CommandRegistrar k_reg{Command{
+const CommandRegistrar kRegisterGate{Command{
     "gate", "Check a remote dispatch path against local execution (PASS/FAIL)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<GateArgs>();

@@ -192,9 +192,12 @@ ModelDesc describe_model(const File& f) {
                    : h.qk_norm == QkNorm::kFull       ? ", Q/K norm over the whole projection"
                    : h.qk_norm == QkNorm::kUnweighted ? ", unweighted Q/K norm after RoPE"
                                                       : "";
+  // kimi-k3's MLA blocks rotate nothing: the n_rot "rope" dims of each head take part unrotated.
+  const std::string rope = h.arch_name == "kimi-k3" ? fmt::format("no rope ({} unrotated dims)", h.n_rot)
+                                                    : fmt::format("rope {} dims {}", h.n_rot,
+                                                                  h.rope.mode == RopeMode::kNeox ? "neox" : "normal");
   add("attention",
-      fmt::format("{} heads / {} KV, head {}/{}, rope {} dims {}{}{}{}", h.n_head, h.n_head_kv, h.head_dim_k,
-                  h.head_dim_v, h.n_rot, h.rope.mode == RopeMode::kNeox ? "neox" : "normal",
+      fmt::format("{} heads / {} KV, head {}/{}, {}{}{}{}", h.n_head, h.n_head_kv, h.head_dim_k, h.head_dim_v, rope,
                   h.rope_scaling.yarn ? fmt::format(" yarn x{}", h.rope_scaling.factor) : "", qk,
                   h.n_swa > 0 ? fmt::format(", {} {}", h.swa_chunked ? "chunks of" : "window", h.n_swa) : "") +
           (h.q_gated ? ", sigmoid-gated output" : ""));
@@ -411,7 +414,7 @@ int run_inspect(const InspectOptions& o) {
   return 0;
 }
 
-const CommandRegistrar k_register{
+const CommandRegistrar kRegisterInspect{
     Command{"inspect", "Print a GGUF file's header, metadata, tensors and expert slab sizes",
             [](CLI::App* sub) -> std::function<int()> {
               auto opts = std::make_shared<InspectOptions>();

@@ -74,7 +74,7 @@ int run_logits(const LogitsArgs& a) {
   return out.good() ? 0 : 1;
 }
 
-const CommandRegistrar k_reg{
+const CommandRegistrar kRegisterLogits{
     Command{"logits", "Decode token ids and write the logits of every position as JSON",
             [](CLI::App* sub) -> std::function<int()> {
               auto a = std::make_shared<LogitsArgs>();

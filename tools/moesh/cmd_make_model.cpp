@@ -65,7 +65,7 @@ const IntFlag kIntFlags[] = {
     {"--n-leading-dense", "deepseek2 leading dense blocks", &MakeModelSpec::n_leading_dense},
 };
 
-std::string human_bytes(uint64_t b) {
+std::string size_text(uint64_t b) {
   if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
   if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
   if (b >= (1ull << 10)) return fmt::format("{:.1f} KiB", b / double(1ull << 10));
@@ -91,9 +91,9 @@ void print_summary(const MakeModelSpec& spec, const ModelPlan& plan) {
               (long long)spec.n_vocab, (long long)spec.n_embd, (long long)spec.n_layer, (long long)spec.n_head,
               (long long)spec.n_expert, (long long)spec.n_expert_used, (long long)spec.n_ff_exp);
   std::printf("  %zu metadata keys, %zu tensors, %s of tensor data\n", plan.kvs.size(), plan.tensors.size(),
-              human_bytes(plan.data_bytes).c_str());
+              size_text(plan.data_bytes).c_str());
   for (const auto& [name, e] : by_type) {
-    std::printf("    %-5s x%-3d %s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
+    std::printf("    %-5s x%-3d %s\n", name.c_str(), e.first, size_text(e.second).c_str());
   }
   // One line per run of consecutive MoE layers with the same expert bytes (48 equal layers: one).
   for (int il = 0; il < spec.n_layer;) {
@@ -105,8 +105,8 @@ void print_summary(const MakeModelSpec& spec, const ModelPlan& plan) {
     int last = il;
     while (last + 1 < spec.n_layer && plan.expert_bytes(last + 1) == eb) ++last;
     const std::string blk = last == il ? fmt::format("blk.{}", il) : fmt::format("blk.{}-{}", il, last);
-    std::printf("  %s experts: %s%s (%s per expert)\n", blk.c_str(), human_bytes(eb).c_str(), last == il ? "" : " each",
-                human_bytes(eb / static_cast<uint64_t>(spec.n_expert)).c_str());
+    std::printf("  %s experts: %s%s (%s per expert)\n", blk.c_str(), size_text(eb).c_str(), last == il ? "" : " each",
+                size_text(eb / static_cast<uint64_t>(spec.n_expert)).c_str());
     il = last + 1;
   }
 }
@@ -208,7 +208,7 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
     const double pct = p.bytes_total ? 100.0 * double(p.bytes_done) / double(p.bytes_total) : 100.0;
     if (verbose) {
       std::fprintf(stderr, "[%3zu/%zu] %-32s %-5s %-18s %10s  %5.1f%%  %.1fs\n", p.tensor_index + 1, p.n_tensors,
-                   t.name.c_str(), type_name(t.type), shape_str(t).c_str(), human_bytes(t.n_bytes).c_str(), pct,
+                   t.name.c_str(), type_name(t.type), shape_str(t).c_str(), size_text(t.n_bytes).c_str(), pct,
                    p.seconds);
     } else if (tty) {
       std::fprintf(stderr, "\rwriting tensor %zu/%zu  %5.1f%%  %.1fs", p.tensor_index + 1, p.n_tensors, pct, p.seconds);
@@ -224,13 +224,13 @@ int run_make_model(const MakeModelArgs& a, CLI::App* sub) {
   return 0;
 }
 
-CommandRegistrar reg{
+CommandRegistrar kRegisterMakeModel{
     Command{"make-model", "Write a random-weight MoE model (GGUF) that llama.cpp also loads",
             [](CLI::App* sub) -> std::function<int()> {
               auto a = std::make_shared<MakeModelArgs>();
-              sub->add_option("--arch", a->arch,
-                              "qwen3moe | llama (Mixtral) | deepseek2 | gpt-oss | glm4moe | llama4 | minimax-m2")
-                  ->capture_default_str();
+              std::string archs;
+              for (const std::string& n : make_arch_names()) archs += (archs.empty() ? "" : " | ") + n;
+              sub->add_option("--arch", a->arch, archs + " (llama: Mixtral)")->capture_default_str();
               sub->add_option("--out", a->out, "output .gguf path");
               sub->add_option("--type", a->type, "f32 | f16 | q8_0 | q4_k_m (default f32; preset: q4_k_m)");
               sub->add_option("--seed", a->seed, "weight seed (default: the reference model's seed)");

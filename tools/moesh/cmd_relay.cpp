@@ -70,7 +70,7 @@ int run_relay(const RelayArgs& a) {
   return 0;
 }
 
-const CommandRegistrar kReg{
+const CommandRegistrar kRegisterRelay{
     Command{"relay", "Relay between backbones and workers that cannot accept connections",
             [](CLI::App* sub) -> std::function<int()> {
               auto a = std::make_shared<RelayArgs>();

@@ -294,7 +294,7 @@ int run_run(const RunArgs& a) {
   return 0;
 }
 
-const CommandRegistrar k_reg{Command{
+const CommandRegistrar kRegisterRun{Command{
     "run", "Generate text or tokens from a prompt", [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<RunArgs>();
       sub->add_option("-m,--model", a->model, "GGUF model file")->required();

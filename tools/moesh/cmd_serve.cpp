@@ -157,7 +157,7 @@ int run_serve(const ServeArgs& a) {
   return 0;
 }
 
-const CommandRegistrar k_reg{Command{
+const CommandRegistrar kRegisterServe{Command{
     "serve", "OpenAI-compatible HTTP server (continuous batching, optional remote experts)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<ServeArgs>();

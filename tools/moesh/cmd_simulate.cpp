@@ -95,7 +95,7 @@ int run_simulate(const SimArgs& a) {
   return 0;
 }
 
-const CommandRegistrar kReg{Command{
+const CommandRegistrar kRegisterSimulate{Command{
     "simulate", "Simulate a swarm running a plan: tokens/s, step times, trips, failures (discrete events)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<SimArgs>();

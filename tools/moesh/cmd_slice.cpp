@@ -54,7 +54,7 @@ int run_slice(const SliceArgs& a) {
   return 0;
 }
 
-const CommandRegistrar kReg{Command{
+const CommandRegistrar kRegisterSlice{Command{
     "slice", "Write an expert slice (--experts), a backbone slice (--backbone) or a span slice (--layers)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<SliceArgs>();

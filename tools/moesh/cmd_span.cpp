@@ -157,7 +157,7 @@ int run_span(const SpanArgs& a) {
   return 0;
 }
 
-const CommandRegistrar kReg{Command{
+const CommandRegistrar kRegisterSpan{Command{
     "span", "Run blocks FIRST-LAST of a model for backbones (a span peer; backbones use --span)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<SpanArgs>();

@@ -221,7 +221,7 @@ int run_plan(const PlanCliArgs& a) {
   return 0;
 }
 
-const CommandRegistrar kReg{Command{
+const CommandRegistrar kRegisterSwarm{Command{
     "swarm", "Inspect a running swarm (status, ledger) or plan one (plan)", [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<SwarmArgs>();
       auto which = std::make_shared<std::string>();

@@ -87,7 +87,7 @@ int run_tokenize(const TokenizeArgs& a) {
   return 0;
 }
 
-const CommandRegistrar k_reg{
+const CommandRegistrar kRegisterTokenize{
     Command{"tokenize", "Show the token ids of a text, or the text of token ids (--detok)",
             [](CLI::App* sub) -> std::function<int()> {
               auto a = std::make_shared<TokenizeArgs>();

@@ -208,7 +208,7 @@ int run_down(const WanEmuArgs& a) {
   return 0;
 }
 
-const CommandRegistrar kReg{Command{
+const CommandRegistrar kRegisterWanEmu{Command{
     "wan-emu", "Packet-level WAN between network namespaces: delay, jitter, rate, loss per peer (root)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<WanEmuArgs>();

@@ -90,7 +90,7 @@ int run_wan_proxy(const WanProxyArgs& a) {
   return 0;
 }
 
-const CommandRegistrar kReg{
+const CommandRegistrar kRegisterWanProxy{
     Command{"wan-proxy", "Delay each direction of TCP connections to a target (unprivileged WAN stand-in)",
             [](CLI::App* sub) -> std::function<int()> {
               auto a = std::make_shared<WanProxyArgs>();

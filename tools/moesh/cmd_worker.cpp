@@ -177,7 +177,7 @@ int run_worker(const WorkerArgs& a) {
   return 0;
 }
 
-const CommandRegistrar kReg{
+const CommandRegistrar kRegisterWorker{
     Command{"worker", "Serve routed experts of a model or expert slice to backbones over TCP",
             [](CLI::App* sub) -> std::function<int()> {
               auto a = std::make_shared<WorkerArgs>();
