@@ -208,6 +208,11 @@ bool prompt_opens_reasoning(std::string_view rendered_prompt) {
   return t.ends_with(kThinkOpen);
 }
 
+bool prompt_closes_reasoning(std::string_view rendered_prompt) {
+  const std::string_view t = trim(rendered_prompt);
+  return t.ends_with(kThinkClose);
+}
+
 bool template_wants_object_arguments(const ChatTemplate& tmpl) {
   if (!tmpl.is_jinja()) return false;
   auto render = [&](const ojson& args) -> std::string {

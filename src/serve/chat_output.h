@@ -52,6 +52,9 @@ OutputFormat detect_output_format(std::string_view template_source);
 // True when the rendered generation prompt ends inside an open <think> (after trailing
 // whitespace), so the model's first words are reasoning.
 bool prompt_opens_reasoning(std::string_view rendered_prompt);
+// True when it ends with a closed, empty reasoning block (Qwen3 with enable_thinking false:
+// "<think>\n\n</think>\n\n"): the model answers without thinking.
+bool prompt_closes_reasoning(std::string_view rendered_prompt);
 
 // True when the template wants an assistant tool call's `arguments` as an object: it renders a
 // string not at all or not as JSON (tojson of a string, Llama 3.1) or it iterates an object's

@@ -15,9 +15,11 @@
 
 #include "moesh/serve/ledger.h"
 #include "moesh/text/json_grammar.h"
+#include "moesh/text/output_grammar.h"
 #include "serve/dashboard.h"
 #include "serve/metrics.h"
 #include "serve/openai_api.h"
+#include "serve/tool_grammar.h"
 
 namespace moesh::serve {
 
@@ -62,33 +64,36 @@ struct GenState {
   Clock::time_point t0;
 };
 
-// response_format by constrained decoding: one matcher per choice over the server's token mask.
-class JsonConstraint final : public TokenConstraint {
+// Constrained decoding (response_format, forced tool calls): one matcher per choice over the
+// server's token mask. Matcher: JsonMatcher or OutputMatcher.
+template <class Matcher>
+class GrammarConstraint final : public TokenConstraint {
  public:
-  JsonConstraint(std::shared_ptr<const JsonGrammar> g, std::shared_ptr<const JsonTokenMask> mask)
-      : m_(std::move(g)), mask_(std::move(mask)) {}
+  GrammarConstraint(Matcher m, std::shared_ptr<const JsonTokenMask> mask, const char* what)
+      : m_(std::move(m)), mask_(std::move(mask)), what_(what) {}
   Status allowed(std::vector<uint8_t>& a) override {
     if (mask_->fill(m_, a) == 0) {
-      return make_error(StatusCode::kInvalidArgument, "no token of the vocabulary can continue the JSON output");
+      return make_error(StatusCode::kInvalidArgument, "no token of the vocabulary can continue the {}", what_);
     }
     return Status::ok();
   }
   Status accept(int32_t t) override {
     if (mask_->is_eog(t)) {
       if (m_.complete()) return Status::ok();
-      return make_error(StatusCode::kInvalidArgument, "end of generation before the JSON value is complete");
+      return make_error(StatusCode::kInvalidArgument, "end of generation before the {} is complete", what_);
     }
-    JsonMatcher next = m_;
+    Matcher next = m_;
     if (!next.feed(mask_->bytes(t))) {
-      return make_error(StatusCode::kInvalidArgument, "token {} does not continue the JSON output", t);
+      return make_error(StatusCode::kInvalidArgument, "token {} does not continue the {}", t, what_);
     }
     m_ = std::move(next);
     return Status::ok();
   }
 
  private:
-  JsonMatcher m_;
+  Matcher m_;
   std::shared_ptr<const JsonTokenMask> mask_;
+  const char* what_;
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -135,6 +140,9 @@ struct HttpServer::Impl {
   bool object_args = false;                        // the template wants tool-call arguments as objects
   bool no_null_content = false;                    // the template fails on content null (tool-call turns)
   std::shared_ptr<const JsonTokenMask> json_mask;  // response_format; built at start-up with a tokenizer
+  // Forced tool calls: json_mask, or for harmony templates one that writes control tokens' text
+  // (their call markers are control tokens).
+  std::shared_ptr<const JsonTokenMask> call_mask;
   // For chat, *starts_in_reasoning tells whether the rendered prompt left a <think> open.
   Result<GenerationRequest> build_generation(const ApiRequest& r, ApiError* err, bool* starts_in_reasoning) const;
   void handle_generate(Endpoint ep, const httplib::Request& req, const std::string& body, httplib::Response& res);
@@ -185,6 +193,7 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
     return Status(StatusCode::kInvalidArgument, err->message);
   };
   GenerationRequest g;
+  bool reasoning_closed = false;  // the rendered prompt ends with a closed <think> block
   const char* prompt_param = r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
   if (r.endpoint == Endpoint::kChatCompletions) {
     if (t.chat_template == nullptr || t.tokenizer == nullptr) {
@@ -214,6 +223,7 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
     if (out_fmt.think_tags) {
       auto text = t.chat_template->render(messages, ro);
       *starts_in_reasoning = text.is_ok() && prompt_opens_reasoning(*text);
+      reasoning_closed = text.is_ok() && prompt_closes_reasoning(*text);
     }
     if (r.scripted_output) {
       if (!opts.test_hooks) {
@@ -285,7 +295,29 @@ Result<GenerationRequest> HttpServer::Impl::build_generation(const ApiRequest& r
       }
       grammar = std::move(*compiled);
     }
-    g.constraint = std::make_shared<JsonConstraint>(std::move(grammar), json_mask);
+    g.constraint =
+        std::make_shared<GrammarConstraint<JsonMatcher>>(JsonMatcher(std::move(grammar)), json_mask, "JSON output");
+  }
+  const bool forced_call = r.endpoint == Endpoint::kChatCompletions && !r.tools.is_null() &&
+                           (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kFunction);
+  if (forced_call && call_mask != nullptr) {
+    ToolGrammarOptions to;
+    to.parallel = r.parallel_tool_calls && r.tool_choice == ToolChoice::kRequired;
+    to.starts_in_reasoning = *starts_in_reasoning;
+    to.reasoning_closed = reasoning_closed;
+    auto tg = tool_call_grammar(out_fmt, r.tools, to);
+    if (tg.is_ok()) {
+      for (const std::string& why : tg->relaxed) {
+        spdlog::warn("tool_choice: arguments of {} are forced to be a JSON object only", why);
+      }
+      // A forced call outranks response_format: the answer is the call.
+      g.constraint = std::make_shared<GrammarConstraint<OutputMatcher>>(OutputMatcher(std::move(tg->grammar)),
+                                                                        call_mask, "forced tool call");
+    } else if (tg.status().code() != StatusCode::kUnsupported) {
+      return fail(400, "tools", "invalid_value", tg.status().message());
+    } else {
+      spdlog::warn("tool_choice is not enforced: {}", tg.status().message());
+    }
   }
   return g;
 }
@@ -566,7 +598,12 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     impl->object_args = template_wants_object_arguments(*target.chat_template);
     impl->no_null_content = template_rejects_null_content(*target.chat_template);
   }
-  if (target.tokenizer != nullptr) impl->json_mask = std::make_shared<const JsonTokenMask>(*target.tokenizer);
+  if (target.tokenizer != nullptr) {
+    impl->json_mask = std::make_shared<const JsonTokenMask>(*target.tokenizer);
+    impl->call_mask = impl->out_fmt.harmony
+                          ? std::make_shared<const JsonTokenMask>(*target.tokenizer, /*control_text=*/true)
+                          : impl->json_mask;
+  }
   Impl* m = impl.get();
   httplib::Server& svr = m->svr;
 

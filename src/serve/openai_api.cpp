@@ -379,6 +379,7 @@ Status parse_tools(const json& o, const nlohmann::ordered_json& ordered, ApiRequ
     }
     if (!it->empty()) r->tools = ordered["tools"];
   }
+  MOESH_RETURN_IF_ERROR(get_bool(o, "parallel_tool_calls", fail, &r->parallel_tool_calls));
   auto tc = o.find("tool_choice");
   if (tc == o.end() || tc->is_null()) return Status::ok();
   if (tc->is_string()) {

@@ -49,9 +49,9 @@ inline constexpr float kDefaultTemperature = 1.0f;
 inline constexpr size_t kMaxStopStrings = 16;
 
 // tool_choice: "auto" (default: the model may call a tool), "none" (tools are neither shown to
-// the template nor parsed out), "required" or {"type":"function","function":{"name":..}}
-// (accepted and parsed like "auto"; nothing forces the model to call yet — no constrained
-// decoding; a named function must be one of `tools`, and the template sees only that one).
+// the template nor parsed out), "required" or {"type":"function","function":{"name":..}} (a
+// named function must be one of `tools`, and the template sees only that one); the last two are
+// enforced by constrained decoding over the template family's call syntax (serve/tool_grammar.h).
 enum class ToolChoice { kAuto, kNone, kRequired, kFunction };
 
 // response_format: kText (none), {"type":"json_object"} (any JSON object), {"type":"json_schema"}
@@ -80,7 +80,8 @@ struct ApiRequest {
   // parameters?, strict?}}, validated) or null; what the template sees after tool_choice.
   nlohmann::ordered_json tools = nullptr;
   ToolChoice tool_choice = ToolChoice::kAuto;
-  std::string tool_choice_name;  // kFunction
+  std::string tool_choice_name;     // kFunction
+  bool parallel_tool_calls = true;  // a forced call may be followed by more calls
   // Test hook (`moesh serve --test-hooks` only; the HTTP layer refuses it otherwise): the
   // generated text starts with this text, whatever the model would have sampled, so tests of
   // tool calls and reasoning get a known output from a random-weight model.

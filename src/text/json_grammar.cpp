@@ -876,42 +876,17 @@ bool JsonMatcher::complete() const {
   return false;
 }
 
-JsonTokenMask::JsonTokenMask(const Tokenizer& tok) {
+JsonTokenMask::JsonTokenMask(const Tokenizer& tok, bool control_text) {
   const int32_t n = tok.n_vocab();
   pieces_.resize(static_cast<size_t>(n));
   eog_.assign(static_cast<size_t>(n), 0);
   for (int32_t t = 0; t < n; ++t) {
     eog_[static_cast<size_t>(t)] = tok.is_eog(t) ? 1 : 0;
     const TokenType type = tok.token_type(t);
-    if (type == TokenType::kControl || type == TokenType::kUnknown || type == TokenType::kUnused) continue;
-    pieces_[static_cast<size_t>(t)] = tok.token_to_piece(t, false);
+    if (type == TokenType::kUnknown || type == TokenType::kUnused) continue;
+    if (type == TokenType::kControl && !control_text) continue;
+    pieces_[static_cast<size_t>(t)] = tok.token_to_piece(t, type == TokenType::kControl);
   }
-}
-
-int64_t JsonTokenMask::fill(const JsonMatcher& m, std::vector<uint8_t>& allowed) const {
-  const bool complete = m.complete();
-  int64_t count = 0;
-  // Most tokens fail on their first byte: decide the 256 first bytes once, copy the matcher
-  // only for tokens whose first byte it takes.
-  std::array<uint8_t, 256> first_ok{};
-  for (int b = 0; b < 256; ++b) {
-    JsonMatcher c = m;
-    first_ok[static_cast<size_t>(b)] = c.feed(static_cast<unsigned char>(b)) ? 1 : 0;
-  }
-  JsonMatcher scratch = m;
-  const size_t n = std::min(allowed.size(), pieces_.size());
-  for (size_t t = 0; t < n; ++t) {
-    uint8_t ok = 0;
-    if (eog_[t] != 0) {
-      ok = complete ? 1 : 0;
-    } else if (!pieces_[t].empty() && first_ok[static_cast<unsigned char>(pieces_[t][0])] != 0) {
-      scratch = m;
-      ok = scratch.feed(pieces_[t]) ? 1 : 0;
-    }
-    allowed[t] = ok;
-    count += ok;
-  }
-  return count;
 }
 
 }  // namespace moesh

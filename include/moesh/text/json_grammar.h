@@ -26,6 +26,8 @@
 // bounded schema ends.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -83,10 +85,14 @@ class JsonMatcher {
 // The tokens a matcher allows next, over one tokenizer's token bytes (built once per tokenizer).
 class JsonTokenMask {
  public:
-  explicit JsonTokenMask(const Tokenizer& tok);
+  // control_text: control tokens are allowed as their text (gpt-oss harmony's markers are control
+  // tokens the model writes); otherwise they are never allowed as text.
+  explicit JsonTokenMask(const Tokenizer& tok, bool control_text = false);
   // allowed[t] = 1 for each token whose bytes the matcher accepts; end-of-generation tokens when
-  // the matcher is complete. Returns how many are allowed.
-  int64_t fill(const JsonMatcher& m, std::vector<uint8_t>& allowed) const;
+  // the matcher is complete. Returns how many are allowed. Matcher: JsonMatcher or OutputMatcher
+  // (copyable, feed(byte), feed(bytes), complete()).
+  template <class Matcher>
+  int64_t fill(const Matcher& m, std::vector<uint8_t>& allowed) const;
   const std::string& bytes(int32_t token) const { return pieces_[static_cast<size_t>(token)]; }
   bool is_eog(int32_t token) const { return eog_[static_cast<size_t>(token)] != 0; }
 
@@ -94,5 +100,32 @@ class JsonTokenMask {
   std::vector<std::string> pieces_;  // "" for control tokens (never allowed as text)
   std::vector<uint8_t> eog_;
 };
+
+template <class Matcher>
+int64_t JsonTokenMask::fill(const Matcher& m, std::vector<uint8_t>& allowed) const {
+  const bool complete = m.complete();
+  int64_t count = 0;
+  // Most tokens fail on their first byte: decide the 256 first bytes once, copy the matcher
+  // only for tokens whose first byte it takes.
+  std::array<uint8_t, 256> first_ok{};
+  for (int b = 0; b < 256; ++b) {
+    Matcher c = m;
+    first_ok[static_cast<size_t>(b)] = c.feed(static_cast<unsigned char>(b)) ? 1 : 0;
+  }
+  Matcher scratch = m;
+  const size_t n = std::min(allowed.size(), pieces_.size());
+  for (size_t t = 0; t < n; ++t) {
+    uint8_t ok = 0;
+    if (eog_[t] != 0) {
+      ok = complete ? 1 : 0;
+    } else if (!pieces_[t].empty() && first_ok[static_cast<unsigned char>(pieces_[t][0])] != 0) {
+      scratch = m;
+      ok = scratch.feed(pieces_[t]) ? 1 : 0;
+    }
+    allowed[t] = ok;
+    count += ok;
+  }
+  return count;
+}
 
 }  // namespace moesh

@@ -71,4 +71,20 @@ const n = await client.chat.completions.create({ ...req, tools: undefined });
 assert.equal(n.choices[0].message.tool_calls, undefined);
 assert.equal(n.choices[0].message.content, "{\"city\": \"Paris\"}");
 ok("no tools: the commentary body is content");
+// tool_choice "required": harmony's call markers are control tokens, and the mask lets the
+// model write them; no script, random weights.
+for (let seed = 1; seed <= 3; seed++) {
+  const f = await client.chat.completions.create({
+    model: "gpt-oss", messages: [user], max_tokens: 200, temperature: 1.0, seed, tool_choice: "required",
+    tools: [{ type: "function", function: { name: "get_weather", parameters: { type: "object",
+      properties: { city: { enum: ["Paris", "Oslo"] } }, required: ["city"], additionalProperties: false } } }],
+  });
+  const c = f.choices[0];
+  assert.equal(c.finish_reason, "tool_calls", `seed ${seed}: ${JSON.stringify(c.message)}`);
+  assert.equal(c.message.tool_calls.length, 1);
+  assert.equal(c.message.tool_calls[0].function.name, "get_weather");
+  assert.ok(["Paris", "Oslo"].includes(JSON.parse(c.message.tool_calls[0].function.arguments).city));
+}
+ok("tool_choice required: a forced harmony call (control-token markers) with arguments in the enum");
+
 console.log(`[harmony] openai client: ${checks} checks passed`);

@@ -103,6 +103,75 @@ assert.equal(b.choices[0].finish_reason, "stop");
 assert.equal(b.choices[0].message.content, bad);
 ok("malformed call: returned as content");
 
+// tool_choice "required" / a named function: constrained decoding forces a call. No script: the
+// random weights write whatever the mask leaves them, and it must still be a call to a given tool
+// with arguments matching its schema (thinking off, so the answer starts with the call).
+const forced = [
+  { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: {
+    city: { type: "string", maxLength: 10 }, unit: { enum: ["C", "F"] } }, required: ["city", "unit"] } } },
+  { type: "function", function: { name: "get_time", parameters: { type: "object", properties: {
+    tz: { enum: ["UTC", "CET", "JST"] } }, required: ["tz"], additionalProperties: false } } },
+];
+const argsOk = (name, a) => name === "get_weather"
+  ? typeof a.city === "string" && [...a.city].length <= 10 && ["C", "F"].includes(a.unit) &&
+    Object.keys(a).every((k) => k === "city" || k === "unit")
+  : Object.keys(a).length === 1 && ["UTC", "CET", "JST"].includes(a.tz);
+// One call per answer (parallel_tool_calls false) is bounded — a 10-character city, enums, at most
+// llama.cpp's whitespace between JSON tokens — so it always ends inside max_tokens; with parallel
+// calls random weights may keep calling until max_tokens.
+const base = { model: "qwen3", messages: [user], tools: forced, max_tokens: 600, temperature: 1.0,
+               chat_template_kwargs: { enable_thinking: false }, parallel_tool_calls: false };
+let calls = 0, names = new Set();
+for (let seed = 1; seed <= 6; seed++) {
+  const f = await client.chat.completions.create({ ...base, tool_choice: "required", seed });
+  const c = f.choices[0];
+  assert.equal(c.finish_reason, "tool_calls", `seed ${seed}: ${JSON.stringify(c.message)}`);
+  assert.equal(c.message.content, null);
+  for (const tc of c.message.tool_calls) {
+    names.add(tc.function.name);
+    assert.ok(argsOk(tc.function.name, JSON.parse(tc.function.arguments)), `seed ${seed}: ${tc.function.arguments}`);
+    calls++;
+  }
+}
+assert.equal(calls, 6);
+ok(`tool_choice required (random weights, 6 seeds): ${calls} calls to ${[...names].join(", ")}, every one matching its schema`);
+for (let seed = 1; seed <= 3; seed++) {
+  const f = await client.chat.completions.create({
+    ...base, seed, tool_choice: { type: "function", function: { name: "get_time" } } });
+  assert.equal(f.choices[0].finish_reason, "tool_calls");
+  assert.equal(f.choices[0].message.tool_calls.length, 1);
+  assert.equal(f.choices[0].message.tool_calls[0].function.name, "get_time");
+  assert.ok(argsOk("get_time", JSON.parse(f.choices[0].message.tool_calls[0].function.arguments)));
+}
+ok("named tool_choice: exactly that function, arguments in its enum");
+{
+  let streamedArgs = "", streamedName = "", finish = null;
+  for await (const c of await client.chat.completions.create({ ...base, seed: 4, tool_choice: "required",
+                                                                stream: true })) {
+    for (const tc of c.choices[0]?.delta?.tool_calls ?? []) {
+      assert.equal(tc.index, 0, "parallel_tool_calls false: one call");
+      streamedName += tc.function?.name ?? "";
+      streamedArgs += tc.function?.arguments ?? "";
+    }
+    finish = c.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(finish, "tool_calls");
+  assert.ok(argsOk(streamedName, JSON.parse(streamedArgs)), streamedArgs);
+  ok(`streamed forced call with parallel_tool_calls false: one call to ${streamedName}`);
+}
+{
+  // Parallel calls allowed: whatever ended is calls only, each valid.
+  const p = await client.chat.completions.create({ ...base, seed: 9, tool_choice: "required", parallel_tool_calls: true });
+  const c = p.choices[0];
+  if (c.finish_reason === "tool_calls") {
+    for (const tc of c.message.tool_calls) assert.ok(argsOk(tc.function.name, JSON.parse(tc.function.arguments)));
+    assert.equal(c.message.content, null);
+  } else {
+    assert.equal(c.finish_reason, "length");
+  }
+  ok(`parallel forced calls: ${c.finish_reason === "tool_calls" ? c.message.tool_calls.length + " valid calls" : "cut by max_tokens"}`);
+}
+
 // Bad tool definitions are 400s naming the field.
 await assert.rejects(client.chat.completions.create({ ...req, tools: [{ type: "function", function: { name: "no spaces" } }] }),
   (e) => e instanceof OpenAI.BadRequestError && e.param === "tools[0].function.name");
