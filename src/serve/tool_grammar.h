@@ -10,8 +10,8 @@
 //   harmony      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS  (then the
 //                end-of-generation <|call|>)
 // Reasoning comes first where the template knows <think>: free text up to </think> (when the
-// prompt opened it) or an optional <think>...</think> block (none when the prompt closed it). GLM-4.5's argument tags are not
-// JSON: that family is kUnsupported (the call is then parsed, not forced).
+// prompt opened it) or an optional <think>...</think> block (none when the prompt closed it). GLM-4.5's argument tags
+// are not JSON: that family is kUnsupported (the call is then parsed, not forced).
 #pragma once
 
 #include <memory>

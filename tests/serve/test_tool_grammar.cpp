@@ -54,13 +54,42 @@ bool args_match(const std::string& name, const ojson& a) {
 // the walk the closing chunks win, so most walks end.
 bool random_output(const std::shared_ptr<const OutputGrammar>& g, std::mt19937_64& rng, std::string* out) {
   static const std::vector<std::string> alphabet = [] {
-    std::vector<std::string> a = {"<tool_call>\n", "\n</tool_call>", "<think>", "</think>", "\n", " ", "{", "}",
-                                  "\"", ":", ",", "; ", "-", "é", "<｜tool▁calls▁begin｜>",
-                                  "<｜tool▁call▁begin｜>function<｜tool▁sep｜>", "\n```json\n", "\n```",
-                                  "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<|channel|>", "<|message|>",
-                                  "<|end|>", "<|start|>assistant", "commentary to=functions.", "analysis",
-                                  " <|constrain|>json", "get_weather", "get_time", "Paris", "Oslo",
-                                  "{\"name\": \"", "\", \"arguments\": ", "\", \"parameters\": ", "city", "days",
+    std::vector<std::string> a = {"<tool_call>\n",
+                                  "\n</tool_call>",
+                                  "<think>",
+                                  "</think>",
+                                  "\n",
+                                  " ",
+                                  "{",
+                                  "}",
+                                  "\"",
+                                  ":",
+                                  ",",
+                                  "; ",
+                                  "-",
+                                  "é",
+                                  "<｜tool▁calls▁begin｜>",
+                                  "<｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+                                  "\n```json\n",
+                                  "\n```",
+                                  "<｜tool▁call▁end｜>",
+                                  "<｜tool▁calls▁end｜>",
+                                  "<|channel|>",
+                                  "<|message|>",
+                                  "<|end|>",
+                                  "<|start|>assistant",
+                                  "commentary to=functions.",
+                                  "analysis",
+                                  " <|constrain|>json",
+                                  "get_weather",
+                                  "get_time",
+                                  "Paris",
+                                  "Oslo",
+                                  "{\"name\": \"",
+                                  "\", \"arguments\": ",
+                                  "\", \"parameters\": ",
+                                  "city",
+                                  "days",
                                   "tz"};
     // Every printable ASCII byte, so any marker can also be spelled a byte at a time.
     for (char c = ' '; c <= '~'; ++c) a.emplace_back(1, c);
@@ -68,8 +97,8 @@ bool random_output(const std::shared_ptr<const OutputGrammar>& g, std::mt19937_6
     a.emplace_back("▁");
     return a;
   }();
-  static const std::vector<std::string> closing = {"}", "\"", "\n</tool_call>", "</think>", "\n```",
-                                                   "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<|end|>", "1"};
+  static const std::vector<std::string> closing = {
+      "}", "\"", "\n</tool_call>", "</think>", "\n```", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<|end|>", "1"};
   OutputMatcher m(g);
   out->clear();
   for (int step = 0; step < 1000; ++step) {
@@ -106,8 +135,8 @@ std::vector<Family> families() {
   OutputFormat ds{ToolCallFormat::kDeepseekV3, true, false};
   OutputFormat ds_plain{ToolCallFormat::kDeepseekV3, false, false};
   OutputFormat harmony{ToolCallFormat::kHarmony, false, true};
-  return {{"hermes+think", hermes, false}, {"hermes open think", hermes, true}, {"llama3_json", llama, false},
-          {"deepseek_v3+think", ds, false}, {"deepseek_v3", ds_plain, false},  {"harmony", harmony, false}};
+  return {{"hermes+think", hermes, false},  {"hermes open think", hermes, true}, {"llama3_json", llama, false},
+          {"deepseek_v3+think", ds, false}, {"deepseek_v3", ds_plain, false},    {"harmony", harmony, false}};
 }
 
 void check_walks(const Family& f, const ojson& tools, bool parallel, std::mt19937_64& rng, int* multi_calls) {
@@ -195,8 +224,10 @@ TEST(ToolGrammar, ProseAndOtherToolsAreRefused) {
   auto harmony = tool_call_grammar(OutputFormat{ToolCallFormat::kHarmony, false, true}, two_tools(), {});
   ASSERT_TRUE(harmony);
   OutputMatcher h(harmony->grammar);
-  EXPECT_TRUE(OutputMatcher(h).feed("<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\": \"<"));
-  EXPECT_FALSE(OutputMatcher(h).feed("<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\": \"<|"));
+  EXPECT_TRUE(
+      OutputMatcher(h).feed("<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\": \"<"));
+  EXPECT_FALSE(
+      OutputMatcher(h).feed("<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\": \"<|"));
 }
 
 TEST(ToolGrammar, UnenforceableSchemaRelaxesToAnObject) {

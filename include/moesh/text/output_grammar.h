@@ -63,7 +63,7 @@ class OutputMatcher {
  private:
   struct Thread {
     int32_t piece = OutputGrammar::kEnd;
-    int32_t pos = 0;  // literal / until / JSON's forbidden text: bytes matched; space: bytes taken
+    int32_t pos = 0;                    // literal / until / JSON's forbidden text: bytes matched; space: bytes taken
     std::shared_ptr<JsonMatcher> json;  // shared until this thread's copy changes (copy on write)
   };
   void enter(int32_t piece, std::vector<Thread>* out, std::vector<int32_t>* entered) const;
