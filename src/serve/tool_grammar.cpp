@@ -84,6 +84,13 @@ void add_calls(OutputGrammar& g, const std::vector<Tool>& tools, int32_t open, i
   }
 }
 
+// parallel_tool_calls: after a call's `close`, the `sep` piece leads to another call's `open`.
+void allow_more_calls(OutputGrammar& g, const ToolGrammarOptions& o, int32_t close, int32_t sep, int32_t open) {
+  if (!o.parallel) return;
+  g.link(close, sep);
+  g.link(sep, open);
+}
+
 }  // namespace
 
 Result<ToolGrammar> tool_call_grammar(const OutputFormat& fmt, const ojson& tools, const ToolGrammarOptions& o) {
@@ -112,11 +119,7 @@ Result<ToolGrammar> tool_call_grammar(const OutputFormat& fmt, const ojson& tool
       const int32_t close = g->literal("\n</tool_call>");
       add_calls(*g, ts, open, close, "{\"name\": \"", "\", \"arguments\": ", "}", "</tool_call>");
       g->link(close, OutputGrammar::kEnd);
-      if (o.parallel) {
-        const int32_t gap = g->space(2);
-        g->link(close, gap);
-        g->link(gap, open);
-      }
+      allow_more_calls(*g, o, close, g->space(2), open);
       add_reasoning(*g, fmt, o, open);
       break;
     }
@@ -125,11 +128,7 @@ Result<ToolGrammar> tool_call_grammar(const OutputFormat& fmt, const ojson& tool
       const int32_t close = g->literal("");
       add_calls(*g, ts, open, close, "{\"name\": \"", "\", \"parameters\": ", "}", "");
       g->link(close, OutputGrammar::kEnd);
-      if (o.parallel) {
-        const int32_t sep = g->literal("; ");
-        g->link(close, sep);
-        g->link(sep, open);
-      }
+      allow_more_calls(*g, o, close, g->literal("; "), open);
       add_reasoning(*g, fmt, o, open);
       break;
     }
@@ -142,17 +141,14 @@ Result<ToolGrammar> tool_call_grammar(const OutputFormat& fmt, const ojson& tool
       add_calls(*g, ts, open, close, "", "\n```json\n", "\n```", "<｜tool▁call▁end｜>");
       g->link(close, region_end);
       g->link(region_end, OutputGrammar::kEnd);
-      if (o.parallel) {
-        const int32_t nl = g->literal("\n");
-        g->link(close, nl);
-        g->link(nl, open);
-      }
+      allow_more_calls(*g, o, close, g->literal("\n"), open);
       add_reasoning(*g, fmt, o, region);
       break;
     }
     case ToolCallFormat::kGlm45:
       return make_error(StatusCode::kUnsupported,
                         "GLM-4.5's tool-call syntax (argument tags) cannot be forced by a JSON grammar");
+    case ToolCallFormat::kHarmony:  // handled above (fmt.harmony); reached only if the two disagree
     case ToolCallFormat::kNone:
     case ToolCallFormat::kCOUNT:
       return make_error(StatusCode::kUnsupported, "the chat template has no tool-call syntax to force");

@@ -6,6 +6,10 @@
 #if defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #include <cpuid.h>
 #endif
+#if defined(MOESH_ARM64)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -20,6 +24,10 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kNeon:
+      return "neon";
+    case Isa::kNeonDot:
+      return "neondot";
     case Isa::kCOUNT:
       break;
   }
@@ -52,6 +60,12 @@ bool cpu_has(Isa isa) {
       return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni");
+#endif
+#if defined(MOESH_ARM64)
+    case Isa::kNeon:
+      return true;  // ASIMD is part of the aarch64 base architecture
+    case Isa::kNeonDot:
+      return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #endif
     default:
       return false;
@@ -101,6 +115,17 @@ const Tables& tables() {
       r.best = Isa::kAvx512;
     }
 #endif
+#if defined(MOESH_ARM64)
+    for (Isa isa : {Isa::kNeon, Isa::kNeonDot}) {
+      if (!cpu_has(isa)) continue;
+      auto& a = r.t[static_cast<int>(isa)];
+      a = s;
+      a.isa = isa;
+      (isa == Isa::kNeon ? fill_kernels_neon : fill_kernels_neon_dot)(&a);
+      r.present[static_cast<int>(isa)] = true;
+      r.best = isa;
+    }
+#endif
     if (const char* env = std::getenv("MOESH_ISA")) {
       bool found = false;
       for (int i = 0; i < static_cast<int>(Isa::kCOUNT); ++i) {
@@ -113,7 +138,7 @@ const Tables& tables() {
           }
         }
       }
-      if (!found) spdlog::warn("MOESH_ISA={} unknown (scalar|avx2|avx512)", env);
+      if (!found) spdlog::warn("MOESH_ISA={} unknown (scalar|avx2|avx512|neon|neondot)", env);
     }
     return r;
   }();

@@ -72,6 +72,21 @@ inline void get_scale_min_k4(int s, const uint8_t* b, int* sc, int* m) {
   }
 }
 
+// Q4_K/Q5_K: eight 6-bit scales and mins from the 12 packed bytes (get_scale_min_k4), as
+// {sc0..sc7} and {m0..m7} in two u64 each.
+inline void unpack_k4_scales(const uint8_t* b12, uint64_t* sc, uint64_t* m) {
+  uint32_t w0, w1, w2;
+  std::memcpy(&w0, b12, 4);
+  std::memcpy(&w1, b12 + 4, 4);
+  std::memcpy(&w2, b12 + 8, 4);
+  const uint32_t sc_lo = w0 & 0x3f3f3f3fu;
+  const uint32_t m_lo = w1 & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+  const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+  *sc = sc_lo | (static_cast<uint64_t>(sc_hi) << 32);
+  *m = m_lo | (static_cast<uint64_t>(m_hi) << 32);
+}
+
 // Q3_K: the sixteen 6-bit scale codes (0..63, the stored value; the scale is code-32).
 inline void unpack_q3k_scales(const uint8_t* b, int out[16]) {
   for (int s = 0; s < 16; ++s) {

@@ -23,6 +23,7 @@
 #include "moesh/tensor/fp16.h"
 #include "moesh/tensor/kernels.h"
 #include "moesh/tensor/quant.h"
+#include "tensor/quant_impl.h"
 
 namespace moesh::simd {
 namespace {

@@ -1,9 +1,10 @@
-// Per-type kernel table, chosen at run time from CPUID.
+// Per-type kernel table, chosen at run time from CPUID (x86) or HWCAP (aarch64).
 //
-// Each ISA (scalar reference, AVX2, AVX-512) fills a KernelTable; entries an ISA does not
-// specialise point at the scalar reference. Every entry must return the same bits as the
-// scalar reference (the canonical order in quant.h) — tests/tensor compares them.
-// MOESH_ISA=scalar|avx2|avx512 in the environment forces a table (for tests and benches).
+// Each ISA (scalar reference; AVX2, AVX-512 on x86-64; NEON, NEON+SDOT on aarch64) fills a
+// KernelTable; entries an ISA does not specialise point at the scalar reference. Every entry must
+// return the same bits as the scalar reference (the canonical order in quant.h) — tests/tensor
+// compares them. MOESH_ISA=scalar|avx2|avx512|neon|neondot in the environment forces a table
+// (for tests and benches).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 
 namespace moesh {
 
-enum class Isa : int { kScalar = 0, kAvx2, kAvx512, kCOUNT };
+enum class Isa : int { kScalar = 0, kAvx2, kAvx512, kNeon, kNeonDot, kCOUNT };
 const char* isa_name(Isa isa);
 
 // float dot of one weight row (type T) with one activation row (vec_dot_type(T)), n elements.
@@ -52,7 +53,9 @@ bool avx512_enabled();
 
 // Implemented per ISA file; each fills `t` on top of an already-filled scalar table.
 void fill_kernels_scalar(KernelTable* t);
-void fill_kernels_avx2(KernelTable* t);    // src/tensor/kernels_avx2.cpp (x86 builds only)
-void fill_kernels_avx512(KernelTable* t);  // src/tensor/kernels_avx512.cpp (x86 builds only)
+void fill_kernels_avx2(KernelTable* t);      // src/tensor/kernels_avx2.cpp (x86 builds only)
+void fill_kernels_avx512(KernelTable* t);    // src/tensor/kernels_avx512.cpp (x86 builds only)
+void fill_kernels_neon(KernelTable* t);      // src/tensor/kernels_neon.cpp (aarch64 builds only)
+void fill_kernels_neon_dot(KernelTable* t);  // src/tensor/kernels_neon_dot.cpp (aarch64 builds only)
 
 }  // namespace moesh
