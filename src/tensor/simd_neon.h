@@ -518,10 +518,176 @@ float vec_dot_bf16(int64_t n, const void* w, const void* x) {
   return dot_f32_lanes(n, LoadBF16{static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(x)});
 }
 
+// ---------------------------------------------------------------- activations (from_float)
+// Same results as the reference quantizers (quant_ref_*.cpp), NaN and infinities included:
+// vmaxnmq ignores NaN like the reference's `fabs(x) > amax` scan, and the rounding is the
+// reference's nearest_int_clamped — round to nearest even (vrndnq), NaN to the lower bound, then
+// the clamp — before an exact conversion.
+
+// RNE of v clamped to [lo, hi], NaN -> lo (quant_impl.h nearest_int_clamped), as int32 lanes.
+inline int32x4_t nearest_clamped(float32x4_t v, float lo, float hi) {
+  const float32x4_t r = vrndnq_f32(v);
+  const float32x4_t l = vbslq_f32(vcgeq_f32(r, vdupq_n_f32(lo)), r, vdupq_n_f32(lo));  // NaN fails >=
+  return vcvtq_s32_f32(vminq_f32(l, vdupq_n_f32(hi)));
+}
+
+// Eight int32x4 (values in int8 range) -> 32 int8 in element order.
+inline void store_i8x32(int8_t* out, const int32x4_t q[8]) {
+  for (int k = 0; k < 2; ++k) {
+    const int16x8_t a = vcombine_s16(vmovn_s32(q[4 * k]), vmovn_s32(q[4 * k + 1]));
+    const int16x8_t b = vcombine_s16(vmovn_s32(q[4 * k + 2]), vmovn_s32(q[4 * k + 3]));
+    vst1q_s8(out + 16 * k, vcombine_s8(vmovn_s16(a), vmovn_s16(b)));
+  }
+}
+
+inline float abs_max(const float* x, int n) {
+  float32x4_t m = vdupq_n_f32(0.0f);
+  for (int j = 0; j < n; j += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(x + j)));
+  return vmaxnmvq_f32(m);
+}
+
+// Q8_0 block: amax, d = amax/127 (stored f16), id = 127/amax, q = RNE(x*id) in [-127, 127].
+// Returns the unrounded f32 d and the sum of the q (Q8_1 needs both).
+inline float quantize_q8_0_block(const float* x, uint16_t* d_out, int8_t* qs, int32_t* sum_q) {
+  const float amax = abs_max(x, kQK);
+  const float d = amax / 127.0f;
+  const float32x4_t id = vdupq_n_f32(amax != 0.0f ? 127.0f / amax : 0.0f);
+  int32x4_t q[8];
+  int32x4_t sum = vdupq_n_s32(0);
+  for (int k = 0; k < 8; ++k) {
+    q[k] = nearest_clamped(vmulq_f32(vld1q_f32(x + 4 * k), id), -127.0f, 127.0f);
+    sum = vaddq_s32(sum, q[k]);
+  }
+  store_i8x32(qs, q);
+  *d_out = fp32_to_fp16(d);
+  *sum_q = vaddvq_s32(sum);
+  return d;
+}
+
+void from_float_q8_0(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8_0*>(vy);
+  int32_t sum;
+  for (int64_t b = 0; b < n / kQK; ++b) quantize_q8_0_block(x + b * kQK, &y[b].d, y[b].qs, &sum);
+}
+
+void from_float_q8_1(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8_1*>(vy);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    int32_t sum;
+    const float d = quantize_q8_0_block(x + b * kQK, &y[b].d, y[b].qs, &sum);
+    y[b].s = fp32_to_fp16(d * static_cast<float>(sum));
+  }
+}
+
+void from_float_q8_k(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<BlockQ8_K*>(vy);
+  for (int64_t b = 0; b < n / kQKK; ++b, x += kQKK) {
+    const float amax = abs_max(x, kQKK);
+    if (amax == 0.0f) {
+      std::memset(&y[b], 0, sizeof(BlockQ8_K));
+      continue;
+    }
+    // The signed value of the first element whose |x| is the maximum (the reference's strict '>').
+    float max = 0.0f;
+    const float32x4_t vam = vdupq_n_f32(amax);
+    for (int k = 0; k < kQKK; k += 4) {
+      if (vmaxvq_u32(vceqq_f32(vabsq_f32(vld1q_f32(x + k)), vam)) != 0) {
+        int l = 0;
+        while (std::fabs(x[k + l]) != amax) ++l;
+        max = x[k + l];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const float32x4_t vis = vdupq_n_f32(iscale);
+    for (int c = 0; c < 8; ++c) {  // 32 values = two bsum groups per step
+      int32x4_t q[8];
+      for (int k = 0; k < 8; ++k)
+        q[k] = nearest_clamped(vmulq_f32(vld1q_f32(x + 32 * c + 4 * k), vis), -128.0f, 127.0f);
+      store_i8x32(y[b].qs + 32 * c, q);
+      y[b].bsums[2 * c] = static_cast<int16_t>(vaddvq_s32(vaddq_s32(vaddq_s32(q[0], q[1]), vaddq_s32(q[2], q[3]))));
+      y[b].bsums[2 * c + 1] = static_cast<int16_t>(vaddvq_s32(vaddq_s32(vaddq_s32(q[4], q[5]), vaddq_s32(q[6], q[7]))));
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+
+// F16: the hardware conversion rounds to nearest even like fp32_to_fp16; a vector holding a NaN
+// goes through the reference, which canonicalises NaN to 0x7E00 | sign.
+void from_float_f16(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<uint16_t*>(vy);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t v = vld1q_f32(x + i);
+    if (vminvq_u32(vceqq_f32(v, v)) == 0) {
+      for (int k = 0; k < 4; ++k) y[i + k] = fp32_to_fp16(x[i + k]);
+      continue;
+    }
+    vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(v)));
+  }
+  for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+// BF16: round to nearest even on the bit pattern, NaN -> quiet NaN (fp32_to_bf16).
+void from_float_bf16(const float* x, void* vy, int64_t n) {
+  auto* y = static_cast<uint16_t*>(vy);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const uint32x4_t u = vreinterpretq_u32_f32(vld1q_f32(x + i));
+    const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffffu)), vdupq_n_u32(0x7f800000u));
+    const uint32x4_t bias = vaddq_u32(vdupq_n_u32(0x7fffu), vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1)));
+    const uint32x4_t rounded = vshrq_n_u32(vaddq_u32(u, bias), 16);
+    const uint32x4_t quiet = vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(0x40));
+    vst1_u16(y + i, vmovn_u32(vbslq_u32(nan, quiet, rounded)));
+  }
+  for (; i < n; ++i) y[i] = fp32_to_bf16(x[i]);
+}
+
+// ---------------------------------------------------------------- to_float
+
+void to_float_f16(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(vx);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, LoadF16::widen(x + i));
+  for (; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
+}
+
+void to_float_bf16(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(vx);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, LoadBF16::widen(x + i));
+  for (; i < n; ++i) y[i] = bf16_to_fp32(x[i]);
+}
+
+// x[j] = d * q[j]: one f32 multiply per element, as the reference.
+void to_float_q8_0(const void* vx, float* y, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(vx);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float32x4_t d = vdupq_n_f32(h2f(x[b].d));
+    for (int h = 0; h < 2; ++h) {
+      const int8x16_t q = load_s8(x[b].qs + 16 * h);
+      const int16x8_t w[2] = {vmovl_s8(vget_low_s8(q)), vmovl_high_s8(q)};
+      for (int k = 0; k < 2; ++k) {
+        float* out = y + b * kQK + 16 * h + 8 * k;
+        vst1q_f32(out, vmulq_f32(d, vcvtq_f32_s32(vmovl_s16(vget_low_s16(w[k])))));
+        vst1q_f32(out + 4, vmulq_f32(d, vcvtq_f32_s32(vmovl_high_s16(w[k]))));
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- the table
 
 inline void fill_neon(KernelTable* t) {
   auto at = [t](GgmlType type) -> TypeKernels& { return t->type[static_cast<int>(type)]; };
+  at(GgmlType::Q8_0).from_float = from_float_q8_0;
+  at(GgmlType::Q8_1).from_float = from_float_q8_1;
+  at(GgmlType::Q8_K).from_float = from_float_q8_k;
+  at(GgmlType::F16).from_float = from_float_f16;
+  at(GgmlType::BF16).from_float = from_float_bf16;
+  at(GgmlType::F16).to_float = to_float_f16;
+  at(GgmlType::BF16).to_float = to_float_bf16;
+  at(GgmlType::Q8_0).to_float = to_float_q8_0;
   at(GgmlType::F32).vec_dot = vec_dot_f32;
   at(GgmlType::F16).vec_dot = vec_dot_f16;
   at(GgmlType::BF16).vec_dot = vec_dot_bf16;

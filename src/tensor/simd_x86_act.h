@@ -10,6 +10,14 @@ namespace {
 
 // ---------------------------------------------------------------- from_float
 
+// RNE of v clamped to [lo, hi], NaN -> lo: the reference's nearest_int_clamped, so non-finite
+// activations (NaN, x*0 for x = inf) give the reference's bytes, not cvtps's INT_MIN.
+inline __m256i nearest_clamped(__m256 v, float lo, float hi) {
+  const __m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 l = _mm256_blendv_ps(_mm256_set1_ps(lo), r, _mm256_cmp_ps(r, _mm256_set1_ps(lo), _CMP_GE_OQ));
+  return _mm256_cvtps_epi32(_mm256_min_ps(l, _mm256_set1_ps(hi)));
+}
+
 // Q8_0 block: amax, d = amax/127 (stored f16), id = 127/amax, q = RNE(x*id).
 // Writes qs/d, leaves the int32 q in q[4] and returns the unrounded f32 d (Q8_1 needs both).
 inline float quantize_q8_0_block(const float* x, uint16_t* d_out, int8_t* qs, __m256i q[4]) {
@@ -24,10 +32,7 @@ inline float quantize_q8_0_block(const float* x, uint16_t* d_out, int8_t* qs, __
   const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
   *d_out = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
   const __m256 vid = _mm256_set1_ps(id);
-  for (int k = 0; k < 4; ++k) {
-    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    q[k] = _mm256_cvtps_epi32(r);
-  }
+  for (int k = 0; k < 4; ++k) q[k] = nearest_clamped(_mm256_mul_ps(v[k], vid), -127.0f, 127.0f);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), pack_i32x32_to_i8(q[0], q[1], q[2], q[3]));
   return d;
 }
@@ -71,14 +76,10 @@ void from_float_q8_k(const float* x, void* vy, int64_t n) {
     }
     const float iscale = -127.0f / max;
     const __m256 vis = _mm256_set1_ps(iscale);
-    const __m256i v127 = _mm256_set1_epi32(127);
     for (int c = 0; c < 8; ++c) {  // 32 values = two bsum groups per step
       __m256i q[4];
-      for (int k = 0; k < 4; ++k) {
-        const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * c + 8 * k), vis),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(r), v127);
-      }
+      for (int k = 0; k < 4; ++k)
+        q[k] = nearest_clamped(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * c + 8 * k), vis), -128.0f, 127.0f);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + 32 * c), pack_i32x32_to_i8(q[0], q[1], q[2], q[3]));
       y[b].bsums[2 * c] = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(q[0], q[1])));
       y[b].bsums[2 * c + 1] = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(q[2], q[3])));
