@@ -268,6 +268,7 @@ Status write_backbone_slice(const gguf::File& model, const std::string& out) {
       continue;
     }
     const TensorView v = model.view(t);
+    w.set(kKeyTensorHashPrefix + t.name, gguf::Value::u64(slab_hash(v.data, t.n_bytes)));
     std::vector<int64_t> ne(v.ne, v.ne + t.n_dims);
     MOESH_RETURN_IF_ERROR(w.add_tensor(t.name, t.type, ne, v.data));  // zero-copy from the map
   }
@@ -308,11 +309,51 @@ Status write_span_slice(const gguf::File& model, int first, int last, const std:
       w.set(kKeyHashPrefix + t.name, u64_array(hash_slabs(v)));
       w.set(kKeyLayoutPrefix + t.name, u64_array({static_cast<uint64_t>(t.type), static_cast<uint64_t>(t.ne[0]),
                                                   static_cast<uint64_t>(t.ne[1]), static_cast<uint64_t>(t.ne[2])}));
+    } else {
+      w.set(kKeyTensorHashPrefix + t.name, gguf::Value::u64(slab_hash(v.data, t.n_bytes)));
     }
     std::vector<int64_t> ne(v.ne, v.ne + t.n_dims);
     MOESH_RETURN_IF_ERROR(w.add_tensor(t.name, t.type, ne, v.data));
   }
   return w.write_file(out);
+}
+
+Status verify_slice_tensors(const gguf::File& f, int* n_checked) {
+  if (n_checked != nullptr) *n_checked = 0;
+  const std::string kind = slice_kind(f);
+  if (kind != kKindBackbone && kind != kKindSpan) return Status::ok();
+  bool any = false;
+  for (const auto& [k, v] : f.kvs()) {
+    if (k.starts_with(kKeyTensorHashPrefix)) {
+      any = true;
+      break;
+    }
+  }
+  if (!any) {
+    return make_error(StatusCode::kNotFound,
+                      "{}: this {} slice has no tensor hashes (cut by an older moesh); its attention and router "
+                      "weights are not verified — re-cut it with moesh slice to add them",
+                      f.path(), kind);
+  }
+  int n = 0;
+  for (const auto& t : f.tensors()) {
+    if (is_routed_expert_tensor(t.name) && t.n_dims == 3) continue;  // per-slab hashes (ExpertStore)
+    const std::string key = kKeyTensorHashPrefix + t.name;
+    if (!f.has(key)) {
+      return make_error(StatusCode::kCorrupt, "{}: tensor '{}' has no {} entry; the slice is damaged", f.path(), t.name,
+                        key);
+    }
+    MOESH_ASSIGN_OR_RETURN(uint64_t want, f.get<uint64_t>(key));
+    const uint64_t got = slab_hash(f.view(t).data, t.n_bytes);
+    if (got != want) {
+      return make_error(StatusCode::kCorrupt,
+                        "{}: tensor '{}' fails its hash (stored {:016x}, computed {:016x}); the slice is damaged",
+                        f.path(), t.name, want, got);
+    }
+    ++n;
+  }
+  if (n_checked != nullptr) *n_checked = n;
+  return Status::ok();
 }
 
 Result<std::vector<uint64_t>> expert_slab_hashes(const gguf::File& f, const std::string& tensor_name) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "dist/span_test_util.h"
 #include "moesh/serve/scheduler.h"
@@ -342,6 +343,24 @@ TEST(Span, ASpanSliceIsAllASpanPeerNeeds) {
   RunResult beyond = run_moesh("slice -m " + quoted(path) + " --layers 4-9 -o " + quoted(slice + ".3"));
   EXPECT_EQ(beyond.exit_code, 1);
   EXPECT_NE(beyond.err.find("not within the model's 0-5"), std::string::npos) << beyond.err;
+  // A damaged span slice (one bit of an attention matrix) is refused at start-up, naming the tensor.
+  {
+    std::vector<uint8_t> bytes;
+    {
+      std::ifstream in(slice, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const gguf::TensorInfo* ti = (*sliced)->file().find_tensor("blk.3.attn_k.weight");
+    ASSERT_NE(ti, nullptr);
+    bytes[(*sliced)->file().data_offset() + ti->offset + ti->n_bytes / 3] ^= 0x20;
+    const std::string bad = temp_dir() + "/span-2-4-damaged.gguf";
+    std::ofstream(bad, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    RunResult damaged = run_moesh("span -m " + quoted(bad) + " --layers 2-4 --listen 127.0.0.1:0");
+    EXPECT_EQ(damaged.exit_code, 1);
+    EXPECT_NE(damaged.err.find("blk.3.attn_k.weight"), std::string::npos) << damaged.err;
+    EXPECT_NE(damaged.err.find("fails its hash"), std::string::npos) << damaged.err;
+  }
 }
 
 void scheduler_across_spans(bool chained);

@@ -163,6 +163,62 @@ TEST(Slice, SliceOfASliceAndUnheldRequests) {
   EXPECT_NE(miss.status().message().find("layer 0 expert 4"), std::string::npos) << miss.status().message();
 }
 
+// Backbone and span slices carry a hash per non-expert tensor (attention, norms, router, shared
+// experts): a flipped byte there is refused naming the tensor; a slice cut before the hashes
+// existed says so (kNotFound: the CLI warns and runs unverified); full models and expert slices
+// have nothing to check.
+TEST(Slice, NonExpertTensorsOfBackboneAndSpanSlicesAreHashed) {
+  const std::string path = small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 23);
+  auto full = open_file(path);
+  int n = -1;
+  EXPECT_TRUE(verify_slice_tensors(*full, &n).is_ok());
+  EXPECT_EQ(n, 0);
+  const std::string es = temp_dir() + "/th-experts.gguf", bs = temp_dir() + "/th-backbone.gguf",
+                    ss = temp_dir() + "/th-span.gguf";
+  ASSERT_TRUE(write_expert_slice(*full, spec_of(*full, "0:0-3"), es).is_ok());
+  ASSERT_TRUE(write_backbone_slice(*full, bs).is_ok());
+  ASSERT_TRUE(write_span_slice(*full, 1, 1, ss).is_ok());
+  EXPECT_TRUE(verify_slice_tensors(*open_file(es), &n).is_ok());
+  EXPECT_EQ(n, 0);
+  for (const std::string& out : {bs, ss}) {
+    auto clean = open_file(out);
+    int n_plain = 0;
+    for (const auto& t : clean->tensors()) n_plain += (t.name.find("_exps") == std::string::npos) ? 1 : 0;
+    ASSERT_TRUE(verify_slice_tensors(*clean, &n).is_ok()) << out;
+    EXPECT_EQ(n, n_plain) << out;
+    EXPECT_GT(n, 3) << out;
+    // One bit of an attention matrix.
+    const std::string victim = out == bs ? "blk.0.attn_q.weight" : "blk.1.attn_q.weight";
+    const gguf::TensorInfo* ti = clean->find_tensor(victim);
+    ASSERT_NE(ti, nullptr) << victim;
+    std::vector<uint8_t> bytes = read_all(out);
+    bytes[clean->data_offset() + ti->offset + ti->n_bytes / 2] ^= 0x04;
+    auto damaged = gguf::File::from_bytes(bytes);
+    ASSERT_TRUE(damaged.is_ok());
+    const Status st = verify_slice_tensors(**damaged, &n);
+    EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.to_string();
+    EXPECT_NE(st.message().find(victim), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("fails its hash"), std::string::npos) << st.message();
+  }
+  // A slice from before the tensor hashes: the same file without them.
+  {
+    auto clean = open_file(ss);
+    gguf::Writer w;
+    for (const auto& [k, v] : clean->kvs()) {
+      if (!k.starts_with(kKeyTensorHashPrefix)) w.set(k, v);
+    }
+    for (const auto& t : clean->tensors()) {
+      const TensorView v = clean->view(t);
+      ASSERT_TRUE(w.add_tensor(t.name, t.type, std::vector<int64_t>(v.ne, v.ne + t.n_dims), v.data).is_ok());
+    }
+    const std::string old = temp_dir() + "/th-span-old.gguf";
+    ASSERT_TRUE(w.write_file(old).is_ok());
+    const Status st = verify_slice_tensors(*open_file(old), &n);
+    EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
+    EXPECT_NE(st.message().find("re-cut"), std::string::npos) << st.message();
+  }
+}
+
 TEST(Slice, FlippedByteIsDetectedOnlyInHeldSlabs) {
   const std::string path = small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 21);
   auto full = open_file(path);

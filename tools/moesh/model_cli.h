@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moesh/model/model.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::cli {
 
@@ -33,7 +34,9 @@ inline Result<std::vector<int32_t>> parse_token_list(std::string_view s) {
   return out;
 }
 
-// Loads a model, printing the error and returning null on failure.
+// Loads a model, printing the error and returning null on failure. A backbone or span slice has
+// its non-expert tensors checked against their hashes first (a damaged slice is refused; one cut
+// before the hashes existed runs with a warning).
 inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool dequant_f32, const char* cmd) {
   LoadOptions o;
   o.dequant_f32 = dequant_f32;
@@ -41,6 +44,17 @@ inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool
   if (!m) {
     std::fprintf(stderr, "moesh %s: error: %s\n", cmd, m.status().to_string().c_str());
     return nullptr;
+  }
+  int n_checked = 0;
+  const Status v = swarm::verify_slice_tensors((*m)->file(), &n_checked);
+  if (v.code() == StatusCode::kNotFound) {
+    std::fprintf(stderr, "moesh %s: warning: %s\n", cmd, v.message().c_str());
+  } else if (!v.is_ok()) {
+    std::fprintf(stderr, "moesh %s: error: %s\n", cmd, v.to_string().c_str());
+    return nullptr;
+  } else if (n_checked > 0) {
+    std::fprintf(stderr, "moesh %s: %s slice: %d tensors match their hashes\n", cmd,
+                 swarm::slice_kind((*m)->file()).c_str(), n_checked);
   }
   return std::move(*m);
 }

@@ -45,6 +45,9 @@ inline constexpr const char* kKeyExperts = "moesh.slice.experts";       // canon
 inline constexpr const char* kKeyMoeLayers = "moesh.slice.moe_layers";  // i32 array
 // Per slice tensor T: `moesh.slice.hash.` + T = u64 array, XXH3-64 of each expert slab in T.
 inline constexpr const char* kKeyHashPrefix = "moesh.slice.hash.";
+// Backbone and span slices, per tensor T that is not a stacked expert tensor (attention, norms,
+// router, shared experts, embeddings): `moesh.slice.tensor_hash.` + T = u64, XXH3-64 of T's bytes.
+inline constexpr const char* kKeyTensorHashPrefix = "moesh.slice.tensor_hash.";
 // Backbone slices: [ggml type, ne0, ne1, ne2] of each stacked `*_exps` tensor left out, so a
 // backbone knows what an expert copy costs before it fetches one.
 inline constexpr const char* kKeyLayoutPrefix = "moesh.slice.layout.";
@@ -235,6 +238,13 @@ struct ExpertTensorLayout {
 Result<ExpertTensorLayout> expert_tensor_layout(const gguf::File& f, const std::string& tensor_name);
 // "experts", "backbone", or "" for a full model.
 std::string slice_kind(const gguf::File& f);
+// Checks every non-expert tensor of a backbone or span slice against its stored
+// `moesh.slice.tensor_hash.` (expert slabs are checked per slab when an ExpertStore maps them), so
+// a damaged slice cannot run attention or a router on wrong bytes. OK (and *n_checked = 0) for a
+// full model or an expert slice; kCorrupt naming the first tensor whose bytes differ, or a tensor
+// without a hash in a slice that has hashes; kNotFound when the slice has no tensor hashes at all
+// (cut before they were recorded: the caller warns and runs unverified).
+Status verify_slice_tensors(const gguf::File& f, int* n_checked = nullptr);
 
 // ---- the worker process ------------------------------------------------------------------------
 
