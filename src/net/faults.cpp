@@ -55,6 +55,7 @@ class FaultStream final : public ByteStream {
   }
   void close() override { inner_->close(); }
   std::string describe() const override { return "faulty " + inner_->describe(); }
+  Clock::time_point last_arrival() const override { return inner_->last_arrival(); }
 
  private:
   FaultKind pick(uint64_t index) {

@@ -4,10 +4,11 @@
 
 namespace moesh::net {
 
-void CompletionQueue::push(uint64_t tag, uint64_t request_id) {
+void CompletionQueue::push(uint64_t tag, uint64_t request_id, Clock::time_point at) {
   {
+    const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lk(mu_);
-    q_.push_back(Entry{tag, request_id, Clock::now()});
+    q_.push_back(Entry{tag, request_id, at == Clock::time_point{} || at > now ? now : at});
   }
   cv_.notify_one();
 }
@@ -68,7 +69,9 @@ void RequestMux::read_one(std::unique_lock<std::mutex>& lk, Deadline deadline) {
   reader_active_ = true;
   lk.unlock();
   Result<wire::Frame> f = conn_->recv_frame(deadline);
+  Clock::time_point arrived{};
   if (f.is_ok()) {
+    arrived = conn_->last_frame_arrival();
     last_received_ns_.store(Clock::now().time_since_epoch().count());
     if (f->type() == wire::MsgType::kPing) {
       // The peer's heartbeat (a joined worker checks its dial-out connection is alive): answered
@@ -83,7 +86,7 @@ void RequestMux::read_one(std::unique_lock<std::mutex>& lk, Deadline deadline) {
   lk.lock();
   reader_active_ = false;
   if (f.is_ok()) {
-    route_locked(std::move(f).value());
+    route_locked(std::move(f).value(), arrived);
   } else if (f.status().code() != StatusCode::kTimeout && conn_error_.is_ok()) {
     fail_locked(f.status());
   }
@@ -101,7 +104,7 @@ void RequestMux::answer_ping(const wire::Frame& frame) {
   pings_answered_.fetch_add(1);
 }
 
-void RequestMux::route_locked(wire::Frame frame) {
+void RequestMux::route_locked(wire::Frame frame, Clock::time_point arrived) {
   const uint64_t id = frame.request_id();
   if (id == 0) {
     // Connection-level news: everything pending on this connection is lost.
@@ -129,7 +132,7 @@ void RequestMux::route_locked(wire::Frame frame) {
   } else {
     it->second.reply = std::move(frame);
   }
-  if (it->second.queue != nullptr) it->second.queue->push(it->second.tag, id);
+  if (it->second.queue != nullptr) it->second.queue->push(it->second.tag, id, arrived);
 }
 
 Result<wire::Frame> RequestMux::wait(uint64_t request_id, Deadline deadline) {

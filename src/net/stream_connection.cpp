@@ -33,6 +33,7 @@ class StreamConnection final : public Connection {
       auto n = stream_->read_some(std::span<uint8_t>(header_ + have_, wire::kHeaderBytes - have_), deadline);
       if (!n.is_ok()) return fail(n.status(), have_ > 0);
       have_ += *n;
+      arrival_ = stream_->last_arrival();
     }
     if (!header_parsed_) {
       auto h = wire::parse_header(std::span<const uint8_t>(header_, wire::kHeaderBytes), opts_.max_frame_bytes);
@@ -48,12 +49,14 @@ class StreamConnection final : public Connection {
       auto n = stream_->read_some(std::span<uint8_t>(frame_.payload.data() + off, total - have_), deadline);
       if (!n.is_ok()) return fail(n.status(), true);
       have_ += *n;
+      arrival_ = stream_->last_arrival();
     }
     Status ck = wire::verify_checksum(std::span<const uint8_t>(header_, wire::kHeaderBytes), frame_.payload,
                                       frame_.header.checksum);
     if (!ck.is_ok()) return fail(ck, true);
     wire::Frame out = std::move(frame_);
     frame_ = wire::Frame{};
+    frame_arrival_ = arrival_;  // of the read that completed the frame
     have_ = 0;
     header_parsed_ = false;
     return out;
@@ -61,6 +64,7 @@ class StreamConnection final : public Connection {
 
   void close() override { stream_->close(); }
   std::string describe() const override { return stream_->describe(); }
+  Clock::time_point last_frame_arrival() const override { return frame_arrival_; }
 
  private:
   // A timeout keeps the partial frame; anything else ends receiving for good.
@@ -85,6 +89,8 @@ class StreamConnection final : public Connection {
   uint8_t header_[wire::kHeaderBytes] = {};
   size_t have_ = 0;  // bytes of the current frame received (header included)
   bool header_parsed_ = false;
+  Clock::time_point arrival_{};        // ByteStream::last_arrival after the latest read
+  Clock::time_point frame_arrival_{};  // arrival_ when the last complete frame was returned
   wire::Frame frame_;
 };
 

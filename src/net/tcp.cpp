@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "moesh/net/transport.h"
@@ -79,7 +80,12 @@ std::string sockaddr_string(const sockaddr* sa) {
 
 class TcpStream final : public ByteStream {
  public:
-  TcpStream(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+  TcpStream(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {
+    // Receive timestamps (software, in the kernel's receive path): last_arrival(). A kernel
+    // that refuses leaves them unknown; nothing else depends on it.
+    const int one = 1;
+    timestamps_ = setsockopt(fd_, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one)) == 0;
+  }
   ~TcpStream() override {
     if (fd_ < 0) return;  // released
     close();
@@ -112,7 +118,7 @@ class TcpStream final : public ByteStream {
   Result<size_t> read_some(std::span<uint8_t> buf, Deadline deadline) override {
     while (true) {
       if (closed_.load()) return make_error(StatusCode::kUnavailable, "tcp {}: closed", peer_);
-      const ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
+      const ssize_t n = timestamps_ ? recv_stamped(buf) : ::recv(fd_, buf.data(), buf.size(), 0);
       if (n > 0) return static_cast<size_t>(n);
       if (n == 0) return make_error(StatusCode::kUnavailable, "tcp {}: peer closed the connection", peer_);
       if (errno == EINTR) continue;
@@ -125,6 +131,7 @@ class TcpStream final : public ByteStream {
     if (!closed_.exchange(true)) ::shutdown(fd_, SHUT_RDWR);
   }
   std::string describe() const override { return "tcp " + peer_; }
+  Clock::time_point last_arrival() const override { return last_arrival_; }
 
   TcpSocketInfo info() const {
     TcpSocketInfo i;
@@ -144,6 +151,37 @@ class TcpStream final : public ByteStream {
   }
 
  private:
+  // recv() that also takes the SCM_TIMESTAMPNS control message: the kernel's receive time of the
+  // newest segment read (CLOCK_REALTIME), moved onto the steady clock by the offset between the
+  // two clocks now.
+  ssize_t recv_stamped(std::span<uint8_t> buf) {
+    iovec iov{buf.data(), buf.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(timespec))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd_, &msg, 0);
+    if (n <= 0) return n;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
+      timespec ts;
+      std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+      const auto real_now = std::chrono::system_clock::now();
+      const auto steady_now = Clock::now();
+      const auto stamp =
+          std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+      last_arrival_ = steady_now - std::chrono::duration_cast<Clock::duration>(real_now - stamp);
+      return n;
+    }
+    last_arrival_ = {};
+    return n;
+  }
+
+  bool timestamps_ = false;
+  Clock::time_point last_arrival_{};
   // Waits until the socket is ready for `events`, the deadline passes, or close() is called.
   Status wait_for(short events, Deadline deadline, const char* what) {
     while (true) {

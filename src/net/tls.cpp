@@ -126,6 +126,8 @@ class TlsStream final : public ByteStream {
 
   void close() override { inner_->close(); }
   std::string describe() const override { return "tls " + inner_->describe(); }
+  // The arrival of the newest ciphertext read: the record that held the plaintext, or a later one.
+  Clock::time_point last_arrival() const override { return inner_->last_arrival(); }
 
  private:
   // Encrypted bytes OpenSSL has produced -> the inner stream.

@@ -825,7 +825,7 @@ Status RemoteExecutor::Impl::gather(Job& job, size_t first) {
     traffic.combine_bytes += wire::kHeaderBytes + frame.payload.size();
     ++traffic.combine_frames;
     {
-      // Latency as seen by the backbone: DISPATCH sent -> COMBINE filed by the link's reader.
+      // Latency as seen by the backbone: DISPATCH sent -> COMBINE arrived (receive timestamp, else filed).
       const double sec = std::chrono::duration<double>(rep.arrived - r.sent_at).count();
       const auto& bounds = WorkerTraffic::kLatencyBounds;
       const size_t b = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), sec) - bounds.begin());

@@ -75,6 +75,27 @@ TEST(CompletionQueue, RepliesComeOutInArrivalOrder) {
   reader.join();
 }
 
+// An entry carries the arrival it is given (a receive timestamp), never one in the future, and
+// the filing time when none is known.
+TEST(CompletionQueue, EntriesKeepAGivenArrivalTime) {
+  CompletionQueue q;
+  const Clock::time_point past = Clock::now() - std::chrono::seconds(3);
+  const Clock::time_point before = Clock::now();
+  q.push(1, 10, past);
+  q.push(2, 20, Clock::now() + std::chrono::hours(1));
+  q.push(3, 30);
+  const Clock::time_point after = Clock::now();
+  CompletionQueue::Entry e;
+  ASSERT_TRUE(q.pop(&e, Clock::now()));
+  EXPECT_EQ(e.at, past);
+  ASSERT_TRUE(q.pop(&e, Clock::now()));
+  EXPECT_GE(e.at, before);
+  EXPECT_LE(e.at, after);
+  ASSERT_TRUE(q.pop(&e, Clock::now()));
+  EXPECT_GE(e.at, before);
+  EXPECT_LE(e.at, after);
+}
+
 TEST(CompletionQueue, AConnectionFailureCompletesEveryPendingRequest) {
   auto [mine, theirs] = make_loopback_pair();
   RequestMux mux(mine.get());

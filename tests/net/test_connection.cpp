@@ -149,6 +149,42 @@ TEST(Tcp, SocketPolicyIsApplied) {
   EXPECT_EQ(tcp_socket_info(*lb.first).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A frame that waited in the socket is timed by its arrival (the kernel's receive timestamp), not
+// by when it was read: what keeps a worker's trip latency honest when the backbone reads its
+// reply only after computing its own share. Ordering only, no durations: the arrival lies
+// between the send and the read; an in-process loopback stream does not know (epoch).
+TEST(Tcp, FramesCarryTheirArrivalTime) {
+  StreamPair p = make_stream_pair(Link::kTcp);
+  ASSERT_TRUE(p.client && p.server);
+  auto tx = make_stream_connection(std::move(p.client));
+  auto rx = make_stream_connection(std::move(p.server));
+  for (uint32_t pad : {100u, 200000u}) {  // one segment, and a frame read in many pieces
+    auto frame = wire::encode_ping({.request_id = 1, .send_time_ns = 1, .pad_bytes = pad}).value();
+    const Clock::time_point before_send = Clock::now();
+    std::thread sender([&] { ASSERT_TRUE(tx->send_frame(frame, deadline_in(5s)).is_ok()); });
+    if (pad < 1000) {
+      sender.join();
+      std::this_thread::sleep_for(20ms);  // the frame waits in the socket (ordering margin, not a timed check)
+    }
+    const Clock::time_point before_read = Clock::now();
+    auto f = rx->recv_frame(deadline_in(5s));
+    const Clock::time_point after_read = Clock::now();
+    if (sender.joinable()) sender.join();
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    const Clock::time_point arrived = rx->last_frame_arrival();
+    ASSERT_NE(arrived, Clock::time_point{}) << "no receive timestamp";
+    EXPECT_GE(arrived, before_send - 1ms) << "pad " << pad;  // 1 ms: the two clocks are read apart
+    EXPECT_LE(arrived, after_read) << "pad " << pad;
+    if (pad < 1000) EXPECT_LT(arrived, before_read) << "read 20 ms after it arrived, yet stamped at the read";
+  }
+  auto lb = make_loopback_streams();
+  auto a = make_stream_connection(std::move(lb.first));
+  auto b = make_stream_connection(std::move(lb.second));
+  ASSERT_TRUE(a->send_frame(wire::encode_ping({.request_id = 2}).value(), deadline_in(1s)).is_ok());
+  ASSERT_TRUE(b->recv_frame(deadline_in(1s)).is_ok());
+  EXPECT_EQ(b->last_frame_arrival(), Clock::time_point{});
+}
+
 TEST(Tcp, ConnectRefusedAndAcceptTimeout) {
   auto l = TcpListener::listen("127.0.0.1", 0, TcpOptions{});
   ASSERT_TRUE(l.is_ok());

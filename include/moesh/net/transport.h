@@ -59,6 +59,11 @@ class ByteStream {
   // sees end of stream.
   virtual void close() = 0;
   virtual std::string describe() const = 0;
+  // When the bytes the latest read_some returned reached this host (TCP: the kernel's receive
+  // timestamp, SO_TIMESTAMPNS, on this process's steady clock), or the epoch when the stream does
+  // not know. A reply that waited in the socket while its reader was busy is then timed by its
+  // arrival, not by when it was read. Only meaningful to the thread that called read_some.
+  virtual Clock::time_point last_arrival() const { return {}; }
 };
 
 // ---- frame connections -----------------------------------------------------------------------
@@ -79,6 +84,9 @@ class Connection {
   virtual Result<wire::Frame> recv_frame(Deadline deadline) = 0;
   virtual void close() = 0;
   virtual std::string describe() const = 0;
+  // When the last byte of the frame recv_frame last returned arrived (ByteStream::last_arrival of
+  // the read that completed it), or the epoch when unknown. Same thread as recv_frame.
+  virtual Clock::time_point last_frame_arrival() const { return {}; }
 };
 
 std::unique_ptr<Connection> make_stream_connection(std::unique_ptr<ByteStream> stream, ConnectionOptions opts = {});
@@ -203,7 +211,9 @@ class CompletionQueue {
     uint64_t request_id = 0;
     Clock::time_point at;  // when the reply (or the connection's failure) was filed
   };
-  void push(uint64_t tag, uint64_t request_id);
+  // `at`: when the reply arrived, if known (a kernel receive timestamp); else, or if later than
+  // now, the time of filing.
+  void push(uint64_t tag, uint64_t request_id, Clock::time_point at = {});
   // The oldest entry; false if none arrived by the deadline.
   bool pop(Entry* out, Deadline deadline);
 
@@ -266,7 +276,7 @@ class RequestMux {
     CompletionQueue* queue = nullptr;
     uint64_t tag = 0;
   };
-  void route_locked(wire::Frame frame);
+  void route_locked(wire::Frame frame, Clock::time_point arrived);
   void fail_locked(Status st);  // the connection is gone: every pending request learns it
   // As the reader (lk held, reader_active_ false): one frame or the deadline, then wake waiters.
   void read_one(std::unique_lock<std::mutex>& lk, Deadline deadline);

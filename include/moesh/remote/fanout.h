@@ -48,7 +48,9 @@ class FanOut {
   struct Reply {
     size_t index = 0;  // into the gathered list
     Result<wire::Frame> frame = Status(StatusCode::kInternal, "no reply");
-    net::Clock::time_point arrived;  // when it was filed (or the deadline, for a timeout)
+    // When it arrived (TCP: the kernel's receive timestamp, so a reply read late by an inline
+    // gather is not timed by the read), else when it was filed; the deadline for a timeout.
+    net::Clock::time_point arrived;
   };
   // Hands every request of `reqs` to on_reply exactly once: replies in the order they arrived,
   // then a kTimeout for each one still unanswered at the deadline (those are cancelled, so a late
