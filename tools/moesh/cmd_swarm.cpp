@@ -165,9 +165,19 @@ int run_plan(const PlanCliArgs& a) {
     std::fprintf(stderr, "moesh swarm plan: error: %s\n", s.to_string().c_str());
     return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
   };
-  auto setup = resolve_plan_setup(a);
+  PlanCliArgs args = a;
+  if (!a.status_url.empty()) {
+    auto st = get_json(a.status_url, "/swarm/status", 10);
+    if (!st) return fail(st.status().with_context("--status"));
+    auto live = peers_from_status(*st);
+    if (!live) return fail(live.status().with_context("--status " + a.status_url));
+    std::fprintf(stderr, "moesh swarm plan: %zu worker(s) up at %s\n", live->size(), a.status_url.c_str());
+    args.live_peers = std::move(*live);
+  }
+  auto setup = resolve_plan_setup(args);
   if (!setup) return fail(setup.status());
-  if (setup->peers.empty()) return fail(make_error(StatusCode::kInvalidArgument, "no --peer given"));
+  if (setup->peers.empty())
+    return fail(make_error(StatusCode::kInvalidArgument, "no --peer given (nor a --status gateway with workers up)"));
   auto plan = plan_for_layout(*setup, a.layout);
   if (!plan) return fail(plan.status());
   auto experts = plan_all_experts(setup->model, setup->plan_peers, setup->opts);

@@ -21,6 +21,11 @@
 
 namespace moesh::cli {
 
+struct CliPeer {
+  PlanPeer peer;
+  std::string addr;
+};
+
 struct PlanCliArgs {
   std::string model, shape;
   int n_ctx = 4096;
@@ -40,7 +45,9 @@ struct PlanCliArgs {
   int streams = 1, draft = 0;
   double accept = 0;
   std::string layout = "plan";
-  std::string from;  // a previous plan's JSON: print the moves to the new one
+  std::string from;                 // a previous plan's JSON: print the moves to the new one
+  std::string status_url;           // --status: a running gateway whose workers become peers
+  std::vector<CliPeer> live_peers;  // filled from --status by run_plan (a --peer of the same name wins)
   bool json = false;
   uint64_t seed = 1;
 };
@@ -72,10 +79,15 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
                   "plan (the planner's choice) | experts (every peer an equal share of "
                   "every layer) | spans (equal spans, Petals-style)");
   sub->add_flag("--json", a->json, "Print JSON");
-  if (!simulate)
+  if (!simulate) {
     sub->add_option(
         "--from", a->from,
         "A previous plan (--json output): list what moves (roles, slices to transfer) to reach the new one");
+    sub->add_option("--status", a->status_url,
+                    "A running gateway (http://HOST:PORT): its workers that are up become peers with what it measured "
+                    "— the warm-up round trip as RTT, memory = slab bytes + replica budget; a --peer of the same "
+                    "name overrides one");
+  }
   if (simulate) {
     sub->add_option("--peers", a->n_peers, "Generate N more peers (with --peer-memory, --rtt-median, --rtt-sigma)");
     sub->add_option("--peer-memory", a->peer_memory, "Memory of each generated peer");
@@ -123,11 +135,6 @@ inline Result<uint64_t> parse_bytes(std::string_view s) {
   return static_cast<uint64_t>(v * mul);
 }
 
-struct CliPeer {
-  PlanPeer peer;
-  std::string addr;
-};
-
 inline Result<CliPeer> parse_plan_peer(std::string_view spec) {
   CliPeer out;
   const size_t colon = spec.find(':');
@@ -170,6 +177,28 @@ inline Result<CliPeer> parse_plan_peer(std::string_view spec) {
     }
   }
   if (!have_mem) return make_error(StatusCode::kInvalidArgument, "--peer '{}': mem= is required", spec);
+  return out;
+}
+
+// The peers a running gateway knows (its /swarm/status JSON): every worker that is up, named as the
+// gateway names it, with its address when dialled directly, the warm-up round trip as RTT (the
+// padded PING at connect: network only, no compute) and, as memory, what it holds plus the
+// replica budget it offered (a lower bound on what it could hold: --peer NAME:mem= says more).
+inline Result<std::vector<CliPeer>> peers_from_status(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
+    return make_error(StatusCode::kCorrupt, "/swarm/status has no workers array");
+  std::vector<CliPeer> out;
+  for (const auto& w : j["workers"]) {
+    if (!w.is_object() || w.value("state", "") != "up") continue;
+    CliPeer p;
+    p.peer.name = w.value("name", "");
+    if (p.peer.name.empty()) p.peer.name = w.value("label", "");
+    if (p.peer.name.empty()) continue;
+    p.peer.memory_bytes = w.value("slab_bytes", uint64_t{0}) + w.value("replica_budget_bytes", uint64_t{0});
+    p.peer.rtt_s = std::max(0.0, w.value("warmup_rtt_ms", 0.0)) * 1e-3;
+    if (w.value("path", "") == "direct") p.addr = w.value("address", "");
+    out.push_back(std::move(p));
+  }
   return out;
 }
 
@@ -284,6 +313,11 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
     auto p = parse_plan_peer(spec);
     if (!p) return p.status();
     s.peers.push_back(std::move(*p));
+  }
+  for (const CliPeer& lp : a.live_peers) {
+    bool named = false;
+    for (const CliPeer& p : s.peers) named = named || p.peer.name == lp.peer.name;
+    if (!named) s.peers.push_back(lp);
   }
   if (a.n_peers > 0) {
     auto mem = parse_bytes(a.peer_memory);

@@ -687,6 +687,18 @@ grep -Eq '^capacity of j2: [0-9]+ threads' "$TMP/status.txt" || { cat "$TMP/stat
 expect_eq "$(js 'j.workers.every(w => w.threads >= 1 && w.slab_bytes > 0)' <"$TMP/status.json")" "true" \
   "swarm status: every worker's capacity (INFO) is known"
 ok "swarm status prints the registry table"
+# The planner takes the live swarm as its peers: both joined workers, with the RTT the gateway measured.
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" --json >"$TMP/plan_live.json" 2>"$TMP/plan_live.err" ||
+  { cat "$TMP/plan_live.err" >&2; fail "swarm plan --status"; }
+expect_eq "$(js 'j.roles.map(r => r.peer).sort().join(",")' <"$TMP/plan_live.json")" "j1,j2" \
+  "swarm plan --status: the gateway's workers are the peers"
+expect_eq "$(js 'j.roles.every(r => r.rtt_ms > 0)' <"$TMP/plan_live.json")" "true" \
+  "swarm plan --status: each peer's RTT is the measured one"
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" --peer 'j2:mem=1GiB,rtt=80ms' --json >"$TMP/plan_live2.json" 2>/dev/null ||
+  fail "swarm plan --status --peer"
+expect_eq "$(js 'Math.round(j.roles.find(r => r.peer == "j2").rtt_ms)' <"$TMP/plan_live2.json")" "80" \
+  "swarm plan --status: a --peer of the same name overrides the live one"
+ok "swarm plan --status plans over the live workers"
 # j2 dies and comes back under its name: same place, same greedy text, a second join on record.
 kill -KILL "$J2_PID"
 wait "$J2_PID" 2>/dev/null || true
