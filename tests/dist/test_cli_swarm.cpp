@@ -163,9 +163,14 @@ TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
         R"(hidden: ([0-9.]+) ms of local work per trip of ([0-9.]+) ms, ([0-9.]+)% of the trip hidden \((\d+) trips\))");
     std::smatch h;
     if (remote) {
-      EXPECT_EQ(workers_seen, 2) << r.out;
-      // 6 tokens x 2 reps x n_moe layers; each call sends to both replicas (top-k >= 2 spreads).
-      EXPECT_EQ(requests, int64_t{2} * 6 * 2 * n_moe) << r.out;
+      // 6 tokens x 2 reps x n_moe layers; each call sends one request to every replica it uses
+      // (top-k >= 2 spreads over both). The CLI prices replicas by what it measures: a warm-up
+      // PING that stalled on a loaded host can make one replica "far" (more than 1.25x + 2 ms of
+      // the other), and a replica never used is never re-measured in a 12-token run, so the
+      // other takes every pair (the library tests fix equal costs instead; the CLI has none).
+      EXPECT_GE(workers_seen, 1) << r.out;
+      EXPECT_LE(workers_seen, 2) << r.out;
+      EXPECT_EQ(requests, int64_t{workers_seen} * 6 * 2 * n_moe) << r.out;
       // The hidden-trip report covers every trip of the timed runs and is a fraction.
       ASSERT_TRUE(std::regex_search(r.out, h, hidden)) << r.out;
       EXPECT_EQ(std::stoll(h[4]), int64_t{6} * 2 * n_moe);
