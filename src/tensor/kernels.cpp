@@ -76,7 +76,8 @@ bool avx512_enabled() {
   if (!cpu_has(Isa::kAvx512)) return false;
   const char* en = std::getenv("MOESH_ENABLE_AVX512");
   const char* isa = std::getenv("MOESH_ISA");
-  return (en != nullptr && std::strcmp(en, "0") != 0) || (isa != nullptr && std::strcmp(isa, "avx512") == 0);
+  if (isa != nullptr && std::strcmp(isa, "avx512") == 0) return true;
+  return en == nullptr || std::strcmp(en, "0") != 0;
 }
 
 namespace {
@@ -103,9 +104,9 @@ const Tables& tables() {
       r.present[static_cast<int>(Isa::kAvx2)] = true;
       r.best = Isa::kAvx2;
     }
-    // The AVX-512 kernels have not yet run on AVX-512 hardware (the development machines are
-    // AVX2-only), so they are opt-in until tests/tensor/test_kernels_simd has passed on one:
-    // MOESH_ENABLE_AVX512=1 (or MOESH_ISA=avx512) builds the table.
+    // The AVX-512 table (bit-identical to AVX2 and scalar: test_kernels_simd, run on Zen 5
+    // hardware since 2026-12-04) is the default where the CPU has it; MOESH_ENABLE_AVX512=0
+    // leaves it out.
     if (avx512_enabled()) {
       auto& a = r.t[static_cast<int>(Isa::kAvx512)];
       a = r.t[static_cast<int>(Isa::kAvx2)];

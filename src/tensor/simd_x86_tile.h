@@ -36,6 +36,45 @@ inline void blocks32_row_tile(int64_t nb, const typename P::BW* w, const typenam
   for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
 }
 
+// The four 32-value chunks of half h of a Q6_K super-block as unsigned 6-bit bytes (0..63).
+inline void q6k_unpack_half(const BlockQ6_K& x, int h, __m256i q[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  const __m256i l0 = loadu256(x.ql + 64 * h);
+  const __m256i l1 = loadu256(x.ql + 64 * h + 32);
+  const __m256i hb = loadu256(x.qh + 32 * h);
+  q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+  q[3] =
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+}
+
+// The float steps of one Q4_K super-block for NC outputs, as vec_dot_q4_k does them: the 8
+// integer lanes (lanes(j) for output j) times d*dy, the 4 min lanes times -dmin*dy.
+template <int NC, class Lanes>
+inline void q4k_block_float(const BlockQ4_K& x, uint64_t m, const BlockQ8_K* const* y, int64_t b, const Lanes& lanes,
+                            __m256* acc, __m128* acc_m) {
+  const float dw = h2f(x.d), mw = h2f(x.dmin);
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) {
+    const BlockQ8_K& q8 = y[j][b];
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes(j)), _mm256_set1_ps(dw * q8.d), acc[j]);
+    acc_m[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(k4_mins4(m, q8)), _mm_set1_ps(-(mw * q8.d)), acc_m[j]);
+  }
+}
+
+// The Q4_K tiles' last step per output: reduce8 of the scale lanes plus the 4 min lanes.
+template <int NC>
+inline void q4k_tile_store(const __m256* acc, const __m128* acc_m, float* out, size_t ldo) {
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) {
+    __m128 mm = _mm_add_ps(acc_m[j], _mm_movehl_ps(acc_m[j], acc_m[j]));
+    mm = _mm_add_ss(mm, _mm_movehdup_ps(mm));
+    out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]) + _mm_cvtss_f32(mm);
+  }
+}
+
 // ---- Q4_K: one weight row x NC activation rows, every accumulator in a register
 
 // A 4x4 tile that unpacks a whole super-block first (8 quant + 8 scale vectors) and keeps a 4x4
@@ -50,6 +89,7 @@ inline void q4k_row_tile(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const*
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[NC];
   __m128 acc_m[NC];
+#pragma GCC unroll 4
   for (int j = 0; j < NC; ++j) {
     acc[j] = _mm256_setzero_ps();
     acc_m[j] = _mm_setzero_ps();
@@ -60,6 +100,7 @@ inline void q4k_row_tile(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const*
     unpack_k4_scales(x.scales, &sc, &m);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
     __m256i isum[NC];
+#pragma GCC unroll 4
     for (int j = 0; j < NC; ++j) isum[j] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
@@ -68,55 +109,42 @@ inline void q4k_row_tile(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const*
       const __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
       const __m256i s_lo = _mm256_shuffle_epi8(sc16, bcast16_ctrl(2 * c));
       const __m256i s_hi = _mm256_shuffle_epi8(sc16, bcast16_ctrl(2 * c + 1));
+#pragma GCC unroll 4
       for (int j = 0; j < NC; ++j) {
         const int8_t* yq = y[j][b].qs + 64 * c;
         isum[j] =
             _mm256_add_epi32(isum[j], _mm256_add_epi32(scaled_u8s8(q_lo, yq, s_lo), scaled_u8s8(q_hi, yq + 32, s_hi)));
       }
     }
-    const float dw = h2f(x.d), mw = h2f(x.dmin);
-    for (int j = 0; j < NC; ++j) {
-      const BlockQ8_K& q8 = y[j][b];
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(dw * q8.d), acc[j]);
-      acc_m[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(k4_mins4(m, q8)), _mm_set1_ps(-(mw * q8.d)), acc_m[j]);
-    }
+    q4k_block_float<NC>(
+        x, m, y, b, [&](int j) { return isum[j]; }, acc, acc_m);
   }
-  for (int j = 0; j < NC; ++j) {
-    __m128 mm = _mm_add_ps(acc_m[j], _mm_movehl_ps(acc_m[j], acc_m[j]));
-    mm = _mm_add_ss(mm, _mm_movehdup_ps(mm));
-    out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]) + _mm_cvtss_f32(mm);
-  }
+  q4k_tile_store<NC>(acc, acc_m, out, ldo);
 }
 
 // ---- Q6_K: the same layout (one weight row x NC activation rows, registers only). Integer sums
 // in any order are exact; the one float step per super-block is vec_dot_q6_k's.
 template <int NC>
 inline void q6k_row_tile(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const __m256i m30 = _mm256_set1_epi8(0x30);
   const __m256i off = _mm256_set1_epi8(32);
   const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   __m256 acc[NC];
+#pragma GCC unroll 4
   for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ6_K& x = w[b];
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(loadu128(x.scales), even_odd));
     __m256i isum[NC];
+#pragma GCC unroll 4
     for (int j = 0; j < NC; ++j) isum[j] = _mm256_setzero_si256();
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      const __m256i l0 = loadu256(x.ql + 64 * h);
-      const __m256i l1 = loadu256(x.ql + 64 * h + 32);
-      const __m256i hb = loadu256(x.qh + 32 * h);
       __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+      q6k_unpack_half(x, h, q);
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) {
         const __m256i s16 = _mm256_shuffle_epi8(sc16, bcast16_ctrl(4 * h + k));
+#pragma GCC unroll 4
         for (int j = 0; j < NC; ++j) {
           const __m256i yv = loadu256(y[j][b].qs + 128 * h + 32 * k);
           isum[j] = _mm256_add_epi32(isum[j], offset_u8s8(q[k], off, yv, s16));
@@ -124,20 +152,139 @@ inline void q6k_row_tile(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const*
       }
     }
     const float dw = h2f(x.d);
+#pragma GCC unroll 4
     for (int j = 0; j < NC; ++j) {
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(dw * y[j][b].d), acc[j]);
     }
   }
+#pragma GCC unroll 4
   for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
 }
 
-// Rows x tokens in groups of up to 4 tokens, each row against the group through RowTile<NC>
+#if defined(__AVX512BW__)
+// ---- AVX-512: the same Q4_K / Q6_K row tiles with 64-value chunks in one zmm
+//
+// A 64-value chunk of a super-block is [32 values | next 32 values] of the activation row,
+// contiguous, so one zmm load takes it and one maddubs + one madd (scale per 32-value half)
+// gives 16 int32 lanes: lanes 0-7 are exactly the ymm kernel's lanes for the first 32 values,
+// lanes 8-15 those for the second 32. Folding the halves (an integer add, exact) leaves each of
+// the 8 lanes with the same integer sum as vec_dot's, so the float steps that follow — the
+// same as the ymm tile's — give the same bits. Half the integer instructions per value, and
+// twice the tokens per weight unpack (8 accumulators, AVX-512 has 32 registers).
+inline __m256i fold_halves(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// Shuffle control (per 128-bit lane) that broadcasts int16 element a to lanes 0-1 of the zmm
+// and element b to lanes 2-3: the scales of a chunk's two 32-value halves.
+inline __m512i bcast16_pair_ctrl(int a, int b) {
+  const __m128i ca = _mm_set1_epi16(static_cast<int16_t>((2 * a) | ((2 * a + 1) << 8)));
+  const __m128i cb = _mm_set1_epi16(static_cast<int16_t>((2 * b) | ((2 * b + 1) << 8)));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(ca, ca)), _mm256_set_m128i(cb, cb), 1);
+}
+
+template <int NC>
+inline void q4k_row_tile_512(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m256 acc[NC];
+  __m128 acc_m[NC];
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) {
+    acc[j] = _mm256_setzero_ps();
+    acc_m[j] = _mm_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& x = w[b];
+    uint64_t sc, m;
+    unpack_k4_scales(x.scales, &sc, &m);
+    const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    __m512i isum[NC];
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) isum[j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = loadu256(x.qs + 32 * c);
+      const __m512i qq =
+          _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), m4);
+      const __m512i s = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(2 * c, 2 * c + 1));
+#pragma GCC unroll 8
+      for (int j = 0; j < NC; ++j) {
+        const __m512i yv = _mm512_loadu_si512(y[j][b].qs + 64 * c);
+        isum[j] = _mm512_add_epi32(isum[j], _mm512_madd_epi16(_mm512_maddubs_epi16(qq, yv), s));
+      }
+    }
+    q4k_block_float<NC>(
+        x, m, y, b, [&](int j) { return fold_halves(isum[j]); }, acc, acc_m);
+  }
+  q4k_tile_store<NC>(acc, acc_m, out, ldo);
+}
+
+// Q6_K: chunk k of half h is 32 values; values 64p..64p+63 of a half are chunks 2p, 2p+1,
+// contiguous in the activations, so one zmm holds [q[2p] | q[2p+1]] and their four 16-value
+// scales sit one per 128-bit lane (the ymm kernel's s16 for chunk 2p in lanes 0-1, 2p+1 in 2-3).
+template <int NC>
+inline void q6k_row_tile_512(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
+  const __m512i off = _mm512_set1_epi8(32);
+  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m256 acc[NC];
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ6_K& x = w[b];
+    const __m256i sc16y = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(loadu128(x.scales), even_odd));
+    const __m512i sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(sc16y), sc16y, 1);
+    __m512i isum[NC];
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) isum[j] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256i q[4];
+      q6k_unpack_half(x, h, q);
+      const __m512i qa = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+      const __m512i qb = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
+      // The ymm kernel's s16 for chunk k is element 4h+k of each 128-bit lane of sc16.
+      const __m512i sa = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h, 4 * h + 1));
+      const __m512i sb = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h + 2, 4 * h + 3));
+#pragma GCC unroll 8
+      for (int j = 0; j < NC; ++j) {
+        const __m512i ya = _mm512_loadu_si512(y[j][b].qs + 128 * h);
+        const __m512i yb = _mm512_loadu_si512(y[j][b].qs + 128 * h + 64);
+        const __m512i pa = _mm512_sub_epi16(_mm512_maddubs_epi16(qa, ya), _mm512_maddubs_epi16(off, ya));
+        const __m512i pb = _mm512_sub_epi16(_mm512_maddubs_epi16(qb, yb), _mm512_maddubs_epi16(off, yb));
+        isum[j] = _mm512_add_epi32(isum[j], _mm512_add_epi32(_mm512_madd_epi16(pa, sa), _mm512_madd_epi16(pb, sb)));
+      }
+    }
+    const float dw = h2f(x.d);
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) {
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(isum[j])), _mm256_set1_ps(dw * y[j][b].d), acc[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
+}
+#endif
+
+// RowTile<NC>::run for a run-time cn in [1, Max].
+template <template <int> class RowTile, int Max, class BW, class BY>
+inline void run_row_tile(int cn, int64_t nb, const BW* w, const BY* const* y, float* o, size_t ldo) {
+  if constexpr (Max == 1) {
+    RowTile<1>::run(nb, w, y, o, ldo);
+  } else {
+    if (cn == Max) {
+      RowTile<Max>::run(nb, w, y, o, ldo);
+    } else {
+      run_row_tile<RowTile, Max - 1>(cn, nb, w, y, o, ldo);
+    }
+  }
+}
+
+// Rows x tokens in groups of up to kNC tokens, each row against the group through RowTile<NC>
 // (BW weight blocks of kBlock values, BY activation blocks).
-template <class BW, class BY, int kBlock, template <int> class RowTile>
+template <class BW, class BY, int kBlock, template <int> class RowTile, int kNC = 4>
 void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc, float* out,
                size_t ldo) {
   const int64_t nb = n / kBlock;
-  constexpr int kNC = 4;
   for (int c0 = 0; c0 < nc; c0 += kNC) {
     const int cn = std::min(kNC, nc - c0);
     const BY* y[kNC];
@@ -147,20 +294,7 @@ void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* v
     for (int r = 0; r < nr; ++r) {
       const auto* w = reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride);
       float* o = out + static_cast<size_t>(c0) * ldo + static_cast<size_t>(r);
-      switch (cn) {
-        case 4:
-          RowTile<4>::run(nb, w, y, o, ldo);
-          break;
-        case 3:
-          RowTile<3>::run(nb, w, y, o, ldo);
-          break;
-        case 2:
-          RowTile<2>::run(nb, w, y, o, ldo);
-          break;
-        default:
-          RowTile<1>::run(nb, w, y, o, ldo);
-          break;
-      }
+      run_row_tile<RowTile, kNC>(cn, nb, w, y, o, ldo);
     }
   }
 }
@@ -189,12 +323,31 @@ struct Q6KRowTile {
     q6k_row_tile<NC>(nb, w, y, o, ldo);
   }
 };
+#if defined(__AVX512BW__)
+template <int NC>
+struct Q4KRowTile512 {
+  static void run(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, float* o, size_t ldo) {
+    q4k_row_tile_512<NC>(nb, w, y, o, ldo);
+  }
+};
+template <int NC>
+struct Q6KRowTile512 {
+  static void run(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, float* o, size_t ldo) {
+    q6k_row_tile_512<NC>(nb, w, y, o, ldo);
+  }
+};
+#endif
 
 inline void fill_tiles(KernelTable* t) {
   t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_rows<BlockQ8_0, BlockQ8_0, kQK, Q8_0RowTile>;
   t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile = tile_rows<BlockQ4_0, BlockQ8_0, kQK, Q4_0RowTile>;
+#if defined(__AVX512BW__)
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile512, 8>;
+  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, BlockQ8_K, kQKK, Q6KRowTile512, 8>;
+#else
   t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile>;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, BlockQ8_K, kQKK, Q6KRowTile>;
+#endif
 }
 
 }  // namespace

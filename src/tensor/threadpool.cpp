@@ -169,4 +169,28 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   cv_done_.notify_all();
 }
 
+void ThreadPool::parallel_for_dynamic(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t piece) {
+  if (n <= 0) return;
+  piece = std::max<int64_t>(1, piece);
+  const int64_t n_pieces = (n + piece - 1) / piece;
+  if (n_threads_ <= 1 || n_pieces <= 1 || tl_in_job) {
+    // One chunk, serial on the caller, still handed over piece by piece.
+    parallel_for(
+        n,
+        [&](int64_t, int64_t, int thread) {
+          for (int64_t b = 0; b < n; b += piece) fn(b, std::min(n, b + piece), thread);
+        },
+        n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  parallel_for(std::min<int64_t>(n_threads_, n_pieces), [&](int64_t, int64_t, int thread) {
+    for (;;) {
+      const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= n_pieces) return;
+      fn(i * piece, std::min(n, (i + 1) * piece), thread);
+    }
+  });
+}
+
 }  // namespace moesh

@@ -226,8 +226,8 @@ const KernelTable* table_or_skip(Isa isa) {
   if (!cpu_has(isa)) return nullptr;
   if (isa == Isa::kAvx512 && !avx512_enabled()) {
     std::printf(
-        "\n*** avx512 is supported by this CPU but NOT ENABLED: set MOESH_ENABLE_AVX512=1 "
-        "to test (and use) the AVX-512 kernels ***\n");
+        "\n*** avx512 is supported by this CPU but DISABLED (MOESH_ENABLE_AVX512=0): its kernels "
+        "were NOT tested here ***\n");
     return nullptr;
   }
   const KernelTable* t = kernels_for(isa);
@@ -393,7 +393,7 @@ void check_tiles(Isa isa) {
     const int64_t bs = std::max<int64_t>(type_block_size(t), type_block_size(act));
     for (int64_t n : {bs, 3 * bs, 9 * bs, 17 * bs, int64_t{4096}}) {
       if (n % bs) continue;
-      const int max_r = 5, max_c = 5;
+      const int max_r = 5, max_c = 17;  // tokens: past two 8-token groups
       const size_t wrow = type_row_bytes(t, n), xrow = type_row_bytes(act, n);
       std::vector<uint8_t> w, x;
       for (int r = 0; r < max_r; ++r) {

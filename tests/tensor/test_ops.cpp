@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numbers>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "moesh/tensor/fp16.h"
@@ -82,6 +84,46 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnceInContiguousChunks) {
       }
     }
   }
+}
+
+// The dynamic schedule: every index once, pieces no longer than asked and aligned to it,
+// thread ids in range; a thread that stalls does not hold its share (the other takes the rest).
+TEST(ThreadPool, DynamicPiecesCoverEveryIndexOnceAndFlowToFreeThreads) {
+  for (int nt : {1, 2, 3, 7}) {
+    ThreadPool pool(nt);
+    for (int64_t n : {1, 2, 5, 16, 17, 1001}) {
+      for (int64_t piece : {1, 4, 64}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<bool> bad{false};
+        pool.parallel_for_dynamic(
+            n,
+            [&](int64_t b, int64_t e, int tid) {
+              if (e <= b || e - b > piece || b % piece != 0 || tid < 0 || tid >= nt) bad = true;
+              for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+            },
+            piece);
+        EXPECT_FALSE(bad.load()) << nt << " " << n << " " << piece;
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
+      }
+    }
+  }
+  // Thread 0 (the caller) stalls in its first piece until the other thread has done at least
+  // 90 of the 100: a contiguous split would have left 50 for the caller.
+  ThreadPool pool(2);
+  std::atomic<int> done_by_other{0};
+  std::atomic<int> done_by_caller{0};
+  const std::thread::id caller = std::this_thread::get_id();
+  pool.parallel_for_dynamic(100, [&](int64_t b, int64_t e, int) {
+    if (std::this_thread::get_id() == caller) {
+      if (done_by_caller.fetch_add(1) == 0) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (done_by_other.load() < 90 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      }
+    } else {
+      done_by_other += static_cast<int>(e - b);
+    }
+  });
+  EXPECT_GE(done_by_other.load(), 90);
 }
 
 TEST(ThreadPool, NestedCallsRunSeriallyOnTheCaller) {

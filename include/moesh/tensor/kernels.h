@@ -47,8 +47,8 @@ const KernelTable& kernels();
 const KernelTable* kernels_for(Isa isa);
 // What the CPU supports (CPUID), independent of MOESH_ISA.
 bool cpu_has(Isa isa);
-// AVX-512 kernels are built into the tables only when the CPU has them AND they are enabled
-// (MOESH_ENABLE_AVX512=1 or MOESH_ISA=avx512): they are unverified on real hardware so far.
+// AVX-512 kernels are built into the tables when the CPU has them, unless MOESH_ENABLE_AVX512=0
+// (MOESH_ISA=avx512 builds them regardless of that variable).
 bool avx512_enabled();
 
 // Implemented per ISA file; each fills `t` on top of an already-filled scalar table.

@@ -29,6 +29,13 @@ class ThreadPool {
   // calling parallel_for from inside fn runs the inner loop serially on the caller.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain = 1);
 
+  // fn(begin, end, thread_index) over [0, n) in pieces of at most `piece` items that the threads
+  // take in turn from a shared counter until none are left. For loops whose items cost unequal
+  // amounts (causal attention: token t reads t cells; experts with different token counts) or
+  // when a vCPU may be preempted: a contiguous split would leave one thread with most of the
+  // work. Same determinism rule: which thread runs an item must not change its result.
+  void parallel_for_dynamic(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t piece = 1);
+
  private:
   void worker_loop(int index);
 

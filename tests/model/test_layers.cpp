@@ -1,0 +1,71 @@
+// Shared layer pieces whose speed paths must keep the reference order (model/layers.h): the
+// SIMD dot_f32_ggml gives the portable loop's bits for every length and value class, so
+// attention scores do not depend on the CPU they run on.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "model/layers.h"
+
+namespace moesh::detail {
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+TEST(DotF32Ggml, SimdAndPortableGiveTheSameBits) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "no AVX2+FMA here";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> wide(-30.0f, 30.0f);
+  int checked = 0;
+  for (int64_t n : {0, 1, 7, 63, 64, 65, 96, 127, 128, 129, 192, 256, 320, 576, 1000}) {
+    for (int dist = 0; dist < 4; ++dist) {
+      std::vector<float> k(static_cast<size_t>(n) + 1), q(static_cast<size_t>(n) + 1);
+      for (int64_t i = 0; i < n; ++i) {
+        switch (dist) {
+          case 0:  // attention-like
+            k[i] = normal(rng), q[i] = normal(rng);
+            break;
+          case 1:  // wide exponents: cancellation makes every rounding visible
+            k[i] = std::ldexp(normal(rng), static_cast<int>(wide(rng))), q[i] = normal(rng);
+            break;
+          case 2:  // large, alternating sign
+            k[i] = (i % 2 ? -1.0f : 1.0f) * 1e18f * (1.0f + normal(rng) * 1e-3f), q[i] = 1e18f;
+            break;
+          default:  // a NaN or inf somewhere
+            k[i] = normal(rng), q[i] = i == n / 2 ? std::numeric_limits<float>::infinity() : normal(rng);
+            break;
+        }
+      }
+      // Unaligned starts too: the kernel uses unaligned loads.
+      for (int off = 0; off < 2 && off <= n; ++off) {
+        const int64_t len = n - off;
+        const float a = dot_f32_ggml_portable(k.data() + off, q.data() + off, len);
+        const float b = dot_f32_ggml_avx2(k.data() + off, q.data() + off, len);
+        if (std::isnan(a)) {
+          EXPECT_TRUE(std::isnan(b)) << "n " << len << " dist " << dist;
+        } else {
+          EXPECT_EQ(bits(a), bits(b)) << "n " << len << " dist " << dist << ": " << a << " vs " << b;
+        }
+        EXPECT_EQ(bits(dot_f32_ggml(k.data() + off, q.data() + off, len)), bits(b));
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+#else
+  GTEST_SKIP() << "only one implementation on this CPU";
+#endif
+}
+
+}  // namespace
+}  // namespace moesh::detail
