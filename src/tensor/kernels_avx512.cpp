@@ -4,14 +4,14 @@
 // dpbusd (exact, like the AVX2 maddubs path for our operand ranges, so every float step is the
 // code the AVX2 tests already pin down). The F32/F16/BF16 dots use 512-bit registers: two zmm
 // hold the 32 canonical lanes exactly (lanes 0..15 and 16..31).
-#define MOESH_SIMD_VNNI 1
-#include "moesh/tensor/kernels.h"
-#include "simd_x86_fill.h"
-
 // GCC 12's AVX-512 intrinsics pass an `_mm512_undefined_*()` pass-through operand to their masked
 // builtins, which -Wuninitialized reports at every inlined call site (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define MOESH_SIMD_VNNI 1
+#include "moesh/tensor/kernels.h"
+#include "simd_x86_fill.h"
 
 namespace moesh {
 namespace {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <vector>
 
 #include "simd_x86_kquant.h"
 #include "simd_x86_legacy.h"
@@ -265,6 +266,92 @@ inline void q6k_row_tile_512(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* co
 }
 #endif
 
+#if defined(__AVX512VNNI__)
+// ---- Q8_0 with VNNI: signed weights through dpbusd's unsigned operand
+//
+// dpbusd multiplies unsigned by signed bytes. With w + 128 (w XOR 0x80) as the unsigned side,
+// each int32 lane gets sum4((w + 128) * y) = sum4(w * y) + 128 * sum4(y); starting the lane at
+// -128 * sum4(y) (an activation-only value, computed once per tile call for all weight rows)
+// leaves exactly sum4(w * y): vec_dot's integer lane, with no overflow (|lane| < 2^17). One
+// integer instruction per 32 values and token instead of three (sign, dot, accumulate), and the
+// per-block scale products dw * dy are one vector multiply for 8 tokens. The float steps per
+// block (cvt, fma with dw * dy) and the final reduce8 are vec_dot_q8_0's, so the bits are too.
+//
+// The activations of a tile call are repacked once, block-major: for block b and token j one
+// 64-byte line {32 quants, the 8 starting lanes}, so a weight block meets its 8 tokens in 8
+// consecutive cache lines.
+struct alignas(64) Q8_0Packed {
+  int8_t qs[32];
+  int32_t neg_sums[8];
+};
+
+template <int NC>
+inline void q8_0_row_tile_vnni(int64_t nb, const BlockQ8_0* w, const Q8_0Packed* y, const float* dy, float* out,
+                               size_t ldo) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[NC];
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
+  alignas(32) float s[8];
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i wx = _mm256_xor_si256(loadu256(w[b].qs), flip);
+    _mm256_store_ps(s, _mm256_mul_ps(_mm256_set1_ps(h2f(w[b].d)), _mm256_load_ps(dy + b * 8)));
+    const Q8_0Packed* yb = y + b * 8;
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) {
+      const __m256i start = _mm256_load_si256(reinterpret_cast<const __m256i*>(yb[j].neg_sums));
+      const __m256i isum =
+          _mm256_dpbusd_epi32(start, wx, _mm256_load_si256(reinterpret_cast<const __m256i*>(yb[j].qs)));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(s + j), acc[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
+}
+
+template <int Max>
+inline void run_q8_0_tile_vnni(int cn, int64_t nb, const BlockQ8_0* w, const Q8_0Packed* y, const float* dy, float* o,
+                               size_t ldo) {
+  if constexpr (Max == 1) {
+    q8_0_row_tile_vnni<1>(nb, w, y, dy, o, ldo);
+  } else if (cn == Max) {
+    q8_0_row_tile_vnni<Max>(nb, w, y, dy, o, ldo);
+  } else {
+    run_q8_0_tile_vnni<Max - 1>(cn, nb, w, y, dy, o, ldo);
+  }
+}
+
+void tile_q8_0_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
+                    float* out, size_t ldo) {
+  constexpr int kNC = 8;
+  const int64_t nb = n / kQK;
+  thread_local std::vector<Q8_0Packed> packed;  // [block][8 tokens]
+  thread_local std::vector<float> dy;           // [block][8 tokens]: the activation scales as floats
+  packed.resize(static_cast<size_t>(kNC * nb));
+  dy.resize(static_cast<size_t>(kNC * nb) + 8);
+  float* dya = dy.data() + ((32 - reinterpret_cast<uintptr_t>(dy.data()) % 32) % 32) / sizeof(float);  // 32-aligned
+  const __m256i c128 = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int c0 = 0; c0 < nc; c0 += kNC) {
+    const int cn = std::min(kNC, nc - c0);
+    for (int j = 0; j < cn; ++j) {
+      const auto* yj = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(vx) + (c0 + j) * x_stride);
+      for (int64_t b = 0; b < nb; ++b) {
+        Q8_0Packed& p = packed[static_cast<size_t>(b * kNC + j)];
+        const __m256i q = loadu256(yj[b].qs);
+        const __m256i t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, q);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p.qs), q);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p.neg_sums), _mm256_sub_epi32(_mm256_setzero_si256(), t));
+        dya[b * kNC + j] = h2f(yj[b].d);
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      const auto* w = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(vw) + r * w_stride);
+      run_q8_0_tile_vnni<kNC>(cn, nb, w, packed.data(), dya, out + static_cast<size_t>(c0) * ldo + r, ldo);
+    }
+  }
+}
+#endif
+
 // RowTile<NC>::run for a run-time cn in [1, Max].
 template <template <int> class RowTile, int Max, class BW, class BY>
 inline void run_row_tile(int cn, int64_t nb, const BW* w, const BY* const* y, float* o, size_t ldo) {
@@ -339,7 +426,11 @@ struct Q6KRowTile512 {
 #endif
 
 inline void fill_tiles(KernelTable* t) {
+#if defined(__AVX512VNNI__)
+  t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_q8_0_vnni;
+#else
   t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_rows<BlockQ8_0, BlockQ8_0, kQK, Q8_0RowTile>;
+#endif
   t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile = tile_rows<BlockQ4_0, BlockQ8_0, kQK, Q4_0RowTile>;
 #if defined(__AVX512BW__)
   t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile512, 8>;
