@@ -9,7 +9,8 @@
 // thread, which threads take in turn. For decode (1 token) a chunk is a run of contiguous
 // weight rows, so each core streams its own part of the matrix. For batches, a task's 16 weight rows
 // (64 KiB of Q4_K at K=7168, 224 KiB of F16) stay in L2 while all its tokens go past them, and
-// the kernel's vec_dot_tile (when it has one) reuses each unpacked weight block across tokens.
+// the kernel's vec_dot_tile (when it has one) reuses each unpacked weight block across tokens;
+// types with a tile take 64 rows per task (see k_tile_rows_per_task).
 #include <algorithm>
 #include <atomic>
 #include <cassert>
@@ -23,6 +24,10 @@ namespace moesh {
 namespace {
 
 constexpr int64_t k_rows_per_task = 16;
+// With a tile kernel, batches take 64 rows per task: a tile call prepares its activations once
+// (the VNNI Q8_0 tile repacks them, ~16 % of its time at 16 rows per call) and 64 rows of the
+// tiled types stay well inside L2 (Q8_0 K=2048: 136 KiB).
+constexpr int64_t k_tile_rows_per_task = 64;
 constexpr int64_t k_tokens_per_task = 64;
 // Below this many tokens the tile kernels' per-call weight unpacking does not pay off: measured
 // with the AVX2 tiles (bench_kernels, CPU time, Q4_K 2048x7168), one token took 1.9 ms through
@@ -50,14 +55,17 @@ struct Plan {
   size_t ldy;
   int64_t n_tb;
   int64_t n_tasks;
+  int64_t rows_per_task;
 };
 
 Plan make_plan(const TensorView& w, const uint8_t* x, size_t x_stride, int64_t n_tok, float* y, size_t ldy) {
   const int64_t m = w.ne[1];
-  const int64_t n_rb = (m + k_rows_per_task - 1) / k_rows_per_task;
+  const bool tiled = kernels()[w.type].vec_dot_tile != nullptr && n_tok >= k_tile_min_tokens;
+  const int64_t rows = tiled ? k_tile_rows_per_task : k_rows_per_task;
+  const int64_t n_rb = (m + rows - 1) / rows;
   const int64_t n_tb = (n_tok + k_tokens_per_task - 1) / k_tokens_per_task;
   const int64_t n_tasks = n_tok > 0 && m > 0 ? n_rb * n_tb : 0;
-  return Plan{&w, x, x_stride, n_tok, y, ldy, n_tb, n_tasks};
+  return Plan{&w, x, x_stride, n_tok, y, ldy, n_tb, n_tasks, rows};
 }
 
 // Runs task t of plan p: nr weight rows x nc tokens.
@@ -70,9 +78,9 @@ void run_task(const Plan& p, int64_t t) {
   const VecDotFn vec_dot = tk.vec_dot;
   const VecDotTileFn tile = tk.vec_dot_tile;
   const size_t w_stride = w.nb[1];
-  const int64_t r0 = (t / p.n_tb) * k_rows_per_task;
+  const int64_t r0 = (t / p.n_tb) * p.rows_per_task;
   const int64_t c0 = (t % p.n_tb) * k_tokens_per_task;
-  const int64_t nr = std::min(k_rows_per_task, m - r0);
+  const int64_t nr = std::min(p.rows_per_task, m - r0);
   const int64_t nc = std::min(k_tokens_per_task, p.n_tok - c0);
   const uint8_t* wr = w.data + static_cast<size_t>(r0) * w_stride;
   const uint8_t* xc = p.x + static_cast<size_t>(c0) * p.x_stride;

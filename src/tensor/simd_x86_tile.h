@@ -285,39 +285,55 @@ struct alignas(64) Q8_0Packed {
   int32_t neg_sums[8];
 };
 
-template <int NC>
-inline void q8_0_row_tile_vnni(int64_t nb, const BlockQ8_0* w, const Q8_0Packed* y, const float* dy, float* out,
-                               size_t ldo) {
+// NR weight rows (1 to 3: each packed activation line is loaded once for all of them; 2 rows
+// measured 2.25 ms, 3 rows 1.64 ms, 4 rows the same, for the b64 Q8_0 gate shape) x NC tokens.
+template <int NR, int NC>
+inline void q8_0_rows_tile_vnni(int64_t nb, const BlockQ8_0* const* w, const Q8_0Packed* y, const float* dy, float* out,
+                                size_t ldo) {
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  __m256 acc[NC];
+  __m256 acc[NR][NC];
+#pragma GCC unroll 3
+  for (int i = 0; i < NR; ++i) {
 #pragma GCC unroll 8
-  for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
-  alignas(32) float s[8];
+    for (int j = 0; j < NC; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  alignas(32) float s[NR][8];
   for (int64_t b = 0; b < nb; ++b) {
-    const __m256i wx = _mm256_xor_si256(loadu256(w[b].qs), flip);
-    _mm256_store_ps(s, _mm256_mul_ps(_mm256_set1_ps(h2f(w[b].d)), _mm256_load_ps(dy + b * 8)));
+    __m256i wx[NR];
+    const __m256 dyb = _mm256_load_ps(dy + b * 8);
+#pragma GCC unroll 3
+    for (int i = 0; i < NR; ++i) {
+      wx[i] = _mm256_xor_si256(loadu256(w[i][b].qs), flip);
+      _mm256_store_ps(s[i], _mm256_mul_ps(_mm256_set1_ps(h2f(w[i][b].d)), dyb));
+    }
     const Q8_0Packed* yb = y + b * 8;
 #pragma GCC unroll 8
     for (int j = 0; j < NC; ++j) {
       const __m256i start = _mm256_load_si256(reinterpret_cast<const __m256i*>(yb[j].neg_sums));
-      const __m256i isum =
-          _mm256_dpbusd_epi32(start, wx, _mm256_load_si256(reinterpret_cast<const __m256i*>(yb[j].qs)));
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(s + j), acc[j]);
+      const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(yb[j].qs));
+#pragma GCC unroll 3
+      for (int i = 0; i < NR; ++i) {
+        const __m256i isum = _mm256_dpbusd_epi32(start, wx[i], q);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(&s[i][j]), acc[i][j]);
+      }
     }
   }
+#pragma GCC unroll 3
+  for (int i = 0; i < NR; ++i) {
 #pragma GCC unroll 8
-  for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
+    for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo + i] = reduce8(acc[i][j]);
+  }
 }
 
-template <int Max>
-inline void run_q8_0_tile_vnni(int cn, int64_t nb, const BlockQ8_0* w, const Q8_0Packed* y, const float* dy, float* o,
-                               size_t ldo) {
+template <int NR, int Max>
+inline void run_q8_0_tile_vnni(int cn, int64_t nb, const BlockQ8_0* const* w, const Q8_0Packed* y, const float* dy,
+                               float* o, size_t ldo) {
   if constexpr (Max == 1) {
-    q8_0_row_tile_vnni<1>(nb, w, y, dy, o, ldo);
+    q8_0_rows_tile_vnni<NR, 1>(nb, w, y, dy, o, ldo);
   } else if (cn == Max) {
-    q8_0_row_tile_vnni<Max>(nb, w, y, dy, o, ldo);
+    q8_0_rows_tile_vnni<NR, Max>(nb, w, y, dy, o, ldo);
   } else {
-    run_q8_0_tile_vnni<Max - 1>(cn, nb, w, y, dy, o, ldo);
+    run_q8_0_tile_vnni<NR, Max - 1>(cn, nb, w, y, dy, o, ldo);
   }
 }
 
@@ -344,9 +360,20 @@ void tile_q8_0_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const vo
         dya[b * kNC + j] = h2f(yj[b].d);
       }
     }
-    for (int r = 0; r < nr; ++r) {
-      const auto* w = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(vw) + r * w_stride);
-      run_q8_0_tile_vnni<kNC>(cn, nb, w, packed.data(), dya, out + static_cast<size_t>(c0) * ldo + r, ldo);
+    for (int r = 0; r < nr; r += 3) {
+      const BlockQ8_0* w[3];
+      const int rn = std::min(3, nr - r);
+      for (int i = 0; i < rn; ++i) {
+        w[i] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(vw) + (r + i) * w_stride);
+      }
+      float* o = out + static_cast<size_t>(c0) * ldo + r;
+      if (rn == 3) {
+        run_q8_0_tile_vnni<3, kNC>(cn, nb, w, packed.data(), dya, o, ldo);
+      } else if (rn == 2) {
+        run_q8_0_tile_vnni<2, kNC>(cn, nb, w, packed.data(), dya, o, ldo);
+      } else {
+        run_q8_0_tile_vnni<1, kNC>(cn, nb, w, packed.data(), dya, o, ldo);
+      }
     }
   }
 }
