@@ -264,6 +264,21 @@ inline void q6k_row_tile_512(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* co
 #pragma GCC unroll 8
   for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
 }
+
+// Batch-1 dots through the same zmm row tiles (one activation row): decode's matvecs get the
+// halved integer work too. Same bits as vec_dot (the tile is tested against it).
+float vec_dot_q4_k_512(int64_t n, const void* vw, const void* vy) {
+  const auto* y = static_cast<const BlockQ8_K*>(vy);
+  float out;
+  q4k_row_tile_512<1>(n / kQKK, static_cast<const BlockQ4_K*>(vw), &y, &out, 0);
+  return out;
+}
+float vec_dot_q6_k_512(int64_t n, const void* vw, const void* vy) {
+  const auto* y = static_cast<const BlockQ8_K*>(vy);
+  float out;
+  q6k_row_tile_512<1>(n / kQKK, static_cast<const BlockQ6_K*>(vw), &y, &out, 0);
+  return out;
+}
 #endif
 
 #if defined(__AVX512VNNI__)
@@ -462,6 +477,8 @@ inline void fill_tiles(KernelTable* t) {
 #if defined(__AVX512BW__)
   t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile512, 8>;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, BlockQ8_K, kQKK, Q6KRowTile512, 8>;
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot = vec_dot_q4_k_512;
+  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot = vec_dot_q6_k_512;
 #else
   t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile>;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, BlockQ8_K, kQKK, Q6KRowTile>;
