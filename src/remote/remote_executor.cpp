@@ -1010,9 +1010,13 @@ std::vector<double> RemoteExecutor::Impl::worker_costs() const {
   std::lock_guard<std::mutex> lk(worker_mu);
   std::vector<double> c(fan->size());
   for (size_t w = 0; w < c.size(); ++w) {
-    c[w] = w < min_latency.size() && min_latency[w] > 0
-               ? min_latency[w]
-               : std::chrono::duration<double>(fan->link(w).warmup_rtt).count();
+    if (w < min_latency.size() && min_latency[w] > 0) {
+      c[w] = min_latency[w];
+    } else if (w < probe_rtt.size() && probe_rtt[w] > 0) {
+      c[w] = probe_rtt[w];  // the latest probe is what its path costs now, not the warm-up
+    } else {
+      c[w] = std::chrono::duration<double>(fan->link(w).warmup_rtt).count();
+    }
     if (w < recent.size() && recent[w].n >= RecentTrips::kN / 2) c[w] = std::max(c[w], recent[w].median());
   }
   return c;
@@ -1021,18 +1025,26 @@ std::vector<double> RemoteExecutor::Impl::worker_costs() const {
 void RemoteExecutor::Impl::check_stragglers() {
   // Every 16 steps (first MoE layer calls). A worker that got no trip since the last check for 8
   // checks in a row (demoted: its replicas take its pairs) has its recent trips forgotten, so it
-  // is tried again at its best cost and demoted again only if it is still slow.
+  // is tried again at its best cost and demoted again only if it is still slow. A worker that
+  // never got a trip (a replica judged far at connect) has nothing measured to forget: it gets a
+  // small PING at its first idle check and every 8th after, and that RTT becomes its cost, so a
+  // noisy warm-up does not keep a near replica idle for good, and a far one costs one trip.
   if (opts.worker_costs.size() == fan->size()) return;
+  std::vector<size_t> to_probe;
   {
     std::lock_guard<std::mutex> lk(worker_mu);
     recent.resize(fan->size());
     recent_seen.resize(fan->size(), 0);
     idle_checks.resize(fan->size(), 0);
+    probe_rtt.resize(fan->size(), 0.0);
     for (size_t w = 0; w < fan->size(); ++w) {
       if (recent[w].total == recent_seen[w]) {
-        if (++idle_checks[w] >= 8 && recent[w].n > 0) {
+        ++idle_checks[w];
+        if (idle_checks[w] >= 8 && recent[w].n > 0) {
           recent[w] = RecentTrips{.total = recent[w].total};
           idle_checks[w] = 0;
+        } else if (recent[w].total == 0 && idle_checks[w] % 8 == 1 && !(w < health.size() && health[w].down)) {
+          to_probe.push_back(w);
         }
       } else {
         idle_checks[w] = 0;
@@ -1040,7 +1052,41 @@ void RemoteExecutor::Impl::check_stragglers() {
       recent_seen[w] = recent[w].total;
     }
   }
+  for (const size_t w : to_probe) {
+    auto rtt = probe(w);
+    if (!rtt) {
+      // Not a failover: the next DISPATCH it gets (if any) finds out and fails over as usual.
+      spdlog::warn("remote executor: probe of idle worker {}: {}", fan->link(w).label, rtt.status().to_string());
+      continue;
+    }
+    std::lock_guard<std::mutex> lk(worker_mu);
+    probe_rtt[w] = *rtt;
+    ++workers[w].probes;
+  }
   planner.set_worker_costs(worker_costs());
+}
+
+Result<double> RemoteExecutor::Impl::probe(size_t w) {
+  wire::PingMsg p;
+  p.request_id = fan->link(w).mux->next_request_id();
+  const auto t0 = net::Clock::now();
+  p.send_time_ns = static_cast<uint64_t>(t0.time_since_epoch().count());
+  MOESH_ASSIGN_OR_RETURN(auto frame, wire::encode_ping(p));
+  const net::Deadline deadline = net::deadline_in(opts.timeout);
+  MOESH_RETURN_IF_ERROR(fan->start(w, p.request_id, frame, deadline));
+  const FanOut::Outstanding one{w, p.request_id};
+  Result<wire::Frame> got = Status(StatusCode::kInternal, "no reply");
+  net::Clock::time_point arrived = t0;
+  fan->gather(std::span<const FanOut::Outstanding>(&one, 1), deadline, [&](FanOut::Reply&& rep) {
+    got = std::move(rep.frame);
+    arrived = rep.arrived;
+  });
+  if (!got) return got.status();
+  MOESH_ASSIGN_OR_RETURN(wire::PongMsg pong, wire::decode_pong(*got));
+  if (pong.ping_time_ns != p.send_time_ns) {
+    return make_error(StatusCode::kCorrupt, "PONG echoed timestamp {} for PING {}", pong.ping_time_ns, p.send_time_ns);
+  }
+  return std::max(std::chrono::duration<double>(arrived - t0).count(), 1e-9);
 }
 
 Result<wire::Frame> RemoteExecutor::Impl::ask_one(size_t w, uint64_t id, const std::vector<uint8_t>& frame) {

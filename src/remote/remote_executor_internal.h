@@ -69,6 +69,10 @@ struct RemoteExecutor::Impl {
   std::vector<RecentTrips> recent;
   std::vector<uint64_t> recent_seen;  // RecentTrips::total at the last check
   std::vector<int> idle_checks;       // checks in a row without a new trip (a demoted worker)
+  // Per worker never given a trip: the RTT of its latest idle probe PING (0: none). Its cost
+  // until then is one padded warm-up ping, which a loaded host can blow up; a replica judged far
+  // on that alone would never be tried again (check_stragglers).
+  std::vector<double> probe_rtt;
   uint64_t straggler_calls = 0;
   void note_error(int w) {
     std::lock_guard<std::mutex> lk(worker_mu);
@@ -194,6 +198,8 @@ struct RemoteExecutor::Impl {
   Result<wire::StoredMsg> store_on(size_t w, wire::SlabMsg slab);
   std::vector<double> worker_costs() const;
   void check_stragglers();
+  // One small PING to worker w: its round trip in seconds, or why not.
+  Result<double> probe(size_t w);
   void cancel_all(Job& job);
   Status run_local(Job& job, std::span<const float>* y);
   Status gather(Job& job, size_t first);

@@ -145,6 +145,11 @@ std::string render_metrics(const MetricsSnapshot& s) {
   for (const auto& w : s.workers) {
     o += fmt::format("moesh_worker_rejoins_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.rejoins);
   }
+  header(o, "moesh_worker_probes_total", "counter",
+         "Small PINGs sent to re-measure a replica that has had no trip (judged far at connect)");
+  for (const auto& w : s.workers) {
+    o += fmt::format("moesh_worker_probes_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.probes);
+  }
   header(o, "moesh_worker_compute_seconds_total", "counter",
          "Compute time the worker reported for its requests (latency minus this = network, framing, wake-ups)");
   for (const auto& w : s.workers) {

@@ -541,6 +541,17 @@ uint64_t expert_bytes(const Model& m) {
   return expert_slab_bytes(w.gate) + expert_slab_bytes(w.up) + expert_slab_bytes(w.down);
 }
 
+// The backbone slice of s's model (no routed experts), written under `name` and loaded.
+void load_backbone(const LoopSwarm& s, const std::string& name, std::unique_ptr<Model>* out) {
+  auto full = gguf::File::open(s.path);
+  ASSERT_TRUE(full.is_ok());
+  const std::string bb = temp_dir() + "/" + name;
+  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
+  auto m = Model::load(bb);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  *out = std::move(*m);
+}
+
 // Greedy decode of n tokens after `prompt` (one sequence); returns every logits row.
 Result<std::vector<float>> greedy_rows(const Model& m, std::shared_ptr<ExpertExecutor> exec, int n,
                                        const std::function<void(int)>& after_step = {}) {
@@ -606,12 +617,8 @@ TEST(RemoteLoopback, HotExpertsWithinABudgetTakeAWholeLayerOffTheWireAndKeepTheB
 TEST(RemoteLoopback, ABackboneSliceFetchesHotExpertsAndChecksThemAgainstTheModelsHashes) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));
-  auto full = gguf::File::open(s.path);
-  ASSERT_TRUE(full.is_ok());
-  const std::string bb = temp_dir() + "/hot-backbone.gguf";
-  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
-  auto bbm = Model::load(bb);
-  ASSERT_TRUE(bbm.is_ok()) << bbm.status().to_string();
+  std::unique_ptr<Model> bbm;
+  ASSERT_NO_FATAL_FAILURE(load_backbone(s, "hot-backbone.gguf", &bbm));
   auto local = greedy_rows(*s.model, nullptr, 10);
   ASSERT_TRUE(local.is_ok());
 
@@ -620,10 +627,10 @@ TEST(RemoteLoopback, ABackboneSliceFetchesHotExpertsAndChecksThemAgainstTheModel
   o.hot_plan_after_tokens = 8;
   o.worker_costs = {0.010, 0.010};
   o.dialer = s.dialer();
-  auto e = RemoteExecutor::connect(**bbm, s.addrs, o);
+  auto e = RemoteExecutor::connect(*bbm, s.addrs, o);
   ASSERT_TRUE(e.is_ok()) << e.status().to_string();
   std::shared_ptr<RemoteExecutor> exec(std::move(*e));
-  auto got = greedy_rows(**bbm, exec, 10);
+  auto got = greedy_rows(*bbm, exec, 10);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(std::memcmp(got->data(), local->data(), local->size() * sizeof(float)), 0);
   const HotExpertReport h = exec->hot_experts();
@@ -712,12 +719,8 @@ TEST(RemoteLoopback, ABackboneSliceVerifiesOnASecondReplicaAndAThirdDecides) {
   ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
   ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*", liar));
   ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
-  auto full = gguf::File::open(s.path);
-  ASSERT_TRUE(full.is_ok());
-  const std::string bb = temp_dir() + "/verify-backbone.gguf";
-  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
-  auto bbm = Model::load(bb);
-  ASSERT_TRUE(bbm.is_ok());
+  std::unique_ptr<Model> bbm;
+  ASSERT_NO_FATAL_FAILURE(load_backbone(s, "verify-backbone.gguf", &bbm));
   const auto tokens = tokens_of(*s.model);
   auto local = run_model(*s.model, tokens);
   ASSERT_TRUE(local.is_ok());
@@ -726,10 +729,10 @@ TEST(RemoteLoopback, ABackboneSliceVerifiesOnASecondReplicaAndAThirdDecides) {
   o.verify_rate = 1.0;
   o.worker_costs = {0.001, 0.001, 0.001};  // all three share the work
   {
-    auto e = RemoteExecutor::connect(**bbm, s.addrs, o);
+    auto e = RemoteExecutor::connect(*bbm, s.addrs, o);
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
     std::shared_ptr<RemoteExecutor> exec(std::move(*e));
-    auto lg = run_model(**bbm, tokens, exec);
+    auto lg = run_model(*bbm, tokens, exec);
     ASSERT_TRUE(lg.is_ok()) << lg.status().to_string();
     EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0);
     const auto fo = exec->failover_stats();
@@ -745,9 +748,9 @@ TEST(RemoteLoopback, ABackboneSliceVerifiesOnASecondReplicaAndAThirdDecides) {
     std::vector<WorkerAddress> two = {s.addrs[0], s.addrs[1]};
     RemoteOptions o2 = o;
     o2.worker_costs = {0.001, 0.001};
-    auto e = RemoteExecutor::connect(**bbm, two, o2);
+    auto e = RemoteExecutor::connect(*bbm, two, o2);
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-    auto lg = run_model(**bbm, tokens, std::shared_ptr<RemoteExecutor>(std::move(*e)));
+    auto lg = run_model(*bbm, tokens, std::shared_ptr<RemoteExecutor>(std::move(*e)));
     ASSERT_FALSE(lg.is_ok());
     EXPECT_NE(lg.status().message().find("no third holder of these experts can tell which is right"), std::string::npos)
         << lg.status().to_string();
@@ -766,22 +769,18 @@ TEST(RemoteLoopback, AWorkerThatTurnsSlowIsTakenOffTheHotPath) {
   slow.delay = std::chrono::milliseconds(30);
   for (uint64_t n = 13; n < 4000; ++n) slow.schedule.emplace_back(n, net::FaultKind::kDelay);
   s.faults[1] = slow;
-  auto full = gguf::File::open(s.path);
-  ASSERT_TRUE(full.is_ok());
-  const std::string bb = temp_dir() + "/straggler-backbone.gguf";
-  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
-  auto bbm = Model::load(bb);
-  ASSERT_TRUE(bbm.is_ok());
+  std::unique_ptr<Model> bbm;
+  ASSERT_NO_FATAL_FAILURE(load_backbone(s, "straggler-backbone.gguf", &bbm));
   auto local = greedy_rows(*s.model, nullptr, 64);
   ASSERT_TRUE(local.is_ok());
   RemoteOptions o;  // measured costs (no worker_costs): the planner follows what the trips cost
   o.dialer = s.dialer();
   o.planner.near_slack_s = 0.005;
-  auto e = RemoteExecutor::connect(**bbm, s.addrs, o);
+  auto e = RemoteExecutor::connect(*bbm, s.addrs, o);
   ASSERT_TRUE(e.is_ok()) << e.status().to_string();
   std::shared_ptr<RemoteExecutor> exec(std::move(*e));
   uint64_t slow_at_48 = 0;
-  auto got = greedy_rows(**bbm, exec, 64, [&](int i) {
+  auto got = greedy_rows(*bbm, exec, 64, [&](int i) {
     if (i == 47) slow_at_48 = exec->worker_traffic()[1].requests;
   });
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
@@ -793,26 +792,69 @@ TEST(RemoteLoopback, AWorkerThatTurnsSlowIsTakenOffTheHotPath) {
   EXPECT_EQ(wt[1].errors, 0u) << "slow, not failed";
 }
 
+TEST(RemoteLoopback, AReplicaJudgedFarByItsWarmUpIsProbedAndUsedWhenNear) {
+  // A loaded host can blow up the one padded warm-up PING: a near replica then looks far, gets no
+  // trip and so nothing measured. An idle probe PING (check_stragglers) re-measures it. A replica
+  // that is really far answers the probe slowly too and stays off the hot path.
+  for (const bool really_far : {false, true}) {
+    SCOPED_TRACE(really_far ? "really far" : "a slow warm-up only");
+    LoopSwarm s;
+    ASSERT_NO_FATAL_FAILURE(open_model(&s));
+    ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
+    ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
+    net::FaultPlan slow;
+    slow.delay = std::chrono::milliseconds(80);
+    if (really_far) {
+      slow.p_delay = 1.0;  // every frame it writes
+    } else {
+      // Writes 0-2: HELLO, the warm-up PONG, INFO_REPLY; its trips are fast.
+      slow.schedule = {{0, net::FaultKind::kDelay}, {1, net::FaultKind::kDelay}, {2, net::FaultKind::kDelay}};
+    }
+    s.faults[1] = slow;
+    std::unique_ptr<Model> bbm;
+    ASSERT_NO_FATAL_FAILURE(load_backbone(s, "probe-backbone.gguf", &bbm));
+    auto local = greedy_rows(*s.model, nullptr, 40);
+    ASSERT_TRUE(local.is_ok());
+    RemoteOptions o;  // measured costs: the planner follows what the trips cost
+    o.dialer = s.dialer();
+    o.planner.near_slack_s = 0.020;
+    auto e = RemoteExecutor::connect(*bbm, s.addrs, o);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    std::shared_ptr<RemoteExecutor> exec(std::move(*e));
+    uint64_t used_before_probe = 0;
+    auto got = greedy_rows(*bbm, exec, 40, [&](int i) {
+      if (i == 10) used_before_probe = exec->worker_traffic()[1].requests;
+    });
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(std::memcmp(got->data(), local->data(), local->size() * sizeof(float)), 0);
+    const auto wt = exec->worker_traffic();
+    EXPECT_EQ(used_before_probe, 0u) << "judged far by its warm-up";
+    EXPECT_EQ(wt[1].probes, 1u) << "probed once, at the first check it was idle";
+    if (really_far) {
+      EXPECT_EQ(wt[1].requests, 0u) << "the probe confirmed it is far";
+    } else {
+      EXPECT_GT(wt[1].requests, 0u) << "the probe found it near: it shares the load";
+    }
+    EXPECT_EQ(wt[1].errors, 0u);
+  }
+}
+
 TEST(RemoteLoopback, AWorkerServingOtherWeightsIsCaughtByTheHashAndItsExpertsStayRemote) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(open_model(&s));
   const std::string liar = write_liar(s);
   ASSERT_FALSE(liar.empty());
   ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*", liar));
-  auto full = gguf::File::open(s.path);
-  ASSERT_TRUE(full.is_ok());
-  const std::string bb = temp_dir() + "/hot-backbone-liar.gguf";
-  ASSERT_TRUE(swarm::write_backbone_slice(**full, bb).is_ok());
-  auto bbm = Model::load(bb);
-  ASSERT_TRUE(bbm.is_ok());
+  std::unique_ptr<Model> bbm;
+  ASSERT_NO_FATAL_FAILURE(load_backbone(s, "hot-backbone-liar.gguf", &bbm));
   RemoteOptions o;
   o.local_experts_bytes = 16 * expert_bytes(*s.model);
   o.hot_plan_after_tokens = 8;
   o.dialer = s.dialer();
-  auto e = RemoteExecutor::connect(**bbm, s.addrs, o);
+  auto e = RemoteExecutor::connect(*bbm, s.addrs, o);
   ASSERT_TRUE(e.is_ok()) << e.status().to_string();
   std::shared_ptr<RemoteExecutor> exec(std::move(*e));
-  auto got = greedy_rows(**bbm, exec, 4);
+  auto got = greedy_rows(*bbm, exec, 4);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   const HotExpertReport h = exec->hot_experts();
   EXPECT_EQ(h.fetched, 0u);

@@ -194,6 +194,7 @@ struct WorkerTraffic {
   uint64_t mismatches = 0;  // of which differed
   uint64_t failovers = 0;   // times its pairs of a call went to other holders
   uint64_t rejoins = 0;     // times it came back after being down
+  uint64_t probes = 0;      // small PINGs answered while it had never had a trip (check_stragglers)
   // For the work ledger (swarm::LedgerEntry): the worker's HELLO name, requests answered with a
   // valid COMBINE and the pairs and token rows in them, expert copies fetched (SLAB bytes), and
   // the time it was up (planned with) so far.
