@@ -392,6 +392,277 @@ void tile_q8_0_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const vo
     }
   }
 }
+
+// ---- Q4_K with VNNI: the float steps of 2 (scales) and 4 (mins) tokens per instruction
+//
+// In the row tile above, half the instructions per super-block and token are not the dot
+// product: folding the halves, the scale product dw * dy and its broadcast, cvt and fma for the
+// 8 scale lanes, then the hadd of the bsums, the mins' madd, dmin * dy, cvt and fma for the 4
+// min lanes. Each lane's arithmetic is fixed by vec_dot, but not which register it sits in, so
+// here two tokens' 8 scale lanes share one zmm and four tokens' 4 min lanes another: one cvt,
+// one multiply and one fma serve two (four) tokens. The token-side values they need (dy laid
+// out per lane, the bsums' pair sums) depend only on the activations and are prepared once per
+// group of 8 tokens for all the weight rows of the call. The dot itself accumulates with
+// dpwssd (madd and add in one instruction, the same int32 wrap-free sums).
+// Per block: for token pairs p, [dy(2p) x8 | dy(2p+1) x8]; for token quads q, [-dy(4q+i) x4]
+// and the 4 tokens' bsums pair sums (8 int16 each).
+struct alignas(64) Q4KGroupPrep {
+  __m512 d2[4];
+  __m512 dq_neg[2];
+  __m512i bs[2];
+};
+
+inline void q4k_prepare_group(int64_t nb, const BlockQ8_K* const* y, int cn, Q4KGroupPrep* prep) {
+  for (int64_t b = 0; b < nb; ++b) {
+    alignas(64) float d[8] = {};
+    alignas(64) int16_t bs[8][8] = {};
+    for (int j = 0; j < cn; ++j) {
+      const BlockQ8_K& q8 = y[j][b];
+      d[j] = q8.d;
+      _mm_store_si128(reinterpret_cast<__m128i*>(bs[j]), _mm_hadd_epi16(loadu128(q8.bsums), loadu128(q8.bsums + 8)));
+    }
+    Q4KGroupPrep& p = prep[b];
+    for (int i = 0; i < 4; ++i) {
+      p.d2[i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d[2 * i])), _mm256_set1_ps(d[2 * i + 1]), 1);
+    }
+    for (int i = 0; i < 2; ++i) {
+      p.dq_neg[i] = _mm512_setr_ps(-d[4 * i], -d[4 * i], -d[4 * i], -d[4 * i], -d[4 * i + 1], -d[4 * i + 1],
+                                   -d[4 * i + 1], -d[4 * i + 1], -d[4 * i + 2], -d[4 * i + 2], -d[4 * i + 2],
+                                   -d[4 * i + 2], -d[4 * i + 3], -d[4 * i + 3], -d[4 * i + 3], -d[4 * i + 3]);
+      p.bs[i] = _mm512_load_si512(bs[4 * i]);
+    }
+  }
+}
+
+// One weight row x NC (1..8) tokens of a prepared group. Per token j the 8 scale lanes are
+// half j%2 of acc[j/2] and the 4 min lanes quarter j%4 of accm[j/4]; each gets exactly the fma
+// sequence of q4k_row_tile_512 (dw * dy and -(dmin * dy) = dmin * -dy are the same roundings).
+template <int NC>
+inline void q4k_group_tile_vnni(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, const Q4KGroupPrep* prep,
+                                float* out, size_t ldo) {
+  constexpr int NP = (NC + 1) / 2, NQ = (NC + 3) / 4;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[NP], accm[NQ];
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) acc[p] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int q = 0; q < NQ; ++q) accm[q] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& x = w[b];
+    uint64_t sc, m;
+    unpack_k4_scales(x.scales, &sc, &m);
+    const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    __m512i isum[2 * NP];
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * NP; ++j) isum[j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = loadu256(x.qs + 32 * c);
+      const __m512i qq =
+          _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), m4);
+      const __m512i s = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(2 * c, 2 * c + 1));
+#pragma GCC unroll 8
+      for (int j = 0; j < NC; ++j) {
+        isum[j] = _mm512_dpwssd_epi32(isum[j], _mm512_maddubs_epi16(qq, _mm512_loadu_si512(y[j][b].qs + 64 * c)), s);
+      }
+    }
+    const Q4KGroupPrep& pr = prep[b];
+    const __m512 dw = _mm512_set1_ps(h2f(x.d));
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) {
+      // [A.lo + A.hi | B.lo + B.hi]: fold_halves of tokens 2p and 2p+1 side by side.
+      const __m512i lo = _mm512_shuffle_i64x2(isum[2 * p], isum[2 * p + 1], 0x44);
+      const __m512i hi = _mm512_shuffle_i64x2(isum[2 * p], isum[2 * p + 1], 0xEE);
+      acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(dw, pr.d2[p]), acc[p]);
+    }
+    const __m512i m16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m))));
+    const __m512 mw = _mm512_set1_ps(h2f(x.dmin));
+#pragma GCC unroll 2
+    for (int q = 0; q < NQ; ++q) {
+      accm[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(pr.bs[q], m16)), _mm512_mul_ps(mw, pr.dq_neg[q]),
+                                accm[q]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) {
+    const __m512 a = acc[j / 2];
+    const __m256 a8 = (j % 2 == 0) ? _mm512_castps512_ps256(a) : _mm512_extractf32x8_ps(a, 1);
+    __m128 mm = _mm512_extractf32x4_ps(accm[j / 4], j % 4);
+    mm = _mm_add_ps(mm, _mm_movehl_ps(mm, mm));
+    mm = _mm_add_ss(mm, _mm_movehdup_ps(mm));
+    out[static_cast<size_t>(j) * ldo] = reduce8(a8) + _mm_cvtss_f32(mm);
+  }
+}
+
+// ---- Q6_K with VNNI: the -32 offset moved to the activation side
+//
+// vec_dot_q6_k's int16 products are maddubs(q, y) - maddubs(32, y) with q the unsigned 6-bit
+// values, times the 16-value scale. The second term depends on the row only through the
+// scales: per final lane l (after folding, as in q6k_row_tile_512) it is -32 * sum over the
+// chunk's two 4-value groups that land in l of scale * (sum of those 4 activations). The 4-value
+// sums times -32 are prepared once per token and block (two zmm of int16, paired so that each
+// int32 lane of a madd holds two groups of the same final lane), and per row and block the
+// scales are permuted to match; two instructions per token and block replace four maddubs and
+// two subtractions, and the int32 sums are the same integers. The float steps are vectorised
+// over token pairs as in the Q4_K group tile.
+struct alignas(64) Q6KGroupPrep {
+  __m512 d2[4];
+  __m512i ya[8], yb[8];  // per token: chunks 0-1 and 2-3, int16 element e = -32 * sum of group g(e)
+};
+
+// Element e of the paired layout for chunks (c0, c0 + 1): int32 lane e/2 of a madd; lanes 0-7
+// belong to chunk c0, 8-15 to c0 + 1, and fold to final lane (e/2) % 8. The two int16 of a lane
+// are the chunk's 4-value groups (e/2) % 8 and (e/2) % 8 + 8 (bytes 4g..4g+3 of the chunk).
+inline int q6k_pair_chunk(int e) {
+  return (e / 2) / 8;
+}
+inline int q6k_pair_group(int e) {
+  return (e / 2) % 8 + 8 * (e % 2);
+}
+
+inline __m512i q6k_pair_index(int base) {  // into [chunk c0's 16 sums | chunk c0+1's 16 sums]
+  alignas(64) int16_t idx[32];
+  for (int e = 0; e < 32; ++e) idx[e] = static_cast<int16_t>(16 * q6k_pair_chunk(e) + q6k_pair_group(e) + base);
+  return _mm512_load_si512(idx);
+}
+inline __m512i q6k_scale_index(int c0) {  // into the 16 scales: the 16-value group of each element
+  alignas(64) int16_t idx[32];
+  for (int e = 0; e < 32; ++e) idx[e] = static_cast<int16_t>(4 * (c0 + q6k_pair_chunk(e)) + q6k_pair_group(e) / 4);
+  return _mm512_load_si512(idx);
+}
+
+inline void q6k_prepare_group(int64_t nb, const BlockQ8_K* const* y, int cn, Q6KGroupPrep* prep) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i pair = q6k_pair_index(0);
+  const __m512i m32 = _mm512_set1_epi16(-32);
+  for (int64_t b = 0; b < nb; ++b) {
+    Q6KGroupPrep& p = prep[b];
+    alignas(64) float d[8] = {};
+    for (int j = 0; j < 8; ++j) {
+      if (j >= cn) {
+        p.ya[j] = p.yb[j] = _mm512_setzero_si512();
+        continue;
+      }
+      const BlockQ8_K& q8 = y[j][b];
+      d[j] = q8.d;
+      __m256i g[4];  // the 16 4-value sums of each 64-value chunk, int16 (|sum| <= 512)
+      for (int c = 0; c < 4; ++c) {
+        g[c] = _mm512_cvtepi32_epi16(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q8.qs + 64 * c)));
+      }
+      const __m512i g01 = _mm512_inserti64x4(_mm512_castsi256_si512(g[0]), g[1], 1);
+      const __m512i g23 = _mm512_inserti64x4(_mm512_castsi256_si512(g[2]), g[3], 1);
+      p.ya[j] = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pair, g01), m32);
+      p.yb[j] = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pair, g23), m32);
+    }
+    for (int i = 0; i < 4; ++i) {
+      p.d2[i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d[2 * i])), _mm256_set1_ps(d[2 * i + 1]), 1);
+    }
+  }
+}
+
+template <int NC>
+inline void q6k_group_tile_vnni(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, const Q6KGroupPrep* prep,
+                                float* out, size_t ldo) {
+  constexpr int NP = (NC + 1) / 2;
+  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m512i sidx_a = q6k_scale_index(0), sidx_b = q6k_scale_index(2);
+  __m512 acc[NP];
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) acc[p] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ6_K& x = w[b];
+    const __m128i sc8 = loadu128(x.scales);
+    const __m256i sc16y = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
+    const __m512i sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(sc16y), sc16y, 1);
+    const __m512i nat = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+    const __m512i s_a = _mm512_permutexvar_epi16(sidx_a, nat), s_b = _mm512_permutexvar_epi16(sidx_b, nat);
+    const Q6KGroupPrep& pr = prep[b];
+    __m512i isum[2 * NP];
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) isum[j] = _mm512_dpwssd_epi32(_mm512_madd_epi16(pr.ya[j], s_a), pr.yb[j], s_b);
+    if constexpr (NC % 2 == 1) isum[NC] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256i q[4];
+      q6k_unpack_half(x, h, q);
+      const __m512i qa = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+      const __m512i qb = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
+      const __m512i sa = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h, 4 * h + 1));
+      const __m512i sb = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h + 2, 4 * h + 3));
+#pragma GCC unroll 8
+      for (int j = 0; j < NC; ++j) {
+        isum[j] = _mm512_dpwssd_epi32(isum[j], _mm512_maddubs_epi16(qa, _mm512_loadu_si512(y[j][b].qs + 128 * h)), sa);
+        isum[j] =
+            _mm512_dpwssd_epi32(isum[j], _mm512_maddubs_epi16(qb, _mm512_loadu_si512(y[j][b].qs + 128 * h + 64)), sb);
+      }
+    }
+    const __m512 dw = _mm512_set1_ps(h2f(x.d));
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) {
+      const __m512i lo = _mm512_shuffle_i64x2(isum[2 * p], isum[2 * p + 1], 0x44);
+      const __m512i hi = _mm512_shuffle_i64x2(isum[2 * p], isum[2 * p + 1], 0xEE);
+      acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(dw, pr.d2[p]), acc[p]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) {
+    const __m512 a = acc[j / 2];
+    out[static_cast<size_t>(j) * ldo] =
+        reduce8((j % 2 == 0) ? _mm512_castps512_ps256(a) : _mm512_extractf32x8_ps(a, 1));
+  }
+}
+
+// GroupTile<NC>::run for a run-time cn in [1, Max].
+template <template <int> class GroupTile, int Max, class BW, class Prep>
+inline void run_group_tile(int cn, int64_t nb, const BW* w, const BlockQ8_K* const* y, const Prep* prep, float* o,
+                           size_t ldo) {
+  if constexpr (Max == 1) {
+    GroupTile<1>::run(nb, w, y, prep, o, ldo);
+  } else if (cn == Max) {
+    GroupTile<Max>::run(nb, w, y, prep, o, ldo);
+  } else {
+    run_group_tile<GroupTile, Max - 1>(cn, nb, w, y, prep, o, ldo);
+  }
+}
+
+template <int NC>
+struct Q4KGroupTile {
+  static void run(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, const Q4KGroupPrep* prep, float* o,
+                  size_t ldo) {
+    q4k_group_tile_vnni<NC>(nb, w, y, prep, o, ldo);
+  }
+};
+template <int NC>
+struct Q6KGroupTile {
+  static void run(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, const Q6KGroupPrep* prep, float* o,
+                  size_t ldo) {
+    q6k_group_tile_vnni<NC>(nb, w, y, prep, o, ldo);
+  }
+};
+
+// One tile call: token groups of 8, each prepared once (Prep) for all nr weight rows.
+template <class BW, class Prep, void (*kPrepare)(int64_t, const BlockQ8_K* const*, int, Prep*),
+          template <int> class GroupTile>
+void tile_k_groups(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
+                   float* out, size_t ldo) {
+  constexpr int kNC = 8;
+  const int64_t nb = n / kQKK;
+  thread_local std::vector<Prep> prep;
+  prep.resize(static_cast<size_t>(nb));
+  for (int c0 = 0; c0 < nc; c0 += kNC) {
+    const int cn = std::min(kNC, nc - c0);
+    const BlockQ8_K* y[kNC];
+    for (int j = 0; j < cn; ++j) {
+      y[j] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(vx) + (c0 + j) * x_stride);
+    }
+    kPrepare(nb, y, cn, prep.data());
+    for (int r = 0; r < nr; ++r) {
+      const auto* w = reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride);
+      run_group_tile<GroupTile, kNC>(cn, nb, w, y, prep.data(), out + static_cast<size_t>(c0) * ldo + r, ldo);
+    }
+  }
+}
 #endif
 
 // RowTile<NC>::run for a run-time cn in [1, Max].
@@ -478,6 +749,12 @@ inline void fill_tiles(KernelTable* t) {
   t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile512, 8>;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, BlockQ8_K, kQKK, Q6KRowTile512, 8>;
   t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot = vec_dot_q4_k_512;
+#if defined(__AVX512VNNI__)
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile =
+      tile_k_groups<BlockQ4_K, Q4KGroupPrep, q4k_prepare_group, Q4KGroupTile>;
+  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile =
+      tile_k_groups<BlockQ6_K, Q6KGroupPrep, q6k_prepare_group, Q6KGroupTile>;
+#endif
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot = vec_dot_q6_k_512;
 #else
   t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile>;
