@@ -93,6 +93,10 @@ void run_task(const Plan& p, int64_t t) {
   for (int64_t c = 0; c < nc; ++c) {
     const uint8_t* xr = xc + static_cast<size_t>(c) * p.x_stride;
     float* yr = yc + static_cast<size_t>(c) * p.ldy;
+    if (tk.vec_dot_rows != nullptr) {
+      tk.vec_dot_rows(k, wr, w_stride, static_cast<int>(nr), xr, yr);
+      continue;
+    }
     for (int64_t r = 0; r < nr; ++r) {
       yr[r] = vec_dot(k, wr + static_cast<size_t>(r) * w_stride, xr);
     }

@@ -531,10 +531,22 @@ inline __m512i q6k_scale_index(int c0) {  // into the 16 scales: the 16-value gr
   return _mm512_load_si512(idx);
 }
 
-inline void q6k_prepare_group(int64_t nb, const BlockQ8_K* const* y, int cn, Q6KGroupPrep* prep) {
+// A token's two correction vectors for one block (pair = q6k_pair_index(0)).
+inline void q6k_token_correction(const BlockQ8_K& q8, __m512i pair, __m512i* ya, __m512i* yb) {
   const __m512i ones = _mm512_set1_epi8(1);
-  const __m512i pair = q6k_pair_index(0);
   const __m512i m32 = _mm512_set1_epi16(-32);
+  __m256i g[4];  // the 16 4-value sums of each 64-value chunk, int16 (|sum| <= 512)
+  for (int c = 0; c < 4; ++c) {
+    g[c] = _mm512_cvtepi32_epi16(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q8.qs + 64 * c)));
+  }
+  const __m512i g01 = _mm512_inserti64x4(_mm512_castsi256_si512(g[0]), g[1], 1);
+  const __m512i g23 = _mm512_inserti64x4(_mm512_castsi256_si512(g[2]), g[3], 1);
+  *ya = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pair, g01), m32);
+  *yb = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pair, g23), m32);
+}
+
+inline void q6k_prepare_group(int64_t nb, const BlockQ8_K* const* y, int cn, Q6KGroupPrep* prep) {
+  const __m512i pair = q6k_pair_index(0);
   for (int64_t b = 0; b < nb; ++b) {
     Q6KGroupPrep& p = prep[b];
     alignas(64) float d[8] = {};
@@ -543,17 +555,8 @@ inline void q6k_prepare_group(int64_t nb, const BlockQ8_K* const* y, int cn, Q6K
         p.ya[j] = p.yb[j] = _mm512_setzero_si512();
         continue;
       }
-      const BlockQ8_K& q8 = y[j][b];
-      d[j] = q8.d;
-      __m256i g[4];  // the 16 4-value sums of each 64-value chunk, int16 (|sum| <= 512)
-      for (int c = 0; c < 4; ++c) {
-        g[c] = _mm512_cvtepi32_epi16(
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q8.qs + 64 * c)));
-      }
-      const __m512i g01 = _mm512_inserti64x4(_mm512_castsi256_si512(g[0]), g[1], 1);
-      const __m512i g23 = _mm512_inserti64x4(_mm512_castsi256_si512(g[2]), g[3], 1);
-      p.ya[j] = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pair, g01), m32);
-      p.yb[j] = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pair, g23), m32);
+      d[j] = y[j][b].d;
+      q6k_token_correction(y[j][b], pair, &p.ya[j], &p.yb[j]);
     }
     for (int i = 0; i < 4; ++i) {
       p.d2[i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d[2 * i])), _mm256_set1_ps(d[2 * i + 1]), 1);
@@ -610,6 +613,124 @@ inline void q6k_group_tile_vnni(int64_t nb, const BlockQ6_K* w, const BlockQ8_K*
     const __m512 a = acc[j / 2];
     out[static_cast<size_t>(j) * ldo] =
         reduce8((j % 2 == 0) ? _mm512_castps512_ps256(a) : _mm512_extractf32x8_ps(a, 1));
+  }
+}
+
+// ---- Batch-1 rows (decode's matvecs) with VNNI
+//
+// One activation row against many weight rows: whatever depends only on the activation is
+// prepared once per call. Q4_K: the activations are repacked so that one 64-byte load of the
+// weights' nibbles serves two zmm (low nibbles = sub-blocks 4p and 4p+2, high = 4p+1 and 4p+3:
+// each 32-value sub-block still fills one 256-bit half in order, so the folded lanes are
+// vec_dot's), plus the bsums' pair sums. Q6_K: the -32 offset on the activation side (as in the
+// group tile) and the high bits shifted per half with one variable shift. Float steps and
+// reduction are vec_dot's.
+struct alignas(64) Q4KRowPrep {
+  __m512i y[4];  // [S0|S2], [S1|S3], [S4|S6], [S5|S7]: the block's 32-value sub-blocks
+  __m128i bs;    // bsums pair sums
+  float d;
+};
+
+void rows_q4_k_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, float* out) {
+  const int64_t nb = n / kQKK;
+  const auto* x = static_cast<const BlockQ8_K*>(vx);
+  thread_local std::vector<Q4KRowPrep> prep;
+  prep.resize(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    Q4KRowPrep& p = prep[static_cast<size_t>(b)];
+    for (int i = 0; i < 4; ++i) {
+      // y[i] = [S(a) | S(a + 2)] with a = 4 * (i / 2) + i % 2.
+      const int a = 4 * (i / 2) + i % 2;
+      p.y[i] =
+          _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[b].qs + 32 * a)), loadu256(x[b].qs + 32 * (a + 2)), 1);
+    }
+    p.bs = _mm_hadd_epi16(loadu128(x[b].bsums), loadu128(x[b].bsums + 8));
+    p.d = x[b].d;
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i ctrl[4] = {bcast16_pair_ctrl(0, 2), bcast16_pair_ctrl(1, 3), bcast16_pair_ctrl(4, 6),
+                           bcast16_pair_ctrl(5, 7)};
+  for (int r = 0; r < nr; ++r) {
+    const auto* w = reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(vw) + r * w_stride);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockQ4_K& xw = w[b];
+      const Q4KRowPrep& p = prep[static_cast<size_t>(b)];
+      uint64_t sc, m;
+      unpack_k4_scales(xw.scales, &sc, &m);
+      const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+      __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i q = _mm512_loadu_si512(xw.qs + 64 * h);
+        const __m512i lo = _mm512_and_si512(q, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(lo, p.y[2 * h]), _mm512_shuffle_epi8(sc16, ctrl[2 * h]));
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(hi, p.y[2 * h + 1]),
+                                   _mm512_shuffle_epi8(sc16, ctrl[2 * h + 1]));
+      }
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(isum)), _mm256_set1_ps(h2f(xw.d) * p.d), acc);
+      const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m)));
+      acc_m = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(p.bs, m16)), _mm_set1_ps(-(h2f(xw.dmin) * p.d)), acc_m);
+    }
+    q4k_tile_store<1>(&acc, &acc_m, out + r, 0);
+  }
+}
+
+struct alignas(64) Q6KRowPrep {
+  __m512i ya, yb;
+  float d;
+};
+
+void rows_q6_k_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, float* out) {
+  const int64_t nb = n / kQKK;
+  const auto* x = static_cast<const BlockQ8_K*>(vx);
+  thread_local std::vector<Q6KRowPrep> prep;
+  prep.resize(static_cast<size_t>(nb));
+  const __m512i pair = q6k_pair_index(0);
+  for (int64_t b = 0; b < nb; ++b) {
+    Q6KRowPrep& p = prep[static_cast<size_t>(b)];
+    q6k_token_correction(x[b], pair, &p.ya, &p.yb);
+    p.d = x[b].d;
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  // Per 16-bit element: q[0] | q[1] take the high bits <<4 | <<2, q[2] | q[3] >>0 | >>2.
+  const __m512i shl_a = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i shr_b = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m512i sidx_a = q6k_scale_index(0), sidx_b = q6k_scale_index(2);
+  const __m512i ctrl[4] = {bcast16_pair_ctrl(0, 1), bcast16_pair_ctrl(2, 3), bcast16_pair_ctrl(4, 5),
+                           bcast16_pair_ctrl(6, 7)};
+  for (int r = 0; r < nr; ++r) {
+    const auto* w = reinterpret_cast<const BlockQ6_K*>(static_cast<const uint8_t*>(vw) + r * w_stride);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockQ6_K& xw = w[b];
+      const Q6KRowPrep& p = prep[static_cast<size_t>(b)];
+      const __m128i sc8 = loadu128(xw.scales);
+      const __m256i sc16y = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
+      const __m512i sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(sc16y), sc16y, 1);
+      const __m512i nat = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+      __m512i isum = _mm512_dpwssd_epi32(_mm512_madd_epi16(p.ya, _mm512_permutexvar_epi16(sidx_a, nat)), p.yb,
+                                         _mm512_permutexvar_epi16(sidx_b, nat));
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i l = _mm512_loadu_si512(xw.ql + 64 * h);
+        const __m512i hb = _mm512_broadcast_i64x4(loadu256(xw.qh + 32 * h));
+        const __m512i qa =
+            _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl_a), m30));
+        const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                           _mm512_and_si512(_mm512_srlv_epi16(hb, shr_b), m30));
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(qa, _mm512_loadu_si512(x[b].qs + 128 * h)),
+                                   _mm512_shuffle_epi8(sc16, ctrl[2 * h]));
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(qb, _mm512_loadu_si512(x[b].qs + 128 * h + 64)),
+                                   _mm512_shuffle_epi8(sc16, ctrl[2 * h + 1]));
+      }
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(isum)), _mm256_set1_ps(h2f(xw.d) * p.d), acc);
+    }
+    out[r] = reduce8(acc);
   }
 }
 
@@ -754,6 +875,8 @@ inline void fill_tiles(KernelTable* t) {
       tile_k_groups<BlockQ4_K, Q4KGroupPrep, q4k_prepare_group, Q4KGroupTile>;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile =
       tile_k_groups<BlockQ6_K, Q6KGroupPrep, q6k_prepare_group, Q6KGroupTile>;
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_rows = rows_q4_k_vnni;
+  t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_rows = rows_q6_k_vnni;
 #endif
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot = vec_dot_q6_k_512;
 #else

@@ -428,7 +428,48 @@ void check_tiles(Isa isa) {
   }
 }
 
-// Five tests per SIMD table; a table this CPU lacks is skipped loudly (REQUIRE_ISA).
+// vec_dot_rows (where a table has one) == vec_dot per row, including the activation-side
+// preparation it keeps between calls (a second activation row must not see the first's).
+void check_rows(Isa isa) {
+  const KernelTable& v = *kernels_for(isa);
+  int n_types = 0;
+  for (GgmlType t : k_weight_types) {
+    if (v[t].vec_dot_rows == nullptr) continue;
+    ++n_types;
+    const GgmlType act = quant::vec_dot_type(t);
+    const int64_t bs = std::max<int64_t>(type_block_size(t), type_block_size(act));
+    for (int64_t n : {bs, 3 * bs, 9 * bs, 17 * bs, int64_t{4096}}) {
+      if (n % bs) continue;
+      const int max_r = 9;
+      const size_t wrow = type_row_bytes(t, n), xrow = type_row_bytes(act, n);
+      std::vector<uint8_t> w;
+      for (int r = 0; r < max_r; ++r) {
+        const auto wr = make_weights(t, n, 300u + r + static_cast<uint32_t>(n));
+        w.insert(w.end(), wr.begin(), wr.end());
+      }
+      for (int c = 0; c < 2; ++c) {
+        const auto x = quantize_act(*kernels_for(Isa::kScalar), act,
+                                    make_floats(c == 0 ? Dist::kNormal : Dist::kOutliers, n, 400u + c));
+        ASSERT_EQ(x.size(), xrow);
+        for (int nr = 1; nr <= max_r; ++nr) {
+          std::vector<float> out(static_cast<size_t>(nr) + 1, -1.0f);
+          v[t].vec_dot_rows(n, w.data(), wrow, nr, x.data(), out.data());
+          for (int r = 0; r < nr; ++r) {
+            const float e = v[t].vec_dot(n, w.data() + r * wrow, x.data());
+            ASSERT_EQ(f32_bits(e), f32_bits(out[r]))
+                << isa_name(isa) << " rows " << type_name(t) << " n=" << n << " nr=" << nr << " r=" << r << " x" << c;
+          }
+          EXPECT_EQ(out[nr], -1.0f) << "rows wrote past its rows";
+        }
+      }
+    }
+  }
+  if (isa == Isa::kAvx512) {
+    EXPECT_GE(n_types, 2) << "the AVX-512 table has Q4_K and Q6_K rows kernels";
+  }
+}
+
+// Seven tests per SIMD table; a table this CPU lacks is skipped loudly (REQUIRE_ISA).
 #define MOESH_SIMD_TESTS(Suite, isa)    \
   TEST(Suite, Specialised) {            \
     REQUIRE_ISA(isa, t);                \
@@ -453,6 +494,10 @@ void check_tiles(Isa isa) {
   TEST(Suite, TileMatchesVecDot) {      \
     REQUIRE_ISA(isa, t);                \
     check_tiles(isa);                   \
+  }                                     \
+  TEST(Suite, RowsMatchVecDot) {        \
+    REQUIRE_ISA(isa, t);                \
+    check_rows(isa);                    \
   }
 
 MOESH_SIMD_TESTS(KernelsSimdAvx2, Isa::kAvx2)

@@ -27,10 +27,15 @@ using ToFloatFn = void (*)(const void* x, float* y, int64_t n);
 // can reuse loaded activations/weights. May be null (the caller loops over vec_dot).
 using VecDotTileFn = void (*)(int64_t n, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride, int nc,
                               float* out, size_t ldo);
+// Rows: out[r] = dot(w_row[r], x) for r < nr, one activation row (a batch-1 matvec). Must equal
+// nr calls of VecDotFn bit for bit; it exists so the activation's preparation (repacking, sums)
+// is paid once for many rows. May be null.
+using VecDotRowsFn = void (*)(int64_t n, const void* w, size_t w_stride, int nr, const void* x, float* out);
 
 struct TypeKernels {
   VecDotFn vec_dot = nullptr;
   VecDotTileFn vec_dot_tile = nullptr;
+  VecDotRowsFn vec_dot_rows = nullptr;
   ToFloatFn to_float = nullptr;
   FromFloatFn from_float = nullptr;  // set for activation types
 };
