@@ -259,7 +259,41 @@ File::~File() {
   if (map_ != nullptr) ::munmap(map_, size_);
 }
 
-Result<std::unique_ptr<File>> File::open(const std::string& path) {
+namespace {
+
+// The whole file into fresh anonymous memory that asks for huge pages, then read-only.
+Result<void*> read_into_memory(int fd, const std::string& path, size_t size) {
+  void* a = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (a == MAP_FAILED) {
+    const int err = errno;
+    return make_error(StatusCode::kIoError,
+                      "cannot allocate {} bytes to load '{}' into memory: {} (map it instead: --mmap)", size, path,
+                      std::strerror(err));
+  }
+#if defined(MADV_HUGEPAGE)
+  (void)::madvise(a, size, MADV_HUGEPAGE);  // a hint: without THP the copy still works
+#endif
+  auto* dst = static_cast<uint8_t*>(a);
+  size_t done = 0;
+  while (done < size) {
+    const size_t want = std::min<size_t>(size - done, size_t{1} << 30);
+    const ssize_t got = ::pread(fd, dst + done, want, static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int err = got < 0 ? errno : 0;
+      ::munmap(a, size);
+      return make_error(StatusCode::kIoError, "reading '{}' at byte {} of {}: {}", path, done, size,
+                        got < 0 ? std::strerror(err) : "unexpected end of file");
+    }
+    done += static_cast<size_t>(got);
+  }
+  (void)::mprotect(a, size, PROT_READ);  // weights are never written
+  return a;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<File>> File::open(const std::string& path, FileLoad how) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -274,7 +308,16 @@ Result<std::unique_ptr<File>> File::open(const std::string& path) {
   std::unique_ptr<File> f(new File());
   f->path_ = path;
   f->size_ = static_cast<size_t>(st.st_size);
-  if (f->size_ > 0) {
+  if (f->size_ > 0 && how == FileLoad::kMemory) {
+    auto a = read_into_memory(fd, path, f->size_);
+    if (!a) {
+      ::close(fd);
+      return a.status();
+    }
+    f->map_ = *a;
+    f->base_ = static_cast<const uint8_t*>(*a);
+    f->in_memory_ = true;
+  } else if (f->size_ > 0) {
     void* m = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
       const int err = errno;

@@ -1,5 +1,8 @@
 // Model loading: hyper-parameters, then every tensor bound by name with its shape checked.
 // In dequant-f32 mode each non-F32 weight is dequantized once into an owned F32 buffer.
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <utility>
 
 #include "model/arch.h"
@@ -199,8 +202,40 @@ Status bind_nextn_block(TensorBinder& b, const HParams& hp, int il, NextnWeights
 
 Model::~Model() = default;
 
+namespace {
+
+// MemAvailable from /proc/meminfo in bytes (0 when it cannot be read).
+uint64_t mem_available_bytes() {
+  std::FILE* fp = std::fopen("/proc/meminfo", "r");
+  if (fp == nullptr) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof(line), fp) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  }
+  std::fclose(fp);
+  return static_cast<uint64_t>(kb) * 1024;
+}
+
+}  // namespace
+
+gguf::FileLoad choose_file_load(LoadOptions::Memory m, uint64_t file_bytes) {
+  switch (m) {
+    case LoadOptions::Memory::kMap:
+      return gguf::FileLoad::kMap;
+    case LoadOptions::Memory::kMemory:
+      return gguf::FileLoad::kMemory;
+    case LoadOptions::Memory::kAuto:
+      break;
+  }
+  const uint64_t avail = mem_available_bytes();
+  return avail > 0 && file_bytes <= avail / 2 ? gguf::FileLoad::kMemory : gguf::FileLoad::kMap;
+}
+
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const LoadOptions& opts) {
-  auto f = gguf::File::open(path);
+  struct stat st {};
+  const uint64_t bytes = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  auto f = gguf::File::open(path, choose_file_load(opts.memory, bytes));
   if (!f) return f.status().with_context("loading " + path);
   auto m = from_file(std::move(*f), opts);
   if (!m) return m.status().with_context("loading " + path);

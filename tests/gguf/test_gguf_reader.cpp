@@ -223,10 +223,34 @@ TEST(GgufRoundTrip, WriteFileThenMmapOpen) {
   ASSERT_TRUE(v.is_ok());
   EXPECT_EQ(0, std::memcmp(v->row(1), ts[0].bytes.data() + v->nb[1], v->nb[1]));
 
-  auto missing = File::open((dir / "nope.gguf").string());
-  ASSERT_FALSE(missing.is_ok());
-  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find("nope.gguf"), std::string::npos);
+  EXPECT_FALSE((*f)->in_memory());
+
+  // Read into (huge-page) memory instead: the same bytes and views, the file no longer needed.
+  auto m = File::open(path, FileLoad::kMemory);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_TRUE((*m)->in_memory());
+  ASSERT_EQ((*m)->size(), mem->size());
+  EXPECT_EQ(0, std::memcmp((*m)->base(), mem->data(), mem->size()));
+  std::filesystem::remove(path);
+  auto vm = (*m)->tensor("token_embd.weight");
+  ASSERT_TRUE(vm.is_ok());
+  EXPECT_EQ(0, std::memcmp(vm->row(1), ts[0].bytes.data() + vm->nb[1], vm->nb[1]));
+
+  // A truncated file read into memory is refused by the parser like a mapped one.
+  ASSERT_TRUE(w.write_file(path).is_ok());
+  std::filesystem::resize_file(path, mem->size() - 10);
+  for (const FileLoad how : {FileLoad::kMap, FileLoad::kMemory}) {
+    auto t = File::open(path, how);
+    ASSERT_FALSE(t.is_ok());
+    EXPECT_EQ(t.status().code(), StatusCode::kCorrupt) << t.status().to_string();
+  }
+
+  for (const FileLoad how : {FileLoad::kMap, FileLoad::kMemory}) {
+    auto missing = File::open((dir / "nope.gguf").string(), how);
+    ASSERT_FALSE(missing.is_ok());
+    EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(missing.status().message().find("nope.gguf"), std::string::npos);
+  }
   std::filesystem::remove_all(dir);
 }
 

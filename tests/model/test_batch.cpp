@@ -269,6 +269,28 @@ TEST_P(Batch, RewindToAnyLengthIsExact) {
   EXPECT_EQ(ctx.state().seq_len(0), 12);
 }
 
+// Where the weights live (mapped file pages or a huge-page copy) changes nothing in the bits.
+TEST_P(Batch, MappedAndInMemoryWeightsGiveTheSameBits) {
+  LoadOptions map, mem;
+  map.memory = LoadOptions::Memory::kMap;
+  mem.memory = LoadOptions::Memory::kMemory;
+  auto a = Model::load(model_path(GetParam()), map);
+  auto b = Model::load(model_path(GetParam()), mem);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_FALSE((*a)->file().in_memory());
+  EXPECT_TRUE((*b)->file().in_memory());
+  const auto prompt = random_tokens((*a)->hparams().n_vocab, 9, 31);
+  EXPECT_EQ(run_alone(**a, prompt, 3, 2), run_alone(**b, prompt, 3, 2));
+}
+
+TEST(WeightMemory, AutoReadsWhatFitsAndMapsWhatDoesNot) {
+  EXPECT_EQ(choose_file_load(LoadOptions::Memory::kMap, 1), gguf::FileLoad::kMap);
+  EXPECT_EQ(choose_file_load(LoadOptions::Memory::kMemory, uint64_t{1} << 62), gguf::FileLoad::kMemory);
+  EXPECT_EQ(choose_file_load(LoadOptions::Memory::kAuto, uint64_t{1} << 62), gguf::FileLoad::kMap)
+      << "a file larger than the machine's memory is mapped";
+  EXPECT_EQ(choose_file_load(LoadOptions::Memory::kAuto, 4096), gguf::FileLoad::kMemory);
+}
+
 // Every architecture make-model writes (the three built-in ones and the registry's).
 INSTANTIATE_TEST_SUITE_P(Archs, Batch, ::testing::ValuesIn(make_arch_names()), [](const auto& info) {
   std::string n = info.param;

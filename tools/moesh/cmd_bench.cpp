@@ -18,6 +18,7 @@ namespace moesh::cli {
 namespace {
 
 struct BenchArgs {
+  LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   std::string model;
   int n_prompt = 512;
   int n_gen = 128;
@@ -121,7 +122,7 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(stderr, "moesh bench: error: -p and -n must be >= 0, -r and --streams >= 1\n");
     return 2;
   }
-  auto model = load_model_or_report(a.model, false, "bench");
+  auto model = load_model_or_report(a.model, false, "bench", a.memory);
   if (!model) return 1;
   const HParams& hp = model->hparams();
   std::mt19937 rng(1234);
@@ -356,6 +357,7 @@ const CommandRegistrar kRegisterBench{Command{
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<BenchArgs>();
       sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+      add_memory_flags(sub, &a->memory);
       sub->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens (pp test; 0: skip)")->capture_default_str();
       sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");

@@ -20,6 +20,7 @@ namespace moesh::cli {
 namespace {
 
 struct GateArgs {
+  LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   std::string model;
   int threads = 0;
   int n_seq = 4;
@@ -65,7 +66,7 @@ int run_gate(const GateArgs& a) {
     std::fprintf(stderr, "moesh gate: error: --raw-sequences and --sequences-from exclude each other\n");
     return 2;
   }
-  auto model = load_model_or_report(a.model, false, "gate");
+  auto model = load_model_or_report(a.model, false, "gate", a.memory);
   if (!model) return 1;
   const HParams& hp = model->hparams();
   for (size_t il = 0; il < model->layers.size(); ++il) {
@@ -199,6 +200,7 @@ const CommandRegistrar kRegisterGate{Command{
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<GateArgs>();
       sub->add_option("-m,--model", a->model, "Full GGUF model file (local reference)")->required();
+      add_memory_flags(sub, &a->memory);
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_option("--sequences", a->n_seq, "Token sequences to compare")->capture_default_str();
       sub->add_option("--seed", a->seed, "Seed of the token sequences")->capture_default_str();

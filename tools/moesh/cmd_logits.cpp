@@ -14,6 +14,7 @@ namespace moesh::cli {
 namespace {
 
 struct LogitsArgs {
+  LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   std::string model, tokens, out;
   int threads = 0;
   bool incremental = false;
@@ -27,7 +28,7 @@ int run_logits(const LogitsArgs& a) {
     std::fprintf(stderr, "moesh logits: error: %s\n", toks.status().message().c_str());
     return 2;
   }
-  auto model = load_model_or_report(a.model, a.dequant_f32, "logits");
+  auto model = load_model_or_report(a.model, a.dequant_f32, "logits", a.memory);
   if (!model) return 1;
   const int64_t V = model->hparams().n_vocab;
   const int64_t T = static_cast<int64_t>(toks->size());
@@ -79,6 +80,7 @@ const CommandRegistrar kRegisterLogits{
             [](CLI::App* sub) -> std::function<int()> {
               auto a = std::make_shared<LogitsArgs>();
               sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+              add_memory_flags(sub, &a->memory);
               sub->add_option("--tokens", a->tokens, "Comma-separated token ids")->required();
               sub->add_option("--out", a->out, "Output JSON file")->required();
               sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");

@@ -21,6 +21,7 @@ namespace moesh::cli {
 namespace {
 
 struct RunArgs {
+  LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   std::string model, prompt, tokens;
   std::string chat, system, chat_template;  // --chat: a user message wrapped by the chat template
   std::vector<std::string> stops;
@@ -69,7 +70,7 @@ int run_run(const RunArgs& a) {
     std::fprintf(stderr, "moesh run: error: %s\n", st.message().c_str());
     return 2;
   }
-  auto model = load_model_or_report(a.model, false, "run");
+  auto model = load_model_or_report(a.model, false, "run", a.memory);
   if (!model) return 1;
   std::vector<int32_t> prompt;
   // A GGUF with a vocabulary gets a tokenizer: text prompts, end-of-generation tokens, text out.
@@ -298,6 +299,7 @@ const CommandRegistrar kRegisterRun{Command{
     "run", "Generate text or tokens from a prompt", [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<RunArgs>();
       sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+      add_memory_flags(sub, &a->memory);
       sub->add_option("-p,--prompt", a->prompt, "Prompt text (needs a tokenizer)");
       sub->add_option("--tokens", a->tokens, "Prompt as comma-separated token ids");
       sub->add_option("-n,--n-predict", a->n_predict, "Tokens to generate")->capture_default_str();

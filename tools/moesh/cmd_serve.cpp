@@ -26,6 +26,7 @@ namespace moesh::cli {
 namespace {
 
 struct ServeArgs {
+  LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   std::string model;
   std::string host = "127.0.0.1";
   int port = 8080;
@@ -64,7 +65,7 @@ int run_serve(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto model = load_model_or_report(a.model, false, "serve");
+  auto model = load_model_or_report(a.model, false, "serve", a.memory);
   if (!model) return 1;
   std::unique_ptr<Tokenizer> tok;
   if (model->file().has("tokenizer.ggml.tokens")) {
@@ -162,6 +163,7 @@ const CommandRegistrar kRegisterServe{Command{
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<ServeArgs>();
       sub->add_option("-m,--model", a->model, "GGUF model file")->required();
+      add_memory_flags(sub, &a->memory);
       sub->add_option("--host", a->host, "Address to listen on")->capture_default_str();
       sub->add_option("--port", a->port, "Port (0: any free port; printed on start)")
           ->check(CLI::Range(0, 65535))

@@ -20,6 +20,7 @@ namespace moesh::cli {
 namespace {
 
 struct SpanArgs {
+  LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   std::string model;
   std::string layers;
   std::string listen = "127.0.0.1:0";
@@ -51,7 +52,7 @@ int run_span(const SpanArgs& a) {
   if (!span) return fail(span.status().with_context("--layers"));
   auto where = parse_listen_address(a.listen);
   if (!where) return fail(make_error(StatusCode::kInvalidArgument, "--listen '{}' is not HOST:PORT", a.listen));
-  auto model = load_model_or_report(a.model, false, "span");
+  auto model = load_model_or_report(a.model, false, "span", a.memory);
   if (!model) return 1;
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "span", &remote)) return 1;
@@ -162,6 +163,7 @@ const CommandRegistrar kRegisterSpan{Command{
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<SpanArgs>();
       sub->add_option("-m,--model", a->model, "Model GGUF")->required();
+      add_memory_flags(sub, &a->memory);
       sub->add_option("--layers", a->layers, "Blocks to run: FIRST-LAST (e.g. 12-23)")->required();
       sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)")->capture_default_str();
       sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");

@@ -1,6 +1,7 @@
 // Helpers shared by the model-running commands (logits, run, bench).
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
 #include <memory>
@@ -37,9 +38,11 @@ inline Result<std::vector<int32_t>> parse_token_list(std::string_view s) {
 // Loads a model, printing the error and returning null on failure. A backbone or span slice has
 // its non-expert tensors checked against their hashes first (a damaged slice is refused; one cut
 // before the hashes existed runs with a warning).
-inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool dequant_f32, const char* cmd) {
+inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool dequant_f32, const char* cmd,
+                                                   LoadOptions::Memory memory = LoadOptions::Memory::kAuto) {
   LoadOptions o;
   o.dequant_f32 = dequant_f32;
+  o.memory = memory;
   auto m = Model::load(path, o);
   if (!m) {
     std::fprintf(stderr, "moesh %s: error: %s\n", cmd, m.status().to_string().c_str());
@@ -57,6 +60,18 @@ inline std::unique_ptr<Model> load_model_or_report(const std::string& path, bool
                  swarm::slice_kind((*m)->file()).c_str(), n_checked);
   }
   return std::move(*m);
+}
+
+// --mmap / --no-mmap (llama.cpp's names) set LoadOptions::memory; neither: auto (read into
+// huge-page memory when the file takes at most half of the available memory, else map).
+inline void add_memory_flags(CLI::App* sub, LoadOptions::Memory* m) {
+  CLI::Option* map = sub->add_flag_callback(
+      "--mmap", [m] { *m = LoadOptions::Memory::kMap; },
+      "Map the model file (instant start, pages shared and reclaimable; slower decode)");
+  CLI::Option* mem = sub->add_flag_callback(
+      "--no-mmap", [m] { *m = LoadOptions::Memory::kMemory; },
+      "Read the model into huge-page memory (faster decode; default when it takes <= half the free memory)");
+  map->excludes(mem);
 }
 
 // The chat template to use: --chat-template when given, else the file's own; a file without one

@@ -86,10 +86,19 @@ struct TensorInfo {
   uint64_t n_bytes = 0;  // row bytes * rows
 };
 
+// How File::open holds a file's bytes.
+//  kMap: a read-only file mapping (page cache, 4 KiB pages): instant, shared between processes,
+//    reclaimable; what inspect/slice/worker use.
+//  kMemory: read into private anonymous memory that asks for transparent huge pages
+//    (MADV_HUGEPAGE): costs a read of the whole file, but a matvec streaming the weights then
+//    crosses a page (a TLB miss, a prefetcher stop) every 2 MiB instead of every 4 KiB, which
+//    made decode 1.4x faster on the perf model (docs/PERFORMANCE.md).
+enum class FileLoad { kMap, kMemory };
+
 class File {
  public:
-  // Maps `path` read-only and parses it.
-  static Result<std::unique_ptr<File>> open(const std::string& path);
+  // Maps (or reads, per `how`) `path` and parses it.
+  static Result<std::unique_ptr<File>> open(const std::string& path, FileLoad how = FileLoad::kMap);
   // Parses an in-memory image (the File keeps its own copy). Used by tests and slices.
   static Result<std::unique_ptr<File>> from_bytes(std::vector<uint8_t> bytes);
   ~File();
@@ -102,6 +111,7 @@ class File {
   uint64_t data_offset() const { return data_offset_; }  // absolute offset of the data section
   size_t size() const { return size_; }
   const uint8_t* base() const { return base_; }
+  bool in_memory() const { return in_memory_; }  // read with FileLoad::kMemory
 
   // Key/values in file order.
   const std::vector<std::pair<std::string, Value>>& kvs() const { return kvs_; }
@@ -135,7 +145,8 @@ class File {
   std::vector<uint8_t> owned_;  // from_bytes() images
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
-  void* map_ = nullptr;  // mmap()ed region, if any
+  void* map_ = nullptr;  // mmap()ed region (file or anonymous), if any
+  bool in_memory_ = false;
   uint32_t version_ = 0;
   size_t alignment_ = 32;
   uint64_t data_offset_ = 0;

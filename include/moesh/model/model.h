@@ -265,7 +265,14 @@ struct LoadOptions {
   // (AttnCoreOpts::fa_f16); from 64 its tiled F32 kernel, which moesh follows otherwise. Makes
   // a token's bits depend on its batch: never for serving.
   bool llama_fa_batches = false;
+  // Where the weights live (gguf::FileLoad). kAuto reads the file into huge-page memory when it
+  // takes at most half of the memory available now (decode streams every weight per token, and
+  // 4 KiB file pages made it 1.4x slower), else maps it.
+  enum class Memory { kAuto, kMap, kMemory };
+  Memory memory = Memory::kAuto;
 };
+// The FileLoad that LoadOptions::memory means for a file of `file_bytes` on this machine now.
+gguf::FileLoad choose_file_load(LoadOptions::Memory m, uint64_t file_bytes);
 
 // A NextN/MTP block (DeepSeek-V3-style multi-token prediction; glm4moe files carry one after the
 // decoder): a decoder block whose input mixes the next token's embedding with the decoder's final
