@@ -6,7 +6,8 @@
 #   LLAMA_BENCH=/path/to/llama-bench scripts/bench-vs-llama.sh perf-q4km.gguf [perf-q8.gguf ...]
 #
 # Environment: MOESH (default build/bin/moesh), THREADS ("1 2"), ROUNDS (3), P (512), N (128;
-# 0 skips decode), REPS (repetitions inside each program's run, 2), FA (llama.cpp -fa, 1).
+# 0 skips decode), REPS (repetitions inside each program's run, 2), FA (llama.cpp -fa, 1),
+# LLAMA_ARGS / MOESH_ARGS (extra arguments, e.g. LLAMA_ARGS="-mmp 0" MOESH_ARGS="--mmap").
 # Without LLAMA_BENCH only moesh runs (the ratio columns stay empty).
 # Model files: moesh make-model --preset perf-30b-a3b --type q4_k_m --vocab none --out F
 set -euo pipefail
@@ -33,20 +34,22 @@ tps_of() {
 
 run_moesh() {  # model threads -> "pp tg"
   local out
-  out=$("$MOESH" bench -m "$1" -p "$P" -n "$N" -t "$2" -r "$REPS" 2>/dev/null)
+  # shellcheck disable=SC2086  # MOESH_ARGS is a word list
+  out=$("$MOESH" bench -m "$1" -p "$P" -n "$N" -t "$2" -r "$REPS" ${MOESH_ARGS:-} 2>/dev/null)
   echo "$(echo "$out" | tps_of "pp$P") $(echo "$out" | tps_of "tg$N")"
 }
 
 run_llama() {
   [ -n "$LLAMA_BENCH" ] || { echo "- -"; return; }
   local out
-  out=$("$LLAMA_BENCH" -m "$1" -p "$P" -n "$N" -t "$2" -r "$REPS" -fa "$FA" 2>/dev/null)
+  # shellcheck disable=SC2086  # LLAMA_ARGS is a word list
+  out=$("$LLAMA_BENCH" -m "$1" -p "$P" -n "$N" -t "$2" -r "$REPS" -fa "$FA" ${LLAMA_ARGS:-} 2>/dev/null)
   echo "$(echo "$out" | tps_of "pp$P") $(echo "$out" | tps_of "tg$N")"
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == "-" || b == "" || a == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
 
-echo "# moesh $(git -C "$(dirname "$0")/.." rev-parse --short HEAD 2>/dev/null || echo '?') vs ${LLAMA_BENCH:-'(no llama-bench)'}; p=$P n=$N reps=$REPS fa=$FA"
+echo "# moesh $(git -C "$(dirname "$0")/.." rev-parse --short HEAD 2>/dev/null || echo '?') vs ${LLAMA_BENCH:-'(no llama-bench)'}; p=$P n=$N reps=$REPS fa=$FA llama_args=${LLAMA_ARGS:-} moesh_args=${MOESH_ARGS:-}"
 echo "| model | threads | round | llama pp$P | moesh pp$P | pp ratio | llama tg$N | moesh tg$N | tg ratio |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for model in "$@"; do
