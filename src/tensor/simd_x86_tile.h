@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "simd_x86_kquant.h"
@@ -410,6 +411,7 @@ struct alignas(64) Q4KGroupPrep {
   __m512 d2[4];
   __m512 dq_neg[2];
   __m512i bs[2];
+  __m256 d8_neg;  // [-dy(j)] for the 8 tokens (Q5_K's scalar mins)
 };
 
 inline void q4k_prepare_group(int64_t nb, const BlockQ8_K* const* y, int cn, Q4KGroupPrep* prep) {
@@ -431,35 +433,51 @@ inline void q4k_prepare_group(int64_t nb, const BlockQ8_K* const* y, int cn, Q4K
                                    -d[4 * i + 2], -d[4 * i + 3], -d[4 * i + 3], -d[4 * i + 3], -d[4 * i + 3]);
       p.bs[i] = _mm512_load_si512(bs[4 * i]);
     }
+    p.d8_neg = _mm256_xor_ps(_mm256_load_ps(d), _mm256_set1_ps(-0.0f));  // exact negation, -0 kept
   }
 }
 
-// One weight row x NC (1..8) tokens of a prepared group. Per token j the 8 scale lanes are
-// half j%2 of acc[j/2] and the 4 min lanes quarter j%4 of accm[j/4]; each gets exactly the fma
-// sequence of q4k_row_tile_512 (dw * dy and -(dmin * dy) = dmin * -dy are the same roundings).
-template <int NC>
-inline void q4k_group_tile_vnni(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, const Q4KGroupPrep* prep,
+// One weight row x NC (1..8) tokens of a prepared group, Q4_K or Q5_K (BW). Per token j the 8
+// scale lanes are half j%2 of acc[j/2]; each gets exactly the fma sequence of vec_dot (dw * dy
+// and -(dmin * dy) = dmin * -dy are the same roundings).
+//  Q4_K: the 4 min lanes of token j are quarter j%4 of accm[j/4], as vec_dot_q4_k's 4-lane fma.
+//  Q5_K: the 5-bit values are the nibbles with bit 2c (low half of chunk c) or 2c+1 (high half)
+//    of qh as 16, both halves from one broadcast of qh shifted per half (srlv). vec_dot_q5_k sums
+//    a token's mins in one float, summs = fma((float)hsum(mins4), -(dmin * dy), summs); here the
+//    four int32 mins lanes of each token are summed in integers (exact in any order) and the
+//    eight tokens' fmas are one ymm fma, lane j being token j's scalar sequence.
+template <int NC, class BW>
+inline void k45_group_tile_vnni(int64_t nb, const BW* w, const BlockQ8_K* const* y, const Q4KGroupPrep* prep,
                                 float* out, size_t ldo) {
+  constexpr bool kQ5 = std::is_same_v<BW, BlockQ5_K>;
   constexpr int NP = (NC + 1) / 2, NQ = (NC + 3) / 4;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[NP], accm[NQ];
+  __m256 summs = _mm256_setzero_ps();
 #pragma GCC unroll 4
   for (int p = 0; p < NP; ++p) acc[p] = _mm512_setzero_ps();
 #pragma GCC unroll 2
   for (int q = 0; q < NQ; ++q) accm[q] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const BlockQ4_K& x = w[b];
+    const BW& x = w[b];
     uint64_t sc, m;
     unpack_k4_scales(x.scales, &sc, &m);
     const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    __m512i qh = _mm512_setzero_si512();
+    if constexpr (kQ5) qh = _mm512_broadcast_i64x4(loadu256(x.qh));
     __m512i isum[2 * NP];
 #pragma GCC unroll 8
     for (int j = 0; j < 2 * NP; ++j) isum[j] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m256i q = loadu256(x.qs + 32 * c);
-      const __m512i qq =
-          _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), m4);
+      __m512i qq = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), m4);
+      if constexpr (kQ5) {
+        const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(2 * c)),
+                                                 _mm256_set1_epi16(static_cast<int16_t>(2 * c + 1)), 1);
+        qq = _mm512_or_si512(qq, _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(qh, shift), 4), bit4));
+      }
       const __m512i s = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(2 * c, 2 * c + 1));
 #pragma GCC unroll 8
       for (int j = 0; j < NC; ++j) {
@@ -477,20 +495,40 @@ inline void q4k_group_tile_vnni(int64_t nb, const BlockQ4_K* w, const BlockQ8_K*
     }
     const __m512i m16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m))));
     const __m512 mw = _mm512_set1_ps(h2f(x.dmin));
+    if constexpr (kQ5) {
+      // madd gives a token's 4 lanes in one 128-bit lane; two in-lane adds put their sum in every
+      // position; lane 0 of each 128-bit lane of both quads makes the 8 tokens.
+      const __m512i gather0 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+      __m512i t[2];
+      for (int q = 0; q < 2; ++q) {
+        t[q] = _mm512_madd_epi16(pr.bs[q], m16);
+        t[q] = _mm512_add_epi32(t[q], _mm512_shuffle_epi32(t[q], _MM_PERM_BADC));
+        t[q] = _mm512_add_epi32(t[q], _mm512_shuffle_epi32(t[q], _MM_PERM_CDAB));
+      }
+      const __m256i mins8 = _mm512_castsi512_si256(_mm512_permutex2var_epi32(t[0], gather0, t[1]));
+      summs = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins8), _mm256_mul_ps(_mm512_castps512_ps256(mw), pr.d8_neg), summs);
+    } else {
 #pragma GCC unroll 2
-    for (int q = 0; q < NQ; ++q) {
-      accm[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(pr.bs[q], m16)), _mm512_mul_ps(mw, pr.dq_neg[q]),
-                                accm[q]);
+      for (int q = 0; q < NQ; ++q) {
+        accm[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(pr.bs[q], m16)), _mm512_mul_ps(mw, pr.dq_neg[q]),
+                                  accm[q]);
+      }
     }
   }
+  alignas(32) float sm[8];
+  _mm256_store_ps(sm, summs);
 #pragma GCC unroll 8
   for (int j = 0; j < NC; ++j) {
     const __m512 a = acc[j / 2];
-    const __m256 a8 = (j % 2 == 0) ? _mm512_castps512_ps256(a) : _mm512_extractf32x8_ps(a, 1);
-    __m128 mm = _mm512_extractf32x4_ps(accm[j / 4], j % 4);
-    mm = _mm_add_ps(mm, _mm_movehl_ps(mm, mm));
-    mm = _mm_add_ss(mm, _mm_movehdup_ps(mm));
-    out[static_cast<size_t>(j) * ldo] = reduce8(a8) + _mm_cvtss_f32(mm);
+    const float scaled = reduce8((j % 2 == 0) ? _mm512_castps512_ps256(a) : _mm512_extractf32x8_ps(a, 1));
+    if constexpr (kQ5) {
+      out[static_cast<size_t>(j) * ldo] = scaled + sm[j];
+    } else {
+      __m128 mm = _mm512_extractf32x4_ps(accm[j / 4], j % 4);
+      mm = _mm_add_ps(mm, _mm_movehl_ps(mm, mm));
+      mm = _mm_add_ss(mm, _mm_movehdup_ps(mm));
+      out[static_cast<size_t>(j) * ldo] = scaled + _mm_cvtss_f32(mm);
+    }
   }
 }
 
@@ -631,13 +669,10 @@ struct alignas(64) Q4KRowPrep {
   float d;
 };
 
-void rows_q4_k_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, float* out) {
-  const int64_t nb = n / kQKK;
-  const auto* x = static_cast<const BlockQ8_K*>(vx);
-  thread_local std::vector<Q4KRowPrep> prep;
-  prep.resize(static_cast<size_t>(nb));
+// The activation side of the Q4_K / Q5_K rows kernels for one token.
+inline void q4k_prepare_rows(int64_t nb, const BlockQ8_K* x, Q4KRowPrep* prep) {
   for (int64_t b = 0; b < nb; ++b) {
-    Q4KRowPrep& p = prep[static_cast<size_t>(b)];
+    Q4KRowPrep& p = prep[b];
     for (int i = 0; i < 4; ++i) {
       // y[i] = [S(a) | S(a + 2)] with a = 4 * (i / 2) + i % 2.
       const int a = 4 * (i / 2) + i % 2;
@@ -647,34 +682,70 @@ void rows_q4_k_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const vo
     p.bs = _mm_hadd_epi16(loadu128(x[b].bsums), loadu128(x[b].bsums + 8));
     p.d = x[b].d;
   }
+}
+
+// Q4_K / Q5_K rows (BW). Q5_K: the fifth bit per half by one variable shift of the broadcast qh
+// (sub-block k takes bit k) and vec_dot_q5_k's scalar mins.
+template <class BW>
+void rows_k45_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, float* out) {
+  constexpr bool kQ5 = std::is_same_v<BW, BlockQ5_K>;
+  const int64_t nb = n / kQKK;
+  const auto* x = static_cast<const BlockQ8_K*>(vx);
+  thread_local std::vector<Q4KRowPrep> prep;
+  prep.resize(static_cast<size_t>(nb));
+  q4k_prepare_rows(nb, x, prep.data());
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
   const __m512i ctrl[4] = {bcast16_pair_ctrl(0, 2), bcast16_pair_ctrl(1, 3), bcast16_pair_ctrl(4, 6),
                            bcast16_pair_ctrl(5, 7)};
+  // The sub-blocks of zmm i are those of ctrl[i]: [a | a + 2] with a = 4 * (i / 2) + i % 2.
+  __m512i shift[4];
+  for (int i = 0; i < 4; ++i) {
+    const int a = 4 * (i / 2) + i % 2;
+    shift[i] = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(a)),
+                                  _mm256_set1_epi16(static_cast<int16_t>(a + 2)), 1);
+  }
   for (int r = 0; r < nr; ++r) {
-    const auto* w = reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(vw) + r * w_stride);
+    const auto* w = reinterpret_cast<const BW*>(static_cast<const uint8_t*>(vw) + r * w_stride);
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
+    float summs = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ4_K& xw = w[b];
+      const BW& xw = w[b];
       const Q4KRowPrep& p = prep[static_cast<size_t>(b)];
       uint64_t sc, m;
       unpack_k4_scales(xw.scales, &sc, &m);
       const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+      __m512i qh = _mm512_setzero_si512();
+      if constexpr (kQ5) qh = _mm512_broadcast_i64x4(loadu256(xw.qh));
       __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const __m512i q = _mm512_loadu_si512(xw.qs + 64 * h);
-        const __m512i lo = _mm512_and_si512(q, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(lo, p.y[2 * h]), _mm512_shuffle_epi8(sc16, ctrl[2 * h]));
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(hi, p.y[2 * h + 1]),
-                                   _mm512_shuffle_epi8(sc16, ctrl[2 * h + 1]));
+        const __m512i nib[2] = {_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16(q, 4), m4)};
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; ++k) {
+          const int i = 2 * h + k;
+          __m512i v = nib[k];
+          if constexpr (kQ5) {
+            v = _mm512_or_si512(v, _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(qh, shift[i]), 4), bit4));
+          }
+          isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(v, p.y[i]), _mm512_shuffle_epi8(sc16, ctrl[i]));
+        }
       }
       acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(isum)), _mm256_set1_ps(h2f(xw.d) * p.d), acc);
-      const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m)));
-      acc_m = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(p.bs, m16)), _mm_set1_ps(-(h2f(xw.dmin) * p.d)), acc_m);
+      const __m128i mins4 = _mm_madd_epi16(p.bs, _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m))));
+      if constexpr (kQ5) {
+        summs = std::fmaf(static_cast<float>(hsum_i32(mins4)), -(h2f(xw.dmin) * p.d), summs);
+      } else {
+        acc_m = _mm_fmadd_ps(_mm_cvtepi32_ps(mins4), _mm_set1_ps(-(h2f(xw.dmin) * p.d)), acc_m);
+      }
     }
-    q4k_tile_store<1>(&acc, &acc_m, out + r, 0);
+    if constexpr (kQ5) {
+      out[r] = reduce8(acc) + summs;
+    } else {
+      q4k_tile_store<1>(&acc, &acc_m, out + r, 0);
+    }
   }
 }
 
@@ -751,7 +822,14 @@ template <int NC>
 struct Q4KGroupTile {
   static void run(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const* y, const Q4KGroupPrep* prep, float* o,
                   size_t ldo) {
-    q4k_group_tile_vnni<NC>(nb, w, y, prep, o, ldo);
+    k45_group_tile_vnni<NC>(nb, w, y, prep, o, ldo);
+  }
+};
+template <int NC>
+struct Q5KGroupTile {
+  static void run(int64_t nb, const BlockQ5_K* w, const BlockQ8_K* const* y, const Q4KGroupPrep* prep, float* o,
+                  size_t ldo) {
+    k45_group_tile_vnni<NC>(nb, w, y, prep, o, ldo);
   }
 };
 template <int NC>
@@ -875,7 +953,10 @@ inline void fill_tiles(KernelTable* t) {
       tile_k_groups<BlockQ4_K, Q4KGroupPrep, q4k_prepare_group, Q4KGroupTile>;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile =
       tile_k_groups<BlockQ6_K, Q6KGroupPrep, q6k_prepare_group, Q6KGroupTile>;
-  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_rows = rows_q4_k_vnni;
+  t->type[static_cast<int>(GgmlType::Q5_K)].vec_dot_tile =
+      tile_k_groups<BlockQ5_K, Q4KGroupPrep, q4k_prepare_group, Q5KGroupTile>;
+  t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_rows = rows_k45_vnni<BlockQ4_K>;
+  t->type[static_cast<int>(GgmlType::Q5_K)].vec_dot_rows = rows_k45_vnni<BlockQ5_K>;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_rows = rows_q6_k_vnni;
 #endif
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot = vec_dot_q6_k_512;
