@@ -247,12 +247,14 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
   }
   const int64_t n_pad = padded16(max_cells);
   const int n_threads = f.pool != nullptr ? f.pool->n_threads() : 1;
-  float* scores_all = grow(f.s.scores, static_cast<size_t>(n_threads * (n_pad + 16 * dv)));
   const size_t stride = f.kv.cell_stride();
   const int64_t group = n_head / n_head_kv;
+  // Per thread: a score row per head of a KV group, then the KQV lanes.
+  const int64_t per_thread = group * n_pad + 16 * dv;
+  float* scores_all = grow(f.s.scores, static_cast<size_t>(n_threads * per_thread));
 
   auto body = [&](int64_t i0, int64_t i1, int thread) {
-    float* sc = scores_all + static_cast<size_t>(thread) * (n_pad + 16 * dv);
+    float* sc = scores_all + static_cast<size_t>(thread) * per_thread;
     if (opts.fa_f16) {
       for (int64_t item = i0; item < i1; ++item) {
         const int64_t t = item / n_head, h = item % n_head;
@@ -265,11 +267,17 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       }
       return;
     }
-    float* lanes = sc + n_pad;  // [16][dv] accumulators of the KQV product (lane-major)
+    float* lanes = sc + group * n_pad;  // [16][dv] accumulators of the KQV product (lane-major)
+    // The heads of a KV group share its key rows: scored together, each key row is read once for
+    // all of them (from L1 after the first) instead of once per head. Each score is the same
+    // dot_f32_ggml as alone, so the bits are too.
+    const bool dense = opts.block_keep == nullptr && opts.cell_keep == nullptr;
+    int64_t group_scored_for = -1;  // the first item of the group whose scores sc holds
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t t = item / n_head, h = item % n_head;
       const int64_t g = h / group;
       const float* qh = q + (t * n_head + h) * dk;
+      const bool grouped = dense && group > 1 && item - h % group >= i0 && item - h % group + group <= i1;
       const int64_t pos = b.pos[t];
       // Causal mask: the cells of this sequence at positions <= pos (a prefix: positions grow).
       const int64_t* cp = cell_pos[t];
@@ -302,6 +310,17 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
           const int64_t c = keep[j];
           if (c >= c0 && c < n_vis) sc[c] = dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale;
         }
+      } else if (grouped) {
+        const int64_t first = item - h % group;
+        if (group_scored_for != first) {
+          const float* q0 = q + (t * n_head + g * group) * dk;
+          for (int64_t c = c0; c < n_vis; ++c) {
+            const float* kc = kt + c * stride + g * dk;
+            for (int64_t j = 0; j < group; ++j) sc[j * n_pad + c] = dot_f32_ggml(kc, q0 + j * dk, dk) * kq_scale;
+          }
+          group_scored_for = first;
+        }
+        if (h % group != 0) std::copy(sc + (h % group) * n_pad + c0, sc + (h % group) * n_pad + n_vis, sc + c0);
       } else {
         for (int64_t c = c0; c < n_vis; ++c) {
           sc[c] = dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale;

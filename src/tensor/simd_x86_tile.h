@@ -524,7 +524,11 @@ inline void k45_group_tile_vnni(int64_t nb, const BW* w, const BlockQ8_K* const*
     if constexpr (kQ5) {
       out[static_cast<size_t>(j) * ldo] = scaled + sm[j];
     } else {
-      __m128 mm = _mm512_extractf32x4_ps(accm[j / 4], j % 4);
+      // Quarter j % 4 through memory: an extract needs an immediate, and unoptimised (Debug,
+      // sanitizer) builds do not unroll this loop into constants.
+      alignas(64) float quad[16];
+      _mm512_store_ps(quad, accm[j / 4]);
+      __m128 mm = _mm_load_ps(quad + 4 * (j % 4));
       mm = _mm_add_ps(mm, _mm_movehl_ps(mm, mm));
       mm = _mm_add_ss(mm, _mm_movehdup_ps(mm));
       out[static_cast<size_t>(j) * ldo] = scaled + _mm_cvtss_f32(mm);
