@@ -221,6 +221,21 @@ inline void q4k_row_tile_512(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* co
   q4k_tile_store<NC>(acc, acc_m, out, ldo);
 }
 
+// Half h of a Q6_K super-block as two zmm of unsigned 6-bit values, [q[0] | q[1]] and
+// [q[2] | q[3]] (values 128h..128h+63 and 128h+64..128h+127, contiguous in the activations), and
+// their scales: the ymm kernel's s16 for chunk k is element 4h+k of each 128-bit lane of sc16.
+struct Q6KHalf512 {
+  __m512i qa, qb, sa, sb;
+};
+inline Q6KHalf512 q6k_half_512(const BlockQ6_K& x, int h, __m512i sc16) {
+  __m256i q[4];
+  q6k_unpack_half(x, h, q);
+  return {_mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1),
+          _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1),
+          _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h, 4 * h + 1)),
+          _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h + 2, 4 * h + 3))};
+}
+
 // Q6_K: chunk k of half h is 32 values; values 64p..64p+63 of a half are chunks 2p, 2p+1,
 // contiguous in the activations, so one zmm holds [q[2p] | q[2p+1]] and their four 16-value
 // scales sit one per 128-bit lane (the ymm kernel's s16 for chunk 2p in lanes 0-1, 2p+1 in 2-3).
@@ -240,13 +255,7 @@ inline void q6k_row_tile_512(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* co
     for (int j = 0; j < NC; ++j) isum[j] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      __m256i q[4];
-      q6k_unpack_half(x, h, q);
-      const __m512i qa = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
-      const __m512i qb = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
-      // The ymm kernel's s16 for chunk k is element 4h+k of each 128-bit lane of sc16.
-      const __m512i sa = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h, 4 * h + 1));
-      const __m512i sb = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h + 2, 4 * h + 3));
+      const auto [qa, qb, sa, sb] = q6k_half_512(x, h, sc16);
 #pragma GCC unroll 8
       for (int j = 0; j < NC; ++j) {
         const __m512i ya = _mm512_loadu_si512(y[j][b].qs + 128 * h);
@@ -629,12 +638,7 @@ inline void q6k_group_tile_vnni(int64_t nb, const BlockQ6_K* w, const BlockQ8_K*
     if constexpr (NC % 2 == 1) isum[NC] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      __m256i q[4];
-      q6k_unpack_half(x, h, q);
-      const __m512i qa = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
-      const __m512i qb = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
-      const __m512i sa = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h, 4 * h + 1));
-      const __m512i sb = _mm512_shuffle_epi8(sc16, bcast16_pair_ctrl(4 * h + 2, 4 * h + 3));
+      const auto [qa, qb, sa, sb] = q6k_half_512(x, h, sc16);
 #pragma GCC unroll 8
       for (int j = 0; j < NC; ++j) {
         isum[j] = _mm512_dpwssd_epi32(isum[j], _mm512_maddubs_epi16(qa, _mm512_loadu_si512(y[j][b].qs + 128 * h)), sa);
