@@ -236,15 +236,10 @@ void unpack_q6_k(const BlockQ6_K& b, int q[256]) {
   }
 }
 
-// Integer part shared by the 16-scale types: sum_g scale[g] * sum_{16 in g} q*q8.
-int32_t isum_by16(const int q[256], const int scale[16], const BlockQ8_K& y) {
-  int32_t isum = 0;
-  for (int g = 0; g < 16; ++g) {
-    int32_t sub = 0;
-    for (int l = 0; l < 16; ++l) sub += q[16 * g + l] * y.qs[16 * g + l];
-    isum += scale[g] * sub;
-  }
-  return isum;
+// sum_i scale[i/16] * q[i] * y[i] in the 8 canonical lanes (quant.h): element i goes to lane (i % 32) / 4.
+void lanes_by16(const int q[256], const int scale[16], const BlockQ8_K& y, int32_t lane[8]) {
+  for (int l = 0; l < 8; ++l) lane[l] = 0;
+  for (int i = 0; i < 256; ++i) lane[(i % 32) / 4] += scale[i / 16] * q[i] * y.qs[i];
 }
 
 }  // namespace
@@ -292,19 +287,21 @@ void from_float_q2_k(const float* x, void* y, int64_t n) {
 float vec_dot_q2_k(int64_t n, const void* vw, const void* vx) {
   const auto* w = static_cast<const BlockQ2_K*>(vw);
   const auto* x = static_cast<const BlockQ8_K*>(vx);
+  // ggml's x86 order (quant.h): per super-block the mins first, as 8 lanes
+  // m[2l]*bsums[2l] + m[2l+1]*bsums[2l+1] times -(dy*dmin), then the 8 canonical lanes times dy*d.
   float acc[8] = {};
   int q[256], sc[16];
   for (int64_t b = 0; b < n / kQKK; ++b) {
     unpack_q2_k(w[b], q);
-    int32_t mins = 0;
+    int32_t mins[8] = {};
     for (int g = 0; g < 16; ++g) {
       sc[g] = w[b].scales[g] & 15;
-      mins += x[b].bsums[g] * (w[b].scales[g] >> 4);
+      mins[g / 2] += x[b].bsums[g] * (w[b].scales[g] >> 4);
     }
-    const int32_t isum = isum_by16(q, sc, x[b]);
-    float& a = acc[b % 8];
-    a = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * x[b].d, a);
-    a = std::fmaf(-static_cast<float>(mins), h2f(w[b].dmin) * x[b].d, a);
+    fma_lanes(acc, mins, -(x[b].d * h2f(w[b].dmin)));
+    int32_t lane[8];
+    lanes_by16(q, sc, x[b], lane);
+    fma_lanes(acc, lane, x[b].d * h2f(w[b].d));
   }
   return reduce8(acc);
 }
@@ -359,8 +356,9 @@ float vec_dot_q3_k(int64_t n, const void* vw, const void* vx) {
     unpack_q3_k(w[b], q);
     unpack_q3k_scales(w[b].scales, S);
     for (int g = 0; g < 16; ++g) S[g] -= 32;
-    const int32_t isum = isum_by16(q, S, x[b]);
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * x[b].d, acc[b % 8]);
+    int32_t lane[8];
+    lanes_by16(q, S, x[b], lane);
+    fma_lanes(acc, lane, h2f(w[b].d) * x[b].d);
   }
   return reduce8(acc);
 }
@@ -513,8 +511,15 @@ float vec_dot_q6_k(int64_t n, const void* vw, const void* vx) {
   for (int64_t b = 0; b < n / kQKK; ++b) {
     unpack_q6_k(w[b], q);
     for (int g = 0; g < 16; ++g) sc[g] = w[b].scales[g];
+    // ggml's order (x86 quants.c since llama.cpp PR 22345): the unsigned 6-bit values (q + 32)
+    // times y go to lane (i % 32) / 4; the -32 offset is then taken off per lane from the
+    // activation's 16-value sums, lane l holding groups 2l and 2l+1. Same integer total as
+    // (q - 32) * y per element, other lanes, so other float roundings.
     int32_t lane[8] = {};
-    for (int i = 0; i < 256; ++i) lane[(i % 32) / 4] += sc[i / 16] * q[i] * x[b].qs[i];
+    for (int i = 0; i < 256; ++i) lane[(i % 32) / 4] += sc[i / 16] * (q[i] + 32) * x[b].qs[i];
+    for (int l = 0; l < 8; ++l) {
+      lane[l] -= 32 * (x[b].bsums[2 * l] * sc[2 * l] + x[b].bsums[2 * l + 1] * sc[2 * l + 1]);
+    }
     fma_lanes(acc, lane, h2f(w[b].d) * x[b].d);
   }
   return reduce8(acc);
@@ -615,18 +620,18 @@ float vec_dot_iq4_xs(int64_t n, const void* vw, const void* vx) {
   const auto* x = static_cast<const BlockQ8_K*>(vx);
   float acc[8] = {};
   for (int64_t b = 0; b < n / kQKK; ++b) {
-    int32_t isum = 0;
+    // Sub-block ib holds elements 32ib + j (low nibble of qs[j]) and 32ib + 16 + j (high nibble).
+    int32_t lane[8] = {};
     for (int ib = 0; ib < 8; ++ib) {
       const uint8_t* qs = w[b].qs + 16 * ib;
       const int8_t* q8 = x[b].qs + 32 * ib;
-      int32_t sub = 0;
+      const int ls = iq4xs_scale_code(w[b], ib) - 32;
       for (int j = 0; j < 16; ++j) {
-        sub += k_values_iq4nl[qs[j] & 15] * q8[j];
-        sub += k_values_iq4nl[qs[j] >> 4] * q8[j + 16];
+        lane[j / 4] += ls * k_values_iq4nl[qs[j] & 15] * q8[j];
+        lane[4 + j / 4] += ls * k_values_iq4nl[qs[j] >> 4] * q8[j + 16];
       }
-      isum += (iq4xs_scale_code(w[b], ib) - 32) * sub;
     }
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * x[b].d, acc[b % 8]);
+    fma_lanes(acc, lane, h2f(w[b].d) * x[b].d);
   }
   return reduce8(acc);
 }

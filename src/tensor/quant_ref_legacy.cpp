@@ -228,15 +228,16 @@ void from_float_q4_1(const float* x, void* y, int64_t n) {
 float vec_dot_q4_1(int64_t n, const void* vw, const void* vx) {
   const auto* w = static_cast<const BlockQ4_1*>(vw);
   const auto* x = static_cast<const BlockQ8_1*>(vx);
+  // ggml's x86 order (quant.h): per-lane products fused with dx*dy, the mins summed on the side.
   float acc[8] = {};
+  float mins = 0.0f;
   for (int64_t b = 0; b < n / kQK; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < kQK; ++j) isum += nibble(w[b].qs, j) * x[b].qs[j];
-    float& a = acc[b % 8];
-    a = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * h2f(x[b].d), a);
-    a = std::fmaf(h2f(w[b].m), h2f(x[b].s), a);
+    int32_t lane[8] = {};
+    for (int j = 0; j < kQK; ++j) lane[j / 4] += nibble(w[b].qs, j) * x[b].qs[j];
+    mins = std::fmaf(h2f(w[b].m), h2f(x[b].s), mins);
+    fma_lanes(acc, lane, h2f(w[b].d) * h2f(x[b].d));
   }
-  return reduce8(acc);
+  return reduce8(acc) + mins;
 }
 
 // ---------------------------------------------------------------- Q5_0
@@ -291,19 +292,20 @@ void from_float_q5_1(const float* x, void* y, int64_t n) {
 float vec_dot_q5_1(int64_t n, const void* vw, const void* vx) {
   const auto* w = static_cast<const BlockQ5_1*>(vw);
   const auto* x = static_cast<const BlockQ8_1*>(vx);
+  // As Q4_1 (ggml's x86 order).
   float acc[8] = {};
+  float mins = 0.0f;
   for (int64_t b = 0; b < n / kQK; ++b) {
     const uint32_t qh = load_u32(w[b].qh);
-    int32_t isum = 0;
+    int32_t lane[8] = {};
     for (int j = 0; j < kQK; ++j) {
       const int q = nibble(w[b].qs, j) | static_cast<int>(((qh >> j) & 1u) << 4);
-      isum += q * x[b].qs[j];
+      lane[j / 4] += q * x[b].qs[j];
     }
-    float& a = acc[b % 8];
-    a = std::fmaf(static_cast<float>(isum), h2f(w[b].d) * h2f(x[b].d), a);
-    a = std::fmaf(h2f(w[b].m), h2f(x[b].s), a);
+    mins = std::fmaf(h2f(w[b].m), h2f(x[b].s), mins);
+    fma_lanes(acc, lane, h2f(w[b].d) * h2f(x[b].d));
   }
-  return reduce8(acc);
+  return reduce8(acc) + mins;
 }
 
 // ---------------------------------------------------------------- Q8_0 / Q8_1
@@ -504,13 +506,28 @@ void from_float_mxfp4(const float* x, void* y, int64_t n) {
 float vec_dot_mxfp4(int64_t n, const void* vw, const void* vx) {
   const auto* w = static_cast<const BlockMXFP4*>(vw);
   const auto* x = static_cast<const BlockQ8_0*>(vx);
-  float acc[8] = {};
-  for (int64_t b = 0; b < n / kQK; ++b) {
+  const int64_t nb = n / kQK;
+  // ggml's x86 order (quant.h): blocks in pairs, the even one into acc[0], the odd one into
+  // acc[1], 8 lanes each; the two are added lane by lane before reduce8; an odd last block is
+  // fused into the sum after that.
+  float acc[2][8] = {};
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {
+    for (int k = 0; k < 2; ++k) {
+      int32_t lane[8] = {};
+      for (int j = 0; j < kQK; ++j) lane[j / 4] += k_values_mxfp4[nibble(w[b + k].qs, j)] * x[b + k].qs[j];
+      fma_lanes(acc[k], lane, h2f(x[b + k].d) * e8m0_to_fp32_half(w[b + k].e));
+    }
+  }
+  float both[8];
+  for (int l = 0; l < 8; ++l) both[l] = acc[0][l] + acc[1][l];
+  float sum = reduce8(both);
+  if (b < nb) {
     int32_t isum = 0;
     for (int j = 0; j < kQK; ++j) isum += k_values_mxfp4[nibble(w[b].qs, j)] * x[b].qs[j];
-    acc[b % 8] = std::fmaf(static_cast<float>(isum), h2f(x[b].d) * e8m0_to_fp32_half(w[b].e), acc[b % 8]);
+    sum = std::fmaf(h2f(x[b].d) * e8m0_to_fp32_half(w[b].e), static_cast<float>(isum), sum);
   }
-  return reduce8(acc);
+  return sum;
 }
 
 }  // namespace moesh::quant::ref

@@ -158,28 +158,49 @@ inline int32_t hsum(int32x4_t v) {
   return vaddvq_s32(v);  // integer: any order is exact
 }
 
-// Block b -> float lane b % 8: acc = fma(isum, scale, acc), then for Q4_1/Q5_1 fma(min, s).
+// MXFP4 in ggml's x86 order (quant.h): per-lane blocks in pairs, even ones into (a0, a1), odd
+// ones into (b0, b1), added lane by lane before reduce8; an odd last block fused after it.
 float vec_dot_mxfp4(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const BlockMXFP4*>(vw);
   const auto* y = static_cast<const BlockQ8_0*>(vy);
   const int8x16_t table = vld1q_s8(k_values_mxfp4);
-  float a[8] = {};
-  for (int64_t b = 0; b < n / kQK; ++b) {
+  const int64_t nb = n / kQK;
+  auto lanes = [&](int64_t b, int32x4_t* lo, int32x4_t* hi) {
     uint8x16_t l, h;
     unpack_nibbles16(w[b].qs, &l, &h);
+    block_lanes(vqtbl1q_s8(table, l), vqtbl1q_s8(table, h), y[b].qs, lo, hi);
+  };
+  auto scale = [&](int64_t b) { return h2f(y[b].d) * e8m0_to_fp32_half(w[b].e); };
+  float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f), b0 = vdupq_n_f32(0.0f), b1 = vdupq_n_f32(0.0f);
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {
     int32x4_t lo, hi;
-    block_lanes(vqtbl1q_s8(table, l), vqtbl1q_s8(table, h), y[b].qs, &lo, &hi);
-    float& acc = a[b & 7];
-    acc = std::fmaf(static_cast<float>(hsum(vaddq_s32(lo, hi))), h2f(y[b].d) * e8m0_to_fp32_half(w[b].e), acc);
+    lanes(b, &lo, &hi);
+    const float32x4_t s0 = vdupq_n_f32(scale(b));
+    a0 = vfmaq_f32(a0, vcvtq_f32_s32(lo), s0);
+    a1 = vfmaq_f32(a1, vcvtq_f32_s32(hi), s0);
+    lanes(b + 1, &lo, &hi);
+    const float32x4_t s1 = vdupq_n_f32(scale(b + 1));
+    b0 = vfmaq_f32(b0, vcvtq_f32_s32(lo), s1);
+    b1 = vfmaq_f32(b1, vcvtq_f32_s32(hi), s1);
   }
-  return reduce8(a);
+  float sum = reduce8(vaddq_f32(a0, b0), vaddq_f32(a1, b1));
+  if (b < nb) {
+    int32x4_t lo, hi;
+    lanes(b, &lo, &hi);
+    sum = std::fmaf(scale(b), static_cast<float>(hsum(vaddq_s32(lo, hi))), sum);
+  }
+  return sum;
 }
 
+// Q4_1 / Q5_1 in ggml's x86 order (quant.h): per-lane products fused with dx*dy, min*s summed
+// on the side, added after reduce8.
 template <class BW>
 float dot_blocks32_min(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const BW*>(vw);
   const auto* y = static_cast<const BlockQ8_1*>(vy);
-  float a[8] = {};
+  float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
+  float mins = 0.0f;
   for (int64_t b = 0; b < n / kQK; ++b) {
     uint8x16_t l, h;
     unpack_nibbles16(w[b].qs, &l, &h);
@@ -191,11 +212,12 @@ float dot_blocks32_min(int64_t n, const void* vw, const void* vy) {
     }
     int32x4_t lo, hi;
     block_lanes(as_s8(l), as_s8(h), y[b].qs, &lo, &hi);  // weights <= 31: exact as int8
-    float& acc = a[b & 7];
-    acc = std::fmaf(static_cast<float>(hsum(vaddq_s32(lo, hi))), h2f(w[b].d) * h2f(y[b].d), acc);
-    acc = std::fmaf(h2f(w[b].m), h2f(y[b].s), acc);
+    mins = std::fmaf(h2f(w[b].m), h2f(y[b].s), mins);
+    const float32x4_t s = vdupq_n_f32(h2f(w[b].d) * h2f(y[b].d));
+    acc0 = vfmaq_f32(acc0, vcvtq_f32_s32(lo), s);
+    acc1 = vfmaq_f32(acc1, vcvtq_f32_s32(hi), s);
   }
-  return reduce8(a);
+  return reduce8(acc0, acc1) + mins;
 }
 
 float vec_dot_q8_0(int64_t n, const void* w, const void* y) {
@@ -324,7 +346,6 @@ float vec_dot_q6_k(int64_t n, const void* vw, const void* vy) {
   const auto* y = static_cast<const BlockQ8_K*>(vy);
   const uint8x16_t m4 = vdupq_n_u8(0x0F);
   const uint8x16_t m30 = vdupq_n_u8(0x30);
-  const int8x16_t off = vdupq_n_s8(32);
   float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const BlockQ6_K& x = w[b];
@@ -342,12 +363,21 @@ float vec_dot_q6_k(int64_t n, const void* vw, const void* vy) {
         q[2] = vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(hb, m30));
         q[3] = vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(hb, 2), m30));
         int32x4_t& lanes = k == 0 ? lo : hi;
-        for (int j = 0; j < 4; ++j) {
-          const int8x16_t v = vsubq_s8(as_s8(q[j]), off);  // -32..31
-          lanes = vmlaq_n_s32(lanes, dot_s8(vdupq_n_s32(0), v, load_s8(yq + 32 * j + 16 * k)), s[2 * j + k]);
+        for (int j = 0; j < 4; ++j) {  // the unsigned values 0..63
+          lanes = vmlaq_n_s32(lanes, dot_s8(vdupq_n_s32(0), as_s8(q[j]), load_s8(yq + 32 * j + 16 * k)), s[2 * j + k]);
         }
       }
     }
+    // The -32 offset per lane from the 16-value sums (quant.h): lane l loses
+    // 32 * (bsums[2l] * scale[2l] + bsums[2l+1] * scale[2l+1]).
+    const int16x8_t sc_lo = vmovl_s8(vld1_s8(x.scales)), sc_hi = vmovl_s8(vld1_s8(x.scales + 8));
+    const int16x8_t bs_lo = vld1q_s16(y[b].bsums), bs_hi = vld1q_s16(y[b].bsums + 8);
+    const int32x4_t off_lo = vpaddq_s32(vmull_s16(vget_low_s16(bs_lo), vget_low_s16(sc_lo)),
+                                        vmull_s16(vget_high_s16(bs_lo), vget_high_s16(sc_lo)));
+    const int32x4_t off_hi = vpaddq_s32(vmull_s16(vget_low_s16(bs_hi), vget_low_s16(sc_hi)),
+                                        vmull_s16(vget_high_s16(bs_hi), vget_high_s16(sc_hi)));
+    lo = vsubq_s32(lo, vshlq_n_s32(off_lo, 5));
+    hi = vsubq_s32(hi, vshlq_n_s32(off_hi, 5));
     const float32x4_t d = vdupq_n_f32(h2f(x.d) * y[b].d);
     acc0 = vfmaq_f32(acc0, vcvtq_f32_s32(lo), d);
     acc1 = vfmaq_f32(acc1, vcvtq_f32_s32(hi), d);
@@ -355,15 +385,28 @@ float vec_dot_q6_k(int64_t n, const void* vw, const void* vy) {
   return reduce8(acc0, acc1);
 }
 
-// Types whose super-block b fuses into float lane b % 8 (then reduce8): Q2_K, Q3_K, IQ4_XS, Q8_K.
+// Q2_K, Q3_K, IQ4_XS: per-lane like Q6_K (ggml's x86 order, quant.h); Q8_K: super-block b fuses
+// into float lane b % 8 (then reduce8).
 
 float vec_dot_q2_k(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const BlockQ2_K*>(vw);
   const auto* y = static_cast<const BlockQ8_K*>(vy);
   const uint8x16_t m3 = vdupq_n_u8(3);
-  float a[8] = {};
+  float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const BlockQ2_K& x = w[b];
+    // ggml's order (quant.h): the mins first, lane l = m[2l]*bsums[2l] + m[2l+1]*bsums[2l+1].
+    const uint8x16_t m = vshrq_n_u8(load_u8(x.scales), 4);
+    const int16x8_t m_lo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m)));
+    const int16x8_t m_hi = vreinterpretq_s16_u16(vmovl_high_u8(m));
+    const int16x8_t bs_lo = vld1q_s16(y[b].bsums), bs_hi = vld1q_s16(y[b].bsums + 8);
+    const int32x4_t mins_lo =
+        vpaddq_s32(vmull_s16(vget_low_s16(bs_lo), vget_low_s16(m_lo)), vmull_high_s16(bs_lo, m_lo));
+    const int32x4_t mins_hi =
+        vpaddq_s32(vmull_s16(vget_low_s16(bs_hi), vget_low_s16(m_hi)), vmull_high_s16(bs_hi, m_hi));
+    const float32x4_t dmin = vdupq_n_f32(-(y[b].d * h2f(x.dmin)));
+    acc0 = vfmaq_f32(acc0, vcvtq_f32_s32(mins_lo), dmin);
+    acc1 = vfmaq_f32(acc1, vcvtq_f32_s32(mins_hi), dmin);
     int32x4_t lo = vdupq_n_s32(0), hi = vdupq_n_s32(0);
     for (int h = 0; h < 2; ++h) {
       const uint8x16_t qs0 = load_u8(x.qs + 32 * h);
@@ -375,13 +418,11 @@ float vec_dot_q2_k(int64_t n, const void* vw, const void* vy) {
                      y[b].qs + 128 * h + 32 * j, x.scales[s] & 15, x.scales[s + 1] & 15, &lo, &hi);
       }
     }
-    int32_t mins = 0;
-    for (int g = 0; g < 16; ++g) mins += y[b].bsums[g] * (x.scales[g] >> 4);
-    float& acc = a[b & 7];
-    acc = std::fmaf(static_cast<float>(hsum(vaddq_s32(lo, hi))), y[b].d * h2f(x.d), acc);
-    acc = std::fmaf(-static_cast<float>(mins), y[b].d * h2f(x.dmin), acc);
+    const float32x4_t d = vdupq_n_f32(y[b].d * h2f(x.d));
+    acc0 = vfmaq_f32(acc0, vcvtq_f32_s32(lo), d);
+    acc1 = vfmaq_f32(acc1, vcvtq_f32_s32(hi), d);
   }
-  return reduce8(a);
+  return reduce8(acc0, acc1);
 }
 
 float vec_dot_q3_k(int64_t n, const void* vw, const void* vy) {
@@ -390,7 +431,7 @@ float vec_dot_q3_k(int64_t n, const void* vw, const void* vy) {
   const uint8x16_t m3 = vdupq_n_u8(3);
   const uint8x16_t one = vdupq_n_u8(1);
   const int8x16_t off = vdupq_n_s8(4);
-  float a[8] = {};
+  float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const BlockQ3_K& x = w[b];
     int S[16];
@@ -414,17 +455,18 @@ float vec_dot_q3_k(int64_t n, const void* vw, const void* vy) {
                      S[s + 1] - 32, &lo, &hi);
       }
     }
-    float& acc = a[b & 7];
-    acc = std::fmaf(static_cast<float>(hsum(vaddq_s32(lo, hi))), h2f(x.d) * y[b].d, acc);
+    const float32x4_t d = vdupq_n_f32(h2f(x.d) * y[b].d);
+    acc0 = vfmaq_f32(acc0, vcvtq_f32_s32(lo), d);
+    acc1 = vfmaq_f32(acc1, vcvtq_f32_s32(hi), d);
   }
-  return reduce8(a);
+  return reduce8(acc0, acc1);
 }
 
 float vec_dot_iq4_xs(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const BlockIQ4_XS*>(vw);
   const auto* y = static_cast<const BlockQ8_K*>(vy);
   const int8x16_t table = vld1q_s8(k_values_iq4nl);
-  float a[8] = {};
+  float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const BlockIQ4_XS& x = w[b];
     int32x4_t lo = vdupq_n_s32(0), hi = vdupq_n_s32(0);
@@ -434,10 +476,11 @@ float vec_dot_iq4_xs(int64_t n, const void* vw, const void* vy) {
       const int ls = ref::iq4xs_scale_code(x, ib) - 32;
       scaled_run32(vqtbl1q_s8(table, l), vqtbl1q_s8(table, h), y[b].qs + 32 * ib, ls, ls, &lo, &hi);
     }
-    float& acc = a[b & 7];
-    acc = std::fmaf(static_cast<float>(hsum(vaddq_s32(lo, hi))), h2f(x.d) * y[b].d, acc);
+    const float32x4_t d = vdupq_n_f32(h2f(x.d) * y[b].d);
+    acc0 = vfmaq_f32(acc0, vcvtq_f32_s32(lo), d);
+    acc1 = vfmaq_f32(acc1, vcvtq_f32_s32(hi), d);
   }
-  return reduce8(a);
+  return reduce8(acc0, acc1);
 }
 
 float vec_dot_q8_k(int64_t n, const void* vw, const void* vy) {

@@ -8,7 +8,8 @@
 // mins as kMinMode says. Others: super-block b fuses into lane b % 8; eight super-blocks at a time
 // fill one __m256 (hsum_8x8 gathers their sums), leftovers go to their lanes in scalar, reduce8.
 // Q4_K and Q6_K, the decode hot path, have their own loops at the end (same integers, same float
-// steps as the per-lane path; PolicyQ4_K/PolicyQ6_K stay for the tile kernels).
+// steps as the per-lane path). Q6_K's -32 offset is taken off per lane from the activation's
+// 16-value sums (q6k_offset_lanes), as ggml's AVX2 kernel does.
 // Included only by kernels_avx2.cpp / kernels_avx512.cpp (see simd_x86.h).
 #pragma once
 
@@ -18,10 +19,10 @@ namespace moesh::simd {
 namespace {
 
 // Per-type policy: isum(w, y) -> 8 int32 partial sums of the exact integer part; scale(w, y) the
-// f32 factor; kHasMin types also return mins(w, y) (exact int) and min_scale(w, y) and add
-// fma(-(float)mins, min_scale, acc) after the main term.
+// f32 factor; types with mins also give min_scale(w, y) and their mins as kMinMode says.
 // kMinMode (per-lane types only): 0 no mins; 1 mins in 4 float lanes (Q4_K); 2 mins in one
-// scalar (Q5_K) -- llama.cpp's x86 vec_dot does exactly this.
+// scalar (Q5_K); 3 mins in the 8 main lanes, fused before the block's products (Q2_K) --
+// llama.cpp's x86 vec_dot does exactly this.
 template <class P>
 float dot_superblocks(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const typename P::BW*>(vw);
@@ -32,6 +33,9 @@ float dot_superblocks(int64_t n, const void* vw, const void* vy) {
     __m128 acc_m = _mm_setzero_ps();
     float summs = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
+      if constexpr (P::kMinMode == 3) {
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P::mins8(w[b], y[b])), _mm256_set1_ps(-P::min_scale(w[b], y[b])), acc);
+      }
       acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P::isum(w[b], y[b])), _mm256_set1_ps(P::scale(w[b], y[b])), acc);
       if constexpr (P::kMinMode == 1) {
         acc_m = _mm_fmadd_ps(_mm_cvtepi32_ps(P::mins4(w[b], y[b])), _mm_set1_ps(-P::min_scale(w[b], y[b])), acc_m);
@@ -50,31 +54,17 @@ float dot_superblocks(int64_t n, const void* vw, const void* vy) {
   for (; b + 8 <= nb; b += 8) {
     __m256i s[8];
     alignas(32) float sc[8];
-    alignas(32) int32_t mins[8];
-    alignas(32) float msc[8];
     for (int k = 0; k < 8; ++k) {
       s[k] = P::isum(w[b + k], y[b + k]);
       sc[k] = P::scale(w[b + k], y[b + k]);
-      if constexpr (P::kHasMin) {
-        mins[k] = -P::mins(w[b + k], y[b + k]);
-        msc[k] = P::min_scale(w[b + k], y[b + k]);
-      }
     }
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8(s)), _mm256_load_ps(sc), acc);
-    if constexpr (P::kHasMin) {
-      // -(float)m == (float)(-m) exactly (int->float rounding is sign-symmetric).
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mins))),
-                            _mm256_load_ps(msc), acc);
-    }
   }
   alignas(32) float a[8];
   _mm256_store_ps(a, acc);
   for (; b < nb; ++b) {
     float& l = a[b & 7];
     l = std::fmaf(static_cast<float>(hsum_i32(P::isum(w[b], y[b]))), P::scale(w[b], y[b]), l);
-    if constexpr (P::kHasMin) {
-      l = std::fmaf(-static_cast<float>(P::mins(w[b], y[b])), P::min_scale(w[b], y[b]), l);
-    }
   }
   return reduce8(_mm256_load_ps(a));
 }
@@ -102,7 +92,6 @@ struct PolicyQ4_K {
   using BW = BlockQ4_K;
   static constexpr bool kPerLane = true;
   static constexpr int kMinMode = 1;
-  static constexpr bool kHasMin = true;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     uint64_t sc, m;
     unpack_k4_scales(w.scales, &sc, &m);
@@ -135,7 +124,6 @@ struct PolicyQ5_K {
   using BW = BlockQ5_K;
   static constexpr bool kPerLane = true;
   static constexpr int kMinMode = 2;
-  static constexpr bool kHasMin = true;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     uint64_t sc, m;
     unpack_k4_scales(w.scales, &sc, &m);
@@ -183,42 +171,10 @@ inline __m256i offset_u8s8(__m256i q, __m256i off, __m256i yv, __m256i scale16) 
   return _mm256_madd_epi16(p, scale16);
 }
 
-struct PolicyQ6_K {
-  using BW = BlockQ6_K;
-  static constexpr bool kPerLane = true;
-  static constexpr int kMinMode = 0;
-  static constexpr bool kHasMin = false;
-  static __m256i isum(const BW& w, const BlockQ8_K& y) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
-    const __m256i off = _mm256_set1_epi8(32);
-    __m256i acc = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i l0 = loadu256(w.ql + 64 * h);
-      const __m256i l1 = loadu256(w.ql + 64 * h + 32);
-      const __m256i hb = loadu256(w.qh + 32 * h);
-      const int8_t* s = w.scales + 8 * h;
-      const int8_t* yq = y.qs + 128 * h;
-      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
-      acc = _mm256_add_epi32(acc, offset_u8s8(q0, off, loadu256(yq), scale_pair16(s[0], s[1])));
-      acc = _mm256_add_epi32(acc, offset_u8s8(q1, off, loadu256(yq + 32), scale_pair16(s[2], s[3])));
-      acc = _mm256_add_epi32(acc, offset_u8s8(q2, off, loadu256(yq + 64), scale_pair16(s[4], s[5])));
-      acc = _mm256_add_epi32(acc, offset_u8s8(q3, off, loadu256(yq + 96), scale_pair16(s[6], s[7])));
-    }
-    return acc;
-  }
-  static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
-};
-
 struct PolicyQ3_K {
   using BW = BlockQ3_K;
-  static constexpr bool kPerLane = false;
+  static constexpr bool kPerLane = true;
   static constexpr int kMinMode = 0;
-  static constexpr bool kHasMin = false;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     // Sixteen 6-bit scale codes (docs/background/quant-formats.md §3), four per u32.
     uint32_t w0, w1, w2;
@@ -256,9 +212,8 @@ struct PolicyQ3_K {
 
 struct PolicyQ2_K {
   using BW = BlockQ2_K;
-  static constexpr bool kPerLane = false;
-  static constexpr int kMinMode = 0;
-  static constexpr bool kHasMin = true;
+  static constexpr bool kPerLane = true;
+  static constexpr int kMinMode = 3;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     const __m256i m3 = _mm256_set1_epi8(3);
     __m256i acc = _mm256_setzero_si256();
@@ -273,13 +228,10 @@ struct PolicyQ2_K {
     }
     return acc;
   }
-  static int mins(const BW& w, const BlockQ8_K& y) {
-    const __m128i sc = loadu128(w.scales);
-    const __m128i m = _mm_srli_epi16(_mm_and_si128(sc, _mm_set1_epi8(static_cast<char>(0xF0))), 4);
-    const __m128i m_lo = _mm_cvtepu8_epi16(m);
-    const __m128i m_hi = _mm_cvtepu8_epi16(_mm_srli_si128(m, 8));
-    return hsum_i32(
-        _mm_add_epi32(_mm_madd_epi16(loadu128(y.bsums), m_lo), _mm_madd_epi16(loadu128(y.bsums + 8), m_hi)));
+  // Lane l: m[2l] * bsums[2l] + m[2l+1] * bsums[2l+1] (the 4-bit mins, |.| <= 2 * 15 * 2032).
+  static __m256i mins8(const BW& w, const BlockQ8_K& y) {
+    const __m128i m = _mm_srli_epi16(_mm_and_si128(loadu128(w.scales), _mm_set1_epi8(static_cast<char>(0xF0))), 4);
+    return _mm256_madd_epi16(_mm256_cvtepu8_epi16(m), loadu256(y.bsums));
   }
   static float scale(const BW& w, const BlockQ8_K& y) { return y.d * h2f(w.d); }
   static float min_scale(const BW& w, const BlockQ8_K& y) { return y.d * h2f(w.dmin); }
@@ -287,9 +239,8 @@ struct PolicyQ2_K {
 
 struct PolicyIQ4_XS {
   using BW = BlockIQ4_XS;
-  static constexpr bool kPerLane = false;
+  static constexpr bool kPerLane = true;
   static constexpr int kMinMode = 0;
-  static constexpr bool kHasMin = false;
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     const __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_iq4nl));
     __m256i acc = _mm256_setzero_si256();
@@ -309,7 +260,6 @@ struct PolicyQ8_K {
   using BW = BlockQ8_K;
   static constexpr bool kPerLane = false;
   static constexpr int kMinMode = 0;
-  static constexpr bool kHasMin = false;
   // Widen to int16 first: Q8_K weights may hold -128, which the sign trick cannot take.
   static __m256i isum(const BW& w, const BlockQ8_K& y) {
     __m256i acc = _mm256_setzero_si256();
@@ -392,13 +342,19 @@ float vec_dot_q4_k(int64_t n, const void* vw, const void* vy) {
   return reduce8(acc) + _mm_cvtss_f32(acc_m);
 }
 
+// The -32 offset of a Q6_K super-block as ggml's x86 kernel takes it off (quant.h): int32 lane l
+// = 32 * (bsums[2l] * scale[2l] + bsums[2l+1] * scale[2l+1]), the products summed with unsigned
+// 6-bit values minus this give the canonical lanes. |lane| <= 32 * 2 * 2032 * 128, exact.
+inline __m256i q6k_offset_lanes(const BlockQ6_K& x, const BlockQ8_K& y) {
+  return _mm256_slli_epi32(_mm256_madd_epi16(loadu256(y.bsums), _mm256_cvtepi8_epi16(loadu128(x.scales))), 5);
+}
+
 float vec_dot_q6_k(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const BlockQ6_K*>(vw);
   const auto* y = static_cast<const BlockQ8_K*>(vy);
   const int64_t nb = n / kQKK;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m30 = _mm256_set1_epi8(0x30);
-  const __m256i off = _mm256_set1_epi8(32);
   // Even scales to the low 8 bytes, odd ones to the high 8: after widening, 32-element chunk k
   // (first 16 elements scale 2k, last 16 scale 2k+1) finds its pair at int16 element k of each lane.
   const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
@@ -424,10 +380,8 @@ float vec_dot_q6_k(int64_t n, const void* vw, const void* vy) {
                              _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
-        // (q - 32).y as q.y - 32.y: both maddubs exact (pairs <= 2*63*127). On Zen 3 this beat
-        // the sign trick (abs(q-32) x sign(y)) by ~4%: two multiply pipes, fewer ALU ops.
-        const __m256i yv = loadu256(yq + 32 * j);
-        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[j], yv), _mm256_maddubs_epi16(off, yv));
+        // Unsigned q (0..63) times y: maddubs pairs <= 2*63*127, exact in int16.
+        const __m256i p = _mm256_maddubs_epi16(q[j], loadu256(yq + 32 * j));
         const __m256i t = _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc16, bcast16_ctrl(4 * h + j)));
         if (j % 2 == 0) {
           s_a = _mm256_add_epi32(s_a, t);
@@ -436,7 +390,8 @@ float vec_dot_q6_k(int64_t n, const void* vw, const void* vy) {
         }
       }
     }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s_a, s_b)), _mm256_set1_ps(h2f(x.d) * q8.d), acc);
+    const __m256i lanes = _mm256_sub_epi32(_mm256_add_epi32(s_a, s_b), q6k_offset_lanes(x, q8));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(h2f(x.d) * q8.d), acc);
   }
   return reduce8(acc);
 }

@@ -1,14 +1,11 @@
 // x86 SIMD dot products for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 against
 // Q8_0 activations; Q4_1, Q5_1 against Q8_1), bit-identical to the scalar reference.
 //
-// Canonical order (quant.h):
-//  * per-lane types (kPerLane: Q8_0, Q4_0, Q5_0, IQ4_NL — llama.cpp's x86 vec_dot and tinyBLAS
-//    order): the block's 8 int32 partial sums (lane l = elements 4l..4l+3, exactly what
-//    dot_u8s8 produces) are converted and fused with the block scale, one fma per block;
-//  * the others: block b goes to float lane b % 8 with acc = fma(isum, scale, acc). Eight
-//    consecutive blocks fill one __m256: their exact int32 sums are gathered into one vector
-//    (hsum_8x8), converted, and fused into the accumulator in one instruction; the nb % 8
-//    leftover blocks go to their lanes in scalar fmaf.
+// Canonical order (quant.h, llama.cpp's x86 vec_dot and tinyBLAS order): the block's 8 int32
+// partial sums (lane l = elements 4l..4l+3, exactly what dot_u8s8 produces) are converted and
+// fused with the block scale, one fma per block; Q4_1 and Q5_1 sum min*s in a float of their
+// own (fmaf, block order), added after reduce8; MXFP4 (its own loop) puts even and odd blocks
+// into two accumulators that are added before reduce8.
 // Then the canonical reduce8. Included only by kernels_avx2.cpp / kernels_avx512.cpp.
 #pragma once
 
@@ -18,8 +15,8 @@ namespace moesh::simd {
 namespace {
 
 // Per-type policy: BW/BY block types, isum(w, y) -> 8 int32 partial sums of the block's exact
-// integer dot, scale(w, y) -> the f32 factor of that sum; kHasMin types also add
-// fma(min(w), ysum(y)) after it (Q4_1/Q5_1).
+// integer dot, scale(w, y) -> the f32 factor of that sum; kHasMin types (Q4_1/Q5_1) also sum
+// fma(min(w), ysum(y)) on the side.
 template <class P>
 float dot_blocks32(int64_t n, const void* vw, const void* vy) {
   const auto* w = static_cast<const typename P::BW*>(vw);
@@ -27,45 +24,18 @@ float dot_blocks32(int64_t n, const void* vw, const void* vy) {
   const int64_t nb = n / kQK;
   const P p;
   __m256 acc = _mm256_setzero_ps();
-  if constexpr (P::kPerLane) {
-    for (int64_t b = 0; b < nb; ++b) {
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.isum(w[b], y[b])), _mm256_set1_ps(P::scale(w[b], y[b])), acc);
-    }
-    return reduce8(acc);
+  float mins = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    if constexpr (P::kHasMin) mins = std::fmaf(P::min(w[b]), P::ysum(y[b]), mins);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.isum(w[b], y[b])), _mm256_set1_ps(P::scale(w[b], y[b])), acc);
   }
-  int64_t b = 0;
-  for (; b + 8 <= nb; b += 8) {
-    __m256i s[8];
-    alignas(32) float sc[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      s[k] = p.isum(w[b + k], y[b + k]);
-      sc[k] = P::scale(w[b + k], y[b + k]);
-    }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8(s)), _mm256_load_ps(sc), acc);
-    if constexpr (P::kHasMin) {
-      alignas(32) float mw[8], sy[8];
-      for (int k = 0; k < 8; ++k) {
-        mw[k] = P::min(w[b + k]);
-        sy[k] = P::ysum(y[b + k]);
-      }
-      acc = _mm256_fmadd_ps(_mm256_load_ps(mw), _mm256_load_ps(sy), acc);
-    }
-  }
-  alignas(32) float a[8];
-  _mm256_store_ps(a, acc);
-  for (; b < nb; ++b) {
-    float& l = a[b & 7];
-    l = std::fmaf(static_cast<float>(hsum_i32(p.isum(w[b], y[b]))), P::scale(w[b], y[b]), l);
-    if constexpr (P::kHasMin) l = std::fmaf(P::min(w[b]), P::ysum(y[b]), l);
-  }
-  return reduce8(_mm256_load_ps(a));
+  if constexpr (P::kHasMin) return reduce8(acc) + mins;
+  return reduce8(acc);
 }
 
 struct PolicyQ8_0 {
   using BW = BlockQ8_0;
   using BY = BlockQ8_0;
-  static constexpr bool kPerLane = true;
   static constexpr bool kHasMin = false;
   __m256i prep(const BW& w) const { return loadu256(w.qs); }
   __m256i dot(__m256i q, const BY& y) const { return dot_s8s8(q, loadu256(y.qs)); }
@@ -76,7 +46,6 @@ struct PolicyQ8_0 {
 struct PolicyQ4_0 {
   using BW = BlockQ4_0;
   using BY = BlockQ8_0;
-  static constexpr bool kPerLane = true;
   static constexpr bool kHasMin = false;
   __m256i prep(const BW& w) const { return _mm256_sub_epi8(unpack_nibbles16(w.qs), _mm256_set1_epi8(8)); }
   __m256i dot(__m256i q, const BY& y) const { return dot_s8s8(q, loadu256(y.qs)); }
@@ -87,7 +56,6 @@ struct PolicyQ4_0 {
 struct PolicyQ5_0 {
   using BW = BlockQ5_0;
   using BY = BlockQ8_0;
-  static constexpr bool kPerLane = true;
   static constexpr bool kHasMin = false;
   __m256i isum(const BW& w, const BY& y) const {
     uint32_t qh;
@@ -103,7 +71,6 @@ struct PolicyQ5_0 {
 struct PolicyIQ4_NL {
   using BW = BlockIQ4_NL;
   using BY = BlockQ8_0;
-  static constexpr bool kPerLane = true;
   static constexpr bool kHasMin = false;
   __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_iq4nl));
   __m256i isum(const BW& w, const BY& y) const {
@@ -112,10 +79,9 @@ struct PolicyIQ4_NL {
   static float scale(const BW& w, const BY& y) { return h2f(w.d) * h2f(y.d); }
 };
 
-struct PolicyMXFP4 {
+struct PolicyMXFP4 {  // used by vec_dot_mxfp4 below (two accumulators), not dot_blocks32
   using BW = BlockMXFP4;
   using BY = BlockQ8_0;
-  static constexpr bool kPerLane = false;
   static constexpr bool kHasMin = false;
   __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_mxfp4));
   __m256i isum(const BW& w, const BY& y) const {
@@ -127,7 +93,6 @@ struct PolicyMXFP4 {
 struct PolicyQ4_1 {
   using BW = BlockQ4_1;
   using BY = BlockQ8_1;
-  static constexpr bool kPerLane = false;
   static constexpr bool kHasMin = true;
   __m256i isum(const BW& w, const BY& y) const { return dot_u8s8(unpack_nibbles16(w.qs), loadu256(y.qs)); }
   static float scale(const BW& w, const BY& y) { return h2f(w.d) * h2f(y.d); }
@@ -138,7 +103,6 @@ struct PolicyQ4_1 {
 struct PolicyQ5_1 {
   using BW = BlockQ5_1;
   using BY = BlockQ8_1;
-  static constexpr bool kPerLane = false;
   static constexpr bool kHasMin = true;
   __m256i isum(const BW& w, const BY& y) const {
     uint32_t qh;
@@ -163,8 +127,23 @@ float vec_dot_q5_0(int64_t n, const void* w, const void* y) {
 float vec_dot_iq4_nl(int64_t n, const void* w, const void* y) {
   return dot_blocks32<PolicyIQ4_NL>(n, w, y);
 }
-float vec_dot_mxfp4(int64_t n, const void* w, const void* y) {
-  return dot_blocks32<PolicyMXFP4>(n, w, y);
+// MXFP4 in ggml's x86 order (quant.h): per-lane blocks in pairs, two accumulators added before
+// reduce8, an odd last block fused after it.
+float vec_dot_mxfp4(int64_t n, const void* vw, const void* vy) {
+  const auto* w = static_cast<const BlockMXFP4*>(vw);
+  const auto* y = static_cast<const BlockQ8_0*>(vy);
+  const int64_t nb = n / kQK;
+  const PolicyMXFP4 p;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.isum(w[b], y[b])), _mm256_set1_ps(p.scale(w[b], y[b])), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.isum(w[b + 1], y[b + 1])), _mm256_set1_ps(p.scale(w[b + 1], y[b + 1])),
+                           acc1);
+  }
+  float sum = reduce8(_mm256_add_ps(acc0, acc1));
+  if (b < nb) sum = std::fmaf(p.scale(w[b], y[b]), static_cast<float>(hsum_i32(p.isum(w[b], y[b]))), sum);
+  return sum;
 }
 float vec_dot_q4_1(int64_t n, const void* w, const void* y) {
   return dot_blocks32<PolicyQ4_1>(n, w, y);

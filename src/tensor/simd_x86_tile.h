@@ -23,7 +23,7 @@ namespace {
 template <class P, int NC>
 inline void blocks32_row_tile(int64_t nb, const typename P::BW* w, const typename P::BY* const* y, float* out,
                               size_t ldo) {
-  static_assert(P::kPerLane, "only per-lane block types have a row tile");
+  static_assert(!P::kHasMin, "the row tile has no min term");
   const P p;
   __m256 acc[NC];
   for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
@@ -125,10 +125,10 @@ inline void q4k_row_tile(int64_t nb, const BlockQ4_K* w, const BlockQ8_K* const*
 }
 
 // ---- Q6_K: the same layout (one weight row x NC activation rows, registers only). Integer sums
-// in any order are exact; the one float step per super-block is vec_dot_q6_k's.
+// in any order are exact (unsigned values, the -32 offset taken off per lane by
+// q6k_offset_lanes); the one float step per super-block is vec_dot_q6_k's.
 template <int NC>
 inline void q6k_row_tile(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
-  const __m256i off = _mm256_set1_epi8(32);
   const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   __m256 acc[NC];
 #pragma GCC unroll 4
@@ -149,14 +149,15 @@ inline void q6k_row_tile(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const*
 #pragma GCC unroll 4
         for (int j = 0; j < NC; ++j) {
           const __m256i yv = loadu256(y[j][b].qs + 128 * h + 32 * k);
-          isum[j] = _mm256_add_epi32(isum[j], offset_u8s8(q[k], off, yv, s16));
+          isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], yv), s16));
         }
       }
     }
     const float dw = h2f(x.d);
 #pragma GCC unroll 4
     for (int j = 0; j < NC; ++j) {
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(dw * y[j][b].d), acc[j]);
+      const __m256i lanes = _mm256_sub_epi32(isum[j], q6k_offset_lanes(x, y[j][b]));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(dw * y[j][b].d), acc[j]);
     }
   }
 #pragma GCC unroll 4
@@ -241,7 +242,6 @@ inline Q6KHalf512 q6k_half_512(const BlockQ6_K& x, int h, __m512i sc16) {
 // scales sit one per 128-bit lane (the ymm kernel's s16 for chunk 2p in lanes 0-1, 2p+1 in 2-3).
 template <int NC>
 inline void q6k_row_tile_512(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
-  const __m512i off = _mm512_set1_epi8(32);
   const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   __m256 acc[NC];
 #pragma GCC unroll 8
@@ -260,15 +260,16 @@ inline void q6k_row_tile_512(int64_t nb, const BlockQ6_K* w, const BlockQ8_K* co
       for (int j = 0; j < NC; ++j) {
         const __m512i ya = _mm512_loadu_si512(y[j][b].qs + 128 * h);
         const __m512i yb = _mm512_loadu_si512(y[j][b].qs + 128 * h + 64);
-        const __m512i pa = _mm512_sub_epi16(_mm512_maddubs_epi16(qa, ya), _mm512_maddubs_epi16(off, ya));
-        const __m512i pb = _mm512_sub_epi16(_mm512_maddubs_epi16(qb, yb), _mm512_maddubs_epi16(off, yb));
+        const __m512i pa = _mm512_maddubs_epi16(qa, ya);
+        const __m512i pb = _mm512_maddubs_epi16(qb, yb);
         isum[j] = _mm512_add_epi32(isum[j], _mm512_add_epi32(_mm512_madd_epi16(pa, sa), _mm512_madd_epi16(pb, sb)));
       }
     }
     const float dw = h2f(x.d);
 #pragma GCC unroll 8
     for (int j = 0; j < NC; ++j) {
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(isum[j])), _mm256_set1_ps(dw * y[j][b].d), acc[j]);
+      const __m256i lanes = _mm256_sub_epi32(fold_halves(isum[j]), q6k_offset_lanes(x, y[j][b]));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(dw * y[j][b].d), acc[j]);
     }
   }
 #pragma GCC unroll 8
@@ -545,74 +546,34 @@ inline void k45_group_tile_vnni(int64_t nb, const BW* w, const BlockQ8_K* const*
   }
 }
 
-// ---- Q6_K with VNNI: the -32 offset moved to the activation side
+// ---- Q6_K with VNNI
 //
-// vec_dot_q6_k's int16 products are maddubs(q, y) - maddubs(32, y) with q the unsigned 6-bit
-// values, times the 16-value scale. The second term depends on the row only through the
-// scales: per final lane l (after folding, as in q6k_row_tile_512) it is -32 * sum over the
-// chunk's two 4-value groups that land in l of scale * (sum of those 4 activations). The 4-value
-// sums times -32 are prepared once per token and block (two zmm of int16, paired so that each
-// int32 lane of a madd holds two groups of the same final lane), and per row and block the
-// scales are permuted to match; two instructions per token and block replace four maddubs and
-// two subtractions, and the int32 sums are the same integers. The float steps are vectorised
-// over token pairs as in the Q4_K group tile.
+// The unsigned 6-bit values' products accumulate with vpdpwssd into lanes that start at minus
+// the -32 offset (q6k_offset_lanes: the token's 16-value sums times the row's scales times -32,
+// one madd per token and block, in the low half so that folding adds it once). The float steps
+// are vectorised over token pairs as in the Q4_K group tile.
 struct alignas(64) Q6KGroupPrep {
   __m512 d2[4];
-  __m512i ya[8], yb[8];  // per token: chunks 0-1 and 2-3, int16 element e = -32 * sum of group g(e)
 };
 
-// Element e of the paired layout for chunks (c0, c0 + 1): int32 lane e/2 of a madd; lanes 0-7
-// belong to chunk c0, 8-15 to c0 + 1, and fold to final lane (e/2) % 8. The two int16 of a lane
-// are the chunk's 4-value groups (e/2) % 8 and (e/2) % 8 + 8 (bytes 4g..4g+3 of the chunk).
-inline int q6k_pair_chunk(int e) {
-  return (e / 2) / 8;
-}
-inline int q6k_pair_group(int e) {
-  return (e / 2) % 8 + 8 * (e % 2);
-}
-
-inline __m512i q6k_pair_index(int base) {  // into [chunk c0's 16 sums | chunk c0+1's 16 sums]
-  alignas(64) int16_t idx[32];
-  for (int e = 0; e < 32; ++e) idx[e] = static_cast<int16_t>(16 * q6k_pair_chunk(e) + q6k_pair_group(e) + base);
-  return _mm512_load_si512(idx);
-}
-inline __m512i q6k_scale_index(int c0) {  // into the 16 scales: the 16-value group of each element
-  alignas(64) int16_t idx[32];
-  for (int e = 0; e < 32; ++e) idx[e] = static_cast<int16_t>(4 * (c0 + q6k_pair_chunk(e)) + q6k_pair_group(e) / 4);
-  return _mm512_load_si512(idx);
-}
-
-// A token's two correction vectors for one block (pair = q6k_pair_index(0)).
-inline void q6k_token_correction(const BlockQ8_K& q8, __m512i pair, __m512i* ya, __m512i* yb) {
-  const __m512i ones = _mm512_set1_epi8(1);
-  const __m512i m32 = _mm512_set1_epi16(-32);
-  __m256i g[4];  // the 16 4-value sums of each 64-value chunk, int16 (|sum| <= 512)
-  for (int c = 0; c < 4; ++c) {
-    g[c] = _mm512_cvtepi32_epi16(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q8.qs + 64 * c)));
-  }
-  const __m512i g01 = _mm512_inserti64x4(_mm512_castsi256_si512(g[0]), g[1], 1);
-  const __m512i g23 = _mm512_inserti64x4(_mm512_castsi256_si512(g[2]), g[3], 1);
-  *ya = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pair, g01), m32);
-  *yb = _mm512_mullo_epi16(_mm512_permutexvar_epi16(pair, g23), m32);
-}
-
 inline void q6k_prepare_group(int64_t nb, const BlockQ8_K* const* y, int cn, Q6KGroupPrep* prep) {
-  const __m512i pair = q6k_pair_index(0);
   for (int64_t b = 0; b < nb; ++b) {
-    Q6KGroupPrep& p = prep[b];
     alignas(64) float d[8] = {};
-    for (int j = 0; j < 8; ++j) {
-      if (j >= cn) {
-        p.ya[j] = p.yb[j] = _mm512_setzero_si512();
-        continue;
-      }
-      d[j] = y[j][b].d;
-      q6k_token_correction(y[j][b], pair, &p.ya[j], &p.yb[j]);
-    }
+    for (int j = 0; j < cn; ++j) d[j] = y[j][b].d;
     for (int i = 0; i < 4; ++i) {
-      p.d2[i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d[2 * i])), _mm256_set1_ps(d[2 * i + 1]), 1);
+      prep[b].d2[i] =
+          _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d[2 * i])), _mm256_set1_ps(d[2 * i + 1]), 1);
     }
   }
+}
+
+// The row's scales times -32 as int16 (|s| <= 4096), for q6k_offset_start.
+inline __m256i q6k_neg32_scales(__m128i sc8) {
+  return _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 5));
+}
+// A zmm of int32 lanes whose fold is minus q6k_offset_lanes: the start of a token's sums.
+inline __m512i q6k_offset_start(const BlockQ8_K& y, __m256i neg32_scales) {
+  return _mm512_zextsi256_si512(_mm256_madd_epi16(loadu256(y.bsums), neg32_scales));
 }
 
 template <int NC>
@@ -620,7 +581,6 @@ inline void q6k_group_tile_vnni(int64_t nb, const BlockQ6_K* w, const BlockQ8_K*
                                 float* out, size_t ldo) {
   constexpr int NP = (NC + 1) / 2;
   const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  const __m512i sidx_a = q6k_scale_index(0), sidx_b = q6k_scale_index(2);
   __m512 acc[NP];
 #pragma GCC unroll 4
   for (int p = 0; p < NP; ++p) acc[p] = _mm512_setzero_ps();
@@ -629,12 +589,11 @@ inline void q6k_group_tile_vnni(int64_t nb, const BlockQ6_K* w, const BlockQ8_K*
     const __m128i sc8 = loadu128(x.scales);
     const __m256i sc16y = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
     const __m512i sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(sc16y), sc16y, 1);
-    const __m512i nat = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
-    const __m512i s_a = _mm512_permutexvar_epi16(sidx_a, nat), s_b = _mm512_permutexvar_epi16(sidx_b, nat);
+    const __m256i neg32 = q6k_neg32_scales(sc8);
     const Q6KGroupPrep& pr = prep[b];
     __m512i isum[2 * NP];
 #pragma GCC unroll 8
-    for (int j = 0; j < NC; ++j) isum[j] = _mm512_dpwssd_epi32(_mm512_madd_epi16(pr.ya[j], s_a), pr.yb[j], s_b);
+    for (int j = 0; j < NC; ++j) isum[j] = q6k_offset_start(y[j][b], neg32);
     if constexpr (NC % 2 == 1) isum[NC] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
@@ -668,8 +627,8 @@ inline void q6k_group_tile_vnni(int64_t nb, const BlockQ6_K* w, const BlockQ8_K*
 // prepared once per call. Q4_K: the activations are repacked so that one 64-byte load of the
 // weights' nibbles serves two zmm (low nibbles = sub-blocks 4p and 4p+2, high = 4p+1 and 4p+3:
 // each 32-value sub-block still fills one 256-bit half in order, so the folded lanes are
-// vec_dot's), plus the bsums' pair sums. Q6_K: the -32 offset on the activation side (as in the
-// group tile) and the high bits shifted per half with one variable shift. Float steps and
+// vec_dot's), plus the bsums' pair sums. Q6_K: the lanes start at minus the -32 offset (as in
+// the group tile) and the high bits are shifted per half with one variable shift. Float steps and
 // reduction are vec_dot's.
 struct alignas(64) Q4KRowPrep {
   __m512i y[4];  // [S0|S2], [S1|S3], [S4|S6], [S5|S7]: the block's 32-value sub-blocks
@@ -757,29 +716,15 @@ void rows_k45_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const voi
   }
 }
 
-struct alignas(64) Q6KRowPrep {
-  __m512i ya, yb;
-  float d;
-};
-
 void rows_q6_k_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, float* out) {
   const int64_t nb = n / kQKK;
   const auto* x = static_cast<const BlockQ8_K*>(vx);
-  thread_local std::vector<Q6KRowPrep> prep;
-  prep.resize(static_cast<size_t>(nb));
-  const __m512i pair = q6k_pair_index(0);
-  for (int64_t b = 0; b < nb; ++b) {
-    Q6KRowPrep& p = prep[static_cast<size_t>(b)];
-    q6k_token_correction(x[b], pair, &p.ya, &p.yb);
-    p.d = x[b].d;
-  }
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m30 = _mm512_set1_epi8(0x30);
   // Per 16-bit element: q[0] | q[1] take the high bits <<4 | <<2, q[2] | q[3] >>0 | >>2.
   const __m512i shl_a = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
   const __m512i shr_b = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
   const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  const __m512i sidx_a = q6k_scale_index(0), sidx_b = q6k_scale_index(2);
   const __m512i ctrl[4] = {bcast16_pair_ctrl(0, 1), bcast16_pair_ctrl(2, 3), bcast16_pair_ctrl(4, 5),
                            bcast16_pair_ctrl(6, 7)};
   for (int r = 0; r < nr; ++r) {
@@ -787,13 +732,10 @@ void rows_q6_k_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const vo
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const BlockQ6_K& xw = w[b];
-      const Q6KRowPrep& p = prep[static_cast<size_t>(b)];
       const __m128i sc8 = loadu128(xw.scales);
       const __m256i sc16y = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
       const __m512i sc16 = _mm512_inserti64x4(_mm512_castsi256_si512(sc16y), sc16y, 1);
-      const __m512i nat = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
-      __m512i isum = _mm512_dpwssd_epi32(_mm512_madd_epi16(p.ya, _mm512_permutexvar_epi16(sidx_a, nat)), p.yb,
-                                         _mm512_permutexvar_epi16(sidx_b, nat));
+      __m512i isum = q6k_offset_start(x[b], q6k_neg32_scales(sc8));
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const __m512i l = _mm512_loadu_si512(xw.ql + 64 * h);
@@ -807,7 +749,7 @@ void rows_q6_k_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const vo
         isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(qb, _mm512_loadu_si512(x[b].qs + 128 * h + 64)),
                                    _mm512_shuffle_epi8(sc16, ctrl[2 * h + 1]));
       }
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(isum)), _mm256_set1_ps(h2f(xw.d) * p.d), acc);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(isum)), _mm256_set1_ps(h2f(xw.d) * x[b].d), acc);
     }
     out[r] = reduce8(acc);
   }

@@ -166,11 +166,13 @@ TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
       // 6 tokens x 2 reps x n_moe layers; each call sends one request to every replica it uses
       // (top-k >= 2 spreads over both). The CLI prices replicas by what it measures: a warm-up
       // PING that stalled on a loaded host can make one replica "far" (more than 1.25x + 2 ms of
-      // the other), and a replica never used is never re-measured in a 12-token run, so the
-      // other takes every pair (the library tests fix equal costs instead; the CLI has none).
+      // the other) until a probe PING re-measures it (about 16 steps in), so a replica may sit
+      // out all of the run or only its first part (the library tests fix equal costs instead;
+      // the CLI has none). So: every call reaches at least one worker, none more than all.
       EXPECT_GE(workers_seen, 1) << r.out;
       EXPECT_LE(workers_seen, 2) << r.out;
-      EXPECT_EQ(requests, int64_t{workers_seen} * 6 * 2 * n_moe) << r.out;
+      EXPECT_GE(requests, int64_t{6} * 2 * n_moe) << r.out;
+      EXPECT_LE(requests, int64_t{workers_seen} * 6 * 2 * n_moe) << r.out;
       // The hidden-trip report covers every trip of the timed runs and is a fraction.
       ASSERT_TRUE(std::regex_search(r.out, h, hidden)) << r.out;
       EXPECT_EQ(std::stoll(h[4]), int64_t{6} * 2 * n_moe);

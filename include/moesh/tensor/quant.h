@@ -11,7 +11,21 @@
 //    block, int32 lane l is the exact sum over the elements n with (n % 32) / 4 == l (for
 //    K-quants times each element's sub-block scale), and acc[l] = fmaf((float)lane[l], d, acc[l]):
 //      Q8_0/Q4_0/Q5_0/IQ4_NL x Q8_0 : d = dx*dy (per 32-element block)
-//      Q6_K x Q8_K                  : d = dx*dy8 (per super-block), value q-32, 16-element scales
+//      Q4_1/Q5_1 x Q8_1             : d = dx*dy, unsigned values; mins = fmaf(mx, sy, mins) per
+//                                     block in order; result reduce8(acc) + mins
+//      Q3_K x Q8_K                  : d = dx*dy8, 16-element scales (sc-32), values q-4..3
+//      IQ4_XS x Q8_K                : d = dx*dy8, 32-element scales (ls-32), values T[q]
+//      Q2_K x Q8_K                  : d = dx*dy8, 16-element scales; but first, per super-block,
+//                                     acc[l] = fmaf((float)mins[l], -(dy8*dminx), acc[l]) with
+//                                     mins[l] = m(2l)*bsums[2l] + m(2l+1)*bsums[2l+1]
+//      MXFP4 x Q8_0                 : d = dy*E(e), values F[q]; blocks in pairs, the even one into
+//                                     acc, the odd one into acc2 (ggml's x86 vec_dot); result
+//                                     reduce8(acc + acc2), then an odd last block b:
+//                                     fmaf(d_b, (float)isum_b, result)
+//      Q6_K x Q8_K                  : d = dx*dy8 (per super-block), 16-element scales, value the
+//                                     unsigned q (0..63); then lane[l] -= 32*(bsums[2l]*sc[2l] +
+//                                     bsums[2l+1]*sc[2l+1]) (the -32 offset from the activation's
+//                                     sums, as ggml's AVX2 kernel since llama.cpp PR 22345)
 //      Q4_K/Q5_K x Q8_K             : d = dx*dy8; plus mins, per super-block, as 4 int lanes
 //                                     mlane[i] = m(2i)*s(2i) + m(2i+1)*s(2i+1) with
 //                                     s(k) = bsums[2k]+bsums[2k+1] and dm = -(dminx*dy8):
@@ -22,13 +36,6 @@
 //  * Other block types: for each block b (32-element block for legacy types, 256-element
 //    super-block for K-quants) the integer part is an exact int32 sum; the float part is then
 //    accumulated into 8 lanes, lane = b % 8, with fused multiply-adds, in this order per type:
-//      MXFP4 x Q8_0                 : acc = fmaf((float)isum, dy*E(e), acc), isum = sum F[q]*q8
-//      Q4_1/Q5_1 x Q8_1             : acc = fmaf((float)isum, dx*dy, acc); acc = fmaf(mx, sy, acc)
-//      Q2_K x Q8_K                  : isum = sum_sub sc_sub * sum(q*q8); mins = sum_g bsums[g]*m(g)
-//                                     acc = fmaf((float)isum, dx*dy8, acc);
-//                                     acc = fmaf(-(float)mins, dminx*dy8, acc)
-//      Q3_K x Q8_K                  : isum = sum_sub sc_sub * sum(q*q8); acc = fmaf(isum, dx*dy8, acc)
-//      IQ4_XS x Q8_K                : isum = sum_ib (ls_ib-32) * sum(T[q]*q8); acc = fmaf(isum, dx*dy8, acc)
 //      Q8_K x Q8_K (and Q8_1 x Q8_1 : per-lane as Q8_0)
 //                                   : acc = fmaf((float)isum, dx*dy, acc)
 //    (products like dx*dy are single f32 multiplies of the f32-converted scales), then
