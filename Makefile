@@ -42,7 +42,7 @@ fuzz: deps
 
 # aarch64 (ARM boards, phones) cross build with Debian's g++-aarch64-linux-gnu and multiarch arm64
 # libraries (docs/arm.md): the moesh binary and the ops tests, which ctest runs under qemu-user.
-ARM_TARGETS ?= moesh test_fp16 test_quant test_kernels_simd test_kernels_golden test_ops test_determinism
+ARM_TARGETS ?= moesh test_fp16 test_quant test_kernels_simd test_kernels_golden test_ggml_vectors test_ops test_determinism
 
 deps-cross-aarch64:
 	@./scripts/install-cross-aarch64.sh
