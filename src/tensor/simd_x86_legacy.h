@@ -57,13 +57,14 @@ struct PolicyQ5_0 {
   using BW = BlockQ5_0;
   using BY = BlockQ8_0;
   static constexpr bool kHasMin = false;
-  __m256i isum(const BW& w, const BY& y) const {
+  __m256i prep(const BW& w) const {
     uint32_t qh;
     std::memcpy(&qh, w.qh, 4);
     const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles16(w.qs), hi), _mm256_set1_epi8(16));
-    return dot_s8s8(q, loadu256(y.qs));
+    return _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles16(w.qs), hi), _mm256_set1_epi8(16));
   }
+  __m256i dot(__m256i q, const BY& y) const { return dot_s8s8(q, loadu256(y.qs)); }
+  __m256i isum(const BW& w, const BY& y) const { return dot(prep(w), y); }
   static float scale(const BW& w, const BY& y) { return h2f(w.d) * h2f(y.d); }
 };
 
@@ -73,9 +74,9 @@ struct PolicyIQ4_NL {
   using BY = BlockQ8_0;
   static constexpr bool kHasMin = false;
   __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_iq4nl));
-  __m256i isum(const BW& w, const BY& y) const {
-    return dot_s8s8(_mm256_shuffle_epi8(table, unpack_nibbles16(w.qs)), loadu256(y.qs));
-  }
+  __m256i prep(const BW& w) const { return _mm256_shuffle_epi8(table, unpack_nibbles16(w.qs)); }
+  __m256i dot(__m256i q, const BY& y) const { return dot_s8s8(q, loadu256(y.qs)); }
+  __m256i isum(const BW& w, const BY& y) const { return dot(prep(w), y); }
   static float scale(const BW& w, const BY& y) { return h2f(w.d) * h2f(y.d); }
 };
 
@@ -84,9 +85,9 @@ struct PolicyMXFP4 {  // used by vec_dot_mxfp4 below (two accumulators), not dot
   using BY = BlockQ8_0;
   static constexpr bool kHasMin = false;
   __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_mxfp4));
-  __m256i isum(const BW& w, const BY& y) const {
-    return dot_s8s8(_mm256_shuffle_epi8(table, unpack_nibbles16(w.qs)), loadu256(y.qs));
-  }
+  __m256i prep(const BW& w) const { return _mm256_shuffle_epi8(table, unpack_nibbles16(w.qs)); }
+  __m256i dot(__m256i q, const BY& y) const { return dot_s8s8(q, loadu256(y.qs)); }
+  __m256i isum(const BW& w, const BY& y) const { return dot(prep(w), y); }
   static float scale(const BW& w, const BY& y) { return h2f(y.d) * e8m0_half(w.e); }
 };
 
@@ -94,7 +95,9 @@ struct PolicyQ4_1 {
   using BW = BlockQ4_1;
   using BY = BlockQ8_1;
   static constexpr bool kHasMin = true;
-  __m256i isum(const BW& w, const BY& y) const { return dot_u8s8(unpack_nibbles16(w.qs), loadu256(y.qs)); }
+  __m256i prep(const BW& w) const { return unpack_nibbles16(w.qs); }
+  __m256i dot(__m256i q, const BY& y) const { return dot_u8s8(q, loadu256(y.qs)); }
+  __m256i isum(const BW& w, const BY& y) const { return dot(prep(w), y); }
   static float scale(const BW& w, const BY& y) { return h2f(w.d) * h2f(y.d); }
   static float min(const BW& w) { return h2f(w.m); }
   static float ysum(const BY& y) { return h2f(y.s); }
@@ -104,12 +107,14 @@ struct PolicyQ5_1 {
   using BW = BlockQ5_1;
   using BY = BlockQ8_1;
   static constexpr bool kHasMin = true;
-  __m256i isum(const BW& w, const BY& y) const {
+  __m256i prep(const BW& w) const {
     uint32_t qh;
     std::memcpy(&qh, w.qh, 4);
     const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-    return dot_u8s8(_mm256_or_si256(unpack_nibbles16(w.qs), hi), loadu256(y.qs));
+    return _mm256_or_si256(unpack_nibbles16(w.qs), hi);
   }
+  __m256i dot(__m256i q, const BY& y) const { return dot_u8s8(q, loadu256(y.qs)); }
+  __m256i isum(const BW& w, const BY& y) const { return dot(prep(w), y); }
   static float scale(const BW& w, const BY& y) { return h2f(w.d) * h2f(y.d); }
   static float min(const BW& w) { return h2f(w.m); }
   static float ysum(const BY& y) { return h2f(y.s); }

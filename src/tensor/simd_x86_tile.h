@@ -15,27 +15,55 @@
 namespace moesh::simd {
 namespace {
 
-// ---- 32-element per-lane block types (Q8_0, Q4_0): one weight row x NC activation rows
-
+// ---- 32-element per-lane block types (Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1, MXFP4): one
+// weight row x NC activation rows
+//
 // Each weight block is unpacked once (prep) and dotted with NC activation blocks; NC float
 // accumulators stay in registers (a 4x4 grid of them would not fit AVX2's 16). Per output the
-// float steps are vec_dot's per-lane ones: acc = fma(cvt(isum), dw*dy, acc) block by block.
+// float steps are vec_dot's per-lane ones: acc = fma(cvt(isum), scale, acc) block by block, and
+// for Q4_1/Q5_1 the min terms in a float of their own.
 template <class P, int NC>
 inline void blocks32_row_tile(int64_t nb, const typename P::BW* w, const typename P::BY* const* y, float* out,
                               size_t ldo) {
-  static_assert(!P::kHasMin, "the row tile has no min term");
   const P p;
   __m256 acc[NC];
-  for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
+  float mins[NC];
+  for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps(), mins[j] = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i q = p.prep(w[b]);
-    const float dw = h2f(w[b].d);
     for (int j = 0; j < NC; ++j) {
       const typename P::BY& yb = y[j][b];
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q, yb)), _mm256_set1_ps(dw * h2f(yb.d)), acc[j]);
+      if constexpr (P::kHasMin) mins[j] = std::fmaf(P::min(w[b]), P::ysum(yb), mins[j]);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q, yb)), _mm256_set1_ps(P::scale(w[b], yb)), acc[j]);
     }
   }
-  for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
+  for (int j = 0; j < NC; ++j) {
+    out[static_cast<size_t>(j) * ldo] = P::kHasMin ? reduce8(acc[j]) + mins[j] : reduce8(acc[j]);
+  }
+}
+
+// MXFP4 as vec_dot_mxfp4 sums it: even and odd blocks in two accumulators per output, added
+// before reduce8, an odd last block fused after it.
+template <int NC>
+inline void mxfp4_row_tile(int64_t nb, const BlockMXFP4* w, const BlockQ8_0* const* y, float* out, size_t ldo) {
+  const PolicyMXFP4 p;
+  __m256 acc0[NC], acc1[NC];
+  for (int j = 0; j < NC; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {
+    const __m256i q0 = p.prep(w[b]), q1 = p.prep(w[b + 1]);
+    for (int j = 0; j < NC; ++j) {
+      const BlockQ8_0& y0 = y[j][b];
+      const BlockQ8_0& y1 = y[j][b + 1];
+      acc0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q0, y0)), _mm256_set1_ps(p.scale(w[b], y0)), acc0[j]);
+      acc1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q1, y1)), _mm256_set1_ps(p.scale(w[b + 1], y1)), acc1[j]);
+    }
+  }
+  for (int j = 0; j < NC; ++j) {
+    float sum = reduce8(_mm256_add_ps(acc0[j], acc1[j]));
+    if (b < nb) sum = std::fmaf(p.scale(w[b], y[j][b]), static_cast<float>(hsum_i32(p.isum(w[b], y[j][b]))), sum);
+    out[static_cast<size_t>(j) * ldo] = sum;
+  }
 }
 
 // The four 32-value chunks of half h of a Q6_K super-block as unsigned 6-bit bytes (0..63).
@@ -363,6 +391,101 @@ inline void run_q8_0_tile_vnni(int cn, int64_t nb, const BlockQ8_0* const* w, co
   }
 }
 
+// Tokens c0..c0+cn of a tile call into the block-major layout above (8 token slots per block):
+// their quants, the starting lanes -128 * sum4(y), and their scales as floats.
+inline void pack_q8_0_tokens(const void* vx, size_t x_stride, int c0, int cn, int64_t nb, Q8_0Packed* packed,
+                             float* dy) {
+  const __m256i c128 = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int j = 0; j < cn; ++j) {
+    const auto* yj = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(vx) + (c0 + j) * x_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      Q8_0Packed& p = packed[static_cast<size_t>(b * 8 + j)];
+      const __m256i q = loadu256(yj[b].qs);
+      const __m256i t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, q);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(p.qs), q);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(p.neg_sums), _mm256_sub_epi32(_mm256_setzero_si256(), t));
+      dy[b * 8 + j] = h2f(yj[b].d);
+    }
+  }
+}
+
+// ---- MXFP4 with VNNI: the codebook values + 128 as dpbusd's unsigned operand (one pshufb from a
+// shifted table) against the packed Q8_0 tokens above, so each lane starts at -128 * sum4(y) as
+// for Q8_0 and ends at vec_dot_mxfp4's integer lane. The float steps are vec_dot_mxfp4's: even and
+// odd blocks in two accumulators per output, added before reduce8, a lone last block fused after
+// it; the scales dy * E(e) are one vector multiply for 8 tokens.
+template <int NC>
+inline void mxfp4_row_tile_vnni(int64_t nb, const BlockMXFP4* w, const Q8_0Packed* y, const float* dy, float* out,
+                                size_t ldo) {
+  const __m256i table = _mm256_broadcastsi128_si256(
+      _mm_xor_si128(loadu128(k_values_mxfp4), _mm_set1_epi8(static_cast<char>(0x80))));  // value + 128
+  __m256 acc0[NC], acc1[NC];
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
+  alignas(32) float s[2][8];
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {
+    const __m256i w0 = _mm256_shuffle_epi8(table, unpack_nibbles16(w[b].qs));
+    const __m256i w1 = _mm256_shuffle_epi8(table, unpack_nibbles16(w[b + 1].qs));
+    _mm256_store_ps(s[0], _mm256_mul_ps(_mm256_load_ps(dy + b * 8), _mm256_set1_ps(e8m0_half(w[b].e))));
+    _mm256_store_ps(s[1], _mm256_mul_ps(_mm256_load_ps(dy + b * 8 + 8), _mm256_set1_ps(e8m0_half(w[b + 1].e))));
+    const Q8_0Packed* y0 = y + b * 8;
+    const Q8_0Packed* y1 = y0 + 8;
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) {
+      const __m256i i0 = _mm256_dpbusd_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(y0[j].neg_sums)), w0,
+                                             _mm256_load_si256(reinterpret_cast<const __m256i*>(y0[j].qs)));
+      const __m256i i1 = _mm256_dpbusd_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(y1[j].neg_sums)), w1,
+                                             _mm256_load_si256(reinterpret_cast<const __m256i*>(y1[j].qs)));
+      acc0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_broadcast_ss(&s[0][j]), acc0[j]);
+      acc1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_broadcast_ss(&s[1][j]), acc1[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) {
+    float sum = reduce8(_mm256_add_ps(acc0[j], acc1[j]));
+    if (b < nb) {
+      const Q8_0Packed& yl = y[b * 8 + j];
+      const __m256i wl = _mm256_shuffle_epi8(table, unpack_nibbles16(w[b].qs));
+      const __m256i il = _mm256_dpbusd_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(yl.neg_sums)), wl,
+                                             _mm256_load_si256(reinterpret_cast<const __m256i*>(yl.qs)));
+      sum = std::fmaf(dy[b * 8 + j] * e8m0_half(w[b].e), static_cast<float>(hsum_i32(il)), sum);
+    }
+    out[static_cast<size_t>(j) * ldo] = sum;
+  }
+}
+
+template <int Max>
+inline void run_mxfp4_tile_vnni(int cn, int64_t nb, const BlockMXFP4* w, const Q8_0Packed* y, const float* dy, float* o,
+                                size_t ldo) {
+  if constexpr (Max == 1) {
+    mxfp4_row_tile_vnni<1>(nb, w, y, dy, o, ldo);
+  } else if (cn == Max) {
+    mxfp4_row_tile_vnni<Max>(nb, w, y, dy, o, ldo);
+  } else {
+    run_mxfp4_tile_vnni<Max - 1>(cn, nb, w, y, dy, o, ldo);
+  }
+}
+
+void tile_mxfp4_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
+                     float* out, size_t ldo) {
+  constexpr int kNC = 8;
+  const int64_t nb = n / kQK;
+  thread_local std::vector<Q8_0Packed> packed;  // [block][8 tokens]
+  thread_local std::vector<float> dy;           // [block][8 tokens], 32-aligned below
+  packed.resize(static_cast<size_t>(kNC * nb));
+  dy.resize(static_cast<size_t>(kNC * nb) + 8);
+  float* dya = dy.data() + ((32 - reinterpret_cast<uintptr_t>(dy.data()) % 32) % 32) / sizeof(float);
+  for (int c0 = 0; c0 < nc; c0 += kNC) {
+    const int cn = std::min(kNC, nc - c0);
+    pack_q8_0_tokens(vx, x_stride, c0, cn, nb, packed.data(), dya);
+    for (int r = 0; r < nr; ++r) {
+      const auto* w = reinterpret_cast<const BlockMXFP4*>(static_cast<const uint8_t*>(vw) + r * w_stride);
+      run_mxfp4_tile_vnni<kNC>(cn, nb, w, packed.data(), dya, out + static_cast<size_t>(c0) * ldo + r, ldo);
+    }
+  }
+}
+
 void tile_q8_0_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const void* vx, size_t x_stride, int nc,
                     float* out, size_t ldo) {
   constexpr int kNC = 8;
@@ -372,20 +495,9 @@ void tile_q8_0_vnni(int64_t n, const void* vw, size_t w_stride, int nr, const vo
   packed.resize(static_cast<size_t>(kNC * nb));
   dy.resize(static_cast<size_t>(kNC * nb) + 8);
   float* dya = dy.data() + ((32 - reinterpret_cast<uintptr_t>(dy.data()) % 32) % 32) / sizeof(float);  // 32-aligned
-  const __m256i c128 = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int c0 = 0; c0 < nc; c0 += kNC) {
     const int cn = std::min(kNC, nc - c0);
-    for (int j = 0; j < cn; ++j) {
-      const auto* yj = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(vx) + (c0 + j) * x_stride);
-      for (int64_t b = 0; b < nb; ++b) {
-        Q8_0Packed& p = packed[static_cast<size_t>(b * kNC + j)];
-        const __m256i q = loadu256(yj[b].qs);
-        const __m256i t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, q);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(p.qs), q);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(p.neg_sums), _mm256_sub_epi32(_mm256_setzero_si256(), t));
-        dya[b * kNC + j] = h2f(yj[b].d);
-      }
-    }
+    pack_q8_0_tokens(vx, x_stride, c0, cn, nb, packed.data(), dya);
     for (int r = 0; r < nr; r += 3) {
       const BlockQ8_0* w[3];
       const int rn = std::min(3, nr - r);
@@ -848,16 +960,20 @@ void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* v
   }
 }
 
-template <int NC>
-struct Q8_0RowTile {
-  static void run(int64_t nb, const BlockQ8_0* w, const BlockQ8_0* const* y, float* o, size_t ldo) {
-    blocks32_row_tile<PolicyQ8_0, NC>(nb, w, y, o, ldo);
-  }
+// RowTile<NC> for a 32-element policy: Blocks32RowTile<P>::Of.
+template <class P>
+struct Blocks32RowTile {
+  template <int NC>
+  struct Of {
+    static void run(int64_t nb, const typename P::BW* w, const typename P::BY* const* y, float* o, size_t ldo) {
+      blocks32_row_tile<P, NC>(nb, w, y, o, ldo);
+    }
+  };
 };
 template <int NC>
-struct Q4_0RowTile {
-  static void run(int64_t nb, const BlockQ4_0* w, const BlockQ8_0* const* y, float* o, size_t ldo) {
-    blocks32_row_tile<PolicyQ4_0, NC>(nb, w, y, o, ldo);
+struct MXFP4RowTile {
+  static void run(int64_t nb, const BlockMXFP4* w, const BlockQ8_0* const* y, float* o, size_t ldo) {
+    mxfp4_row_tile<NC>(nb, w, y, o, ldo);
   }
 };
 template <int NC>
@@ -891,9 +1007,30 @@ inline void fill_tiles(KernelTable* t) {
 #if defined(__AVX512VNNI__)
   t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_q8_0_vnni;
 #else
-  t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile = tile_rows<BlockQ8_0, BlockQ8_0, kQK, Q8_0RowTile>;
+  t->type[static_cast<int>(GgmlType::Q8_0)].vec_dot_tile =
+      tile_rows<BlockQ8_0, BlockQ8_0, kQK, Blocks32RowTile<PolicyQ8_0>::Of>;
 #endif
-  t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile = tile_rows<BlockQ4_0, BlockQ8_0, kQK, Q4_0RowTile>;
+  t->type[static_cast<int>(GgmlType::Q4_0)].vec_dot_tile =
+      tile_rows<BlockQ4_0, BlockQ8_0, kQK, Blocks32RowTile<PolicyQ4_0>::Of>;
+  // AVX-512 builds have 32 vector registers: twice the activation rows per weight row.
+#if defined(__AVX512F__)
+  constexpr int kNC32 = 8;
+#else
+  constexpr int kNC32 = 4;
+#endif
+  t->type[static_cast<int>(GgmlType::Q5_0)].vec_dot_tile =
+      tile_rows<BlockQ5_0, BlockQ8_0, kQK, Blocks32RowTile<PolicyQ5_0>::Of, kNC32>;
+  t->type[static_cast<int>(GgmlType::IQ4_NL)].vec_dot_tile =
+      tile_rows<BlockIQ4_NL, BlockQ8_0, kQK, Blocks32RowTile<PolicyIQ4_NL>::Of, kNC32>;
+  t->type[static_cast<int>(GgmlType::Q4_1)].vec_dot_tile =
+      tile_rows<BlockQ4_1, BlockQ8_1, kQK, Blocks32RowTile<PolicyQ4_1>::Of, kNC32>;
+  t->type[static_cast<int>(GgmlType::Q5_1)].vec_dot_tile =
+      tile_rows<BlockQ5_1, BlockQ8_1, kQK, Blocks32RowTile<PolicyQ5_1>::Of, kNC32>;
+#if defined(__AVX512VNNI__)
+  t->type[static_cast<int>(GgmlType::MXFP4)].vec_dot_tile = tile_mxfp4_vnni;
+#else
+  t->type[static_cast<int>(GgmlType::MXFP4)].vec_dot_tile = tile_rows<BlockMXFP4, BlockQ8_0, kQK, MXFP4RowTile, kNC32>;
+#endif
 #if defined(__AVX512BW__)
   t->type[static_cast<int>(GgmlType::Q4_K)].vec_dot_tile = tile_rows<BlockQ4_K, BlockQ8_K, kQKK, Q4KRowTile512, 8>;
   t->type[static_cast<int>(GgmlType::Q6_K)].vec_dot_tile = tile_rows<BlockQ6_K, BlockQ8_K, kQKK, Q6KRowTile512, 8>;
