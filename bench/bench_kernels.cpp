@@ -295,8 +295,8 @@ std::string git_commit() {
 }
 
 void register_all() {
-  const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q5_K,  GgmlType::Q6_K,
-                            GgmlType::Q8_0, GgmlType::MXFP4, GgmlType::F16};
+  const GgmlType types[] = {GgmlType::Q4_K,   GgmlType::Q5_K, GgmlType::Q6_K,  GgmlType::Q2_K, GgmlType::Q3_K,
+                            GgmlType::IQ4_XS, GgmlType::Q8_0, GgmlType::MXFP4, GgmlType::F16};
   const int64_t embds[] = {2048, 4096, 7168};
   const int64_t ffns[] = {768, 1536, 2048};
   const int64_t batches[] = {1, 8, 64};

@@ -171,11 +171,33 @@ inline __m256i offset_u8s8(__m256i q, __m256i off, __m256i yv, __m256i scale16) 
   return _mm256_madd_epi16(p, scale16);
 }
 
+// The Q2_K / Q3_K / IQ4_XS super-block as 8 chunks of 32 values (chunk k = elements 32k..32k+31,
+// bytes for chunk_dot) and each chunk's int16 scales (first 16 values | last 16); the 8 int32
+// lanes are sum_k madd(chunk_dot(q[k], y chunk k), s[k]). The row tiles unpack a block once for
+// many tokens.
+struct KChunks {
+  __m256i q[8];
+  __m256i s[8];
+};
+template <class P>
+inline __m256i kchunks_isum(const KChunks& c, const BlockQ8_K& y) {
+  __m256i acc = _mm256_setzero_si256();
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(P::chunk_dot(c.q[k], loadu256(y.qs + 32 * k)), c.s[k]));
+  }
+  return acc;
+}
+
 struct PolicyQ3_K {
   using BW = BlockQ3_K;
   static constexpr bool kPerLane = true;
   static constexpr int kMinMode = 0;
-  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+  // v = q2 + 4*hbit in 0..7 (unsigned); the value is v - 4: (v - 4).y = v.y - 4.y, both exact.
+  static __m256i chunk_dot(__m256i v, __m256i yv) {
+    return _mm256_sub_epi16(_mm256_maddubs_epi16(v, yv), _mm256_maddubs_epi16(_mm256_set1_epi8(4), yv));
+  }
+  static void chunks(const BW& w, KChunks* c) {
     // Sixteen 6-bit scale codes (docs/background/quant-formats.md §3), four per u32.
     uint32_t w0, w1, w2;
     std::memcpy(&w0, w.scales, 4);
@@ -189,23 +211,23 @@ struct PolicyQ3_K {
     uint8_t S[16];
     std::memcpy(S, sv, 16);
     const __m256i m3 = _mm256_set1_epi8(3);
-    const __m256i off = _mm256_set1_epi8(4);
     const __m256i hm = loadu256(w.hmask);
-    __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i qs = loadu256(w.qs + 32 * h);
       for (int j = 0; j < 4; ++j) {
         const int bit = 4 * h + j;
-        // v = q2 + 4*hbit in 0..7; the value is v - 4.
         const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m3);
         const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, bit), _mm256_set1_epi8(1));
-        const __m256i v = _mm256_or_si256(q2, _mm256_slli_epi16(hb, 2));
         const int s = 8 * h + 2 * j;
-        acc = _mm256_add_epi32(
-            acc, offset_u8s8(v, off, loadu256(y.qs + 128 * h + 32 * j), scale_pair16(S[s] - 32, S[s + 1] - 32)));
+        c->q[4 * h + j] = _mm256_or_si256(q2, _mm256_slli_epi16(hb, 2));
+        c->s[4 * h + j] = scale_pair16(S[s] - 32, S[s + 1] - 32);
       }
     }
-    return acc;
+  }
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    KChunks c;
+    chunks(w, &c);
+    return kchunks_isum<PolicyQ3_K>(c, y);
   }
   static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
 };
@@ -214,19 +236,22 @@ struct PolicyQ2_K {
   using BW = BlockQ2_K;
   static constexpr bool kPerLane = true;
   static constexpr int kMinMode = 3;
-  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+  static __m256i chunk_dot(__m256i q, __m256i yv) { return _mm256_maddubs_epi16(q, yv); }  // q in 0..3
+  static void chunks(const BW& w, KChunks* c) {
     const __m256i m3 = _mm256_set1_epi8(3);
-    __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i qs = loadu256(w.qs + 32 * h);
       for (int j = 0; j < 4; ++j) {
         const int s = 8 * h + 2 * j;
-        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m3);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, loadu256(y.qs + 128 * h + 32 * j)),
-                                                      scale_pair16(w.scales[s] & 15, w.scales[s + 1] & 15)));
+        c->q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m3);
+        c->s[4 * h + j] = scale_pair16(w.scales[s] & 15, w.scales[s + 1] & 15);
       }
     }
-    return acc;
+  }
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    KChunks c;
+    chunks(w, &c);
+    return kchunks_isum<PolicyQ2_K>(c, y);
   }
   // Lane l: m[2l] * bsums[2l] + m[2l+1] * bsums[2l+1] (the 4-bit mins, |.| <= 2 * 15 * 2032).
   static __m256i mins8(const BW& w, const BlockQ8_K& y) {
@@ -241,17 +266,22 @@ struct PolicyIQ4_XS {
   using BW = BlockIQ4_XS;
   static constexpr bool kPerLane = true;
   static constexpr int kMinMode = 0;
-  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+  // Signed codebook values: |q| x sign(y, q), exact in int16.
+  static __m256i chunk_dot(__m256i q, __m256i yv) {
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+  }
+  static void chunks(const BW& w, KChunks* c) {
     const __m256i table = _mm256_broadcastsi128_si256(loadu128(k_values_iq4nl));
-    __m256i acc = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
       const int ls = ((w.scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | (((w.scales_h >> (2 * ib)) & 3) << 4);
-      const __m256i q = _mm256_shuffle_epi8(table, unpack_nibbles16(w.qs + 16 * ib));
-      const __m256i yv = loadu256(y.qs + 32 * ib);
-      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(static_cast<int16_t>(ls - 32))));
+      c->q[ib] = _mm256_shuffle_epi8(table, unpack_nibbles16(w.qs + 16 * ib));
+      c->s[ib] = _mm256_set1_epi16(static_cast<int16_t>(ls - 32));
     }
-    return acc;
+  }
+  static __m256i isum(const BW& w, const BlockQ8_K& y) {
+    KChunks c;
+    chunks(w, &c);
+    return kchunks_isum<PolicyIQ4_XS>(c, y);
   }
   static float scale(const BW& w, const BlockQ8_K& y) { return h2f(w.d) * y.d; }
 };

@@ -960,6 +960,37 @@ void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* v
   }
 }
 
+// ---- Q2_K / Q3_K / IQ4_XS: one weight row x NC tokens. The super-block is unpacked once
+// (KChunks: 8 chunks and their scales) for all NC tokens; per token the same int32 lanes as
+// vec_dot (kchunks_isum) and vec_dot's float steps (Q2_K: its min lanes first).
+template <class P, int NC>
+inline void kchunks_row_tile(int64_t nb, const typename P::BW* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
+  __m256 acc[NC];
+  for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    KChunks c;
+    P::chunks(w[b], &c);
+    for (int j = 0; j < NC; ++j) {
+      const BlockQ8_K& yb = y[j][b];
+      if constexpr (P::kMinMode == 3) {
+        acc[j] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(P::mins8(w[b], yb)), _mm256_set1_ps(-P::min_scale(w[b], yb)), acc[j]);
+      }
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kchunks_isum<P>(c, yb)), _mm256_set1_ps(P::scale(w[b], yb)), acc[j]);
+    }
+  }
+  for (int j = 0; j < NC; ++j) out[static_cast<size_t>(j) * ldo] = reduce8(acc[j]);
+}
+template <class P>
+struct KChunksRowTile {
+  template <int NC>
+  struct Of {
+    static void run(int64_t nb, const typename P::BW* w, const BlockQ8_K* const* y, float* o, size_t ldo) {
+      kchunks_row_tile<P, NC>(nb, w, y, o, ldo);
+    }
+  };
+};
+
 // RowTile<NC> for a 32-element policy: Blocks32RowTile<P>::Of.
 template <class P>
 struct Blocks32RowTile {
@@ -1026,6 +1057,12 @@ inline void fill_tiles(KernelTable* t) {
       tile_rows<BlockQ4_1, BlockQ8_1, kQK, Blocks32RowTile<PolicyQ4_1>::Of, kNC32>;
   t->type[static_cast<int>(GgmlType::Q5_1)].vec_dot_tile =
       tile_rows<BlockQ5_1, BlockQ8_1, kQK, Blocks32RowTile<PolicyQ5_1>::Of, kNC32>;
+  t->type[static_cast<int>(GgmlType::Q2_K)].vec_dot_tile =
+      tile_rows<BlockQ2_K, BlockQ8_K, kQKK, KChunksRowTile<PolicyQ2_K>::Of, kNC32>;
+  t->type[static_cast<int>(GgmlType::Q3_K)].vec_dot_tile =
+      tile_rows<BlockQ3_K, BlockQ8_K, kQKK, KChunksRowTile<PolicyQ3_K>::Of, kNC32>;
+  t->type[static_cast<int>(GgmlType::IQ4_XS)].vec_dot_tile =
+      tile_rows<BlockIQ4_XS, BlockQ8_K, kQKK, KChunksRowTile<PolicyIQ4_XS>::Of, kNC32>;
 #if defined(__AVX512VNNI__)
   t->type[static_cast<int>(GgmlType::MXFP4)].vec_dot_tile = tile_mxfp4_vnni;
 #else
