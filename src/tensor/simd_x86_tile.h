@@ -28,9 +28,11 @@ inline void blocks32_row_tile(int64_t nb, const typename P::BW* w, const typenam
   const P p;
   __m256 acc[NC];
   float mins[NC];
+#pragma GCC unroll 8
   for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps(), mins[j] = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i q = p.prep(w[b]);
+#pragma GCC unroll 8
     for (int j = 0; j < NC; ++j) {
       const typename P::BY& yb = y[j][b];
       if constexpr (P::kHasMin) mins[j] = std::fmaf(P::min(w[b]), P::ysum(yb), mins[j]);
@@ -48,10 +50,12 @@ template <int NC>
 inline void mxfp4_row_tile(int64_t nb, const BlockMXFP4* w, const BlockQ8_0* const* y, float* out, size_t ldo) {
   const PolicyMXFP4 p;
   __m256 acc0[NC], acc1[NC];
+#pragma GCC unroll 8
   for (int j = 0; j < NC; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 1 < nb; b += 2) {
     const __m256i q0 = p.prep(w[b]), q1 = p.prep(w[b + 1]);
+#pragma GCC unroll 8
     for (int j = 0; j < NC; ++j) {
       const BlockQ8_0& y0 = y[j][b];
       const BlockQ8_0& y1 = y[j][b + 1];
@@ -966,10 +970,12 @@ void tile_rows(int64_t n, const void* vw, size_t w_stride, int nr, const void* v
 template <class P, int NC>
 inline void kchunks_row_tile(int64_t nb, const typename P::BW* w, const BlockQ8_K* const* y, float* out, size_t ldo) {
   __m256 acc[NC];
+#pragma GCC unroll 8
   for (int j = 0; j < NC; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     KChunks c;
     P::chunks(w[b], &c);
+#pragma GCC unroll 8
     for (int j = 0; j < NC; ++j) {
       const BlockQ8_K& yb = y[j][b];
       if constexpr (P::kMinMode == 3) {
@@ -1057,6 +1063,9 @@ inline void fill_tiles(KernelTable* t) {
       tile_rows<BlockQ4_1, BlockQ8_1, kQK, Blocks32RowTile<PolicyQ4_1>::Of, kNC32>;
   t->type[static_cast<int>(GgmlType::Q5_1)].vec_dot_tile =
       tile_rows<BlockQ5_1, BlockQ8_1, kQK, Blocks32RowTile<PolicyQ5_1>::Of, kNC32>;
+  t->type[static_cast<int>(GgmlType::F32)].vec_dot_tile = tile_lanes<Row8F32, float>;
+  t->type[static_cast<int>(GgmlType::F16)].vec_dot_tile = tile_lanes<Row8F16, uint16_t>;
+  t->type[static_cast<int>(GgmlType::BF16)].vec_dot_tile = tile_lanes<Row8BF16, uint16_t>;
   t->type[static_cast<int>(GgmlType::Q2_K)].vec_dot_tile =
       tile_rows<BlockQ2_K, BlockQ8_K, kQKK, KChunksRowTile<PolicyQ2_K>::Of, kNC32>;
   t->type[static_cast<int>(GgmlType::Q3_K)].vec_dot_tile =
