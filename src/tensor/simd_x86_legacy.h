@@ -80,7 +80,7 @@ struct PolicyIQ4_NL {
   static float scale(const BW& w, const BY& y) { return h2f(w.d) * h2f(y.d); }
 };
 
-struct PolicyMXFP4 {  // used by vec_dot_mxfp4 below (two accumulators), not dot_blocks32
+struct PolicyMXFP4 {  // used by mxfp4_row_tile below (two accumulators), not dot_blocks32
   using BW = BlockMXFP4;
   using BY = BlockQ8_0;
   static constexpr bool kHasMin = false;
@@ -132,23 +132,37 @@ float vec_dot_q5_0(int64_t n, const void* w, const void* y) {
 float vec_dot_iq4_nl(int64_t n, const void* w, const void* y) {
   return dot_blocks32<PolicyIQ4_NL>(n, w, y);
 }
-// MXFP4 in ggml's x86 order (quant.h): per-lane blocks in pairs, two accumulators added before
-// reduce8, an odd last block fused after it.
-float vec_dot_mxfp4(int64_t n, const void* vw, const void* vy) {
-  const auto* w = static_cast<const BlockMXFP4*>(vw);
-  const auto* y = static_cast<const BlockQ8_0*>(vy);
-  const int64_t nb = n / kQK;
+// MXFP4 in ggml's x86 order (quant.h), one weight row x NC tokens (vec_dot is NC = 1): even and
+// odd blocks in two accumulators per output, added before reduce8, an odd last block fused after it.
+template <int NC>
+inline void mxfp4_row_tile(int64_t nb, const BlockMXFP4* w, const BlockQ8_0* const* y, float* out, size_t ldo) {
   const PolicyMXFP4 p;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc0[NC], acc1[NC];
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 1 < nb; b += 2) {
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.isum(w[b], y[b])), _mm256_set1_ps(p.scale(w[b], y[b])), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.isum(w[b + 1], y[b + 1])), _mm256_set1_ps(p.scale(w[b + 1], y[b + 1])),
-                           acc1);
+    const __m256i q0 = p.prep(w[b]), q1 = p.prep(w[b + 1]);
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) {
+      const BlockQ8_0& y0 = y[j][b];
+      const BlockQ8_0& y1 = y[j][b + 1];
+      acc0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q0, y0)), _mm256_set1_ps(p.scale(w[b], y0)), acc0[j]);
+      acc1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q1, y1)), _mm256_set1_ps(p.scale(w[b + 1], y1)), acc1[j]);
+    }
   }
-  float sum = reduce8(_mm256_add_ps(acc0, acc1));
-  if (b < nb) sum = std::fmaf(p.scale(w[b], y[b]), static_cast<float>(hsum_i32(p.isum(w[b], y[b]))), sum);
-  return sum;
+  for (int j = 0; j < NC; ++j) {
+    float sum = reduce8(_mm256_add_ps(acc0[j], acc1[j]));
+    if (b < nb) sum = std::fmaf(p.scale(w[b], y[j][b]), static_cast<float>(hsum_i32(p.isum(w[b], y[j][b]))), sum);
+    out[static_cast<size_t>(j) * ldo] = sum;
+  }
+}
+
+float vec_dot_mxfp4(int64_t n, const void* vw, const void* vy) {
+  const auto* y = static_cast<const BlockQ8_0*>(vy);
+  float out;
+  mxfp4_row_tile<1>(n / kQK, static_cast<const BlockMXFP4*>(vw), &y, &out, 0);
+  return out;
 }
 float vec_dot_q4_1(int64_t n, const void* w, const void* y) {
   return dot_blocks32<PolicyQ4_1>(n, w, y);

@@ -44,32 +44,6 @@ inline void blocks32_row_tile(int64_t nb, const typename P::BW* w, const typenam
   }
 }
 
-// MXFP4 as vec_dot_mxfp4 sums it: even and odd blocks in two accumulators per output, added
-// before reduce8, an odd last block fused after it.
-template <int NC>
-inline void mxfp4_row_tile(int64_t nb, const BlockMXFP4* w, const BlockQ8_0* const* y, float* out, size_t ldo) {
-  const PolicyMXFP4 p;
-  __m256 acc0[NC], acc1[NC];
-#pragma GCC unroll 8
-  for (int j = 0; j < NC; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) {
-    const __m256i q0 = p.prep(w[b]), q1 = p.prep(w[b + 1]);
-#pragma GCC unroll 8
-    for (int j = 0; j < NC; ++j) {
-      const BlockQ8_0& y0 = y[j][b];
-      const BlockQ8_0& y1 = y[j][b + 1];
-      acc0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q0, y0)), _mm256_set1_ps(p.scale(w[b], y0)), acc0[j]);
-      acc1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p.dot(q1, y1)), _mm256_set1_ps(p.scale(w[b + 1], y1)), acc1[j]);
-    }
-  }
-  for (int j = 0; j < NC; ++j) {
-    float sum = reduce8(_mm256_add_ps(acc0[j], acc1[j]));
-    if (b < nb) sum = std::fmaf(p.scale(w[b], y[j][b]), static_cast<float>(hsum_i32(p.isum(w[b], y[j][b]))), sum);
-    out[static_cast<size_t>(j) * ldo] = sum;
-  }
-}
-
 // The four 32-value chunks of half h of a Q6_K super-block as unsigned 6-bit bytes (0..63).
 inline void q6k_unpack_half(const BlockQ6_K& x, int h, __m256i q[4]) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
