@@ -29,85 +29,15 @@ inline float reduce32_512(__m512 a0, __m512 a1) {
   return reduce8(_mm256_add_ps(lo, hi));  // h = 8, then 4, 2, 1
 }
 
-// Element i -> lane i % 32; full 32-element steps in two zmm, then the tail in scalar into its
-// lane (the tail starts at a multiple of 32, so element i's lane is i - start).
-template <class Widen>
-float dot_lanes_512(int64_t n, const Widen& widen) {
-  __m512 acc0 = _mm512_setzero_ps();
-  __m512 acc1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m512 w0, x0, w1, x1;
-    widen(i, &w0, &x0);
-    widen(i + 16, &w1, &x1);
-    acc0 = _mm512_fmadd_ps(w0, x0, acc0);
-    acc1 = _mm512_fmadd_ps(w1, x1, acc1);
-  }
-  if (i < n) {
-    alignas(64) float a[32];
-    _mm512_store_ps(a, acc0);
-    _mm512_store_ps(a + 16, acc1);
-    alignas(64) float wt[32], xt[32];
-    const int rem = static_cast<int>(n - i);
-    widen.tail(i, rem, wt, xt);
-    for (int l = 0; l < rem; ++l) a[l] = std::fmaf(wt[l], xt[l], a[l]);
-    acc0 = _mm512_load_ps(a);
-    acc1 = _mm512_load_ps(a + 16);
-  }
-  return reduce32_512(acc0, acc1);
-}
-
-struct Widen512F32 {
-  const float* w;
-  const float* x;
-  void operator()(int64_t i, __m512* vw, __m512* vx) const {
-    *vw = _mm512_loadu_ps(w + i);
-    *vx = _mm512_loadu_ps(x + i);
-  }
-  void tail(int64_t i, int rem, float* wt, float* xt) const { simd::LoadF32{w, x}.tail(i, rem, wt, xt); }
-};
-
-struct Widen512F16 {
-  const uint16_t* w;
-  const uint16_t* x;
-  void operator()(int64_t i, __m512* vw, __m512* vx) const {
-    *vw = _mm512_cvtph_ps(simd::loadu256(w + i));
-    *vx = _mm512_cvtph_ps(simd::loadu256(x + i));
-  }
-  void tail(int64_t i, int rem, float* wt, float* xt) const { simd::LoadF16{w, x}.tail(i, rem, wt, xt); }
-};
-
-struct Widen512BF16 {
-  const uint16_t* w;
-  const uint16_t* x;
-  static __m512 widen(const uint16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(simd::loadu256(p)), 16));
-  }
-  void operator()(int64_t i, __m512* vw, __m512* vx) const {
-    *vw = widen(w + i);
-    *vx = widen(x + i);
-  }
-  void tail(int64_t i, int rem, float* wt, float* xt) const { simd::LoadBF16{w, x}.tail(i, rem, wt, xt); }
-};
-
-float vec_dot_f32_512(int64_t n, const void* w, const void* x) {
-  return dot_lanes_512(n, Widen512F32{static_cast<const float*>(w), static_cast<const float*>(x)});
-}
-float vec_dot_f16_512(int64_t n, const void* w, const void* x) {
-  return dot_lanes_512(n, Widen512F16{static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(x)});
-}
-float vec_dot_bf16_512(int64_t n, const void* w, const void* x) {
-  return dot_lanes_512(n, Widen512BF16{static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(x)});
-}
-
-// ---- F32 / F16 / BF16 tiles: one weight row x NC tokens
+// ---- F32 / F16 / BF16: one weight row x NC tokens (vec_dot is NC = 1)
 //
-// vec_dot widens both sides per call; here each 32-element chunk of a weight row is widened once
-// for NC tokens (the tokens' own chunks are widened as they are read: F16/BF16 -> f32 is exact).
-// The lanes, the tail and reduce32 are dot_lanes_512's, so every output has vec_dot's bits.
+// Element i -> lane i % 32: full 32-element steps in two zmm, the tail in scalar into its lane
+// (the tail starts at a multiple of 32), then the canonical reduce32. Each 32-element chunk of a
+// weight row is widened once for the NC tokens (theirs as they are read: F16/BF16 -> f32 is exact).
 template <class Widen, int NC>
 void lanes_row_tile_512(int64_t n, const Widen& ww, const Widen* xs, float* out, size_t ldo) {
   __m512 a0[NC], a1[NC];
+#pragma GCC unroll 8
   for (int j = 0; j < NC; ++j) a0[j] = _mm512_setzero_ps(), a1[j] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -152,7 +82,9 @@ struct WidenRowF16 {
 };
 struct WidenRowBF16 {
   const uint16_t* p;
-  __m512 operator()(int64_t i) const { return Widen512BF16::widen(p + i); }
+  __m512 operator()(int64_t i) const {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(simd::loadu256(p + i)), 16));
+  }
   void tail(int64_t i, int rem, float* t) const {
     for (int l = 0; l < rem; ++l) t[l] = bf16_to_fp32(p[i + l]);
   }
@@ -167,6 +99,14 @@ void run_lanes_tile_512(int cn, int64_t n, const Widen& ww, const Widen* xs, flo
   } else {
     run_lanes_tile_512<Widen, Max - 1>(cn, n, ww, xs, o, ldo);
   }
+}
+
+template <class Widen, class E>
+float dot_lanes_512(int64_t n, const void* w, const void* x) {
+  const Widen xr{static_cast<const E*>(x)};
+  float out;
+  lanes_row_tile_512<Widen, 1>(n, Widen{static_cast<const E*>(w)}, &xr, &out, 0);
+  return out;
 }
 
 // W and the activations are both E (F32, F16 or BF16: the type's own vec_dot_type).
@@ -191,9 +131,9 @@ void tile_lanes_512(int64_t n, const void* vw, size_t w_stride, int nr, const vo
 
 void fill_kernels_avx512(KernelTable* t) {
   simd::fill_x86_common(t);
-  t->type[static_cast<int>(GgmlType::F32)].vec_dot = vec_dot_f32_512;
-  t->type[static_cast<int>(GgmlType::F16)].vec_dot = vec_dot_f16_512;
-  t->type[static_cast<int>(GgmlType::BF16)].vec_dot = vec_dot_bf16_512;
+  t->type[static_cast<int>(GgmlType::F32)].vec_dot = dot_lanes_512<WidenRowF32, float>;
+  t->type[static_cast<int>(GgmlType::F16)].vec_dot = dot_lanes_512<WidenRowF16, uint16_t>;
+  t->type[static_cast<int>(GgmlType::BF16)].vec_dot = dot_lanes_512<WidenRowBF16, uint16_t>;
   t->type[static_cast<int>(GgmlType::F32)].vec_dot_tile = tile_lanes_512<WidenRowF32, float>;
   t->type[static_cast<int>(GgmlType::F16)].vec_dot_tile = tile_lanes_512<WidenRowF16, uint16_t>;
   t->type[static_cast<int>(GgmlType::BF16)].vec_dot_tile = tile_lanes_512<WidenRowBF16, uint16_t>;

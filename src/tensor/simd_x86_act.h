@@ -161,84 +161,14 @@ void to_float_q8_0(const void* vx, float* y, int64_t n) {
 // 32 lanes (element i -> lane i % 32) held as four __m256; tail elements go to their lane in
 // scalar; then the canonical halving reduce32.
 
-template <class Load>
-inline float dot_f32_lanes(int64_t n, const Load& load) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  // Unrolled so the four accumulators live in registers (a loop over acc[j] at -O2 kept them on
-  // the stack: a store-forward round trip per fma, 2-5x slower).
-  for (; i + 32 <= n; i += 32) {
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      __m256 w, x;
-      load(i + 8 * j, &w, &x);
-      acc[j] = _mm256_fmadd_ps(w, x, acc[j]);
-    }
-  }
-  if (i < n) {
-    alignas(32) float a[32];
-    for (int j = 0; j < 4; ++j) _mm256_store_ps(a + 8 * j, acc[j]);
-    alignas(32) float wt[32], xt[32];
-    const int rem = static_cast<int>(n - i);
-    load.tail(i, rem, wt, xt);
-    for (int l = 0; l < rem; ++l) a[l] = std::fmaf(wt[l], xt[l], a[l]);
-    for (int j = 0; j < 4; ++j) acc[j] = _mm256_load_ps(a + 8 * j);
-  }
-  return reduce32(acc[0], acc[1], acc[2], acc[3]);
+// BF16 -> f32: the 16 bits become the high half of the float (exact).
+inline __m256 widen_bf16_8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(loadu128(p)), 16));
 }
 
-struct LoadF32 {
-  const float* w;
-  const float* x;
-  void operator()(int64_t i, __m256* vw, __m256* vx) const {
-    *vw = _mm256_loadu_ps(w + i);
-    *vx = _mm256_loadu_ps(x + i);
-  }
-  void tail(int64_t i, int rem, float* wt, float* xt) const {
-    for (int l = 0; l < rem; ++l) wt[l] = w[i + l], xt[l] = x[i + l];
-  }
-};
-
-struct LoadF16 {
-  const uint16_t* w;
-  const uint16_t* x;
-  void operator()(int64_t i, __m256* vw, __m256* vx) const {
-    *vw = _mm256_cvtph_ps(loadu128(w + i));
-    *vx = _mm256_cvtph_ps(loadu128(x + i));
-  }
-  void tail(int64_t i, int rem, float* wt, float* xt) const {
-    for (int l = 0; l < rem; ++l) wt[l] = h2f(w[i + l]), xt[l] = h2f(x[i + l]);
-  }
-};
-
-struct LoadBF16 {
-  const uint16_t* w;
-  const uint16_t* x;
-  static __m256 widen(const uint16_t* p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(loadu128(p)), 16));
-  }
-  void operator()(int64_t i, __m256* vw, __m256* vx) const {
-    *vw = widen(w + i);
-    *vx = widen(x + i);
-  }
-  void tail(int64_t i, int rem, float* wt, float* xt) const {
-    for (int l = 0; l < rem; ++l) wt[l] = bf16_to_fp32(w[i + l]), xt[l] = bf16_to_fp32(x[i + l]);
-  }
-};
-
-float vec_dot_f32(int64_t n, const void* w, const void* x) {
-  return dot_f32_lanes(n, LoadF32{static_cast<const float*>(w), static_cast<const float*>(x)});
-}
-float vec_dot_f16(int64_t n, const void* w, const void* x) {
-  return dot_f32_lanes(n, LoadF16{static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(x)});
-}
-float vec_dot_bf16(int64_t n, const void* w, const void* x) {
-  return dot_f32_lanes(n, LoadBF16{static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(x)});
-}
-
-// ---- F32 / F16 / BF16 row tiles: one weight row x NC tokens (NC <= 2: 8 accumulators and the
-// 4 widened weight vectors fill AVX2's 16 registers). Each 32-element weight chunk is widened once
-// for the NC tokens; lanes, tail and reduce32 are dot_f32_lanes's, so the bits are vec_dot's.
+// ---- F32 / F16 / BF16: one weight row x NC tokens (vec_dot is NC = 1; NC <= 2: 8 accumulators
+// and the 4 widened weight vectors fill AVX2's 16 registers). Each 32-element weight chunk is
+// widened once for the NC tokens.
 struct Row8F32 {
   const float* p;
   __m256 operator()(int64_t i) const { return _mm256_loadu_ps(p + i); }
@@ -251,7 +181,7 @@ struct Row8F16 {
 };
 struct Row8BF16 {
   const uint16_t* p;
-  __m256 operator()(int64_t i) const { return LoadBF16::widen(p + i); }
+  __m256 operator()(int64_t i) const { return widen_bf16_8(p + i); }
   float at(int64_t i) const { return bf16_to_fp32(p[i]); }
 };
 
@@ -283,6 +213,23 @@ inline void lanes_row_tile(int64_t n, const Row& w, const Row* x, float* out, si
     }
     out[static_cast<size_t>(j) * ldo] = reduce32(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
   }
+}
+
+template <class Row, class E>
+float dot_lanes(int64_t n, const void* w, const void* x) {
+  const Row xr{static_cast<const E*>(x)};
+  float out;
+  lanes_row_tile<Row, 1>(n, Row{static_cast<const E*>(w)}, &xr, &out, 0);
+  return out;
+}
+float vec_dot_f32(int64_t n, const void* w, const void* x) {
+  return dot_lanes<Row8F32, float>(n, w, x);
+}
+float vec_dot_f16(int64_t n, const void* w, const void* x) {
+  return dot_lanes<Row8F16, uint16_t>(n, w, x);
+}
+float vec_dot_bf16(int64_t n, const void* w, const void* x) {
+  return dot_lanes<Row8BF16, uint16_t>(n, w, x);
 }
 
 // W and the activations are both E (F32, F16 or BF16: the type's own vec_dot_type).
