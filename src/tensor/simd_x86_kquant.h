@@ -165,12 +165,6 @@ inline __m256i scale_pair16(int s0, int s1) {
   return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(s1)), _mm_set1_epi16(static_cast<int16_t>(s0)));
 }
 
-// (q - off) . y for unsigned q (<= 63): maddubs(q, y) - maddubs(off, y), both exact in int16.
-inline __m256i offset_u8s8(__m256i q, __m256i off, __m256i yv, __m256i scale16) {
-  const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, yv), _mm256_maddubs_epi16(off, yv));
-  return _mm256_madd_epi16(p, scale16);
-}
-
 // The Q2_K / Q3_K / IQ4_XS super-block as 8 chunks of 32 values (chunk k = elements 32k..32k+31,
 // bytes for chunk_dot) and each chunk's int16 scales (first 16 values | last 16); the 8 int32
 // lanes are sum_k madd(chunk_dot(q[k], y chunk k), s[k]). The row tiles unpack a block once for
