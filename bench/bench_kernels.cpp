@@ -8,6 +8,9 @@
 //       weight bytes streamed per second, FLOPS = 2*K*M*batch per second.
 //   mem/read_sum/t<threads>   sums a 1 GiB buffer of uint64 (best-case streaming read).
 //   pool/dispatch/t2          one empty parallel_for (wake + join cost; MOESH_POOL_SPIN_US).
+//   attn/<scores|kqv>/ctx<n>/t1  one KV group (8 query heads, dk = dv = 128) over n cells of a
+//       layer cached as Qwen3-30B-A3B's is (4 KV heads: a cell's rows 1024 floats apart), the
+//       kernel table's AttnScores / AttnKqv; Cells_ps = cells per second (x 8 heads).
 //
 // Before timing, every kern/* result is checked bit for bit against the scalar kernel table on
 // a sample of rows (all tokens); a mismatch aborts the run. scripts/bench-kernels.sh runs a
@@ -34,6 +37,7 @@
 #include "moesh/tensor/ops.h"
 #include "moesh/tensor/quant.h"
 #include "moesh/tensor/threadpool.h"
+#include "moesh/util/huge_pages.h"
 
 namespace moesh {
 namespace {
@@ -259,6 +263,61 @@ void bm_hot(benchmark::State& state, GgmlType t, int64_t k) {
                          benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
+void bm_attn(benchmark::State& state, bool kqv, int64_t n_ctx) {
+  constexpr int64_t kDim = 128, kGroup = 8, kStride = 4 * 2 * kDim;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float, HugePageAllocator<float>> cache(static_cast<size_t>(n_ctx * kStride));
+  std::vector<float> q(kGroup * kDim), p(kGroup * n_ctx);
+  for (auto& v : cache) v = nd(rng);
+  for (auto& v : q) v = nd(rng);
+  for (auto& v : p) v = std::fabs(nd(rng)) / static_cast<float>(n_ctx);
+  std::vector<float> out(kqv ? kGroup * 16 * kDim : kGroup * n_ctx), ref(out.size());
+  AttnScores as;
+  as.k = cache.data();
+  as.k_stride = kStride;
+  as.q = q.data();
+  as.q_stride = kDim;
+  as.nq = kGroup;
+  as.dk = kDim;
+  as.c0 = 0;
+  as.c1 = n_ctx;
+  as.scale = 0.088f;
+  as.out_stride = static_cast<size_t>(n_ctx);
+  AttnKqv av;
+  av.lanes_stride = 16 * kDim;
+  av.v = cache.data() + kDim;
+  av.v_stride = kStride;
+  av.p = p.data();
+  av.p_stride = static_cast<size_t>(n_ctx);
+  av.nh = kGroup;
+  av.c0 = 0;
+  av.c1 = n_ctx;
+  av.dv = kDim;
+  auto run = [&](const KernelTable& t, float* o) {
+    if (kqv) {
+      std::fill(o, o + out.size(), 0.0f);
+      av.lanes = o;
+      t.attn.kqv(av);
+    } else {
+      as.out = o;
+      t.attn.scores(as);
+    }
+  };
+  run(*kernels_for(Isa::kScalar), ref.data());
+  run(kernels(), out.data());
+  if (std::memcmp(ref.data(), out.data(), out.size() * sizeof(float)) != 0) {
+    state.SkipWithError("attention kernel differs from the scalar table");
+    return;
+  }
+  for (auto _ : state) {
+    run(kernels(), out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["Cells_ps"] = benchmark::Counter(
+      static_cast<double>(n_ctx), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
 void bm_pool_dispatch(benchmark::State& state) {
   ThreadPool& pool = pool_of(2);
   std::vector<int64_t> sink(16);
@@ -327,6 +386,15 @@ void register_all() {
         ->UseRealTime();
   }
   benchmark::RegisterBenchmark("pool/dispatch/t2", bm_pool_dispatch)->UseRealTime();
+  for (int64_t n : {512, 4096, 32768}) {
+    for (bool kqv : {false, true}) {
+      benchmark::RegisterBenchmark(
+          (std::string("attn/") + (kqv ? "kqv" : "scores") + "/ctx" + std::to_string(n) + "/t1").c_str(), bm_attn, kqv,
+          n)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
+  }
   for (GgmlType t : types) {
     benchmark::RegisterBenchmark((std::string("hot/") + type_name(t) + "/K2048/t1").c_str(), bm_hot, t, int64_t{2048})
         ->Unit(benchmark::kMicrosecond)

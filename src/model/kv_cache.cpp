@@ -45,9 +45,12 @@ Result<int64_t> KvCache::append(int32_t seq, const int64_t* positions, int64_t n
   }
   s.pos.insert(s.pos.end(), positions, positions + n);
   const size_t need = static_cast<size_t>(first + n) * cell_stride();
-  if (s.data.size() < need) {
-    // Grow geometrically so a long decode reallocates O(log n) times.
-    s.data.resize(std::max(need, std::min(s.data.size() * 2, static_cast<size_t>(n_ctx_) * cell_stride())));
+  s.layers.resize(static_cast<size_t>(n_layer_));
+  for (auto& l : s.layers) {
+    if (l.size() < need) {
+      // Grow geometrically so a long decode reallocates O(log n) times.
+      l.resize(std::max(need, std::min(l.size() * 2, static_cast<size_t>(n_ctx_) * cell_stride())));
+    }
   }
   return first;
 }
@@ -78,7 +81,11 @@ Status KvCache::copy(int32_t src, int32_t dst, int64_t n) {
   Seq copy;
   if (s != nullptr) {
     copy.pos.assign(s->pos.begin(), s->pos.begin() + n);
-    copy.data.assign(s->data.begin(), s->data.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(n) * cell_stride()));
+    copy.layers.resize(s->layers.size());
+    for (size_t l = 0; l < s->layers.size(); ++l) {
+      copy.layers[l].assign(s->layers[l].begin(),
+                            s->layers[l].begin() + static_cast<ptrdiff_t>(static_cast<size_t>(n) * cell_stride()));
+    }
   }
   seqs_[dst] = std::move(copy);
   return Status::ok();
@@ -90,8 +97,8 @@ void KvCache::clear() {
 
 float* KvCache::k(int32_t seq, int64_t layer, int64_t cell) {
   Seq* s = find(seq);
-  return s->data.data() + static_cast<size_t>(cell) * cell_stride() +
-         static_cast<size_t>(layer * (k_width_ + v_width_));
+  if (s->layers.empty()) return nullptr;  // nothing appended yet
+  return s->layers[static_cast<size_t>(layer)].data() + static_cast<size_t>(cell) * cell_stride();
 }
 
 float* KvCache::v(int32_t seq, int64_t layer, int64_t cell) {

@@ -2,13 +2,10 @@
 #include <algorithm>
 #include <cmath>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "model/arch.h"
 #include "moesh/tensor/fma_clones.h"
 #include "moesh/tensor/fp16.h"
+#include "moesh/tensor/kernels.h"
 #include "moesh/tensor/quant.h"
 
 namespace moesh::detail {
@@ -72,88 +69,15 @@ void project(Fwd& f, const float* x, int64_t n_rows, int64_t k, std::initializer
 // permuted (non-contiguous) Q of a batch goes to ggml_vec_dot_f32, which on AVX-512 keeps 64
 // lanes (element i -> lane i % 64, fused multiply-add), reduces them by a halving tree (32, 16,
 // then _mm512_reduce_add_ps: 8, 4, 2, 1) and adds the n % 64 leftovers one by one (contracted
-// to fma by the compiler).
-//
-// dot_f32_ggml_portable spells that order out for any CPU; dot_f32_ggml_avx2 is the same
-// sequence in eight ymm accumulators (lanes 8j..8j+7 in register j, the tree as register adds
-// then 4-, 2- and 1-lane adds), so the two give the same bits (tested in test_layers). The
-// portable loop compiled to a stack array and was ~3x slower: 11 % of a 512-token prefill.
-float dot_f32_ggml_portable(const float* k, const float* q, int64_t n) {
-  float acc[64] = {};
-  const int64_t np = n & ~static_cast<int64_t>(63);
-  for (int64_t i = 0; i < np; i += 64) {
-    for (int l = 0; l < 64; ++l) acc[l] = std::fmaf(k[i + l], q[i + l], acc[l]);
-  }
-  for (int h = 32; h >= 1; h /= 2) {
-    for (int l = 0; l < h; ++l) acc[l] += acc[l + h];
-  }
-  float sum = acc[0];
-  for (int64_t i = np; i < n; ++i) sum = std::fmaf(k[i], q[i], sum);
-  return sum;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) float dot_f32_ggml_avx2(const float* k, const float* q, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  const int64_t np = n & ~static_cast<int64_t>(63);
-  for (int64_t i = 0; i < np; i += 64) {
-    const float* ki = k + i;
-    const float* qi = q + i;
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(ki), _mm256_loadu_ps(qi), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(ki + 8), _mm256_loadu_ps(qi + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(ki + 16), _mm256_loadu_ps(qi + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(ki + 24), _mm256_loadu_ps(qi + 24), a3);
-    a4 = _mm256_fmadd_ps(_mm256_loadu_ps(ki + 32), _mm256_loadu_ps(qi + 32), a4);
-    a5 = _mm256_fmadd_ps(_mm256_loadu_ps(ki + 40), _mm256_loadu_ps(qi + 40), a5);
-    a6 = _mm256_fmadd_ps(_mm256_loadu_ps(ki + 48), _mm256_loadu_ps(qi + 48), a6);
-    a7 = _mm256_fmadd_ps(_mm256_loadu_ps(ki + 56), _mm256_loadu_ps(qi + 56), a7);
-  }
-  // h = 32, 16, 8: whole registers.
-  a0 = _mm256_add_ps(a0, a4);
-  a1 = _mm256_add_ps(a1, a5);
-  a2 = _mm256_add_ps(a2, a6);
-  a3 = _mm256_add_ps(a3, a7);
-  a0 = _mm256_add_ps(a0, a2);
-  a1 = _mm256_add_ps(a1, a3);
-  a0 = _mm256_add_ps(a0, a1);
-  // h = 4: lanes 0-3 += lanes 4-7; h = 2: lanes 0-1 += 2-3; h = 1: lane 0 += lane 1.
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  float sum = _mm_cvtss_f32(r);
-  for (int64_t i = np; i < n; ++i) sum = std::fmaf(k[i], q[i], sum);
-  return sum;
-}
-
+// to fma by the compiler). The kernel table's attention scores are that order for every ISA
+// (tested bit for bit against the scalar reference); one call = one cell.
 float dot_f32_ggml(const float* k, const float* q, int64_t n) {
-  using DotFn = float (*)(const float*, const float*, int64_t);
-  static const DotFn fn = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? dot_f32_ggml_avx2 : dot_f32_ggml_portable;
-  }();
-  return fn(k, q, n);
+  float out = 0.0f;
+  kernels().attn.scores({.k = k, .q = q, .dk = n, .c1 = 1, .out = &out});
+  return out;
 }
-#else
-float dot_f32_ggml(const float* k, const float* q, int64_t n) {
-  return dot_f32_ggml_portable(k, q, n);
-}
-#endif
 
 namespace {
-
-// lanes[(c%16)*dv + d] += V[c][d] * p[c] over the visible cells, in cell order (see
-// attention_core). Lane l of output d sees exactly the cells c = l mod 16, in order, as in
-// llama.cpp's tinyBLAS kernel; storing the 16 lanes of an output dv floats apart (lane-major)
-// rather than side by side makes each cell one contiguous, vectorisable row update.
-MOESH_FMA_CLONES MOESH_VECTORIZE void kqv_accumulate(float* lanes, const float* v, size_t stride, const float* p,
-                                                     int64_t c_begin, int64_t n_vis, int64_t dv) {
-  for (int64_t c = c_begin; c < n_vis; ++c) {
-    const float pc = p[c];
-    const float* vc = v + c * stride;
-    float* lc = lanes + (c & 15) * dv;
-    for (int64_t d = 0; d < dv; ++d) lc[d] = std::fmaf(vc[d], pc, lc[d]);
-  }
-}
 
 // o[d] = the halving-tree sum of output d's 16 lanes (8, 4, 2, 1), as tinyBLAS reduces them.
 MOESH_FMA_CLONES MOESH_VECTORIZE void kqv_reduce(float* lanes, int64_t dv, float* o) {
@@ -249,8 +173,9 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
   const int n_threads = f.pool != nullptr ? f.pool->n_threads() : 1;
   const size_t stride = f.kv.cell_stride();
   const int64_t group = n_head / n_head_kv;
-  // Per thread: a score row per head of a KV group, then the KQV lanes.
-  const int64_t per_thread = group * n_pad + 16 * dv;
+  const AttnKernels& ak = kernels().attn;
+  // Per thread: a score row per head of a KV group, then each head's KQV lanes.
+  const int64_t per_thread = group * (n_pad + 16 * dv);
   float* scores_all = grow(f.s.scores, static_cast<size_t>(n_threads * per_thread));
 
   auto body = [&](int64_t i0, int64_t i1, int thread) {
@@ -267,17 +192,18 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       }
       return;
     }
-    float* lanes = sc + group * n_pad;  // [16][dv] accumulators of the KQV product (lane-major)
-    // The heads of a KV group share its key rows: scored together, each key row is read once for
-    // all of them (from L1 after the first) instead of once per head. Each score is the same
-    // dot_f32_ggml as alone, so the bits are too.
+    float* lanes = sc + group * n_pad;  // per head of the group: [16][dv] KQV accumulators (lane-major)
+    // Dense attention takes a KV group's heads together: their scores in one kernel call (each
+    // key row read once for all of them), their KQV over the same chunk of V rows while it is in
+    // cache. Sparse masks go one head at a time. Either way every score is the same dot and every
+    // KQV lane sees its cells in the same order, so the bits do not depend on the grouping.
     const bool dense = opts.block_keep == nullptr && opts.cell_keep == nullptr;
-    int64_t group_scored_for = -1;  // the first item of the group whose scores sc holds
-    for (int64_t item = i0; item < i1; ++item) {
+    for (int64_t item = i0; item < i1;) {
       const int64_t t = item / n_head, h = item % n_head;
       const int64_t g = h / group;
+      const bool grouped = dense && h % group == 0 && item + group <= i1;
+      const int64_t nh = grouped ? group : 1;  // heads h .. h + nh - 1 of KV group g
       const float* qh = q + (t * n_head + h) * dk;
-      const bool grouped = dense && group > 1 && item - h % group >= i0 && item - h % group + group <= i1;
       const int64_t pos = b.pos[t];
       // Causal mask: the cells of this sequence at positions <= pos (a prefix: positions grow).
       const int64_t* cp = cell_pos[t];
@@ -292,49 +218,75 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       int64_t c0 = 0;
       while (c0 < n_vis && cp[c0] < min_pos) ++c0;
       const int64_t base = c0 & ~static_cast<int64_t>(15);
-      const float* kt = k0[t];
-      std::fill(sc + base, sc + c0, -INFINITY);
+      const int64_t n_row = padded16(n_vis);
+      AttnScores as{.k = k0[t] + g * dk,
+                    .k_stride = stride,
+                    .q = qh,
+                    .q_stride = static_cast<size_t>(dk),
+                    .nq = static_cast<int>(nh),
+                    .dk = dk,
+                    .scale = kq_scale,
+                    .out = sc,
+                    .out_stride = static_cast<size_t>(n_pad)};
+      for (int64_t j = 0; j < nh; ++j) {
+        std::fill(sc + j * n_pad + base, sc + j * n_pad + c0, -INFINITY);
+        std::fill(sc + j * n_pad + n_vis, sc + j * n_pad + n_row, -INFINITY);
+      }
+      // Scores over runs of visible cells (all of [c0, n_vis) when dense); masked cells -inf.
+      auto score_run = [&](int64_t r0, int64_t r1) {
+        as.c0 = r0;
+        as.c1 = r1;
+        ak.scores(as);
+      };
       if (opts.block_keep != nullptr) {
         // Block-sparse (MSA): cells of blocks the query's group did not take are masked.
         const uint8_t* keep = opts.block_keep + (t * n_head_kv + g) * opts.keep_stride;
-        for (int64_t c = c0; c < n_vis; ++c) {
-          sc[c] = keep[cp[c] / opts.block_size] != 0 ? dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale
-                                                     : -INFINITY;
+        for (int64_t c = c0; c < n_vis;) {
+          int64_t e = c;
+          const bool kept = keep[cp[c] / opts.block_size] != 0;
+          while (e < n_vis && (keep[cp[e] / opts.block_size] != 0) == kept) ++e;
+          if (kept) {
+            score_run(c, e);
+          } else {
+            std::fill(sc + c, sc + e, -INFINITY);
+          }
+          c = e;
         }
       } else if (opts.cell_keep != nullptr) {
         // Token-sparse (glm-dsa): only the cells the lightning indexer kept; masked cells get
         // probability 0 and add exactly nothing to the KQV lanes.
         std::fill(sc + c0, sc + n_vis, -INFINITY);
         const int32_t* keep = opts.cell_keep + t * opts.cell_keep_stride;
-        for (int32_t j = 0; j < opts.cell_n_keep[t]; ++j) {
-          const int64_t c = keep[j];
-          if (c >= c0 && c < n_vis) sc[c] = dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale;
+        const int32_t n_keep = opts.cell_n_keep[t];
+        for (int32_t j = 0; j < n_keep;) {
+          int32_t e = j + 1;
+          while (e < n_keep && keep[e] == keep[e - 1] + 1) ++e;
+          score_run(std::max<int64_t>(keep[j], c0), std::min<int64_t>(keep[e - 1] + 1, n_vis));
+          j = e;
         }
-      } else if (grouped) {
-        const int64_t first = item - h % group;
-        if (group_scored_for != first) {
-          const float* q0 = q + (t * n_head + g * group) * dk;
-          for (int64_t c = c0; c < n_vis; ++c) {
-            const float* kc = kt + c * stride + g * dk;
-            for (int64_t j = 0; j < group; ++j) sc[j * n_pad + c] = dot_f32_ggml(kc, q0 + j * dk, dk) * kq_scale;
-          }
-          group_scored_for = first;
-        }
-        if (h % group != 0) std::copy(sc + (h % group) * n_pad + c0, sc + (h % group) * n_pad + n_vis, sc + c0);
       } else {
-        for (int64_t c = c0; c < n_vis; ++c) {
-          sc[c] = dot_f32_ggml(kt + c * stride + g * dk, qh, dk) * kq_scale;
-        }
+        score_run(c0, n_vis);
       }
-      const int64_t n_row = padded16(n_vis);
-      std::fill(sc + n_vis, sc + n_row, -INFINITY);
-      softmax(sc + base, n_row - base, opts.sinks != nullptr ? opts.sinks + h : nullptr);
+      for (int64_t j = 0; j < nh; ++j) {
+        softmax(sc + j * n_pad + base, n_row - base, opts.sinks != nullptr ? opts.sinks + h + j : nullptr);
+      }
       // KQV = mul_mat(V^T, P): tinyBLAS (F32, AVX-512) gives each output 16 lanes over the cells
       // (cell c -> lane c % 16, fused multiply-add in cell order) and a halving-tree sum. The
-      // masked cells have p = 0 and add nothing.
-      std::fill(lanes, lanes + 16 * dv, 0.0f);
-      kqv_accumulate(lanes, v0[t] + g * dv, stride, sc, c0, n_vis, dv);
-      kqv_reduce(lanes, dv, o + (t * n_head + h) * dv);
+      // masked cells have p = 0 and add nothing. The group's heads go in one call, so the kernel
+      // can read each chunk of V rows once for all of them.
+      std::fill(lanes, lanes + nh * 16 * dv, 0.0f);
+      ak.kqv({.lanes = lanes,
+              .lanes_stride = static_cast<size_t>(16 * dv),
+              .v = v0[t] + g * dv,
+              .v_stride = stride,
+              .p = sc,
+              .p_stride = static_cast<size_t>(n_pad),
+              .nh = static_cast<int>(nh),
+              .c0 = c0,
+              .c1 = n_vis,
+              .dv = dv});
+      for (int64_t j = 0; j < nh; ++j) kqv_reduce(lanes + j * 16 * dv, dv, o + (t * n_head + h + j) * dv);
+      item += nh;
     }
   };
   const int64_t n_items = b.n * n_head;

@@ -103,14 +103,9 @@ struct Proj {
 };
 // An F32 dot product in the order of llama.cpp's ggml_vec_dot_f32 on the reference machine
 // (AVX-512: 64 lanes, fused multiply-adds, halving tree, leftovers one by one; layers.cpp):
-// attention scores, small F32 matmuls, the DeltaNet recurrence.
+// single attention scores, small F32 matmuls, the DeltaNet recurrence. It is one cell of the
+// kernel table's AttnScores (tensor/kernels.h), so every ISA gives the same bits.
 float dot_f32_ggml(const float* x, const float* y, int64_t n);
-// Its two implementations (dot_f32_ggml picks one per CPU; same bits, tested): plain C++, and
-// AVX2+FMA (x86 only).
-float dot_f32_ggml_portable(const float* x, const float* y, int64_t n);
-#if defined(__x86_64__) && defined(__GNUC__)
-float dot_f32_ggml_avx2(const float* x, const float* y, int64_t n);
-#endif
 
 // Runs several matmuls over the same input x[n_rows][k], quantizing x once per distinct
 // vec_dot_type (the bits equal separate matmul() calls).

@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "model/layers.h"
+#include "moesh/tensor/kernels.h"
 
 namespace moesh::detail {
 
@@ -104,11 +105,16 @@ void lightning_indexer(Fwd& f, int il, const LayerWeights& lw, const float* xn, 
   int64_t max_cells = 0;
   for (int64_t t = 0; t < T; ++t) max_cells = std::max(max_cells, f.kv.seq_len(f.batch.seq[t]));
   const int n_threads = f.pool != nullptr ? f.pool->n_threads() : 1;
-  float* scores_all = grow(f.s.idx_scores, static_cast<size_t>(n_threads * max_cells));
+  // Per thread: the token's cell scores, then one chunk of per-head dots.
+  constexpr int64_t kChunk = 128;
+  const int64_t per_thread = max_cells + Hi * kChunk;
+  float* scores_all = grow(f.s.idx_scores, static_cast<size_t>(n_threads * per_thread));
+  const AttnKernels& ak = kernels().attn;
   // Margins only for observers (the gate's curation, tests): k-th best minus the next.
   std::vector<float> margins(f.observer != nullptr ? static_cast<size_t>(T) : 0, INFINITY);
   auto body = [&](int64_t t0, int64_t t1, int thread) {
-    float* sc = scores_all + static_cast<size_t>(thread) * max_cells;
+    float* sc = scores_all + static_cast<size_t>(thread) * per_thread;
+    float* dots = sc + max_cells;  // [Hi][kChunk]
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t seq = f.batch.seq[t];
       const int64_t* cp = f.kv.positions(seq);
@@ -124,14 +130,24 @@ void lightning_indexer(Fwd& f, int il, const LayerWeights& lw, const float* xn, 
       const float* k0 = f.kv.k(seq, state_layer(f, il), 0) + k_off;
       const float* qt = iq + t * Hi * di;
       const float* wt = w + t * Hi;
-      for (int32_t c = 0; c < n_vis; ++c) {
-        // Heads summed in double, in head order (ggml_sum_rows).
-        double s = 0.0;
-        for (int64_t h = 0; h < Hi; ++h) {
-          const float d = dot_f32_ggml(k0 + c * stride, qt + h * di, di);
-          s += static_cast<double>(std::max(d, 0.0f) * wt[h]);
+      // All heads' dots for a chunk of cells in one kernel call (each key row read once for
+      // all heads), then per cell the heads summed in double, in head order (ggml_sum_rows).
+      for (int64_t ch = 0; ch < n_vis; ch += kChunk) {
+        const int64_t n = std::min<int64_t>(kChunk, n_vis - ch);
+        ak.scores({.k = k0 + ch * stride,
+                   .k_stride = stride,
+                   .q = qt,
+                   .q_stride = static_cast<size_t>(di),
+                   .nq = static_cast<int>(Hi),
+                   .dk = di,
+                   .c1 = n,
+                   .out = dots,
+                   .out_stride = kChunk});
+        for (int64_t c = 0; c < n; ++c) {
+          double s = 0.0;
+          for (int64_t h = 0; h < Hi; ++h) s += static_cast<double>(std::max(dots[h * kChunk + c], 0.0f) * wt[h]);
+          sc[ch + c] = static_cast<float>(s);
         }
-        sc[c] = static_cast<float>(s);
       }
       top_k_heap_select(sc, n_vis, top_k, kt);
       std::sort(kt, kt + top_k);

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "model/arch.h"
+#include "moesh/tensor/kernels.h"
 
 namespace moesh::detail {
 
@@ -74,31 +75,61 @@ void msa_select(Fwd& f, int il, const LayerWeights& lw, const float* xn, AttnCor
   int64_t n_blk_max = 1;
   for (int64_t t = 0; t < T; ++t) n_blk_max = std::max(n_blk_max, bt.pos[t] / blk + 1);
   const int n_threads = f.pool != nullptr ? f.pool->n_threads() : 1;
-  float* scores_all = grow(f.s.msa_scores, static_cast<size_t>(n_threads * n_blk_max));
+  // Per thread: block scores per head, then one chunk of cell scores per head.
+  constexpr int64_t kChunk = 256;
+  const int64_t per_thread = Hi * (n_blk_max + kChunk);
+  float* scores_all = grow(f.s.msa_scores, static_cast<size_t>(n_threads * per_thread));
   int32_t* order_all = grow(f.s.msa_order, static_cast<size_t>(n_threads * n_blk_max));
   uint8_t* keep_all = grow(f.s.msa_keep, static_cast<size_t>(T * Hi * n_blk_max));
   const size_t stride = f.kv.cell_stride();
+  const AttnKernels& ak = kernels().attn;
 
+  // Items are (token, head); a thread's run of heads of one token is scored in one kernel call
+  // per chunk of cells (each key row read once for all of them). A block's score is the max of
+  // its cells' (max is exact, so the grouping does not matter).
   auto body = [&](int64_t i0, int64_t i1, int thread) {
-    float* bs = scores_all + static_cast<size_t>(thread) * n_blk_max;
+    float* bs_all = scores_all + static_cast<size_t>(thread) * per_thread;
+    float* cs = bs_all + Hi * n_blk_max;
     int32_t* order = order_all + static_cast<size_t>(thread) * n_blk_max;
-    for (int64_t item = i0; item < i1; ++item) {
-      const int64_t t = item / Hi, g = item % Hi;
+    for (int64_t item = i0; item < i1;) {
+      const int64_t t = item / Hi, g0 = item % Hi;
+      const int64_t g1 = std::min(Hi, g0 + (i1 - item));
       const int64_t pos = bt.pos[t];
       const int64_t n_blk = pos / blk + 1;  // blocks up to the token's own
       const int64_t n_cells = f.kv.seq_len(bt.seq[t]);
       const int64_t* cp = f.kv.positions(bt.seq[t]);
-      const float* k0 = f.kv.k(bt.seq[t], layer, 0) + k_off;
-      const float* q = iq + (t * Hi + g) * D;
-      std::fill(bs, bs + n_blk, -FLT_MAX);  // ggml's max-pool identity: a block with no visible cell
-      for (int64_t c = 0; c < n_cells && cp[c] <= pos; ++c) {
-        const float s = dot_f32_ggml(k0 + c * stride, q, D);
-        float& m = bs[cp[c] / blk];
-        m = std::max(m, s);
+      int64_t n_vis = 0;
+      while (n_vis < n_cells && cp[n_vis] <= pos) ++n_vis;
+      for (int64_t g = g0; g < g1; ++g) {
+        std::fill(bs_all + g * n_blk_max, bs_all + g * n_blk_max + n_blk, -FLT_MAX);  // ggml's max-pool identity
       }
-      uint8_t* keep = keep_all + item * n_blk_max;
-      msa_take_blocks(bs, n_blk, pos / blk, hp.msa.local, hp.msa.top_k, order, keep);
-      std::fill(keep + n_blk, keep + n_blk_max, 0);
+      const float* k0 = f.kv.k(bt.seq[t], layer, 0) + k_off;
+      for (int64_t ch = 0; ch < n_vis; ch += kChunk) {
+        const int64_t n = std::min(kChunk, n_vis - ch);
+        ak.scores({.k = k0 + ch * stride,
+                   .k_stride = stride,
+                   .q = iq + (t * Hi + g0) * D,
+                   .q_stride = static_cast<size_t>(D),
+                   .nq = static_cast<int>(g1 - g0),
+                   .dk = D,
+                   .c1 = n,
+                   .out = cs,
+                   .out_stride = kChunk});
+        for (int64_t g = g0; g < g1; ++g) {
+          const float* sg = cs + (g - g0) * kChunk;
+          float* bs = bs_all + g * n_blk_max;
+          for (int64_t c = 0; c < n; ++c) {
+            float& m = bs[cp[ch + c] / blk];
+            m = std::max(m, sg[c]);
+          }
+        }
+      }
+      for (int64_t g = g0; g < g1; ++g) {
+        uint8_t* keep = keep_all + (t * Hi + g) * n_blk_max;
+        msa_take_blocks(bs_all + g * n_blk_max, n_blk, pos / blk, hp.msa.local, hp.msa.top_k, order, keep);
+        std::fill(keep + n_blk, keep + n_blk_max, 0);
+      }
+      item += g1 - g0;
     }
   };
   const int64_t n_items = T * Hi;

@@ -16,6 +16,11 @@
 
 namespace moesh::quant::ref {
 
+// ---- attention (attn_ref.cpp): the scalar AttnKernels and the F32 dot they are made of.
+float dot_f32_ggml(const float* k, const float* q, int64_t n);
+void attn_scores(const AttnScores& a);
+void attn_kqv(const AttnKqv& a);
+
 // ---- numeric helpers shared by the reference files ----
 
 // Round to nearest, ties to even (under the default FP environment): adding 1.5*2^23 pushes every

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "simd_x86_act.h"
+#include "simd_x86_attn.h"
 #include "simd_x86_kquant.h"
 #include "simd_x86_legacy.h"
 #include "simd_x86_tile.h"
@@ -42,6 +43,8 @@ inline void fill_x86_common(KernelTable* t) {
   at(GgmlType::Q6_K).vec_dot = vec_dot_q6_k;
   at(GgmlType::IQ4_XS).vec_dot = vec_dot_iq4_xs;
   at(GgmlType::Q8_K).vec_dot = vec_dot_q8_k;
+
+  t->attn = AttnKernels{attn_scores_avx2, attn_kqv_avx2};
 
   fill_tiles(t);
 }

@@ -469,7 +469,102 @@ void check_rows(Isa isa) {
   }
 }
 
-// Seven tests per SIMD table; a table this CPU lacks is skipped loudly (REQUIRE_ISA).
+// Attention scores and KQV lanes (kernels.h AttnScores / AttnKqv) against the scalar reference:
+// head sizes with and without a dk % 64 tail, cell ranges that start and end anywhere in a
+// 16-cell group, several queries, strided rows, and value classes where every rounding shows
+// (wide exponents) or specials travel (inf, NaN compared as "both NaN").
+void check_attn(Isa isa) {
+  const AttnKernels& ref = kernels_for(Isa::kScalar)->attn;
+  const AttnKernels& v = kernels_for(isa)->attn;
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
+    EXPECT_NE(v.scores, ref.scores) << isa_name(isa);
+    EXPECT_NE(v.kqv, ref.kqv) << isa_name(isa);
+  }
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-30, 30);
+  auto same = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : f32_bits(a) == f32_bits(b); };
+  int checked = 0;
+  for (int64_t dk : {int64_t{1}, int64_t{48}, int64_t{64}, int64_t{72}, int64_t{128}, int64_t{192}, int64_t{576}}) {
+    for (int dist = 0; dist < 3; ++dist) {
+      const int64_t n_cells = 53;
+      const size_t stride = static_cast<size_t>(dk + 5);  // rows not 64-byte aligned
+      std::vector<float> k(n_cells * stride), q(4 * static_cast<size_t>(dk));
+      auto draw = [&](size_t i) {
+        if (dist == 1) return std::ldexp(normal(rng), expo(rng));
+        if (dist == 2 && i % 97 == 13) return i % 2 ? std::numeric_limits<float>::infinity() : std::nanf("");
+        return normal(rng);
+      };
+      for (size_t i = 0; i < k.size(); ++i) k[i] = draw(i);
+      for (size_t i = 0; i < q.size(); ++i) q[i] = normal(rng);
+      for (auto [c0, c1] :
+           {std::pair<int64_t, int64_t>{0, 53}, {0, 1}, {3, 19}, {16, 32}, {17, 18}, {5, 5}, {31, 53}}) {
+        for (int nq : {1, 3}) {
+          const size_t ld = 64;
+          std::vector<float> a(nq * ld, -7.0f), b(nq * ld, -7.0f);
+          AttnScores s;
+          s.k = k.data();
+          s.k_stride = stride;
+          s.q = q.data();
+          s.q_stride = static_cast<size_t>(dk);
+          s.nq = nq;
+          s.dk = dk;
+          s.c0 = c0;
+          s.c1 = c1;
+          s.scale = 0.0883883f;
+          s.out = a.data();
+          s.out_stride = ld;
+          ref.scores(s);
+          s.out = b.data();
+          v.scores(s);
+          for (size_t i = 0; i < a.size(); ++i) {
+            ASSERT_TRUE(same(a[i], b[i]))
+                << isa_name(isa) << " scores dk " << dk << " dist " << dist << " cells [" << c0 << "," << c1 << ") nq "
+                << nq << " at " << i << ": " << a[i] << " vs " << b[i];
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  for (int64_t dv : {int64_t{1}, int64_t{8}, int64_t{20}, int64_t{64}, int64_t{128}, int64_t{512}, int64_t{1100}}) {
+    const int64_t n_cells = 300;
+    const size_t stride = static_cast<size_t>(dv + 3);
+    std::vector<float> vv(n_cells * stride), p(2 * n_cells);
+    for (float& x : vv) x = std::ldexp(normal(rng), expo(rng) / 4);
+    for (float& x : p) x = std::fabs(normal(rng)) / 16.0f;
+    for (auto [c0, c1] :
+         {std::pair<int64_t, int64_t>{0, 300}, {0, 1}, {3, 19}, {16, 48}, {17, 18}, {9, 9}, {33, 291}}) {
+      for (int nh : {1, 2}) {
+        std::vector<float> a(nh * 16 * dv), b;
+        for (float& x : a) x = normal(rng);  // lanes carried over from an earlier call
+        b = a;
+        AttnKqv kq;
+        kq.v = vv.data();
+        kq.v_stride = stride;
+        kq.p = p.data();
+        kq.p_stride = static_cast<size_t>(n_cells);
+        kq.nh = nh;
+        kq.c0 = c0;
+        kq.c1 = c1;
+        kq.dv = dv;
+        kq.lanes = a.data();
+        kq.lanes_stride = static_cast<size_t>(16 * dv);
+        ref.kqv(kq);
+        kq.lanes = b.data();
+        v.kqv(kq);
+        for (size_t i = 0; i < a.size(); ++i) {
+          ASSERT_EQ(f32_bits(a[i]), f32_bits(b[i]))
+              << isa_name(isa) << " kqv dv " << dv << " nh " << nh << " cells [" << c0 << "," << c1 << ") at " << i;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+// Eight tests per SIMD table; a table this CPU lacks is skipped loudly (REQUIRE_ISA).
 #define MOESH_SIMD_TESTS(Suite, isa)    \
   TEST(Suite, Specialised) {            \
     REQUIRE_ISA(isa, t);                \
@@ -498,6 +593,10 @@ void check_rows(Isa isa) {
   TEST(Suite, RowsMatchVecDot) {        \
     REQUIRE_ISA(isa, t);                \
     check_rows(isa);                    \
+  }                                     \
+  TEST(Suite, AttentionBitExact) {      \
+    REQUIRE_ISA(isa, t);                \
+    check_attn(isa);                    \
   }
 
 MOESH_SIMD_TESTS(KernelsSimdAvx2, Isa::kAvx2)

@@ -6,8 +6,10 @@
 // tokens arrived in one batch or one at a time, so prefill and decode give the same bits.
 // Sequences can be added and removed independently, and rolled back (rejected drafts) by
 // truncation (a SequenceState that can be cut anywhere). Layers are the model's attention
-// layers only (hybrid models' recurrent layers hold no cells). Layout per sequence:
-// [cell][layer][k_width | v_width], grown on demand.
+// layers only (hybrid models' recurrent layers hold no cells). Layout per sequence and layer:
+// [cell][k_width | v_width], grown on demand. Keeping a layer's cells together (rather than
+// [cell][layer]) is what lets attention stream them: with every layer in between, each cell of
+// a long context was a separate page (one TLB miss and a prefetcher stop per cell and head).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "moesh/model/seq_state.h"
+#include "moesh/util/huge_pages.h"
 #include "moesh/util/status.h"
 
 namespace moesh {
@@ -52,12 +55,12 @@ class KvCache final : public SequenceState {
   float* v(int32_t seq, int64_t layer, int64_t cell);
   const int64_t* positions(int32_t seq) const;
   // Distance in floats between the K (or V) rows of consecutive cells of one layer.
-  size_t cell_stride() const { return static_cast<size_t>(n_layer_ * (k_width_ + v_width_)); }
+  size_t cell_stride() const { return static_cast<size_t>(k_width_ + v_width_); }
 
  private:
   struct Seq {
     std::vector<int64_t> pos;
-    std::vector<float> data;  // [cell][layer][k_width + v_width]
+    std::vector<std::vector<float, HugePageAllocator<float>>> layers;  // per layer: [cell][k_width + v_width]
   };
   Seq* find(int32_t seq);
   const Seq* find(int32_t seq) const;

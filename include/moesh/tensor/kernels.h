@@ -40,9 +40,58 @@ struct TypeKernels {
   FromFloatFn from_float = nullptr;  // set for activation types
 };
 
+// ---- Attention over an F32 KV cache (model/layers.cpp attention_core), in llama.cpp's order.
+//
+// Scores: out[j * out_stride + c] = dot(K_c, q_j) * scale for cells c in [c0, c1) and queries
+// j < nq, K_c at k + c * k_stride. The dot is ggml_vec_dot_f32's AVX-512 order, whatever the
+// ISA: element i -> lane i % 64 (fused multiply-add), the lanes summed by a halving tree (32, 16,
+// 8, 4, 2, 1), then the dk % 64 leftovers one by one by fused multiply-add. Several cells and
+// queries per call let a SIMD kernel reuse each loaded key row and reduce 8 or 16 cells' lanes
+// in one transposed tree (the same pairs added, so the same bits as one cell at a time).
+struct AttnScores {
+  const float* k = nullptr;
+  size_t k_stride = 0;  // floats between consecutive cells' K rows
+  const float* q = nullptr;
+  size_t q_stride = 0;  // floats between query rows
+  int nq = 1;
+  int64_t dk = 0;
+  int64_t c0 = 0, c1 = 0;
+  float scale = 1.0f;
+  float* out = nullptr;
+  size_t out_stride = 0;  // floats between the score rows of consecutive queries
+};
+using AttnScoresFn = void (*)(const AttnScores& a);
+
+// KQV lanes, for heads j < nh that share the V rows: lanes_j[(c % 16) * dv + d] =
+// fma(V_c[d], p_j[c], lanes_j[(c % 16) * dv + d]) for cells c in [c0, c1) in increasing order,
+// V_c at v + c * v_stride, lanes_j = lanes + j * lanes_stride, p_j = p + j * p_stride.
+// llama.cpp's F32 tinyBLAS mul_mat(V^T, P) gives each output 16 lanes over the cells; the caller
+// sums them by a halving tree. The lanes carry over between calls, so a long row may come in
+// pieces. Taking a KV group's heads in one call lets a kernel copy a chunk of V rows into a
+// compact buffer once for all of them (the cache rows of one layer are kilobytes apart, so read
+// in place every 64-byte slice of a chunk lands in the same L1 set).
+struct AttnKqv {
+  float* lanes = nullptr;  // nh x [16][dv]
+  size_t lanes_stride = 0;
+  const float* v = nullptr;
+  size_t v_stride = 0;
+  const float* p = nullptr;  // p_j[c] for c in [c0, c1)
+  size_t p_stride = 0;
+  int nh = 1;
+  int64_t c0 = 0, c1 = 0;
+  int64_t dv = 0;
+};
+using AttnKqvFn = void (*)(const AttnKqv& a);
+
+struct AttnKernels {
+  AttnScoresFn scores = nullptr;
+  AttnKqvFn kqv = nullptr;
+};
+
 struct KernelTable {
   Isa isa = Isa::kScalar;
   TypeKernels type[static_cast<int>(GgmlType::kCOUNT)];
+  AttnKernels attn;
   const TypeKernels& operator[](GgmlType t) const { return type[static_cast<int>(t)]; }
 };
 
