@@ -46,13 +46,16 @@ inline __attribute__((always_inline)) float v_expf(float x) {
   const float z = std::fmaf(x, 0x1.715476p+0f, r);
   const float n = z - r;
   const float b = std::fmaf(-n, 0x1.7f7d1cp-20f, std::fmaf(-n, 0x1.62e4p-1f, x));
-  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;  // also x = -inf -> 0
   const float u = b * b;
   const float j = std::fmaf(
       std::fmaf(std::fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
       std::fmaf(0x1.ffffecp-1f, b, 1.0f));
-  const int ni = static_cast<int>(n);
-  return (j * pow2i(ni / 2)) * pow2i(ni - ni / 2);
+  // Branch-free, so loops over it vectorise: n clamped (NaN -> -192) only to keep the integer
+  // conversion defined; out-of-range lanes take the blend's constant below.
+  const float nc = !(n >= -192.0f) ? -192.0f : (n > 192.0f ? 192.0f : n);
+  const int ni = static_cast<int>(nc);
+  const float res = (j * pow2i(ni / 2)) * pow2i(ni - ni / 2);
+  return std::fabs(n) > 192.0f ? (n <= 0.0f ? 0.0f : INFINITY) : res;  // also x = -inf -> 0
 }
 
 // _mm512_reduce_add_ps: a halving tree over 16 lanes (8, 4, 2, 1).
@@ -65,15 +68,23 @@ float reduce16(float a[16]) {
 
 }  // namespace
 
-MOESH_FMA_CLONES void softmax(float* x, int64_t n, const float* sink) {
+MOESH_FMA_CLONES MOESH_VECTORIZE void softmax(float* x, int64_t n, const float* sink) {
   if (n <= 0) return;
+  // The max in 16 lanes (max is exact, so any grouping gives the same value), so it vectorises.
+  float m16[16];
+  std::fill(m16, m16 + 16, -INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int l = 0; l < 16; ++l) m16[l] = std::max(m16[l], x[i + l]);
+  }
   float mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  for (int l = 0; l < 16; ++l) mx = std::max(mx, m16[l]);
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
   if (sink != nullptr) mx = std::max(mx, *sink);
   // ggml_vec_soft_max_f32 on AVX-512: 16 at a time with v_expf, each group summed in f32 by a
   // halving tree and added to a double; the n % 16 tail with expf, added one by one.
   double sum = 0.0;
-  int64_t i = 0;
+  i = 0;
   for (; i + 16 <= n; i += 16) {
     float e[16];
     for (int l = 0; l < 16; ++l) {
