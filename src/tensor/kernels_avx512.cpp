@@ -286,7 +286,7 @@ void attn_kqv_512(const AttnKqv& a) {
 
 void fill_kernels_avx512(KernelTable* t) {
   simd::fill_x86_common(t);
-  t->attn = AttnKernels{attn_scores_512, attn_kqv_512};
+  t->attn = AttnKernels{attn_scores_512, attn_kqv_512, t->attn.softmax};
   t->type[static_cast<int>(GgmlType::F32)].vec_dot = dot_lanes_512<WidenRowF32, float>;
   t->type[static_cast<int>(GgmlType::F16)].vec_dot = dot_lanes_512<WidenRowF16, uint16_t>;
   t->type[static_cast<int>(GgmlType::BF16)].vec_dot = dot_lanes_512<WidenRowBF16, uint16_t>;

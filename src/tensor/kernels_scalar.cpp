@@ -36,7 +36,7 @@ void fill_kernels_scalar(KernelTable* t) {
     k.to_float = r.to_float;
     if (is_activation_type(type)) k.from_float = r.from_float;
   }
-  t->attn = AttnKernels{quant::ref::attn_scores, quant::ref::attn_kqv};
+  t->attn = AttnKernels{quant::ref::attn_scores, quant::ref::attn_kqv, quant::ref::softmax};
 }
 
 }  // namespace moesh

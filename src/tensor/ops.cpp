@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "moesh/tensor/fma_clones.h"
+#include "moesh/tensor/kernels.h"
+#include "tensor/quant_impl.h"
 
 namespace moesh {
 
@@ -68,7 +70,10 @@ float reduce16(float a[16]) {
 
 }  // namespace
 
-MOESH_FMA_CLONES MOESH_VECTORIZE void softmax(float* x, int64_t n, const float* sink) {
+namespace quant::ref {
+
+// The scalar reference of the kernel table's softmax (tensor/kernels.h SoftmaxFn).
+MOESH_FMA_CLONES void softmax(float* x, int64_t n, const float* sink) {
   if (n <= 0) return;
   // The max in 16 lanes (max is exact, so any grouping gives the same value), so it vectorises.
   float m16[16];
@@ -101,6 +106,12 @@ MOESH_FMA_CLONES MOESH_VECTORIZE void softmax(float* x, int64_t n, const float* 
   if (sink != nullptr) sum += static_cast<double>(std::exp(*sink - mx));
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t k = 0; k < n; ++k) x[k] *= inv;
+}
+
+}  // namespace quant::ref
+
+void softmax(float* x, int64_t n, const float* sink) {
+  kernels().attn.softmax(x, n, sink);
 }
 
 float silu(float x) {

@@ -20,6 +20,7 @@ namespace moesh::quant::ref {
 float dot_f32_ggml(const float* k, const float* q, int64_t n);
 void attn_scores(const AttnScores& a);
 void attn_kqv(const AttnKqv& a);
+void softmax(float* x, int64_t n, const float* sink);  // ops.cpp
 
 // ---- numeric helpers shared by the reference files ----
 

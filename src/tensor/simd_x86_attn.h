@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 
 #include "simd_x86.h"
 
@@ -204,6 +205,81 @@ void attn_kqv_avx2(const AttnKqv& a) {
       }
     }
   }
+}
+
+// ---- Softmax (kernels.h SoftmaxFn), bit-identical to quant::ref::softmax (ops.cpp).
+
+// ggml's vector exp on 8 lanes: ops.cpp's v_expf, operation for operation (fnmadd(n, c, x) is
+// fmaf(-n, c, x); the integer halving truncates toward zero as C++'s n / 2 does).
+inline __m256 v_expf8(__m256 x) {
+  const __m256 r = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+  const __m256 n = _mm256_sub_ps(z, r);
+  const __m256 b =
+      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+  // n clamped to [-192, 192] (NaN -> -192: maxps returns its second operand on NaN).
+  const __m256 nc = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0f)), _mm256_set1_ps(192.0f));
+  const __m256i ni = _mm256_cvttps_epi32(nc);
+  const __m256i half = _mm256_srai_epi32(_mm256_add_epi32(ni, _mm256_srli_epi32(ni, 31)), 1);
+  const __m256i rest = _mm256_sub_epi32(ni, half);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
+  const __m256 res = _mm256_mul_ps(_mm256_mul_ps(j, p1), p2);
+  // |n| > 192: 0 when n <= 0, else inf (ordered compares: NaN keeps res, as the scalar blend).
+  const __m256 absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+  const __m256 out_of_range = _mm256_cmp_ps(absn, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+  const __m256 big = _mm256_blendv_ps(_mm256_set1_ps(INFINITY), _mm256_setzero_ps(),
+                                      _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
+  return _mm256_blendv_ps(res, big, out_of_range);
+}
+
+void softmax_avx2(float* x, int64_t n, const float* sink) {
+  if (n <= 0) return;
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    // maxps(x, m) is std::max(m, x): m kept when x is NaN or equal (the second operand wins).
+    m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+    m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+  }
+  alignas(32) float m16[16];
+  _mm256_store_ps(m16, m0);
+  _mm256_store_ps(m16 + 8, m1);
+  float mx = -INFINITY;
+  for (int l = 0; l < 16; ++l) mx = std::max(mx, m16[l]);
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  if (sink != nullptr) mx = std::max(mx, *sink);
+  const __m256 vmx = _mm256_set1_ps(mx);
+  double sum = 0.0;
+  i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 e0 = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+    const __m256 e1 = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), vmx));
+    _mm256_storeu_ps(x + i, e0);
+    _mm256_storeu_ps(x + i + 8, e1);
+    // The 16 lanes' halving tree: 8 (e0 + e1), then 4, 2, 1.
+    __m128 h =
+        _mm_add_ps(_mm256_castps256_ps128(_mm256_add_ps(e0, e1)), _mm256_extractf128_ps(_mm256_add_ps(e0, e1), 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    sum += static_cast<double>(_mm_cvtss_f32(h));
+  }
+  for (; i < n; ++i) {
+    const float e = std::exp(x[i] - mx);
+    x[i] = e;
+    sum += static_cast<double>(e);
+  }
+  if (sink != nullptr) sum += static_cast<double>(std::exp(*sink - mx));
+  const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
+  i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  for (; i < n; ++i) x[i] *= _mm256_cvtss_f32(inv);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ inline void fill_x86_common(KernelTable* t) {
   at(GgmlType::IQ4_XS).vec_dot = vec_dot_iq4_xs;
   at(GgmlType::Q8_K).vec_dot = vec_dot_q8_k;
 
-  t->attn = AttnKernels{attn_scores_avx2, attn_kqv_avx2};
+  t->attn = AttnKernels{attn_scores_avx2, attn_kqv_avx2, softmax_avx2};
 
   fill_tiles(t);
 }

@@ -83,9 +83,15 @@ struct AttnKqv {
 };
 using AttnKqvFn = void (*)(const AttnKqv& a);
 
+// Softmax of a row in place, ggml_vec_soft_max_f32's AVX-512 order (tensor/ops.h softmax: 16
+// values at a time through ggml's vector exp, each group's halving-tree sum added to a double,
+// the n % 16 tail with expf); sink: an extra logit with no value, or null.
+using SoftmaxFn = void (*)(float* x, int64_t n, const float* sink);
+
 struct AttnKernels {
   AttnScoresFn scores = nullptr;
   AttnKqvFn kqv = nullptr;
+  SoftmaxFn softmax = nullptr;
 };
 
 struct KernelTable {
