@@ -193,16 +193,17 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
       return;
     }
     float* lanes = sc + group * n_pad;  // per head of the group: [16][dv] KQV accumulators (lane-major)
-    // Dense attention takes a KV group's heads together: their scores in one kernel call (each
-    // key row read once for all of them), their KQV over the same chunk of V rows while it is in
-    // cache. Sparse masks go one head at a time. Either way every score is the same dot and every
-    // KQV lane sees its cells in the same order, so the bits do not depend on the grouping.
+    // Dense attention takes the heads of a KV group in this range together: their scores in one
+    // kernel call (each key row read once for all of them), their KQV over the same chunk of V
+    // rows while it is in cache. Sparse masks go one head at a time. Either way every score is
+    // the same dot and every KQV lane sees its cells in the same order, so the bits do not depend
+    // on the grouping (nor on how the heads were split between threads).
     const bool dense = opts.block_keep == nullptr && opts.cell_keep == nullptr;
     for (int64_t item = i0; item < i1;) {
       const int64_t t = item / n_head, h = item % n_head;
       const int64_t g = h / group;
-      const bool grouped = dense && h % group == 0 && item + group <= i1;
-      const int64_t nh = grouped ? group : 1;  // heads h .. h + nh - 1 of KV group g
+      // heads h .. h + nh - 1, all of KV group g
+      const int64_t nh = dense ? std::min(group - h % group, i1 - item) : 1;
       const float* qh = q + (t * n_head + h) * dk;
       const int64_t pos = b.pos[t];
       // Causal mask: the cells of this sequence at positions <= pos (a prefix: positions grow).
@@ -293,10 +294,17 @@ void attention_core(Fwd& f, int il, const float* q, int64_t n_head, int64_t n_he
   if (f.pool != nullptr) {
     // Causal rows cost as many cells as their position: a contiguous split of a prompt's rows
     // gave one of two threads 3/4 of the work. Threads take one token's heads at a time,
-    // latest (longest) tokens first, so the pieces left at the end are the short ones.
+    // latest (longest) tokens first, so the pieces left at the end are the short ones. With
+    // few tokens (decode) a token's heads are split too, else one thread would read a long
+    // context alone: into whole KV groups where that still leaves two pieces per thread.
     // Wrapped by reference so the std::function stays in its small buffer (no allocation).
+    int64_t piece = n_head;
+    if (b.n < 2 * n_threads) {
+      piece = std::clamp<int64_t>(n_items / (2 * n_threads), 1, n_head);
+      if (piece >= group) piece = piece / group * group;
+    }
     f.pool->parallel_for_dynamic(
-        n_items, [&body, n_items](int64_t a, int64_t c, int th) { body(n_items - c, n_items - a, th); }, n_head);
+        n_items, [&body, n_items](int64_t a, int64_t c, int th) { body(n_items - c, n_items - a, th); }, piece);
   } else {
     body(0, n_items, 0);
   }

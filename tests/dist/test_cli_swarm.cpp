@@ -1,7 +1,7 @@
 // The swarm commands as a user runs them: `moesh gate` against real workers (exact path must be
 // bit-identical and PASS; a lossy path prints its table and lists every argmax flip it counted;
 // the curation line, --raw-sequences and --sequences-from), `moesh run` through workers
-// printing the same tokens as all-local, and `moesh bench --timing`'s step breakdown.
+// printing the same tokens as all-local, `moesh bench --timing`'s step breakdown and `bench -d`.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -116,6 +116,37 @@ TEST(CliSwarm, RunThroughWorkersPrintsTheLocalTokens) {
 // `moesh bench --timing`: the experts' share of each step locally, and through two replicas of
 // every expert each worker's request count, latency and reported compute (numbers, not just
 // the labels: every decoded token makes one request per MoE layer, split over both replicas).
+// bench -d: each pp / tg test starts from a cache already holding D tokens, prefilled once and
+// untimed, so the rows carry "@ dD" and --timing / the trips line count the timed tokens only.
+TEST(CliSwarm, BenchDepthStartsEachTestFromAPrefilledCache) {
+  const std::string model = made_qwen3moe();
+  auto w = WorkerProcess::spawn(model, "*:*");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  auto loaded = Model::load(model);
+  ASSERT_TRUE(loaded.is_ok());
+  int n_moe = 0;
+  for (const auto& l : (*loaded)->layers) n_moe += l.is_moe;
+  RunResult r = run_moesh("bench -m " + quoted(model) + " -d 24 -p 5 -n 6 -r 2 -t 1 --timing --worker " +
+                          (*w)->address().to_string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::regex row(R"(\|\s+(pp5|tg6) @ d24 \|\s+([0-9.]+) ± )");
+  int rows = 0;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), row), end; it != end; ++it) {
+    ++rows;
+    EXPECT_GT(std::stod((*it)[2]), 0.0) << (*it)[0];
+  }
+  EXPECT_EQ(rows, 2) << r.out;
+  // tg6: 6 tokens x 2 reps, one trip per MoE layer each; the 24 prefilled tokens are not counted.
+  const std::regex trips(R"(trips: ([0-9.]+) per token \((\d+) layer calls)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, trips)) << r.out;
+  EXPECT_EQ(std::stoll(m[2]), int64_t{6} * 2 * n_moe) << r.out;
+
+  RunResult bad = run_moesh("bench -m " + quoted(model) + " -d -1 -p 0 -n 2 -r 1");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("-d must be >= 0"), std::string::npos) << bad.err;
+}
+
 TEST(CliSwarm, BenchTimingBreaksDownTheStep) {
   const std::string model = made_qwen3moe();
   auto a = WorkerProcess::spawn(model, "*:*");

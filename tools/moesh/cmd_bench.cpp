@@ -22,6 +22,7 @@ struct BenchArgs {
   std::string model;
   int n_prompt = 512;
   int n_gen = 128;
+  int depth = 0;  // tokens already in the cache before each pp / tg test (llama-bench's -d)
   int threads = 0;
   int reps = 3;
   bool timing = false;
@@ -118,8 +119,8 @@ void print_timing(const TimedExecutor& t, const RemoteExecutor* remote, const st
 }
 
 int run_bench(const BenchArgs& a) {
-  if (a.n_prompt < 0 || a.n_gen < 0 || a.reps < 1 || a.streams < 1) {
-    std::fprintf(stderr, "moesh bench: error: -p and -n must be >= 0, -r and --streams >= 1\n");
+  if (a.n_prompt < 0 || a.n_gen < 0 || a.depth < 0 || a.reps < 1 || a.streams < 1) {
+    std::fprintf(stderr, "moesh bench: error: -p, -n and -d must be >= 0, -r and --streams >= 1\n");
     return 2;
   }
   auto model = load_model_or_report(a.model, false, "bench", a.memory);
@@ -127,7 +128,7 @@ int run_bench(const BenchArgs& a) {
   const HParams& hp = model->hparams();
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(hp.n_vocab - 1));
-  std::vector<int32_t> toks(static_cast<size_t>(std::max(a.n_prompt, a.n_gen)));
+  std::vector<int32_t> toks(static_cast<size_t>(a.depth + std::max(a.n_prompt, a.n_gen)));
   for (auto& t : toks) t = dist(rng);
 
   std::shared_ptr<RemoteExecutor> remote;
@@ -141,7 +142,8 @@ int run_bench(const BenchArgs& a) {
   std::vector<int32_t> grounded;
   for (int r = 0; r < 4; ++r)
     grounded.insert(grounded.end(), toks.begin(), toks.begin() + std::min<size_t>(16, toks.size()));
-  cp.n_ctx = std::max<int64_t>(std::max(a.n_prompt, a.n_gen), static_cast<int64_t>(grounded.size()) + a.n_gen) + 1;
+  cp.n_ctx =
+      std::max<int64_t>(a.depth + std::max(a.n_prompt, a.n_gen), static_cast<int64_t>(grounded.size()) + a.n_gen) + 1;
   cp.executor = remote;
   cp.micro_batching = micro_batching_of(a.swarm);
   std::shared_ptr<TimedExecutor> timed;
@@ -155,17 +157,35 @@ int run_bench(const BenchArgs& a) {
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
   using clock = std::chrono::steady_clock;
 
+  // With --depth, each pp / tg test starts where a long conversation would: `depth` tokens in the
+  // cache (attention reads depth cells per token). They are prefilled once, untimed, into a spare
+  // sequence, and each test starts from a copy of it (KV cells, recurrent state; span peers
+  // follow the copy), so --timing and the trips line count only the timed tokens.
+  constexpr int32_t kDepthSeq = 1;
+  ctx.state().clear();
+  if (a.depth > 0) {
+    if (Status st = ctx.decode(kDepthSeq, toks.data(), a.depth, logits.data(), false); !st.is_ok()) {
+      std::fprintf(stderr, "moesh bench: error: prefilling --depth %d: %s\n", a.depth, st.to_string().c_str());
+      return 1;
+    }
+  }
+  auto fill_depth = [&]() -> Status {
+    ctx.state().remove(0);
+    if (a.depth > 0) return ctx.state().copy(kDepthSeq, 0, a.depth);
+    return Status::ok();
+  };
+  const int32_t* after = toks.data() + a.depth;
   auto time_pp = [&]() -> Result<double> {
-    ctx.state().clear();
+    MOESH_RETURN_IF_ERROR(fill_depth());
     const auto t0 = clock::now();
-    MOESH_RETURN_IF_ERROR(ctx.decode(0, toks.data(), a.n_prompt, logits.data(), false));
+    MOESH_RETURN_IF_ERROR(ctx.decode(0, after, a.n_prompt, logits.data(), false));
     return a.n_prompt / std::chrono::duration<double>(clock::now() - t0).count();
   };
   auto time_tg = [&]() -> Result<double> {
-    ctx.state().clear();
+    MOESH_RETURN_IF_ERROR(fill_depth());
     const auto t0 = clock::now();
     for (int i = 0; i < a.n_gen; ++i) {
-      MOESH_RETURN_IF_ERROR(ctx.decode(0, &toks[i], 1, logits.data(), false));
+      MOESH_RETURN_IF_ERROR(ctx.decode(0, &after[i], 1, logits.data(), false));
     }
     return a.n_gen / std::chrono::duration<double>(clock::now() - t0).count();
   };
@@ -248,9 +268,10 @@ int run_bench(const BenchArgs& a) {
       wall += n / *x;
     }
     const Stat s = stats(tps);
-    std::printf("| %-40s | %6.2f MiB | %7d | %16s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
-                fmt::format("{}{}", which == 0 ? "pp" : "tg", n).c_str(),
-                fmt::format("{:.2f} ± {:.2f}", s.mean, s.std).c_str());
+    std::printf(
+        "| %-40s | %6.2f MiB | %7d | %16s | %20s |\n", shown.c_str(), mib, ctx.pool().n_threads(),
+        fmt::format("{}{}{}", which == 0 ? "pp" : "tg", n, a.depth > 0 ? fmt::format(" @ d{}", a.depth) : "").c_str(),
+        fmt::format("{:.2f} ± {:.2f}", s.mean, s.std).c_str());
     if (timed) print_timing(*timed, remote.get(), before, wall, static_cast<double>(n) * a.reps);
     if (which == 1) tg_mean = s.mean;
     if (remote && which == 1) {
@@ -360,6 +381,10 @@ const CommandRegistrar kRegisterBench{Command{
       add_memory_flags(sub, &a->memory);
       sub->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens (pp test; 0: skip)")->capture_default_str();
       sub->add_option("-n,--n-gen", a->n_gen, "Generated tokens (tg test; 0: skip)")->capture_default_str();
+      sub->add_option("-d,--depth", a->depth,
+                      "Tokens already in the KV cache before each pp / tg test (prefilled untimed; rows "
+                      "ppN @ dD, tgN @ dD)")
+          ->capture_default_str();
       sub->add_option("-t,--threads", a->threads, "Compute threads (default: all cores)");
       sub->add_option("-r,--repetitions", a->reps, "Timed repetitions")->capture_default_str();
       sub->add_flag("--timing", a->timing,
