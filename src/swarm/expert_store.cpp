@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 
 #include "moesh/swarm/swarm.h"
 
@@ -45,6 +47,14 @@ Status check_triplet(const ExpertWeights& w, const ModelShape& shape) {
 }
 
 }  // namespace
+
+struct ExpertStore::Region {
+  void* base = nullptr;
+  size_t bytes = 0;
+  ~Region() {
+    if (base != nullptr) ::munmap(base, bytes);
+  }
+};
 
 ExpertStore::~ExpertStore() = default;
 
@@ -238,6 +248,80 @@ void ExpertStore::prefault() const {
     }
   }
   (void)sink;
+}
+
+Status ExpertStore::load_into_memory() {
+  if (region_ != nullptr) return Status::ok();
+  constexpr size_t kAlign = 64;  // every copied slab run starts on a cache line
+  auto tensors_of = [](ExpertWeights& w) {
+    return std::array<TensorView*, 6>{&w.gate, &w.up, &w.down, &w.gate_b, &w.up_b, &w.down_b};
+  };
+  // A block's run of experts in tensor t: its bytes and where it starts in the source.
+  auto run_of = [](const TensorView& t, const Block& b) {
+    const bool bias = t.n_dims == 2;  // one row per expert
+    const size_t slab = bias ? t.nb[1] : expert_slab_bytes(t);
+    const size_t off = bias ? static_cast<size_t>(b.index_base) * t.nb[1] : expert_slab_offset(t, b.index_base);
+    return std::pair<size_t, size_t>{off, size_t{b.count} * slab};
+  };
+  size_t total = 0;
+  for (const Block& b : blocks_) {
+    for (TensorView* t : tensors_of(*weights_[b.w_index])) {
+      if (t->valid()) total += (run_of(*t, b).second + kAlign - 1) & ~(kAlign - 1);
+    }
+  }
+  if (total == 0) return Status::ok();
+  auto r = std::make_unique<Region>();
+  void* a = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (a == MAP_FAILED) {
+    const int err = errno;
+    return make_error(StatusCode::kIoError, "cannot allocate {} bytes for the held slabs: {}", total,
+                      std::strerror(err));
+  }
+  r->base = a;
+  r->bytes = total;
+#if defined(MADV_HUGEPAGE)
+  (void)::madvise(a, total, MADV_HUGEPAGE);  // a hint: without THP the copy still works
+#endif
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const bool mapped_file = file_ != nullptr && !file_->in_memory() && file_->size() > 0;
+  auto* dst = static_cast<uint8_t*>(a);
+  std::vector<Block> blocks = blocks_;
+  std::vector<std::unique_ptr<ExpertWeights>> copies;  // one per block, pointing into the region
+  for (Block& b : blocks) {
+    auto w = std::make_unique<ExpertWeights>(*weights_[b.w_index]);
+    for (TensorView* t : tensors_of(*w)) {
+      if (!t->valid()) continue;
+      const auto [off, n] = run_of(*t, b);
+      const uint8_t* src = t->data + off;
+      std::memcpy(dst, src, n);
+      if (t->n_dims == 2) {
+        t->ne[1] = b.count;
+        t->nb[2] = t->nb[1] * static_cast<size_t>(t->ne[1]);
+      } else {
+        t->ne[2] = b.count;
+      }
+      t->nb[3] = t->nb[2] * static_cast<size_t>(t->ne[2]);
+      t->data = dst;
+      dst += (n + kAlign - 1) & ~(kAlign - 1);
+      // Drop the file's pages of this run from our mapping (they refault from the page cache if
+      // ever read again): only whole pages inside the run, and never an anonymous copy of the
+      // file (there DONTNEED would zero the bytes).
+      if (mapped_file) {
+        const uintptr_t p0 = (reinterpret_cast<uintptr_t>(src) + page - 1) & ~(uintptr_t{page} - 1);
+        const uintptr_t p1 = (reinterpret_cast<uintptr_t>(src) + n) & ~(uintptr_t{page} - 1);
+        if (p1 > p0) (void)::madvise(reinterpret_cast<void*>(p0), p1 - p0, MADV_DONTNEED);
+      }
+    }
+    b.index_base = 0;
+    b.w_index = weights_.size() + copies.size();
+    copies.push_back(std::move(w));
+  }
+  (void)::mprotect(a, total, PROT_READ);  // weights are never written
+  // The copies go after the file's views, which stay valid (nothing points at them any more).
+  for (auto& w : copies) weights_.push_back(std::move(w));
+  blocks_ = std::move(blocks);
+  region_ = std::move(r);
+  return Status::ok();
 }
 
 }  // namespace moesh::swarm

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "moesh/model/model.h"
@@ -251,6 +252,101 @@ TEST(WorkerComputeWire, Q8HiddenOnQ8_0ExpertsIsTheLocalBits) {
       ExpertStore::open(testing::open_gguf(small_model(MakeArch::kQwen3Moe, MakeFileType::kF32, 31)), ExpertSet{});
   ASSERT_TRUE(f32store.is_ok());
   for (uint8_t a : detail::layer_activation_dtypes(**f32store)) EXPECT_EQ(a, wire::kNoActDType);
+}
+
+// load_into_memory: the held slabs (and bias rows) copied into one huge-page region serve the
+// same bits as the mapping, for a full model with held runs that start mid-stack, an expert
+// slice, k-quant experts and gpt-oss's biased experts; nothing else changes (held set, slab
+// bytes, unheld experts refused).
+void expect_memory_store_gives_mapped_bits(const std::string& path, const std::string& spec, int n_embd) {
+  SCOPED_TRACE(path + " held " + spec);
+  auto open = [&] {
+    auto file = gguf::File::open(path);
+    EXPECT_TRUE(file.is_ok());
+    auto shape = model_shape(**file);
+    EXPECT_TRUE(shape.is_ok());
+    ExpertSet held;
+    if (!spec.empty()) held = *parse_expert_spec(spec, *shape);
+    auto st = ExpertStore::open(std::move(*file), held);
+    EXPECT_TRUE(st.is_ok()) << st.status().to_string();
+    return std::move(*st);
+  };
+  std::unique_ptr<ExpertStore> mapped = open(), copied = open();
+  ASSERT_TRUE(copied->load_into_memory().is_ok());
+  ASSERT_TRUE(copied->in_memory());
+  EXPECT_FALSE(mapped->in_memory());
+  EXPECT_TRUE(copied->load_into_memory().is_ok());  // twice is a no-op
+  EXPECT_EQ(copied->held().to_string(), mapped->held().to_string());
+  EXPECT_EQ(copied->slab_bytes(), mapped->slab_bytes());
+  const uint8_t* file0 = copied->file().base();
+  const uint8_t* file1 = file0 + copied->file().size();
+  const ModelShape& shape = mapped->shape();
+  detail::ComputeScratch scratch;
+  int n_layers_checked = 0;
+  for (const wire::ExpertRange& range : mapped->held().ranges) {
+    // One token per held expert of the range (k = 1), so every slab is read.
+    const int n_tok = static_cast<int>(range.count);
+    Routed r;
+    for (uint32_t e = range.first; e < range.first + range.count; ++e) {
+      r.ids.push_back(static_cast<int32_t>(e));
+      r.weights.push_back(0.75f);
+    }
+    const std::vector<float> x = random_rows(900 + range.layer, n_tok, n_embd);
+    const wire::DispatchMsg m = make_dispatch(range.layer, x, n_tok, n_embd, r, 1, wire::CombineMode::kExact);
+    auto a = detail::compute_dispatch(*mapped, m, &scratch, nullptr);
+    auto b = detail::compute_dispatch(*copied, m, &scratch, nullptr);
+    ASSERT_TRUE(a.ok) << a.text;
+    ASSERT_TRUE(b.ok) << b.text;
+    ASSERT_EQ(a.combine.rows.bytes.size(), b.combine.rows.bytes.size());
+    EXPECT_EQ(std::memcmp(a.combine.rows.bytes.data(), b.combine.rows.bytes.data(), a.combine.rows.bytes.size()), 0)
+        << "layer " << range.layer;
+    for (uint32_t e = range.first; e < range.first + range.count; ++e) {
+      const ExpertStore::Slot slot = copied->find(range.layer, e);
+      ASSERT_NE(slot.weights, nullptr);
+      for (const TensorView* t : {&slot.weights->gate, &slot.weights->up, &slot.weights->down, &slot.weights->gate_b}) {
+        if (t->valid()) EXPECT_TRUE(t->data < file0 || t->data >= file1) << t->name << " still points into the file";
+      }
+    }
+    ++n_layers_checked;
+  }
+  EXPECT_GT(n_layers_checked, 0);
+  // An expert not held stays refused.
+  for (uint32_t l : shape.moe_layers) {
+    for (uint32_t e = 0; e < shape.n_expert; ++e) {
+      if (mapped->held().holds(l, e)) continue;
+      EXPECT_EQ(copied->find(l, e).weights, nullptr);
+      const std::vector<float> x = random_rows(1, 1, n_embd);
+      Routed r{{static_cast<int32_t>(e)}, {1.0f}};
+      auto out = detail::compute_dispatch(*copied, make_dispatch(l, x, 1, n_embd, r, 1, wire::CombineMode::kExact),
+                                          &scratch, nullptr);
+      EXPECT_FALSE(out.ok);
+      EXPECT_EQ(out.error, wire::WireError::kNotHeld);
+      return;
+    }
+  }
+}
+
+TEST(ExpertStoreMemory, CopiedSlabsGiveTheMappedBits) {
+  const std::string q8 = small_model(MakeArch::kQwen3Moe, MakeFileType::kQ8_0, 31);
+  expect_memory_store_gives_mapped_bits(q8, "", 64);
+  expect_memory_store_gives_mapped_bits(q8, "0:1-2,0:5,1:3-7", 64);
+  expect_memory_store_gives_mapped_bits(small_model(MakeArch::kDeepseek2, MakeFileType::kQ8_0, 31), "*:2-5", 64);
+  expect_memory_store_gives_mapped_bits(kquant_model(), "*:1-6", 256);
+  const std::string slice = testing::temp_dir() + "/mem-slice.gguf";
+  {
+    auto full = gguf::File::open(q8);
+    ASSERT_TRUE(full.is_ok());
+    auto shape = model_shape(**full);
+    ASSERT_TRUE(write_expert_slice(**full, *parse_expert_spec("0:2-6,1:0-3", *shape), slice).is_ok());
+  }
+  expect_memory_store_gives_mapped_bits(slice, "", 64);
+  expect_memory_store_gives_mapped_bits(slice, "0:3-4", 64);
+  const std::string gptoss = std::string(MOESH_REFERENCE_DIR) + "/archs/gptoss-a.MXFP4_MOE.gguf";
+  if (!std::filesystem::exists(gptoss)) GTEST_SKIP() << "SKIPPED: " << gptoss << " absent (biased experts)";
+  auto f = gguf::File::open(gptoss);
+  ASSERT_TRUE(f.is_ok());
+  const int n_embd = static_cast<int>(model_shape(**f)->n_embd);
+  expect_memory_store_gives_mapped_bits(gptoss, "0:2-5,1:7", n_embd);
 }
 
 TEST(WorkerComputeErrors, UnheldExpertWrongLayerAndWidth) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "command.h"
+#include "model_cli.h"
 #include "moesh/serve/worker_http.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/util/process.h"
@@ -24,10 +25,11 @@ struct WorkerArgs {
   std::string metrics;            // --metrics HOST:PORT
   std::string tls_cert, tls_key;  // --tls-cert, --tls-key
   bool listen_given = false;
-  int64_t batch_window_us = 0;       // --batch-window-us
-  uint32_t max_batch_tokens = 4096;  // --max-batch-tokens
-  std::string replica_dir;           // --replica-dir
-  double replica_mb = 0;             // --replica-mb
+  int64_t batch_window_us = 0;                              // --batch-window-us
+  uint32_t max_batch_tokens = 4096;                         // --max-batch-tokens
+  std::string replica_dir;                                  // --replica-dir
+  double replica_mb = 0;                                    // --replica-mb
+  LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
 };
 
 swarm::Worker* g_worker = nullptr;
@@ -96,7 +98,7 @@ int run_worker(const WorkerArgs& a) {
   const uint64_t rss0 = resident_bytes();
   auto store = swarm::ExpertStore::open(std::move(*file), held);
   if (!store) return fail(store.status());
-  (*store)->prefault();
+  if (!place_slabs(store->get(), a.memory, "worker")) return 1;
   const uint64_t rss1 = resident_bytes();
   o.n_threads = a.threads;
   o.congestion = a.congestion;
@@ -134,8 +136,8 @@ int run_worker(const WorkerArgs& a) {
   std::printf("model %s (id %s)\n", s.file().path().c_str(), s.identity().hex().c_str());
   std::printf("held experts: %llu (%s)\n", static_cast<unsigned long long>(s.held().n_pairs()),
               s.held().to_string().c_str());
-  std::printf("slab bytes: %llu (%.2f MiB)\n", static_cast<unsigned long long>(s.slab_bytes()),
-              s.slab_bytes() / 1048576.0);
+  std::printf("slab bytes: %llu (%.2f MiB, %s)\n", static_cast<unsigned long long>(s.slab_bytes()),
+              s.slab_bytes() / 1048576.0, s.in_memory() ? "in huge-page memory" : "mapped");
   std::printf("rss: %llu bytes (%.2f MiB; %.2f MiB before touching slabs)\n", static_cast<unsigned long long>(rss1),
               rss1 / 1048576.0, rss0 / 1048576.0);
   if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
@@ -213,6 +215,7 @@ const CommandRegistrar kRegisterWorker{
                               "against the model's hashes, mapped from disk, mapped again at the next start");
               sub->add_option("--replica-mb", a->replica_mb, "Most MiB of replica slabs to keep (with --replica-dir)");
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
+              add_memory_flags(sub, &a->memory);
               return [a] { return run_worker(*a); };
             }}};
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "command.h"
+#include "moesh/util/process.h"
 
 namespace moesh::cli {
 std::vector<Command>& registry() {
@@ -16,6 +17,7 @@ std::vector<Command>& registry() {
 
 int main(int argc, char** argv) {
   using namespace moesh::cli;
+  moesh::keep_freed_memory();  // no page faults on every trip's buffers (util/process.h)
   CLI::App app{"moesh: Mixture-of-Experts inference across a swarm of machines"};
   app.require_subcommand(1);
   bool verbose = false;

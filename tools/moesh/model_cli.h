@@ -74,6 +74,23 @@ inline void add_memory_flags(CLI::App* sub, LoadOptions::Memory* m) {
   map->excludes(mem);
 }
 
+// Where a worker's (or span peer's) expert slabs live, by --mmap / --no-mmap: auto copies them
+// into huge-page memory when they take at most half the free memory (ExpertStore::
+// load_into_memory: faster expert calls), else they stay mapped and are pre-faulted. A copy that
+// cannot be had falls back to the mapping with a warning, or fails with --no-mmap. False: failed
+// (said on stderr).
+inline bool place_slabs(swarm::ExpertStore* store, LoadOptions::Memory m, const char* cmd) {
+  if (choose_file_load(m, store->slab_bytes()) == gguf::FileLoad::kMemory) {
+    Status st = store->load_into_memory();
+    if (st.is_ok()) return true;
+    std::fprintf(stderr, "moesh %s: %s: %s\n", cmd, m == LoadOptions::Memory::kMemory ? "error" : "warning",
+                 st.to_string().c_str());
+    if (m == LoadOptions::Memory::kMemory) return false;
+  }
+  store->prefault();
+  return true;
+}
+
 // The chat template to use: --chat-template when given, else the file's own; a file without one
 // gets its architecture's family (e.g. glm4 for glm4moe), said on stderr so it is no surprise.
 inline std::string chat_template_spec(const Model& model, const std::string& flag, const char* cmd) {
