@@ -75,7 +75,7 @@ if [ "$one" != 1 ]; then
 else
   echo "listening on 127.0.0.1:0" >"$logs/b"  # no second worker
 fi
-port() { grep -o "listening on [0-9.]*:[0-9]*" "$1" | sed 's/.*://'; }
+port() { grep -so "listening on [0-9.]*:[0-9]*" "$1" | sed 's/.*://'; }
 for _ in $(seq 1 300); do
   [ -n "$(port "$logs/a")" ] && [ -n "$(port "$logs/b")" ] && break
   sleep 0.1
