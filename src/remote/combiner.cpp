@@ -9,14 +9,18 @@
 namespace moesh {
 
 void combine_exact(const RoutingPlan& plan, std::span<const float* const> slot_rows, int64_t n_embd, float* out,
-                   ThreadPool* pool) {
+                   ThreadPool* pool, std::span<const float* const> prefix_rows, std::span<const uint8_t> prefix_len) {
   const int k = plan.k;
   auto token = [&](int64_t t) {
     float* o = out + t * n_embd;
     const float* wt = plan.weights.data() + t * k;
+    int rk = 0;
+    if (!prefix_rows.empty() && prefix_rows[static_cast<size_t>(t)] != nullptr) {
+      std::copy_n(prefix_rows[static_cast<size_t>(t)], n_embd, o);  // the sum through its ranks, as it stands here
+      rk = prefix_len[static_cast<size_t>(t)];
+    }
     // LocalExecutor's stage D, operation for operation: out = y0*w0; out = out + yr*wr.
-    for (int rk = 0; rk < k; ++rk)
-      rank_sum_step(o, slot_rows[static_cast<size_t>(t * k + rk)], wt[rk], n_embd, rk == 0);
+    for (; rk < k; ++rk) rank_sum_step(o, slot_rows[static_cast<size_t>(t * k + rk)], wt[rk], n_embd, rk == 0);
   };
   run_items(plan.n_tokens > 1 ? pool : nullptr, plan.n_tokens, token);
 }

@@ -77,6 +77,9 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   impl->health.resize(n);
   impl->hello = hello;
   impl->verify_rng.seed(opts.verify_seed);
+  // MOESH_EXACT_ROWS=1: raw rows for every EXACT request (the A/B baseline of exact_prefix_sums).
+  if (const char* e = std::getenv("MOESH_EXACT_ROWS"); e != nullptr && std::string(e) == "1")
+    impl->opts.exact_prefix_sums = false;
   // Replicas: the near ones take the load (planner.h); until trips are measured, the warm-up RTT.
   impl->planner.set_worker_costs(impl->worker_costs());
   return std::unique_ptr<RemoteExecutor>(new RemoteExecutor(std::move(impl)));
@@ -714,6 +717,8 @@ void RemoteExecutor::Impl::send_requests(Job& job, size_t first) {
     r.msg.hidden = std::move(*rows);
     r.msg.layer = static_cast<uint32_t>(job.layer);
     r.msg.mode = opts.combine;
+    r.prefix_sums = use_prefix_sums(r);
+    if (r.prefix_sums) r.msg.mode = wire::CombineMode::kPartial;
     r.msg.return_dtype = opts.return_wire;
     r.msg.deadline_ms = static_cast<uint32_t>(std::clamp<int64_t>(opts.timeout.count(), 1, UINT32_MAX));
     auto frame = wire::encode_dispatch(r.msg);
@@ -749,6 +754,7 @@ void RemoteExecutor::Impl::send_requests(Job& job, size_t first) {
       workers[r.worker].bytes_sent += frame->size();
     }
     ++traffic.dispatch_frames;
+    traffic.prefix_sum_requests += r.prefix_sums ? 1 : 0;
     traffic.dispatch_bytes += frame->size();
     traffic.remote_pairs += r.msg.pairs.size();
     // Nothing of this call is gathered before wait(), so every request started so far is out.
@@ -878,12 +884,29 @@ void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
     // Every (token, rank) slot's raw output, wherever it was computed.
     slot_src.assign(static_cast<size_t>(job.n_tokens * plan.k), nullptr);
     for (size_t i = 0; i < job.local_slots.size(); ++i) slot_src[job.local_slots[i]] = ylocal.data() + i * D;
+    bool any_prefix = false;
+    for (size_t q = 0; q < job.n_reqs; ++q) any_prefix |= !job.reqs[q].failed && job.reqs[q].prefix_sums;
+    if (any_prefix) {
+      prefix_src.assign(static_cast<size_t>(job.n_tokens), nullptr);
+      prefix_len.assign(static_cast<size_t>(job.n_tokens), 0);
+    }
     for (size_t q = 0; q < job.n_reqs; ++q) {
       const Request& r = job.reqs[q];
       if (r.failed) continue;  // its slots were recomputed by other holders
+      if (r.prefix_sums) {
+        for (size_t j = 0; j < r.tokens.size(); ++j) {
+          prefix_src[static_cast<size_t>(r.tokens[j])] = r.rows.data() + j * D;
+          prefix_len[static_cast<size_t>(r.tokens[j])] = r.msg.pair_counts[j];
+        }
+        continue;
+      }
       for (size_t j = 0; j < r.slots.size(); ++j) slot_src[r.slots[j]] = r.rows.data() + j * D;
     }
-    combine_exact(plan, slot_src, D, job.out.data(), pool);
+    if (any_prefix) {
+      combine_exact(plan, slot_src, D, job.out.data(), pool, prefix_src, prefix_len);
+    } else {
+      combine_exact(plan, slot_src, D, job.out.data(), pool);
+    }
     return;
   }
   partials.clear();

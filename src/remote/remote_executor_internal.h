@@ -89,6 +89,10 @@ struct RemoteExecutor::Impl {
     std::vector<int32_t> tokens;  // batch index of each dispatched token
     std::vector<int32_t> slots;   // token*k + rank of each pair, in pair order
     std::vector<float> rows;      // decoded COMBINE rows
+    // An EXACT call's request whose every token carries ranks 0..j of that token: sent as PARTIAL,
+    // so the worker answers one rank-order sum per token (the bits the backbone's own sum has after
+    // rank j) instead of j+1 raw rows (RemoteOptions::exact_prefix_sums).
+    bool prefix_sums = false;
   };
   struct Job : SubmittedJob {
     net::Deadline deadline;
@@ -165,6 +169,8 @@ struct RemoteExecutor::Impl {
   std::vector<int32_t> lids;
   RoutingPlan local_plan;
   std::vector<const float*> slot_src;
+  std::vector<const float*> prefix_src;  // combine_exact's rank-prefix sums per token
+  std::vector<uint8_t> prefix_len;
   std::vector<uint8_t> seen;
 
   wire::WireDType hidden_dtype(size_t w, int layer) const {
@@ -175,6 +181,22 @@ struct RemoteExecutor::Impl {
                      static_cast<size_t>(layer) < act.size() &&
                      act[static_cast<size_t>(layer)] == static_cast<uint8_t>(wire::WireDType::kQ8K);
     return q8k ? wire::WireDType::kQ8K : wire::WireDType::kQ8;
+  }
+  // RemoteOptions::exact_prefix_sums: EXACT with f32 returns, and each token's pairs in `r` are
+  // its ranks 0, 1, ..., j in order, so the worker's rank-order sum is the backbone's own partial
+  // sum after rank j (with any other return dtype the sum would be rounded once instead of each
+  // row: other bits).
+  bool use_prefix_sums(const Request& r) const {
+    if (!opts.exact_prefix_sums || opts.combine != wire::CombineMode::kExact ||
+        opts.return_wire != wire::WireDType::kF32)
+      return false;
+    size_t p = 0;
+    for (uint8_t n : r.msg.pair_counts) {
+      for (uint8_t j = 0; j < n; ++j, ++p) {
+        if (r.msg.pairs[p].rank != j) return false;
+      }
+    }
+    return p == r.msg.pairs.size();
   }
   std::string where(const Job& j, const Request& r) const {
     return fmt::format("worker {}, layer {}, request {}", fan->link(r.worker).label, j.layer, r.msg.request_id);

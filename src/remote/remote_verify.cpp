@@ -145,7 +145,7 @@ Status RemoteExecutor::Impl::verify(Job& job, size_t q) {
   // What the worker should have returned: the raw outputs (exact), or per token the weighted sum
   // of its pairs in rank order (partial).
   const int64_t D = n_embd;
-  const bool exact = opts.combine == wire::CombineMode::kExact;
+  const bool exact = r.msg.mode == wire::CombineMode::kExact;  // prefix-sum requests went as PARTIAL
   if (exact) {
     verify_rows.assign(res->begin(), res->end());
   } else {

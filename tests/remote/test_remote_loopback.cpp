@@ -131,6 +131,51 @@ TEST(RemoteLoopback, ExactWithReplicasAndAnExcludedWorkerEqualsLocal) {
   EXPECT_GT((*exec)->traffic().local_pairs, 0u);
 }
 
+// EXACT requests whose tokens carry ranks 0..j (one worker holding everything: every request)
+// come back as one rank-order sum per token and the combine goes on from it: the same bits with
+// a fraction of the bytes; raw rows (exact_prefix_sums off) give the same bits too. With the
+// experts split in halves only some requests qualify, and the bits still hold.
+TEST(RemoteLoopback, ExactRankPrefixSumsKeepTheBitsWithFewerBytes) {
+  LoopSwarm s;
+  ASSERT_NO_FATAL_FAILURE(open_model(&s));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:*"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:0-7"));
+  ASSERT_NO_FATAL_FAILURE(s.add_worker("*:8-15"));
+  const auto tokens = tokens_of(*s.model);
+  auto local = run_model(*s.model, tokens);
+  ASSERT_TRUE(local.is_ok()) << local.status().to_string();
+  auto run = [&](bool sums, bool one_worker) -> RemoteTraffic {
+    RemoteOptions o;
+    o.exact_prefix_sums = sums;
+    auto exec = s.connect(o);
+    EXPECT_TRUE(exec.is_ok()) << exec.status().to_string();
+    if (!exec.is_ok()) return {};
+    // One worker: the two halves are excluded; halves: the whole one is.
+    (*exec)->set_excluded(0, !one_worker);
+    (*exec)->set_excluded(1, one_worker);
+    (*exec)->set_excluded(2, one_worker);
+    auto lg = run_model(*s.model, tokens, *exec);
+    EXPECT_TRUE(lg.is_ok()) << lg.status().to_string();
+    if (lg.is_ok()) {
+      EXPECT_EQ(std::memcmp(lg->data(), local->data(), local->size() * sizeof(float)), 0)
+          << "sums " << sums << " one worker " << one_worker;
+    }
+    const RemoteTraffic t = (*exec)->traffic();
+    EXPECT_EQ(t.local_pairs, 0u);
+    return t;
+  };
+  const RemoteTraffic rows = run(false, true), sums = run(true, true);
+  EXPECT_EQ(rows.prefix_sum_requests, 0u);
+  EXPECT_GT(sums.dispatch_frames, 0u);
+  EXPECT_EQ(sums.prefix_sum_requests, sums.dispatch_frames) << "one worker holds every rank of every token";
+  EXPECT_EQ(sums.dispatch_frames, rows.dispatch_frames);
+  // top-4: 4 raw rows per token against 1 sum.
+  EXPECT_LT(sums.combine_bytes * 3, rows.combine_bytes);
+  const RemoteTraffic split = run(true, false);
+  EXPECT_GT(split.prefix_sum_requests, 0u);
+  EXPECT_LT(split.prefix_sum_requests, split.dispatch_frames);
+}
+
 TEST(RemoteLoopback, AWorkerFailingMidCallIsCoveredWithinTheCallAndRejoins) {
   LoopSwarm s;
   ASSERT_NO_FATAL_FAILURE(halves(&s));

@@ -18,8 +18,13 @@
 namespace moesh {
 
 // slot_rows[t*k + r] points at the raw output of slot (t, r), n_embd floats. out: [n_tokens][n_embd].
+// Rank-prefix sums (optional, per token): prefix_rows[t] non-null is w0*y0 + ... + wj*yj summed
+// in rank order with these same operations (a worker that held ranks 0..j of token t and answered
+// its EXACT request summed: the bits the sum would have here after rank j), prefix_len[t] = j+1;
+// the sum goes on from rank j+1 with slot_rows, so the result is unchanged.
 void combine_exact(const RoutingPlan& plan, std::span<const float* const> slot_rows, int64_t n_embd, float* out,
-                   ThreadPool* pool);
+                   ThreadPool* pool, std::span<const float* const> prefix_rows = {},
+                   std::span<const uint8_t> prefix_len = {});
 
 // One worker's partial sums: rows[j] belongs to batch token tokens[j].
 struct PartialRows {

@@ -60,6 +60,12 @@ struct RemoteOptions {
   // Dtype of the expert results returned (COMBINE). kQ8 stays 32-value blocks (smaller error).
   wire::WireDType return_wire = wire::WireDType::kF32;
   wire::CombineMode combine = wire::CombineMode::kExact;
+  // EXACT with f32 returns: a request whose every token carries ranks 0..j of that token (one
+  // worker holding all of a token's experts, or its first ones) asks for one rank-order sum per
+  // token (PARTIAL on the wire) and the combine goes on from it: the same float operations in the
+  // same order, so the same bits, with 1 row back instead of j+1 (64 KiB -> 8 KiB per decode
+  // token of a 2048-wide top-8 model). false: raw rows always (environment MOESH_EXACT_ROWS=1).
+  bool exact_prefix_sums = true;
   std::chrono::milliseconds timeout{10000};         // per request (dispatch -> combine)
   std::chrono::milliseconds connect_timeout{5000};  // connect + handshake + warm-up, per worker
   net::TcpOptions tcp;                              // congestion control, buffers, NODELAY
@@ -134,10 +140,11 @@ Result<wire::Hello> backbone_hello(const Model& model, const RemoteOptions& opts
 struct RemoteTraffic {
   uint64_t dispatch_frames = 0, dispatch_bytes = 0;
   uint64_t combine_frames = 0, combine_bytes = 0;
-  uint64_t layer_calls = 0;   // submit() calls that involved at least one worker
-  uint64_t token_layers = 0;  // Σ over those calls of n_tokens
-  uint64_t remote_pairs = 0;  // (token, expert) pairs sent to workers
-  uint64_t local_pairs = 0;   // pairs computed by the backbone
+  uint64_t layer_calls = 0;          // submit() calls that involved at least one worker
+  uint64_t token_layers = 0;         // Σ over those calls of n_tokens
+  uint64_t remote_pairs = 0;         // (token, expert) pairs sent to workers
+  uint64_t local_pairs = 0;          // pairs computed by the backbone
+  uint64_t prefix_sum_requests = 0;  // EXACT requests answered as rank-prefix sums (exact_prefix_sums)
   // Most DISPATCHes of one layer call outstanding at the same time (sent, no COMBINE taken yet):
   // with star fan-out every involved worker's request is in flight together.
   uint64_t max_in_flight = 0;
