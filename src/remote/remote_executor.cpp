@@ -884,12 +884,8 @@ void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
     // Every (token, rank) slot's raw output, wherever it was computed.
     slot_src.assign(static_cast<size_t>(job.n_tokens * plan.k), nullptr);
     for (size_t i = 0; i < job.local_slots.size(); ++i) slot_src[job.local_slots[i]] = ylocal.data() + i * D;
-    bool any_prefix = false;
-    for (size_t q = 0; q < job.n_reqs; ++q) any_prefix |= !job.reqs[q].failed && job.reqs[q].prefix_sums;
-    if (any_prefix) {
-      prefix_src.assign(static_cast<size_t>(job.n_tokens), nullptr);
-      prefix_len.assign(static_cast<size_t>(job.n_tokens), 0);
-    }
+    prefix_src.assign(static_cast<size_t>(job.n_tokens), nullptr);  // rank-prefix sums, per token
+    prefix_len.assign(static_cast<size_t>(job.n_tokens), 0);
     for (size_t q = 0; q < job.n_reqs; ++q) {
       const Request& r = job.reqs[q];
       if (r.failed) continue;  // its slots were recomputed by other holders
@@ -902,11 +898,7 @@ void RemoteExecutor::Impl::combine(Job& job, std::span<const float> ylocal) {
       }
       for (size_t j = 0; j < r.slots.size(); ++j) slot_src[r.slots[j]] = r.rows.data() + j * D;
     }
-    if (any_prefix) {
-      combine_exact(plan, slot_src, D, job.out.data(), pool, prefix_src, prefix_len);
-    } else {
-      combine_exact(plan, slot_src, D, job.out.data(), pool);
-    }
+    combine_exact(plan, slot_src, D, job.out.data(), pool, prefix_src, prefix_len);
     return;
   }
   partials.clear();
