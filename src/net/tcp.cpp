@@ -80,7 +80,7 @@ std::string sockaddr_string(const sockaddr* sa) {
 
 class TcpStream final : public ByteStream {
  public:
-  TcpStream(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {
+  TcpStream(int fd, std::string peer, int poll_us) : fd_(fd), peer_(std::move(peer)), poll_us_(poll_us) {
     // Receive timestamps (software, in the kernel's receive path): last_arrival(). A kernel
     // that refuses leaves them unknown; nothing else depends on it.
     const int one = 1;
@@ -116,6 +116,7 @@ class TcpStream final : public ByteStream {
   }
 
   Result<size_t> read_some(std::span<uint8_t> buf, Deadline deadline) override {
+    bool spun = poll_us_ <= 0;
     while (true) {
       if (closed_.load()) return make_error(StatusCode::kUnavailable, "tcp {}: closed", peer_);
       const ssize_t n = timestamps_ ? recv_stamped(buf) : ::recv(fd_, buf.data(), buf.size(), 0);
@@ -123,6 +124,10 @@ class TcpStream final : public ByteStream {
       if (n == 0) return make_error(StatusCode::kUnavailable, "tcp {}: peer closed the connection", peer_);
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) return errno_status("tcp recv from " + peer_, errno);
+      if (!spun) {  // busy-poll once per read (TcpOptions::poll_us), then sleep in poll()
+        spun = true;
+        if (spin_until_readable(std::min(deadline, Clock::now() + std::chrono::microseconds(poll_us_)))) continue;
+      }
       MOESH_RETURN_IF_ERROR(wait_for(POLLIN, deadline, "read"));
     }
   }
@@ -180,6 +185,15 @@ class TcpStream final : public ByteStream {
     return n;
   }
 
+  // poll() with no timeout until the socket is readable (true), closed or `until` passes.
+  bool spin_until_readable(Clock::time_point until) {
+    while (!closed_.load() && Clock::now() < until) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0) return true;
+    }
+    return false;
+  }
+
   bool timestamps_ = false;
   Clock::time_point last_arrival_{};
   // Waits until the socket is ready for `events`, the deadline passes, or close() is called.
@@ -197,6 +211,7 @@ class TcpStream final : public ByteStream {
 
   int fd_;
   std::string peer_;
+  int poll_us_ = 0;
   std::atomic<bool> closed_{false};
 };
 
@@ -251,7 +266,7 @@ Result<std::unique_ptr<ByteStream>> tcp_connect(const std::string& host, uint16_
       last = st;
       continue;
     }
-    out = std::make_unique<TcpStream>(fd, peer);
+    out = std::make_unique<TcpStream>(fd, peer, opts.poll_us);
   }
   freeaddrinfo(res);
   if (!out) return last;
@@ -329,7 +344,7 @@ Result<std::unique_ptr<ByteStream>> TcpListener::accept(Deadline deadline) {
       const int nd = opts_.no_delay ? 1 : 0;
       (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, sizeof(nd));
       return std::unique_ptr<ByteStream>(
-          std::make_unique<TcpStream>(fd, sockaddr_string(reinterpret_cast<sockaddr*>(&ss))));
+          std::make_unique<TcpStream>(fd, sockaddr_string(reinterpret_cast<sockaddr*>(&ss)), opts_.poll_us));
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {

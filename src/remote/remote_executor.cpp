@@ -66,6 +66,7 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   impl->pin = pin;
   const size_t n = links.size();
   impl->fan = std::make_unique<FanOut>(std::move(links));
+  impl->fan->set_poll_us(opts.tcp.poll_us);
   impl->req_of_worker.assign(n, -1);
   impl->owner_pairs.assign(n, 0);
   impl->workers.resize(n);

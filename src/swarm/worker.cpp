@@ -754,6 +754,7 @@ Worker::Impl::JoinOutcome Worker::Impl::join_once(const std::string& host, uint1
   const std::string target = fmt::format("{}{}:{}", websocket ? "ws://" : "", host, port);
   net::TcpOptions tcp;
   tcp.congestion = opts.congestion;
+  tcp.poll_us = opts.poll_us;
   auto s = websocket ? net::ws_connect(host, port, tcp, net::deadline_in(kHandshakeTimeout))
                      : net::tcp_connect(host, port, tcp, net::deadline_in(kHandshakeTimeout));
   if (!s) {
@@ -902,6 +903,7 @@ Result<std::unique_ptr<Worker>> Worker::start(ExpertStore* store, const WorkerOp
   if (opts.listen) {
     net::TcpOptions tcp;
     tcp.congestion = opts.congestion;
+    tcp.poll_us = opts.poll_us;
     auto l = net::TcpListener::listen(opts.host, opts.port, tcp);
     if (!l) return l.status().with_context(fmt::format("listening on {}:{}", opts.host, opts.port));
     impl->listener = std::move(*l);

@@ -111,6 +111,14 @@ TEST(CliSwarm, RunThroughWorkersPrintsTheLocalTokens) {
   ASSERT_FALSE(rj.is_discarded()) << remote.out;
   EXPECT_EQ(lj["tokens"], rj["tokens"]);
   EXPECT_EQ(lj["tokens"].size(), 12u);
+  // Busy-polling worker and backbone (--poll-us): the same tokens.
+  auto p = WorkerProcess::spawn(model, "*:*", 1, std::chrono::milliseconds(20000), {"--poll-us", "500"});
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  RunResult polled = run_moesh(common + " --poll-us 500 --worker " + (*p)->address().to_string());
+  ASSERT_EQ(polled.exit_code, 0) << polled.err;
+  auto pj = nlohmann::json::parse(polled.out, nullptr, false);
+  ASSERT_FALSE(pj.is_discarded()) << polled.out;
+  EXPECT_EQ(lj["tokens"], pj["tokens"]);
 }
 
 // `moesh bench --timing`: the experts' share of each step locally, and through two replicas of

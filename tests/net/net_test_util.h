@@ -16,9 +16,10 @@ namespace moesh::net::testing {
 
 using namespace std::chrono_literals;
 
-enum class Link { kLoopback, kTcp };
+// kTcpPolling: TCP whose receives busy-poll before sleeping (TcpOptions::poll_us), both ends.
+enum class Link { kLoopback, kTcp, kTcpPolling };
 inline const char* link_name(Link l) {
-  return l == Link::kLoopback ? "loopback" : "tcp";
+  return l == Link::kLoopback ? "loopback" : l == Link::kTcp ? "tcp" : "tcp_polling";
 }
 
 struct StreamPair {
@@ -34,7 +35,9 @@ inline StreamPair make_stream_pair(Link link) {
     p.server = std::move(b);
     return p;
   }
-  auto l = TcpListener::listen("127.0.0.1", 0, TcpOptions{});
+  TcpOptions o;
+  if (link == Link::kTcpPolling) o.poll_us = 500;
+  auto l = TcpListener::listen("127.0.0.1", 0, o);
   EXPECT_TRUE(l.is_ok()) << l.status().to_string();
   p.listener = std::move(l).value();
   std::thread acceptor([&] {
@@ -42,7 +45,7 @@ inline StreamPair make_stream_pair(Link link) {
     EXPECT_TRUE(s.is_ok()) << s.status().to_string();
     if (s.is_ok()) p.server = std::move(s).value();
   });
-  auto c = tcp_connect("127.0.0.1", p.listener->port(), TcpOptions{}, deadline_in(5s));
+  auto c = tcp_connect("127.0.0.1", p.listener->port(), o, deadline_in(5s));
   EXPECT_TRUE(c.is_ok()) << c.status().to_string();
   if (c.is_ok()) p.client = std::move(c).value();
   acceptor.join();

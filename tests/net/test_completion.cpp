@@ -96,6 +96,32 @@ TEST(CompletionQueue, EntriesKeepAGivenArrivalTime) {
   EXPECT_LE(e.at, after);
 }
 
+// A queue that busy-polls before sleeping (set_poll_us) hands over an entry filed before the
+// pop, one filed while it spins and one filed long after its spin ended (it sleeps then, and
+// the push wakes it), in order; with nothing filed it still ends at its deadline.
+TEST(CompletionQueue, PollingHandsOverEntriesFiledBeforeDuringAndAfterTheSpin) {
+  CompletionQueue q;
+  q.set_poll_us(2000);
+  CompletionQueue::Entry e;
+  q.push(1, 11);
+  ASSERT_TRUE(q.pop(&e, deadline_in(10s)));
+  EXPECT_EQ(e.request_id, 11u);
+  for (const auto delay : {0ms, 1ms, 200ms}) {
+    std::thread pusher([&q, delay] {
+      std::this_thread::sleep_for(delay);
+      q.push(2, 22);
+      q.push(3, 33);
+    });
+    ASSERT_TRUE(q.pop(&e, deadline_in(30s))) << "delay " << delay.count() << " ms";
+    EXPECT_EQ(e.request_id, 22u);
+    pusher.join();
+    ASSERT_TRUE(q.pop(&e, deadline_in(30s)));
+    EXPECT_EQ(e.request_id, 33u);
+  }
+  EXPECT_FALSE(q.pop(&e, deadline_in(20ms))) << "nothing filed: false at the deadline";
+  EXPECT_FALSE(q.pop(&e, Clock::now())) << "a deadline already passed";
+}
+
 TEST(CompletionQueue, AConnectionFailureCompletesEveryPendingRequest) {
   auto [mine, theirs] = make_loopback_pair();
   RequestMux mux(mine.get());

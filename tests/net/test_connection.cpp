@@ -113,7 +113,7 @@ TEST_P(ConnectionTest, LocalCloseWakesABlockedReceiver) {
   EXPECT_EQ(f.status().code(), StatusCode::kUnavailable) << f.status().to_string();
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, ConnectionTest, ::testing::Values(Link::kLoopback, Link::kTcp),
+INSTANTIATE_TEST_SUITE_P(Links, ConnectionTest, ::testing::Values(Link::kLoopback, Link::kTcp, Link::kTcpPolling),
                          [](const auto& info) { return std::string(link_name(info.param)); });
 
 int read_proc_int(const char* path) {

@@ -129,7 +129,7 @@ TEST_P(FaultTest, DelayedFrameArrivesLate) {
   EXPECT_EQ(r2.tx->send_frame(numbered_frame(0), deadline_in(30ms)).code(), StatusCode::kTimeout);
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, FaultTest, ::testing::Values(Link::kLoopback, Link::kTcp),
+INSTANTIATE_TEST_SUITE_P(Links, FaultTest, ::testing::Values(Link::kLoopback, Link::kTcp, Link::kTcpPolling),
                          [](const auto& info) { return std::string(link_name(info.param)); });
 
 TEST(Faults, RandomPlanIsReproducibleAndHitsItsRates) {

@@ -199,7 +199,7 @@ TEST_P(MuxTest, WarmUpPingCarriesPaddingBothWays) {
   EXPECT_LE(*rtt, after - before);
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, MuxTest, ::testing::Values(Link::kLoopback, Link::kTcp),
+INSTANTIATE_TEST_SUITE_P(Links, MuxTest, ::testing::Values(Link::kLoopback, Link::kTcp, Link::kTcpPolling),
                          [](const auto& info) { return std::string(link_name(info.param)); });
 
 wire::Hello hello(wire::PeerRole role, uint8_t model_byte) {

@@ -89,6 +89,7 @@ int run_span(const SpanArgs& a) {
   o.port = where->port;
   o.n_threads = a.threads;
   o.congestion = a.swarm.congestion;
+  o.poll_us = a.swarm.poll_us;
   o.name = a.name.empty() ? fmt::format("span-{}-{}", span->first, span->last) : a.name;
   if (!a.swarm.swarm_key.empty()) {
     auto key = net::SwarmKey::load(a.swarm.swarm_key);

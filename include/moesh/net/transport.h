@@ -109,6 +109,12 @@ struct TcpOptions {
   int send_buffer_bytes = 8 << 20;   // SO_SNDBUF (0 keeps the default)
   int recv_buffer_bytes = 8 << 20;   // SO_RCVBUF (0 keeps the default)
   bool no_delay = true;              // TCP_NODELAY: frames leave at once
+  // Busy-poll a receive this long (microseconds) before sleeping in poll(): a reply that comes
+  // within it is picked up without the wake-up of a sleeping thread (an interrupt to another CPU,
+  // 50-100 us on a virtual machine; docs/PERFORMANCE.md). It burns the waiting thread's CPU
+  // meanwhile, so it pays only where that CPU has nothing else to do (pinned processes, idle
+  // cores); 0 = sleep at once.
+  int poll_us = 0;
 };
 
 // What a TCP stream's socket actually has (the kernel may clamp or refuse requests).
@@ -214,10 +220,15 @@ class CompletionQueue {
   // `at`: when the reply arrived, if known (a kernel receive timestamp); else, or if later than
   // now, the time of filing.
   void push(uint64_t tag, uint64_t request_id, Clock::time_point at = {});
-  // The oldest entry; false if none arrived by the deadline.
+  // The oldest entry; false if none arrived by the deadline. With a spin budget (set_poll_us) it
+  // looks for one that long before sleeping (TcpOptions::poll_us says why).
   bool pop(Entry* out, Deadline deadline);
+  void set_poll_us(int us) { poll_us_ = us; }
 
  private:
+  bool take_locked(Entry* out);
+  int poll_us_ = 0;
+  std::atomic<size_t> filed_{0};  // entries pushed, read without the lock while spinning
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Entry> q_;

@@ -29,6 +29,8 @@ class FanOut {
   FanOut& operator=(const FanOut&) = delete;
 
   size_t size() const { return links_.size(); }
+  // Busy-poll for a reply this long before sleeping (net::TcpOptions::poll_us).
+  void set_poll_us(int us) { done_.set_poll_us(us); }
   const WorkerLink& link(size_t w) const { return *links_.at(w); }
 
   uint64_t next_request_id(size_t w) { return links_[w]->mux->next_request_id(); }
