@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "model/arch.h"
+#include "moesh/util/process.h"
 #include "moesh/tensor/quant.h"
 
 namespace moesh {
@@ -202,23 +203,6 @@ Status bind_nextn_block(TensorBinder& b, const HParams& hp, int il, NextnWeights
 
 Model::~Model() = default;
 
-namespace {
-
-// MemAvailable from /proc/meminfo in bytes (0 when it cannot be read).
-uint64_t mem_available_bytes() {
-  std::FILE* fp = std::fopen("/proc/meminfo", "r");
-  if (fp == nullptr) return 0;
-  char line[256];
-  unsigned long long kb = 0;
-  while (std::fgets(line, sizeof(line), fp) != nullptr) {
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-  }
-  std::fclose(fp);
-  return static_cast<uint64_t>(kb) * 1024;
-}
-
-}  // namespace
-
 gguf::FileLoad choose_file_load(LoadOptions::Memory m, uint64_t file_bytes) {
   switch (m) {
     case LoadOptions::Memory::kMap:
@@ -228,7 +212,7 @@ gguf::FileLoad choose_file_load(LoadOptions::Memory m, uint64_t file_bytes) {
     case LoadOptions::Memory::kAuto:
       break;
   }
-  const uint64_t avail = mem_available_bytes();
+  const uint64_t avail = system_memory().available_bytes;
   return avail > 0 && file_bytes <= avail / 2 ? gguf::FileLoad::kMemory : gguf::FileLoad::kMap;
 }
 

@@ -505,6 +505,9 @@ std::vector<WorkerStatus> RemoteExecutor::worker_status() const {
     s.replica_bytes = link.capacity.replica_bytes;
     s.replica_budget_bytes = link.capacity.replica_budget_bytes;
     s.rss_bytes = link.capacity.rss_bytes;
+    s.mem_total_bytes = link.capacity.mem_total_bytes;
+    s.mem_available_bytes = link.capacity.mem_available_bytes;
+    s.offer_bytes = link.capacity.offer_bytes;
     if (w < m.replica_use.size() && m.replica_use[w].second > 0) {
       // STOREd since it connected: the latest STORED's figures, slabs grown by what was stored.
       s.slab_bytes += m.replica_use[w].first - std::min(m.replica_use[w].first, s.replica_bytes);

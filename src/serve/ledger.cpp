@@ -125,6 +125,9 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
                             {"replica_bytes", w.replica_bytes},
                             {"replica_budget_bytes", w.replica_budget_bytes},
                             {"rss_bytes", w.rss_bytes},
+                            {"mem_total_bytes", w.mem_total_bytes},
+                            {"mem_available_bytes", w.mem_available_bytes},
+                            {"offer_bytes", w.offer_bytes},
                             {"paths", paths_json(w)}});
   }
   if (const std::shared_ptr<WorkerRegistry>& reg = remote->options().registry) {
@@ -174,9 +177,15 @@ std::string render_swarm_status(const nlohmann::json& j) {
     for (const nlohmann::json& w : j["workers"]) {
       if (num(w, "threads") <= 0) continue;
       const double budget = num(w, "replica_budget_bytes");
-      s += fmt::format("capacity of {}: {} threads ({} cores), {:.1f} MiB of experts, rss {:.1f} MiB, {}\n",
+      const double total = num(w, "mem_total_bytes"), offer = num(w, "offer_bytes");
+      std::string memory;
+      if (total > 0)
+        memory = fmt::format(", machine {:.1f} GiB ({:.1f} GiB free)", total / 1073741824.0,
+                             num(w, "mem_available_bytes") / 1073741824.0);
+      if (offer > 0) memory += fmt::format(", offers {:.1f} MiB", offer / 1048576.0);
+      s += fmt::format("capacity of {}: {} threads ({} cores), {:.1f} MiB of experts, rss {:.1f} MiB{}, {}\n",
                        str(w, "name"), static_cast<uint64_t>(num(w, "threads")), static_cast<uint64_t>(num(w, "cores")),
-                       num(w, "slab_bytes") / 1048576.0, num(w, "rss_bytes") / 1048576.0,
+                       num(w, "slab_bytes") / 1048576.0, num(w, "rss_bytes") / 1048576.0, memory,
                        budget > 0 ? fmt::format("replicas {:.1f} of {:.1f} MiB", num(w, "replica_bytes") / 1048576.0,
                                                 budget / 1048576.0)
                                   : std::string("keeps no replicas"));

@@ -463,6 +463,10 @@ void Worker::Impl::handle_info(net::Connection& conn, const wire::Frame& f) {
   m.replica_budget_bytes = offers_store() ? opts.replica_budget_bytes : 0;
   m.replica_bytes = std::min({stats.replica_bytes.load(), m.replica_budget_bytes, m.slab_bytes});
   m.rss_bytes = resident_bytes();
+  const SystemMemory mem = system_memory();
+  m.mem_total_bytes = mem.total_bytes;
+  m.mem_available_bytes = std::min(mem.available_bytes, mem.total_bytes);
+  m.offer_bytes = opts.offer_bytes;
   m.uptime_ms =
       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(net::Clock::now() - started).count());
   auto reply = wire::encode_info(m);

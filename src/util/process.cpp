@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <string>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -18,6 +19,39 @@ uint64_t resident_bytes() {
   uint64_t size = 0, resident = 0;
   if (!(in >> size >> resident)) return 0;
   return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+namespace {
+// A cgroup v2 file holding one number ("max" or unreadable: 0).
+uint64_t cgroup_value(const char* path) {
+  std::ifstream in(path);
+  std::string s;
+  if (!(in >> s) || s == "max") return 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  return end != nullptr && *end == '\0' ? static_cast<uint64_t>(v) : 0;
+}
+}  // namespace
+
+SystemMemory system_memory() {
+  SystemMemory m;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemTotal:") m.total_bytes = kb * 1024;
+    if (key == "MemAvailable:") m.available_bytes = kb * 1024;
+  }
+  const uint64_t limit = cgroup_value("/sys/fs/cgroup/memory.max");
+  if (limit > 0) {
+    const uint64_t used = cgroup_value("/sys/fs/cgroup/memory.current");
+    if (m.total_bytes == 0 || limit < m.total_bytes) m.total_bytes = limit;
+    const uint64_t room = limit > used ? limit - used : 0;
+    if (m.available_bytes == 0 || room < m.available_bytes) m.available_bytes = room;
+  }
+  return m;
 }
 
 void keep_freed_memory(size_t trim_bytes, size_t mmap_bytes) {

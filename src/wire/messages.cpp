@@ -42,7 +42,8 @@ constexpr size_t kCombineFixedBytes = 24;
 constexpr size_t kPairBytes = 8;
 constexpr size_t kFetchBytes = 8;
 constexpr size_t kSlabFixedBytes = 8;
-constexpr size_t kInfoBytes = 48;              // u32 threads, u32 cores, 5 x u64
+constexpr size_t kInfoBytesV1 = 48;            // u32 threads, u32 cores, 5 x u64
+constexpr size_t kInfoBytes = 72;              // and memory: total, available, offered
 constexpr size_t kStoredBytes = 24;            // u32 layer, u32 expert, u64 replica bytes, u64 budget
 constexpr size_t kSlabTensorHeaderBytes = 36;  // u32 type, u64 ne0, ne1, byte count, hash
 constexpr const char* kSlabTensorNames[3] = {"gate", "up", "down"};
@@ -549,6 +550,9 @@ Status check_info(StatusCode code, const InfoMsg& m) {
                       m.replica_budget_bytes);
   if (m.replica_bytes > m.slab_bytes)
     return make_error(code, "INFO_REPLY: replica bytes {} over the slab bytes of {}", m.replica_bytes, m.slab_bytes);
+  if (m.mem_available_bytes > m.mem_total_bytes)
+    return make_error(code, "INFO_REPLY: available memory {} over the total of {}", m.mem_available_bytes,
+                      m.mem_total_bytes);
   return Status::ok();
 }
 }  // namespace
@@ -565,20 +569,25 @@ Result<std::vector<uint8_t>> encode_info(const InfoMsg& m) {
   w.u64(m.replica_budget_bytes);
   w.u64(m.rss_bytes);
   w.u64(m.uptime_ms);
+  w.u64(m.mem_total_bytes);
+  w.u64(m.mem_available_bytes);
+  w.u64(m.offer_bytes);
   return build_frame(MsgType::kInfoReply, m.request_id, payload);
 }
 
 Result<InfoMsg> decode_info(const Frame& f) {
   MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kInfoReply));
   if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "INFO_REPLY: request id 0 is reserved");
-  if (f.payload.size() != kInfoBytes)
-    return make_error(StatusCode::kCorrupt, "INFO_REPLY payload is {} bytes (must be {})", f.payload.size(),
-                      kInfoBytes);
+  if (f.payload.size() != kInfoBytes && f.payload.size() != kInfoBytesV1)
+    return make_error(StatusCode::kCorrupt, "INFO_REPLY payload is {} bytes (must be {}, or {} without memory)",
+                      f.payload.size(), kInfoBytes, kInfoBytesV1);
   ByteReader r(f.payload);
   InfoMsg m;
   m.request_id = f.request_id();
   (void)(r.u32(&m.threads) && r.u32(&m.cores) && r.u64(&m.slab_bytes) && r.u64(&m.replica_bytes) &&
          r.u64(&m.replica_budget_bytes) && r.u64(&m.rss_bytes) && r.u64(&m.uptime_ms));
+  if (f.payload.size() == kInfoBytes)
+    (void)(r.u64(&m.mem_total_bytes) && r.u64(&m.mem_available_bytes) && r.u64(&m.offer_bytes));
   MOESH_RETURN_IF_ERROR(check_info(StatusCode::kCorrupt, m));
   return m;
 }

@@ -96,9 +96,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
-    case MsgType::kInfoReply:
-      check_roundtrip(in, decode_info(*f), encode_info);
+    case MsgType::kInfoReply: {
+      auto m = decode_info(*f);
+      // A 48-byte reply of an older worker decodes (memory unknown) but encodes as 72 bytes.
+      if (f->payload.size() == 48) {
+        if (m.is_ok() && (m->mem_total_bytes | m->mem_available_bytes | m->offer_bytes) != 0) std::abort();
+      } else {
+        check_roundtrip(in, m, encode_info);
+      }
       break;
+    }
     case MsgType::kSpanStep:
       check_roundtrip(in, decode_span_step(*f, lim), encode_span_step);
       break;

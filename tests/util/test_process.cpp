@@ -26,6 +26,16 @@ TEST(Process, ResidentBytesIsReported) {
   EXPECT_GT(resident_bytes(), 0u);
 }
 
+// The machine's memory as /proc/meminfo (and a cgroup limit) give it: both known on Linux, what
+// is available within the total, the total at least what this process has resident.
+TEST(Process, SystemMemoryIsReported) {
+  const SystemMemory m = system_memory();
+  EXPECT_GT(m.total_bytes, 0u);
+  EXPECT_GT(m.available_bytes, 0u);
+  EXPECT_LE(m.available_bytes, m.total_bytes);
+  EXPECT_GE(m.total_bytes, resident_bytes());
+}
+
 TEST(Process, FreedMemoryIsKeptForReuse) {
 #if !defined(__GLIBC__) || defined(MOESH_TEST_ASAN)
   GTEST_SKIP() << "SKIPPED: glibc's malloc is not the allocator here";

@@ -30,6 +30,7 @@ struct WorkerArgs {
   uint32_t max_batch_tokens = 4096;                         // --max-batch-tokens
   std::string replica_dir;                                  // --replica-dir
   double replica_mb = 0;                                    // --replica-mb
+  double offer_mb = 0;                                      // --offer-mb
   LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
 };
 
@@ -115,6 +116,8 @@ int run_worker(const WorkerArgs& a) {
     return fail(make_error(StatusCode::kInvalidArgument, "--replica-dir and --replica-mb (> 0) go together"));
   o.replica_dir = a.replica_dir;
   o.replica_budget_bytes = static_cast<uint64_t>(a.replica_mb * 1048576.0);
+  if (a.offer_mb < 0) return fail(make_error(StatusCode::kInvalidArgument, "--offer-mb must be >= 0, got {}", a.offer_mb));
+  o.offer_bytes = static_cast<uint64_t>(a.offer_mb * 1048576.0);
   if (!a.swarm_key.empty()) {
     auto key = net::SwarmKey::load(a.swarm_key);
     if (!key) return fail(key.status());
@@ -216,6 +219,9 @@ const CommandRegistrar kRegisterWorker{
                               "Keep replicas of hot experts backbones send (STORE) in this folder: checked "
                               "against the model's hashes, mapped from disk, mapped again at the next start");
               sub->add_option("--replica-mb", a->replica_mb, "Most MiB of replica slabs to keep (with --replica-dir)");
+              sub->add_option("--offer-mb", a->offer_mb,
+                              "Memory this machine offers the swarm for model weights and state, MiB: what `moesh "
+                              "swarm plan --status` may give it (default: what it holds plus half the free memory)");
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
               sub->add_option("--poll-us", a->poll_us,
                               "Busy-poll for the next request this many microseconds before sleeping: saves the "

@@ -180,10 +180,19 @@ inline Result<CliPeer> parse_plan_peer(std::string_view spec) {
   return out;
 }
 
+// What a live worker may hold, from its INFO_REPLY figures: what it offers (`moesh worker
+// --offer-mb`) when it says; else what it holds plus half of its machine's free memory (the rule
+// `--no-mmap` uses for itself), never less than what it holds plus its replica budget; from a
+// worker that does not report its memory, that lower bound.
+inline uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t available, uint64_t offer) {
+  if (offer > 0) return offer;
+  return slab + std::max(replica_budget, available / 2);
+}
+
 // The peers a running gateway knows (its /swarm/status JSON): every worker that is up, named as the
 // gateway names it, with its address when dialled directly, the warm-up round trip as RTT (the
-// padded PING at connect: network only, no compute) and, as memory, what it holds plus the
-// replica budget it offered (a lower bound on what it could hold: --peer NAME:mem= says more).
+// padded PING at connect: network only, no compute) and, as memory, live_peer_memory
+// (--peer NAME:mem= overrides it).
 inline Result<std::vector<CliPeer>> peers_from_status(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
     return make_error(StatusCode::kCorrupt, "/swarm/status has no workers array");
@@ -194,7 +203,8 @@ inline Result<std::vector<CliPeer>> peers_from_status(const nlohmann::json& j) {
     p.peer.name = w.value("name", "");
     if (p.peer.name.empty()) p.peer.name = w.value("label", "");
     if (p.peer.name.empty()) continue;
-    p.peer.memory_bytes = w.value("slab_bytes", uint64_t{0}) + w.value("replica_budget_bytes", uint64_t{0});
+    p.peer.memory_bytes = live_peer_memory(w.value("slab_bytes", uint64_t{0}), w.value("replica_budget_bytes", uint64_t{0}),
+                                           w.value("mem_available_bytes", uint64_t{0}), w.value("offer_bytes", uint64_t{0}));
     p.peer.rtt_s = std::max(0.0, w.value("warmup_rtt_ms", 0.0)) * 1e-3;
     if (w.value("path", "") == "direct") p.addr = w.value("address", "");
     out.push_back(std::move(p));

@@ -269,6 +269,7 @@ struct WorkerOptions {
   std::string name;                  // announced in HELLO; empty: "worker@HOST:PORT"
   std::string congestion = "cubic";  // TCP_CONGESTION, set before listen()
   int poll_us = 0;                   // busy-poll receives this long before sleeping (net::TcpOptions)
+  uint64_t offer_bytes = 0;          // memory offered to the swarm's planner (INFO_REPLY); 0: not said
   uint32_t max_frame_bytes = wire::kDefaultMaxFrameBytes;
   // Every backbone must prove it holds this key before anything is served (net/auth.h); null:
   // open to any backbone of the same model.

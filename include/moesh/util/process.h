@@ -10,6 +10,15 @@ namespace moesh {
 // Resident set size of this process in bytes (/proc/self/statm), 0 if unavailable.
 uint64_t resident_bytes();
 
+// The machine's memory as this process may use it: MemTotal and MemAvailable (/proc/meminfo),
+// each lowered to the cgroup's limit (cgroup v2 memory.max, less memory.current for what is
+// available) when a container sets one. 0 where unknown.
+struct SystemMemory {
+  uint64_t total_bytes = 0;
+  uint64_t available_bytes = 0;
+};
+SystemMemory system_memory();
+
 // Makes glibc's malloc keep freed memory for reuse instead of handing it back to the kernel after
 // every large free (trimming the heap top above 128 KiB, unmapping chunks above its mmap
 // threshold). Why: every request of a worker or backbone allocates and frees its frame, row and

@@ -372,6 +372,12 @@ struct InfoMsg {
   uint64_t replica_budget_bytes = 0;  // replica_bytes <= this (0: keeps none)
   uint64_t rss_bytes = 0;             // its resident memory
   uint64_t uptime_ms = 0;
+  // Its machine (or container) memory, and what it offers the swarm for model weights and state
+  // (`moesh worker --offer-mb`; 0: not said). All 0 from a worker that predates them (a 48-byte
+  // INFO_REPLY).
+  uint64_t mem_total_bytes = 0;
+  uint64_t mem_available_bytes = 0;
+  uint64_t offer_bytes = 0;
 };
 
 // SPAN_STEP: one step of blocks [first, last] for the tokens of several sequences (model/span.h).

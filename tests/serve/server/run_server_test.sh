@@ -662,12 +662,12 @@ while [ -z "$JADDR" ]; do
   JADDR=$(sed -n 's/^accepting workers on \([0-9.:]*\) .*/\1/p' "$TMP/joined.log.err" | head -1)
   [ -n "$JADDR" ] || sleep 0.1
 done
-join_worker() {  # name experts -> sets JWPID
-  "$MOESH" worker -m "$MODEL" --experts "$2" --join "$JADDR" -t 1 --name "$1" >"$TMP/$1.log" 2>"$TMP/$1.log.err" &
+join_worker() {  # name experts [more worker args] -> sets JWPID
+  "$MOESH" worker -m "$MODEL" --experts "$2" --join "$JADDR" -t 1 --name "$1" "${@:3}" >"$TMP/$1.log" 2>"$TMP/$1.log.err" &
   JWPID=$!
   PIDS+=("$JWPID")
 }
-join_worker j1 '*:0-3'
+join_worker j1 '*:0-3' --offer-mb 64
 join_worker j2 '*:4-7'
 J2_PID=$JWPID
 PORT=$(wait_port "$TMP/joined.log" "$JPID")
@@ -686,6 +686,12 @@ grep -Eq '^[01] +j2 +joined +up' "$TMP/status.txt" || { cat "$TMP/status.txt"; f
 grep -Eq '^capacity of j2: [0-9]+ threads' "$TMP/status.txt" || { cat "$TMP/status.txt"; fail "swarm status lacks j2's capacity"; }
 expect_eq "$(js 'j.workers.every(w => w.threads >= 1 && w.slab_bytes > 0)' <"$TMP/status.json")" "true" \
   "swarm status: every worker's capacity (INFO) is known"
+expect_eq "$(js 'j.workers.every(w => w.mem_total_bytes > 0 && w.mem_available_bytes <= w.mem_total_bytes)' \
+  <"$TMP/status.json")" "true" "swarm status: every worker reports its machine's memory"
+expect_eq "$(js 'j.workers.find(w => w.name == "j1").offer_bytes + "," + j.workers.find(w => w.name == "j2").offer_bytes' \
+  <"$TMP/status.json")" "67108864,0" "swarm status: what each worker offers (--offer-mb)"
+grep -Eq '^capacity of j1: .*machine [0-9.]+ GiB .*offers 64.0 MiB' "$TMP/status.txt" ||
+  { cat "$TMP/status.txt"; fail "swarm status lacks j1's memory and offer"; }
 ok "swarm status prints the registry table"
 # The planner takes the live swarm as its peers: both joined workers, with the RTT the gateway measured.
 "$MOESH" swarm plan -m "$MODEL" --status "$BASE" --json >"$TMP/plan_live.json" 2>"$TMP/plan_live.err" ||
@@ -694,6 +700,11 @@ expect_eq "$(js 'j.roles.map(r => r.peer).sort().join(",")' <"$TMP/plan_live.jso
   "swarm plan --status: the gateway's workers are the peers"
 expect_eq "$(js 'j.roles.every(r => r.rtt_ms > 0)' <"$TMP/plan_live.json")" "true" \
   "swarm plan --status: each peer's RTT is the measured one"
+# Memory: j1 offers 64 MiB; j2 says nothing, so what it holds plus half its machine's free memory.
+expect_eq "$(js 'j.roles.find(r => r.peer == "j1").memory_bytes' <"$TMP/plan_live.json")" "67108864" \
+  "swarm plan --status: a worker's offer is its memory"
+expect_eq "$(js "(r => r.memory_bytes > $(js 'j.workers.find(w => w.name == "j2").slab_bytes' <"$TMP/status.json"))(j.roles.find(r => r.peer == 'j2'))" \
+  <"$TMP/plan_live.json")" "true" "swarm plan --status: a worker without an offer may hold more than it holds now"
 "$MOESH" swarm plan -m "$MODEL" --status "$BASE" --peer 'j2:mem=1GiB,rtt=80ms' --json >"$TMP/plan_live2.json" 2>/dev/null ||
   fail "swarm plan --status --peer"
 expect_eq "$(js 'Math.round(j.roles.find(r => r.peer == "j2").rtt_ms)' <"$TMP/plan_live2.json")" "80" \
