@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "model/arch.h"
-#include "moesh/util/process.h"
 #include "moesh/tensor/quant.h"
+#include "moesh/util/process.h"
 
 namespace moesh {
 

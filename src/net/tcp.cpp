@@ -273,6 +273,74 @@ Result<std::unique_ptr<ByteStream>> tcp_connect(const std::string& host, uint16_
   return out;
 }
 
+std::vector<double> connect_rtts(const std::vector<std::string>& targets, int rounds, Deadline deadline) {
+  std::vector<double> best(targets.size(), -1.0);
+  // Resolved once, before any timing.
+  std::vector<sockaddr_storage> addrs(targets.size());
+  std::vector<socklen_t> lens(targets.size(), 0);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const std::string& t = targets[i];
+    const size_t colon = t.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == t.size()) continue;
+    std::string host = t.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    const std::string port = t.substr(colon + 1);
+    if (port.find_first_not_of("0123456789") != std::string::npos) continue;
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) continue;
+    std::memcpy(&addrs[i], res->ai_addr, res->ai_addrlen);
+    lens[i] = res->ai_addrlen;
+    freeaddrinfo(res);
+  }
+  for (int round = 0; round < rounds && Clock::now() < deadline; ++round) {
+    struct Pending {
+      size_t i;
+      int fd;
+      Clock::time_point start;
+    };
+    std::vector<Pending> pending;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (lens[i] == 0) continue;
+      const int fd = ::socket(addrs[i].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      const Clock::time_point start = Clock::now();
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&addrs[i]), lens[i]) == 0) {
+        best[i] = best[i] < 0 ? std::chrono::duration<double>(Clock::now() - start).count()
+                              : std::min(best[i], std::chrono::duration<double>(Clock::now() - start).count());
+        ::close(fd);
+      } else if (errno == EINPROGRESS) {
+        pending.push_back(Pending{i, fd, start});
+      } else {
+        ::close(fd);
+      }
+    }
+    while (!pending.empty() && Clock::now() < deadline) {
+      std::vector<pollfd> p;
+      for (const Pending& q : pending) p.push_back(pollfd{q.fd, POLLOUT, 0});
+      const int r = ::poll(p.data(), p.size(), poll_slice_ms(deadline));
+      if (r < 0 && errno != EINTR) break;
+      const Clock::time_point now = Clock::now();
+      for (size_t k = p.size(); k-- > 0;) {
+        if (p[k].revents == 0) continue;
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(pending[k].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err == 0) {
+          const double s = std::chrono::duration<double>(now - pending[k].start).count();
+          double& b = best[pending[k].i];
+          b = b < 0 ? s : std::min(b, s);
+        }
+        ::close(pending[k].fd);
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+    }
+    for (const Pending& q : pending) ::close(q.fd);
+  }
+  return best;
+}
+
 Result<int> tcp_release_fd(std::unique_ptr<ByteStream> stream) {
   auto* tcp = dynamic_cast<TcpStream*>(stream.get());
   if (tcp == nullptr) return make_error(StatusCode::kInvalidArgument, "{} is not a TCP stream", stream->describe());

@@ -343,6 +343,8 @@ Result<std::unique_ptr<ByteStream>> accept_tcp_or_websocket(std::unique_ptr<Byte
     auto n = s->read_some(std::span<uint8_t>(first.data() + have, first.size() - have), deadline);
     if (!n) {
       if (n.status().code() == StatusCode::kTimeout) break;  // the caller's own reads will say so
+      if (have == 0 && n.status().code() == StatusCode::kUnavailable)
+        return make_error(StatusCode::kUnavailable, "{}", kClosedBeforeAByte);
       return n.status();
     }
     have += *n;

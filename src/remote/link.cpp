@@ -3,6 +3,7 @@
 #include "moesh/remote/link.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <future>
 
@@ -170,6 +171,52 @@ Result<std::unique_ptr<WorkerLink>> establish_link(std::unique_ptr<net::Connecti
     link->capacity = *info;
   }
   return link;
+}
+
+void probe_peer_rtts(const std::vector<WorkerLink*>& ask, const std::vector<const WorkerLink*>& peers,
+                     net::Deadline deadline) {
+  struct Asked {
+    WorkerLink* link;
+    uint64_t id;
+    std::vector<size_t> targets;  // indices into peers
+  };
+  std::vector<Asked> asked;
+  for (WorkerLink* l : ask) {
+    if ((l->session.features & wire::kFeatureProbe) == 0) continue;
+    wire::ProbeMsg m;
+    Asked a{l, 0, {}};
+    for (size_t j = 0; j < peers.size(); ++j) {
+      const WorkerAddress& to = peers[j]->address;
+      if (peers[j] == l || to.path != WorkerPath::kDirect || to.websocket) continue;
+      a.targets.push_back(j);
+      m.targets.push_back(to.to_string());
+    }
+    if (m.targets.empty() || m.targets.size() > wire::kMaxProbeTargets) continue;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - net::Clock::now()).count();
+    if (left < 1) break;
+    m.timeout_ms = static_cast<uint32_t>(std::min<int64_t>(left / 2 + 1, wire::kMaxProbeMs));
+    m.request_id = l->mux->next_request_id();
+    auto frame = wire::encode_probe(m);
+    if (!frame || !l->mux->start(m.request_id, *frame, deadline).is_ok()) continue;
+    a.id = m.request_id;
+    asked.push_back(std::move(a));
+  }
+  for (Asked& a : asked) {
+    auto reply = a.link->mux->wait(a.id, deadline);
+    Result<wire::ProbeReplyMsg> r =
+        reply ? wire::decode_probe_reply(*reply) : Result<wire::ProbeReplyMsg>(reply.status());
+    if (r.is_ok() && r->rtt_us.size() != a.targets.size())
+      r = make_error(StatusCode::kCorrupt, "{} figures for {} addresses", r->rtt_us.size(), a.targets.size());
+    if (!r.is_ok()) {
+      spdlog::info("{}: no peer round trips ({})", a.link->label, r.status().to_string());
+      continue;
+    }
+    a.link->peer_rtt_ms.clear();
+    for (size_t k = 0; k < a.targets.size(); ++k) {
+      if (r->rtt_us[k] == wire::kProbeFailed) continue;
+      a.link->peer_rtt_ms.emplace_back(peers[a.targets[k]]->label, r->rtt_us[k] / 1000.0);
+    }
+  }
 }
 
 }  // namespace moesh

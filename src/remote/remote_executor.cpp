@@ -60,6 +60,17 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
     pin.worker_names.push_back((*link)->label);
     links.push_back(std::move(*link));
   }
+  // Peer-to-peer round trips, for the planner (`moesh swarm plan --status`): only over TCP (a given
+  // dialer's addresses, e.g. in-process transports, are not the workers' network addresses).
+  if (links.size() >= 2 && !opts.dialer) {
+    std::vector<WorkerLink*> ask;
+    std::vector<const WorkerLink*> peers;
+    for (auto& l : links) {
+      ask.push_back(l.get());
+      peers.push_back(l.get());
+    }
+    probe_peer_rtts(ask, peers, net::deadline_in(opts.connect_timeout));
+  }
   auto placement = build_placement(pin);
   if (!placement) return placement.status().with_context("placement");
   impl->planner = Planner(std::move(*placement), opts.planner);
@@ -404,6 +415,12 @@ Status RemoteExecutor::Impl::add_worker(std::unique_ptr<WorkerLink> link) {
   owner_pairs.push_back(0);
   spdlog::info("remote executor: worker {} joined with {} experts; now {} workers", link->label, held.n_pairs(),
                fan->size() + 1);
+  if (!opts.dialer) {
+    // Its round trips to the workers dialled directly (nothing reads the new link yet).
+    std::vector<const WorkerLink*> peers{link.get()};
+    for (size_t i = 0; i < fan->size(); ++i) peers.push_back(&fan->link(i));
+    probe_peer_rtts({link.get()}, peers, net::deadline_in(opts.connect_timeout));
+  }
   {
     std::lock_guard<std::mutex> lk(worker_mu);
     WorkerTraffic& wt = workers.emplace_back();
@@ -499,6 +516,7 @@ std::vector<WorkerStatus> RemoteExecutor::worker_status() const {
     s.failovers = t.failovers;
     for (const WorkerLink::Probe& p : link.probes)
       s.paths.push_back(WorkerStatus::Path{p.address, p.ok, p.rtt_ms, p.error, p.used});
+    s.peer_rtt_ms = link.peer_rtt_ms;
     s.threads = link.capacity.threads;
     s.cores = link.capacity.cores;
     s.slab_bytes = link.capacity.slab_bytes;

@@ -91,6 +91,12 @@ nlohmann::json paths_json(const WorkerStatus& w) {
     a.push_back({{"address", p.address}, {"ok", p.ok}, {"rtt_ms", p.rtt_ms}, {"error", p.error}, {"used", p.used}});
   return a;
 }
+// {"other worker's label": ms, ...}: what this worker measured to each (PROBE).
+nlohmann::json peer_rtts_json(const WorkerStatus& w) {
+  nlohmann::json o = nlohmann::json::object();
+  for (const auto& [label, ms] : w.peer_rtt_ms) o[label] = ms;
+  return o;
+}
 }  // namespace
 
 nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
@@ -128,6 +134,7 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
                             {"mem_total_bytes", w.mem_total_bytes},
                             {"mem_available_bytes", w.mem_available_bytes},
                             {"offer_bytes", w.offer_bytes},
+                            {"peer_rtt_ms", peer_rtts_json(w)},
                             {"paths", paths_json(w)}});
   }
   if (const std::shared_ptr<WorkerRegistry>& reg = remote->options().registry) {

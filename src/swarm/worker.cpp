@@ -137,6 +137,8 @@ struct Worker::Impl {
   bool offers_store() const { return !opts.replica_dir.empty() && opts.replica_budget_bytes > 0; }
   // INFO -> INFO_REPLY: what this worker offers, for the backbone's registry.
   void handle_info(net::Connection& conn, const wire::Frame& f);
+  // PROBE -> PROBE_REPLY: its TCP round trip to each address asked about (peer-to-peer RTTs).
+  void handle_probe(net::Connection& conn, const wire::Frame& f);
   void handle_span(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                    const wire::Session& session);
   void handle_span_await(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
@@ -473,6 +475,25 @@ void Worker::Impl::handle_info(net::Connection& conn, const wire::Frame& f) {
   if (reply) (void)conn.send_frame(*reply, net::deadline_in(kSendTimeout));
 }
 
+void Worker::Impl::handle_probe(net::Connection& conn, const wire::Frame& f) {
+  auto m = wire::decode_probe(f);
+  if (!m) {
+    net::send_error(conn, f.request_id(), wire::WireError::kMalformed, m.status().message(),
+                    net::deadline_in(kSendTimeout));
+    return;
+  }
+  // Three rounds, all addresses at once: within about 3 x the largest RTT, never past the timeout.
+  const std::vector<double> rtts =
+      net::connect_rtts(m->targets, 3, net::deadline_in(std::chrono::milliseconds(m->timeout_ms)));
+  wire::ProbeReplyMsg r;
+  r.request_id = m->request_id;
+  for (const double s : rtts)
+    r.rtt_us.push_back(s < 0 ? wire::kProbeFailed
+                             : static_cast<uint32_t>(std::min(s * 1e6, static_cast<double>(wire::kProbeFailed - 1))));
+  auto reply = wire::encode_probe_reply(r);
+  if (reply) (void)conn.send_frame(*reply, net::deadline_in(kSendTimeout));
+}
+
 void Worker::Impl::handle_span(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                                const wire::Session& session) {
   stats.span_steps.fetch_add(1);
@@ -600,6 +621,12 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
     if (peer->accepted) {
       const std::string who = stream->describe();
       auto upgraded = net::accept_tcp_or_websocket(std::move(stream), net::deadline_in(kHandshakeTimeout));
+      if (!upgraded && upgraded.status().message() == net::kClosedBeforeAByte) {
+        // A PROBE's connect (another worker measuring its round trip here) or a health check.
+        spdlog::debug("{}: {}", who, net::kClosedBeforeAByte);
+        peer->finished = true;
+        return false;
+      }
       if (!upgraded) {
         stats.refused.fetch_add(1);
         spdlog::warn("{}: refused: {}", who, upgraded.status().to_string());
@@ -690,6 +717,9 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         break;
       case wire::MsgType::kInfo:
         handle_info(conn, *f);
+        break;
+      case wire::MsgType::kProbe:
+        handle_probe(conn, *f);
         break;
       case wire::MsgType::kSpanStep:
         handle_span(conn, *f, lim, *session);

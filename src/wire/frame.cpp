@@ -36,6 +36,10 @@ const char* msg_type_name(MsgType t) {
       return "SPAN_RESULT";
     case MsgType::kSpanAwait:
       return "SPAN_AWAIT";
+    case MsgType::kProbe:
+      return "PROBE";
+    case MsgType::kProbeReply:
+      return "PROBE_REPLY";
     case MsgType::kRoute:
       return "ROUTE";
     case MsgType::kStore:

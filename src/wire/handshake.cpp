@@ -164,12 +164,14 @@ Result<Hello> decode_hello(const Frame& f) {
   // A newer version may append fields after ours; the layouts up to our own are exact.
   if (f.header.version <= kVersion && r.remaining() != 0)
     return make_error(StatusCode::kCorrupt, "HELLO: {} unexpected trailing bytes", r.remaining());
+  // Feature bits we do not know of are a newer build's to offer, at any version: the intersection
+  // in negotiate() simply never picks them (so a worker of a later build, with a feature added
+  // since, still serves this backbone, and the other way round).
+  m.features &= kAllFeatures;
   if (f.header.version > kVersion) {
-    // Capabilities we do not know of are a newer peer's to offer, not an error: the
-    // intersection in negotiate() simply never picks them.
+    // Capabilities we do not know of are a newer peer's to offer, not an error.
     m.dtypes &= kAllDtypes;
     m.modes &= kAllModes;
-    m.features &= kAllFeatures;
     for (uint8_t& a : m.layer_act)
       if (a != static_cast<uint8_t>(WireDType::kQ8) && a != static_cast<uint8_t>(WireDType::kQ8K)) a = kNoActDType;
   }

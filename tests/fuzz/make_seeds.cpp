@@ -115,6 +115,8 @@ int main(int argc, char** argv) {
     ferr.forward_error = "127.0.0.1:7002: connection refused";
     put(wdir, "span-result-forward-error", encode_span_result(ferr));
     put(wdir, "span-await", encode_span_await(SpanAwaitMsg{13, 21, 6, 6, 30000}));
+    put(wdir, "probe", encode_probe(ProbeMsg{14, 800, {"127.0.0.1:7001", "[::1]:7002"}}));
+    put(wdir, "probe-reply", encode_probe_reply(ProbeReplyMsg{14, {350, kProbeFailed}}));
   }
   put(wdir, "ping", encode_ping(PingMsg{3, 123456789, 16, 8}));
   put(wdir, "pong", encode_pong(PongMsg{3, 123456789, 987654321, 8}));

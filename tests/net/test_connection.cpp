@@ -214,5 +214,34 @@ TEST(Tcp, ConnectRefusedAndAcceptTimeout) {
   EXPECT_FALSE(tcp_connect("no-such-host.invalid", 1, TcpOptions{}, deadline_in(1s)).is_ok());
 }
 
+// connect_rtts: a listening port (IPv4 and IPv6 forms) has a round trip; a closed port, a
+// malformed address and one that does not resolve have none (-1), in the order asked.
+TEST(Tcp, ConnectRoundTripsPerAddress) {
+  auto l = TcpListener::listen("127.0.0.1", 0, TcpOptions{});
+  ASSERT_TRUE(l.is_ok());
+  auto closed = TcpListener::listen("127.0.0.1", 0, TcpOptions{});
+  ASSERT_TRUE(closed.is_ok());
+  const uint16_t closed_port = (*closed)->port();
+  closed->reset();
+  auto l6 = TcpListener::listen("::1", 0, TcpOptions{});
+  const std::string six = l6.is_ok() ? fmt::format("[::1]:{}", (*l6)->port()) : "[::1]:1";
+  const std::vector<std::string> targets{fmt::format("127.0.0.1:{}", (*l)->port()),
+                                         fmt::format("127.0.0.1:{}", closed_port),
+                                         "127.0.0.1",
+                                         "127.0.0.1:http-ish",
+                                         "no-such-host.invalid:80",
+                                         six};
+  const std::vector<double> rtt = connect_rtts(targets, 3, deadline_in(5s));
+  ASSERT_EQ(rtt.size(), targets.size());
+  EXPECT_GE(rtt[0], 0.0);
+  EXPECT_LT(rtt[0], 5.0);
+  for (size_t i = 1; i < 5; ++i) EXPECT_EQ(rtt[i], -1.0) << targets[i];
+  if (l6.is_ok()) EXPECT_GE(rtt[5], 0.0) << "IPv6 loopback";
+  // The listener only saw connections come and go: it still accepts a real one.
+  std::thread client([&] { (void)tcp_connect("127.0.0.1", (*l)->port(), TcpOptions{}, deadline_in(5s)); });
+  EXPECT_TRUE((*l)->accept(deadline_in(5s)).is_ok());
+  client.join();
+}
+
 }  // namespace
 }  // namespace moesh::net

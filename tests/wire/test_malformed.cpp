@@ -75,6 +75,10 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_span_result(*f, lim).status();
     case MsgType::kSpanAwait:
       return decode_span_await(*f, lim).status();
+    case MsgType::kProbe:
+      return decode_probe(*f).status();
+    case MsgType::kProbeReply:
+      return decode_probe_reply(*f).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -121,6 +125,10 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_span_result(decode_span_result(f, lim).value()).value();
     case MsgType::kSpanAwait:
       return encode_span_await(decode_span_await(f, lim).value()).value();
+    case MsgType::kProbe:
+      return encode_probe(decode_probe(f).value()).value();
+    case MsgType::kProbeReply:
+      return encode_probe_reply(decode_probe_reply(f).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -555,7 +563,8 @@ TEST(WireMalformed, InfoAndInfoReplyFields) {
   expect_code(edit(reply, [](auto& b) { b.resize(b.size() - 25); }), StatusCode::kCorrupt,
               "INFO_REPLY payload is 47 bytes");
   // An older worker's 48-byte reply: everything but the memory, which is unknown (0).
-  auto v1 = decode_info(parse_frame(edit(reply, [](auto& b) { b.resize(b.size() - 24); }), kLim.max_frame_bytes).value());
+  auto v1 =
+      decode_info(parse_frame(edit(reply, [](auto& b) { b.resize(b.size() - 24); }), kLim.max_frame_bytes).value());
   ASSERT_TRUE(v1.is_ok()) << v1.status().to_string();
   EXPECT_EQ(v1->slab_bytes, 1000u);
   EXPECT_EQ(v1->uptime_ms, 12u);
@@ -571,6 +580,51 @@ TEST(WireMalformed, InfoAndInfoReplyFields) {
   InfoMsg bad = m;
   bad.threads = 0;
   EXPECT_FALSE(encode_info(bad).is_ok());
+}
+
+// PROBE: timeout, count, then per address a u16 length and its bytes; PROBE_REPLY: a count and one
+// u32 per address. Every field's damage is named.
+TEST(WireMalformed, ProbeAndProbeReplyFields) {
+  const ProbeMsg m{.request_id = 5, .timeout_ms = 700, .targets = {"10.1.2.3:7000", "[::1]:9"}};
+  const auto probe = encode_probe(m).value();
+  ASSERT_EQ(probe.size(), kHeaderBytes + 8 + 2 + 13 + 2 + 7);
+  auto back = decode_probe(parse_frame(probe, kLim.max_frame_bytes).value());
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(*back, m);
+  auto edit = [](std::vector<uint8_t> b, auto fn) {
+    fn(b);
+    return reseal(b);
+  };
+  expect_code(edit(probe, [](auto& b) { put<uint32_t>(b, 0, 0); }), StatusCode::kCorrupt, "timeout 0 ms");
+  expect_code(edit(probe, [](auto& b) { put<uint32_t>(b, 0, 60001); }), StatusCode::kCorrupt, "timeout 60001 ms");
+  expect_code(edit(probe, [](auto& b) { put<uint32_t>(b, 4, 0); }), StatusCode::kCorrupt, "PROBE: 0 addresses");
+  expect_code(edit(probe, [](auto& b) { put<uint32_t>(b, 4, 257); }), StatusCode::kCorrupt, "PROBE: 257 addresses");
+  expect_code(edit(probe, [](auto& b) { put<uint32_t>(b, 4, 3); }), StatusCode::kCorrupt,
+              "address 2 runs past the payload");
+  expect_code(edit(probe, [](auto& b) { put<uint16_t>(b, 8, 200); }), StatusCode::kCorrupt,
+              "address 0 runs past the payload");
+  expect_code(edit(probe,
+                   [](auto& b) {
+                     put<uint16_t>(b, 23, 0);  // the second address empty
+                     b.resize(b.size() - 7);
+                   }),
+              StatusCode::kCorrupt, "address 1 is 0 bytes");
+  expect_code(edit(probe, [](auto& b) { put<uint8_t>(b, 12, ' '); }), StatusCode::kCorrupt, "address 0 has byte 0x20");
+  expect_code(edit(probe, [](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "1 bytes after the last address");
+  EXPECT_FALSE(encode_probe({.request_id = 5, .timeout_ms = 1, .targets = {}}).is_ok());
+  EXPECT_FALSE(encode_probe({.request_id = 0, .timeout_ms = 1, .targets = {"a:1"}}).is_ok());
+
+  const ProbeReplyMsg r{.request_id = 5, .rtt_us = {250, kProbeFailed}};
+  const auto reply = encode_probe_reply(r).value();
+  ASSERT_EQ(reply.size(), kHeaderBytes + 12);
+  auto rb = decode_probe_reply(parse_frame(reply, kLim.max_frame_bytes).value());
+  ASSERT_TRUE(rb.is_ok()) << rb.status().to_string();
+  EXPECT_EQ(*rb, r);
+  expect_code(edit(reply, [](auto& b) { put<uint32_t>(b, 0, 3); }), StatusCode::kCorrupt,
+              "PROBE_REPLY payload is 12 bytes (must be 16 for 3 figures)");
+  expect_code(edit(reply, [](auto& b) { put<uint32_t>(b, 0, 0); }), StatusCode::kCorrupt, "PROBE_REPLY: 0 figures");
+  expect_code(edit(reply, [](auto& b) { b.resize(b.size() - 1); }), StatusCode::kCorrupt,
+              "payload is 11 bytes (must be 12");
 }
 
 // Two sequences of 2 new rows each: seq 4 starts fresh, seq 9 after the 5 cells its chain names.
@@ -844,6 +898,8 @@ TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
   seeds.push_back(encode_span_step(good_span_step_msg()).value());
   seeds.push_back(encode_span_step(good_chained_step_msg()).value());
   seeds.push_back(encode_span_await({.request_id = 35, .chain_id = 3, .first = 1, .last = 2, .timeout_ms = 9}).value());
+  seeds.push_back(encode_probe({.request_id = 36, .timeout_ms = 500, .targets = {"10.0.0.2:7000", "[::1]:9"}}).value());
+  seeds.push_back(encode_probe_reply({.request_id = 36, .rtt_us = {1200, kProbeFailed}}).value());
   {
     SpanResultMsg need;
     need.request_id = 34;
@@ -901,7 +957,12 @@ TEST(WireMalformed, FuzzTenThousandMutatedFrames) {
       // Anything accepted is exactly the canonical encoding of the message it decodes to; an
       // older worker's 48-byte INFO_REPLY is the 72-byte one's first 48 bytes, memory unknown.
       const Frame f = parse_frame(b, kLim.max_frame_bytes).value();
-      if (f.type() == MsgType::kInfoReply && f.payload.size() == 48) {
+      if (f.type() == MsgType::kHello && f.header.version == kVersion) {
+        // Unknown feature bits are ignored: the re-encoding clears them and is a fixed point.
+        const std::vector<uint8_t> again = reencode(b, kLim);
+        ASSERT_EQ(again.size(), b.size()) << "iteration " << iter;
+        ASSERT_EQ(reencode(again, kLim), again) << "iteration " << iter;
+      } else if (f.type() == MsgType::kInfoReply && f.payload.size() == 48) {
         const std::vector<uint8_t> again = reencode(b, kLim);
         ASSERT_EQ(again.size(), b.size() + 24) << "iteration " << iter;
         EXPECT_TRUE(std::equal(b.begin() + kHeaderBytes, b.end(), again.begin() + kHeaderBytes));

@@ -116,7 +116,8 @@ int run_worker(const WorkerArgs& a) {
     return fail(make_error(StatusCode::kInvalidArgument, "--replica-dir and --replica-mb (> 0) go together"));
   o.replica_dir = a.replica_dir;
   o.replica_budget_bytes = static_cast<uint64_t>(a.replica_mb * 1048576.0);
-  if (a.offer_mb < 0) return fail(make_error(StatusCode::kInvalidArgument, "--offer-mb must be >= 0, got {}", a.offer_mb));
+  if (a.offer_mb < 0)
+    return fail(make_error(StatusCode::kInvalidArgument, "--offer-mb must be >= 0, got {}", a.offer_mb));
   o.offer_bytes = static_cast<uint64_t>(a.offer_mb * 1048576.0);
   if (!a.swarm_key.empty()) {
     auto key = net::SwarmKey::load(a.swarm_key);

@@ -24,6 +24,8 @@ namespace moesh::cli {
 struct CliPeer {
   PlanPeer peer;
   std::string addr;
+  std::string label;  // a live peer's label at the gateway (what other workers' RTTs name it by)
+  std::vector<std::pair<std::string, double>> measured_rtt_ms;  // live: its RTT to other labels (PROBE)
 };
 
 struct PlanCliArgs {
@@ -203,21 +205,52 @@ inline Result<std::vector<CliPeer>> peers_from_status(const nlohmann::json& j) {
     p.peer.name = w.value("name", "");
     if (p.peer.name.empty()) p.peer.name = w.value("label", "");
     if (p.peer.name.empty()) continue;
-    p.peer.memory_bytes = live_peer_memory(w.value("slab_bytes", uint64_t{0}), w.value("replica_budget_bytes", uint64_t{0}),
-                                           w.value("mem_available_bytes", uint64_t{0}), w.value("offer_bytes", uint64_t{0}));
+    p.peer.memory_bytes =
+        live_peer_memory(w.value("slab_bytes", uint64_t{0}), w.value("replica_budget_bytes", uint64_t{0}),
+                         w.value("mem_available_bytes", uint64_t{0}), w.value("offer_bytes", uint64_t{0}));
     p.peer.rtt_s = std::max(0.0, w.value("warmup_rtt_ms", 0.0)) * 1e-3;
     if (w.value("path", "") == "direct") p.addr = w.value("address", "");
+    p.label = w.value("label", "");
+    if (w.contains("peer_rtt_ms") && w["peer_rtt_ms"].is_object()) {
+      for (const auto& [label, ms] : w["peer_rtt_ms"].items())
+        if (ms.is_number() && ms.get<double>() >= 0) p.measured_rtt_ms.emplace_back(label, ms.get<double>());
+    }
     out.push_back(std::move(p));
   }
   return out;
 }
 
-// --peer-rtt values into the planner's matrix: "A:B=20ms" sets one pair (both ways), a bare
-// "20ms" every pair no other value names. Errors name the value.
+// The peer-to-peer round trips live workers measured (CliPeer::measured_rtt_ms, seconds; -1:
+// unknown): a pair measured both ways takes the smaller figure; empty when nothing is measured.
+inline std::vector<std::vector<double>> measured_peer_rtts(const std::vector<CliPeer>& peers) {
+  const size_t P = peers.size();
+  std::vector<std::vector<double>> m(P, std::vector<double>(P, -1.0));
+  bool any = false;
+  for (size_t i = 0; i < P; ++i) {
+    for (const auto& [label, ms] : peers[i].measured_rtt_ms) {
+      for (size_t j = 0; j < P; ++j) {
+        if (j == i || peers[j].label.empty() || peers[j].label != label) continue;
+        const double s = ms * 1e-3;
+        for (double* v : {&m[i][j], &m[j][i]}) *v = *v < 0 ? s : std::min(*v, s);
+        any = true;
+      }
+    }
+  }
+  if (!any) m.clear();
+  return m;
+}
+
+// --peer-rtt values into the planner's matrix: "A:B=20ms" sets one pair (both ways); a pair no
+// value names takes the measured figure (`measured`, from live workers) where there is one, else
+// a bare "20ms" when given. Errors name the value.
 inline Status parse_peer_rtts(const std::vector<std::string>& values, const std::vector<PlanPeer>& peers,
-                              std::vector<std::vector<double>>* out) {
+                              std::vector<std::vector<double>>* out,
+                              const std::vector<std::vector<double>>& measured = {}) {
   out->clear();
-  if (values.empty()) return Status::ok();
+  if (values.empty()) {
+    *out = measured;
+    return Status::ok();
+  }
   const size_t P = peers.size();
   out->assign(P, std::vector<double>(P, -1.0));
   std::vector<std::vector<bool>> named(P, std::vector<bool>(P, false));
@@ -250,7 +283,7 @@ inline Status parse_peer_rtts(const std::vector<std::string>& values, const std:
   }
   for (size_t i = 0; i < P; ++i)
     for (size_t j = 0; j < P; ++j)
-      if (i != j && !named[i][j]) (*out)[i][j] = fallback;
+      if (i != j && !named[i][j]) (*out)[i][j] = !measured.empty() && measured[i][j] >= 0 ? measured[i][j] : fallback;
   return Status::ok();
 }
 
@@ -344,7 +377,7 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
     }
   }
   for (const CliPeer& p : s.peers) s.plan_peers.push_back(p.peer);
-  MOESH_RETURN_IF_ERROR(parse_peer_rtts(a.peer_rtts, s.plan_peers, &s.opts.peer_rtt_s));
+  MOESH_RETURN_IF_ERROR(parse_peer_rtts(a.peer_rtts, s.plan_peers, &s.opts.peer_rtt_s, measured_peer_rtts(s.peers)));
   s.opts.chain_spans = !a.no_chain;
   if (!a.backbone_memory.empty()) {
     auto b = parse_bytes(a.backbone_memory);
@@ -390,7 +423,15 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
     if (r.kind == RoleKind::kExperts) j["experts"] = format_expert_spec(r.experts, s.model.n_expert);
     roles.push_back(j);
   }
+  // The peer-to-peer round trips the plan was priced with (--peer-rtt, or measured by live workers).
+  nlohmann::json rtts = nlohmann::json::array();
+  for (size_t i = 0; i < s.opts.peer_rtt_s.size(); ++i)
+    for (size_t k = i + 1; k < s.opts.peer_rtt_s[i].size(); ++k)
+      if (s.opts.peer_rtt_s[i][k] >= 0)
+        rtts.push_back(
+            {{"a", s.peers[i].peer.name}, {"b", s.peers[k].peer.name}, {"ms", s.opts.peer_rtt_s[i][k] * 1e3}});
   return nlohmann::json{{"model", s.model.name},
+                        {"peer_rtt_ms", rtts},
                         {"n_layer", s.model.n_layer()},
                         {"seconds_per_byte", s.seconds_per_byte},
                         {"calibrated", s.calibrated},

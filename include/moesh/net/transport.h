@@ -135,6 +135,12 @@ Result<TcpSocketInfo> tcp_socket_info(const ByteStream& stream);
 // layer can drive it, e.g. the WebSocket transport. kInvalidArgument if it is not a TCP stream.
 Result<int> tcp_release_fd(std::unique_ptr<ByteStream> stream);
 
+// Round trip to each "HOST:PORT" ("[V6]:PORT" for IPv6) measured as a TCP connect (SYN to
+// SYN-ACK: one network round trip, answered by the far kernel alone), all addresses at once,
+// `rounds` times, the smallest kept (seconds); -1 for one that is malformed, does not resolve,
+// refuses or does not answer before the deadline. Each connection is closed at once.
+std::vector<double> connect_rtts(const std::vector<std::string>& targets, int rounds, Deadline deadline);
+
 class TcpListener {
  public:
   // port 0 picks a free port (see port()).

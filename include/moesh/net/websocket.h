@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moesh/net/transport.h"
@@ -38,7 +39,10 @@ Result<std::unique_ptr<ByteStream>> ws_accept(std::unique_ptr<ByteStream> tcp, s
                                               Deadline deadline, const WsOptions& ws = {});
 
 // Reads the first bytes of an accepted TCP stream: an HTTP upgrade is completed (ws_accept),
-// anything else is returned as a stream that yields those bytes again before the rest.
+// anything else is returned as a stream that yields those bytes again before the rest. A peer
+// that closes before sending a byte (a round-trip probe, a health check) is kUnavailable with
+// the message kClosedBeforeAByte.
+inline constexpr std::string_view kClosedBeforeAByte = "closed before sending a byte";
 Result<std::unique_ptr<ByteStream>> accept_tcp_or_websocket(std::unique_ptr<ByteStream> tcp, Deadline deadline,
                                                             const WsOptions& ws = {});
 

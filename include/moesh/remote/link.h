@@ -70,6 +70,9 @@ struct WorkerLink {
   std::vector<Probe> probes;
   // What the worker said it offers (INFO_REPLY after the warm-up; zero when it lacks the feature).
   wire::InfoMsg capacity;
+  // Its round trips to the other workers (probe_peer_rtts): per other worker's label, in ms; a
+  // worker it could not reach, or did not ask about (no direct address), is absent.
+  std::vector<std::pair<std::string, double>> peer_rtt_ms;
   // Sends GOODBYE (best effort) and closes the connection, waking a thread blocked reading it;
   // idempotent. The objects stay until destruction, so a reader may still touch them.
   void shut_down();
@@ -89,5 +92,14 @@ Result<std::unique_ptr<WorkerLink>> connect_worker(const WorkerAddress& addr, co
 Result<std::unique_ptr<WorkerLink>> establish_link(std::unique_ptr<net::Connection> conn, WorkerAddress addr,
                                                    const wire::Hello& local, const LinkOptions& opts,
                                                    net::Deadline deadline);
+
+// Asks every worker of `ask` that speaks PROBE for its TCP round trip to every other worker of
+// `peers` dialled directly (the backbone's address for it), all at once, and fills its
+// peer_rtt_ms: the peer-to-peer RTTs the planner prices chained spans with (docs/swarm.md#plan).
+// Nothing may be reading the asked links meanwhile (wait() reads them itself). Best effort: a
+// worker that fails or does not answer before the deadline gets no figures (logged), nothing
+// else changes.
+void probe_peer_rtts(const std::vector<WorkerLink*>& ask, const std::vector<const WorkerLink*>& peers,
+                     net::Deadline deadline);
 
 }  // namespace moesh

@@ -238,6 +238,8 @@ struct WorkerStatus {
   // Capacity (the worker's INFO_REPLY at connect; replica use updated by each STORED).
   uint32_t threads = 0, cores = 0;
   uint64_t slab_bytes = 0, replica_bytes = 0, replica_budget_bytes = 0, rss_bytes = 0;
+  // Its round trips to other workers (WorkerLink::peer_rtt_ms): per worker label, ms.
+  std::vector<std::pair<std::string, double>> peer_rtt_ms;
   // Its machine's memory at connect and what it offers (`moesh worker --offer-mb`); 0: unknown.
   uint64_t mem_total_bytes = 0, mem_available_bytes = 0, offer_bytes = 0;
 };

@@ -61,8 +61,11 @@ constexpr uint32_t kFeatureSpan = 1u << 4;
 // Span peer that passes a chained step on to the next span's peer itself (SPAN_STEP's chain
 // fields) and answers SPAN_AWAIT with the result of a step forwarded to it (docs/span.md).
 constexpr uint32_t kFeatureSpanChain = 1u << 5;
+// Worker: measures its round trip to other peers' addresses when asked (PROBE, answered with
+// PROBE_REPLY); backbone: may send PROBE.
+constexpr uint32_t kFeatureProbe = 1u << 6;
 constexpr uint32_t kAllFeatures =
-    kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo | kFeatureSpan | kFeatureSpanChain;
+    kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo | kFeatureSpan | kFeatureSpanChain | kFeatureProbe;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
@@ -84,6 +87,8 @@ enum class MsgType : uint16_t {
   kSpanStep = 16,    // backbone -> span peer: rows entering blocks first..last of one step [kFeatureSpan]
   kSpanResult = 17,  // span peer -> backbone: the rows leaving them, or which inputs it lacks
   kSpanAwait = 18,   // backbone -> span peer: answer with the result of the chained step forwarded to you
+  kProbe = 19,       // backbone -> worker: measure your round trip to these addresses    [kFeatureProbe]
+  kProbeReply = 20,  // worker -> backbone: one round trip per address (same request id)
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -437,6 +442,25 @@ struct SpanAwaitMsg {
   uint32_t timeout_ms = 0;  // 1..kMaxSpanAwaitMs
   bool operator==(const SpanAwaitMsg&) const = default;
 };
+// PROBE: the backbone asks a worker for its round trip to other peers ("HOST:PORT", IPv6 as
+// "[ADDR]:PORT"), so the planner knows peer-to-peer RTTs (chained spans); the worker answers
+// PROBE_REPLY with one figure per address, in order, within timeout_ms.
+constexpr uint32_t kMaxProbeTargets = 256;
+constexpr uint32_t kMaxProbeAddressBytes = 255;
+constexpr uint32_t kMaxProbeMs = 60000;
+constexpr uint32_t kProbeFailed = UINT32_MAX;  // PROBE_REPLY: no answer from that address in time
+struct ProbeMsg {
+  uint64_t request_id = 0;  // != 0
+  uint32_t timeout_ms = 0;  // 1..kMaxProbeMs
+  std::vector<std::string> targets;
+  bool operator==(const ProbeMsg&) const = default;
+};
+struct ProbeReplyMsg {
+  uint64_t request_id = 0;
+  std::vector<uint32_t> rtt_us;  // per target: the smallest TCP connect time seen, or kProbeFailed
+  bool operator==(const ProbeReplyMsg&) const = default;
+};
+
 struct SpanHave {
   int32_t seq = 0;
   uint64_t have = 0;  // cells of the sequence the peer holds that match the backbone's (< start)
@@ -521,6 +545,8 @@ Result<std::vector<uint8_t>> encode_info(const InfoMsg& m);
 Result<std::vector<uint8_t>> encode_span_step(const SpanStepMsg& m);
 Result<std::vector<uint8_t>> encode_span_result(const SpanResultMsg& m);
 Result<std::vector<uint8_t>> encode_span_await(const SpanAwaitMsg& m);
+Result<std::vector<uint8_t>> encode_probe(const ProbeMsg& m);
+Result<std::vector<uint8_t>> encode_probe_reply(const ProbeReplyMsg& m);
 
 // Decoders check the frame type, every count against the payload size and the limits, and
 // every enum; they never allocate more than the payload size implies.
@@ -540,6 +566,8 @@ Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim);
 Result<SpanStepMsg> decode_span_step(const Frame& f, const DecodeLimits& lim);
 Result<SpanResultMsg> decode_span_result(const Frame& f, const DecodeLimits& lim);
 Result<SpanAwaitMsg> decode_span_await(const Frame& f, const DecodeLimits& lim);
+Result<ProbeMsg> decode_probe(const Frame& f);
+Result<ProbeReplyMsg> decode_probe_reply(const Frame& f);
 // INFO: the request id (!= 0); the payload must be empty.
 Result<uint64_t> decode_info_request(const Frame& f);
 Result<InfoMsg> decode_info(const Frame& f);

@@ -490,6 +490,21 @@ start_server swarm -m "$MODEL" --worker "$W1" --worker "$W2" --parallel 4 -c 409
   --backbone-name gw-test
 run_curl_checks swarm
 run_node_checks swarm
+# Peer-to-peer round trips: at connect each worker measured its TCP RTT to the other (PROBE), and
+# the planner takes them as the pair's RTT (chained spans) unless --peer-rtt names the pair.
+"$MOESH" swarm status "$BASE" --json >"$TMP/status_swarm.json" || fail "swarm status (direct workers)"
+expect_eq "$(js 'j.workers.map(w => Object.keys(w.peer_rtt_ms).join("") == j.workers.find(v => v !== w).label &&
+  Object.values(w.peer_rtt_ms)[0] >= 0).join(",")' <"$TMP/status_swarm.json")" "true,true" \
+  "swarm status: each direct worker measured its round trip to the other"
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" --json >"$TMP/plan_rtt.json" 2>"$TMP/plan_rtt.err" ||
+  { cat "$TMP/plan_rtt.err" >&2; fail "swarm plan --status (direct workers)"; }
+expect_eq "$(js 'j.peer_rtt_ms.length == 1 && [j.peer_rtt_ms[0].a, j.peer_rtt_ms[0].b].sort().join() == "w1,w2" &&
+  j.peer_rtt_ms[0].ms >= 0 && j.peer_rtt_ms[0].ms < 1000' <"$TMP/plan_rtt.json")" "true" \
+  "swarm plan --status: the measured peer RTTs are used"
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" --peer-rtt 'w1:w2=70ms' --json >"$TMP/plan_rtt2.json" 2>/dev/null ||
+  fail "swarm plan --status --peer-rtt"
+expect_eq "$(js 'Math.round(j.peer_rtt_ms[0].ms)' <"$TMP/plan_rtt2.json")" "70" \
+  "swarm plan --status: --peer-rtt names a pair over the measurement"
 for i in "${!PROMPTS[@]}"; do
   expect_eq "$(cat "$TMP/alone_swarm.$i")" "$(cat "$TMP/ref.$i")" "swarm greedy text $i equals the local server's"
 done
