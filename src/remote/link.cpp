@@ -173,6 +173,10 @@ Result<std::unique_ptr<WorkerLink>> establish_link(std::unique_ptr<net::Connecti
   return link;
 }
 
+namespace {
+constexpr int64_t kProbeTimeoutMs = 1000;
+}  // namespace
+
 void probe_peer_rtts(const std::vector<WorkerLink*>& ask, const std::vector<const WorkerLink*>& peers,
                      net::Deadline deadline) {
   struct Asked {
@@ -194,7 +198,9 @@ void probe_peer_rtts(const std::vector<WorkerLink*>& ask, const std::vector<cons
     if (m.targets.empty() || m.targets.size() > wire::kMaxProbeTargets) continue;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - net::Clock::now()).count();
     if (left < 1) break;
-    m.timeout_ms = static_cast<uint32_t>(std::min<int64_t>(left / 2 + 1, wire::kMaxProbeMs));
+    // At most a second: a peer further than that is no use in a chain, and a firewall that drops
+    // the SYNs must not hold up the backbone's start for long.
+    m.timeout_ms = static_cast<uint32_t>(std::min<int64_t>(left / 2 + 1, kProbeTimeoutMs));
     m.request_id = l->mux->next_request_id();
     auto frame = wire::encode_probe(m);
     if (!frame || !l->mux->start(m.request_id, *frame, deadline).is_ok()) continue;
