@@ -294,6 +294,11 @@ std::vector<double> connect_rtts(const std::vector<std::string>& targets, int ro
     lens[i] = res->ai_addrlen;
     freeaddrinfo(res);
   }
+  // The smallest connect time seen per address.
+  auto keep = [&best](size_t i, Clock::time_point start, Clock::time_point done) {
+    const double s = std::chrono::duration<double>(done - start).count();
+    best[i] = best[i] < 0 ? s : std::min(best[i], s);
+  };
   for (int round = 0; round < rounds && Clock::now() < deadline; ++round) {
     struct Pending {
       size_t i;
@@ -307,8 +312,7 @@ std::vector<double> connect_rtts(const std::vector<std::string>& targets, int ro
       if (fd < 0) continue;
       const Clock::time_point start = Clock::now();
       if (::connect(fd, reinterpret_cast<const sockaddr*>(&addrs[i]), lens[i]) == 0) {
-        best[i] = best[i] < 0 ? std::chrono::duration<double>(Clock::now() - start).count()
-                              : std::min(best[i], std::chrono::duration<double>(Clock::now() - start).count());
+        keep(i, start, Clock::now());
         ::close(fd);
       } else if (errno == EINPROGRESS) {
         pending.push_back(Pending{i, fd, start});
@@ -327,11 +331,7 @@ std::vector<double> connect_rtts(const std::vector<std::string>& targets, int ro
         int err = 0;
         socklen_t len = sizeof(err);
         getsockopt(pending[k].fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        if (err == 0) {
-          const double s = std::chrono::duration<double>(now - pending[k].start).count();
-          double& b = best[pending[k].i];
-          b = b < 0 ? s : std::min(b, s);
-        }
+        if (err == 0) keep(pending[k].i, pending[k].start, now);
         ::close(pending[k].fd);
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));
       }

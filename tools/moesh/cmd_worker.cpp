@@ -224,12 +224,7 @@ const CommandRegistrar kRegisterWorker{
                               "Memory this machine offers the swarm for model weights and state, MiB: what `moesh "
                               "swarm plan --status` may give it (default: what it holds plus half the free memory)");
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
-              sub->add_option("--poll-us", a->poll_us,
-                              "Busy-poll for the next request this many microseconds before sleeping: saves the "
-                              "wake-up (50-100 us per trip on a VM) at the cost of a spinning CPU; for a worker "
-                              "with a core of its own (docs/worker.md)")
-                  ->check(CLI::Range(0, 1000000))
-                  ->capture_default_str();
+              add_poll_flag(sub, &a->poll_us, "the next request");
               add_memory_flags(sub, &a->memory);
               return [a] { return run_worker(*a); };
             }}};

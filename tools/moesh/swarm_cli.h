@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "model_cli.h"
 #include "moesh/remote/remote.h"
 #include "moesh/remote/span_client.h"
 #include "moesh/wan/host_tcp.h"
@@ -115,12 +116,7 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
       ->capture_default_str();
   sub->add_option("--congestion", a->congestion, "TCP congestion control set before connect ('' = system default)")
       ->capture_default_str();
-  sub->add_option("--poll-us", a->poll_us,
-                  "Busy-poll for a worker's reply this many microseconds before sleeping: saves the wake-up "
-                  "(50-100 us per trip on a VM) at the cost of a spinning CPU; for backbones with cores to spare "
-                  "(docs/PERFORMANCE.md)")
-      ->check(CLI::Range(0, 1000000))
-      ->capture_default_str();
+  add_poll_flag(sub, &a->poll_us, "a worker's reply");
   sub->add_option("--micro-batches", a->micro_batches,
                   "Steps of several sequences as two halves whose trips overlap: off|on|auto (auto: whichever "
                   "measures faster)")
