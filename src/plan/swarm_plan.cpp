@@ -331,12 +331,9 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
               const double save = q >= 0 ? saving[static_cast<size_t>(q)][si] : 0.0;
               const int npv = PV == 1 ? 0 : ordered ? 1 : static_cast<int>(si) + 1;
               uint64_t bytes = 0;
-              bool has_moe = false;
               for (int last = pos; last < L; ++last) {
                 bytes += layer_bytes(m, last);
                 if (bytes > p.memory_bytes) break;
-                has_moe = has_moe || m.layers[static_cast<size_t>(last)].moe;
-                if (!has_moe) continue;
                 relax(idx(last + 1, ns, kb, nd, npv), c0 + span_cost(m, o, p, pos, last) - save, static_cast<int>(si));
               }
             }
@@ -462,11 +459,6 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
       if (r.first < 0 || r.last >= L || r.first > r.last)
         return make_error(StatusCode::kInvalidArgument, "plan: peer '{}' spans layers {}-{}, not in the model", p.name,
                           r.first, r.last);
-      bool has_moe = false;
-      for (int l = r.first; l <= r.last; ++l) has_moe = has_moe || m.layers[static_cast<size_t>(l)].moe;
-      if (!has_moe)
-        return make_error(StatusCode::kInvalidArgument, "plan: span {}-{} of '{}' has no MoE block", r.first, r.last,
-                          p.name);
       for (int l = r.first; l <= r.last; ++l) {
         if (plan->layer_host[static_cast<size_t>(l)] != static_cast<int>(i))
           return make_error(StatusCode::kInvalidArgument, "plan: layer {} is not hosted by its span peer '{}'", l,
@@ -675,19 +667,19 @@ Result<SwarmPlan> plan_all_spans(const PlanModel& m, const std::vector<PlanPeer>
   auto try_k = [&](int k, SwarmPlan* plan) {
     plan->roles.assign(peers.size(), PeerRole{});
     plan->layer_host.assign(static_cast<size_t>(L), -1);
-    // Split by MoE blocks (a span must hold one); a dense layer joins the span after it (the
-    // leading dense layers the first span), or the last span.
+    // Split by MoE blocks (they hold most of the bytes and compute); a dense layer joins the span
+    // after it (the leading dense layers the first span), or the last span. More spans than MoE
+    // blocks: an even split by layers (a span of dense blocks serves no experts).
     std::vector<int> moe;
     for (int l = 0; l < L; ++l)
       if (m.layers[static_cast<size_t>(l)].moe) moe.push_back(l);
     const int M = static_cast<int>(moe.size());
-    if (k > M) return make_error(StatusCode::kInvalidArgument, "{} spans for {} MoE blocks", k, M);
     int next = 0;
     for (int i = 0; i < k; ++i) {
       PeerRole& r = plan->roles[static_cast<size_t>(i)];
       r.kind = RoleKind::kSpan;
       r.first = next;
-      r.last = i == k - 1 ? L - 1 : moe[static_cast<size_t>((i + 1) * M / k - 1)];
+      r.last = i == k - 1 ? L - 1 : k <= M ? moe[static_cast<size_t>((i + 1) * M / k - 1)] : (i + 1) * L / k - 1;
       next = r.last + 1;
       for (int l = r.first; l <= r.last; ++l) plan->layer_host[static_cast<size_t>(l)] = i;
     }

@@ -58,7 +58,8 @@ struct ExpertStore::Region {
 
 ExpertStore::~ExpertStore() = default;
 
-Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::File> file, const ExpertSet& held) {
+Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::File> file, const ExpertSet& held,
+                                                       bool hold_none) {
   std::unique_ptr<ExpertStore> s(new ExpertStore());
   const gguf::File& f = *file;
   const std::string kind = slice_kind(f);
@@ -130,8 +131,8 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::open(std::unique_ptr<gguf::Fil
   std::vector<wire::ExpertRange> avail_ranges;
   for (const auto& src : sources) avail_ranges.push_back({src.layer, src.first, src.count});
   const ExpertSet available = canonicalize(avail_ranges);
-  s->held_ = held.empty() ? available : held;
-  if (s->held_.empty()) return make_error(StatusCode::kNotFound, "{} holds no experts", f.path());
+  s->held_ = hold_none ? ExpertSet{} : held.empty() ? available : held;
+  if (s->held_.empty() && !hold_none) return make_error(StatusCode::kNotFound, "{} holds no experts", f.path());
   if (!available.contains(s->held_)) {
     for (const auto& r : s->held_.ranges) {
       for (uint32_t e = r.first; e < r.first + r.count; ++e) {

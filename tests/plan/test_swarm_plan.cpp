@@ -250,6 +250,36 @@ TEST(SwarmPlan, TripsPerStepFollowTheRoles) {
   for (const PeerRole& r : alone->roles) EXPECT_EQ(r.kind, RoleKind::kIdle);
 }
 
+// A span may hold dense blocks only (its peer serves no experts): more span peers than MoE blocks
+// split the layers evenly, and the search may give a peer the leading dense blocks alone.
+TEST(SwarmPlan, SpansOfDenseBlocksOnly) {
+  PlanModel m = toy_model(4, 16, 4, /*n_dense=*/3);
+  std::vector<PlanPeer> peers(4);
+  for (int i = 0; i < 4; ++i)
+    peers[static_cast<size_t>(i)] = {"p" + std::to_string(i), 10 * whole_layer(m), 0.02, 1, 0};
+  PlanOptions o;
+  o.backbone_memory_bytes = m.global_bytes;
+  auto spans = plan_all_spans(m, peers, o);
+  ASSERT_TRUE(spans.is_ok()) << spans.status().to_string();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(spans->roles[static_cast<size_t>(i)].first, i);
+    EXPECT_EQ(spans->roles[static_cast<size_t>(i)].last, i);
+  }
+  EXPECT_DOUBLE_EQ(spans->trips_per_step, 4.0);
+  // Peers that hold one dense layer each, and one that holds the MoE layer only: the best plan puts
+  // dense-only spans on the small ones rather than leave their layers to a backbone without room.
+  std::vector<PlanPeer> small = peers;
+  for (int i = 0; i < 3; ++i) small[static_cast<size_t>(i)].memory_bytes = 7 * kMiB;
+  small[3].memory_bytes = whole_layer(m) + kMiB;
+  auto best = plan_swarm(m, small, o);
+  ASSERT_TRUE(best.is_ok()) << best.status().to_string();
+  int dense_spans = 0;
+  for (const PeerRole& r : best->roles)
+    if (r.kind == RoleKind::kSpan && r.last < 3) ++dense_spans;
+  EXPECT_EQ(dense_spans, 3);
+  EXPECT_NEAR(best->step_s, brute_force(m, small, o), 1e-12);
+}
+
 TEST(SwarmPlan, AFarSmallPeerGetsNothingWhenTheNearOnesSuffice) {
   PlanModel m = toy_model(8, 16, 4);
   std::vector<PlanPeer> peers(4);

@@ -76,12 +76,9 @@ int run_span(const SpanArgs& a) {
     if (static_cast<int>(l) >= span->first && static_cast<int>(l) <= span->last)
       ranges.push_back({l, 0, shape->n_expert});
   }
-  if (ranges.empty())
-    return fail(make_error(StatusCode::kInvalidArgument,
-                           "blocks {}-{} hold no MoE layer (a span peer serves its "
-                           "experts too); give a span with at least one",
-                           span->first, span->last));
-  auto store = swarm::ExpertStore::open(std::move(*file), swarm::canonicalize(std::move(ranges)));
+  // Dense blocks only (a model's leading dense layers): a peer that serves no experts.
+  const bool dense = ranges.empty();
+  auto store = swarm::ExpertStore::open(std::move(*file), swarm::canonicalize(std::move(ranges)), dense);
   if (!store) return fail(store.status());
 
   swarm::WorkerOptions o;

@@ -16,15 +16,14 @@
 // costs ½RTT(q, p) instead of ½RTT_q + ½RTT_p (the return to the backbone and the next send),
 // where that is less — so a run of chained spans costs ½RTT_first + Σ ½RTT(hop) + ½RTT_last plus
 // their compute.
-// The search: each peer is idle, one span (a contiguous run of layers that fits its memory and has
-// a MoE block) or an expert holder; the backbone runs the layers no span covers, and their
-// routed experts fill the backbone's --local-experts budget first and then the expert peers,
-// nearest first, a whole layer at a time where it fits. Every split of peers into span and
-// expert roles is tried (up to PlanOptions::exhaustive_peers peers; above that, for k = 0..16,
-// the k peers with the most memory are span candidates in that order, each used or left idle,
-// the rest expert peers) and, for each, a dynamic programme over the layers places the spans
-// exactly. With the layers of each kind alike in size (true of every
-// architecture here) that is the optimum of the model above — tests compare it with brute force.
+// The search: each peer is idle, one span (a contiguous run of layers that fits its memory; dense
+// blocks only are allowed, their peer serving no experts) or an expert holder; the backbone runs the layers no span
+// covers, and their routed experts fill the backbone's --local-experts budget first and then the expert peers, nearest
+// first, a whole layer at a time where it fits. Every split of peers into span and expert roles is tried (up to
+// PlanOptions::exhaustive_peers peers; above that, for k = 0..16, the k peers with the most memory are span candidates
+// in that order, each used or left idle, the rest expert peers) and, for each, a dynamic programme over the layers
+// places the spans exactly. With the layers of each kind alike in size (true of every architecture here) that is the
+// optimum of the model above — tests compare it with brute force.
 #pragma once
 
 #include <cstdint>

@@ -138,7 +138,10 @@ class ExpertStore {
   // `held` empty: everything the file holds (a slice's experts; all experts of a full model).
   // Otherwise every held pair must be in the file (kNotFound naming it). A slice's slab hashes
   // are verified for the held slabs (kCorrupt naming the tensor and expert on mismatch).
-  static Result<std::unique_ptr<ExpertStore>> open(std::unique_ptr<gguf::File> file, const ExpertSet& held);
+  // hold_none: `held` is ignored and the store holds no expert — the model's identity and shape
+  // only (a span peer whose blocks are all dense serves no experts).
+  static Result<std::unique_ptr<ExpertStore>> open(std::unique_ptr<gguf::File> file, const ExpertSet& held,
+                                                   bool hold_none = false);
   ~ExpertStore();
 
   struct Slot {
