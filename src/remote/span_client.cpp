@@ -104,7 +104,14 @@ struct SpanClient::Runner {
   std::chrono::steady_clock::time_point no_chain_until{};
 };
 
-SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
+SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {
+  RowStoreOptions ro;
+  ro.row_floats = model.hparams().n_embd;
+  ro.chunk_rows = opts.log_chunk_rows;
+  ro.memory_budget = opts.log_memory_bytes;
+  ro.spill_dir = opts.log_dir;
+  log_store_ = RowStore::create(ro);
+}
 
 SpanClient::~SpanClient() {
   for (auto& r : runners_) {
@@ -275,7 +282,6 @@ struct SpanClient::Part {
 };
 
 Result<std::vector<SpanClient::Part>> SpanClient::begin_step(int k_first, int k_last, const SpanBatch& b) {
-  const int64_t D = model_.hparams().n_embd;
   std::vector<Part> parts;
   for (int64_t i = 0; i < b.n; ++i) {
     auto it = std::find_if(parts.begin(), parts.end(), [&](const Part& p) { return p.seq == b.seq[i]; });
@@ -289,7 +295,7 @@ Result<std::vector<SpanClient::Part>> SpanClient::begin_step(int k_first, int k_
   const size_t n_spans = runners_.size();
   for (const Part& p : parts) {
     SeqLog& log = logs_[p.seq];
-    log.rows.resize(n_spans);
+    while (log.rows.size() < n_spans) log.rows.emplace_back(log_store_);
     log.chain.resize(n_spans);
     log.pos.resize(n_spans);
     for (int k = k_first; k <= k_last; ++k) {
@@ -302,7 +308,7 @@ Result<std::vector<SpanClient::Part>> SpanClient::begin_step(int k_first, int k_
       }
       log.chain[ks].resize(static_cast<size_t>(p.n_before));
       log.pos[ks].resize(static_cast<size_t>(p.n_before));
-      log.rows[ks].resize(static_cast<size_t>(p.n_before * D));
+      log.rows[ks].truncate(p.n_before);
     }
   }
   return parts;
@@ -362,7 +368,9 @@ Result<wire::SpanStepMsg> SpanClient::step_message(int k, const std::vector<Part
     q.n_new = static_cast<uint32_t>(p.rows.size());
     if (start > 0) q.chain = log.chain[ks][static_cast<size_t>(start - 1)];
     m.seqs.push_back(q);
-    rows.insert(rows.end(), log.rows[ks].begin() + start * D, log.rows[ks].end());
+    const size_t at = rows.size();
+    rows.resize(at + static_cast<size_t>((p.n_before - start) * D));
+    MOESH_RETURN_IF_ERROR(log.rows[ks].read(start, p.n_before - start, rows.data() + at));
     for (int64_t c = start; c < p.n_before; ++c) {
       m.pos.push_back(log.pos[ks][static_cast<size_t>(c)]);
       m.cut.push_back(0);
@@ -399,8 +407,8 @@ void add_sample(double* avg, int* n, double seconds) {
 }
 }  // namespace
 
-void SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
-                        std::vector<float>* rows) {
+Status SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
+                          std::vector<float>* rows) {
   const int64_t D = model_.hparams().n_embd;
   const size_t ks = static_cast<size_t>(k);
   Runner& r = *runners_[ks];
@@ -409,13 +417,15 @@ void SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& 
   size_t o = 0;
   for (const Part& p : parts) {
     SeqLog& log = logs_[p.seq];
+    // The rows first: the one part that can fail (reading back a cut chunk of the log's file),
+    // which leaves the log as it was, and the step failed.
+    MOESH_RETURN_IF_ERROR(log.rows[ks].append(rows->data() + o * D, static_cast<int64_t>(p.rows.size())));
     std::array<uint8_t, 16> c = p.n_before > 0 ? log.chain[ks].back() : std::array<uint8_t, 16>{};
     for (int64_t i : p.rows) {
       const float* in = rows->data() + (o++) * D;
       c = swarm::span_chain_next(c, b.pos[i], in, D);
       log.chain[ks].push_back(c);
       log.pos[ks].push_back(b.pos[i]);
-      log.rows[ks].insert(log.rows[ks].end(), in, in + D);
     }
     r.has[p.seq] = p.n_before + static_cast<int64_t>(p.rows.size());
   }
@@ -423,6 +433,7 @@ void SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& 
   ++stats_.steps;
   if (r.local) ++stats_.local_steps;
   if (r.link && b.n <= kTimedStepRows) add_sample(&r.compute_seconds, &r.compute_samples, res.compute_us * 1e-6);
+  return Status::ok();
 }
 
 Status SpanClient::star(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
@@ -466,7 +477,7 @@ Status SpanClient::star(int k, const std::vector<Part>& parts, const SpanBatch& 
       add_sample(&r->star_seconds, &r->star_samples,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    accept(k, parts, b, res, rows);
+    MOESH_RETURN_IF_ERROR(accept(k, parts, b, res, rows));
     stats_.replayed_rows += replayed;
     return Status::ok();
   }
@@ -622,7 +633,7 @@ Status SpanClient::chain(int k, int e, const std::vector<Part>& parts, const Spa
         why = st;
         break;
       }
-      accept(j, parts, b, res, rows);
+      MOESH_RETURN_IF_ERROR(accept(j, parts, b, res, rows));
       ++stats_.chained_steps;
       if (j == k) stats_.replayed_rows += replayed;
       if (j < last) MOESH_RETURN_IF_ERROR(round_to_wire(rows));
@@ -702,19 +713,17 @@ void SpanClient::on_truncate(int32_t seq, int64_t n_keep) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = logs_.find(seq);
   if (it == logs_.end()) return;
-  const int64_t D = model_.hparams().n_embd;
   const size_t n = static_cast<size_t>(std::max<int64_t>(n_keep, 0));
   for (size_t k = 0; k < it->second.chain.size(); ++k) {
     if (it->second.chain[k].size() <= n) continue;
     it->second.chain[k].resize(n);
     it->second.pos[k].resize(n);
-    it->second.rows[k].resize(n * static_cast<size_t>(D));
+    it->second.rows[k].truncate(static_cast<int64_t>(n));
   }
 }
 
 void SpanClient::on_copy(int32_t src, int32_t dst, int64_t n) {
   std::lock_guard<std::mutex> lk(mu_);
-  const int64_t D = model_.hparams().n_embd;
   auto it = logs_.find(src);
   if (it == logs_.end()) {
     logs_.erase(dst);
@@ -722,14 +731,13 @@ void SpanClient::on_copy(int32_t src, int32_t dst, int64_t n) {
     SeqLog copy;
     const SeqLog& from = it->second;
     const size_t m = static_cast<size_t>(std::max<int64_t>(n, 0));
-    copy.rows.resize(from.rows.size());
     copy.chain.resize(from.chain.size());
     copy.pos.resize(from.pos.size());
     for (size_t k = 0; k < from.chain.size(); ++k) {
       const size_t c = std::min(m, from.chain[k].size());
       copy.chain[k].assign(from.chain[k].begin(), from.chain[k].begin() + static_cast<ptrdiff_t>(c));
       copy.pos[k].assign(from.pos[k].begin(), from.pos[k].begin() + static_cast<ptrdiff_t>(c));
-      copy.rows[k].assign(from.rows[k].begin(), from.rows[k].begin() + static_cast<ptrdiff_t>(c * D));
+      copy.rows.push_back(from.rows[k].prefix(static_cast<int64_t>(c)));  // shares the rows
     }
     logs_[dst] = std::move(copy);
   }
@@ -789,13 +797,16 @@ std::string SpanClient::describe() const {
 
 size_t SpanClient::log_bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
-  size_t n = 0;
+  const RowStoreStats rs = log_store_->stats();
+  size_t n = rs.memory_bytes + rs.file_bytes;
   for (const auto& [seq, log] : logs_) {
-    for (size_t k = 0; k < log.rows.size(); ++k) {
-      n += log.rows[k].size() * sizeof(float) + log.chain[k].size() * 16 + log.pos[k].size() * sizeof(int64_t);
-    }
+    for (size_t k = 0; k < log.chain.size(); ++k) n += log.chain[k].size() * 16 + log.pos[k].size() * sizeof(int64_t);
   }
   return n;
+}
+
+RowStoreStats SpanClient::log_stats() const {
+  return log_store_->stats();
 }
 
 }  // namespace moesh

@@ -718,6 +718,11 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
       snap.has_remote = true;
       snap.remote = m->t.remote->traffic();
     }
+    if (m->t.spans != nullptr) {
+      snap.has_spans = true;
+      snap.spans = m->t.spans->stats();
+      snap.span_log = m->t.spans->log_stats();
+    }
     res.set_content(render_metrics(snap), "text/plain; version=0.0.4");
   });
   // The registry: every worker with its path, state, experts, latencies and when it was last

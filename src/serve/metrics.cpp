@@ -113,6 +113,27 @@ std::string render_metrics(const MetricsSnapshot& s) {
     header(o, "moesh_remote_token_layers_total", "counter", "Sum of tokens over those calls");
     o += fmt::format("moesh_remote_token_layers_total {}\n", s.remote.token_layers);
   }
+  if (s.has_spans) {
+    const std::pair<const char*, uint64_t> counters[] = {{"steps", s.spans.steps},
+                                                         {"trips", s.spans.trips},
+                                                         {"failovers", s.spans.failovers},
+                                                         {"replayed_rows", s.spans.replayed_rows},
+                                                         {"local_steps", s.spans.local_steps}};
+    const char* help[] = {"Span steps completed (one per span and forward pass)",
+                          "SPAN_STEP round trips made (resends and failovers included)",
+                          "Spans moved to their next peer (or to this process)",
+                          "Logged span inputs sent again to a peer that lacked them",
+                          "Span steps run on this process (every peer of the span failed)"};
+    for (size_t i = 0; i < std::size(counters); ++i) {
+      const std::string name = fmt::format("moesh_span_{}_total", counters[i].first);
+      header(o, name.c_str(), "counter", help[i]);
+      o += fmt::format("{} {}\n", name, counters[i].second);
+    }
+    header(o, "moesh_span_log_bytes", "gauge",
+           "Rows kept to replay span inputs to a replacement peer, in memory and in the log's file");
+    o += fmt::format("moesh_span_log_bytes{{where=\"memory\"}} {}\nmoesh_span_log_bytes{{where=\"file\"}} {}\n",
+                     s.span_log.memory_bytes, s.span_log.file_bytes);
+  }
   header(o, "moesh_worker_dispatches_total", "counter", "DISPATCH requests sent to each worker");
   for (const auto& w : s.workers) {
     o += fmt::format("moesh_worker_dispatches_total{{worker=\"{}\"}} {}\n", escape_label(w.label), w.requests);

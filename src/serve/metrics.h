@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "moesh/remote/remote.h"
+#include "moesh/remote/span_client.h"
 #include "moesh/serve/scheduler.h"
 
 namespace moesh::serve {
@@ -52,6 +53,9 @@ struct MetricsSnapshot {
   std::vector<WorkerTraffic> workers;
   bool has_remote = false;
   RemoteTraffic remote;  // the executor's totals (MoE-layer round trips, token-layers)
+  bool has_spans = false;
+  SpanStats spans;         // span peers (--span): steps, trips, failovers, replays
+  RowStoreStats span_log;  // their input log: rows in memory and in its file
 };
 
 std::string render_metrics(const MetricsSnapshot& s);

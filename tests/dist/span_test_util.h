@@ -41,10 +41,16 @@ inline SpanTarget target(int first, int last, std::vector<const WorkerProcess*> 
   return t;
 }
 
+// spill_log: the input log keeps no rows in memory past chunks of 2 rows (util/row_log.h), so
+// replays read their rows back from its file.
 inline std::shared_ptr<SpanClient> connect_spans(const Model& m, std::vector<SpanTarget> targets, bool fallback = true,
-                                                 SpanChainMode chain = SpanChainMode::kAuto) {
+                                                 SpanChainMode chain = SpanChainMode::kAuto, bool spill_log = false) {
   SpanOptions o;
   o.chain = chain;
+  if (spill_log) {
+    o.log_memory_bytes = 0;
+    o.log_chunk_rows = 2;
+  }
   o.local_fallback = fallback;
   o.local_threads = 1;
   o.timeout = std::chrono::milliseconds(20000);

@@ -195,7 +195,8 @@ TEST(Span, KilledPeersAreReplacedAndTheirInputsReplayed) {
   auto a = spawn_span(path, "2-4");
   auto a2 = spawn_span(path, "2-4");
   ASSERT_TRUE(a.is_ok() && a2.is_ok());
-  auto spans = connect_spans(m, {target(2, 4, {a->get(), a2->get()})});
+  // The log keeps its rows in its file: the replays read them back from there.
+  auto spans = connect_spans(m, {target(2, 4, {a->get(), a2->get()})}, true, SpanChainMode::kAuto, /*spill_log=*/true);
   ASSERT_NE(spans, nullptr);
   Context ctx = make_ctx(m, spans);
   Context local = make_ctx(m, nullptr);
@@ -215,6 +216,11 @@ TEST(Span, KilledPeersAreReplacedAndTheirInputsReplayed) {
   // The replacement got the 6 + 3 cells before it; this process the 6 + 8.
   EXPECT_EQ(s.replayed_rows, 9u + 14u);
   EXPECT_EQ(spans->where(0), "2-4 here");
+  const RowStoreStats ls = spans->log_stats();
+  EXPECT_TRUE(ls.spill_error.empty()) << ls.spill_error;
+  EXPECT_EQ(ls.memory_bytes, 0u);  // 18 cells: 9 full chunks of 2, all in the file
+  EXPECT_EQ(ls.file_bytes, 18 * m.hparams().n_embd * sizeof(float));
+  EXPECT_EQ(ls.read_back_chunks, 4u + 7u);  // the full chunks of the two replays came from the file
 
   // Without the fallback, losing the last peer fails the step clearly and changes nothing.
   auto b = spawn_span(path, "2-4");
@@ -294,6 +300,8 @@ TEST(Span, RunWithSpansPrintsTheLocalTokens) {
   EXPECT_EQ(lj["tokens"], sj["tokens"]);
   EXPECT_EQ(sj["spans"]["trips"], 16);  // 8 passes (the prompt, then 7 tokens) x 2 spans
   EXPECT_EQ(sj["spans"]["failovers"], 0);
+  EXPECT_GT(sj["spans"]["log_memory_bytes"], 0);  // 11 cells of 2 spans: under the default budget
+  EXPECT_EQ(sj["spans"]["log_file_bytes"], 0);
 
   RunResult overlap =
       run_moesh(common + " --span 1-3@" + (*a)->address().to_string() + " --span 3-5@" + (*b)->address().to_string());
@@ -307,6 +315,44 @@ TEST(Span, RunWithSpansPrintsTheLocalTokens) {
   EXPECT_NE(garbage.err.find("FIRST-LAST"), std::string::npos) << garbage.err;
   RunResult q8 = run_moesh(common + " --span 1-2@" + (*a)->address().to_string() + " --span-wire q8");
   EXPECT_EQ(q8.exit_code, 2) << q8.err;
+}
+
+// A span of dense blocks only (deepseek2's leading dense block): its peer serves no experts and
+// runs the block; from the full model or from its own slice, the bits are all-local's. The
+// planner may now give such a span too.
+TEST(Span, ASpanOfDenseBlocksOnlyIsExact) {
+  MakeModelSpec spec = MakeModelSpec::defaults_for(MakeArch::kDeepseek2);
+  spec.type = MakeFileType::kQ8_0;
+  spec.seed = 77;
+  spec.n_layer = 4;
+  spec.n_leading_dense = 2;
+  spec.n_ctx = 256;
+  const std::string path = made_model("deepseek2-l4-d2", spec);
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const Model& m = **model;
+  ASSERT_FALSE(m.layers[0].is_moe);
+  ASSERT_FALSE(m.layers[1].is_moe);
+  const std::string slice = temp_dir() + "/ds2-span-0-1.gguf";
+  RunResult cut = run_moesh("slice -m " + quoted(path) + " --layers 0-1 -o " + quoted(slice));
+  ASSERT_EQ(cut.exit_code, 0) << cut.err;
+  auto dense = spawn_span(path, "0-1");
+  auto dense_slice = spawn_span(slice, "0-1");
+  auto moe = spawn_span(path, "2-3");
+  ASSERT_TRUE(dense.is_ok()) << dense.status().to_string();
+  ASSERT_TRUE(dense_slice.is_ok()) << dense_slice.status().to_string();
+  ASSERT_TRUE(moe.is_ok()) << moe.status().to_string();
+  const std::vector<int32_t> prompt = test_tokens(path, m.hparams().n_vocab, 7);
+  Context local = make_ctx(m, nullptr);
+  const std::vector<float> want = greedy_rows(local, prompt, 5);
+  for (const WorkerProcess* d : {dense->get(), dense_slice->get()}) {
+    auto spans = connect_spans(m, {target(0, 1, {d}), target(2, 3, {moe->get()})}, /*fallback=*/false);
+    ASSERT_NE(spans, nullptr);
+    Context ctx = make_ctx(m, spans);
+    EXPECT_TRUE(same_bits(greedy_rows(ctx, prompt, 5), want)) << spans->where(0);
+    EXPECT_EQ(spans->stats().trips, 12u);  // 6 passes x 2 spans
+    EXPECT_EQ(spans->stats().local_steps, 0u);
+  }
 }
 
 // `moesh slice --layers` cuts the file a span peer needs: its blocks (and the small globals), no

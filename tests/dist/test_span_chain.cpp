@@ -106,8 +106,9 @@ TEST(SpanChain, SequencesDraftsAndPrefixCopiesStayExactAcrossAChain) {
   auto a = spawn_span(path, "1-2");
   auto b = spawn_span(path, "3-4");
   ASSERT_TRUE(a.is_ok() && b.is_ok());
-  auto spans =
-      connect_spans(m, {target(1, 2, {a->get()}), target(3, 4, {b->get()})}, /*fallback=*/false, SpanChainMode::kOn);
+  // The log in its file: rollbacks cut spilled chunks, prefix copies share them.
+  auto spans = connect_spans(m, {target(1, 2, {a->get()}), target(3, 4, {b->get()})}, /*fallback=*/false,
+                             SpanChainMode::kOn, /*spill_log=*/true);
   ASSERT_NE(spans, nullptr);
   Context ctx = make_ctx(m, spans);
   Context local = make_ctx(m, nullptr);
@@ -152,6 +153,10 @@ TEST(SpanChain, SequencesDraftsAndPrefixCopiesStayExactAcrossAChain) {
   EXPECT_EQ(s.chains * 2, s.steps) << "every pass ran both spans as one chain";
   EXPECT_EQ(s.chain_breaks, 0u);
   EXPECT_EQ(s.failovers, 0u);
+  const RowStoreStats ls = spans->log_stats();
+  EXPECT_GT(ls.spilled_chunks, 10u);
+  EXPECT_GT(ls.read_back_chunks, 0u);  // rejected drafts cut chunks that were in the file
+  EXPECT_TRUE(ls.spill_error.empty()) << ls.spill_error;
 }
 
 // A peer in the middle of the chain killed mid-generation: its predecessor cannot pass its rows
@@ -172,7 +177,7 @@ TEST(SpanChain, AKilledPeerBreaksTheChainAndIsReplacedWithTheSameOutput) {
   ASSERT_TRUE(a.is_ok() && b.is_ok() && b2.is_ok() && c.is_ok());
   auto spans =
       connect_spans(m, {target(0, 1, {a->get()}), target(2, 3, {b->get(), b2->get()}), target(4, 5, {c->get()})},
-                    /*fallback=*/true, SpanChainMode::kOn);
+                    /*fallback=*/true, SpanChainMode::kOn, /*spill_log=*/true);  // replays read from the file
   ASSERT_NE(spans, nullptr);
   Context ctx = make_ctx(m, spans);
   Context local = make_ctx(m, nullptr);
@@ -200,6 +205,8 @@ TEST(SpanChain, AKilledPeerBreaksTheChainAndIsReplacedWithTheSameOutput) {
   EXPECT_EQ(spans->where(2), "4-5 here");
   // The replacement got the 6 + 3 cells before it (replayed once), this process the 6 + 8.
   EXPECT_EQ(s.replayed_rows, 9u + 14u);
+  EXPECT_EQ(spans->log_stats().read_back_chunks, 4u + 7u);  // their full chunks, from the log's file
+  EXPECT_EQ(spans->log_stats().memory_bytes, 0u);
 }
 
 // A peer started with --no-chain does not offer the feature: the backbone keeps star trips for

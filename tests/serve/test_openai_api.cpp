@@ -663,6 +663,26 @@ TEST(Metrics, Exposition) {
   // Every series has its TYPE line.
   EXPECT_NE(t.find("# TYPE moesh_worker_latency_seconds histogram"), std::string::npos);
   EXPECT_NE(t.find("# TYPE moesh_queue_depth gauge"), std::string::npos);
+  EXPECT_EQ(t.find("moesh_span_"), std::string::npos);  // no spans: no span series
+
+  s.has_spans = true;
+  s.spans.steps = 40;
+  s.spans.trips = 43;
+  s.spans.failovers = 1;
+  s.spans.replayed_rows = 9;
+  s.spans.local_steps = 2;
+  s.span_log.memory_bytes = 4096;
+  s.span_log.file_bytes = 65536;
+  const std::string u = render_metrics(s);
+  EXPECT_EQ(series_value(u, "moesh_span_steps_total"), "40");
+  EXPECT_EQ(series_value(u, "moesh_span_trips_total"), "43");
+  EXPECT_EQ(series_value(u, "moesh_span_failovers_total"), "1");
+  EXPECT_EQ(series_value(u, "moesh_span_replayed_rows_total"), "9");
+  EXPECT_EQ(series_value(u, "moesh_span_local_steps_total"), "2");
+  EXPECT_EQ(series_value(u, "moesh_span_log_bytes{where=\"memory\"}"), "4096");
+  EXPECT_EQ(series_value(u, "moesh_span_log_bytes{where=\"file\"}"), "65536");
+  EXPECT_NE(u.find("# TYPE moesh_span_log_bytes gauge"), std::string::npos);
+  EXPECT_NE(u.find("# TYPE moesh_span_trips_total counter"), std::string::npos);
 }
 
 TEST(Metrics, HistogramBuckets) {

@@ -245,6 +245,8 @@ int run_run(const RunArgs& a) {
                     {"chain_breaks", s.chain_breaks},
                     {"bytes_sent", s.bytes_sent},
                     {"bytes_received", s.bytes_received},
+                    {"log_memory_bytes", spans->log_stats().memory_bytes},
+                    {"log_file_bytes", spans->log_stats().file_bytes},
                     {"where", where}};
     }
     if (remote) {

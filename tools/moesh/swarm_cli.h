@@ -42,6 +42,8 @@ struct SwarmArgs {
   bool no_span_fallback = false;      // --no-span-fallback
   int span_retry_ms = 10000;          // --span-retry-ms
   std::string span_chain = "auto";    // --span-chain
+  int span_log_mb = 1024;             // --span-log-mb
+  std::string span_log_dir;           // --span-log-dir
 
   bool enabled() const { return !workers.empty() || !workers_file.empty() || !accept_workers.empty(); }
 };
@@ -156,6 +158,13 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
                   "After a span moved off a failed peer, dial the peers named before its current one again at "
                   "most this often and go back to the first that answers (-1: never)")
       ->capture_default_str();
+  sub->add_option("--span-log-mb", a->span_log_mb,
+                  "Memory for the rows kept to replay a span's inputs to a replacement peer; older rows go to an "
+                  "unlinked file in --span-log-dir")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
+  sub->add_option("--span-log-dir", a->span_log_dir,
+                  "Directory of the span input log's file (default: $TMPDIR, else /var/tmp)");
 }
 
 inline MicroBatching micro_batching_of(const SwarmArgs& a) {
@@ -293,6 +302,8 @@ inline bool open_spans_or_report(const Model& model, const SwarmArgs& a, const c
   if (!chain) return fail(chain.status());
   so.chain = *chain;
   so.local_threads = n_threads;
+  so.log_memory_bytes = static_cast<size_t>(a.span_log_mb) << 20;
+  so.log_dir = a.span_log_dir;
   auto c = SpanClient::connect(model, std::move(targets), so);
   if (!c) return fail(c.status());
   std::fprintf(stderr, "%s", (*c)->describe().c_str());
@@ -305,14 +316,14 @@ inline void print_span_stats(const SpanClient& c, std::FILE* f) {
   std::fprintf(f,
                "spans: %llu span steps in %llu trips (%llu resends, %llu rows replayed), %llu failovers, %llu back on "
                "a preferred peer, %llu run here; %llu chained in %llu chains (%llu awaits, %llu broken); %.1f KiB "
-               "sent, %.1f KiB received; input log %.1f KiB\n",
+               "sent, %.1f KiB received; input log %.1f KiB (%.1f KiB of rows in its file)\n",
                static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.trips),
                static_cast<unsigned long long>(s.resends), static_cast<unsigned long long>(s.replayed_rows),
                static_cast<unsigned long long>(s.failovers), static_cast<unsigned long long>(s.restored),
                static_cast<unsigned long long>(s.local_steps), static_cast<unsigned long long>(s.chained_steps),
                static_cast<unsigned long long>(s.chains), static_cast<unsigned long long>(s.awaits),
                static_cast<unsigned long long>(s.chain_breaks), s.bytes_sent / 1024.0, s.bytes_received / 1024.0,
-               c.log_bytes() / 1024.0);
+               c.log_bytes() / 1024.0, c.log_stats().file_bytes / 1024.0);
   for (size_t k = 0; k < c.spans().size(); ++k) std::fprintf(f, "  span %s\n", c.where(static_cast<int>(k)).c_str());
 }
 

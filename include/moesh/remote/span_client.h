@@ -21,6 +21,7 @@
 
 #include "moesh/model/model.h"
 #include "moesh/remote/link.h"
+#include "moesh/util/row_log.h"
 #include "moesh/util/status.h"
 #include "moesh/wire/wire.h"
 
@@ -73,6 +74,12 @@ struct SpanOptions {
   // back to the first that answers (its inputs replayed as after any move). < 0: never.
   std::chrono::milliseconds retry_preferred{10000};
   SpanChainMode chain = SpanChainMode::kAuto;
+  // The input log (every row sent to every span, for replays) keeps at most this many bytes of
+  // rows in memory; older rows go to an unlinked file in log_dir ("": $TMPDIR, else /var/tmp),
+  // read back only when a replay needs them (util/row_log.h).
+  size_t log_memory_bytes = size_t{1} << 30;
+  std::string log_dir;
+  int64_t log_chunk_rows = 64;  // rows per chunk of the log: the unit moved to the file
 };
 
 struct SpanStats {
@@ -124,13 +131,14 @@ class SpanClient final : public SpanRunner {
   std::string where(int k) const;
   // One line per span, for start-up output.
   std::string describe() const;
-  // Bytes held by the input log (all sequences and spans).
+  // Bytes held by the input log (all sequences and spans), in memory and in its file.
   size_t log_bytes() const;
+  RowStoreStats log_stats() const;
 
  private:
   struct Runner;  // one span: its peers, the live link or local host
   struct SeqLog {
-    std::vector<std::vector<float>> rows;                     // [span][cell * n_embd]
+    std::vector<RowLog> rows;                                 // [span]: a row of n_embd per cell
     std::vector<std::vector<std::array<uint8_t, 16>>> chain;  // [span][cell]
     std::vector<std::vector<int64_t>> pos;                    // [span][cell]
   };
@@ -149,8 +157,8 @@ class SpanClient final : public SpanRunner {
   Result<wire::SpanStepMsg> step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
                                          const std::vector<float>& rows, uint64_t* replayed);
   // Span k's result accepted: its inputs logged, what its runner holds, rows := its outputs.
-  void accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
-              std::vector<float>* rows);
+  Status accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
+                std::vector<float>* rows);
   // One span star-style: resends with replay, failover. rows: its inputs in, its outputs out.
   Status star(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows);
   // Spans k..e as one chain (finished star-style from where it breaks).
@@ -163,7 +171,8 @@ class SpanClient final : public SpanRunner {
   std::vector<LayerSpan> spans_;
   std::vector<std::unique_ptr<Runner>> runners_;
   mutable std::mutex mu_;
-  mutable std::mutex view_mu_;  // Runner::view
+  mutable std::mutex view_mu_;           // Runner::view
+  std::shared_ptr<RowStore> log_store_;  // the rows of every SeqLog, under one memory budget
   std::map<int32_t, SeqLog> logs_;
   SpanStats stats_;
   uint64_t next_chain_id_ = 0;  // random start: ids of a restarted backbone do not meet old ones
