@@ -88,7 +88,7 @@ Status open_unlinked(const std::string& dir, int* fd) {
 #ifdef O_TMPFILE
   *fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (*fd >= 0) return Status::ok();
-  // Filesystems without O_TMPFILE: a named file, unlinked at once.
+    // Filesystems without O_TMPFILE: a named file, unlinked at once.
 #endif
   std::string path = dir + "/moesh-rowlog-XXXXXX";
   *fd = ::mkstemp(path.data());
@@ -154,7 +154,8 @@ Status RowStore::read_rows(const Chunk& c, int64_t first, int64_t n, float* out)
     return Status::ok();
   }
   const size_t bytes = static_cast<size_t>(n) * W * sizeof(float);
-  const off_t at = static_cast<off_t>(static_cast<size_t>(c.slot) * chunk_bytes() + static_cast<size_t>(first) * W * sizeof(float));
+  const off_t at =
+      static_cast<off_t>(static_cast<size_t>(c.slot) * chunk_bytes() + static_cast<size_t>(first) * W * sizeof(float));
   char* p = reinterpret_cast<char*>(out);
   size_t done = 0;
   while (done < bytes) {

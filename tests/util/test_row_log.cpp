@@ -1,15 +1,15 @@
 // util/row_log.h: rows read back are the rows appended, bit for bit, whether they stayed in memory,
 // went to the spill file, were shared by a prefix or cut by a truncate; the memory budget holds;
 // freed file slots are reused; a spill that cannot happen keeps the rows in memory.
-#include "moesh/util/row_log.h"
-
-#include <gtest/gtest.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <map>
 #include <random>
+
+#include "moesh/util/row_log.h"
 
 namespace moesh {
 namespace {

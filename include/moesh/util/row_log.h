@@ -28,19 +28,19 @@
 namespace moesh {
 
 struct RowStoreOptions {
-  int64_t row_floats = 1;     // the width of every row
-  int64_t chunk_rows = 64;    // rows per chunk: the unit of spilling and sharing
+  int64_t row_floats = 1;           // the width of every row
+  int64_t chunk_rows = 64;          // rows per chunk: the unit of spilling and sharing
   size_t memory_budget = SIZE_MAX;  // bytes of rows kept in memory; full chunks beyond go to the file
-  std::string spill_dir;      // where the file is made; "": $TMPDIR, else /var/tmp
+  std::string spill_dir;            // where the file is made; "": $TMPDIR, else /var/tmp
 };
 
 struct RowStoreStats {
-  size_t memory_bytes = 0;   // rows held in memory
-  size_t file_bytes = 0;     // rows held in the file
-  size_t file_size = 0;      // the file's size (freed slots included)
+  size_t memory_bytes = 0;        // rows held in memory
+  size_t file_bytes = 0;          // rows held in the file
+  size_t file_size = 0;           // the file's size (freed slots included)
   uint64_t spilled_chunks = 0;    // chunks written to the file, ever
   uint64_t read_back_chunks = 0;  // chunk reads from the file, ever
-  std::string spill_error;   // why spilling stopped ("" while it works)
+  std::string spill_error;        // why spilling stopped ("" while it works)
 };
 
 class RowLog;
@@ -61,9 +61,9 @@ class RowStore {
   explicit RowStore(const RowStoreOptions& o);
   size_t chunk_bytes() const;
   // All below with mu_ held.
-  void track(Chunk* c);        // c became full and resident: it may be spilled
+  void track(Chunk* c);  // c became full and resident: it may be spilled
   void untrack(Chunk* c);
-  void forget(Chunk* c);       // the last reference to c goes: its memory or slot is freed
+  void forget(Chunk* c);  // the last reference to c goes: its memory or slot is freed
   void add_memory(Chunk* c, int64_t rows_delta);
   void enforce_budget();
   Status spill(Chunk* c);
@@ -76,7 +76,7 @@ class RowStore {
   size_t memory_bytes_ = 0;
   int fd_ = -1;
   std::vector<int64_t> free_slots_;
-  int64_t n_slots_ = 0;     // slots the file has
+  int64_t n_slots_ = 0;  // slots the file has
   int64_t used_slots_ = 0;
   uint64_t spilled_ = 0, read_back_ = 0;
   std::string spill_error_;
