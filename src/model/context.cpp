@@ -171,10 +171,6 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
     return make_error(StatusCode::kInvalidArgument, "decode: logits requested but no buffer given");
   }
   if (!span_status_.is_ok()) return span_status_;
-  if (spans_ && hp.attn_res_block > 0) {
-    return make_error(StatusCode::kUnsupported,
-                      "{}: spans do not carry the cross-layer residual attention's checkpoints", hp.arch_name);
-  }
   if (layers_.last >= 0 && (layers_.first != 0 || layers_.last != hp.n_layer - 1)) {
     return make_error(StatusCode::kInvalidArgument, "decode: this context holds blocks {}-{} only (decode_layers)",
                       layers_.first, layers_.last);
@@ -293,8 +289,15 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
       const int k = span_at_.empty() ? -1 : span_at_[static_cast<size_t>(il)];
       if (k >= 0) {      // blocks first..last run on a span peer: one trip for the whole span
         int k_last = k;  // a chained trip may run the spans after k too
-        st = spans_->run_from(k, SpanBatch{T, seq, pos, cell, wants.data()}, parts[0].h, &k_last);
         const auto& sp = spans_->spans();
+        // Rows cross with the residual-attention checkpoints banked so far (span_row_width).
+        const bool wide = hp.attn_res_block > 0;
+        float* rows = parts[0].h;
+        if (wide) {
+          rows = detail::grow(s.span_rows, static_cast<size_t>(T * hp.span_row_width(hp.n_layer)));
+          detail::pack_span_rows(*parts[0].f, parts[0].h, hp.residual_ckpts_before(il), rows);
+        }
+        st = spans_->run_from(k, SpanBatch{T, seq, pos, cell, wants.data()}, rows, &k_last);
         for (int j = k + 1; st.is_ok() && j <= k_last; ++j) {
           if (static_cast<size_t>(j) >= sp.size() || sp[j].first != sp[j - 1].last + 1)
             st = make_error(StatusCode::kInternal, "span runner ran spans {}..{}, which are not adjacent", k, k_last);
@@ -302,6 +305,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
         if (k_last < k) st = make_error(StatusCode::kInternal, "span runner ran spans {}..{}", k, k_last);
         if (!st.is_ok()) break;
         il = sp[static_cast<size_t>(k_last)].last + 1;
+        if (wide) detail::unpack_span_rows(*parts[0].f, rows, hp.residual_ckpts_before(il), parts[0].h);
         continue;
       }
       st = pre(parts[0], il);
@@ -437,11 +441,6 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
                       hp.n_layer - 1);
   }
   if (spans_) return make_error(StatusCode::kInvalidArgument, "decode_layers: this context has spans of its own");
-  if (hp.attn_res_block > 0) {
-    return make_error(StatusCode::kUnsupported,
-                      "decode_layers: {}'s cross-layer residual attention keeps checkpoints that spans do not carry",
-                      hp.arch_name);
-  }
   if (!span_status_.is_ok()) return span_status_;
   if (layers_.last >= 0 && (first < layers_.first || last > layers_.last)) {
     return make_error(StatusCode::kInvalidArgument, "decode_layers: blocks {}-{} asked, this context holds {}-{}",
@@ -467,7 +466,14 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
   const size_t n_act = static_cast<size_t>(T * D);
   detail::BlockBufs b{detail::grow(s.h, n_act), detail::grow(s.xn, n_act), detail::grow(s.attn_out, n_act),
                       detail::grow(s.ffn_out, n_act)};
-  std::copy(h, h + n_act, b.h);
+  // h: [T][span_row_width(first)] in, [T][span_row_width(last + 1)] out (the stream alone
+  // without cross-layer residual attention).
+  const bool wide = hp.attn_res_block > 0;
+  if (wide) {
+    detail::unpack_span_rows(f, h, hp.residual_ckpts_before(first), b.h);
+  } else {
+    std::copy(h, h + n_act, b.h);
+  }
   detail::MoeCall call;
   Status st = Status::ok();
   for (int il = first; il <= last && st.is_ok(); ++il) {
@@ -482,7 +488,11 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
     }
     return st;
   }
-  std::copy(b.h, b.h + n_act, h);
+  if (wide) {
+    detail::pack_span_rows(f, b.h, hp.residual_ckpts_before(last + 1), h);
+  } else {
+    std::copy(b.h, b.h + n_act, h);
+  }
   if (rec_) {
     for (const SeqStep& sp : steps) rec_->commit_step(sp.seq);
   }

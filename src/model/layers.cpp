@@ -641,6 +641,24 @@ void residual_mix(Fwd& f, int64_t n_ckpt, const float* cur, const TensorView& w,
   }
 }
 
+void pack_span_rows(Fwd& f, const float* h, int64_t n_ckpt, float* rows) {
+  const int64_t T = f.batch.n, D = f.hp.n_embd, W = D * (1 + n_ckpt);
+  const float* stack = f.s.res_stack.data();
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(h + t * D, D, rows + t * W);
+    for (int64_t c = 0; c < n_ckpt; ++c) std::copy_n(stack + (c * T + t) * D, D, rows + t * W + (1 + c) * D);
+  }
+}
+
+void unpack_span_rows(Fwd& f, const float* rows, int64_t n_ckpt, float* h) {
+  const int64_t T = f.batch.n, D = f.hp.n_embd, W = D * (1 + n_ckpt);
+  float* stack = grow(f.s.res_stack, static_cast<size_t>(std::max<int64_t>(n_ckpt, 1) * T * D));
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(rows + t * W, D, h + t * D);
+    for (int64_t c = 0; c < n_ckpt; ++c) std::copy_n(rows + t * W + (1 + c) * D, D, stack + (c * T + t) * D);
+  }
+}
+
 Status block_begin(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call) {
   const int64_t D = f.hp.n_embd;
   const size_t n_act = static_cast<size_t>(f.batch.n * D);

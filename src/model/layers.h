@@ -35,6 +35,7 @@ struct Context::Scratch {
   std::vector<float> hidden;                 // every token's normed row (Context::set_keep_hidden)
   std::vector<float> moe_z, moe_zn, moe_up;  // latent MoE: the dispatched latent, the normed sum, back up
   std::vector<float> res_stack;              // residual-attention checkpoints [n_ckpt][T][n_embd]
+  std::vector<float> span_rows;              // rows crossing a span boundary (span_row_width wide)
   std::vector<float> res_scores;
   std::vector<float> msa_q, msa_scores;  // MSA indexer queries, per-thread block scores
   std::vector<int32_t> msa_order;        // per-thread block order
@@ -193,8 +194,12 @@ Status block_end(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, Moe
 void residual_mix(Fwd& f, int64_t n_ckpt, const float* cur, const TensorView& w, float* out);
 // The checkpoints the output head's mix reads (after the last block).
 inline int64_t residual_ckpts_at_end(const HParams& hp) {
-  return hp.attn_res_block > 0 ? (hp.n_layer - 1) / hp.attn_res_block + 1 : 0;
+  return hp.residual_ckpts_before(hp.n_layer);
 }
+// Span rows (HParams::span_row_width) <-> the stream h [T][n_embd] and the first n_ckpt
+// checkpoints of f.s.res_stack [n_ckpt][T][n_embd]: per token [h | c_0 | ... | c_{n_ckpt-1}].
+void pack_span_rows(Fwd& f, const float* h, int64_t n_ckpt, float* rows);
+void unpack_span_rows(Fwd& f, const float* rows, int64_t n_ckpt, float* h);
 
 // ---- tensor binding (the arch files' tensor tables) ----
 

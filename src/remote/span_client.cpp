@@ -104,13 +104,17 @@ struct SpanClient::Runner {
   std::chrono::steady_clock::time_point no_chain_until{};
 };
 
-SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {
-  RowStoreOptions ro;
-  ro.row_floats = model.hparams().n_embd;
-  ro.chunk_rows = opts.log_chunk_rows;
-  ro.memory_budget = opts.log_memory_bytes;
-  ro.spill_dir = opts.log_dir;
-  log_store_ = RowStore::create(ro);
+SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
+
+int64_t SpanClient::width_in(int k) const {
+  return model_.hparams().span_row_width(spans_[static_cast<size_t>(k)].first);
+}
+int64_t SpanClient::width_out(int k) const {
+  return model_.hparams().span_row_width(spans_[static_cast<size_t>(k)].last + 1);
+}
+uint32_t SpanClient::span_row_limit() const {
+  // The widest rows a span may answer with: those entering the output head.
+  return static_cast<uint32_t>(model_.hparams().span_row_width(model_.hparams().n_layer));
 }
 
 SpanClient::~SpanClient() {
@@ -145,6 +149,20 @@ Result<std::shared_ptr<SpanClient>> SpanClient::connect(const Model& model, std:
     r->target = std::move(t);
     c->runners_.push_back(std::move(r));
   }
+  // One log store per span (rows of its input width); the memory budget shared in proportion.
+  int64_t total_width = 0;
+  for (size_t k = 0; k < c->spans_.size(); ++k) total_width += c->width_in(static_cast<int>(k));
+  for (size_t k = 0; k < c->spans_.size(); ++k) {
+    RowStoreOptions ro;
+    ro.row_floats = c->width_in(static_cast<int>(k));
+    ro.chunk_rows = opts.log_chunk_rows;
+    ro.memory_budget = opts.log_memory_bytes == SIZE_MAX
+                           ? SIZE_MAX
+                           : static_cast<size_t>(static_cast<double>(opts.log_memory_bytes) *
+                                                 static_cast<double>(ro.row_floats) / static_cast<double>(total_width));
+    ro.spill_dir = opts.log_dir;
+    c->log_stores_.push_back(RowStore::create(ro));
+  }
   for (size_t k = 0; k < c->runners_.size(); ++k) {
     Status st = c->fail_over(static_cast<int>(k), Status::ok());
     if (!st.is_ok()) return st;
@@ -175,6 +193,7 @@ Status SpanClient::fail_over(int k, const Status& why) {
     }
     if (st.is_ok()) {
       r.link = std::move(*link);
+      r.link->limits.max_n_embd = span_row_limit();
       r.label = r.link->label;
       r.current = r.next_peer - 1;
       r.last_retry = std::chrono::steady_clock::now();
@@ -225,6 +244,7 @@ void SpanClient::retry_preferred(int k) {
     spdlog::info("span {}-{}: back on {} (was {})", sp.first, sp.last, (*link)->label, r.label);
     if (r.link) r.link->shut_down();
     r.link = std::move(*link);
+    r.link->limits.max_n_embd = span_row_limit();
     r.local.reset();
     r.has.clear();  // it holds nothing of ours until it says so: the need/replay path restores it
     r.label = r.link->label;
@@ -295,7 +315,7 @@ Result<std::vector<SpanClient::Part>> SpanClient::begin_step(int k_first, int k_
   const size_t n_spans = runners_.size();
   for (const Part& p : parts) {
     SeqLog& log = logs_[p.seq];
-    while (log.rows.size() < n_spans) log.rows.emplace_back(log_store_);
+    while (log.rows.size() < n_spans) log.rows.emplace_back(log_stores_[log.rows.size()]);
     log.chain.resize(n_spans);
     log.pos.resize(n_spans);
     for (int k = k_first; k <= k_last; ++k) {
@@ -314,29 +334,27 @@ Result<std::vector<SpanClient::Part>> SpanClient::begin_step(int k_first, int k_
   return parts;
 }
 
-std::vector<float> SpanClient::gather(const std::vector<Part>& parts, const float* h) const {
-  const int64_t D = model_.hparams().n_embd;
+std::vector<float> SpanClient::gather(const std::vector<Part>& parts, const float* h, int64_t W) const {
   std::vector<float> rows;
   for (const Part& p : parts) {
-    for (int64_t i : p.rows) rows.insert(rows.end(), h + i * D, h + (i + 1) * D);
+    for (int64_t i : p.rows) rows.insert(rows.end(), h + i * W, h + (i + 1) * W);
   }
   return rows;
 }
 
-void SpanClient::scatter(const std::vector<Part>& parts, const std::vector<float>& rows, float* h) const {
-  const int64_t D = model_.hparams().n_embd;
+void SpanClient::scatter(const std::vector<Part>& parts, const std::vector<float>& rows, float* h, int64_t W) const {
   size_t o = 0;
   for (const Part& p : parts) {
     for (int64_t i : p.rows) {
-      std::copy(rows.data() + o * D, rows.data() + (o + 1) * D, h + i * D);
+      std::copy(rows.data() + o * W, rows.data() + (o + 1) * W, h + i * W);
       ++o;
     }
   }
 }
 
-Status SpanClient::round_to_wire(std::vector<float>* rows) const {
+Status SpanClient::round_to_wire(std::vector<float>* rows, int64_t W) const {
   if (opts_.hidden_wire == wire::WireDType::kF32) return Status::ok();
-  const uint32_t D = static_cast<uint32_t>(model_.hparams().n_embd);
+  const uint32_t D = static_cast<uint32_t>(W);
   const uint32_t n = static_cast<uint32_t>(rows->size() / D);
   MOESH_ASSIGN_OR_RETURN(wire::WireRows enc, wire::encode_rows(opts_.hidden_wire, rows->data(), n, D));
   wire::decode_rows(enc, rows->data());
@@ -345,7 +363,7 @@ Status SpanClient::round_to_wire(std::vector<float>* rows) const {
 
 Result<wire::SpanStepMsg> SpanClient::step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
                                                    const std::vector<float>& grouped, uint64_t* replayed) {
-  const int64_t D = model_.hparams().n_embd;
+  const int64_t D = width_in(k);
   const size_t ks = static_cast<size_t>(k);
   Runner* r = runners_[ks].get();
   // Each sequence starts where the runner is known to hold matching cells.
@@ -409,10 +427,10 @@ void add_sample(double* avg, int* n, double seconds) {
 
 Status SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
                           std::vector<float>* rows) {
-  const int64_t D = model_.hparams().n_embd;
+  const int64_t D = width_in(k);
   const size_t ks = static_cast<size_t>(k);
   Runner& r = *runners_[ks];
-  std::vector<float> out(rows->size());
+  std::vector<float> out(static_cast<size_t>(b.n * width_out(k)));
   wire::decode_rows(res.rows, out.data());
   size_t o = 0;
   for (const Part& p : parts) {
@@ -438,8 +456,8 @@ Status SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch
 
 Status SpanClient::star(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
   const size_t ks = static_cast<size_t>(k);
-  const int64_t D = model_.hparams().n_embd;
-  MOESH_RETURN_IF_ERROR(round_to_wire(rows));  // idempotent: rows from a chain are already rounded
+  const int64_t D = width_out(k);                           // of the result
+  MOESH_RETURN_IF_ERROR(round_to_wire(rows, width_in(k)));  // idempotent: rows from a chain are already rounded
   retry_preferred(k);
   Runner* r = runners_[ks].get();
   int resends = 0;
@@ -530,7 +548,6 @@ int SpanClient::chain_end(int k, const std::vector<Part>& parts, int64_t n_rows)
 }
 
 Status SpanClient::chain(int k, int e, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
-  const int64_t D = model_.hparams().n_embd;
   const auto t0 = std::chrono::steady_clock::now();
   if (next_chain_id_ == 0) {
     std::random_device rd;
@@ -538,7 +555,7 @@ Status SpanClient::chain(int k, int e, const std::vector<Part>& parts, const Spa
   }
   const uint64_t chain_id = next_chain_id_++;
   if (next_chain_id_ == 0) next_chain_id_ = 1;
-  MOESH_RETURN_IF_ERROR(round_to_wire(rows));
+  MOESH_RETURN_IF_ERROR(round_to_wire(rows, width_in(k)));
 
   // 1. The awaits, so that each peer after the head answers as soon as its forwarded step is done.
   //    Span j may compute only after spans k..j-1: its deadline grows with its place in the chain.
@@ -626,6 +643,7 @@ Status SpanClient::chain(int k, int e, const std::vector<Part>& parts, const Spa
       }
       if (st.is_ok() && !res.need.empty())
         st = make_error(StatusCode::kUnavailable, "{} lacks inputs of a chained step", r.label);
+      const int64_t D = width_out(j);
       if (st.is_ok() && (res.rows.n_rows != static_cast<uint32_t>(b.n) || res.rows.n_cols != static_cast<uint32_t>(D)))
         st = make_error(StatusCode::kCorrupt, "{}: SPAN_RESULT has {}x{} rows, the step sent {}x{}", r.label,
                         res.rows.n_rows, res.rows.n_cols, b.n, D);
@@ -636,7 +654,7 @@ Status SpanClient::chain(int k, int e, const std::vector<Part>& parts, const Spa
       MOESH_RETURN_IF_ERROR(accept(j, parts, b, res, rows));
       ++stats_.chained_steps;
       if (j == k) stats_.replayed_rows += replayed;
-      if (j < last) MOESH_RETURN_IF_ERROR(round_to_wire(rows));
+      if (j < last) MOESH_RETURN_IF_ERROR(round_to_wire(rows, width_out(j)));
       if (!res.forward_error.empty() && j < last) {
         why = make_error(StatusCode::kUnavailable, "{} could not pass its rows on: {}", r.label, res.forward_error);
         ++j;
@@ -685,9 +703,9 @@ Status SpanClient::run(int k, const SpanBatch& b, float* h) {
   if (k < 0 || static_cast<size_t>(k) >= runners_.size())
     return make_error(StatusCode::kInvalidArgument, "no span {}", k);
   MOESH_ASSIGN_OR_RETURN(std::vector<Part> parts, begin_step(k, k, b));
-  std::vector<float> rows = gather(parts, h);
+  std::vector<float> rows = gather(parts, h, width_in(k));
   MOESH_RETURN_IF_ERROR(star(k, parts, b, &rows));
-  scatter(parts, rows, h);
+  scatter(parts, rows, h, width_out(k));
   return Status::ok();
 }
 
@@ -702,9 +720,9 @@ Status SpanClient::run_from(int k, const SpanBatch& b, float* h, int* k_last) {
   if (e > k) {
     MOESH_ASSIGN_OR_RETURN(parts, begin_step(k, e, b));
   }
-  std::vector<float> rows = gather(parts, h);
+  std::vector<float> rows = gather(parts, h, width_in(k));
   MOESH_RETURN_IF_ERROR(e > k ? chain(k, e, parts, b, &rows) : star(k, parts, b, &rows));
-  scatter(parts, rows, h);
+  scatter(parts, rows, h, width_out(e));
   *k_last = e;
   return Status::ok();
 }
@@ -797,7 +815,7 @@ std::string SpanClient::describe() const {
 
 size_t SpanClient::log_bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
-  const RowStoreStats rs = log_store_->stats();
+  const RowStoreStats rs = log_stats();
   size_t n = rs.memory_bytes + rs.file_bytes;
   for (const auto& [seq, log] : logs_) {
     for (size_t k = 0; k < log.chain.size(); ++k) n += log.chain[k].size() * 16 + log.pos[k].size() * sizeof(int64_t);
@@ -806,7 +824,17 @@ size_t SpanClient::log_bytes() const {
 }
 
 RowStoreStats SpanClient::log_stats() const {
-  return log_store_->stats();
+  RowStoreStats all;
+  for (const auto& st : log_stores_) {
+    const RowStoreStats s = st->stats();
+    all.memory_bytes += s.memory_bytes;
+    all.file_bytes += s.file_bytes;
+    all.file_size += s.file_size;
+    all.spilled_chunks += s.spilled_chunks;
+    all.read_back_chunks += s.read_back_chunks;
+    if (all.spill_error.empty()) all.spill_error = s.spill_error;
+  }
+  return all;
 }
 
 }  // namespace moesh

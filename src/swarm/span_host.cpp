@@ -87,15 +87,18 @@ void SpanHost::evict(const std::vector<Key>& keep) {
 Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::SpanStepMsg& m) {
   const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lk(mu_);
-  const int64_t D = model_.hparams().n_embd;
+  // Row widths in and out: n_embd, plus the residual-attention checkpoints where the model has them.
+  const int64_t Win = model_.hparams().span_row_width(opts_.span.first);
+  const int64_t Wout = model_.hparams().span_row_width(opts_.span.last + 1);
   if (static_cast<int>(m.first) != opts_.span.first || static_cast<int>(m.last) != opts_.span.last) {
     stats_.errors.fetch_add(1);
     return make_error(StatusCode::kNotFound, "this span peer runs blocks {}-{}, the step asks for {}-{}",
                       opts_.span.first, opts_.span.last, m.first, m.last);
   }
-  if (static_cast<int64_t>(m.hidden.n_cols) != D) {
+  if (static_cast<int64_t>(m.hidden.n_cols) != Win) {
     stats_.errors.fetch_add(1);
-    return make_error(StatusCode::kInvalidArgument, "rows of width {}, the model's is {}", m.hidden.n_cols, D);
+    return make_error(StatusCode::kInvalidArgument, "rows of width {}, block {} takes {}", m.hidden.n_cols,
+                      opts_.span.first, Win);
   }
 
   // 1. Which sequences can start where the step says, and from what (nothing changes yet).
@@ -159,7 +162,7 @@ Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::
     local[k] = s.local;
   }
   const uint32_t n_rows = m.n_rows();
-  std::vector<float> h(static_cast<size_t>(n_rows) * static_cast<size_t>(D));
+  std::vector<float> h(static_cast<size_t>(n_rows) * static_cast<size_t>(std::max(Win, Wout)));
   wire::decode_rows(m.hidden, h.data());
   std::vector<Context::LayerToken> toks(n_rows);
   uint32_t n_new = 0;
@@ -180,7 +183,7 @@ Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::
       const Seq& s = seqs_.at(starts[k].key);
       SpanChain c = s.chain.empty() ? SpanChain{} : s.chain.back();
       for (uint32_t j = 0; j < m.seqs[k].n_replay + m.seqs[k].n_new; ++j, ++row) {
-        c = span_chain_next(c, m.pos[row], h.data() + static_cast<size_t>(row) * D, D);
+        c = span_chain_next(c, m.pos[row], h.data() + static_cast<size_t>(row) * Win, Win);
         chains[row] = c;
       }
     }
@@ -192,7 +195,7 @@ Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::
   }
 
   // 3. The new rows back; the chains kept.
-  std::vector<float> out(static_cast<size_t>(n_new) * static_cast<size_t>(D));
+  std::vector<float> out(static_cast<size_t>(n_new) * static_cast<size_t>(Wout));
   std::vector<Key> keep;
   {
     uint32_t row = 0, o = 0;
@@ -201,8 +204,8 @@ Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::
       for (uint32_t j = 0; j < m.seqs[k].n_replay + m.seqs[k].n_new; ++j, ++row) {
         s.chain.push_back(chains[row]);
         if (j >= m.seqs[k].n_replay) {
-          std::copy(h.data() + static_cast<size_t>(row) * D, h.data() + static_cast<size_t>(row + 1) * D,
-                    out.data() + static_cast<size_t>(o++) * D);
+          std::copy(h.data() + static_cast<size_t>(row) * Wout, h.data() + static_cast<size_t>(row + 1) * Wout,
+                    out.data() + static_cast<size_t>(o++) * Wout);
         }
       }
       stats_.replayed_rows.fetch_add(m.seqs[k].n_replay);
@@ -210,7 +213,7 @@ Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::
     }
   }
   evict(keep);
-  auto rows = wire::encode_rows(m.return_dtype, out.data(), n_new, static_cast<uint32_t>(D));
+  auto rows = wire::encode_rows(m.return_dtype, out.data(), n_new, static_cast<uint32_t>(Wout));
   if (!rows) return rows.status();
   stats_.steps.fetch_add(1);
   stats_.rows.fetch_add(n_rows);

@@ -678,6 +678,11 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   lim.max_frame_bytes = opts.max_frame_bytes;
   lim.n_expert = store->shape().n_expert;
   lim.n_layer = store->shape().n_layer;
+  if (opts.span) {
+    // Span rows may be wider than n_embd: they carry cross-layer residual checkpoints (kimi-k3).
+    const HParams& hp = opts.span->model().hparams();
+    lim.max_n_embd = std::max<uint32_t>(lim.max_n_embd, static_cast<uint32_t>(hp.span_row_width(hp.n_layer)));
+  }
   // Awaits waiting on this connection are forgotten when it ends (the object outlives serve()).
   struct AwaitsOf {
     SpanAwaits& a;

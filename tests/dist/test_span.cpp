@@ -91,7 +91,8 @@ TEST(Span, EveryArchitectureIsExactAndRollsBackAcrossASpan) {
       "qwen3moe-s.Q8_0.gguf",        "mixtral-s.Q8_0.gguf",         "deepseek2-s.Q8_0.gguf",
       "archs/glm4moe-a.Q8_0.gguf",   "archs/gptoss-a.Q8_0.gguf",    "archs/llama4-a.Q8_0.gguf",
       "archs/minimaxm2-a.Q8_0.gguf", "archs/qwen35moe-a.Q8_0.gguf", "archs/qwen3next-a.Q8_0.gguf",
-      "archs2/step35-a.Q8_0.gguf",   "archs2/glmdsa-a.Q8_0.gguf",   "archs2/minimaxm3-a.Q8_0.gguf"};
+      "archs2/step35-a.Q8_0.gguf",   "archs2/glmdsa-a.Q8_0.gguf",   "archs2/minimaxm3-a.Q8_0.gguf",
+      "archs2/kimik3-a.Q8_0.gguf"};
   if (!std::filesystem::exists(reference_path(files[0]))) GTEST_SKIP() << "no reference set at " << MOESH_REFERENCE_DIR;
   for (const std::string& f : files) {
     SCOPED_TRACE(f);
@@ -125,6 +126,19 @@ TEST(Span, EveryArchitectureIsExactAndRollsBackAcrossASpan) {
       EXPECT_EQ(speculative_greedy(sctx, prompt, n, &draft), truth) << draft.name();
     }
     EXPECT_EQ(spans->stats().failovers, 0u);
+    if (m.hparams().attn_res_block > 0 && n_layer - 2 > first) {
+      // Cross-layer residual attention (kimi-k3): the span's rows carry the checkpoints banked
+      // before it, and come back with those it banked; here the last block runs on the backbone
+      // after the span, reading them.
+      EXPECT_GT(m.hparams().span_row_width(n_layer - 1), m.hparams().n_embd);
+      auto mid = spawn_span(path, std::to_string(first) + "-" + std::to_string(n_layer - 2));
+      ASSERT_TRUE(mid.is_ok()) << mid.status().to_string();
+      auto mspans = connect_spans(m, {target(first, n_layer - 2, {mid->get()})}, /*fallback=*/false);
+      ASSERT_NE(mspans, nullptr);
+      Context mctx = make_ctx(m, mspans);
+      Context mlocal = make_ctx(m, nullptr);
+      EXPECT_TRUE(same_bits(greedy_rows(mctx, prompt, 4), greedy_rows(mlocal, prompt, 4)));
+    }
   }
 }
 

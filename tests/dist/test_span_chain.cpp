@@ -260,7 +260,8 @@ TEST(SpanChain, EveryArchitectureIsExactThroughAChain) {
       "qwen3moe-s.Q8_0.gguf",        "mixtral-s.Q8_0.gguf",         "deepseek2-s.Q8_0.gguf",
       "archs/glm4moe-a.Q8_0.gguf",   "archs/gptoss-a.Q8_0.gguf",    "archs/llama4-a.Q8_0.gguf",
       "archs/minimaxm2-a.Q8_0.gguf", "archs/qwen35moe-a.Q8_0.gguf", "archs/qwen3next-a.Q8_0.gguf",
-      "archs2/step35-a.Q8_0.gguf",   "archs2/glmdsa-a.Q8_0.gguf",   "archs2/minimaxm3-a.Q8_0.gguf"};
+      "archs2/step35-a.Q8_0.gguf",   "archs2/glmdsa-a.Q8_0.gguf",   "archs2/minimaxm3-a.Q8_0.gguf",
+      "archs2/kimik3-a.Q8_0.gguf"};
   if (!std::filesystem::exists(reference_path(files[0]))) GTEST_SKIP() << "no reference set at " << MOESH_REFERENCE_DIR;
   int chained_archs = 0;
   for (const std::string& f : files) {

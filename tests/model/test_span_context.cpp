@@ -133,34 +133,60 @@ TEST(SpanContext, BadSpansAndRestrictedContextsAreRefused) {
   EXPECT_EQ(part.state().seq_len(0), 1);
 }
 
-// kimi-k3's cross-layer residual attention carries checkpoints between blocks that a span's
-// rows do not hold: spans are refused by name (both sides), the plain forward pass runs.
-TEST(SpanContext, ResidualAttentionModelsRefuseSpans) {
+// kimi-k3's cross-layer residual attention: blocks read checkpoints banked by earlier blocks, so a
+// span's rows carry them ([p | c_0 | ...], span_row_width). Every span of a 6-block model (B = 2
+// here) gives all-local's logits bits, whatever the checkpoints before and after it; the rows a
+// span returns are as wide as its end needs.
+TEST(SpanContext, ResidualAttentionRowsCarryTheCheckpoints) {
   MakeModelSpec s;
   ASSERT_TRUE(MakeModelSpec::defaults_for_name("kimi-k3", &s));
   s.type = MakeFileType::kQ8_0;
   s.vocab = MakeVocab::kNone;
+  s.n_layer = 6;
   const std::string p = testing::TempDir() + "/span-context-kimi.gguf";
   ASSERT_TRUE(make_model(s, p).is_ok());
   auto model = Model::load(p);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   const Model& m = **model;
-  ASSERT_GT(m.hparams().attn_res_block, 0);
-  const int32_t tok = 3;
+  const HParams& hp = m.hparams();
+  ASSERT_GT(hp.attn_res_block, 0);
+  const int64_t D = hp.n_embd, B = hp.attn_res_block, V = hp.n_vocab;
+  EXPECT_EQ(hp.span_row_width(0), D);
+  EXPECT_EQ(hp.span_row_width(1), 2 * D);
+  EXPECT_EQ(hp.span_row_width(B + 1), 3 * D);
+  const std::vector<int32_t> prompt = {4, 8, 15, 16, 23};
   ContextParams cp;
   cp.n_threads = 1;
-  cp.spans = std::make_shared<InProcessSpan>(m, LayerSpan{1, 2});
-  Context ctx(m, cp);
-  EXPECT_EQ(ctx.decode(0, &tok, 1, nullptr).code(), StatusCode::kUnsupported);
-  ContextParams pp;
-  pp.n_threads = 1;
+  Context plain(m, cp);
+  std::vector<float> want(prompt.size() * V);
+  ASSERT_TRUE(plain.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), want.data()).is_ok());
+  const int32_t next = 7;
+  std::vector<float> want_next(V);
+  ASSERT_TRUE(plain.decode(0, &next, 1, want_next.data()).is_ok());
+  for (int first = 0; first < 6; ++first) {
+    for (int last = first; last < 6; ++last) {
+      SCOPED_TRACE("span " + std::to_string(first) + "-" + std::to_string(last));
+      ContextParams sp = cp;
+      sp.spans = std::make_shared<InProcessSpan>(m, LayerSpan{first, last});
+      Context ctx(m, sp);
+      std::vector<float> got(prompt.size() * V), got_next(V);
+      ASSERT_TRUE(ctx.decode(0, prompt.data(), static_cast<int64_t>(prompt.size()), got.data()).is_ok());
+      ASSERT_TRUE(ctx.decode(0, &next, 1, got_next.data()).is_ok());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(got_next.data(), want_next.data(), got_next.size() * sizeof(float)), 0);
+    }
+  }
+  // decode_layers takes and gives the wide rows: a block run alone from the stream only differs
+  // from one given the checkpoints (they are read, not ignored).
+  ContextParams pp = cp;
   pp.layers = {1, 2};
-  Context part(m, pp);
-  std::vector<float> h(static_cast<size_t>(m.hparams().n_embd), 0.1f);
+  Context a(m, pp), b2(m, pp);
+  std::vector<float> h(static_cast<size_t>(hp.span_row_width(3)), 0.25f), g = h;
+  for (int64_t i = D; i < 2 * D; ++i) g[static_cast<size_t>(i)] = -0.5f;  // another checkpoint 0
   std::vector<Context::LayerToken> toks = {{0, 0, false}};
-  EXPECT_EQ(part.decode_layers(toks, 1, 2, h.data()).code(), StatusCode::kUnsupported);
-  Context plain(m, ContextParams{.n_threads = 1});
-  EXPECT_TRUE(plain.decode(0, &tok, 1, nullptr).is_ok());
+  ASSERT_TRUE(a.decode_layers(toks, 1, 2, h.data()).is_ok());
+  ASSERT_TRUE(b2.decode_layers(toks, 1, 2, g.data()).is_ok());
+  EXPECT_NE(std::memcmp(h.data(), g.data(), static_cast<size_t>(D) * sizeof(float)), 0);
 }
 
 }  // namespace

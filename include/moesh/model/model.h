@@ -104,6 +104,14 @@ struct HParams {
   // every B-th block banks its input as a checkpoint and restarts the stream; each mixer, FFN
   // and the output head read a softmax-weighted mix of the checkpoints and the stream.
   int64_t attn_res_block = 0;
+  // The checkpoints banked by blocks 0..il-1 (every B-th block banks one), which blocks from il on
+  // read; il = n_layer: those the output head reads.
+  int64_t residual_ckpts_before(int64_t il) const {
+    return attn_res_block > 0 && il > 0 ? (il + attn_res_block - 1) / attn_res_block : 0;
+  }
+  // The width of a hidden row entering block il from elsewhere (a span boundary): the stream, and
+  // with cross-layer residual attention each checkpoint banked before il — [p | c_0 | c_1 | ...].
+  int64_t span_row_width(int64_t il) const { return n_embd * (1 + residual_ckpts_before(il)); }
   // DeepSeek-style sparse attention (glm-dsa): the lightning indexer (layers_indexer.cpp) keeps,
   // per query token, the indexer_top_k cells of highest indexer score; MLA attends to those only.
   // indexer_source[il]: block il computes its own selection (== il), reuses the selection of an
@@ -405,11 +413,12 @@ class Context {
     int64_t pos = 0;   // increasing within a sequence, above its cached positions
     bool cut = false;  // a cut after this token is likely (recurrent checkpoints)
   };
-  // Runs blocks [first, last] only, for rows h [n][n_embd] that enter block `first` (on return:
-  // the rows leaving block `last`), appending each token to its sequence's cells at the given
-  // position. No embedding, no output head. A token's bits are what decode_batch computes for it
-  // in those blocks (the same block functions, batch-invariant). On error every sequence is
-  // rolled back to its cells before the call.
+  // Runs blocks [first, last] only, for rows h [n][span_row_width(first)] that enter block `first`
+  // (on return: the rows leaving block `last`, [n][span_row_width(last + 1)]; h must have room for
+  // them — wider with cross-layer residual attention, which carries its checkpoints), appending each token to its
+  // sequence's cells at the given position. No embedding, no output head. A token's bits are what decode_batch computes
+  // for it in those blocks (the same block functions, batch-invariant). On error every sequence is rolled back to its
+  // cells before the call.
   Status decode_layers(std::span<const LayerToken> toks, int first, int last, float* h);
 
   const Model& model() const { return model_; }

@@ -44,7 +44,9 @@ class SpanRunner : public StateListener {
  public:
   // Disjoint and ascending.
   virtual const std::vector<LayerSpan>& spans() const = 0;
-  // h [b.n][n_embd]: the rows entering span k's first block; on return the rows leaving its last.
+  // h [b.n][span_row_width(first)]: the rows entering span k's first block; on return the rows
+  // leaving its last, [b.n][span_row_width(last + 1)] (HParams: n_embd, plus the checkpoints of
+  // cross-layer residual attention; h has room for the widest).
   // On error h is unspecified and the step fails (the context rolls its cells back).
   virtual Status run(int k, const SpanBatch& b, float* h) = 0;
   // Span k and, where the runner can take them in the same trip, the spans right after it

@@ -150,9 +150,15 @@ class SpanClient final : public SpanRunner {
   // The step's sequences in order of appearance; each span's log cut back to where they start.
   Result<std::vector<Part>> begin_step(int k_first, int k_last, const SpanBatch& b);
   // Rows of the step in sequence-grouped order <-> batch order; rows as the hidden wire carries them.
-  std::vector<float> gather(const std::vector<Part>& parts, const float* h) const;
-  void scatter(const std::vector<Part>& parts, const std::vector<float>& rows, float* h) const;
-  Status round_to_wire(std::vector<float>* rows) const;
+  // W: the row width (HParams::span_row_width at the boundary).
+  std::vector<float> gather(const std::vector<Part>& parts, const float* h, int64_t W) const;
+  void scatter(const std::vector<Part>& parts, const std::vector<float>& rows, float* h, int64_t W) const;
+  Status round_to_wire(std::vector<float>* rows, int64_t W) const;
+  // Row widths entering and leaving span k: n_embd, plus the checkpoints of cross-layer residual
+  // attention (kimi-k3) banked before the boundary.
+  int64_t width_in(int k) const;
+  int64_t width_out(int k) const;
+  uint32_t span_row_limit() const;  // the decode limit of span links' rows
   // The step message for span k (replaying what its runner lacks) from the grouped rows.
   Result<wire::SpanStepMsg> step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
                                          const std::vector<float>& rows, uint64_t* replayed);
@@ -171,8 +177,9 @@ class SpanClient final : public SpanRunner {
   std::vector<LayerSpan> spans_;
   std::vector<std::unique_ptr<Runner>> runners_;
   mutable std::mutex mu_;
-  mutable std::mutex view_mu_;           // Runner::view
-  std::shared_ptr<RowStore> log_store_;  // the rows of every SeqLog, under one memory budget
+  mutable std::mutex view_mu_;  // Runner::view
+  // Per span, the rows of every SeqLog (its input width); the memory budget shared in proportion.
+  std::vector<std::shared_ptr<RowStore>> log_stores_;
   std::map<int32_t, SeqLog> logs_;
   SpanStats stats_;
   uint64_t next_chain_id_ = 0;  // random start: ids of a restarted backbone do not meet old ones
