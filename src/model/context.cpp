@@ -467,13 +467,8 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
   detail::BlockBufs b{detail::grow(s.h, n_act), detail::grow(s.xn, n_act), detail::grow(s.attn_out, n_act),
                       detail::grow(s.ffn_out, n_act)};
   // h: [T][span_row_width(first)] in, [T][span_row_width(last + 1)] out (the stream alone
-  // without cross-layer residual attention).
-  const bool wide = hp.attn_res_block > 0;
-  if (wide) {
-    detail::unpack_span_rows(f, h, hp.residual_ckpts_before(first), b.h);
-  } else {
-    std::copy(h, h + n_act, b.h);
-  }
+  // without cross-layer residual attention: no checkpoints).
+  detail::unpack_span_rows(f, h, hp.residual_ckpts_before(first), b.h);
   detail::MoeCall call;
   Status st = Status::ok();
   for (int il = first; il <= last && st.is_ok(); ++il) {
@@ -488,11 +483,7 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
     }
     return st;
   }
-  if (wide) {
-    detail::pack_span_rows(f, b.h, hp.residual_ckpts_before(last + 1), h);
-  } else {
-    std::copy(b.h, b.h + n_act, h);
-  }
+  detail::pack_span_rows(f, b.h, hp.residual_ckpts_before(last + 1), h);
   if (rec_) {
     for (const SeqStep& sp : steps) rec_->commit_step(sp.seq);
   }

@@ -652,7 +652,7 @@ void pack_span_rows(Fwd& f, const float* h, int64_t n_ckpt, float* rows) {
 
 void unpack_span_rows(Fwd& f, const float* rows, int64_t n_ckpt, float* h) {
   const int64_t T = f.batch.n, D = f.hp.n_embd, W = D * (1 + n_ckpt);
-  float* stack = grow(f.s.res_stack, static_cast<size_t>(std::max<int64_t>(n_ckpt, 1) * T * D));
+  float* stack = n_ckpt > 0 ? grow(f.s.res_stack, static_cast<size_t>(n_ckpt * T * D)) : nullptr;
   for (int64_t t = 0; t < T; ++t) {
     std::copy_n(rows + t * W, D, h + t * D);
     for (int64_t c = 0; c < n_ckpt; ++c) std::copy_n(rows + t * W + (1 + c) * D, D, stack + (c * T + t) * D);
