@@ -171,6 +171,14 @@ Status RowStore::read_rows(const Chunk& c, int64_t first, int64_t n, float* out)
   return Status::ok();
 }
 
+void RowStore::cut(Chunk* c, int64_t rows) {
+  untrack(c);  // no longer full
+  const size_t keep = static_cast<size_t>(rows * o_.row_floats);
+  memory_bytes_ -= (c->data.size() - keep) * sizeof(float);
+  c->data.resize(keep);
+  c->rows = rows;
+}
+
 Status RowStore::make_resident(Chunk* c) {
   if (c->slot < 0) return Status::ok();
   std::vector<float> data(static_cast<size_t>(c->rows * o_.row_floats));
@@ -235,10 +243,7 @@ Status RowLog::append(const float* rows, int64_t n) {
       // Written past our rows: by a log sharing it (copy ours out), or by us before a truncate.
       if (cp.use_count() == 1) {
         MOESH_RETURN_IF_ERROR(s.make_resident(cp.get()));
-        s.untrack(cp.get());
-        s.memory_bytes_ -= (cp->data.size() - static_cast<size_t>(have) * W) * sizeof(float);
-        cp->data.resize(static_cast<size_t>(have) * W);
-        cp->rows = have;
+        s.cut(cp.get(), have);
       } else {
         auto fresh = std::make_shared<RowStore::Chunk>();
         fresh->data.resize(static_cast<size_t>(have) * W);
@@ -279,13 +284,7 @@ void RowLog::truncate(int64_t n) {
   if (!chunks_.empty() && chunks_.back().use_count() == 1 && chunks_.back()->slot < 0) {
     RowStore::Chunk& c = *chunks_.back();
     const int64_t have = n - static_cast<int64_t>(keep - 1) * C;
-    if (c.rows > have) {
-      const size_t W = static_cast<size_t>(s.o_.row_floats);
-      s.untrack(&c);
-      s.memory_bytes_ -= (c.data.size() - static_cast<size_t>(have) * W) * sizeof(float);
-      c.data.resize(static_cast<size_t>(have) * W);
-      c.rows = have;
-    }
+    if (c.rows > have) s.cut(&c, have);
   }
 }
 

@@ -68,7 +68,8 @@ class RowStore {
   void enforce_budget();
   Status spill(Chunk* c);
   Status read_rows(const Chunk& c, int64_t first, int64_t n, float* out);
-  Status make_resident(Chunk* c);  // a spilled chunk read back into memory (its slot freed)
+  Status make_resident(Chunk* c);    // a spilled chunk read back into memory (its slot freed)
+  void cut(Chunk* c, int64_t rows);  // a resident chunk keeps its first `rows` rows
 
   RowStoreOptions o_;
   mutable std::mutex mu_;
