@@ -2,6 +2,7 @@
 #include "moesh/plan/swarm_plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <numeric>
 
 #include "moesh/gguf/gguf.h"
+#include "moesh/model/model.h"
 
 namespace moesh {
 namespace {
@@ -109,7 +111,8 @@ LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const 
 
 double span_cost(const PlanModel& m, const PlanOptions& o, const PlanPeer& p, int first, int last) {
   const int T = tokens(o);
-  double c = p.rtt_s + 2 * o.message_s + wire_s(p.rate_bps, 2.0 * T * m.hidden_bytes);
+  const double rows = static_cast<double>(m.row_bytes_at(first) + m.row_bytes_at(last + 1));
+  double c = p.rtt_s + 2 * o.message_s + wire_s(p.rate_bps, T * rows);
   for (int l = first; l <= last; ++l) {
     const PlanLayer& L = m.layers[static_cast<size_t>(l)];
     c += (L.dense_s + (L.moe ? m.n_expert_used * L.expert_s : 0.0)) * T / p.speed;
@@ -119,7 +122,8 @@ double span_cost(const PlanModel& m, const PlanOptions& o, const PlanPeer& p, in
 
 }  // namespace
 
-double chain_saving(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, int q, int p) {
+double chain_saving(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, int q, int p,
+                    int boundary) {
   if (!o.chain_spans || q < 0 || p < 0 || q == p || static_cast<size_t>(q) >= o.peer_rtt_s.size() ||
       static_cast<size_t>(p) >= o.peer_rtt_s[static_cast<size_t>(q)].size())
     return 0;
@@ -128,7 +132,7 @@ double chain_saving(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
   const PlanPeer &a = peers[static_cast<size_t>(q)], &b = peers[static_cast<size_t>(p)];
   // q -> backbone -> p (two messages, each on its own link) becomes q -> p (one message, at the
   // slower of the two links' rates).
-  const double rows = static_cast<double>(tokens(o)) * static_cast<double>(m.hidden_bytes);
+  const double rows = static_cast<double>(tokens(o)) * static_cast<double>(m.row_bytes_at(boundary));
   const double wire = std::min(wire_s(a.rate_bps, rows), wire_s(b.rate_bps, rows));
   return std::max(0.0, 0.5 * (a.rtt_s + b.rtt_s - hop) + o.message_s + wire);
 }
@@ -254,16 +258,16 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
   }
   const int KB = static_cast<int>(max_kb) + 1, ND = n_dense + 1;
   const int NS = ordered ? static_cast<int>(S.size()) + 1 : (1 << S.size());
-  // Chains: what a span saves right after another (saving[q][p], indices into S). The state then
-  // also says which span ended at the previous layer: ordered, only "S[s-1] did" (pv 1) or not
-  // (pv 0); with masks, its index (pv = q + 1) or none (pv 0).
-  std::vector<std::vector<double>> saving(S.size(), std::vector<double>(S.size(), 0.0));
+  // Chains: what a span saves right after another (chain_saving at the boundary they meet). The
+  // state then also says which span ended at the previous layer: ordered, only "S[s-1] did" (pv 1)
+  // or not (pv 0); with masks, its index (pv = q + 1) or none (pv 0). A saving only grows with
+  // the rows' width, so none at the widest boundary means none anywhere.
+  int widest = 0;
+  for (int b = 0; b <= L; ++b)
+    if (m.row_bytes_at(b) > m.row_bytes_at(widest)) widest = b;
   bool any_saving = false;
-  for (size_t q = 0; q < S.size(); ++q)
-    for (size_t p = 0; p < S.size(); ++p) {
-      saving[q][p] = chain_saving(m, peers, o, S[q], S[p]);
-      any_saving = any_saving || saving[q][p] > 0;
-    }
+  for (size_t q = 0; q < S.size() && !any_saving; ++q)
+    for (size_t p = 0; p < S.size() && !any_saving; ++p) any_saving = chain_saving(m, peers, o, S[q], S[p], widest) > 0;
   const int PV = !any_saving ? 1 : ordered ? 2 : static_cast<int>(S.size()) + 1;
   auto prev_span = [&](int s, int pv) -> int {  // index into S of the span that just ended, or -1
     if (pv == 0) return -1;
@@ -317,8 +321,8 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
             // the span that just ended: the heuristic then prices no chain across an idle peer.)
             if (ordered && s < static_cast<int>(S.size())) relax(idx(pos, s + 1, kb, nd, 0), c0, -1);
             const int q = prev_span(s, pv);
-            // A span starting at pos.
-            for (size_t si = 0; si < S.size(); ++si) {
+            // A span starting at pos (where the model may split).
+            for (size_t si = 0; si < S.size() && m.can_split(pos); ++si) {
               int ns;
               if (ordered) {
                 if (static_cast<int>(si) != s) continue;
@@ -328,12 +332,13 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
                 ns = s | (1 << si);
               }
               const PlanPeer& p = peers[static_cast<size_t>(S[si])];
-              const double save = q >= 0 ? saving[static_cast<size_t>(q)][si] : 0.0;
+              const double save = q >= 0 ? chain_saving(m, peers, o, S[static_cast<size_t>(q)], S[si], pos) : 0.0;
               const int npv = PV == 1 ? 0 : ordered ? 1 : static_cast<int>(si) + 1;
               uint64_t bytes = 0;
               for (int last = pos; last < L; ++last) {
                 bytes += layer_bytes(m, last);
                 if (bytes > p.memory_bytes) break;
+                if (!m.can_split(last + 1)) continue;
                 relax(idx(last + 1, ns, kb, nd, npv), c0 + span_cost(m, o, p, pos, last) - save, static_cast<int>(si));
               }
             }
@@ -459,6 +464,11 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
       if (r.first < 0 || r.last >= L || r.first > r.last)
         return make_error(StatusCode::kInvalidArgument, "plan: peer '{}' spans layers {}-{}, not in the model", p.name,
                           r.first, r.last);
+      if (!m.can_split(r.first) || !m.can_split(r.last + 1))
+        return make_error(StatusCode::kInvalidArgument,
+                          "plan: peer '{}' spans layers {}-{}, but '{}' cannot be split before layer {} (a later "
+                          "block reuses what an earlier one computed)",
+                          p.name, r.first, r.last, m.name, m.can_split(r.first) ? r.last + 1 : r.first);
       for (int l = r.first; l <= r.last; ++l) {
         if (plan->layer_host[static_cast<size_t>(l)] != static_cast<int>(i))
           return make_error(StatusCode::kInvalidArgument, "plan: layer {} is not hosted by its span peer '{}'", l,
@@ -504,7 +514,7 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
         plan->trips_per_step += 1;
         // Right after another span: the two chain where that is faster.
         const int q = l > 0 ? plan->layer_host[static_cast<size_t>(l - 1)] : -1;
-        const double save = q >= 0 && q != h ? chain_saving(m, peers, o, q, h) : 0.0;
+        const double save = q >= 0 && q != h ? chain_saving(m, peers, o, q, h, l) : 0.0;
         c -= save;
         plan->roles[static_cast<size_t>(h)].chained_after = save > 0 ? q : -1;
       }
@@ -674,12 +684,15 @@ Result<SwarmPlan> plan_all_spans(const PlanModel& m, const std::vector<PlanPeer>
     for (int l = 0; l < L; ++l)
       if (m.layers[static_cast<size_t>(l)].moe) moe.push_back(l);
     const int M = static_cast<int>(moe.size());
+    // A span ends at the first boundary at or after its share where the model may split.
     int next = 0;
-    for (int i = 0; i < k; ++i) {
+    for (int i = 0; i < k && next < L; ++i) {
       PeerRole& r = plan->roles[static_cast<size_t>(i)];
       r.kind = RoleKind::kSpan;
       r.first = next;
       r.last = i == k - 1 ? L - 1 : k <= M ? moe[static_cast<size_t>((i + 1) * M / k - 1)] : (i + 1) * L / k - 1;
+      r.last = std::max(r.last, r.first);
+      while (r.last + 1 < L && !m.can_split(r.last + 1)) ++r.last;
       next = r.last + 1;
       for (int l = r.first; l <= r.last; ++l) plan->layer_host[static_cast<size_t>(l)] = i;
     }
@@ -751,6 +764,18 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
       plan.backbone_experts.empty() ? "" : ", keeps experts " + format_expert_spec(plan.backbone_experts, m.n_expert));
   out += fmt::format("predicted: {:.1f} ms per step, {:.2f} tokens/s, {:.2f} trips per step\n", plan.step_s * 1e3,
                      plan.tokens_per_s, plan.trips_per_step);
+  std::vector<int> fixed;
+  uint64_t widest = m.hidden_bytes;
+  for (int b = 0; b <= m.n_layer(); ++b) {
+    if (!m.can_split(b)) fixed.push_back(b);
+    widest = std::max(widest, m.row_bytes_at(b));
+  }
+  if (!fixed.empty())
+    out += fmt::format("spans cannot begin or end before layer(s) {} (a block reuses what an earlier one computed)\n",
+                       fmt::join(fixed, ", "));
+  if (widest > m.hidden_bytes)
+    out += fmt::format("span rows carry up to {} bytes per token across a boundary (hidden state: {})\n", widest,
+                       m.hidden_bytes);
   return out;
 }
 
@@ -833,6 +858,14 @@ Result<PlanModel> plan_model_from_gguf(const gguf::File& f, int n_ctx, double se
     L.expert_s = L.expert_bytes * seconds_per_byte;
   }
   m.global_s = head_bytes * seconds_per_byte;
+  // Span boundaries: what the model's own runtime sends across and where it may split. An
+  // architecture moesh cannot run keeps the defaults (hidden_bytes, every boundary).
+  if (auto hp = load_hparams(f); hp.is_ok() && hp->n_layer == *n_layer) {
+    for (int64_t b = 0; b <= *n_layer; ++b) {
+      m.row_bytes.push_back(static_cast<uint64_t>(hp->span_row_width(b)) * 4);
+      m.split.push_back(hp->can_split_before(b) ? 1 : 0);
+    }
+  }
   return m;
 }
 

@@ -601,6 +601,15 @@ std::string RemoteExecutor::describe() const {
         m.opts.replicate_hot, h.replica_plans, h.replicas_sent, h.replica_bytes_sent / 1048576.0, h.replica_failures,
         h.last_replica_error.empty() ? "" : " (last: " + h.last_replica_error + ")");
   }
+  if (m.opts.rebalance > 0) {
+    const HotExpertReport& h = m.hot;
+    s += fmt::format(
+        "  rebalance: up to {} experts per plan moved nearer; {} plans, {} moved ({:.2f} MiB), {} failed; predicted "
+        "trip latency {:.3f} -> {:.3f} ms per token{}\n",
+        m.opts.rebalance, h.rebalance_plans, h.rebalanced, h.rebalanced_bytes / 1048576.0, h.rebalance_failures,
+        1e3 * h.rebalance_predicted_s_before, 1e3 * h.rebalance_predicted_s_after,
+        h.last_rebalance_error.empty() ? "" : " (last: " + h.last_rebalance_error + ")");
+  }
   return s;
 }
 
@@ -610,11 +619,12 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
   Impl& m = *impl_;
   const bool overlapped = std::any_of(m.jobs.begin(), m.jobs.end(), [](const Impl::Job& j) { return j.pending; });
   // The hot set is re-chosen between steps (nothing in flight), on the first MoE layer's call.
-  if ((m.opts.local_experts_bytes > 0 || m.opts.replicate_hot > 0) && !overlapped && layer == m.first_moe &&
-      m.first_moe >= 0 && m.act_tokens[static_cast<size_t>(layer)] >= m.next_hot_plan) {
+  if ((m.opts.local_experts_bytes > 0 || m.opts.replicate_hot > 0 || m.opts.rebalance > 0) && !overlapped &&
+      layer == m.first_moe && m.first_moe >= 0 && m.act_tokens[static_cast<size_t>(layer)] >= m.next_hot_plan) {
     // Failures are in the report; the step goes on with the old set.
     if (m.opts.local_experts_bytes > 0) (void)m.plan_hot();
     if (m.opts.replicate_hot > 0) m.replicate_hot();
+    if (m.opts.rebalance > 0) m.rebalance();
     m.next_hot_plan = m.act_tokens[static_cast<size_t>(layer)] +
                       static_cast<uint64_t>(std::max<int64_t>(m.opts.hot_replan_every_tokens, 1));
   }
@@ -1182,6 +1192,58 @@ Result<wire::StoredMsg> RemoteExecutor::Impl::store_on(size_t w, wire::SlabMsg s
   return got;
 }
 
+int32_t RemoteExecutor::Impl::nearest_live_holder(const Placement& pl, int l, int e, const std::vector<double>& costs,
+                                                  int32_t except) const {
+  int32_t best = -1;
+  for (const int32_t w : pl.holders(l, e)) {
+    if (w == except || planner.excluded(w)) continue;
+    if (best < 0 || costs[static_cast<size_t>(w)] < costs[static_cast<size_t>(best)]) best = w;
+  }
+  return best;
+}
+
+uint64_t RemoteExecutor::Impl::replica_room(size_t w) const {
+  std::lock_guard<std::mutex> lk(worker_mu);
+  if (w < replica_use.size() && replica_use[w].second > 0)
+    return replica_use[w].second - std::min(replica_use[w].first, replica_use[w].second);
+  const wire::InfoMsg& c = fan->link(w).capacity;
+  return c.replica_budget_bytes - std::min(c.replica_bytes, c.replica_budget_bytes);
+}
+
+Result<uint64_t> RemoteExecutor::Impl::place_replica(int l, int e, int32_t target, const std::vector<double>& costs,
+                                                     Placement* next) {
+  Result<wire::SlabMsg> slab = Status(StatusCode::kUnavailable, "");
+  const int32_t source = nearest_live_holder(*next, l, e, costs, target);
+  if (mine->has(l, e)) {
+    slab = swarm::slab_of(mine->weights()[static_cast<size_t>(l)], mine->slot(l, e), static_cast<uint32_t>(l),
+                          static_cast<uint32_t>(e));
+  } else if (source >= 0) {
+    // Relayed through the backbone, and checked here first: a worker is never handed another
+    // worker's bytes unchecked.
+    slab = fetch(static_cast<size_t>(source), l, e);
+    if (slab) {
+      if (Status st = swarm::check_slab_for_model(model->file(), *slab); !st.is_ok()) slab = st;
+    }
+  } else {
+    slab = make_error(StatusCode::kUnavailable, "layer {} expert {}: no copy to replicate", l, e);
+  }
+  if (!slab) return slab.status();
+  uint64_t bytes = 0;
+  for (const wire::SlabTensor& t : slab->tensors) bytes += t.bytes.size();
+  MOESH_ASSIGN_OR_RETURN(wire::StoredMsg stored, store_on(static_cast<size_t>(target), std::move(*slab)));
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    if (replica_use.size() <= static_cast<size_t>(target)) replica_use.resize(static_cast<size_t>(target) + 1);
+    replica_use[static_cast<size_t>(target)] = {stored.replica_bytes, stored.budget_bytes};
+  }
+  next->add_holder(l, e, target);
+  // It announces the replica from now on (after a restart too).
+  std::vector<wire::ExpertRange> had = announced[static_cast<size_t>(target)];
+  had.push_back({static_cast<uint32_t>(l), static_cast<uint32_t>(e), 1});
+  announced[static_cast<size_t>(target)] = swarm::canonicalize(std::move(had)).ranges;
+  return bytes;
+}
+
 void RemoteExecutor::Impl::replicate_hot() {
   HotExpertReport& r = hot;
   ++r.replica_plans;
@@ -1203,85 +1265,42 @@ void RemoteExecutor::Impl::replicate_hot() {
                    [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
   std::vector<bool> full(fan->size(), false);
   int sent = 0;
-  auto failed = [&](const Status& st) {
-    ++r.replica_failures;
-    r.last_replica_error = st.to_string();
-    spdlog::warn("replica not placed: {}", r.last_replica_error);
-  };
   for (const auto& [n, l, e] : order) {
     if (sent >= opts.replicate_hot) break;
     const auto hs = next.holders(l, e);
     // The nearest live worker that keeps replicas, has room, and lacks this one.
-    int target = -1, source = -1;
+    int target = -1;
     for (size_t w = 0; w < fan->size(); ++w) {
       const int32_t wi = static_cast<int32_t>(w);
-      const bool holds = std::find(hs.begin(), hs.end(), wi) != hs.end();
-      if (!live(wi)) continue;
-      if (holds) {
-        if (source < 0 || costs[w] < costs[static_cast<size_t>(source)]) source = wi;
-        continue;
-      }
+      if (!live(wi) || std::find(hs.begin(), hs.end(), wi) != hs.end()) continue;
       if (full[w] || (fan->link(w).session.features & wire::kFeatureStore) == 0) continue;
       if (target < 0 || costs[w] < costs[static_cast<size_t>(target)]) target = wi;
     }
     if (target < 0) continue;  // nobody can take it
-    Result<wire::SlabMsg> slab = Status(StatusCode::kUnavailable, "");
-    if (mine->has(l, e)) {
-      slab = swarm::slab_of(mine->weights()[static_cast<size_t>(l)], mine->slot(l, e), static_cast<uint32_t>(l),
-                            static_cast<uint32_t>(e));
-    } else if (source >= 0) {
-      // Relayed through the backbone, and checked here first: a worker is never handed another
-      // worker's bytes unchecked.
-      slab = fetch(static_cast<size_t>(source), l, e);
-      if (slab) {
-        if (Status st = swarm::check_slab_for_model(model->file(), *slab); !st.is_ok()) slab = st;
-      }
-    } else {
-      slab = make_error(StatusCode::kUnavailable, "layer {} expert {}: no copy to replicate", l, e);
-    }
-    if (!slab) {
-      failed(slab.status());
-      continue;
-    }
-    uint64_t bytes = 0;
-    for (const wire::SlabTensor& t : slab->tensors) bytes += t.bytes.size();
-    auto stored = store_on(static_cast<size_t>(target), std::move(*slab));
-    if (!stored) {
+    auto bytes = place_replica(l, e, target, costs, &next);
+    if (!bytes) {
       // OVERLOADED (its budget is spent) or gone: not asked again in this plan.
-      if (stored.status().code() == StatusCode::kUnavailable) full[static_cast<size_t>(target)] = true;
-      failed(stored.status());
+      if (bytes.status().code() == StatusCode::kUnavailable) full[static_cast<size_t>(target)] = true;
+      ++r.replica_failures;
+      r.last_replica_error = bytes.status().to_string();
+      spdlog::warn("replica not placed: {}", r.last_replica_error);
       continue;
     }
-    {
-      std::lock_guard<std::mutex> lk(worker_mu);
-      if (replica_use.size() <= static_cast<size_t>(target)) replica_use.resize(static_cast<size_t>(target) + 1);
-      replica_use[static_cast<size_t>(target)] = {stored->replica_bytes, stored->budget_bytes};
-    }
-    next.add_holder(l, e, target);
-    // It announces the replica from now on (after a restart too).
-    std::vector<wire::ExpertRange> had = announced[static_cast<size_t>(target)];
-    had.push_back({static_cast<uint32_t>(l), static_cast<uint32_t>(e), 1});
-    announced[static_cast<size_t>(target)] = swarm::canonicalize(std::move(had)).ranges;
     ++sent;
     ++r.replicas_sent;
-    r.replica_bytes_sent += bytes;
+    r.replica_bytes_sent += *bytes;
     spdlog::info("replica of layer {} expert {} now on {}", l, e, fan->link(static_cast<size_t>(target)).label);
   }
   if (sent > 0) planner.set_placement(std::move(next));
 }
 
-Status RemoteExecutor::Impl::plan_hot() {
-  const Placement& cur = planner.placement();
+TripProblem RemoteExecutor::Impl::trip_problem(const Placement& cur, const std::vector<double>& costs,
+                                               uint64_t budget) const {
   const int L = cur.n_layer(), E = cur.n_expert();
-  const std::vector<double> costs = worker_costs();
-  planner.set_worker_costs(costs);
-
-  // The problem of trip_planner.h from what was counted and measured. Each expert a worker would
-  // serve goes to its nearest live holder (what the planner does with replicas).
   TripProblem pb;
   pb.n_layer = L;
   pb.n_expert = E;
-  pb.budget_bytes = opts.local_experts_bytes;
+  pb.budget_bytes = budget;
   pb.p.assign(static_cast<size_t>(L), std::vector<double>(static_cast<size_t>(E), 0.0));
   pb.bytes.assign(static_cast<size_t>(L), std::vector<uint64_t>(static_cast<size_t>(E), 0));
   pb.workers.resize(fan->size());
@@ -1298,6 +1317,8 @@ Status RemoteExecutor::Impl::plan_hot() {
     pb.workers[w].rtt_s = costs[w] - pb.workers[w].compute_s;
     pb.workers[w].experts.assign(static_cast<size_t>(L), {});
   }
+  // Each expert a worker would serve goes to its nearest live holder (what the planner does with
+  // replicas).
   for (int l = 0; l < L; ++l) {
     const uint64_t tokens = act_tokens[static_cast<size_t>(l)];
     const uint64_t slab = mine->slab_bytes(l);
@@ -1306,15 +1327,96 @@ Status RemoteExecutor::Impl::plan_hot() {
         pb.p[l][e] = std::min(1.0, static_cast<double>(act[static_cast<size_t>(l) * E + e]) / tokens);
       }
       // Unknown size: cannot be budgeted, so never chosen.
-      pb.bytes[l][e] = slab > 0 ? slab : opts.local_experts_bytes + 1;
-      int best = -1;
-      for (const int32_t w : cur.holders(l, e)) {
-        if (planner.excluded(w)) continue;
-        if (best < 0 || costs[static_cast<size_t>(w)] < costs[static_cast<size_t>(best)]) best = w;
-      }
+      pb.bytes[l][e] = slab > 0 ? slab : budget + 1;
+      const int32_t best = nearest_live_holder(cur, l, e, costs);
       if (best >= 0) pb.workers[static_cast<size_t>(best)].experts[static_cast<size_t>(l)].push_back(e);
     }
   }
+  return pb;
+}
+
+void RemoteExecutor::Impl::rebalance() {
+  HotExpertReport& r = hot;
+  ++r.rebalance_plans;
+  const std::vector<double> costs = worker_costs();
+  planner.set_worker_costs(costs);
+  Placement next = planner.placement();
+  const int L = next.n_layer(), E = next.n_expert();
+  // What no trip is needed for: the backbone's own experts and its hot copies.
+  auto no_trip = [&](int l, int e) { return next.owner(l, e) == Placement::kLocal || next.local_copy(l, e); };
+  auto predicted = [&]() {
+    TripProblem pb = trip_problem(next, costs, 0);
+    for (int l = 0; l < L; ++l)
+      for (int e = 0; e < E; ++e)
+        if (no_trip(l, e)) pb.p[l][e] = 0;
+    return expected_trip_latency(pb, {});
+  };
+  r.rebalance_predicted_s_before = predicted();
+  // Targets: live workers that keep replicas, nearest first. Each takes, within its room, the
+  // experts whose move to it saves the most expected trip latency per byte (trip_planner.h with
+  // the target's own trip cost); a round sends at most opts.rebalance of them.
+  std::vector<int32_t> targets;
+  for (size_t w = 0; w < fan->size(); ++w)
+    if (!planner.excluded(static_cast<int32_t>(w)) && (fan->link(w).session.features & wire::kFeatureStore) != 0)
+      targets.push_back(static_cast<int32_t>(w));
+  std::stable_sort(targets.begin(), targets.end(),
+                   [&](int32_t a, int32_t b) { return costs[static_cast<size_t>(a)] < costs[static_cast<size_t>(b)]; });
+  int left = opts.rebalance, sent = 0;
+  for (const int32_t target : targets) {
+    if (left <= 0) break;
+    const uint64_t room = replica_room(static_cast<size_t>(target));
+    if (room == 0) continue;
+    TripProblem pb = trip_problem(next, costs, room);
+    pb.local_cost_s = std::max(costs[static_cast<size_t>(target)], 1e-9);
+    for (int l = 0; l < L; ++l) {
+      for (int e = 0; e < E; ++e) {
+        if (no_trip(l, e)) pb.p[l][e] = 0;
+        // Only experts now served by a dearer holder can gain from the move.
+        const int32_t h = nearest_live_holder(next, l, e, costs);
+        if (no_trip(l, e) || h < 0 || h == target ||
+            costs[static_cast<size_t>(h)] <= costs[static_cast<size_t>(target)])
+          pb.bytes[l][e] = room + 1;
+      }
+    }
+    auto plan = plan_local_experts(pb);
+    if (!plan) {
+      ++r.rebalance_failures;
+      r.last_rebalance_error = plan.status().to_string();
+      continue;
+    }
+    for (int l = 0; l < L && left > 0; ++l) {
+      for (int e = 0; e < E && left > 0; ++e) {
+        if (!plan->local[l][e]) continue;
+        auto bytes = place_replica(l, e, target, costs, &next);
+        if (!bytes) {
+          ++r.rebalance_failures;
+          r.last_rebalance_error = bytes.status().to_string();
+          spdlog::warn("rebalance: layer {} expert {} not moved: {}", l, e, r.last_rebalance_error);
+          if (bytes.status().code() == StatusCode::kUnavailable) break;  // full or gone: next layer
+          continue;
+        }
+        --left;
+        ++sent;
+        ++r.rebalanced;
+        r.rebalanced_bytes += *bytes;
+      }
+    }
+  }
+  if (sent > 0) {
+    planner.set_placement(next);
+    spdlog::info("rebalance: {} experts moved nearer; predicted trip latency {:.3f} -> {:.3f} ms per token", sent,
+                 1e3 * r.rebalance_predicted_s_before, 1e3 * predicted());
+  }
+  r.rebalance_predicted_s_after = predicted();
+}
+
+Status RemoteExecutor::Impl::plan_hot() {
+  const Placement& cur = planner.placement();
+  const int L = cur.n_layer(), E = cur.n_expert();
+  const std::vector<double> costs = worker_costs();
+  planner.set_worker_costs(costs);
+  // The problem of trip_planner.h from what was counted and measured.
+  const TripProblem pb = trip_problem(cur, costs, opts.local_experts_bytes);
 
   TripPlan plan;
   if (opts.local_policy == LocalExpertPolicy::kHottest) {

@@ -213,6 +213,21 @@ struct RemoteExecutor::Impl {
   Result<wire::SlabMsg> fetch(size_t w, int layer, int expert);
   // RemoteOptions::replicate_hot: sends the hottest under-replicated experts to workers.
   void replicate_hot();
+  // RemoteOptions::rebalance: moves experts to nearer workers where that saves expected trip
+  // latency (trip_planner.h, the target's trip cost as the chosen holder's).
+  void rebalance();
+  // The trip planner's problem from the activations counted and the costs measured: each expert
+  // at its nearest live holder; a size unknown here is over `budget` (never chosen).
+  TripProblem trip_problem(const Placement& cur, const std::vector<double>& costs, uint64_t budget) const;
+  // The live holder of (l, e) with the lowest cost other than `except`; -1: none.
+  int32_t nearest_live_holder(const Placement& pl, int l, int e, const std::vector<double>& costs,
+                              int32_t except = -1) const;
+  // Replica bytes worker w may still take (its latest STORED, else its INFO); 0: none.
+  uint64_t replica_room(size_t w) const;
+  // Copies (l, e) to worker `target` (STORE): the backbone's own copy, else one FETCHed from the
+  // nearest other live holder and checked against the model's slab hashes first. Then `target` is
+  // a holder in *next and announces it from now on. Returns the slab bytes sent.
+  Result<uint64_t> place_replica(int l, int e, int32_t target, const std::vector<double>& costs, Placement* next);
   // A worker that comes back (re-dial or join) must announce at least what it had; experts it
   // announces beyond that (replicas kept on its disk) are added to the placement. Error: why not.
   Status take_announced(size_t w, const swarm::ExpertSet& held);

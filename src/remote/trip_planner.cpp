@@ -20,6 +20,13 @@ double layer_latency(const TripProblem& pb, int l, const std::vector<std::vector
     }
     if (none < 1.0) need.emplace_back(w.rtt_s + w.compute_s, 1.0 - none);
   }
+  if (pb.local_cost_s > 0 && !local.empty()) {  // the chosen ones' holder is a trip too
+    double none = 1.0;
+    for (int e = 0; e < pb.n_expert; ++e)
+      if (local[static_cast<size_t>(l)][static_cast<size_t>(e)])
+        none *= 1.0 - pb.p[static_cast<size_t>(l)][static_cast<size_t>(e)];
+    if (none < 1.0) need.emplace_back(pb.local_cost_s, 1.0 - none);
+  }
   std::sort(need.begin(), need.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   double e = 0, none_slower = 1.0;
   for (const auto& [cost, pn] : need) {
@@ -34,6 +41,7 @@ Status check(const TripProblem& pb) {
       pb.bytes.size() != static_cast<size_t>(pb.n_layer)) {
     return make_error(StatusCode::kInvalidArgument, "trip planner: inconsistent shapes");
   }
+  if (!(pb.local_cost_s >= 0)) return make_error(StatusCode::kInvalidArgument, "trip planner: local cost < 0");
   for (int l = 0; l < pb.n_layer; ++l) {
     if (pb.p[l].size() != static_cast<size_t>(pb.n_expert) || pb.bytes[l].size() != static_cast<size_t>(pb.n_expert)) {
       return make_error(StatusCode::kInvalidArgument, "trip planner: layer {} has the wrong number of experts", l);

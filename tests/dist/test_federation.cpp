@@ -185,5 +185,69 @@ TEST(Replicas, HotExpertsAreCopiedToASecondWorkerWhichThenServesThem) {
   EXPECT_GT(b2->worker->stats().dispatches.load(), b2_before);
 }
 
+// Live re-placement (--rebalance): a far worker A holds every expert, a near worker B joins with
+// experts 0-3 and replica room for exactly the other twelve experts of ONE layer. The backbone,
+// from the activations it counted and the costs it measured, moves a whole layer there (a layer
+// B then serves alone makes no trip to A) rather than hot experts scattered over every layer;
+// the copies are checked by hash on both ends before B serves them, and every run keeps the
+// all-local bits.
+TEST(Replicas, RebalanceMovesAWholeLayerToTheNearerWorker) {
+  SliceSetup su = slice_setup("rebalance", 8);
+  ASSERT_TRUE(su.backbone && !su.local.empty());
+  const int L = static_cast<int>(su.model->hparams().n_layer);
+  const int E = static_cast<int>(su.model->hparams().n_expert);
+  auto f = gguf::File::open(su.path);
+  ASSERT_TRUE(f.is_ok());
+  uint64_t slab = 0;  // one expert's gate + up + down of a layer (every layer alike)
+  for (const char* t : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"})
+    slab += (*f)->find_tensor(fmt::format("blk.0.{}.weight", t))->n_bytes / static_cast<uint64_t>(E);
+  const std::string dir = temp_dir() + "/rebalance-b";
+  std::filesystem::remove_all(dir);
+  auto a = start_worker(su.path, "*:0-15", "far", {});
+  auto b = start_worker(su.path, "*:0-3", "near", {}, dir, slab * 12);
+  ASSERT_TRUE(a && b);
+  RemoteOptions o;
+  o.rebalance = 64;
+  o.hot_plan_after_tokens = 4;
+  o.hot_replan_every_tokens = 1;
+  o.worker_costs = {0.050, 0.005};  // A far, B near
+  auto e = RemoteExecutor::connect(
+      *su.backbone, {WorkerAddress{"127.0.0.1", a->worker->port()}, WorkerAddress{"127.0.0.1", b->worker->port()}}, o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  std::shared_ptr<RemoteExecutor> r(std::move(*e));
+  expect_concurrent_runs_exact(su, {r}, "while rebalancing");
+  const HotExpertReport h = r->hot_experts();
+  EXPECT_EQ(h.rebalanced, 12u) << h.last_rebalance_error;
+  EXPECT_EQ(h.rebalanced_bytes, 12 * slab);
+  EXPECT_EQ(h.rebalance_failures, 0u) << h.last_rebalance_error;
+  EXPECT_LT(h.rebalance_predicted_s_after, h.rebalance_predicted_s_before);
+  EXPECT_EQ(b->worker->stats().stores.load(), 12u);
+  EXPECT_EQ(a->worker->stats().fetches.load(), 12u) << "the copies came from A through the backbone";
+  // One layer is B's alone now; the others kept their holders.
+  int whole = -1;
+  for (int l = 0; l < L; ++l) {
+    int on_b = 0;
+    for (int x = 0; x < E; ++x) {
+      const auto hs = r->placement().holders(l, x);
+      on_b += std::find(hs.begin(), hs.end(), 1) != hs.end();
+    }
+    if (on_b == E) {
+      EXPECT_EQ(whole, -1) << "two whole layers cannot fit B's room";
+      whole = l;
+    } else {
+      EXPECT_EQ(on_b, 4) << "layer " << l;
+    }
+  }
+  ASSERT_GE(whole, 0) << "a whole layer moved, not scattered experts";
+  // From now on that layer makes no trip to A: at most L - 1 of A's requests per pass.
+  const uint64_t a_before = a->worker->stats().dispatches.load();
+  const uint64_t b_before = b->worker->stats().dispatches.load();
+  expect_concurrent_runs_exact(su, {r}, "after the move");
+  const uint64_t passes = 1 + (su.toks.size() - std::max<size_t>(1, 2 * su.toks.size() / 3));
+  EXPECT_LE(a->worker->stats().dispatches.load() - a_before, passes * static_cast<uint64_t>(L - 1));
+  EXPECT_GE(b->worker->stats().dispatches.load() - b_before, passes) << "B serves its whole layer every pass";
+  EXPECT_EQ(r->hot_experts().rebalanced, 12u) << "B is full: nothing more to move";
+}
+
 }  // namespace
 }  // namespace moesh::test

@@ -9,6 +9,9 @@
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
+#include "moesh/gguf/gguf.h"
+#include "moesh/model/model.h"
+#include "moesh/plan/swarm_plan.h"
 #include "util/run_moesh.h"
 
 namespace moesh::test {
@@ -132,6 +135,72 @@ TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
   const nlohmann::json tj = json_of(small_bb);
   EXPECT_LE(tj["backbone_bytes"].get<uint64_t>(), bytes * 8 / 100);
   carry_out(model, tj, lj, n);
+}
+
+// Span boundaries come from the architecture: a 6-block glm-dsa whose odd blocks reuse the even
+// blocks' indexer selection can be split only before even blocks, so the plan's spans start and end
+// there (and real span peers accept them); kimi-k3 rows carry residual checkpoints, which the
+// planner prices at their width.
+TEST(PlanCli, SpanEdgesAndRowWidthsFollowTheArchitecture) {
+  MakeModelSpec s;
+  ASSERT_TRUE(MakeModelSpec::defaults_for_name("glm-dsa", &s));
+  s.type = MakeFileType::kQ8_0;
+  s.n_layer = 6;
+  s.n_ctx = 256;
+  const std::string model = made_model("glmdsa-l6-plan", s);
+  auto f = gguf::File::open(model);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  auto pm = plan_model_from_gguf(**f, 256, kDefaultSecondsPerByte);
+  ASSERT_TRUE(pm.is_ok()) << pm.status().to_string();
+  for (int b = 0; b <= 6; ++b) EXPECT_EQ(pm->can_split(b), b % 2 == 0 || b == 6) << "boundary " << b;
+  const uint64_t bytes = file_bytes(model);
+  const int n = 4;
+  RunResult local = run_moesh("run -m " + quoted(model) + " --tokens 5,6,7,8 -n " + std::to_string(n) + " -t 1 --json");
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  // Three peers that hold about a third of the model each, a backbone that holds only globals:
+  // every block goes to a span, and no span edge may fall before an odd block.
+  std::string peers;
+  for (int i = 0; i < 3; ++i)
+    peers += " --peer p" + std::to_string(i) + ":mem=" + std::to_string(bytes * 45 / 100) + ",rtt=20ms";
+  for (const std::string layout : {"plan", "spans"}) {
+    SCOPED_TRACE(layout);
+    RunResult pr = run_moesh("swarm plan -m " + quoted(model) + peers + " -c 256 --json --layout " + layout +
+                             " --backbone-mem " + std::to_string(bytes * 10 / 100));
+    ASSERT_EQ(pr.exit_code, 0) << pr.err;
+    const nlohmann::json plan = json_of(pr);
+    EXPECT_EQ(plan["no_split_before"], nlohmann::json::array({1, 3, 5})) << plan.dump();
+    int spans = 0;
+    for (const auto& r : plan["roles"]) {
+      if (r["role"] != "span") continue;
+      ++spans;
+      int first = -1, last = -1;
+      ASSERT_EQ(std::sscanf(std::string(r["layers"]).c_str(), "%d-%d", &first, &last), 2);
+      EXPECT_TRUE(pm->can_split(first) && pm->can_split(last + 1)) << r.dump();
+    }
+    EXPECT_GE(spans, layout == std::string("spans") ? 3 : 1) << plan.dump();
+    carry_out(model, plan, json_of(local), n);
+  }
+  RunResult text = run_moesh("swarm plan -m " + quoted(model) + peers + " -c 256");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("spans cannot begin or end before layer(s) 1, 3, 5"), std::string::npos) << text.out;
+
+  MakeModelSpec k;
+  ASSERT_TRUE(MakeModelSpec::defaults_for_name("kimi-k3", &k));
+  k.type = MakeFileType::kQ8_0;
+  const std::string kimi = made_model("kimik3-plan", k);
+  auto kf = gguf::File::open(kimi);
+  ASSERT_TRUE(kf.is_ok()) << kf.status().to_string();
+  auto km = plan_model_from_gguf(**kf, 256, kDefaultSecondsPerByte);
+  ASSERT_TRUE(km.is_ok()) << km.status().to_string();
+  auto hp = load_hparams(**kf);
+  ASSERT_TRUE(hp.is_ok()) << hp.status().to_string();
+  ASSERT_GT(hp->attn_res_block, 0);
+  uint64_t widest = 0;
+  for (int b = 0; b <= km->n_layer(); ++b) {
+    EXPECT_EQ(km->row_bytes_at(b), static_cast<uint64_t>(hp->span_row_width(b)) * 4) << "boundary " << b;
+    widest = std::max(widest, km->row_bytes_at(b));
+  }
+  EXPECT_GT(widest, km->hidden_bytes);
 }
 
 // Re-planning after a peer left and another joined: the moves name every changed role and the

@@ -252,6 +252,95 @@ TEST(SwarmPlan, TripsPerStepFollowTheRoles) {
 
 // A span may hold dense blocks only (its peer serves no experts): more span peers than MoE blocks
 // split the layers evenly, and the search may give a peer the leading dense blocks alone.
+// Span boundaries with their own row widths (kimi-k3 carries residual checkpoints across) and
+// places a span may not begin or end (glm-dsa blocks reusing an earlier block's selection): the
+// search still equals brute force (whose plans evaluate_plan checks the same way), never puts a
+// span edge where the model cannot split, and prices the wider rows on rate-limited links.
+TEST(SwarmPlan, SpanBoundariesEqualBruteForceOnRandomSmallSwarms) {
+  std::mt19937 rng(23);
+  int compared = 0, spans = 0, blocked = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int L = 3 + static_cast<int>(rng() % 3), n_dense = static_cast<int>(rng() % 2);
+    PlanModel m = toy_model(L, 8, 2, n_dense);
+    for (int b = 0; b <= L; ++b) {
+      m.row_bytes.push_back(m.hidden_bytes * (1 + rng() % 4));
+      m.split.push_back(b == 0 || b == L || rng() % 3 != 0);
+      blocked += !m.split.back();
+    }
+    const int P = 2 + static_cast<int>(rng() % 2);
+    std::vector<PlanPeer> peers;
+    for (int i = 0; i < P; ++i) {
+      PlanPeer p;
+      p.name = "p" + std::to_string(i);
+      p.memory_bytes = whole_layer(m) * (1 + rng() % 3);
+      p.rtt_s = 1e-3 * static_cast<double>(5 + rng() % 60);
+      p.speed = 0.5 + 0.25 * static_cast<double>(rng() % 4);
+      p.rate_bps = 1e6 * static_cast<double>(2 + rng() % 50);  // rows cost wire time
+      peers.push_back(p);
+    }
+    PlanOptions o;
+    o.message_s = 1e-4;
+    o.tokens_per_step = 1 + static_cast<int>(rng() % 8);
+    o.experts = rng() % 2 == 0;
+    o.peer_rtt_s.assign(static_cast<size_t>(P), std::vector<double>(static_cast<size_t>(P), -1.0));
+    for (int i = 0; i < P; ++i)
+      for (int j = i + 1; j < P; ++j) {
+        const double r = 1e-3 * static_cast<double>(1 + rng() % 60);
+        o.peer_rtt_s[static_cast<size_t>(i)][static_cast<size_t>(j)] = r;
+        o.peer_rtt_s[static_cast<size_t>(j)][static_cast<size_t>(i)] = r;
+      }
+    if (rng() % 2) o.backbone_memory_bytes = m.global_bytes + (2 * kMiB + kMiB / 4) * (rng() % 3);
+    const double bf = brute_force(m, peers, o);
+    auto plan = plan_swarm(m, peers, o);
+    if (std::isinf(bf)) {
+      EXPECT_FALSE(plan.is_ok()) << "trial " << trial;
+      continue;
+    }
+    ASSERT_TRUE(plan.is_ok()) << "trial " << trial << ": " << plan.status().to_string();
+    EXPECT_NEAR(plan->step_s, bf, 1e-12) << "trial " << trial << "\n" << render_plan(m, peers, *plan);
+    ++compared;
+    for (const PeerRole& r : plan->roles) {
+      if (r.kind != RoleKind::kSpan) continue;
+      ++spans;
+      EXPECT_TRUE(m.can_split(r.first) && m.can_split(r.last + 1))
+          << "trial " << trial << ": span " << r.first << "-" << r.last;
+    }
+  }
+  EXPECT_GE(compared, 30);
+  EXPECT_GT(spans, 10);
+  EXPECT_GT(blocked, 10);
+}
+
+TEST(SwarmPlan, RowWidthsAndSplitPointsAreWhatASpanCosts) {
+  PlanModel m = toy_model(4, 8, 2);
+  std::vector<PlanPeer> peers{{"a", 100 * whole_layer(m), 0.02, 1, 8e6}};
+  PlanOptions o;
+  o.backbone_memory_bytes = m.global_bytes;  // every layer must go to the one span
+  auto narrow = plan_swarm(m, peers, o);
+  ASSERT_TRUE(narrow.is_ok()) << narrow.status().to_string();
+  // The span's rows enter at boundary 0 and leave at 4: 3x and 5x the hidden width send 6 more
+  // hidden rows' bytes per step (4096 each) over 8 Mbit/s.
+  m.row_bytes = {3 * m.hidden_bytes, m.hidden_bytes, m.hidden_bytes, m.hidden_bytes, 5 * m.hidden_bytes};
+  auto wide = plan_swarm(m, peers, o);
+  ASSERT_TRUE(wide.is_ok()) << wide.status().to_string();
+  EXPECT_NEAR(wide->step_s - narrow->step_s, 6.0 * 4096 * 8 / 8e6, 1e-12);
+  // A span may not end before layer 2: two spans over a=0-1, b=2-3 is refused by name, and
+  // plan_all_spans moves the edge to the next boundary where the model splits.
+  m.row_bytes.clear();
+  m.split = {1, 1, 0, 1, 1};
+  peers.push_back({"b", 100 * whole_layer(m), 0.02, 1, 8e6});
+  auto forced = plan_with_roles(m, peers, o, {RoleKind::kSpan, RoleKind::kSpan}, {{0, 1}, {2, 3}});
+  ASSERT_FALSE(forced.is_ok());
+  EXPECT_NE(forced.status().message().find("cannot be split before layer 2"), std::string::npos)
+      << forced.status().to_string();
+  auto equal = plan_all_spans(m, peers, o);
+  ASSERT_TRUE(equal.is_ok()) << equal.status().to_string();
+  EXPECT_EQ(equal->roles[0].first, 0);
+  EXPECT_EQ(equal->roles[0].last, 2);
+  EXPECT_EQ(equal->roles[1].first, 3);
+  EXPECT_EQ(equal->roles[1].last, 3);
+}
+
 TEST(SwarmPlan, SpansOfDenseBlocksOnly) {
   PlanModel m = toy_model(4, 16, 4, /*n_dense=*/3);
   std::vector<PlanPeer> peers(4);

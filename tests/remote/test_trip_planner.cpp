@@ -102,6 +102,50 @@ TEST(TripPlanner, GreedyIsCloseToTheOptimumBeyondTheExhaustiveSize) {
   }
 }
 
+// The chosen experts going to a worker (--rebalance) instead of the backbone: that worker is one
+// more holder with its own trip cost. The formula against simulated tokens, the planner against
+// brute force, and the plan never moves an expert to a holder dearer than the one it is on.
+TEST(TripPlanner, AChosenHolderWithATripCostIsPricedAsOneMoreWorker) {
+  TripProblem pb = random_problem(5, 3, 6, 3, 0);
+  pb.local_cost_s = 0.02;
+  std::vector<std::vector<bool>> local(3, std::vector<bool>(6, false));
+  local[0][1] = local[0][4] = local[2][3] = true;
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  double sum = 0;
+  constexpr int kTokens = 200000;
+  for (int t = 0; t < kTokens; ++t) {
+    for (int l = 0; l < 3; ++l) {
+      double worst = 0;
+      for (const TripWorker& w : pb.workers) {
+        for (int32_t e : w.experts[l]) {
+          if (u(rng) >= pb.p[l][e]) continue;
+          worst = std::max(worst, local[l][e] ? pb.local_cost_s : w.rtt_s + w.compute_s);
+        }
+      }
+      sum += worst;
+    }
+  }
+  const double simulated = sum / kTokens, formula = expected_trip_latency(pb, local);
+  EXPECT_NEAR(simulated, formula, 0.01 * formula) << "simulated " << simulated << " formula " << formula;
+  int moved = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    TripProblem q = random_problem(seed, 2, 6, 2, 5);
+    q.local_cost_s = 0.03;
+    auto plan = plan_local_experts(q);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    EXPECT_NEAR(plan->expected_latency_s, brute_force(q), 1e-12) << "seed " << seed;
+    for (const TripWorker& w : q.workers)
+      for (int l = 0; l < 2; ++l)
+        for (int32_t e : w.experts[l]) {
+          if (!plan->local[l][e]) continue;
+          ++moved;
+          EXPECT_GT(w.rtt_s + w.compute_s, q.local_cost_s) << "seed " << seed << ": moved to a dearer holder";
+        }
+  }
+  EXPECT_GT(moved, 0);
+}
+
 TEST(TripPlanner, AWholeLocalLayerBeatsScatteredHotExperts) {
   // Two layers of 4 equally hot experts on one far worker; room for 4 local experts. Hot experts
   // spread over both layers leave both trips (some expert of each layer is still remote for

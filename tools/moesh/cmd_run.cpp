@@ -270,6 +270,19 @@ int run_run(const RunArgs& a) {
                             {"predicted_ms_chosen", 1e3 * h.predicted_s_chosen}};
         if (!h.last_fetch_error.empty()) j["hot_experts"]["last_fetch_error"] = h.last_fetch_error;
       }
+      if (a.swarm.replicate_hot > 0 || a.swarm.rebalance > 0) {
+        const HotExpertReport h = remote->hot_experts();
+        j["replicas"] = {{"plans", h.replica_plans},
+                         {"sent", h.replicas_sent},
+                         {"bytes", h.replica_bytes_sent},
+                         {"failures", h.replica_failures},
+                         {"rebalance_plans", h.rebalance_plans},
+                         {"rebalanced", h.rebalanced},
+                         {"rebalanced_bytes", h.rebalanced_bytes},
+                         {"rebalance_failures", h.rebalance_failures},
+                         {"predicted_ms_before", 1e3 * h.rebalance_predicted_s_before},
+                         {"predicted_ms_after", 1e3 * h.rebalance_predicted_s_after}};
+      }
     }
     std::printf("%s\n", j.dump().c_str());
   } else {

@@ -36,6 +36,7 @@ struct SwarmArgs {
   int join_wait_ms = 60000;           // --join-wait-ms: how long
   std::vector<std::string> tls_pins;  // --tls-pin SHA256 (repeatable): TLS to every worker
   int replicate_hot = 0;              // --replicate-hot N
+  int rebalance = 0;                  // --rebalance N
   std::vector<std::string> spans;     // --span FIRST-LAST@HOST:PORT (repeatable)
   std::string span_wire = "f32";      // --span-wire
   int span_timeout_ms = 60000;        // --span-timeout-ms
@@ -139,6 +140,11 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
                   "workers hold to a worker with --replica-dir (checked by hash on both ends); 0: off")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  sub->add_option("--rebalance", a->rebalance,
+                  "At each hot-expert plan, move up to N experts to nearer workers with --replica-dir where that "
+                  "saves expected trip latency (whole layers first; copied and checked by hash before use); 0: off")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   sub->add_option("--span", a->spans,
                   "Blocks FIRST-LAST run on a span peer (moesh span) at HOST:PORT: one trip per span and step "
                   "(repeatable; the same span again names a replacement, tried in order when one fails)");
@@ -191,6 +197,7 @@ inline Result<RemoteOptions> remote_options(const SwarmArgs& a) {
   o.local_experts_bytes = static_cast<uint64_t>(a.local_experts_mb * 1024.0 * 1024.0);
   o.local_policy = a.local_experts_policy == "hottest" ? LocalExpertPolicy::kHottest : LocalExpertPolicy::kTripAware;
   o.replicate_hot = a.replicate_hot;
+  o.rebalance = a.rebalance;
   if (!a.swarm_key.empty()) {
     MOESH_ASSIGN_OR_RETURN(o.swarm_key, net::SwarmKey::load(a.swarm_key));
   }

@@ -60,6 +60,12 @@ struct PlanModel {
   uint64_t global_bytes = 0;  // embeddings and head: always on the backbone
   uint64_t hidden_bytes = 0;  // one token's hidden state on the wire
   double global_s = 0;        // per token: embedding lookup and head, on the backbone
+  // Span boundaries b = 0..n_layer (b: before layer b). row_bytes[b]: one token's row crossing it,
+  // wider than hidden_bytes where the model carries more across (kimi-k3's residual checkpoints);
+  // split[b]: whether a span may begin or end there (glm-dsa: not before a block whose reused
+  // indexer selection was computed earlier). Empty: hidden_bytes everywhere, every boundary.
+  std::vector<uint64_t> row_bytes;
+  std::vector<uint8_t> split;
   // [layer][expert] share of tokens routed there; empty: every expert k/n.
   std::vector<std::vector<double>> p;
 
@@ -68,12 +74,17 @@ struct PlanModel {
     return p[static_cast<size_t>(layer)][static_cast<size_t>(expert)];
   }
   int n_layer() const { return static_cast<int>(layers.size()); }
+  uint64_t row_bytes_at(int b) const {
+    return static_cast<size_t>(b) < row_bytes.size() ? row_bytes[static_cast<size_t>(b)] : hidden_bytes;
+  }
+  bool can_split(int b) const { return static_cast<size_t>(b) >= split.size() || split[static_cast<size_t>(b)] != 0; }
 };
 
 // The shape and byte sizes of a GGUF model (tensor names blk.N.*, stacked *_exps experts); costs
 // are set from `seconds_per_byte` (decode is memory-bound: a token reads every dense byte and k
-// experts per layer), state from n_ctx and the attention keys. A model without routed experts is
-// kInvalidArgument.
+// experts per layer), state from n_ctx and the attention keys, span boundaries (row widths, where
+// a span may split) from the architecture's hyper-parameters where moesh knows the architecture.
+// A model without routed experts is kInvalidArgument.
 Result<PlanModel> plan_model_from_gguf(const gguf::File& f, int n_ctx, double seconds_per_byte);
 // Bytes one decode token reads (globals' head, dense parts, k experts per MoE layer): what
 // seconds_per_byte is measured against.
@@ -105,8 +116,10 @@ struct PlanOptions {
 
 // What chaining span peer p right after span peer q saves per step: ½RTT_q + ½RTT_p - ½RTT(q, p),
 // one message, and one of the two links' wire time (q -> p replaces q -> backbone -> p); 0 when
-// their RTT is unknown, chaining is off, or the chain would not be faster.
-double chain_saving(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, int q, int p);
+// their RTT is unknown, chaining is off, or the chain would not be faster. `boundary`: the layer
+// p's span begins at (the rows crossing there are what q passes on).
+double chain_saving(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, int q, int p,
+                    int boundary);
 
 enum class RoleKind { kIdle, kSpan, kExperts };
 const char* role_name(RoleKind k);

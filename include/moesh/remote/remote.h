@@ -122,6 +122,14 @@ struct RemoteOptions {
   // checks them again, maps them from its disk and becomes a holder: a second place to send those
   // pairs when the first fails or straggles. 0: off.
   int replicate_hot = 0;
+  // Live re-placement of experts (`--rebalance N`): on the same schedule, the nearest live worker
+  // that keeps replicas (then the next) takes the experts whose move to it saves the most expected
+  // trip latency per byte within its replica room — whole layers where they fit, so a layer can stop
+  // needing a far worker at all (trip_planner.h, the target's own trip cost). They are copied as
+  // replicate_hot copies (STORE, checked by hash on both ends) before any pair is routed there;
+  // pairs go to the nearest live holder. So a worker that joins nearer, or one that slows down,
+  // changes where experts are served while the backbone runs. At most N experts per plan; 0: off.
+  int rebalance = 0;
   // Path policy while connected: a worker reached over a later path of "A|B" (e.g. relayed,
   // because A did not answer) has the earlier paths tried again this often, and is moved to the
   // first that works between calls (exact bits either way). 0: only at connect and re-dial.
@@ -176,6 +184,13 @@ struct HotExpertReport {
   uint64_t replicas_sent = 0, replica_bytes_sent = 0;  // STOREs answered with STORED
   uint64_t replica_failures = 0;                       // FETCH, check or STORE failed, or the worker was full
   std::string last_replica_error;
+  // Moves nearer (RemoteOptions::rebalance), over all plans; the predicted trip latency per token
+  // (trip_planner.h) before and after the latest plan.
+  uint64_t rebalance_plans = 0;
+  uint64_t rebalanced = 0, rebalanced_bytes = 0;
+  uint64_t rebalance_failures = 0;
+  std::string last_rebalance_error;
+  double rebalance_predicted_s_before = 0, rebalance_predicted_s_after = 0;
 };
 
 // Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be

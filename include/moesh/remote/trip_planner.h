@@ -33,10 +33,14 @@ struct TripProblem {
   std::vector<TripWorker> workers;
   std::vector<std::vector<uint64_t>> bytes;  // [layer][expert] size of a local copy
   uint64_t budget_bytes = 0;                 // --local-experts-mb
+  // What a trip to the chosen holder costs: 0 for the backbone's own copies (no trip); a
+  // worker's RTT + compute when the chosen experts go to that worker instead (--rebalance), which
+  // then counts as one more holder a token may need.
+  double local_cost_s = 0;
 };
 
 struct TripPlan {
-  std::vector<std::vector<bool>> local;  // [layer][expert]
+  std::vector<std::vector<bool>> local;  // [layer][expert]: chosen (kept here, or sent to the target)
   uint64_t bytes = 0;
   double expected_latency_s = 0;  // per token, sum over layers
 };
