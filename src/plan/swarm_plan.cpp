@@ -787,6 +787,16 @@ Result<PlanModel> plan_model_from_gguf(const gguf::File& f, int n_ctx, double se
   m.name = or_def(f.get_or<std::string>("general.name", *arch), *arch);
   auto n_layer = f.get<int64_t>(*arch + ".block_count");
   if (!n_layer) return n_layer.status();
+  // NextN/MTP blocks (the last nextn_predict_layers blocks) are not in the forward pass: a draft
+  // head the backbone maps from its file only for --draft nextn. They are never given to a span
+  // and not priced (a plan is for the forward pass).
+  auto n_nextn = f.get_or<int64_t>(*arch + ".nextn_predict_layers", 0);
+  if (!n_nextn) return n_nextn.status();
+  if (*n_nextn < 0 || *n_nextn >= *n_layer) {
+    return make_error(StatusCode::kCorrupt, "plan: {}.nextn_predict_layers = {} must be in [0, {}.block_count = {})",
+                      *arch, *n_nextn, *arch, *n_layer);
+  }
+  *n_layer -= *n_nextn;
   auto n_embd = f.get<int64_t>(*arch + ".embedding_length");
   if (!n_embd) return n_embd.status();
   auto used = f.get_or<int64_t>(*arch + ".expert_used_count", 0);
@@ -825,7 +835,9 @@ Result<PlanModel> plan_model_from_gguf(const gguf::File& f, int n_ctx, double se
   }
   for (const gguf::TensorInfo& t : tensors) {
     int layer = -1;
-    if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) != 1 || layer < 0 || layer >= *n_layer) {
+    const bool in_block = std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1 && layer >= 0;
+    if (in_block && layer >= *n_layer) continue;  // a NextN block
+    if (!in_block) {
       m.global_bytes += t.n_bytes;
       if (t.name == "output.weight") head_bytes = t.n_bytes;
       if (t.name == "token_embd.weight" && head_bytes == 0) head_bytes = t.n_bytes;

@@ -312,7 +312,7 @@ void RemoteExecutor::Impl::rebalance() {
         if (no_trip(l, e)) pb.p[l][e] = 0;
     return expected_trip_latency(pb, {});
   };
-  r.rebalance_predicted_s_before = predicted();
+  const double before = predicted();
   // Targets: live workers that keep replicas, nearest first. Each takes, within its room, the
   // experts whose move to it saves the most expected trip latency per byte (trip_planner.h with
   // the target's own trip cost); a round sends at most opts.rebalance of them.
@@ -363,12 +363,15 @@ void RemoteExecutor::Impl::rebalance() {
       }
     }
   }
-  if (sent > 0) {
+  if (sent > 0 || r.rebalance_plans == 1) {
     planner.set_placement(next);
-    spdlog::info("rebalance: {} experts moved nearer; predicted trip latency {:.3f} -> {:.3f} ms per token", sent,
-                 1e3 * r.rebalance_predicted_s_before, 1e3 * predicted());
+    r.rebalance_predicted_s_before = before;
+    r.rebalance_predicted_s_after = predicted();
   }
-  r.rebalance_predicted_s_after = predicted();
+  if (sent > 0) {
+    spdlog::info("rebalance: {} experts moved nearer; predicted trip latency {:.3f} -> {:.3f} ms per token", sent,
+                 1e3 * r.rebalance_predicted_s_before, 1e3 * r.rebalance_predicted_s_after);
+  }
 }
 
 Status RemoteExecutor::Impl::plan_hot() {

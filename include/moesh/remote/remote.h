@@ -185,7 +185,8 @@ struct HotExpertReport {
   uint64_t replica_failures = 0;                       // FETCH, check or STORE failed, or the worker was full
   std::string last_replica_error;
   // Moves nearer (RemoteOptions::rebalance), over all plans; the predicted trip latency per token
-  // (trip_planner.h) before and after the latest plan.
+  // (trip_planner.h) before and after the latest plan that moved experts (before any moved: the
+  // first plan's prediction, both equal).
   uint64_t rebalance_plans = 0;
   uint64_t rebalanced = 0, rebalanced_bytes = 0;
   uint64_t rebalance_failures = 0;
