@@ -102,6 +102,7 @@ struct SpanClient::Runner {
   // Not chained to from the span before it until then: a hop to it failed while it answered the
   // backbone (a path between the two peers that does not work), so chaining would only break again.
   std::chrono::steady_clock::time_point no_chain_until{};
+  bool moved_here = false;  // move(.., "here"): stays here (no retry_preferred) until moved again
 };
 
 SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
@@ -231,7 +232,7 @@ Status SpanClient::fail_over(int k, const Status& why) {
 
 void SpanClient::retry_preferred(int k) {
   Runner& r = *runners_[static_cast<size_t>(k)];
-  if (r.current == 0 || opts_.retry_preferred.count() < 0) return;
+  if (r.current == 0 || r.moved_here || opts_.retry_preferred.count() < 0) return;
   const auto now = std::chrono::steady_clock::now();
   if (now - r.last_retry < opts_.retry_preferred) return;
   r.last_retry = now;
@@ -268,30 +269,159 @@ Status SpanClient::trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* 
     *out = std::move(*res);
     return Status::ok();
   }
+  const auto t0 = std::chrono::steady_clock::now();
+  MOESH_RETURN_IF_ERROR(link_trip(*r.link, m, out));
+  std::lock_guard<std::mutex> vl(view_mu_);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++r.view.trips;
+  r.view.trip_seconds += dt;
+  r.view.min_trip_seconds = r.view.trips == 1 ? dt : std::min(r.view.min_trip_seconds, dt);
+  return Status::ok();
+}
+
+Status SpanClient::link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out) {
   auto frame = wire::encode_span_step(m);
   if (!frame) return frame.status();
-  if (frame->size() - wire::kHeaderBytes > r.link->session.max_send_bytes) {
-    return make_error(StatusCode::kOutOfRange, "{}: a SPAN_STEP of {} bytes exceeds its frame limit", r.label,
+  if (frame->size() - wire::kHeaderBytes > link.session.max_send_bytes) {
+    return make_error(StatusCode::kOutOfRange, "{}: a SPAN_STEP of {} bytes exceeds its frame limit", link.label,
                       frame->size());
   }
   stats_.bytes_sent += frame->size();
   const net::Deadline deadline = net::deadline_in(opts_.timeout);
-  const auto t0 = std::chrono::steady_clock::now();
-  MOESH_RETURN_IF_ERROR(r.link->mux->start(m.request_id, *frame, deadline).with_context(r.label));
-  auto reply = r.link->mux->wait(m.request_id, deadline);
-  if (!reply) return reply.status().with_context(r.label);
+  MOESH_RETURN_IF_ERROR(link.mux->start(m.request_id, *frame, deadline).with_context(link.label));
+  auto reply = link.mux->wait(m.request_id, deadline);
+  if (!reply) return reply.status().with_context(link.label);
+  stats_.bytes_received += wire::kHeaderBytes + reply->payload.size();
+  wire::DecodeLimits lim = link.limits;
+  auto res = wire::decode_span_result(*reply, lim);
+  if (!res) return res.status().with_context(link.label);
+  *out = std::move(*res);
+  return Status::ok();
+}
+
+Result<wire::SpanStepMsg> SpanClient::replay_message(int k, int32_t seq, uint64_t request_id) {
+  const size_t ks = static_cast<size_t>(k);
+  const int64_t D = width_in(k);
+  wire::SpanStepMsg m;
+  m.request_id = request_id;
+  m.first = static_cast<uint32_t>(spans_[ks].first);
+  m.last = static_cast<uint32_t>(spans_[ks].last);
+  m.return_dtype = opts_.return_wire;
+  auto it = logs_.find(seq);
+  const int64_t n =
+      it == logs_.end() || it->second.chain.size() <= ks ? 0 : static_cast<int64_t>(it->second.chain[ks].size());
+  if (n == 0) return m;
+  const SeqLog& log = it->second;
+  wire::SpanSeq q;
+  q.seq = seq;
+  q.n_replay = static_cast<uint32_t>(n - 1);
+  q.n_new = 1;
+  m.seqs.push_back(q);
+  std::vector<float> rows(static_cast<size_t>(n * D));
+  MOESH_RETURN_IF_ERROR(log.rows[ks].read(0, n, rows.data()));
+  m.pos = log.pos[ks];
+  m.cut.assign(static_cast<size_t>(n), 0);
+  // The logged rows are the bits sent before (rounded to the wire then), so they re-encode exactly.
+  MOESH_ASSIGN_OR_RETURN(
+      m.hidden, wire::encode_rows(opts_.hidden_wire, rows.data(), static_cast<uint32_t>(n), static_cast<uint32_t>(D)));
+  return m;
+}
+
+Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
+  int k = -1;
+  for (size_t i = 0; i < spans_.size(); ++i)
+    if (spans_[i].first == sp.first && spans_[i].last == sp.last) k = static_cast<int>(i);
+  if (k < 0) {
+    std::string have;
+    for (const LayerSpan& x : spans_) have += fmt::format("{}{}-{}", have.empty() ? "" : ", ", x.first, x.last);
+    return make_error(StatusCode::kNotFound, "no span {}-{} (the spans are {})", sp.first, sp.last, have);
+  }
+  const bool here = to == "here";
+  // The new runner, made before any lock: dialling may take a round trip or a timeout.
+  std::unique_ptr<WorkerLink> link;
+  std::unique_ptr<swarm::SpanHost> local;
+  WorkerAddress addr;
+  if (here) {
+    swarm::SpanHostOptions ho;
+    ho.span = sp;
+    ho.n_threads = opts_.local_threads;
+    auto h = swarm::SpanHost::create(model_, ho);
+    if (!h) return h.status().with_context(fmt::format("span {}-{} here", sp.first, sp.last));
+    local = std::move(*h);
+  } else {
+    MOESH_ASSIGN_OR_RETURN(addr, parse_worker_address(to));
+    MOESH_ASSIGN_OR_RETURN(wire::Hello hello, span_hello(model_, opts_.name));
+    MOESH_ASSIGN_OR_RETURN(link, connect_worker(addr, hello, opts_.link));
+    if ((link->session.features & wire::kFeatureSpan) == 0) {
+      link->shut_down();
+      return make_error(StatusCode::kUnsupported, "{} runs no layer span (start it with moesh span)", link->label);
+    }
+    link->limits.max_n_embd = span_row_limit();
+  }
+  const std::string label = here ? std::string("here") : link->label;
+  std::lock_guard<std::mutex> lk(mu_);
+  Runner& r = *runners_[static_cast<size_t>(k)];
+  // Warm it: every sequence's inputs so far, so the first step it takes needs no replay.
+  std::map<int32_t, int64_t> has;
+  uint64_t rows_sent = 0;
+  for (const auto& [seq, log] : logs_) {
+    const uint64_t id = link ? link->mux->next_request_id() : stats_.trips + 1;
+    auto m = replay_message(k, seq, id);
+    Status st = m.status();
+    wire::SpanResultMsg res;
+    if (st.is_ok() && m->n_rows() == 0) continue;
+    if (st.is_ok()) {
+      if (local) {
+        auto got = local->step(opts_.name, *m);
+        st = got.status();
+        if (got) res = std::move(*got);
+      } else {
+        st = link_trip(*link, *m, &res);
+      }
+    }
+    if (st.is_ok() && (!res.need.empty() || res.rows.n_rows != 1)) {
+      st = make_error(StatusCode::kCorrupt, "{} answered a replay of sequence {} with {} rows and {} lacks", label, seq,
+                      res.rows.n_rows, res.need.size());
+    }
+    if (!st.is_ok()) {
+      if (link) link->shut_down();
+      return st.with_context(
+          fmt::format("moving span {}-{} to {}: replaying sequence {}", sp.first, sp.last, label, seq));
+    }
+    has[seq] = static_cast<int64_t>(m->n_rows());
+    rows_sent += m->n_rows();
+  }
+  // Switch: the new runner takes the span's next step; the old one is let go.
+  if (r.link) r.link->shut_down();
+  r.link = std::move(link);
+  r.local = std::move(local);
+  r.has = std::move(has);
+  r.label = label;
+  if (here) {
+    r.current = r.target.peers.size();
+    r.next_peer = r.target.peers.size();
+  } else {
+    auto& peers = r.target.peers;
+    peers.erase(std::remove_if(peers.begin(), peers.end(),
+                               [&](const WorkerAddress& a) { return a.to_string() == addr.to_string(); }),
+                peers.end());
+    peers.insert(peers.begin(), addr);
+    r.current = 0;
+    r.next_peer = 1;
+  }
+  r.moved_here = here;
+  r.last_retry = std::chrono::steady_clock::now();
+  r.star_seconds = r.compute_seconds = 0;
+  r.star_samples = r.compute_samples = 0;
+  ++stats_.moves;
+  stats_.move_rows += rows_sent;
   {
     std::lock_guard<std::mutex> vl(view_mu_);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++r.view.trips;
-    r.view.trip_seconds += dt;
-    r.view.min_trip_seconds = r.view.trips == 1 ? dt : std::min(r.view.min_trip_seconds, dt);
+    r.view = SpanPeerView{
+        sp, r.label, here, r.link ? std::chrono::duration<double, std::milli>(r.link->warmup_rtt).count() : 0.0,
+        0,  0.0,     0.0};
   }
-  stats_.bytes_received += wire::kHeaderBytes + reply->payload.size();
-  wire::DecodeLimits lim = r.link->limits;
-  auto res = wire::decode_span_result(*reply, lim);
-  if (!res) return res.status().with_context(r.label);
-  *out = std::move(*res);
+  spdlog::info("span {}-{}: moved to {} ({} logged inputs replayed first)", sp.first, sp.last, r.label, rows_sent);
   return Status::ok();
 }
 

@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 
+#include "moesh/model/span.h"
 #include "moesh/serve/ledger.h"
 #include "moesh/text/json_grammar.h"
 #include "moesh/text/output_grammar.h"
@@ -738,6 +739,46 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - m->started_steady).count();
     res.set_content(dashboard_json(m->t.scheduler->stats(), m->t.remote, t, m->t.model, m->t.spans).dump(),
                     "application/json");
+  });
+  // A planned move of a span (re-planning while serving, docs/serve.md#moving-a-span): body
+  // {"layers": "12-23", "to": "HOST:PORT" | "here"}. Only with --admin-key: it redirects hidden
+  // states, so an open gateway must not offer it.
+  svr.Post("/swarm/spans/move", [m](const httplib::Request& req, httplib::Response& res) {
+    ApiError e;
+    e.type = "invalid_request_error";
+    auto fail = [&](int http, std::string code, std::string msg) {
+      e.http_status = http;
+      e.code = std::move(code);
+      e.message = std::move(msg);
+      send_error(res, e);
+    };
+    if (m->opts.admin_key.empty()) {
+      return fail(403, "admin_off", "span moves are off: start moesh serve with --admin-key KEY");
+    }
+    if (req.get_header_value("Authorization") != "Bearer " + m->opts.admin_key) {
+      return fail(401, "invalid_admin_key", "invalid or missing admin key (send 'Authorization: Bearer <admin key>')");
+    }
+    if (m->t.spans == nullptr) return fail(404, "no_spans", "this gateway runs no layer spans (--span)");
+    const json body = json::parse(req.body, nullptr, false);
+    if (!body.is_object() || !body.contains("layers") || !body["layers"].is_string() || !body.contains("to") ||
+        !body["to"].is_string()) {
+      return fail(400, "invalid_body",
+                  "the body must be {\"layers\": \"FIRST-LAST\", \"to\": \"HOST:PORT\" or \"here\"}");
+    }
+    auto sp = parse_layer_span(body["layers"].get<std::string>());
+    if (!sp) return fail(400, "invalid_layers", sp.status().message());
+    Status st = m->t.spans->move(*sp, body["to"].get<std::string>());
+    if (!st.is_ok()) {
+      const bool bad = st.code() == StatusCode::kNotFound || st.code() == StatusCode::kInvalidArgument;
+      return fail(bad ? 400 : 502, bad ? "invalid_move" : "move_failed", st.message());
+    }
+    json out;
+    for (size_t k = 0; k < m->t.spans->spans().size(); ++k)
+      out["spans"].push_back(m->t.spans->where(static_cast<int>(k)));
+    const SpanStats ss = m->t.spans->stats();
+    out["moves"] = ss.moves;
+    out["move_rows"] = ss.move_rows;
+    res.set_content(out.dump(2), "application/json");
   });
   // The backbone's side of the work ledger (serve/ledger.h); `moesh swarm ledger` reads it.
   svr.Get("/swarm/ledger", [m](const httplib::Request&, httplib::Response& res) {

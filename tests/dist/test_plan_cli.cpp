@@ -239,6 +239,36 @@ TEST(PlanCli, ReplanningListsTheMovesFromThePreviousPlan) {
   ASSERT_EQ(text.exit_code, 0) << text.err;
   EXPECT_NE(text.out.find("moves from"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("transfer: moesh slice"), std::string::npos) << text.out;
+  // A span whose blocks the gateway already runs moves to a new peer live: the move names the
+  // `moesh swarm move` that does it (with --status, against that gateway); new span edges do not.
+  const std::string spans = base + " --layout spans";
+  RunResult two = run_moesh(spans + peer("a", 60, 20) + peer("b", 60, 20) + " --json");
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  const std::string two_path = temp_dir() + "/plan-two-spans.json";
+  { std::ofstream(two_path) << two.out; }
+  RunResult swapped = run_moesh(spans + peer("c", 60, 20) + ",addr=10.0.0.7:7001" + peer("b", 60, 20) +
+                                " --json --from " + quoted(two_path));
+  ASSERT_EQ(swapped.exit_code, 0) << swapped.err;
+  std::string a_layers;
+  const nlohmann::json two_plan = json_of(two), swapped_plan = json_of(swapped);
+  for (const auto& r : two_plan["roles"])
+    if (r["peer"] == "a") a_layers = r["layers"].get<std::string>();
+  ASSERT_FALSE(a_layers.empty()) << two.out;
+  bool c_switch = false;
+  for (const auto& mv : swapped_plan["moves"]) {
+    if (mv["peer"] != "c") continue;
+    ASSERT_TRUE(mv.contains("switch")) << mv.dump();
+    EXPECT_EQ(mv["switch"],
+              "moesh swarm move http://GATEWAY:PORT --span " + a_layers + "@10.0.0.7:7001 --admin-key KEY");
+    c_switch = true;
+  }
+  EXPECT_TRUE(c_switch) << swapped.out;
+  RunResult three = run_moesh(spans + peer("a", 40, 20) + peer("b", 40, 20) + peer("c", 40, 20) + peer("d", 40, 20) +
+                              " --json --from " + quoted(two_path));
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  const nlohmann::json three_plan = json_of(three);
+  for (const auto& mv : three_plan["moves"])
+    EXPECT_FALSE(mv.contains("switch")) << "four equal spans have new edges: " << mv.dump();
   RunResult missing = run_moesh(base + peer("big", 200, 20) + " --from /nonexistent/plan.json");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("cannot open"), std::string::npos) << missing.err;

@@ -294,6 +294,89 @@ TEST(Span, AFailedPrimaryGetsTheSpanBackWhenItReturns) {
   EXPECT_NE(spans->where(0).find(addr), std::string::npos) << spans->where(0);
 }
 
+// A planned move (re-planning while running): the new peer is sent every sequence's logged inputs
+// before it takes a step, so the steps after the move replay nothing and the bits stay those of
+// all-local; the old peer is let go (killing it changes nothing). A move to a peer that runs other
+// blocks, to no peer, or of a span that does not exist fails and changes nothing; "here" takes the
+// span onto this process and keeps it there (no retry of the preferred peer) until moved again.
+TEST(Span, APlannedMoveReplaysTheLogFirstAndKeepsTheBits) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  const int64_t V = m.hparams().n_vocab;
+  auto a = spawn_span(path, "1-3");
+  auto b = spawn_span(path, "1-3");
+  auto other = spawn_span(path, "0-2");
+  ASSERT_TRUE(a.is_ok() && b.is_ok() && other.is_ok());
+  SpanOptions o;
+  o.local_threads = 1;
+  o.timeout = std::chrono::milliseconds(20000);
+  o.retry_preferred = std::chrono::milliseconds(0);  // before every step: "here" must stay anyway
+  auto c = SpanClient::connect(m, {target(1, 3, {a->get()})}, o);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  std::shared_ptr<SpanClient> spans = *c;
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  // Two sequences: 5 + 2 cells in sequence 0, 3 in sequence 1.
+  const std::vector<int32_t> prompt = {4, 9, 27, 81, 5}, other_prompt = {7, 11, 13};
+  std::vector<float> x(prompt.size() * V), y(prompt.size() * V);
+  ASSERT_TRUE(ctx.decode(0, prompt.data(), 5, x.data()).is_ok());
+  ASSERT_TRUE(local.decode(0, prompt.data(), 5, y.data()).is_ok());
+  ASSERT_TRUE(ctx.decode(1, other_prompt.data(), 3, x.data()).is_ok());
+  ASSERT_TRUE(local.decode(1, other_prompt.data(), 3, y.data()).is_ok());
+  ASSERT_TRUE(same_bits(x, y));
+  int32_t t = 2;
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+
+  const std::string was = spans->where(0);
+  Status st = spans->move({1, 3}, (*other)->address().to_string());
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
+  EXPECT_NE(st.message().find("runs blocks 0-2"), std::string::npos) << st.to_string();
+  st = spans->move({2, 3}, (*b)->address().to_string());
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
+  EXPECT_NE(st.message().find("the spans are 1-3"), std::string::npos) << st.to_string();
+  EXPECT_FALSE(spans->move({1, 3}, "127.0.0.1:1").is_ok());
+  EXPECT_FALSE(spans->move({1, 3}, "not an address").is_ok());
+  EXPECT_EQ(spans->where(0), was);
+  EXPECT_EQ(spans->stats().moves, 0u);
+  ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, 2));
+
+  ASSERT_TRUE(spans->move({1, 3}, (*b)->address().to_string()).is_ok());
+  SpanStats s = spans->stats();
+  EXPECT_EQ(s.moves, 1u);
+  EXPECT_EQ(s.move_rows, 5u + 3u + 3u);  // every logged input of both sequences
+  EXPECT_NE(spans->where(0).find((*b)->address().to_string()), std::string::npos) << spans->where(0);
+  (*a)->kill_now();  // let go: its death is not noticed
+  for (int i = 3; i < 7; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  s = spans->stats();
+  EXPECT_EQ(s.resends, 0u) << "the new peer held every input before its first step";
+  EXPECT_EQ(s.replayed_rows, 0u);
+  EXPECT_EQ(s.failovers, 0u);
+
+  ASSERT_TRUE(spans->move({1, 3}, "here").is_ok());
+  EXPECT_EQ(spans->where(0), "1-3 here");
+  for (int i = 7; i < 10; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  EXPECT_EQ(spans->where(0), "1-3 here") << "a span moved here stays here";
+  s = spans->stats();
+  EXPECT_EQ(s.local_steps, 3u);
+  EXPECT_EQ(s.restored, 0u);
+  EXPECT_EQ(s.move_rows, 11u + 12u + 3u);  // sequence 0 now holds 5 + 7 cells
+
+  ASSERT_TRUE(spans->move({1, 3}, (*b)->address().to_string()).is_ok());
+  for (int i = 10; i < 12; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  s = spans->stats();
+  EXPECT_EQ(s.moves, 3u);
+  EXPECT_EQ(s.resends, 0u);
+  EXPECT_EQ(s.local_steps, 3u);
+  // Sequence 1 goes on where it was, on the peer it was never sent to directly since the moves.
+  std::vector<float> p(V), q(V);
+  const int32_t u = 6;
+  ASSERT_TRUE(ctx.decode(1, &u, 1, p.data()).is_ok());
+  ASSERT_TRUE(local.decode(1, &u, 1, q.data()).is_ok());
+  EXPECT_TRUE(same_bits(p, q));
+}
+
 // The CLI: `moesh run --span` prints the all-local tokens and reports one trip per span and
 // pass; bad --span values are refused with exit 2 or a clear error.
 TEST(Span, RunWithSpansPrintsTheLocalTokens) {

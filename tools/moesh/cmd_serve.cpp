@@ -37,6 +37,7 @@ struct ServeArgs {
   int64_t batch_tokens = 256;
   int max_queue = 256;
   std::string api_key;
+  std::string admin_key;
   std::string alias;
   int http_threads = 0;
   size_t max_body = 4u << 20;
@@ -119,6 +120,7 @@ int run_serve(const ServeArgs& a) {
   ho.host = a.host;
   ho.port = a.port;
   ho.api_key = a.api_key;
+  ho.admin_key = a.admin_key;
   ho.http_threads = a.http_threads;
   ho.max_body_bytes = a.max_body;
   ho.test_hooks = a.test_hooks;
@@ -190,6 +192,9 @@ const CommandRegistrar kRegisterServe{Command{
           ->check(CLI::Range(0, 1 << 20))
           ->capture_default_str();
       sub->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+      sub->add_option("--admin-key", a->admin_key,
+                      "Offer POST /swarm/spans/move (move a span to another peer or here while serving) to "
+                      "'Authorization: Bearer KEY'; without it that route answers 403");
       sub->add_option("--alias", a->alias, "Model name reported by the API (default: file name)");
       sub->add_option("--http-threads", a->http_threads,
                       "HTTP threads = most concurrent connections (default: max(64, 4*parallel+16))");

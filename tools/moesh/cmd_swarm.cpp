@@ -1,7 +1,8 @@
 // `moesh swarm status`: the gateway's registry of workers. `moesh swarm ledger`: reads the work
 // ledgers of a gateway and its workers over HTTP and, with --check, verifies that both sides of
 // every worker's account agree. `moesh swarm plan`: which role each peer should take (span or
-// expert holder) and the step time that predicts (docs/swarm.md).
+// expert holder) and the step time that predicts (docs/swarm.md). `moesh swarm move`: a planned
+// span move on a running gateway.
 #include <httplib.h>
 
 #include <cstdio>
@@ -24,6 +25,8 @@ struct SwarmArgs {
   bool check = false;
   bool json = false;
   int timeout_s = 10;
+  std::string move;       // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here
+  std::string admin_key;  // swarm move: the gateway's --admin-key
 };
 
 // "http://host:port[/...]" or "host:port" -> the base httplib::Client takes.
@@ -129,7 +132,8 @@ std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::str
 // Re-planning: what changes from a previous plan's roles to the new plan's, per peer, and the
 // slice each new role needs (cut with `moesh slice`; it carries the model identity, which the
 // backbone checks in the peer's HELLO before using it).
-nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& new_plan, const std::string& model) {
+nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& new_plan, const std::string& model,
+                          const std::string& gateway) {
   std::map<std::string, std::pair<std::string, std::string>> before, after;
   auto what = [](const nlohmann::json& r) -> std::string {
     if (r.contains("layers")) return r["layers"];
@@ -139,7 +143,11 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
   if (old_plan.contains("roles") && old_plan["roles"].is_array())
     for (const auto& r : old_plan["roles"])
       if (r.contains("peer") && r.contains("role")) before[r["peer"]] = {r["role"], what(r)};
-  for (const auto& r : new_plan["roles"]) after[r["peer"]] = {r["role"], what(r)};
+  std::map<std::string, std::string> addr;
+  for (const auto& r : new_plan["roles"]) {
+    after[r["peer"]] = {r["role"], what(r)};
+    if (r.contains("addr")) addr[r["peer"]] = r["addr"];
+  }
   const std::string mf = peer_model_file(model);
   nlohmann::json moves = nlohmann::json::array();
   for (const auto& [peer, role] : after) {
@@ -148,10 +156,19 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
         it == before.end() ? std::pair<std::string, std::string>{"absent", "-"} : it->second;
     if (was == role) continue;
     nlohmann::json mv{{"peer", peer}, {"from", was.first + " " + was.second}, {"to", role.first + " " + role.second}};
-    if (role.first == "span")
+    if (role.first == "span") {
       mv["slice"] = fmt::format("moesh slice -m {} --layers {} -o {}-span.gguf", mf, role.second, peer);
-    else if (role.first == "experts")
+      // A span the gateway already runs (the same blocks in the old plan) goes over live once the
+      // peer runs `moesh span` on the slice; new span edges need the backbone restarted.
+      bool live = false;
+      for (const auto& [p2, r2] : before) live |= r2.first == "span" && r2.second == role.second;
+      if (live)
+        mv["switch"] = fmt::format("moesh swarm move {} --span {}@{} --admin-key KEY",
+                                   gateway.empty() ? "http://GATEWAY:PORT" : gateway, role.second,
+                                   addr.count(peer) ? addr[peer] : "HOST:PORT");
+    } else if (role.first == "experts") {
       mv["slice"] = fmt::format("moesh slice -m {} --experts '{}' -o {}-experts.gguf", mf, role.second, peer);
+    }
     moves.push_back(mv);
   }
   for (const auto& [peer, role] : before)
@@ -190,7 +207,7 @@ int run_plan(const PlanCliArgs& a) {
     auto old_plan = nlohmann::json::parse(in, nullptr, false);
     if (old_plan.is_discarded() || !old_plan.is_object() || !old_plan.contains("roles"))
       return fail(make_error(StatusCode::kInvalidArgument, "--from {}: not a plan (moesh swarm plan --json)", a.from));
-    moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model);
+    moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model, a.status_url);
   }
   if (a.json) {
     nlohmann::json j = plan_to_json(*setup, *plan);
@@ -226,7 +243,49 @@ int run_plan(const PlanCliArgs& a) {
       if (mv.contains("slice"))
         std::printf("    transfer: %s (it carries the model identity the backbone checks at the handshake)\n",
                     std::string(mv["slice"]).c_str());
+      if (mv.contains("switch"))
+        std::printf("    switch: %s (where the gateway runs that span already: moved live, its inputs replayed)\n",
+                    std::string(mv["switch"]).c_str());
     }
+  }
+  return 0;
+}
+
+// `moesh swarm move URL --span 12-23@HOST:PORT --admin-key KEY`: a planned span move on a running
+// gateway (POST /swarm/spans/move; docs/serve.md#moving-a-span).
+int run_move(const SwarmArgs& a) {
+  const size_t at = a.move.find('@');
+  if (at == std::string::npos || at == 0 || at + 1 == a.move.size()) {
+    std::fprintf(stderr, "moesh swarm move: error: --span must be FIRST-LAST@HOST:PORT or FIRST-LAST@here, not '%s'\n",
+                 a.move.c_str());
+    return 2;
+  }
+  const nlohmann::json body = {{"layers", a.move.substr(0, at)}, {"to", a.move.substr(at + 1)}};
+  httplib::Client cli(base_url(a.urls.at(0)));
+  cli.set_connection_timeout(a.timeout_s, 0);
+  cli.set_read_timeout(a.timeout_s, 0);
+  httplib::Headers h;
+  if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
+  auto res = cli.Post("/swarm/spans/move", h, body.dump(), "application/json");
+  if (!res) {
+    std::fprintf(stderr, "moesh swarm move: error: %s/swarm/spans/move: %s\n", base_url(a.urls[0]).c_str(),
+                 httplib::to_string(res.error()).c_str());
+    return 1;
+  }
+  const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+  if (res->status != 200) {
+    const std::string why = j.is_object() && j.contains("error") && j["error"].contains("message")
+                                ? std::string(j["error"]["message"])
+                                : res->body;
+    std::fprintf(stderr, "moesh swarm move: error: HTTP %d: %s\n", res->status, why.c_str());
+    return 1;
+  }
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  if (j.is_object() && j.contains("spans")) {
+    for (const auto& sp : j["spans"]) std::printf("span %s\n", std::string(sp).c_str());
   }
   return 0;
 }
@@ -251,6 +310,18 @@ const CommandRegistrar kRegisterSwarm{Command{
       st->add_flag("--json", a->json, "Print the JSON document instead of the table");
       st->add_option("--timeout", a->timeout_s, "Seconds to wait");
       st->callback([which] { *which = "status"; });
+      CLI::App* mv = sub->add_subcommand(
+          "move", "Move a span of a running gateway to another span peer (or onto the gateway) while it serves");
+      mv->add_option("url", a->urls, "http://HOST:PORT of `moesh serve` (started with --admin-key)")
+          ->required()
+          ->expected(1);
+      mv->add_option("--span", a->move,
+                     "FIRST-LAST@HOST:PORT (a `moesh span` peer running those blocks) or FIRST-LAST@here")
+          ->required();
+      mv->add_option("--admin-key", a->admin_key, "The gateway's --admin-key");
+      mv->add_flag("--json", a->json, "Print the gateway's answer as JSON");
+      mv->add_option("--timeout", a->timeout_s, "Seconds to wait (the move replays every sequence's inputs first)");
+      mv->callback([which] { *which = "move"; });
       auto pa = std::make_shared<PlanCliArgs>();
       CLI::App* pl = sub->add_subcommand(
           "plan", "Which role each peer takes (span peer or expert holder) and the predicted step time");
@@ -260,6 +331,7 @@ const CommandRegistrar kRegisterSwarm{Command{
         if (*which == "plan") return run_plan(*pa);
         if (*which == "ledger") return run_ledger(*a);
         if (*which == "status") return run_status(*a);
+        if (*which == "move") return run_move(*a);
         return 2;
       };
     }}};

@@ -95,6 +95,8 @@ struct SpanStats {
   uint64_t chained_steps = 0;  // span steps completed inside a chain (counted in steps too)
   uint64_t awaits = 0;         // SPAN_AWAITs sent (counted in trips: one per span after the head)
   uint64_t chain_breaks = 0;   // chains finished star-style after a failure, a lack or a lost hop
+  uint64_t moves = 0;          // planned moves (SpanClient::move) completed
+  uint64_t move_rows = 0;      // logged inputs sent to warm the new runner of a move
 };
 
 // What the backbone sees of one span now (the dashboard's plan card).
@@ -125,6 +127,16 @@ class SpanClient final : public SpanRunner {
   void on_remove(int32_t seq) override;
   void on_clear() override;
 
+  // A planned move while running (re-planning, draining a peer; docs/span.md#moving-a-span): span
+  // `sp` goes to `to` ("HOST:PORT" in any WorkerAddress form, or "here": this process, which needs
+  // the blocks' weights in its file). The new runner is dialled (HELLO: the same model) and sent
+  // every sequence's logged inputs first — one SPAN_STEP per sequence, which also proves it runs
+  // exactly these blocks — and only then takes the span's steps; the old one is let go. The
+  // output stays what it was (the replayed inputs are the logged bits). `to` goes first in the
+  // span's peer list, the others stay as replacements. On failure nothing changes and the error
+  // says why. Steps wait while the inputs are replayed.
+  Status move(const LayerSpan& sp, const std::string& to);
+
   SpanStats stats() const;
   std::vector<SpanPeerView> peers_view() const;
   // Who runs span k now: "12-23 on 127.0.0.1:7001 (span-a)" or "12-23 here".
@@ -145,6 +157,11 @@ class SpanClient final : public SpanRunner {
   struct Part;  // one sequence of a step: its cells before it and its rows in the batch
   SpanClient(const Model& model, const SpanOptions& opts);
   Status trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* out);
+  // One SPAN_STEP round trip on a link (trip() for a peer; move() for a runner not yet in use).
+  Status link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out);
+  // The warm-up of a move: sequence seq's logged inputs of span k, all replayed but the last,
+  // which is sent as the step's one new row. Empty optional-like: n_rows 0 when nothing is logged.
+  Result<wire::SpanStepMsg> replay_message(int k, int32_t seq, uint64_t request_id);
   Status fail_over(int k, const Status& why);
   void retry_preferred(int k);
   // The step's sequences in order of appearance; each span's log cut back to where they start.

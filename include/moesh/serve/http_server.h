@@ -34,6 +34,9 @@ struct ServerOptions {
   int port = 8080;                   // 0: any free port (see HttpServer::port())
   std::string model_name = "moesh";  // reported by /v1/models and in every response
   std::string api_key;               // non-empty: /v1/* need "Authorization: Bearer <key>"
+  // Non-empty: POST /swarm/spans/move (re-planning while serving) with "Authorization: Bearer
+  // <key>"; empty: that route answers 403 (it sends hidden states wherever it is told).
+  std::string admin_key;
   size_t max_body_bytes = 4u << 20;  // larger bodies get 413
   int http_threads = 0;              // <= 0: max(64, 4 * slots + 16)
   int io_timeout_s = 30;             // socket read/write timeout of a connection
@@ -49,7 +52,7 @@ struct ServeTarget {
   const Tokenizer* tokenizer = nullptr;         // null: token-id prompts only, no text out
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
   const RemoteExecutor* remote = nullptr;       // null: no per-worker metrics
-  const SpanClient* spans = nullptr;            // null: no span peers (the dashboard's plan card)
+  SpanClient* spans = nullptr;                  // null: no span peers (the dashboard's plan card, moves)
 };
 
 class HttpServer {

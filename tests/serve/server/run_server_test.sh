@@ -762,6 +762,77 @@ expect_eq "$(echo "$body" | js 'j.choices[0].text')" "$before_text" "relayed wor
 expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.path).join(",")')" "relay,relay" \
   "swarm status shows the relay path"
 
+# ---- a span moved while serving: POST /swarm/spans/move warms the new peer, then switches ------
+start_span() {  # name layers ; sets SADDR and SPID
+  "$MOESH" span -m "$MODEL" --layers "$2" --listen 127.0.0.1:0 -t 1 --name "$1" >"$TMP/$1.log" 2>"$TMP/$1.log.err" &
+  SPID=$!
+  PIDS+=("$SPID")
+  SADDR="127.0.0.1:$(wait_port "$TMP/$1.log" "$SPID")"
+}
+start_span sa 1-1
+SA=$SADDR
+SA_PID=$SPID
+start_span sb 1-1
+SB=$SADDR
+start_server spans -m "$MODEL" --span "1-1@$SA" --parallel 2 -c 4096 --threads 2 --admin-key s3cret
+move() {  # key body -> status in $TMP/status, body in $TMP/body
+  curl -sS -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' -H "Authorization: Bearer $1" \
+    --data-binary "$2" "$BASE/swarm/spans/move" >"$TMP/status"
+}
+# A conversation in flight: its first turn on sa, the next after the move (its cells replayed to sb).
+CONV='{"messages":[{"role":"user","content":"Tell me a story."}],"max_tokens":12,"temperature":0,"ignore_eos":true}'
+post /v1/chat/completions "$CONV" >"$TMP/conv_before"
+expect_eq "$(status)" "200" "spans: a chat turn on span peer sa"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$(cat "$TMP/ref.0")" "spans: greedy text 0 on sa equals the local server's"
+move wrong '{"layers":"1-1","to":"'"$SB"'"}'
+expect_eq "$(status)" "401" "spans: a move with a wrong admin key is refused"
+move s3cret '{"layers":"1-1"}'
+expect_eq "$(status)" "400" "spans: a move without a target is refused"
+move s3cret '{"layers":"0-0","to":"'"$SB"'"}'
+expect_eq "$(status)" "400" "spans: a move of a span the gateway does not run is refused"
+move s3cret '{"layers":"1-1","to":"127.0.0.1:1"}'
+expect_eq "$(status)" "502" "spans: a move to an unreachable peer fails"
+js 'j.error.message' <"$TMP/body" | grep -q "127.0.0.1:1" || fail "spans: the failed move names the peer: $(cat "$TMP/body")"
+ok "spans: the failed move names the peer"
+move s3cret '{"layers":"1-1","to":"'"$SB"'"}'
+expect_eq "$(status)" "200" "spans: span 1-1 moved to sb"
+expect_eq "$(js 'j.spans[0].includes("(sb)") && j.moves' <"$TMP/body")" "1" "spans: the gateway reports the span on sb"
+kill "$SA_PID"  # let go: the next requests never notice
+wait "$SA_PID" 2>/dev/null || true
+# The conversation's next turn (its prefix cached on the gateway, its cells on sb by the replay):
+# the same reply as the local server gives.
+REPLY=$(js 'j.choices[0].message.content' <"$TMP/conv_before")
+CONV2=$(node -e 'const r=process.argv[1]; process.stdout.write(JSON.stringify({messages:[
+  {role:"user",content:"Tell me a story."},{role:"assistant",content:r},{role:"user",content:"Go on."}],
+  max_tokens:12,temperature:0,ignore_eos:true}))' "$REPLY")
+post /v1/chat/completions "$CONV2" >"$TMP/conv_after"
+expect_eq "$(status)" "200" "spans: the next chat turn on sb"
+SPANS_BASE=$BASE
+BASE=$LOCAL_BASE
+post /v1/chat/completions "$CONV2" >"$TMP/conv_local"
+BASE=$SPANS_BASE
+expect_eq "$(js 'j.choices[0].message.content' <"$TMP/conv_after")" "$(js 'j.choices[0].message.content' <"$TMP/conv_local")" \
+  "spans: the next chat turn after the move equals the local server's"
+for i in "${!PROMPTS[@]}"; do
+  expect_eq "$(greedy "${PROMPTS[$i]}" 16)" "$(cat "$TMP/ref.$i")" "spans: greedy text $i on sb equals the local server's"
+done
+curl -sS "$BASE/metrics" >"$TMP/spans_metrics"
+grep -q '^moesh_span_moves_total 1$' "$TMP/spans_metrics" || fail "spans: /metrics moves: $(grep moves "$TMP/spans_metrics")"
+grep -q '^moesh_span_failovers_total 0$' "$TMP/spans_metrics" || fail "spans: a failover after the move"
+ok "spans: /metrics counts the move and no failover"
+"$MOESH" swarm move "$BASE" --span 1-1@here --admin-key s3cret >"$TMP/move_here.out" ||
+  fail "swarm move --span 1-1@here: $(cat "$TMP/move_here.out")"
+expect_eq "$(cat "$TMP/move_here.out")" "span 1-1 here" "spans: moesh swarm move put span 1-1 here"
+if "$MOESH" swarm move "$BASE" --span 1-1@here --admin-key nope 2>"$TMP/move_bad.err"; then
+  fail "swarm move with a wrong key succeeded"
+fi
+grep -q "HTTP 401: invalid or missing admin key" "$TMP/move_bad.err" || fail "swarm move error: $(cat "$TMP/move_bad.err")"
+ok "spans: moesh swarm move reports the gateway's refusal"
+expect_eq "$(greedy "${PROMPTS[1]}" 16)" "$(cat "$TMP/ref.1")" "spans: greedy text 1 here equals the local server's"
+start_server spans_open -m "$MODEL" --span "1-1@$SB" --parallel 1 -c 4096 --threads 1
+move s3cret '{"layers":"1-1","to":"here"}'
+expect_eq "$(status)" "403" "spans: without --admin-key the move route is off"
+
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
   exit 77
