@@ -3,18 +3,22 @@
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <random>
 
 #include "moesh/model/span.h"
 #include "moesh/serve/ledger.h"
+#include "moesh/swarm/swarm.h"
 #include "moesh/text/json_grammar.h"
 #include "moesh/text/output_grammar.h"
 #include "serve/dashboard.h"
@@ -137,6 +141,9 @@ struct HttpServer::Impl {
   std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();
 
   bool authorized(const httplib::Request& req, httplib::Response& res);
+  // The admin routes (span moves, slices): only with --admin-key, and only to its bearer; `what`
+  // names the routes in the 403.
+  bool admin(const httplib::Request& req, httplib::Response& res, const char* what);
   OutputFormat out_fmt;                            // how the chat template's model writes reasoning and tool calls
   bool object_args = false;                        // the template wants tool-call arguments as objects
   bool no_null_content = false;                    // the template fails on content null (tool-call turns)
@@ -180,6 +187,28 @@ bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response
   e.message = "invalid or missing API key (send 'Authorization: Bearer <key>')";
   e.code = "invalid_api_key";
   send_error(res, e);
+  return false;
+}
+
+namespace {
+void send_admin_error(httplib::Response& res, int http, const std::string& code, const std::string& msg) {
+  ApiError e;
+  e.type = "invalid_request_error";
+  e.http_status = http;
+  e.code = code;
+  e.message = msg;
+  send_error(res, e);
+}
+}  // namespace
+
+bool HttpServer::Impl::admin(const httplib::Request& req, httplib::Response& res, const char* what) {
+  if (opts.admin_key.empty()) {
+    send_admin_error(res, 403, "admin_off", fmt::format("{} are off: start moesh serve with --admin-key KEY", what));
+    return false;
+  }
+  if (req.get_header_value("Authorization") == "Bearer " + opts.admin_key) return true;
+  send_admin_error(res, 401, "invalid_admin_key",
+                   "invalid or missing admin key (send 'Authorization: Bearer <admin key>')");
   return false;
 }
 
@@ -740,24 +769,50 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     res.set_content(dashboard_json(m->t.scheduler->stats(), m->t.remote, t, m->t.model, m->t.spans).dump(),
                     "application/json");
   });
+  // The slice a span peer needs (`moesh span --fetch`; docs/serve.md#moving-a-span): cut from this
+  // gateway's model file into a temporary file, streamed, its XXH3-128 in X-Moesh-Slice-Hash so the
+  // peer can check its download. Admin only: it hands out weights.
+  svr.Get("/swarm/slice", [m](const httplib::Request& req, httplib::Response& res) {
+    auto fail = [&](int http, std::string code, std::string msg) { send_admin_error(res, http, code, msg); };
+    if (!m->admin(req, res, "slices")) return;
+    auto sp = parse_layer_span(req.get_param_value("layers"));
+    if (!sp) return fail(400, "invalid_layers", sp.status().message());
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = std::string(tmp != nullptr && *tmp != 0 ? tmp : "/var/tmp") + "/moesh-slice-XXXXXX";
+    const int fd = ::mkstemp(path.data());
+    if (fd < 0) return fail(500, "slice_failed", fmt::format("cannot make a temporary file {}", path));
+    ::close(fd);
+    Status st = swarm::write_span_slice(m->t.model->file(), sp->first, sp->last, path);
+    auto hash = st.is_ok() ? swarm::file_hash_hex(path) : Result<std::string>(st);
+    std::error_code ec;
+    const uint64_t size = hash ? std::filesystem::file_size(path, ec) : 0;
+    if (!hash || ec) {
+      std::filesystem::remove(path, ec);
+      return fail(hash.status().code() == StatusCode::kInvalidArgument ? 409 : 500, "slice_failed",
+                  hash ? std::string("cannot size the slice") : hash.status().message());
+    }
+    res.set_header("X-Moesh-Slice-Hash", *hash);
+    auto in = std::make_shared<std::ifstream>(path, std::ios::binary);
+    res.set_content_provider(
+        size, "application/octet-stream",
+        [in](size_t offset, size_t length, httplib::DataSink& sink) {
+          std::vector<char> buf(std::min<size_t>(length, size_t{1} << 20));
+          in->seekg(static_cast<std::streamoff>(offset));
+          in->read(buf.data(), static_cast<std::streamsize>(buf.size()));
+          const std::streamsize got = in->gcount();
+          return got > 0 && sink.write(buf.data(), static_cast<size_t>(got));
+        },
+        [path](bool) {
+          std::error_code rm;
+          std::filesystem::remove(path, rm);
+        });
+  });
   // A planned move of a span (re-planning while serving, docs/serve.md#moving-a-span): body
   // {"layers": "12-23", "to": "HOST:PORT" | "here"}. Only with --admin-key: it redirects hidden
   // states, so an open gateway must not offer it.
   svr.Post("/swarm/spans/move", [m](const httplib::Request& req, httplib::Response& res) {
-    ApiError e;
-    e.type = "invalid_request_error";
-    auto fail = [&](int http, std::string code, std::string msg) {
-      e.http_status = http;
-      e.code = std::move(code);
-      e.message = std::move(msg);
-      send_error(res, e);
-    };
-    if (m->opts.admin_key.empty()) {
-      return fail(403, "admin_off", "span moves are off: start moesh serve with --admin-key KEY");
-    }
-    if (req.get_header_value("Authorization") != "Bearer " + m->opts.admin_key) {
-      return fail(401, "invalid_admin_key", "invalid or missing admin key (send 'Authorization: Bearer <admin key>')");
-    }
+    auto fail = [&](int http, std::string code, std::string msg) { send_admin_error(res, http, code, msg); };
+    if (!m->admin(req, res, "span moves")) return;
     if (m->t.spans == nullptr) return fail(404, "no_spans", "this gateway runs no layer spans (--span)");
     const json body = json::parse(req.body, nullptr, false);
     if (!body.is_object() || !body.contains("layers") || !body["layers"].is_string() || !body.contains("to") ||

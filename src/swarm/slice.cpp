@@ -417,4 +417,20 @@ Result<ExpertTensorLayout> expert_tensor_layout(const gguf::File& f, const std::
   return l;
 }
 
+Result<std::string> file_hash_hex(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return make_error(StatusCode::kIoError, "cannot open {}: {}", path, std::strerror(errno));
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  std::vector<uint8_t> buf(size_t{1} << 20);
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) XXH3_128bits_update(st, buf.data(), n);
+  const bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  if (bad) return make_error(StatusCode::kIoError, "cannot read {}", path);
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
 }  // namespace moesh::swarm

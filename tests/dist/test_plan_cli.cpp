@@ -260,6 +260,8 @@ TEST(PlanCli, ReplanningListsTheMovesFromThePreviousPlan) {
     ASSERT_TRUE(mv.contains("switch")) << mv.dump();
     EXPECT_EQ(mv["switch"],
               "moesh swarm move http://GATEWAY:PORT --span " + a_layers + "@10.0.0.7:7001 --admin-key KEY");
+    EXPECT_EQ(mv["fetch"], "moesh span --fetch http://GATEWAY:PORT --admin-key KEY --layers " + a_layers +
+                               " --listen 10.0.0.7:7001");
     c_switch = true;
   }
   EXPECT_TRUE(c_switch) << swapped.out;

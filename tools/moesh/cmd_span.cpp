@@ -4,8 +4,13 @@
 // KV cache: a backbone started with --span FIRST-LAST@HOST:PORT sends it the rows entering the
 // span once per step and gets back the rows leaving it. It serves the span's routed experts as an
 // expert worker too, and may send its own MoE layers' experts to expert workers (--worker).
+#include <httplib.h>
+
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "command.h"
@@ -22,6 +27,9 @@ namespace {
 struct SpanArgs {
   LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   std::string model;
+  std::string fetch;      // --fetch URL: the span slice from a gateway (GET /swarm/slice)
+  std::string admin_key;  // its --admin-key
+  std::string slice_dir;  // where the fetched slice is kept
   std::string layers;
   std::string listen = "127.0.0.1:0";
   int threads = 0;
@@ -36,6 +44,79 @@ struct SpanArgs {
 };
 
 swarm::Worker* g_span_worker = nullptr;
+
+// --fetch: downloads the span slice of blocks `sp` from a gateway into dir (a .part file renamed
+// into place only once its XXH3-128 equals the one the gateway sent), so the peer starts from
+// exactly the weights the gateway's file holds. The model identity in the slice is then checked
+// by every backbone at the handshake. Returns the slice's path.
+Result<std::string> fetch_span_slice(const SpanArgs& a, const LayerSpan& sp) {
+  std::string url = a.fetch;
+  if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0) url = "http://" + url;
+  const size_t slash = url.find('/', url.find("//") + 2);
+  if (slash != std::string::npos) url = url.substr(0, slash);
+  std::string dir = a.slice_dir;
+  if (dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    dir = tmp != nullptr && *tmp != 0 ? tmp : "/var/tmp";
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string out = fmt::format("{}/span-{}-{}.gguf", dir, sp.first, sp.last);
+  const std::string part = out + ".part";
+  std::ofstream f(part, std::ios::binary | std::ios::trunc);
+  if (!f) return make_error(StatusCode::kIoError, "cannot write {}", part);
+  httplib::Client cli(url);
+  cli.set_connection_timeout(10, 0);
+  cli.set_read_timeout(300, 0);  // the gateway cuts the slice before the first byte
+  httplib::Headers h;
+  if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
+  uint64_t bytes = 0;
+  int status = 0;
+  std::string error_body;  // a refusal's JSON (bounded)
+  auto res = cli.Get(
+      fmt::format("/swarm/slice?layers={}-{}", sp.first, sp.last), h,
+      [&](const httplib::Response& r) {
+        status = r.status;
+        return true;
+      },
+      [&](const char* data, size_t n) {
+        if (status != 200) {
+          error_body.append(data, std::min(n, size_t{65536} - std::min(error_body.size(), size_t{65536})));
+          return true;
+        }
+        f.write(data, static_cast<std::streamsize>(n));
+        bytes += n;
+        return static_cast<bool>(f);
+      });
+  f.close();
+  auto drop = [&](Status st) {
+    std::filesystem::remove(part, ec);
+    return st;
+  };
+  if (!res) {
+    return drop(make_error(StatusCode::kUnavailable, "{}/swarm/slice: {}", url, httplib::to_string(res.error())));
+  }
+  if (res->status != 200) {
+    const nlohmann::json j = nlohmann::json::parse(error_body, nullptr, false);
+    const std::string why = j.is_object() && j.contains("error") && j["error"].contains("message")
+                                ? std::string(j["error"]["message"])
+                                : error_body;
+    return drop(make_error(StatusCode::kUnavailable, "{}/swarm/slice: HTTP {}: {}", url, res->status, why));
+  }
+  if (!f) return drop(make_error(StatusCode::kIoError, "cannot write {}", part));
+  const std::string want = res->get_header_value("X-Moesh-Slice-Hash");
+  auto got = swarm::file_hash_hex(part);
+  if (!got) return drop(got.status());
+  if (want.empty() || *got != want) {
+    return drop(make_error(StatusCode::kCorrupt, "the slice from {} ({} bytes) hashes to {}, the gateway sent {}", url,
+                           bytes, *got, want.empty() ? std::string("no hash") : want));
+  }
+  std::filesystem::rename(part, out, ec);
+  if (ec) return drop(make_error(StatusCode::kIoError, "cannot rename {} to {}: {}", part, out, ec.message()));
+  std::fprintf(stderr, "moesh span: fetched %s (%.1f MiB, xxh3-128 %s) from %s\n", out.c_str(), bytes / 1048576.0,
+               got->c_str(), url.c_str());
+  return out;
+}
 
 extern "C" void on_span_stop_signal(int) {
   if (g_span_worker != nullptr) g_span_worker->stop();
@@ -52,7 +133,15 @@ int run_span(const SpanArgs& a) {
   if (!span) return fail(span.status().with_context("--layers"));
   auto where = parse_listen_address(a.listen);
   if (!where) return fail(make_error(StatusCode::kInvalidArgument, "--listen '{}' is not HOST:PORT", a.listen));
-  auto model = load_model_or_report(a.model, false, "span", a.memory);
+  if (a.model.empty() == a.fetch.empty())
+    return fail(make_error(StatusCode::kInvalidArgument, "give exactly one of -m MODEL and --fetch GATEWAY"));
+  std::string model_path = a.model;
+  if (!a.fetch.empty()) {
+    auto got = fetch_span_slice(a, *span);
+    if (!got) return fail(got.status().with_context("--fetch"));
+    model_path = *got;
+  }
+  auto model = load_model_or_report(model_path, false, "span", a.memory);
   if (!model) return 1;
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "span", &remote)) return 1;
@@ -67,7 +156,7 @@ int run_span(const SpanArgs& a) {
   if (!host) return fail(host.status());
 
   // The span's routed experts, served to backbones as an expert worker as well.
-  auto file = gguf::File::open(a.model);
+  auto file = gguf::File::open(model_path);
   if (!file) return fail(file.status());
   auto shape = swarm::model_shape(**file);
   if (!shape) return fail(shape.status());
@@ -118,7 +207,7 @@ int run_span(const SpanArgs& a) {
   for (const std::string& w : wan::check_host_tcp_settings(a.swarm.congestion)) {
     std::fprintf(stderr, "moesh span: warning: %s\n", w.c_str());
   }
-  std::printf("model %s (id %s)\n", a.model.c_str(), (*store)->identity().hex().c_str());
+  std::printf("model %s (id %s)\n", model_path.c_str(), (*store)->identity().hex().c_str());
   std::printf("span: blocks %d-%d of %lld\n", span->first, span->last,
               static_cast<long long>(model->hparams().n_layer));
   std::printf("held experts: %llu (%s)\n", static_cast<unsigned long long>((*store)->held().n_pairs()),
@@ -160,7 +249,13 @@ const CommandRegistrar kRegisterSpan{Command{
     "span", "Run blocks FIRST-LAST of a model for backbones (a span peer; backbones use --span)",
     [](CLI::App* sub) -> std::function<int()> {
       auto a = std::make_shared<SpanArgs>();
-      sub->add_option("-m,--model", a->model, "Model GGUF")->required();
+      sub->add_option("-m,--model", a->model, "Model GGUF (or a span slice of it)");
+      sub->add_option("--fetch", a->fetch,
+                      "Instead of -m: download the span slice from a gateway (http://HOST:PORT of moesh serve "
+                      "--admin-key), checked by hash");
+      sub->add_option("--admin-key", a->admin_key, "The gateway's --admin-key (with --fetch)");
+      sub->add_option("--slice-dir", a->slice_dir,
+                      "Where --fetch keeps the slice (default $TMPDIR, else /var/tmp): span-FIRST-LAST.gguf");
       add_memory_flags(sub, &a->memory);
       sub->add_option("--layers", a->layers, "Blocks to run: FIRST-LAST (e.g. 12-23)")->required();
       sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)")->capture_default_str();

@@ -158,6 +158,10 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
     nlohmann::json mv{{"peer", peer}, {"from", was.first + " " + was.second}, {"to", role.first + " " + role.second}};
     if (role.first == "span") {
       mv["slice"] = fmt::format("moesh slice -m {} --layers {} -o {}-span.gguf", mf, role.second, peer);
+      // Or the peer fetches the slice from the gateway itself (cut there, checked by hash).
+      mv["fetch"] = fmt::format("moesh span --fetch {} --admin-key KEY --layers {} --listen {}",
+                                gateway.empty() ? "http://GATEWAY:PORT" : gateway, role.second,
+                                addr.count(peer) ? addr[peer] : "HOST:PORT");
       // A span the gateway already runs (the same blocks in the old plan) goes over live once the
       // peer runs `moesh span` on the slice; new span edges need the backbone restarted.
       bool live = false;
@@ -243,6 +247,9 @@ int run_plan(const PlanCliArgs& a) {
       if (mv.contains("slice"))
         std::printf("    transfer: %s (it carries the model identity the backbone checks at the handshake)\n",
                     std::string(mv["slice"]).c_str());
+      if (mv.contains("fetch"))
+        std::printf("    or, on the peer: %s (the gateway cuts the slice; checked by hash)\n",
+                    std::string(mv["fetch"]).c_str());
       if (mv.contains("switch"))
         std::printf("    switch: %s (where the gateway runs that span already: moved live, its inputs replayed)\n",
                     std::string(mv["switch"]).c_str());

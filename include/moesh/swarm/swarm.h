@@ -215,6 +215,9 @@ Status write_backbone_slice(const gguf::File& model, const std::string& out);
 // global tensors the blocks read (norms, rope factors; not token_embd / output), the metadata,
 // kind = span, the span, MoE layers and the identity. Model::load binds only those blocks.
 Status write_span_slice(const gguf::File& model, int first, int last, const std::string& out);
+// XXH3-128 of a whole file as 32 hex digits: what a gateway sends with a slice it cuts for a peer
+// (`GET /swarm/slice`) and the peer checks its download against (`moesh span --fetch`).
+Result<std::string> file_hash_hex(const std::string& path);
 // Replicas (wire STORE): checks one expert's slabs against the model `f` describes — each tensor's
 // type and 2-D shape against the stacked tensor's layout, its bytes' hash against the model's own
 // slab hash (a full model's data, or the arrays every slice carries for every stacked tensor) —

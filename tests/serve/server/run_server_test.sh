@@ -820,6 +820,40 @@ curl -sS "$BASE/metrics" >"$TMP/spans_metrics"
 grep -q '^moesh_span_moves_total 1$' "$TMP/spans_metrics" || fail "spans: /metrics moves: $(grep moves "$TMP/spans_metrics")"
 grep -q '^moesh_span_failovers_total 0$' "$TMP/spans_metrics" || fail "spans: a failover after the move"
 ok "spans: /metrics counts the move and no failover"
+# A peer with no model file: it fetches its span slice from the gateway (checked by hash), then
+# takes the span over live.
+if "$MOESH" span --fetch "$BASE" --admin-key nope --layers 1-1 --slice-dir "$TMP/sc" >/dev/null 2>"$TMP/sc_bad.err"; then
+  fail "span --fetch with a wrong admin key started"
+fi
+grep -q "HTTP 401" "$TMP/sc_bad.err" || fail "span --fetch error: $(cat "$TMP/sc_bad.err")"
+[ ! -e "$TMP/sc/span-1-1.gguf.part" ] && [ ! -e "$TMP/sc/span-1-1.gguf" ] || fail "a refused fetch left a file"
+ok "spans: span --fetch with a wrong key is refused and leaves nothing"
+# A download that does not hash to what the gateway announced is dropped (a stand-in gateway whose
+# body and hash disagree).
+node -e 'require("http").createServer((q, r) => {
+    r.writeHead(200, {"X-Moesh-Slice-Hash": "0123456789abcdef0123456789abcdef"}); r.end("not the slice");
+  }).listen(0, "127.0.0.1", function () { console.log("listening on 127.0.0.1:" + this.address().port); });' \
+  >"$TMP/fake_gw.log" 2>&1 &
+FPID=$!
+PIDS+=("$FPID")
+FAKE="127.0.0.1:$(wait_port "$TMP/fake_gw.log" "$FPID")"
+if "$MOESH" span --fetch "$FAKE" --layers 1-1 --slice-dir "$TMP/sf" >/dev/null 2>"$TMP/sf.err"; then
+  fail "span --fetch accepted a slice with the wrong hash"
+fi
+grep -q "hashes to .*, the gateway sent 0123456789abcdef0123456789abcdef" "$TMP/sf.err" ||
+  fail "span --fetch hash error: $(cat "$TMP/sf.err")"
+[ -z "$(ls -A "$TMP/sf")" ] || fail "a slice that failed its hash was kept: $(ls "$TMP/sf")"
+ok "spans: span --fetch drops a download that fails its hash"
+"$MOESH" span --fetch "$BASE" --admin-key s3cret --layers 1-1 --slice-dir "$TMP/sc" --listen 127.0.0.1:0 -t 1 \
+  --name sc >"$TMP/sc.log" 2>"$TMP/sc.log.err" &
+SPID=$!
+PIDS+=("$SPID")
+SC="127.0.0.1:$(wait_port "$TMP/sc.log" "$SPID")"
+grep -q "fetched .*/sc/span-1-1.gguf" "$TMP/sc.log.err" || fail "span --fetch: $(cat "$TMP/sc.log.err")"
+ok "spans: span --fetch downloaded and checked its slice"
+"$MOESH" swarm move "$BASE" --span "1-1@$SC" --admin-key s3cret >"$TMP/move_sc.out" ||
+  fail "swarm move to the fetched peer: $(cat "$TMP/move_sc.out")"
+expect_eq "$(greedy "${PROMPTS[2]}" 16)" "$(cat "$TMP/ref.2")" "spans: greedy text 2 on the fetched peer equals the local server's"
 "$MOESH" swarm move "$BASE" --span 1-1@here --admin-key s3cret >"$TMP/move_here.out" ||
   fail "swarm move --span 1-1@here: $(cat "$TMP/move_here.out")"
 expect_eq "$(cat "$TMP/move_here.out")" "span 1-1 here" "spans: moesh swarm move put span 1-1 here"
