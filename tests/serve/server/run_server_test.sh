@@ -854,6 +854,30 @@ ok "spans: span --fetch downloaded and checked its slice"
 "$MOESH" swarm move "$BASE" --span "1-1@$SC" --admin-key s3cret >"$TMP/move_sc.out" ||
   fail "swarm move to the fetched peer: $(cat "$TMP/move_sc.out")"
 expect_eq "$(greedy "${PROMPTS[2]}" 16)" "$(cat "$TMP/ref.2")" "spans: greedy text 2 on the fetched peer equals the local server's"
+# A move while a long stream is in flight: the stream waits for the replay and goes on with the
+# local server's text (nothing restarts).
+LONG='{"prompt":"Once upon a time","max_tokens":1000,"temperature":0,"ignore_eos":true,"stream":true}'
+curl -sS -N -H 'Content-Type: application/json' --data-binary "$LONG" "$BASE/v1/completions" >"$TMP/long_sse" &
+LONG_PID=$!
+while [ "$(grep -c '^data: {' "$TMP/long_sse" 2>/dev/null || true)" -lt 20 ]; do
+  kill -0 "$LONG_PID" 2>/dev/null || break
+  sleep 0.05
+done
+"$MOESH" swarm move "$BASE" --span "1-1@$SB" --admin-key s3cret >"$TMP/move_mid.out" ||
+  fail "swarm move mid-stream: $(cat "$TMP/move_mid.out")"
+at_move=$(grep -c '^data: {' "$TMP/long_sse" || true)
+wait "$LONG_PID" || fail "the stream in flight during the move failed"
+[ "$at_move" -lt "$(grep -c '^data: {' "$TMP/long_sse")" ] || fail "the stream had ended when the move returned"
+streamed=$(node -e 'const t = require("fs").readFileSync(process.argv[1], "utf8").split("\n")
+  .filter(l => l.startsWith("data: {")).map(l => JSON.parse(l.slice(6)).choices[0].text).join("");
+  process.stdout.write(t);' "$TMP/long_sse")
+SPANS_BASE=$BASE
+BASE=$LOCAL_BASE
+want_long=$(post /v1/completions '{"prompt":"Once upon a time","max_tokens":1000,"temperature":0,"ignore_eos":true}' |
+  js 'j.choices[0].text')
+BASE=$SPANS_BASE
+[ "$(grep -c '^data: {' "$TMP/long_sse")" -ge 20 ] || fail "the stream ended before the move"
+expect_eq "$streamed" "$want_long" "spans: a stream in flight across a move has the local server's text"
 "$MOESH" swarm move "$BASE" --span 1-1@here --admin-key s3cret >"$TMP/move_here.out" ||
   fail "swarm move --span 1-1@here: $(cat "$TMP/move_here.out")"
 expect_eq "$(cat "$TMP/move_here.out")" "span 1-1 here" "spans: moesh swarm move put span 1-1 here"
