@@ -270,7 +270,7 @@ Status SpanClient::trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* 
     return Status::ok();
   }
   const auto t0 = std::chrono::steady_clock::now();
-  MOESH_RETURN_IF_ERROR(link_trip(*r.link, m, out));
+  MOESH_RETURN_IF_ERROR(link_trip(*r.link, m, out, &stats_));
   std::lock_guard<std::mutex> vl(view_mu_);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++r.view.trips;
@@ -279,19 +279,20 @@ Status SpanClient::trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* 
   return Status::ok();
 }
 
-Status SpanClient::link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out) {
+Status SpanClient::link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out,
+                             SpanStats* counts) {
   auto frame = wire::encode_span_step(m);
   if (!frame) return frame.status();
   if (frame->size() - wire::kHeaderBytes > link.session.max_send_bytes) {
     return make_error(StatusCode::kOutOfRange, "{}: a SPAN_STEP of {} bytes exceeds its frame limit", link.label,
                       frame->size());
   }
-  stats_.bytes_sent += frame->size();
+  counts->bytes_sent += frame->size();
   const net::Deadline deadline = net::deadline_in(opts_.timeout);
   MOESH_RETURN_IF_ERROR(link.mux->start(m.request_id, *frame, deadline).with_context(link.label));
   auto reply = link.mux->wait(m.request_id, deadline);
   if (!reply) return reply.status().with_context(link.label);
-  stats_.bytes_received += wire::kHeaderBytes + reply->payload.size();
+  counts->bytes_received += wire::kHeaderBytes + reply->payload.size();
   wire::DecodeLimits lim = link.limits;
   auto res = wire::decode_span_result(*reply, lim);
   if (!res) return res.status().with_context(link.label);
@@ -299,27 +300,24 @@ Status SpanClient::link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire:
   return Status::ok();
 }
 
-Result<wire::SpanStepMsg> SpanClient::replay_message(int k, int32_t seq, uint64_t request_id) {
+Result<wire::SpanStepMsg> SpanClient::replay_message(int k, const RowLog& rows_in, const std::vector<int64_t>& pos,
+                                                     int32_t seq, uint64_t request_id) const {
   const size_t ks = static_cast<size_t>(k);
   const int64_t D = width_in(k);
+  const int64_t n = static_cast<int64_t>(pos.size());
   wire::SpanStepMsg m;
   m.request_id = request_id;
   m.first = static_cast<uint32_t>(spans_[ks].first);
   m.last = static_cast<uint32_t>(spans_[ks].last);
   m.return_dtype = opts_.return_wire;
-  auto it = logs_.find(seq);
-  const int64_t n =
-      it == logs_.end() || it->second.chain.size() <= ks ? 0 : static_cast<int64_t>(it->second.chain[ks].size());
-  if (n == 0) return m;
-  const SeqLog& log = it->second;
   wire::SpanSeq q;
   q.seq = seq;
   q.n_replay = static_cast<uint32_t>(n - 1);
   q.n_new = 1;
   m.seqs.push_back(q);
   std::vector<float> rows(static_cast<size_t>(n * D));
-  MOESH_RETURN_IF_ERROR(log.rows[ks].read(0, n, rows.data()));
-  m.pos = log.pos[ks];
+  MOESH_RETURN_IF_ERROR(rows_in.read(0, n, rows.data()));
+  m.pos = pos;
   m.cut.assign(static_cast<size_t>(n), 0);
   // The logged rows are the bits sent before (rounded to the wire then), so they re-encode exactly.
   MOESH_ASSIGN_OR_RETURN(
@@ -359,38 +357,63 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
     link->limits.max_n_embd = span_row_limit();
   }
   const std::string label = here ? std::string("here") : link->label;
-  std::lock_guard<std::mutex> lk(mu_);
-  Runner& r = *runners_[static_cast<size_t>(k)];
-  // Warm it: every sequence's inputs so far, so the first step it takes needs no replay.
+  std::lock_guard<std::mutex> one_move(move_mu_);
+  // Phase 1: a snapshot of every sequence's inputs (prefix() shares the logged rows), replayed to
+  // the new runner while the span's steps go on on the old one.
+  struct Snapshot {
+    int32_t seq;
+    RowLog rows;
+    std::vector<int64_t> pos;
+  };
+  std::vector<Snapshot> snaps;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [seq, log] : logs_) {
+      if (log.chain.size() <= static_cast<size_t>(k) || log.pos[static_cast<size_t>(k)].empty()) continue;
+      const std::vector<int64_t>& pos = log.pos[static_cast<size_t>(k)];
+      snaps.push_back({seq, log.rows[static_cast<size_t>(k)].prefix(static_cast<int64_t>(pos.size())), pos});
+    }
+  }
   std::map<int32_t, int64_t> has;
-  uint64_t rows_sent = 0;
-  for (const auto& [seq, log] : logs_) {
-    const uint64_t id = link ? link->mux->next_request_id() : stats_.trips + 1;
-    auto m = replay_message(k, seq, id);
+  SpanStats counts;
+  for (const Snapshot& sn : snaps) {
+    const uint64_t id = link ? link->mux->next_request_id() : uint64_t{1};
+    auto m = replay_message(k, sn.rows, sn.pos, sn.seq, id);
     Status st = m.status();
     wire::SpanResultMsg res;
-    if (st.is_ok() && m->n_rows() == 0) continue;
     if (st.is_ok()) {
       if (local) {
         auto got = local->step(opts_.name, *m);
         st = got.status();
         if (got) res = std::move(*got);
       } else {
-        st = link_trip(*link, *m, &res);
+        st = link_trip(*link, *m, &res, &counts);
       }
     }
     if (st.is_ok() && (!res.need.empty() || res.rows.n_rows != 1)) {
-      st = make_error(StatusCode::kCorrupt, "{} answered a replay of sequence {} with {} rows and {} lacks", label, seq,
-                      res.rows.n_rows, res.need.size());
+      st = make_error(StatusCode::kCorrupt, "{} answered a replay of sequence {} with {} rows and {} lacks", label,
+                      sn.seq, res.rows.n_rows, res.need.size());
     }
     if (!st.is_ok()) {
       if (link) link->shut_down();
       return st.with_context(
-          fmt::format("moving span {}-{} to {}: replaying sequence {}", sp.first, sp.last, label, seq));
+          fmt::format("moving span {}-{} to {}: replaying sequence {}", sp.first, sp.last, label, sn.seq));
     }
-    has[seq] = static_cast<int64_t>(m->n_rows());
-    rows_sent += m->n_rows();
+    has[sn.seq] = static_cast<int64_t>(m->n_rows());
+    counts.move_rows += m->n_rows();
   }
+  // Phase 2, between two steps: the switch. What was logged meanwhile reaches the new runner at
+  // its first step through the usual replay from `has`; a sequence cut and grown again since the
+  // snapshot differs in its hash chain, so the runner asks for it (span_host.cpp), and one that
+  // went away is forgotten.
+  std::lock_guard<std::mutex> lk(mu_);
+  Runner& r = *runners_[static_cast<size_t>(k)];
+  for (auto it = has.begin(); it != has.end();) {
+    it = logs_.count(it->first) != 0 ? std::next(it) : has.erase(it);
+  }
+  const uint64_t rows_sent = counts.move_rows;
+  stats_.bytes_sent += counts.bytes_sent;
+  stats_.bytes_received += counts.bytes_received;
   // Switch: the new runner takes the span's next step; the old one is let go.
   if (r.link) r.link->shut_down();
   r.link = std::move(link);

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "dist/span_test_util.h"
 #include "moesh/serve/scheduler.h"
@@ -375,6 +376,19 @@ TEST(Span, APlannedMoveReplaysTheLogFirstAndKeepsTheBits) {
   ASSERT_TRUE(ctx.decode(1, &u, 1, p.data()).is_ok());
   ASSERT_TRUE(local.decode(1, &u, 1, q.data()).is_ok());
   EXPECT_TRUE(same_bits(p, q));
+
+  // The replay runs beside the steps (from a snapshot of the log): whatever the interleaving, the
+  // steps during and after the move keep all-local's bits, and the new peer takes the span.
+  auto c2 = spawn_span(path, "1-3");
+  ASSERT_TRUE(c2.is_ok());
+  Status moved = Status::ok();
+  std::thread mover([&] { moved = spans->move({1, 3}, (*c2)->address().to_string()); });
+  for (int i = 12; i < 24; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  mover.join();
+  ASSERT_TRUE(moved.is_ok()) << moved.to_string();
+  for (int i = 24; i < 27; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  EXPECT_NE(spans->where(0).find((*c2)->address().to_string()), std::string::npos) << spans->where(0);
+  EXPECT_EQ(spans->stats().failovers, 0u);
 }
 
 // The CLI: `moesh run --span` prints the all-local tokens and reports one trip per span and

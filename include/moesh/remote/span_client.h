@@ -134,7 +134,8 @@ class SpanClient final : public SpanRunner {
   // exactly these blocks — and only then takes the span's steps; the old one is let go. The
   // output stays what it was (the replayed inputs are the logged bits). `to` goes first in the
   // span's peer list, the others stay as replacements. On failure nothing changes and the error
-  // says why. Steps wait while the inputs are replayed.
+  // says why. The replay runs from a snapshot of the log while steps go on on the old runner;
+  // what they add reaches the new one with its first step.
   Status move(const LayerSpan& sp, const std::string& to);
 
   SpanStats stats() const;
@@ -158,10 +159,12 @@ class SpanClient final : public SpanRunner {
   SpanClient(const Model& model, const SpanOptions& opts);
   Status trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* out);
   // One SPAN_STEP round trip on a link (trip() for a peer; move() for a runner not yet in use).
-  Status link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out);
-  // The warm-up of a move: sequence seq's logged inputs of span k, all replayed but the last,
-  // which is sent as the step's one new row. Empty optional-like: n_rows 0 when nothing is logged.
-  Result<wire::SpanStepMsg> replay_message(int k, int32_t seq, uint64_t request_id);
+  // Its bytes are counted into `counts`.
+  Status link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out, SpanStats* counts);
+  // The warm-up of a move: a sequence's logged inputs of span k (a snapshot of its log: rows and
+  // positions, at least one), all replayed but the last, which is sent as the step's one new row.
+  Result<wire::SpanStepMsg> replay_message(int k, const RowLog& rows, const std::vector<int64_t>& pos, int32_t seq,
+                                           uint64_t request_id) const;
   Status fail_over(int k, const Status& why);
   void retry_preferred(int k);
   // The step's sequences in order of appearance; each span's log cut back to where they start.
@@ -194,6 +197,7 @@ class SpanClient final : public SpanRunner {
   std::vector<LayerSpan> spans_;
   std::vector<std::unique_ptr<Runner>> runners_;
   mutable std::mutex mu_;
+  std::mutex move_mu_;          // one move() at a time (its replay runs without mu_)
   mutable std::mutex view_mu_;  // Runner::view
   // Per span, the rows of every SeqLog (its input width); the memory budget shared in proportion.
   std::vector<std::shared_ptr<RowStore>> log_stores_;
