@@ -10,10 +10,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "command.h"
+#include "http_cli.h"
 #include "model_cli.h"
 #include "moesh/remote/span_forward.h"
 #include "moesh/swarm/span_host.h"
@@ -50,10 +50,7 @@ swarm::Worker* g_span_worker = nullptr;
 // exactly the weights the gateway's file holds. The model identity in the slice is then checked
 // by every backbone at the handshake. Returns the slice's path.
 Result<std::string> fetch_span_slice(const SpanArgs& a, const LayerSpan& sp) {
-  std::string url = a.fetch;
-  if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0) url = "http://" + url;
-  const size_t slash = url.find('/', url.find("//") + 2);
-  if (slash != std::string::npos) url = url.substr(0, slash);
+  const std::string url = base_url(a.fetch);
   std::string dir = a.slice_dir;
   if (dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
@@ -97,11 +94,8 @@ Result<std::string> fetch_span_slice(const SpanArgs& a, const LayerSpan& sp) {
     return drop(make_error(StatusCode::kUnavailable, "{}/swarm/slice: {}", url, httplib::to_string(res.error())));
   }
   if (res->status != 200) {
-    const nlohmann::json j = nlohmann::json::parse(error_body, nullptr, false);
-    const std::string why = j.is_object() && j.contains("error") && j["error"].contains("message")
-                                ? std::string(j["error"]["message"])
-                                : error_body;
-    return drop(make_error(StatusCode::kUnavailable, "{}/swarm/slice: HTTP {}: {}", url, res->status, why));
+    return drop(make_error(StatusCode::kUnavailable, "{}/swarm/slice: HTTP {}: {}", url, res->status,
+                           api_error_message(error_body)));
   }
   if (!f) return drop(make_error(StatusCode::kIoError, "cannot write {}", part));
   const std::string want = res->get_header_value("X-Moesh-Slice-Hash");

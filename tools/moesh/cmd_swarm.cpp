@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "command.h"
+#include "http_cli.h"
 #include "moesh/serve/ledger.h"
 #include "moesh/swarm/swarm.h"
 #include "plan_cli.h"
@@ -28,13 +29,6 @@ struct SwarmArgs {
   std::string move;       // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here
   std::string admin_key;  // swarm move: the gateway's --admin-key
 };
-
-// "http://host:port[/...]" or "host:port" -> the base httplib::Client takes.
-std::string base_url(std::string u) {
-  if (u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0) u = "http://" + u;
-  const size_t slash = u.find('/', u.find("//") + 2);
-  return slash == std::string::npos ? u : u.substr(0, slash);
-}
 
 Result<nlohmann::json> get_json(const std::string& url, const std::string& path, int timeout_s) {
   httplib::Client cli(base_url(url));
@@ -281,10 +275,7 @@ int run_move(const SwarmArgs& a) {
   }
   const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
   if (res->status != 200) {
-    const std::string why = j.is_object() && j.contains("error") && j["error"].contains("message")
-                                ? std::string(j["error"]["message"])
-                                : res->body;
-    std::fprintf(stderr, "moesh swarm move: error: HTTP %d: %s\n", res->status, why.c_str());
+    std::fprintf(stderr, "moesh swarm move: error: HTTP %d: %s\n", res->status, api_error_message(res->body).c_str());
     return 1;
   }
   if (a.json) {
