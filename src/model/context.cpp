@@ -116,29 +116,48 @@ Context::Context(const Model& model, const ContextParams& params)
   }
   spans_ = params.spans;
   if (spans_) {
-    const int n_layer = static_cast<int>(model.hparams().n_layer);
-    span_at_.assign(static_cast<size_t>(n_layer), -1);
-    int next_free = 0;
-    const auto& sp = spans_->spans();
-    for (size_t k = 0; k < sp.size() && span_status_.is_ok(); ++k) {
-      if (sp[k].first < next_free || sp[k].last < sp[k].first || sp[k].last >= n_layer) {
-        span_status_ =
-            make_error(StatusCode::kInvalidArgument, "span {}-{} is not within blocks 0-{} after the previous span",
-                       sp[k].first, sp[k].last, n_layer - 1);
-        break;
-      }
-      if (!model.hparams().can_split_before(sp[k].first) || !model.hparams().can_split_before(sp[k].last + 1)) {
-        span_status_ = make_error(StatusCode::kInvalidArgument,
-                                  "span {}-{}: a block on one side of its boundary reuses the indexer selection of "
-                                  "a block on the other (glm-dsa: spans start at blocks with their own indexer)",
-                                  sp[k].first, sp[k].last);
-        break;
-      }
-      span_at_[static_cast<size_t>(sp[k].first)] = static_cast<int>(k);
-      next_free = sp[k].last + 1;
-    }
+    if (span_status_.is_ok()) span_status_ = map_spans();
     state_.set_listener(spans_.get());
   }
+}
+
+// span_at_ from the runner's spans, which must cover exactly the blocks whose state this
+// context does not keep (slot_map_ -1): a resplit moves edges within them only.
+Status Context::map_spans() {
+  const HParams& hp = model_.hparams();
+  const int n_layer = static_cast<int>(hp.n_layer);
+  std::vector<int> at(static_cast<size_t>(n_layer), -1);
+  std::vector<bool> covered(static_cast<size_t>(n_layer), false);
+  int next_free = 0;
+  const auto& sp = spans_->spans();
+  for (size_t k = 0; k < sp.size(); ++k) {
+    if (sp[k].first < next_free || sp[k].last < sp[k].first || sp[k].last >= n_layer) {
+      return make_error(StatusCode::kInvalidArgument, "span {}-{} is not within blocks 0-{} after the previous span",
+                        sp[k].first, sp[k].last, n_layer - 1);
+    }
+    if (!hp.can_split_before(sp[k].first) || !hp.can_split_before(sp[k].last + 1)) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "span {}-{}: a block on one side of its boundary reuses the indexer selection of "
+                        "a block on the other (glm-dsa: spans start at blocks with their own indexer)",
+                        sp[k].first, sp[k].last);
+    }
+    at[static_cast<size_t>(sp[k].first)] = static_cast<int>(k);
+    for (int il = sp[k].first; il <= sp[k].last; ++il) covered[static_cast<size_t>(il)] = true;
+    next_free = sp[k].last + 1;
+  }
+  if (!slot_map_.empty()) {
+    for (int il = 0; il < n_layer; ++il) {
+      if (covered[static_cast<size_t>(il)] != (slot_map_[static_cast<size_t>(il)] < 0)) {
+        return make_error(StatusCode::kInternal,
+                          "the span runner's spans now {} block {}, which this context {}: spans may only move "
+                          "their edges within the blocks they covered",
+                          covered[static_cast<size_t>(il)] ? "cover" : "leave out", il,
+                          covered[static_cast<size_t>(il)] ? "runs itself" : "keeps no state for");
+      }
+    }
+  }
+  span_at_ = std::move(at);
+  return Status::ok();
 }
 
 Context::~Context() {
@@ -188,6 +207,14 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
   }
   std::vector<SeqStep> steps;
   std::vector<int32_t> step_of;  // token i belongs to steps[step_of[i]]
+  // The spans stay as they are for this pass (a resplit waits for it); a new generation is
+  // mapped first.
+  SpanPass pass(spans_.get());
+  if (spans_ && pass.generation() != span_generation_) {
+    Status mapped = map_spans();
+    if (!mapped.is_ok()) return mapped;
+    span_generation_ = pass.generation();
+  }
   MOESH_RETURN_IF_ERROR(reserve_cells(T, nullptr, wants.data(), &steps, &step_of));
   const int32_t* seq = s.seq.data();
   const int64_t* pos = s.pos.data();

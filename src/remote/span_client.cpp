@@ -12,6 +12,7 @@
 
 #include "moesh/swarm/span_host.h"
 #include "moesh/swarm/swarm.h"
+#include "remote/span_client_internal.h"
 
 namespace moesh {
 
@@ -82,28 +83,6 @@ Result<std::vector<SpanTarget>> merge_span_targets(std::vector<SpanTarget> targe
   }
   return out;
 }
-
-// One span: the peers that may run it, the one in use (or the local host once all failed), and
-// what that runner is known to hold per sequence (cells whose inputs match the log).
-struct SpanClient::Runner {
-  SpanTarget target;
-  size_t next_peer = 0;  // the next peer to try on failure
-  std::unique_ptr<WorkerLink> link;
-  std::unique_ptr<swarm::SpanHost> local;
-  std::map<int32_t, int64_t> has;
-  std::string label;
-  SpanPeerView view;   // what peers_view() reports: written under view_mu_ only
-  size_t current = 0;  // index into target.peers of the peer in use; peers.size(): here
-  std::chrono::steady_clock::time_point last_retry{};
-  double star_seconds = 0;  // kAuto: moving average of clean single-stream trips (span_client.h)
-  int star_samples = 0;
-  double compute_seconds = 0;  // kAuto: moving average of the peer's compute of those steps
-  int compute_samples = 0;
-  // Not chained to from the span before it until then: a hop to it failed while it answered the
-  // backbone (a path between the two peers that does not work), so chaining would only break again.
-  std::chrono::steady_clock::time_point no_chain_until{};
-  bool moved_here = false;  // move(.., "here"): stays here (no retry_preferred) until moved again
-};
 
 SpanClient::SpanClient(const Model& model, const SpanOptions& opts) : model_(model), opts_(opts) {}
 
@@ -336,27 +315,11 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   }
   const bool here = to == "here";
   // The new runner, made before any lock: dialling may take a round trip or a timeout.
-  std::unique_ptr<WorkerLink> link;
-  std::unique_ptr<swarm::SpanHost> local;
-  WorkerAddress addr;
-  if (here) {
-    swarm::SpanHostOptions ho;
-    ho.span = sp;
-    ho.n_threads = opts_.local_threads;
-    auto h = swarm::SpanHost::create(model_, ho);
-    if (!h) return h.status().with_context(fmt::format("span {}-{} here", sp.first, sp.last));
-    local = std::move(*h);
-  } else {
-    MOESH_ASSIGN_OR_RETURN(addr, parse_worker_address(to));
-    MOESH_ASSIGN_OR_RETURN(wire::Hello hello, span_hello(model_, opts_.name));
-    MOESH_ASSIGN_OR_RETURN(link, connect_worker(addr, hello, opts_.link));
-    if ((link->session.features & wire::kFeatureSpan) == 0) {
-      link->shut_down();
-      return make_error(StatusCode::kUnsupported, "{} runs no layer span (start it with moesh span)", link->label);
-    }
-    link->limits.max_n_embd = span_row_limit();
-  }
-  const std::string label = here ? std::string("here") : link->label;
+  MOESH_ASSIGN_OR_RETURN(NewRunner nr, dial(sp, to));
+  std::unique_ptr<WorkerLink> link = std::move(nr.link);
+  std::unique_ptr<swarm::SpanHost> local = std::move(nr.local);
+  const WorkerAddress addr = nr.addr;
+  const std::string label = nr.label;
   std::lock_guard<std::mutex> one_move(move_mu_);
   // Phase 1: a snapshot of every sequence's inputs (prefix() shares the logged rows), replayed to
   // the new runner while the span's steps go on on the old one.
@@ -942,7 +905,8 @@ SpanStats SpanClient::stats() const {
 
 std::string SpanClient::where(int k) const {
   std::lock_guard<std::mutex> lk(mu_);
-  const Runner& r = *runners_.at(static_cast<size_t>(k));
+  if (k < 0 || static_cast<size_t>(k) >= runners_.size()) return fmt::format("span {} (no such span now)", k);
+  const Runner& r = *runners_[static_cast<size_t>(k)];
   return fmt::format("{}-{} {}", r.target.span.first, r.target.span.last,
                      r.local ? std::string("here") : "on " + r.label);
 }
@@ -957,10 +921,11 @@ std::vector<SpanPeerView> SpanClient::peers_view() const {
 
 std::string SpanClient::describe() const {
   std::string out;
-  for (size_t k = 0; k < runners_.size(); ++k) {
-    out += fmt::format("span {}", where(static_cast<int>(k)));
-    const Runner& r = *runners_[k];
-    if (r.target.peers.size() > 1) out += fmt::format(" ({} peers named)", r.target.peers.size());
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& r : runners_) {
+    out += fmt::format("span {}-{} {}", r->target.span.first, r->target.span.last,
+                       r->local ? std::string("here") : "on " + r->label);
+    if (r->target.peers.size() > 1) out += fmt::format(" ({} peers named)", r->target.peers.size());
     out += "\n";
   }
   return out;
@@ -968,7 +933,7 @@ std::string SpanClient::describe() const {
 
 size_t SpanClient::log_bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
-  const RowStoreStats rs = log_stats();
+  const RowStoreStats rs = log_stats_locked();
   size_t n = rs.memory_bytes + rs.file_bytes;
   for (const auto& [seq, log] : logs_) {
     for (size_t k = 0; k < log.chain.size(); ++k) n += log.chain[k].size() * 16 + log.pos[k].size() * sizeof(int64_t);
@@ -977,6 +942,11 @@ size_t SpanClient::log_bytes() const {
 }
 
 RowStoreStats SpanClient::log_stats() const {
+  std::lock_guard<std::mutex> lk(mu_);  // a resplit replaces the stores
+  return log_stats_locked();
+}
+
+RowStoreStats SpanClient::log_stats_locked() const {
   RowStoreStats all;
   for (const auto& st : log_stores_) {
     const RowStoreStats s = st->stats();

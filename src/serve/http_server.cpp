@@ -828,8 +828,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
       return fail(bad ? 400 : 502, bad ? "invalid_move" : "move_failed", st.message());
     }
     json out;
-    for (size_t k = 0; k < m->t.spans->spans().size(); ++k)
-      out["spans"].push_back(m->t.spans->where(static_cast<int>(k)));
+    for (const std::string& w : m->t.spans->where_all()) out["spans"].push_back(w);
     const SpanStats ss = m->t.spans->stats();
     out["moves"] = ss.moves;
     out["move_rows"] = ss.move_rows;

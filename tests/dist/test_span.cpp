@@ -117,6 +117,18 @@ TEST(Span, EveryArchitectureIsExactAndRollsBackAcrossASpan) {
     Context local = make_ctx(m, nullptr);
     Context ctx = make_ctx(m, spans);
     EXPECT_TRUE(same_bits(greedy_rows(ctx, prompt, 4), greedy_rows(local, prompt, 4)));
+    // A live resplit into two spans here (the second warmed with what the first computes: the
+    // model's widest rows, recurrent states, indexer caches) keeps the bits.
+    int cut = first + 1;
+    while (cut < n_layer && !m.hparams().can_split_before(cut)) ++cut;
+    if (cut < n_layer) {
+      Status rs = spans->resplit({{{first, cut - 1}, "here"}, {{cut, n_layer - 1}, "here"}});
+      ASSERT_TRUE(rs.is_ok()) << rs.to_string();
+      ASSERT_EQ(spans->spans().size(), 2u);
+      int32_t t = prompt.back();
+      for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+      EXPECT_EQ(spans->stats().resends, 0u);
+    }
 
     const int n = 10;
     Context plain_ctx = make_ctx(m, nullptr);
@@ -388,6 +400,121 @@ TEST(Span, APlannedMoveReplaysTheLogFirstAndKeepsTheBits) {
   ASSERT_TRUE(moved.is_ok()) << moved.to_string();
   for (int i = 24; i < 27; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
   EXPECT_NE(spans->where(0).find((*c2)->address().to_string()), std::string::npos) << spans->where(0);
+  EXPECT_EQ(spans->stats().failovers, 0u);
+}
+
+// New span edges while running (SpanClient::resplit): refused layouts change nothing; a span
+// starting inside an old one is warmed with the rows the new span before it computes, so after
+// the switch no step replays anything, the old peers' deaths go unnoticed, and every token keeps
+// the all-local bits — also while the main thread decodes during the resplit.
+TEST(Span, AResplitMovesSpanEdgesLiveAndKeepsTheBits) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  const int64_t V = m.hparams().n_vocab;
+  auto a = spawn_span(path, "1-2");
+  auto b = spawn_span(path, "3-5");
+  auto c = spawn_span(path, "1-3");
+  auto d = spawn_span(path, "4-5");
+  ASSERT_TRUE(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
+  auto spans = connect_spans(m, {target(1, 2, {a->get()}), target(3, 5, {b->get()})}, true, SpanChainMode::kOff);
+  ASSERT_NE(spans, nullptr);
+  spans->move({1, 2}, (*a)->address().to_string());  // no-op move: the span is on a already
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  const std::vector<int32_t> prompt = {4, 9, 27, 81, 5}, other_prompt = {7, 11, 13};
+  std::vector<float> x(prompt.size() * V), y(prompt.size() * V);
+  ASSERT_TRUE(ctx.decode(0, prompt.data(), 5, x.data()).is_ok());
+  ASSERT_TRUE(local.decode(0, prompt.data(), 5, y.data()).is_ok());
+  ASSERT_TRUE(ctx.decode(1, other_prompt.data(), 3, x.data()).is_ok());
+  ASSERT_TRUE(local.decode(1, other_prompt.data(), 3, y.data()).is_ok());
+  ASSERT_TRUE(same_bits(x, y));
+  int32_t t = 2;
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  // Sequence 0: 7 cells, sequence 1: 3.
+
+  auto at = [](const std::string& span, const WorkerProcess& p) { return span + "@" + p.address().to_string(); };
+  auto placements = [](std::vector<std::string> v) {
+    std::vector<SpanPlacement> out;
+    for (const std::string& s : v) {
+      auto p = parse_span_placement(s);
+      EXPECT_TRUE(p.is_ok()) << s;
+      if (p.is_ok()) out.push_back(*p);
+    }
+    return out;
+  };
+  const std::vector<std::string> was = spans->where_all();
+  Status st = spans->resplit(placements({at("0-2", **c), at("3-5", **b)}));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("do not cover"), std::string::npos) << st.to_string();
+  st = spans->resplit(placements({at("1-3", **c)}));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  st = spans->resplit(placements({at("1-3", **c), at("3-5", **b)}));
+  EXPECT_NE(st.message().find("overlap"), std::string::npos) << st.to_string();
+  // A peer running other blocks fails its warm-up; an unreachable one its dial.
+  st = spans->resplit(placements({at("1-3", **a), at("4-5", **d)}));
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("runs blocks 1-2"), std::string::npos) << st.to_string();
+  EXPECT_FALSE(spans->resplit(placements({"1-3@127.0.0.1:1", at("4-5", **d)})).is_ok());
+  EXPECT_FALSE(parse_span_placement("1-3@not an address").is_ok());
+  EXPECT_TRUE(spans->resplit(placements({at("1-2", **a), at("3-5", **b)})).is_ok());  // the same: no change
+  EXPECT_EQ(spans->where_all(), was);
+  EXPECT_EQ(spans->stats().resplits, 0u);
+  ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, 2));
+
+  // 1-2, 3-5 -> 1-3 on c (from the log of 1-2), 4-5 on d (fed what c computes for block 4).
+  ASSERT_TRUE(spans->resplit(placements({at("1-3", **c), at("4-5", **d)})).is_ok());
+  SpanStats s = spans->stats();
+  EXPECT_EQ(s.resplits, 1u);
+  EXPECT_EQ(s.resplit_rows, 2u * (8u + 3u));  // both sequences' cells through both new spans
+  ASSERT_EQ(spans->spans().size(), 2u);
+  EXPECT_EQ(spans->spans()[0], (LayerSpan{1, 3}));
+  EXPECT_EQ(spans->spans()[1], (LayerSpan{4, 5}));
+  EXPECT_NE(spans->where(0).find((*c)->address().to_string()), std::string::npos) << spans->where(0);
+  (*a)->kill_now();
+  (*b)->kill_now();
+  const uint64_t trips = s.trips;
+  for (int i = 3; i < 7; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  s = spans->stats();
+  EXPECT_EQ(s.trips - trips, 4u * 2u) << "one trip per span and pass";
+  EXPECT_EQ(s.resends, 0u) << "the new peers held every input before their first step";
+  EXPECT_EQ(s.replayed_rows, 0u);
+  EXPECT_EQ(s.failovers, 0u);
+  std::vector<float> p(V), q(V);
+  const int32_t u = 6;
+  ASSERT_TRUE(ctx.decode(1, &u, 1, p.data()).is_ok());  // sequence 1 goes on where it was
+  ASSERT_TRUE(local.decode(1, &u, 1, q.data()).is_ok());
+  EXPECT_TRUE(same_bits(p, q));
+
+  // Three spans, one kept as it is (c: no rows), one here, one on a new peer fed from it.
+  auto e = spawn_span(path, "5");
+  ASSERT_TRUE(e.is_ok());
+  const uint64_t rows_before = spans->stats().resplit_rows;
+  ASSERT_TRUE(spans->resplit(placements({at("1-3", **c), "4-4@here", at("5-5", **e)})).is_ok());
+  EXPECT_EQ(spans->stats().resplit_rows - rows_before, 2u * (12u + 4u));  // through 4 here and 5 on e
+  EXPECT_EQ(spans->where(1), "4-4 here");
+  (*d)->kill_now();
+  for (int i = 7; i < 10; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  EXPECT_EQ(spans->stats().resends, 0u);
+  EXPECT_EQ(spans->stats().failovers, 0u);
+
+  // Back to two spans on fresh peers while the main thread decodes: whatever the interleaving, the
+  // steps keep all-local's bits (what they add during the warm-up is fed at the switch).
+  auto f = spawn_span(path, "1-2");
+  auto g = spawn_span(path, "3-5");
+  ASSERT_TRUE(f.is_ok() && g.is_ok());
+  Status moved = Status::ok();
+  std::thread mover([&] { moved = spans->resplit(placements({at("1-2", **f), at("3-5", **g)})); });
+  for (int i = 10; i < 22; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  mover.join();
+  ASSERT_TRUE(moved.is_ok()) << moved.to_string();
+  for (int i = 22; i < 25; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  const std::vector<std::string> now = spans->where_all();
+  ASSERT_EQ(now.size(), 2u);
+  EXPECT_NE(now[0].find((*f)->address().to_string()), std::string::npos) << now[0];
+  EXPECT_NE(now[1].find((*g)->address().to_string()), std::string::npos) << now[1];
+  EXPECT_EQ(spans->stats().resplits, 3u);
   EXPECT_EQ(spans->stats().failovers, 0u);
 }
 

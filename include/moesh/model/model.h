@@ -467,6 +467,7 @@ class Context {
   // each sequence (given_pos null) or are given; fills scratch pos[] and cell[], the steps and
   // step_of[i] (token i's entry in steps), and begins the recurrent state's step (cut[i]: a cut
   // after token i is likely). On error nothing changed.
+  Status map_spans();  // span_at_ from spans_->spans()
   Status reserve_cells(int64_t T, const int64_t* given_pos, const uint8_t* cut, std::vector<SeqStep>* steps,
                        std::vector<int32_t>* step_of);
 
@@ -485,6 +486,7 @@ class Context {
   MicroBatchStats mb_stats_;
   std::shared_ptr<SpanRunner> spans_;
   std::vector<int> span_at_;            // [n_layer]: the span starting at block il, else -1
+  uint64_t span_generation_ = 0;        // SpanRunner::begin_pass's, when span_at_ was mapped
   Status span_status_ = Status::ok();   // why the spans cannot be used (checked at decode)
   LayerSpan layers_{0, -1};             // ContextParams::layers, resolved
   int64_t kv_base_ = 0, rec_base_ = 0;  // the state slots of the first block of layers_

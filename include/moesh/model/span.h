@@ -56,6 +56,29 @@ class SpanRunner : public StateListener {
     *k_last = k;
     return run(k, b, h);
   }
+  // A forward pass brackets its span calls with these (Context::decode_batch, SpanPass), so a
+  // runner whose spans may change while it runs (SpanClient::resplit) changes them only between
+  // passes. begin_pass returns the spans' generation: when it differs from the one a pass saw
+  // last, the pass reads spans() again. The blocks the spans cover together never change (the
+  // context keeps no state for them).
+  virtual uint64_t begin_pass() { return 0; }
+  virtual void end_pass() {}
+};
+
+// begin_pass / end_pass of one forward pass (no runner: nothing).
+class SpanPass {
+ public:
+  explicit SpanPass(SpanRunner* r) : r_(r), generation_(r != nullptr ? r->begin_pass() : 0) {}
+  ~SpanPass() {
+    if (r_ != nullptr) r_->end_pass();
+  }
+  SpanPass(const SpanPass&) = delete;
+  SpanPass& operator=(const SpanPass&) = delete;
+  uint64_t generation() const { return generation_; }
+
+ private:
+  SpanRunner* r_;
+  uint64_t generation_;
 };
 
 }  // namespace moesh

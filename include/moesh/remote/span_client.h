@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -97,7 +98,17 @@ struct SpanStats {
   uint64_t chain_breaks = 0;   // chains finished star-style after a failure, a lack or a lost hop
   uint64_t moves = 0;          // planned moves (SpanClient::move) completed
   uint64_t move_rows = 0;      // logged inputs sent to warm the new runner of a move
+  uint64_t resplits = 0;       // resplits (SpanClient::resplit) completed
+  uint64_t resplit_rows = 0;   // rows sent to warm the new runners of a resplit
 };
+
+// One span of a resplit and where it runs: "HOST:PORT" (any WorkerAddress form) or "here".
+struct SpanPlacement {
+  LayerSpan span;
+  std::string to;
+};
+// Parses "12-23@HOST:PORT" or "12-23@here".
+Result<SpanPlacement> parse_span_placement(const std::string& s);
 
 // What the backbone sees of one span now (the dashboard's plan card).
 struct SpanPeerView {
@@ -138,6 +149,24 @@ class SpanClient final : public SpanRunner {
   // what they add reaches the new one with its first step.
   Status move(const LayerSpan& sp, const std::string& to);
 
+  // New span edges while running (re-planning: docs/span.md#resplitting-spans-while-running): the
+  // spans become `want`, which must cover exactly the blocks the spans cover now (the backbone
+  // keeps no state for those and runs the others itself) at edges the model may be cut at. A span
+  // equal to a current one on the same runner stays as it is; every other one gets a new runner,
+  // warmed first with every sequence's inputs: a span starting where an old one started replays
+  // that span's log; one starting inside an old span is fed the rows leaving the new span before
+  // it (the replay is a prefill of each new span, in block order), which become its log. Steps go
+  // on on the old layout meanwhile; then, between two forward passes, what they added is fed
+  // through the new spans the same way and the layout switches. Exact wires keep the bits (a
+  // span's rows are computed by the same blocks on the same inputs). On failure nothing changes
+  // and the error says why.
+  Status resplit(const std::vector<SpanPlacement>& want);
+
+  uint64_t begin_pass() override;
+  void end_pass() override;
+  // Where each span runs now (where(k) for every k, taken at once).
+  std::vector<std::string> where_all() const;
+
   SpanStats stats() const;
   std::vector<SpanPeerView> peers_view() const;
   // Who runs span k now: "12-23 on 127.0.0.1:7001 (span-a)" or "12-23 here".
@@ -156,7 +185,29 @@ class SpanClient final : public SpanRunner {
     std::vector<std::vector<int64_t>> pos;                    // [span][cell]
   };
   struct Part;  // one sequence of a step: its cells before it and its rows in the batch
+  // A runner being made for a move or a resplit: dialled (or the local host), not yet in use.
+  struct NewRunner {
+    std::unique_ptr<WorkerLink> link;
+    std::unique_ptr<swarm::SpanHost> local;
+    WorkerAddress addr;
+    std::string label;
+    uint64_t next_id = 1;  // request ids of the local host
+  };
+  // One sequence's inputs of a span: rows, positions and hash chain, cell by cell.
+  struct LogView {
+    const RowLog& rows;
+    const std::vector<int64_t>& pos;
+    const std::vector<std::array<uint8_t, 16>>& chain;
+  };
   SpanClient(const Model& model, const SpanOptions& opts);
+  Result<NewRunner> dial(const LayerSpan& sp, const std::string& to) const;
+  // Cells [from, n) of `in` to `nr` as new rows of blocks sp (the runner holds the cells before
+  // `from` with matching inputs), in chunks; `out` (may be null) gets the rows leaving sp's last
+  // block, [n - from][span_row_width(sp.last + 1)].
+  Status feed(NewRunner& nr, const LayerSpan& sp, int32_t seq, const LogView& in, int64_t from, std::vector<float>* out,
+              SpanStats* counts);
+  RowStoreStats log_stats_locked() const;
+  std::shared_ptr<RowStore> make_log_store(int64_t row_floats, int64_t total_width) const;
   Status trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* out);
   // One SPAN_STEP round trip on a link (trip() for a peer; move() for a runner not yet in use).
   // Its bytes are counted into `counts`.
@@ -197,7 +248,11 @@ class SpanClient final : public SpanRunner {
   std::vector<LayerSpan> spans_;
   std::vector<std::unique_ptr<Runner>> runners_;
   mutable std::mutex mu_;
-  std::mutex move_mu_;          // one move() at a time (its replay runs without mu_)
+  std::mutex move_mu_;  // one move() or resplit() at a time (their replays run without mu_)
+  // Forward passes hold it shared (begin_pass..end_pass); a resplit's switch holds it exclusively,
+  // so spans_ and runners_ change only between passes. Order: move_mu_, pass_mu_, mu_.
+  std::shared_mutex pass_mu_;
+  uint64_t generation_ = 0;     // spans_' generation (changed under pass_mu_ and mu_)
   mutable std::mutex view_mu_;  // Runner::view
   // Per span, the rows of every SeqLog (its input width); the memory budget shared in proportion.
   std::vector<std::shared_ptr<RowStore>> log_stores_;

@@ -1,0 +1,36 @@
+// SpanClient's per-span runner (span_client.h), shared by span_client.cpp and span_resplit.cpp.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "moesh/remote/span_client.h"
+#include "moesh/swarm/span_host.h"
+
+namespace moesh {
+
+// One span: the peers that may run it, the one in use (or the local host once all failed), and
+// what that runner is known to hold per sequence (cells whose inputs match the log).
+struct SpanClient::Runner {
+  SpanTarget target;
+  size_t next_peer = 0;  // the next peer to try on failure
+  std::unique_ptr<WorkerLink> link;
+  std::unique_ptr<swarm::SpanHost> local;
+  std::map<int32_t, int64_t> has;
+  std::string label;
+  SpanPeerView view;   // what peers_view() reports: written under view_mu_ only
+  size_t current = 0;  // index into target.peers of the peer in use; peers.size(): here
+  std::chrono::steady_clock::time_point last_retry{};
+  double star_seconds = 0;  // kAuto: moving average of clean single-stream trips (span_client.h)
+  int star_samples = 0;
+  double compute_seconds = 0;  // kAuto: moving average of the peer's compute of those steps
+  int compute_samples = 0;
+  // Not chained to from the span before it until then: a hop to it failed while it answered the
+  // backbone (a path between the two peers that does not work), so chaining would only break again.
+  std::chrono::steady_clock::time_point no_chain_until{};
+  bool moved_here = false;  // move(.., "here"): stays here (no retry_preferred) until moved again
+};
+
+}  // namespace moesh

@@ -1,0 +1,450 @@
+// New span edges while running (SpanClient::resplit, span_client.h), and what it shares with a
+// planned move: making a runner before it is used, feeding it a sequence's inputs.
+//
+// Why it can be exact: a span's output rows depend only on its blocks and its inputs, and a batch
+// of rows computes what the same rows one by one would (the model's contract). So a new span that
+// starts where an old one started is warmed with that old span's log, and a new span that starts
+// inside an old one is warmed with the rows the new span before it computes from its own warm-up:
+// the rows it would have been sent had the edge always been there.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "moesh/remote/span_client.h"
+#include "moesh/swarm/span_host.h"
+#include "remote/span_client_internal.h"
+
+namespace moesh {
+
+namespace {
+
+// Rows per warm-up message: bounds a message's size (and a local step's scratch).
+constexpr int64_t kFeedChunkRows = 256;
+
+}  // namespace
+
+Result<SpanPlacement> parse_span_placement(const std::string& s) {
+  const size_t at = s.find('@');
+  if (at == std::string::npos || at == 0 || at + 1 >= s.size()) {
+    return make_error(StatusCode::kInvalidArgument, "'{}' is not FIRST-LAST@HOST:PORT or FIRST-LAST@here", s);
+  }
+  SpanPlacement p;
+  MOESH_ASSIGN_OR_RETURN(p.span, parse_layer_span(s.substr(0, at)));
+  p.to = s.substr(at + 1);
+  if (p.to != "here") MOESH_RETURN_IF_ERROR(parse_worker_address(p.to).status());
+  return p;
+}
+
+Result<SpanClient::NewRunner> SpanClient::dial(const LayerSpan& sp, const std::string& to) const {
+  NewRunner nr;
+  if (to == "here") {
+    swarm::SpanHostOptions ho;
+    ho.span = sp;
+    ho.n_threads = opts_.local_threads;
+    auto h = swarm::SpanHost::create(model_, ho);
+    if (!h) return h.status().with_context(fmt::format("span {}-{} here", sp.first, sp.last));
+    nr.local = std::move(*h);
+    nr.label = "here";
+    return nr;
+  }
+  MOESH_ASSIGN_OR_RETURN(nr.addr, parse_worker_address(to));
+  MOESH_ASSIGN_OR_RETURN(wire::Hello hello, span_hello(model_, opts_.name));
+  MOESH_ASSIGN_OR_RETURN(nr.link, connect_worker(nr.addr, hello, opts_.link));
+  if ((nr.link->session.features & wire::kFeatureSpan) == 0) {
+    nr.link->shut_down();
+    return make_error(StatusCode::kUnsupported, "{} runs no layer span (start it with moesh span)", nr.link->label);
+  }
+  nr.link->limits.max_n_embd = span_row_limit();
+  nr.label = nr.link->label;
+  return nr;
+}
+
+Status SpanClient::feed(NewRunner& nr, const LayerSpan& sp, int32_t seq, const LogView& in, int64_t from,
+                        std::vector<float>* out, SpanStats* counts) {
+  const HParams& hp = model_.hparams();
+  const int64_t Win = hp.span_row_width(sp.first), Wout = hp.span_row_width(sp.last + 1);
+  const int64_t n = static_cast<int64_t>(in.pos.size());
+  if (out != nullptr) out->assign(static_cast<size_t>(std::max<int64_t>(n - from, 0) * Wout), 0.0f);
+  std::vector<float> rows, got;
+  int restarts = 0;
+  for (int64_t s = from; s < n;) {
+    const int64_t c = std::min(kFeedChunkRows, n - s);
+    wire::SpanStepMsg m;
+    m.request_id = nr.link ? nr.link->mux->next_request_id() : nr.next_id++;
+    m.first = static_cast<uint32_t>(sp.first);
+    m.last = static_cast<uint32_t>(sp.last);
+    m.return_dtype = opts_.return_wire;
+    wire::SpanSeq q;
+    q.seq = seq;
+    q.n_new = static_cast<uint32_t>(c);
+    q.start = static_cast<uint64_t>(s);
+    if (s > 0) q.chain = in.chain[static_cast<size_t>(s - 1)];
+    m.seqs.push_back(q);
+    m.pos.assign(in.pos.begin() + s, in.pos.begin() + s + c);
+    m.cut.assign(static_cast<size_t>(c), 0);
+    rows.resize(static_cast<size_t>(c * Win));
+    MOESH_RETURN_IF_ERROR(in.rows.read(s, c, rows.data()));
+    // Logged rows are the bits sent before (rounded to the wire then), so they re-encode exactly.
+    MOESH_ASSIGN_OR_RETURN(m.hidden, wire::encode_rows(opts_.hidden_wire, rows.data(), static_cast<uint32_t>(c),
+                                                       static_cast<uint32_t>(Win)));
+    wire::SpanResultMsg res;
+    if (nr.local) {
+      MOESH_ASSIGN_OR_RETURN(res, nr.local->step(opts_.name, m));
+    } else {
+      MOESH_RETURN_IF_ERROR(link_trip(*nr.link, m, &res, counts));
+    }
+    if (res.need.size() == 1 && res.need[0].seq == seq && static_cast<int64_t>(res.need[0].have) < s &&
+        ++restarts <= 2) {
+      // A recurrent state restorable only at its checkpoints: from the last one it has (the
+      // rows before `from` are computed again and dropped).
+      s = static_cast<int64_t>(res.need[0].have);
+      continue;
+    }
+    if (!res.need.empty() || res.rows.n_rows != static_cast<uint32_t>(c) ||
+        res.rows.n_cols != static_cast<uint32_t>(Wout)) {
+      return make_error(StatusCode::kCorrupt,
+                        "{} answered cells {}-{} of sequence {} with {}x{} rows and {} lacks (expected {}x{})",
+                        nr.label, s, s + c - 1, seq, res.rows.n_rows, res.rows.n_cols, res.need.size(), c, Wout);
+    }
+    if (out != nullptr) {
+      got.resize(static_cast<size_t>(c * Wout));
+      wire::decode_rows(res.rows, got.data());
+      const int64_t skip = std::max<int64_t>(from - s, 0);
+      std::copy(got.begin() + skip * Wout, got.end(), out->begin() + (s + skip - from) * Wout);
+    }
+    counts->resplit_rows += static_cast<uint64_t>(c);
+    s += c;
+  }
+  return Status::ok();
+}
+
+std::shared_ptr<RowStore> SpanClient::make_log_store(int64_t row_floats, int64_t total_width) const {
+  RowStoreOptions ro;
+  ro.row_floats = row_floats;
+  ro.chunk_rows = opts_.log_chunk_rows;
+  ro.memory_budget = opts_.log_memory_bytes == SIZE_MAX
+                         ? SIZE_MAX
+                         : static_cast<size_t>(static_cast<double>(opts_.log_memory_bytes) *
+                                               static_cast<double>(row_floats) / static_cast<double>(total_width));
+  ro.spill_dir = opts_.log_dir;
+  return RowStore::create(ro);
+}
+
+uint64_t SpanClient::begin_pass() {
+  pass_mu_.lock_shared();
+  return generation_;
+}
+
+void SpanClient::end_pass() {
+  pass_mu_.unlock_shared();
+}
+
+std::vector<std::string> SpanClient::where_all() const {
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& r : runners_) {
+    out.push_back(fmt::format("{}-{} {}", r->target.span.first, r->target.span.last,
+                              r->local ? std::string("here") : "on " + r->label));
+  }
+  return out;
+}
+
+Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
+  const HParams& hp = model_.hparams();
+  std::vector<SpanPlacement> want = want_in;
+  std::sort(want.begin(), want.end(),
+            [](const SpanPlacement& a, const SpanPlacement& b) { return a.span.first < b.span.first; });
+  std::lock_guard<std::mutex> one_move(move_mu_);  // spans_ and runners_ change only under it
+
+  // 1. The new layout must cover the blocks covered now, at edges the model may be cut at.
+  auto list = [](const auto& v, auto span_of) {
+    std::string s;
+    for (const auto& x : v) s += fmt::format("{}{}-{}", s.empty() ? "" : ", ", span_of(x).first, span_of(x).last);
+    return s;
+  };
+  const std::vector<LayerSpan> old = spans_;
+  const std::string old_text = list(old, [](const LayerSpan& x) { return x; });
+  if (want.empty()) return make_error(StatusCode::kInvalidArgument, "no spans given (the spans are {})", old_text);
+  std::vector<int> old_at(static_cast<size_t>(hp.n_layer), -1);  // old span starting at block il
+  std::vector<bool> covered(static_cast<size_t>(hp.n_layer), false);
+  for (size_t k = 0; k < old.size(); ++k) {
+    old_at[static_cast<size_t>(old[k].first)] = static_cast<int>(k);
+    for (int il = old[k].first; il <= old[k].last; ++il) covered[static_cast<size_t>(il)] = true;
+  }
+  std::vector<bool> now(static_cast<size_t>(hp.n_layer), false);
+  for (size_t j = 0; j < want.size(); ++j) {
+    const LayerSpan& sp = want[j].span;
+    if (sp.first < 0 || sp.last < sp.first || sp.last >= hp.n_layer) {
+      return make_error(StatusCode::kInvalidArgument, "span {}-{} is not within the model's blocks 0-{}", sp.first,
+                        sp.last, hp.n_layer - 1);
+    }
+    if (j > 0 && sp.first <= want[j - 1].span.last) {
+      return make_error(StatusCode::kInvalidArgument, "spans {}-{} and {}-{} overlap", want[j - 1].span.first,
+                        want[j - 1].span.last, sp.first, sp.last);
+    }
+    if (!hp.can_split_before(sp.first) || !hp.can_split_before(sp.last + 1)) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "span {}-{}: a block on one side of its boundary reuses the indexer selection of a block "
+                        "on the other (glm-dsa: spans start at blocks with their own indexer)",
+                        sp.first, sp.last);
+    }
+    for (int il = sp.first; il <= sp.last; ++il) now[static_cast<size_t>(il)] = true;
+  }
+  if (now != covered) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "spans {} do not cover the blocks the spans {} cover: a resplit moves span edges within "
+                      "those blocks (the backbone keeps no state for them and runs the others itself; other "
+                      "changes need a restart with the new --span list)",
+                      list(want, [](const SpanPlacement& x) { return x.span; }), old_text);
+  }
+
+  // 2. Which spans stay as they are (same blocks, same runner), and runners for the others,
+  // made before any lock: dialling may take a round trip or a timeout.
+  const size_t J = want.size();
+  std::vector<int> kept(J, -1);      // the old span index a new span keeps, runner and all
+  std::vector<int> from_old(J, -1);  // the old span whose log a new span starts from (same first block)
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t j = 0; j < J; ++j) {
+      const int k = old_at[static_cast<size_t>(want[j].span.first)];
+      from_old[j] = k;
+      if (k < 0 || !(old[static_cast<size_t>(k)] == want[j].span)) continue;
+      const Runner& r = *runners_[static_cast<size_t>(k)];
+      const bool same = want[j].to == "here" ? r.local != nullptr
+                                             : (r.link && r.current < r.target.peers.size() &&
+                                                r.target.peers[r.current].to_string() == want[j].to);
+      if (same) kept[j] = k;
+    }
+  }
+  if (std::all_of(kept.begin(), kept.end(), [](int k) { return k >= 0; }) && J == old.size()) {
+    return Status::ok();  // nothing changes
+  }
+  std::vector<NewRunner> fresh(J);
+  for (size_t j = 0; j < J; ++j) {
+    if (kept[j] >= 0) continue;
+    auto nr = dial(want[j].span, want[j].to);
+    if (!nr) {
+      for (NewRunner& f : fresh)
+        if (f.link) f.link->shut_down();
+      return nr.status().with_context(
+          fmt::format("resplit: span {}-{} on {}", want[j].span.first, want[j].span.last, want[j].to));
+    }
+    fresh[j] = std::move(*nr);
+  }
+  auto give_up = [&](const Status& st) {
+    for (NewRunner& f : fresh)
+      if (f.link) f.link->shut_down();
+    return st;
+  };
+  // A new span starting inside an old one has no log yet: it is built from the rows leaving the
+  // new span before it (which therefore is new as well, and adjacent).
+  int64_t total_width = 0;
+  for (size_t j = 0; j < J; ++j) total_width += hp.span_row_width(want[j].span.first);
+  std::vector<std::shared_ptr<RowStore>> stores(J);
+  for (size_t j = 0; j < J; ++j) {
+    if (from_old[j] >= 0) {
+      stores[j] = log_stores_[static_cast<size_t>(from_old[j])];
+    } else {
+      stores[j] = make_log_store(hp.span_row_width(want[j].span.first), total_width);
+    }
+  }
+  auto interior = [&](size_t j) { return j < J && from_old[j] < 0; };
+
+  // 3. Phase 1, steps going on: every sequence's logs at the old span starts, snapshot; each new
+  // span fed its inputs in block order, the rows leaving it logged for an interior span after it.
+  struct Built {
+    RowLog rows;
+    std::vector<int64_t> pos;
+    std::vector<std::array<uint8_t, 16>> chain;
+  };
+  struct SeqWork {
+    std::vector<Built> snap;   // [old span]: the snapshot
+    std::vector<Built> built;  // [new span]: the interior spans' logs
+    std::vector<int64_t> has;  // [new span]: cells its new runner holds
+  };
+  std::map<int32_t, SeqWork> work;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [seq, log] : logs_) {
+      SeqWork w;
+      for (size_t k = 0; k < old.size(); ++k) {
+        if (k >= log.chain.size()) {
+          w.snap.push_back({RowLog(), {}, {}});
+          continue;
+        }
+        const int64_t n = static_cast<int64_t>(log.chain[k].size());
+        w.snap.push_back({log.rows[k].prefix(n), log.pos[k], log.chain[k]});
+      }
+      work.emplace(seq, std::move(w));
+    }
+  }
+  SpanStats counts;
+  // Feeds new span j of sequence seq cells [from, n) of its inputs `in`; the rows leaving it
+  // go to the interior span after it (its log cut to `from` first).
+  auto feed_one = [&](size_t j, int32_t seq, const LogView& in, int64_t from, SeqWork& w) -> Status {
+    const bool pass_on = interior(j + 1);
+    std::vector<float> out;
+    MOESH_RETURN_IF_ERROR(feed(fresh[j], want[j].span, seq, in, from, pass_on ? &out : nullptr, &counts)
+                              .with_context(fmt::format("resplit: warming span {}-{} on {} with sequence {}",
+                                                        want[j].span.first, want[j].span.last, fresh[j].label, seq)));
+    w.has[j] = static_cast<int64_t>(in.pos.size());
+    if (!pass_on) return Status::ok();
+    Built& nx = w.built[j + 1];
+    const int64_t W = hp.span_row_width(want[j + 1].span.first);
+    const int64_t n = static_cast<int64_t>(in.pos.size());
+    MOESH_RETURN_IF_ERROR(round_to_wire(&out, W));
+    nx.rows.truncate(from);
+    nx.pos.resize(static_cast<size_t>(from));
+    nx.chain.resize(static_cast<size_t>(from));
+    MOESH_RETURN_IF_ERROR(nx.rows.append(out.data(), n - from));
+    std::array<uint8_t, 16> c = from > 0 ? nx.chain.back() : std::array<uint8_t, 16>{};
+    for (int64_t i = from; i < n; ++i) {
+      c = swarm::span_chain_next(c, in.pos[static_cast<size_t>(i)], out.data() + (i - from) * W, W);
+      nx.chain.push_back(c);
+      nx.pos.push_back(in.pos[static_cast<size_t>(i)]);
+    }
+    return Status::ok();
+  };
+  for (auto& [seq, w] : work) {
+    w.built.clear();
+    for (size_t j = 0; j < J; ++j) w.built.push_back({RowLog(stores[j]), {}, {}});
+    w.has.assign(J, 0);
+    for (size_t j = 0; j < J; ++j) {
+      if (kept[j] >= 0) continue;
+      const Built& in = interior(j) ? w.built[j] : w.snap[static_cast<size_t>(from_old[j])];
+      if (in.pos.empty()) continue;
+      Status st = feed_one(j, seq, LogView{in.rows, in.pos, in.chain}, 0, w);
+      if (!st.is_ok()) return give_up(st);
+    }
+  }
+
+  // 4. Phase 2, between two passes: what the steps changed meanwhile, then the switch.
+  std::unique_lock<std::shared_mutex> no_pass(pass_mu_);
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto it = work.begin(); it != work.end();) {
+    it = logs_.count(it->first) != 0 ? std::next(it) : work.erase(it);  // sequences gone meanwhile
+  }
+  for (const auto& [seq, log] : logs_) {
+    if (work.count(seq) != 0) continue;  // new meanwhile: nothing of it was fed
+    SeqWork w;
+    w.snap.resize(old.size());
+    for (size_t j = 0; j < J; ++j) w.built.push_back({RowLog(stores[j]), {}, {}});
+    w.has.assign(J, 0);
+    work.emplace(seq, std::move(w));
+  }
+  for (auto& [seq, w] : work) {
+    const SeqLog& log = logs_.at(seq);
+    // Per new span, the cells of its (snapshot-based) inputs that are still the inputs now: an
+    // old start's log compared by hash chain; an interior span's inputs are as valid as the
+    // inputs of the span before it.
+    std::vector<int64_t> valid(J, 0);
+    for (size_t j = 0; j < J; ++j) {
+      if (interior(j)) {
+        valid[j] = valid[j - 1];
+        continue;
+      }
+      const size_t k = static_cast<size_t>(from_old[j]);
+      const auto& snap = w.snap[k].chain;
+      const std::vector<std::array<uint8_t, 16>> none;
+      const auto& cur = k < log.chain.size() ? log.chain[k] : none;
+      size_t p = 0;
+      while (p < snap.size() && p < cur.size() && snap[p] == cur[p]) ++p;
+      valid[j] = static_cast<int64_t>(p);
+    }
+    for (size_t j = 0; j < J; ++j) {
+      if (kept[j] >= 0) continue;
+      w.has[j] = std::min(w.has[j], valid[j]);
+      if (!interior(j + 1)) continue;  // its runner catches up at its next step (replay from its log)
+      // The rows leaving span j for cells valid[j].. are the next span's inputs: fed now.
+      if (interior(j)) {
+        const Built& in = w.built[j];
+        Status st = feed_one(j, seq, LogView{in.rows, in.pos, in.chain}, valid[j], w);
+        if (!st.is_ok()) return give_up(st);
+      } else {
+        const size_t k = static_cast<size_t>(from_old[j]);
+        if (k >= log.chain.size()) continue;
+        Status st = feed_one(j, seq, LogView{log.rows[k], log.pos[k], log.chain[k]}, valid[j], w);
+        if (!st.is_ok()) return give_up(st);
+      }
+    }
+  }
+
+  // The switch: new spans, runners, stores and logs; the old runners not kept are let go.
+  std::vector<std::unique_ptr<Runner>> runners(J);
+  for (size_t j = 0; j < J; ++j) {
+    if (kept[j] >= 0) {
+      runners[j] = std::move(runners_[static_cast<size_t>(kept[j])]);
+      continue;
+    }
+    auto r = std::make_unique<Runner>();
+    r->target.span = want[j].span;
+    const bool here = fresh[j].local != nullptr;
+    if (!here) r->target.peers.push_back(fresh[j].addr);
+    r->link = std::move(fresh[j].link);
+    r->local = std::move(fresh[j].local);
+    r->label = fresh[j].label;
+    r->current = here ? r->target.peers.size() : 0;
+    r->next_peer = here ? r->target.peers.size() : 1;
+    r->moved_here = here;
+    r->last_retry = std::chrono::steady_clock::now();
+    for (const auto& [seq, w] : work) {
+      if (w.has[j] > 0) r->has[seq] = w.has[j];
+    }
+    r->view = SpanPeerView{want[j].span,
+                           r->label,
+                           here,
+                           r->link ? std::chrono::duration<double, std::milli>(r->link->warmup_rtt).count() : 0.0,
+                           0,
+                           0.0,
+                           0.0};
+    runners[j] = std::move(r);
+  }
+  std::map<int32_t, SeqLog> logs;
+  for (auto& [seq, log] : logs_) {
+    SeqLog nl;
+    SeqWork& w = work.at(seq);
+    for (size_t j = 0; j < J; ++j) {
+      if (interior(j)) {
+        nl.rows.push_back(std::move(w.built[j].rows));
+        nl.chain.push_back(std::move(w.built[j].chain));
+        nl.pos.push_back(std::move(w.built[j].pos));
+        continue;
+      }
+      const size_t k = static_cast<size_t>(from_old[j]);
+      if (k < log.chain.size()) {
+        nl.rows.push_back(std::move(log.rows[k]));
+        nl.chain.push_back(std::move(log.chain[k]));
+        nl.pos.push_back(std::move(log.pos[k]));
+      } else {
+        nl.rows.emplace_back(stores[j]);
+        nl.chain.emplace_back();
+        nl.pos.emplace_back();
+      }
+    }
+    logs.emplace(seq, std::move(nl));
+  }
+  for (auto& r : runners_) {
+    if (r && r->link) r->link->shut_down();
+  }
+  std::vector<LayerSpan> spans;
+  for (const SpanPlacement& p : want) spans.push_back(p.span);
+  {
+    std::lock_guard<std::mutex> vl(view_mu_);
+    runners_ = std::move(runners);
+  }
+  spans_ = std::move(spans);
+  log_stores_ = std::move(stores);
+  logs_ = std::move(logs);
+  chain_times_.clear();
+  ++generation_;
+  ++stats_.resplits;
+  stats_.resplit_rows += counts.resplit_rows;
+  stats_.bytes_sent += counts.bytes_sent;
+  stats_.bytes_received += counts.bytes_received;
+  spdlog::info("spans {} -> {} ({} rows fed to the new runners first)", old_text,
+               list(want, [](const SpanPlacement& x) { return x.span; }), counts.resplit_rows);
+  return Status::ok();
+}
+
+}  // namespace moesh
