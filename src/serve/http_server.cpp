@@ -834,6 +834,38 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     out["move_rows"] = ss.move_rows;
     res.set_content(out.dump(2), "application/json");
   });
+  // New span edges while serving (SpanClient::resplit): the spans become the given list, which
+  // covers the blocks the spans cover now; new spans are warmed before the switch.
+  svr.Post("/swarm/spans/resplit", [m](const httplib::Request& req, httplib::Response& res) {
+    auto err = [&](int http, std::string code, std::string msg) { send_admin_error(res, http, code, msg); };
+    if (!m->admin(req, res, "span resplits")) return;
+    if (m->t.spans == nullptr) return err(404, "no_spans", "this gateway runs no layer spans (--span)");
+    const json body = json::parse(req.body, nullptr, false);
+    const bool ok_shape =
+        body.is_object() && body.contains("spans") && body["spans"].is_array() && !body["spans"].empty() &&
+        std::all_of(body["spans"].begin(), body["spans"].end(), [](const json& x) { return x.is_string(); });
+    if (!ok_shape) {
+      return err(400, "invalid_body",
+                 "the body must be {\"spans\": [\"FIRST-LAST@HOST:PORT\" or \"FIRST-LAST@here\", ...]}");
+    }
+    std::vector<SpanPlacement> want;
+    for (const json& x : body["spans"]) {
+      auto p = parse_span_placement(x.get<std::string>());
+      if (!p) return err(400, "invalid_spans", p.status().message());
+      want.push_back(*p);
+    }
+    Status st = m->t.spans->resplit(want);
+    if (!st.is_ok()) {
+      const bool bad = st.code() == StatusCode::kInvalidArgument;
+      return err(bad ? 400 : 502, bad ? "invalid_resplit" : "resplit_failed", st.message());
+    }
+    json out;
+    for (const std::string& w : m->t.spans->where_all()) out["spans"].push_back(w);
+    const SpanStats ss = m->t.spans->stats();
+    out["resplits"] = ss.resplits;
+    out["resplit_rows"] = ss.resplit_rows;
+    res.set_content(out.dump(2), "application/json");
+  });
   // The backbone's side of the work ledger (serve/ledger.h); `moesh swarm ledger` reads it.
   svr.Get("/swarm/ledger", [m](const httplib::Request&, httplib::Response& res) {
     const RemoteExecutor* r = m->t.remote;

@@ -120,14 +120,18 @@ std::string render_metrics(const MetricsSnapshot& s) {
                                                          {"replayed_rows", s.spans.replayed_rows},
                                                          {"local_steps", s.spans.local_steps},
                                                          {"moves", s.spans.moves},
-                                                         {"move_rows", s.spans.move_rows}};
+                                                         {"move_rows", s.spans.move_rows},
+                                                         {"resplits", s.spans.resplits},
+                                                         {"resplit_rows", s.spans.resplit_rows}};
     const char* help[] = {"Span steps completed (one per span and forward pass)",
                           "SPAN_STEP round trips made (resends and failovers included)",
                           "Spans moved to their next peer (or to this process)",
                           "Logged span inputs sent again to a peer that lacked them",
                           "Span steps run on this process (every peer of the span failed, or moved here)",
                           "Planned span moves (POST /swarm/spans/move) completed",
-                          "Logged span inputs sent to warm the new runner of a planned move"};
+                          "Logged span inputs sent to warm the new runner of a planned move",
+                          "Span resplits (POST /swarm/spans/resplit: new span edges) completed",
+                          "Rows sent to warm the new runners of a resplit"};
     for (size_t i = 0; i < std::size(counters); ++i) {
       const std::string name = fmt::format("moesh_span_{}_total", counters[i].first);
       header(o, name.c_str(), "counter", help[i]);

@@ -5,15 +5,18 @@
 // span move on a running gateway.
 #include <httplib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "command.h"
 #include "http_cli.h"
+#include "moesh/model/span.h"
 #include "moesh/serve/ledger.h"
 #include "moesh/swarm/swarm.h"
 #include "plan_cli.h"
@@ -26,8 +29,9 @@ struct SwarmArgs {
   bool check = false;
   bool json = false;
   int timeout_s = 10;
-  std::string move;       // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here
-  std::string admin_key;  // swarm move: the gateway's --admin-key
+  std::vector<std::string> move;  // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here, each span
+  bool resplit = false;           // swarm move: new span edges (implied by several --span)
+  std::string admin_key;          // swarm move: the gateway's --admin-key
 };
 
 Result<nlohmann::json> get_json(const std::string& url, const std::string& path, int timeout_s) {
@@ -175,6 +179,55 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
   return moves;
 }
 
+// Re-planning with new span edges: where the new plan's spans cover the blocks the old plan's
+// spans covered, the gateway takes them live (`swarm move` with the whole list: a resplit);
+// otherwise it needs the backbone restarted with the new --span list. Null: the edges are the same.
+nlohmann::json plan_resplit(const nlohmann::json& old_plan, const nlohmann::json& new_plan,
+                            const std::string& gateway) {
+  struct S {
+    int first, last;
+    std::string addr;
+  };
+  auto spans_of = [](const nlohmann::json& plan) {
+    std::vector<S> out;
+    if (!plan.contains("roles") || !plan["roles"].is_array()) return out;
+    for (const auto& r : plan["roles"]) {
+      if (!r.contains("role") || r["role"] != "span" || !r.contains("layers") || !r["layers"].is_string()) continue;
+      auto sp = parse_layer_span(r["layers"].get<std::string>());
+      if (!sp) continue;
+      out.push_back({sp->first, sp->last, r.contains("addr") ? std::string(r["addr"]) : std::string("HOST:PORT")});
+    }
+    std::sort(out.begin(), out.end(), [](const S& x, const S& y) { return x.first < y.first; });
+    return out;
+  };
+  const std::vector<S> before = spans_of(old_plan), after = spans_of(new_plan);
+  auto edges = [](const std::vector<S>& v) {
+    std::vector<std::pair<int, int>> e;
+    for (const S& x : v) e.emplace_back(x.first, x.last);
+    return e;
+  };
+  if (edges(before) == edges(after)) return nullptr;
+  auto blocks = [](const std::vector<S>& v) {
+    std::set<int> b;
+    for (const S& x : v)
+      for (int il = x.first; il <= x.last; ++il) b.insert(il);
+    return b;
+  };
+  nlohmann::json out;
+  if (!before.empty() && blocks(before) == blocks(after)) {
+    std::string cmd = "moesh swarm move " + (gateway.empty() ? std::string("http://GATEWAY:PORT") : gateway);
+    for (const S& x : after) cmd += fmt::format(" --span {}-{}@{}", x.first, x.last, x.addr);
+    out["live"] = true;
+    out["command"] = cmd + (after.size() == 1 ? " --resplit" : "") + " --admin-key KEY";
+  } else {
+    out["live"] = false;
+    out["why"] =
+        "the new spans cover other blocks than the old ones (the backbone runs the rest itself and keeps no state "
+        "for span blocks): restart the backbone with the new --span list";
+  }
+  return out;
+}
+
 int run_plan(const PlanCliArgs& a) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "moesh swarm plan: error: %s\n", s.to_string().c_str());
@@ -198,7 +251,7 @@ int run_plan(const PlanCliArgs& a) {
   auto experts = plan_all_experts(setup->model, setup->plan_peers, setup->opts);
   auto spans = plan_all_spans(setup->model, setup->plan_peers, setup->opts);
   const PlanModel& m = setup->model;
-  nlohmann::json moves;
+  nlohmann::json moves, resplit;
   if (!a.from.empty()) {
     std::ifstream in(a.from);
     if (!in.is_open()) return fail(make_error(StatusCode::kInvalidArgument, "--from {}: cannot open it", a.from));
@@ -206,10 +259,12 @@ int run_plan(const PlanCliArgs& a) {
     if (old_plan.is_discarded() || !old_plan.is_object() || !old_plan.contains("roles"))
       return fail(make_error(StatusCode::kInvalidArgument, "--from {}: not a plan (moesh swarm plan --json)", a.from));
     moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model, a.status_url);
+    resplit = plan_resplit(old_plan, plan_to_json(*setup, *plan), a.status_url);
   }
   if (a.json) {
     nlohmann::json j = plan_to_json(*setup, *plan);
     if (!a.from.empty()) j["moves"] = moves;
+    if (!resplit.is_null()) j["resplit"] = resplit;
     j["layout"] = a.layout;
     j["compare"] = nlohmann::json::object();
     if (experts) j["compare"]["experts"] = {{"step_ms", experts->step_s * 1e3}, {"trips", experts->trips_per_step}};
@@ -248,6 +303,11 @@ int run_plan(const PlanCliArgs& a) {
         std::printf("    switch: %s (where the gateway runs that span already: moved live, its inputs replayed)\n",
                     std::string(mv["switch"]).c_str());
     }
+    if (!resplit.is_null() && resplit["live"]) {
+      std::printf("new span edges, live once the span peers run: %s\n", std::string(resplit["command"]).c_str());
+    } else if (!resplit.is_null()) {
+      std::printf("new span edges: %s\n", std::string(resplit["why"]).c_str());
+    }
   }
   return 0;
 }
@@ -255,21 +315,33 @@ int run_plan(const PlanCliArgs& a) {
 // `moesh swarm move URL --span 12-23@HOST:PORT --admin-key KEY`: a planned span move on a running
 // gateway (POST /swarm/spans/move; docs/serve.md#moving-a-span).
 int run_move(const SwarmArgs& a) {
-  const size_t at = a.move.find('@');
-  if (at == std::string::npos || at == 0 || at + 1 == a.move.size()) {
-    std::fprintf(stderr, "moesh swarm move: error: --span must be FIRST-LAST@HOST:PORT or FIRST-LAST@here, not '%s'\n",
-                 a.move.c_str());
-    return 2;
+  for (const std::string& sp : a.move) {
+    const size_t at = sp.find('@');
+    if (at == std::string::npos || at == 0 || at + 1 == sp.size()) {
+      std::fprintf(stderr,
+                   "moesh swarm move: error: --span must be FIRST-LAST@HOST:PORT or FIRST-LAST@here, not '%s'\n",
+                   sp.c_str());
+      return 2;
+    }
   }
-  const nlohmann::json body = {{"layers", a.move.substr(0, at)}, {"to", a.move.substr(at + 1)}};
+  // One span to another runner: a move. Several (or --resplit): the whole new span list.
+  const bool resplit = a.resplit || a.move.size() > 1;
+  const std::string route = resplit ? "/swarm/spans/resplit" : "/swarm/spans/move";
+  nlohmann::json body;
+  if (resplit) {
+    body["spans"] = a.move;
+  } else {
+    const size_t at = a.move[0].find('@');
+    body = {{"layers", a.move[0].substr(0, at)}, {"to", a.move[0].substr(at + 1)}};
+  }
   httplib::Client cli(base_url(a.urls.at(0)));
   cli.set_connection_timeout(a.timeout_s, 0);
   cli.set_read_timeout(a.timeout_s, 0);
   httplib::Headers h;
   if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
-  auto res = cli.Post("/swarm/spans/move", h, body.dump(), "application/json");
+  auto res = cli.Post(route, h, body.dump(), "application/json");
   if (!res) {
-    std::fprintf(stderr, "moesh swarm move: error: %s/swarm/spans/move: %s\n", base_url(a.urls[0]).c_str(),
+    std::fprintf(stderr, "moesh swarm move: error: %s%s: %s\n", base_url(a.urls[0]).c_str(), route.c_str(),
                  httplib::to_string(res.error()).c_str());
     return 1;
   }
@@ -309,16 +381,22 @@ const CommandRegistrar kRegisterSwarm{Command{
       st->add_option("--timeout", a->timeout_s, "Seconds to wait");
       st->callback([which] { *which = "status"; });
       CLI::App* mv = sub->add_subcommand(
-          "move", "Move a span of a running gateway to another span peer (or onto the gateway) while it serves");
+          "move",
+          "Move a span of a running gateway to another span peer (or onto the gateway), or give it new span edges, "
+          "while it serves");
       mv->add_option("url", a->urls, "http://HOST:PORT of `moesh serve` (started with --admin-key)")
           ->required()
           ->expected(1);
       mv->add_option("--span", a->move,
-                     "FIRST-LAST@HOST:PORT (a `moesh span` peer running those blocks) or FIRST-LAST@here")
+                     "FIRST-LAST@HOST:PORT (a `moesh span` peer running those blocks) or FIRST-LAST@here; "
+                     "repeated: the gateway's new span list (new edges within the blocks its spans cover)")
           ->required();
+      mv->add_flag("--resplit", a->resplit,
+                   "Take the --span list as the new span list even when it is one span (e.g. two spans merged)");
       mv->add_option("--admin-key", a->admin_key, "The gateway's --admin-key");
       mv->add_flag("--json", a->json, "Print the gateway's answer as JSON");
-      mv->add_option("--timeout", a->timeout_s, "Seconds to wait (the move replays every sequence's inputs first)");
+      mv->add_option("--timeout", a->timeout_s,
+                     "Seconds to wait (a move or resplit warms the new peers with every sequence's inputs first)");
       mv->callback([which] { *which = "move"; });
       auto pa = std::make_shared<PlanCliArgs>();
       CLI::App* pl = sub->add_subcommand(

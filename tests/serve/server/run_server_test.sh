@@ -764,7 +764,8 @@ expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.pat
 
 # ---- a span moved while serving: POST /swarm/spans/move warms the new peer, then switches ------
 start_span() {  # name layers ; sets SADDR and SPID
-  "$MOESH" span -m "$MODEL" --layers "$2" --listen 127.0.0.1:0 -t 1 --name "$1" >"$TMP/$1.log" 2>"$TMP/$1.log.err" &
+  "$MOESH" span -m "${SPAN_MODEL:-$MODEL}" --layers "$2" --listen 127.0.0.1:0 -t 1 --name "$1" >"$TMP/$1.log" \
+    2>"$TMP/$1.log.err" &
   SPID=$!
   PIDS+=("$SPID")
   SADDR="127.0.0.1:$(wait_port "$TMP/$1.log" "$SPID")"
@@ -890,6 +891,58 @@ expect_eq "$(greedy "${PROMPTS[1]}" 16)" "$(cat "$TMP/ref.1")" "spans: greedy te
 start_server spans_open -m "$MODEL" --span "1-1@$SB" --parallel 1 -c 4096 --threads 1
 move s3cret '{"layers":"1-1","to":"here"}'
 expect_eq "$(status)" "403" "spans: without --admin-key the move route is off"
+
+# ---- new span edges while serving: POST /swarm/spans/resplit (a 4-block model) ----------------
+SPAN_MODEL="$TMP/tiny4.gguf"
+"$MOESH" make-model --arch qwen3moe --out "$SPAN_MODEL" --seed 4245 --n-vocab 1024 --n-ctx 4096 --n-layer 4 \
+  --n-embd 128 --n-ff-exp 128 --n-head 4 --head-dim 32 --n-expert 8 --n-expert-used 2 >/dev/null 2>&1 ||
+  fail "make-model --n-layer 4"
+start_server local4 -m "$SPAN_MODEL" --parallel 2 -c 4096 --threads 1
+LONG4='{"prompt":"Once upon a time","max_tokens":600,"temperature":0,"ignore_eos":true}'
+want4=$(post /v1/completions "$LONG4" | js 'j.choices[0].text')
+want4_short=$(greedy "${PROMPTS[0]}" 16)
+start_span r13 1-3
+R13_PID=$SPID
+R13=$SADDR
+start_span r11 1-1
+R11=$SADDR
+start_span r23 2-3
+R23=$SADDR
+start_server resplit -m "$SPAN_MODEL" --span "1-3@$R13" --parallel 2 -c 4096 --threads 1 --admin-key s3cret
+curl -sS -N -H 'Content-Type: application/json' --data-binary "${LONG4%\}},\"stream\":true}" "$BASE/v1/completions" \
+  >"$TMP/long4_sse" &
+LONG_PID=$!
+while [ "$(grep -c '^data: {' "$TMP/long4_sse" 2>/dev/null || true)" -lt 20 ]; do
+  kill -0 "$LONG_PID" 2>/dev/null || break
+  sleep 0.05
+done
+"$MOESH" swarm move "$BASE" --span "1-1@$R11" --span "2-3@$R23" --admin-key s3cret --json >"$TMP/resplit.out" ||
+  fail "swarm move (resplit) mid-stream: $(cat "$TMP/resplit.out")"
+at_resplit=$(grep -c '^data: {' "$TMP/long4_sse" || true)
+expect_eq "$(js 'j.spans.length + " " + j.resplits' <"$TMP/resplit.out")" "2 1" "resplit: the gateway runs spans 1-1 and 2-3"
+kill "$R13_PID"  # let go: nothing notices
+wait "$R13_PID" 2>/dev/null || true
+wait "$LONG_PID" || fail "the stream in flight during the resplit failed"
+[ "$at_resplit" -lt "$(grep -c '^data: {' "$TMP/long4_sse")" ] || fail "the stream had ended when the resplit returned"
+streamed4=$(node -e 'const t = require("fs").readFileSync(process.argv[1], "utf8").split("\n")
+  .filter(l => l.startsWith("data: {")).map(l => JSON.parse(l.slice(6)).choices[0].text).join("");
+  process.stdout.write(t);' "$TMP/long4_sse")
+expect_eq "$streamed4" "$want4" "resplit: a stream in flight across new span edges has the local server's text"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "resplit: greedy text after the resplit equals the local server's"
+if "$MOESH" swarm move "$BASE" --span 0-1@here --span 2-3@here --admin-key s3cret 2>"$TMP/resplit_bad.err"; then
+  fail "a resplit covering block 0 succeeded"
+fi
+grep -q "HTTP 400: spans 0-1, 2-3 do not cover" "$TMP/resplit_bad.err" || fail "resplit error: $(cat "$TMP/resplit_bad.err")"
+ok "resplit: spans covering other blocks are refused (restart needed)"
+"$MOESH" swarm move "$BASE" --span 1-3@here --resplit --admin-key s3cret >"$TMP/resplit_here.out" ||
+  fail "swarm move --resplit 1-3@here: $(cat "$TMP/resplit_here.out")"
+expect_eq "$(cat "$TMP/resplit_here.out")" "span 1-3 here" "resplit: two spans merged into one here"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "resplit: greedy text on the merged span equals the local server's"
+curl -sS "$BASE/metrics" >"$TMP/resplit_metrics"
+grep -q '^moesh_span_resplits_total 2$' "$TMP/resplit_metrics" ||
+  fail "resplit: /metrics: $(grep resplit "$TMP/resplit_metrics")"
+grep -q '^moesh_span_failovers_total 0$' "$TMP/resplit_metrics" || fail "resplit: a failover"
+ok "resplit: /metrics counts both resplits and no failover"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
