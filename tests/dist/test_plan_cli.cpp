@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "dist/dist_util.h"
@@ -271,6 +272,26 @@ TEST(PlanCli, ReplanningListsTheMovesFromThePreviousPlan) {
   const nlohmann::json three_plan = json_of(three);
   for (const auto& mv : three_plan["moves"])
     EXPECT_FALSE(mv.contains("switch")) << "four equal spans have new edges: " << mv.dump();
+  // The new edges cover the same blocks: the gateway takes them live, all spans in one resplit.
+  EXPECT_FALSE(swapped_plan.contains("resplit")) << "the same edges: per-span switches only";
+  ASSERT_TRUE(three_plan.contains("resplit")) << three.out;
+  EXPECT_TRUE(three_plan["resplit"]["live"]) << three_plan["resplit"].dump();
+  std::string want = "moesh swarm move http://GATEWAY:PORT";
+  int n_spans = 0;
+  std::vector<std::pair<int, std::string>> span_roles;
+  for (const auto& r : three_plan["roles"]) {
+    if (r["role"] != "span") continue;
+    const std::string layers = r["layers"];
+    span_roles.emplace_back(std::stoi(layers), layers);
+  }
+  std::sort(span_roles.begin(), span_roles.end());
+  for (const auto& [first, layers] : span_roles) want += " --span " + layers + "@HOST:PORT", ++n_spans;
+  EXPECT_GT(n_spans, 2);
+  EXPECT_EQ(three_plan["resplit"]["command"], want + " --admin-key KEY");
+  RunResult three_text = run_moesh(spans + peer("a", 40, 20) + peer("b", 40, 20) + peer("c", 40, 20) +
+                                   peer("d", 40, 20) + " --from " + quoted(two_path));
+  EXPECT_NE(three_text.out.find("new span edges, live once the span peers run: " + want), std::string::npos)
+      << three_text.out;
   RunResult missing = run_moesh(base + peer("big", 200, 20) + " --from /nonexistent/plan.json");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("cannot open"), std::string::npos) << missing.err;
