@@ -567,6 +567,72 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
   return Status::ok();
 }
 
+Status add_span_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o,
+                         SwarmPlan* plan) {
+  plan->standbys.clear();
+  const int P = static_cast<int>(peers.size());
+  if (static_cast<int>(plan->roles.size()) != P)
+    return make_error(StatusCode::kInvalidArgument, "plan: {} roles for {} peers", plan->roles.size(), P);
+  // Each span's failure, priced with each idle peer standing in and with the backbone taking over.
+  struct Option {
+    int primary, peer;
+    double failover_s, fallback_s;
+  };
+  std::vector<std::vector<Option>> per_span;
+  for (int q = 0; q < P; ++q) {
+    const PeerRole& r = plan->roles[static_cast<size_t>(q)];
+    if (r.kind != RoleKind::kSpan) continue;
+    uint64_t span_bytes = 0;
+    for (int l = r.first; l <= r.last; ++l) span_bytes += layer_bytes(m, l);
+    double fallback = -1;
+    if (o.backbone_memory_bytes == UINT64_MAX || plan->backbone_bytes + span_bytes <= o.backbone_memory_bytes) {
+      SwarmPlan f = *plan;
+      f.roles[static_cast<size_t>(q)] = PeerRole{};
+      for (int l = r.first; l <= r.last; ++l) {
+        f.layer_host[static_cast<size_t>(l)] = -1;
+        if (m.layers[static_cast<size_t>(l)].moe) f.backbone_experts.push_back({l, 0, m.n_expert - 1});
+      }
+      PlanOptions fo = o;
+      fo.local_experts_bytes = UINT64_MAX;  // the span's own weights: counted in span_bytes above
+      fo.backbone_memory_bytes = UINT64_MAX;
+      if (evaluate_plan(m, peers, fo, &f).is_ok()) fallback = f.step_s;
+    }
+    std::vector<Option> opts;
+    for (int p = 0; p < P; ++p) {
+      if (plan->roles[static_cast<size_t>(p)].kind != RoleKind::kIdle) continue;
+      if (span_bytes > peers[static_cast<size_t>(p)].memory_bytes) continue;
+      SwarmPlan f = *plan;
+      f.roles[static_cast<size_t>(p)] = f.roles[static_cast<size_t>(q)];
+      f.roles[static_cast<size_t>(q)] = PeerRole{};
+      for (int l = r.first; l <= r.last; ++l) f.layer_host[static_cast<size_t>(l)] = p;
+      if (!evaluate_plan(m, peers, o, &f).is_ok()) continue;
+      if (fallback >= 0 && f.step_s >= fallback) continue;  // the backbone would do better itself
+      opts.push_back({q, p, f.step_s, fallback});
+    }
+    if (!opts.empty()) per_span.push_back(std::move(opts));
+  }
+  // Spans that would stop the swarm first, then by what a standby saves over the fallback.
+  auto gain = [](const std::vector<Option>& v) {
+    double best = v[0].failover_s;
+    for (const Option& x : v) best = std::min(best, x.failover_s);
+    return v[0].fallback_s < 0 ? std::numeric_limits<double>::infinity() : v[0].fallback_s - best;
+  };
+  std::stable_sort(per_span.begin(), per_span.end(), [&](const auto& a, const auto& b) { return gain(a) > gain(b); });
+  std::vector<bool> used(static_cast<size_t>(P), false);
+  for (const auto& v : per_span) {
+    const Option* pick = nullptr;
+    for (const Option& x : v)
+      if (!used[static_cast<size_t>(x.peer)] && (pick == nullptr || x.failover_s < pick->failover_s)) pick = &x;
+    if (pick == nullptr) continue;
+    used[static_cast<size_t>(pick->peer)] = true;
+    const PeerRole& r = plan->roles[static_cast<size_t>(pick->primary)];
+    plan->standbys.push_back({pick->peer, pick->primary, r.first, r.last, pick->failover_s, pick->fallback_s});
+  }
+  std::sort(plan->standbys.begin(), plan->standbys.end(),
+            [](const SpanStandby& a, const SpanStandby& b) { return a.first < b.first; });
+  return Status::ok();
+}
+
 Result<SwarmPlan> plan_swarm(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o) {
   MOESH_RETURN_IF_ERROR(check_inputs(m, peers, o));
   const int P = static_cast<int>(peers.size());
@@ -753,8 +819,17 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
     if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
       what += fmt::format(" (chained after {})", peers[static_cast<size_t>(r.chained_after)].name);
     if (r.kind == RoleKind::kExperts) what = "experts " + format_expert_spec(r.experts, m.n_expert);
-    out += fmt::format("{:<14} {:<8} {:>9.1f} {:>10} {:>11}  {}\n", p.name, role_name(r.kind), p.rtt_s * 1e3,
-                       fmt_bytes(r.bytes), fmt_bytes(p.memory_bytes), what);
+    std::string role = role_name(r.kind);
+    uint64_t holds = r.bytes;
+    for (const SpanStandby& sb : plan.standbys) {
+      if (sb.peer != static_cast<int>(i)) continue;
+      role = "standby";
+      what = fmt::format("layers {}-{} (for {})", sb.first, sb.last, peers[static_cast<size_t>(sb.primary)].name);
+      holds = 0;
+      for (int l = sb.first; l <= sb.last; ++l) holds += layer_bytes(m, l);
+    }
+    out += fmt::format("{:<14} {:<8} {:>9.1f} {:>10} {:>11}  {}\n", p.name, role, p.rtt_s * 1e3, fmt_bytes(holds),
+                       fmt_bytes(p.memory_bytes), what);
   }
   int bb_layers = 0;
   for (int h : plan.layer_host) bb_layers += h < 0;
@@ -764,6 +839,13 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
       plan.backbone_experts.empty() ? "" : ", keeps experts " + format_expert_spec(plan.backbone_experts, m.n_expert));
   out += fmt::format("predicted: {:.1f} ms per step, {:.2f} tokens/s, {:.2f} trips per step\n", plan.step_s * 1e3,
                      plan.tokens_per_s, plan.trips_per_step);
+  for (const SpanStandby& sb : plan.standbys) {
+    out += fmt::format("if {} fails: {:.1f} ms per step on standby {} (the backbone itself: {})\n",
+                       peers[static_cast<size_t>(sb.primary)].name, sb.failover_step_s * 1e3,
+                       peers[static_cast<size_t>(sb.peer)].name,
+                       sb.fallback_step_s < 0 ? std::string("does not fit its memory")
+                                              : fmt::format("{:.1f} ms", sb.fallback_step_s * 1e3));
+  }
   std::vector<int> fixed;
   uint64_t widest = m.hidden_bytes;
   for (int b = 0; b <= m.n_layer(); ++b) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
@@ -38,14 +39,31 @@ nlohmann::json json_of(const RunResult& r) {
   return j;
 }
 
-// Starts the plan's roles and runs the backbone with them; checks tokens and trips.
-void carry_out(const std::string& model, const nlohmann::json& plan, const nlohmann::json& local, int n) {
+// Starts the plan's roles and runs the backbone with them; checks tokens and trips. Standbys are
+// named after every primary; `primaries_down`: the span peers that have a standby are not started
+// (their address answers nothing), so their standbys serve — and the backbone runs nothing itself.
+void carry_out(const std::string& model, const nlohmann::json& plan, const nlohmann::json& local, int n,
+               bool primaries_down = false) {
   std::vector<std::unique_ptr<WorkerProcess>> procs;
-  std::string backbone;
+  std::string backbone, standbys;
+  std::set<std::string> covered;
+  for (const auto& r : plan["roles"])
+    if (r["role"] == "standby") covered.insert(r["standby_for"].get<std::string>());
   int spans = 0;
   for (const auto& r : plan["roles"]) {
     const std::string role = r["role"];
-    if (role == "span") {
+    if (primaries_down && role == "span" && covered.count(r["peer"].get<std::string>()) != 0) {
+      backbone += " --span " + std::string(r["layers"]) + "@127.0.0.1:1";
+      ++spans;
+      continue;
+    }
+    if (role == "standby") {
+      auto p = WorkerProcess::spawn_command(
+          {"span", "-m", model, "--layers", r["layers"], "--listen", "127.0.0.1:0", "-t", "1", "-c", "256"}, "standby");
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      standbys += " --span " + std::string(r["layers"]) + "@" + (*p)->address().to_string();
+      procs.push_back(std::move(*p));
+    } else if (role == "span") {
       auto p = WorkerProcess::spawn_command(
           {"span", "-m", model, "--layers", r["layers"], "--listen", "127.0.0.1:0", "-t", "1", "-c", "256"}, "span");
       ASSERT_TRUE(p.is_ok()) << p.status().to_string();
@@ -60,6 +78,7 @@ void carry_out(const std::string& model, const nlohmann::json& plan, const nlohm
       procs.push_back(std::move(*p));
     }
   }
+  backbone += standbys;
   RunResult run =
       run_moesh("run -m " + quoted(model) + " --tokens 5,6,7,8 -n " + std::to_string(n) + " -t 1 --json" + backbone);
   ASSERT_EQ(run.exit_code, 0) << run.err;
@@ -72,6 +91,7 @@ void carry_out(const std::string& model, const nlohmann::json& plan, const nlohm
   if (j.contains("remote")) trips += j["remote"]["layer_calls"].get<int64_t>();
   EXPECT_EQ(static_cast<double>(trips), plan["trips_per_step"].get<double>() * n) << plan.dump() << "\n" << j.dump();
   if (spans > 0) EXPECT_EQ(j["spans"]["failovers"], 0);
+  if (spans > 0) EXPECT_EQ(j["spans"]["local_steps"], 0);
 }
 
 TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
@@ -136,6 +156,30 @@ TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
   const nlohmann::json tj = json_of(small_bb);
   EXPECT_LE(tj["backbone_bytes"].get<uint64_t>(), bytes * 8 / 100);
   carry_out(model, tj, lj, n);
+  // A third peer too far to pay as a span stands by for one: with the backbone unable to hold a
+  // span, its failure would stop the swarm. Carried out with that span's peer down from the start,
+  // the standby serves it: the same tokens and trips, nothing run on the backbone.
+  const std::string far = "swarm plan -m " + quoted(model) + " --peer big:mem=" + std::to_string(bytes * 60 / 100) +
+                          ",rtt=20ms --peer s1:mem=" + std::to_string(bytes * 60 / 100) +
+                          ",rtt=20ms --peer far:mem=" + std::to_string(bytes * 60 / 100) + ",rtt=80ms" + opts +
+                          " --backbone-mem " + std::to_string(bytes * 8 / 100);
+  RunResult sb = run_moesh(far);
+  ASSERT_EQ(sb.exit_code, 0) << sb.err;
+  const nlohmann::json sj = json_of(sb);
+  ASSERT_EQ(sj["standbys"].size(), 1u) << sj.dump();
+  EXPECT_EQ(sj["standbys"][0]["peer"], "far");
+  EXPECT_TRUE(sj["standbys"][0]["fallback_step_ms"].is_null()) << sj.dump();
+  EXPECT_GT(sj["standbys"][0]["failover_step_ms"].get<double>(), sj["predicted_step_ms"].get<double>());
+  EXPECT_EQ(sj["roles"][2]["role"], "standby") << sj.dump();
+  carry_out(model, sj, lj, n);
+  carry_out(model, sj, lj, n, /*primaries_down=*/true);
+  RunResult none = run_moesh(far + " --no-standby");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_TRUE(json_of(none)["standbys"].empty());
+  EXPECT_EQ(json_of(none)["roles"][2]["role"], "idle");
+  RunResult text = run_moesh(far.substr(0, far.find(" --json")) + " --backbone-mem " + std::to_string(bytes * 8 / 100));
+  EXPECT_NE(text.out.find("(standby for "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("if "), std::string::npos) << text.out;
 }
 
 // Span boundaries come from the architecture: a 6-block glm-dsa whose odd blocks reuse the even

@@ -369,6 +369,63 @@ TEST(SwarmPlan, SpansOfDenseBlocksOnly) {
   EXPECT_NEAR(best->step_s, brute_force(m, small, o), 1e-12);
 }
 
+// Standbys: a peer the plan leaves idle (too far to pay as a span) holds a span's layers for when
+// its peer fails — where the backbone could not run them itself (memory), or would be slower.
+TEST(SwarmPlan, AnIdlePeerStandsByForASpanTheBackboneCouldNotTakeOver) {
+  PlanModel m = toy_model(8, 16, 4);
+  std::vector<PlanPeer> peers = {{"s1", 5 * whole_layer(m), 0.02, 1, 0},
+                                 {"s2", 5 * whole_layer(m), 0.02, 1, 0},
+                                 {"far", 5 * whole_layer(m), 0.06, 1, 0},
+                                 {"tiny", whole_layer(m) / 2, 0.001, 1, 0}};
+  PlanOptions o;
+  o.backbone_memory_bytes = m.global_bytes;  // it holds the globals only: no fallback
+  auto plan = plan_swarm(m, peers, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_EQ(plan->roles[0].kind, RoleKind::kSpan) << render_plan(m, peers, *plan);
+  ASSERT_EQ(plan->roles[1].kind, RoleKind::kSpan) << render_plan(m, peers, *plan);
+  ASSERT_EQ(plan->roles[2].kind, RoleKind::kIdle) << render_plan(m, peers, *plan);
+  const double step = plan->step_s;
+  ASSERT_TRUE(add_span_standbys(m, peers, o, &*plan).is_ok());
+  EXPECT_EQ(plan->step_s, step) << "a standby changes nothing until a failure";
+  ASSERT_EQ(plan->standbys.size(), 1u) << render_plan(m, peers, *plan);  // one idle peer that fits
+  const SpanStandby& sb = plan->standbys[0];
+  EXPECT_EQ(sb.peer, 2);
+  EXPECT_TRUE(sb.primary == 0 || sb.primary == 1);
+  EXPECT_EQ(sb.first, plan->roles[static_cast<size_t>(sb.primary)].first);
+  EXPECT_EQ(sb.last, plan->roles[static_cast<size_t>(sb.primary)].last);
+  EXPECT_LT(sb.fallback_step_s, 0) << "the backbone cannot hold the span";
+  // The failover is priced as the plan with the standby in the primary's place: 40 ms further.
+  SwarmPlan swapped = *plan;
+  swapped.roles[2] = swapped.roles[static_cast<size_t>(sb.primary)];
+  swapped.roles[static_cast<size_t>(sb.primary)] = PeerRole{};
+  for (int l = sb.first; l <= sb.last; ++l) swapped.layer_host[static_cast<size_t>(l)] = 2;
+  ASSERT_TRUE(evaluate_plan(m, peers, o, &swapped).is_ok());
+  EXPECT_DOUBLE_EQ(sb.failover_step_s, swapped.step_s);
+  EXPECT_NEAR(sb.failover_step_s - step, 0.04, 1e-9);
+  EXPECT_NE(render_plan(m, peers, *plan).find("standby  "), std::string::npos) << render_plan(m, peers, *plan);
+  EXPECT_NE(render_plan(m, peers, *plan).find("does not fit its memory"), std::string::npos);
+
+  // A backbone that may hold everything runs a failed span itself, faster than a peer 60 ms away:
+  // no standby. A slow backbone: the standby again, priced against the fallback it beats.
+  PlanOptions roomy;
+  auto p2 = plan_swarm(m, peers, roomy);
+  ASSERT_TRUE(p2.is_ok());
+  ASSERT_TRUE(add_span_standbys(m, peers, roomy, &*p2).is_ok());
+  for (const SpanStandby& x : p2->standbys) EXPECT_LT(x.failover_step_s, x.fallback_step_s);
+  if (p2->roles[2].kind == RoleKind::kIdle && !p2->standbys.empty()) ADD_FAILURE() << render_plan(m, peers, *p2);
+  PlanOptions slow = roomy;
+  slow.backbone_speed = 0.02;
+  auto p3 = plan_swarm(m, peers, slow);
+  ASSERT_TRUE(p3.is_ok());
+  ASSERT_TRUE(add_span_standbys(m, peers, slow, &*p3).is_ok());
+  ASSERT_FALSE(p3->standbys.empty()) << render_plan(m, peers, *p3);
+  for (const SpanStandby& x : p3->standbys) {
+    EXPECT_GE(x.fallback_step_s, 0);
+    EXPECT_LT(x.failover_step_s, x.fallback_step_s);
+    EXPECT_NE(x.peer, 3) << "too small to hold a span";
+  }
+}
+
 TEST(SwarmPlan, AFarSmallPeerGetsNothingWhenTheNearOnesSuffice) {
   PlanModel m = toy_model(8, 16, 4);
   std::vector<PlanPeer> peers(4);

@@ -121,6 +121,14 @@ std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::str
       backbone += " --worker " + addr;
     }
   }
+  // Standbys after every primary: the backbone tries a span's peers in the order named.
+  for (const SpanStandby& sb : p.standbys) {
+    const auto& peer = s.peers[static_cast<size_t>(sb.peer)];
+    const std::string addr = peer.addr.empty() ? "HOST:PORT" : peer.addr;
+    out += fmt::format("  {}: moesh span -m {} --layers {}-{} --listen {}   (standby for {})\n", peer.peer.name, mf,
+                       sb.first, sb.last, addr, s.peers[static_cast<size_t>(sb.primary)].peer.name);
+    backbone += fmt::format(" --span {}-{}@{}", sb.first, sb.last, addr);
+  }
   if (!p.backbone_experts.empty()) {
     backbone += fmt::format(" --local-experts-mb {}", (s.opts.local_experts_bytes >> 20));
   }
@@ -154,7 +162,7 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
         it == before.end() ? std::pair<std::string, std::string>{"absent", "-"} : it->second;
     if (was == role) continue;
     nlohmann::json mv{{"peer", peer}, {"from", was.first + " " + was.second}, {"to", role.first + " " + role.second}};
-    if (role.first == "span") {
+    if (role.first == "span" || role.first == "standby") {
       mv["slice"] = fmt::format("moesh slice -m {} --layers {} -o {}-span.gguf", mf, role.second, peer);
       // Or the peer fetches the slice from the gateway itself (cut there, checked by hash).
       mv["fetch"] = fmt::format("moesh span --fetch {} --admin-key KEY --layers {} --listen {}",
@@ -163,6 +171,10 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
       // A span the gateway already runs (the same blocks in the old plan) goes over live once the
       // peer runs `moesh span` on the slice; new span edges need the backbone restarted.
       bool live = false;
+      if (role.first == "standby") {
+        moves.push_back(mv);
+        continue;
+      }
       for (const auto& [p2, r2] : before) live |= r2.first == "span" && r2.second == role.second;
       if (live)
         mv["switch"] = fmt::format("moesh swarm move {} --span {}@{} --admin-key KEY",
@@ -248,6 +260,10 @@ int run_plan(const PlanCliArgs& a) {
     return fail(make_error(StatusCode::kInvalidArgument, "no --peer given (nor a --status gateway with workers up)"));
   auto plan = plan_for_layout(*setup, a.layout);
   if (!plan) return fail(plan.status());
+  if (!a.no_standby) {
+    Status sb = add_span_standbys(setup->model, setup->plan_peers, setup->opts, &*plan);
+    if (!sb.is_ok()) return fail(sb);
+  }
   auto experts = plan_all_experts(setup->model, setup->plan_peers, setup->opts);
   auto spans = plan_all_spans(setup->model, setup->plan_peers, setup->opts);
   const PlanModel& m = setup->model;

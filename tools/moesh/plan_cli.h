@@ -37,6 +37,7 @@ struct PlanCliArgs {
   std::vector<std::string> peer_specs;
   std::vector<std::string> peer_rtts;  // --peer-rtt A:B=20ms (a pair) or 20ms (every other pair)
   bool no_chain = false;
+  bool no_standby = false;  // swarm plan: no standbys for spans from idle peers
   // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
   int n_peers = 0;
   std::string peer_memory = "8GiB", rtt_median = "20ms";
@@ -68,6 +69,9 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
                   "Round trip between two peers, A:B=20ms (repeatable), or a bare 20ms for every pair not named: "
                   "adjacent spans on such peers are priced as a chain (docs/span.md#chained-spans)");
   sub->add_flag("--no-chain", a->no_chain, "Price every span as a star trip from the backbone (as --span-chain off)");
+  sub->add_flag("--no-standby", a->no_standby,
+                "Leave idle peers idle (by default one that fits a span and fails over faster than the backbone "
+                "would becomes that span's standby)");
   sub->add_option("--backbone-mem", a->backbone_memory,
                   "What the backbone may hold of the model (globals, dense parts, KV of its layers); default "
                   "unlimited");
@@ -421,7 +425,23 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
     if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
       j["chained_after"] = s.peers[static_cast<size_t>(r.chained_after)].peer.name;
     if (r.kind == RoleKind::kExperts) j["experts"] = format_expert_spec(r.experts, s.model.n_expert);
+    for (const SpanStandby& sb : p.standbys) {
+      if (sb.peer != static_cast<int>(i)) continue;
+      j["role"] = "standby";
+      j["layers"] = fmt::format("{}-{}", sb.first, sb.last);
+      j["standby_for"] = s.peers[static_cast<size_t>(sb.primary)].peer.name;
+    }
     roles.push_back(j);
+  }
+  // What a span peer's failure costs: its standby serving, or the backbone running the span.
+  nlohmann::json standbys = nlohmann::json::array();
+  for (const SpanStandby& sb : p.standbys) {
+    standbys.push_back({{"peer", s.peers[static_cast<size_t>(sb.peer)].peer.name},
+                        {"standby_for", s.peers[static_cast<size_t>(sb.primary)].peer.name},
+                        {"layers", fmt::format("{}-{}", sb.first, sb.last)},
+                        {"failover_step_ms", sb.failover_step_s * 1e3},
+                        {"fallback_step_ms",
+                         sb.fallback_step_s < 0 ? nlohmann::json(nullptr) : nlohmann::json(sb.fallback_step_s * 1e3)}});
   }
   // The peer-to-peer round trips the plan was priced with (--peer-rtt, or measured by live workers).
   nlohmann::json rtts = nlohmann::json::array();
@@ -449,7 +469,8 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
                         {"backbone_experts", format_expert_spec(p.backbone_experts, s.model.n_expert)},
                         {"predicted_step_ms", p.step_s * 1e3},
                         {"predicted_tokens_per_s", p.tokens_per_s},
-                        {"trips_per_step", p.trips_per_step}};
+                        {"trips_per_step", p.trips_per_step},
+                        {"standbys", standbys}};
 }
 
 }  // namespace moesh::cli
