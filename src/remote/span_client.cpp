@@ -305,6 +305,8 @@ Result<wire::SpanStepMsg> SpanClient::replay_message(int k, const RowLog& rows_i
 }
 
 Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
+  // Held throughout: a resplit changes spans_ (and the runners) only under it.
+  std::lock_guard<std::mutex> one_move(move_mu_);
   int k = -1;
   for (size_t i = 0; i < spans_.size(); ++i)
     if (spans_[i].first == sp.first && spans_[i].last == sp.last) k = static_cast<int>(i);
@@ -314,13 +316,12 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
     return make_error(StatusCode::kNotFound, "no span {}-{} (the spans are {})", sp.first, sp.last, have);
   }
   const bool here = to == "here";
-  // The new runner, made before any lock: dialling may take a round trip or a timeout.
+  // The new runner, made before the step lock: dialling may take a round trip or a timeout.
   MOESH_ASSIGN_OR_RETURN(NewRunner nr, dial(sp, to));
   std::unique_ptr<WorkerLink> link = std::move(nr.link);
   std::unique_ptr<swarm::SpanHost> local = std::move(nr.local);
   const WorkerAddress addr = nr.addr;
   const std::string label = nr.label;
-  std::lock_guard<std::mutex> one_move(move_mu_);
   // Phase 1: a snapshot of every sequence's inputs (prefix() shares the logged rows), replayed to
   // the new runner while the span's steps go on on the old one.
   struct Snapshot {

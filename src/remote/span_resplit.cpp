@@ -132,6 +132,9 @@ std::shared_ptr<RowStore> SpanClient::make_log_store(int64_t row_floats, int64_t
 }
 
 uint64_t SpanClient::begin_pass() {
+  // Through the turnstile first: a resplit waiting for the passes in flight holds it, so passes
+  // started back to back cannot keep it waiting (a shared mutex may prefer readers).
+  { std::lock_guard<std::mutex> turnstile(pass_gate_); }
   pass_mu_.lock_shared();
   return generation_;
 }
@@ -320,7 +323,9 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   }
 
   // 4. Phase 2, between two passes: what the steps changed meanwhile, then the switch.
+  std::unique_lock<std::mutex> turnstile(pass_gate_);
   std::unique_lock<std::shared_mutex> no_pass(pass_mu_);
+  turnstile.unlock();
   std::lock_guard<std::mutex> lk(mu_);
   for (auto it = work.begin(); it != work.end();) {
     it = logs_.count(it->first) != 0 ? std::next(it) : work.erase(it);  // sequences gone meanwhile

@@ -252,6 +252,7 @@ class SpanClient final : public SpanRunner {
   // Forward passes hold it shared (begin_pass..end_pass); a resplit's switch holds it exclusively,
   // so spans_ and runners_ change only between passes. Order: move_mu_, pass_mu_, mu_.
   std::shared_mutex pass_mu_;
+  std::mutex pass_gate_;        // the turnstile before pass_mu_ (begin_pass, resplit)
   uint64_t generation_ = 0;     // spans_' generation (changed under pass_mu_ and mu_)
   mutable std::mutex view_mu_;  // Runner::view
   // Per span, the rows of every SeqLog (its input width); the memory budget shared in proportion.
