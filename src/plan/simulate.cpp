@@ -31,6 +31,11 @@ class Sim {
     fail_at_.assign(P, INFINITY);
     known_dead_.assign(P, false);
     span_here_.assign(P, false);
+    runner_.resize(P);
+    for (size_t i = 0; i < P; ++i) runner_[i] = static_cast<int>(i);
+    standby_.assign(P, -1);
+    for (const SpanStandby& sb : plan.standbys)
+      if (sb.primary >= 0 && static_cast<size_t>(sb.primary) < P) standby_[static_cast<size_t>(sb.primary)] = sb.peer;
     res_.peer_busy_s.assign(P, 0.0);
     for (const SimFailure& f : so.failures) fail_at_[static_cast<size_t>(f.peer)] = std::min(fail_at_[f.peer], f.at_s);
     owner_.assign(static_cast<size_t>(m.n_layer()), std::vector<int>(static_cast<size_t>(m.n_expert), -1));
@@ -154,25 +159,35 @@ class Sim {
     return c;
   }
 
+  // Span p's rows to whoever runs it now (its peer, or its standby after a failover): `rows` of
+  // compute, the reply to `finish`; a reply lost for the timeout fails the span over — to its
+  // standby when the plan has one that is up (every row the span was sent replayed there first),
+  // else to the backbone.
   void run_span(int p, int first, int last, std::function<void()> done) {
     const int T = tokens_per_step();
     if (span_here_[static_cast<size_t>(p)]) {
       backbone_compute(span_compute_s(first, last, T) / po_.backbone_speed, std::move(done));
       return;
     }
+    span_trip(p, first, last, T, std::make_shared<std::function<void()>>(std::move(done)));
+  }
+
+  void span_trip(int p, int first, int last, int rows, std::shared_ptr<std::function<void()>> finish) {
+    const int T = tokens_per_step();
+    const int q = runner_[static_cast<size_t>(p)];
     trips_++;
     auto replied = std::make_shared<bool>(false);
-    auto finish = std::make_shared<std::function<void()>>(std::move(done));
-    const uint64_t bytes = static_cast<uint64_t>(T) * m_.hidden_bytes + kHeaderBytes;
-    const double fail = fail_at_[static_cast<size_t>(p)];
-    const double speed = peers_[static_cast<size_t>(p)].speed;
-    send(p, true, bytes, [=, this] {
+    const uint64_t bytes = static_cast<uint64_t>(rows) * m_.hidden_bytes + kHeaderBytes;
+    const uint64_t back = static_cast<uint64_t>(T) * m_.hidden_bytes + kHeaderBytes;
+    const double fail = fail_at_[static_cast<size_t>(q)];
+    const double speed = peers_[static_cast<size_t>(q)].speed;
+    send(q, true, bytes, [=, this] {
       if (now_ >= fail) return;  // lost
-      const double dur = span_compute_s(first, last, T) / speed;
-      res_.peer_busy_s[static_cast<size_t>(p)] += dur;
-      serve(&peer_cpu_[static_cast<size_t>(p)], dur, [=, this](double end) {
+      const double dur = span_compute_s(first, last, rows) / speed;
+      res_.peer_busy_s[static_cast<size_t>(q)] += dur;
+      serve(&peer_cpu_[static_cast<size_t>(q)], dur, [=, this](double end) {
         if (end >= fail) return;
-        send(p, false, bytes, [=, this] {
+        send(q, false, back, [=, this] {
           if (*replied) return;
           *replied = true;
           (*finish)();
@@ -182,10 +197,17 @@ class Sim {
     at(now_ + so_.timeout_s, [=, this] {
       if (*replied) return;
       *replied = true;
-      // Fail over to the backbone: replay every row this span was sent, then this step.
-      span_here_[static_cast<size_t>(p)] = true;
       res_.failovers++;
       res_.replayed_rows += rows_;
+      const int sb = standby_[static_cast<size_t>(p)];
+      if (sb >= 0 && q != sb && now_ < fail_at_[static_cast<size_t>(sb)]) {
+        runner_[static_cast<size_t>(p)] = sb;
+        trips_--;  // the step's trip is the one to the standby
+        span_trip(p, first, last, static_cast<int>(rows_) + T, finish);
+        return;
+      }
+      // Fail over to the backbone: replay every row this span was sent, then this step.
+      span_here_[static_cast<size_t>(p)] = true;
       backbone_compute(span_compute_s(first, last, static_cast<int>(rows_) + T) / po_.backbone_speed, *finish);
     });
   }
@@ -363,6 +385,8 @@ class Sim {
   double now_ = 0, bb_cpu_ = 0, step_start_ = 0, end_ = 0;
   std::vector<double> peer_cpu_, up_busy_, down_busy_, up_last_, down_last_, fail_at_;
   std::vector<bool> known_dead_, span_here_;
+  std::vector<int> runner_;   // per span peer: who runs its span now (itself, or its standby)
+  std::vector<int> standby_;  // per span peer: its standby (SwarmPlan::standbys), or -1
   std::vector<std::vector<int>> owner_;
   std::vector<int> order_;
   std::vector<double> step_times_;

@@ -597,10 +597,22 @@ Status add_span_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers,
       fo.backbone_memory_bytes = UINT64_MAX;
       if (evaluate_plan(m, peers, fo, &f).is_ok()) fallback = f.step_s;
     }
+    // The idle peers that fit, nearest (then fastest) first; as many are priced as there are spans
+    // plus a few (at simulate's scale hundreds of idle peers would be priced over and over).
+    std::vector<int> cand;
+    for (int p = 0; p < P; ++p)
+      if (plan->roles[static_cast<size_t>(p)].kind == RoleKind::kIdle &&
+          span_bytes <= peers[static_cast<size_t>(p)].memory_bytes)
+        cand.push_back(p);
+    std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) {
+      const PlanPeer &x = peers[static_cast<size_t>(a)], &y = peers[static_cast<size_t>(b)];
+      return x.rtt_s != y.rtt_s ? x.rtt_s < y.rtt_s : x.speed > y.speed;
+    });
+    const size_t n_spans = static_cast<size_t>(std::count_if(
+        plan->roles.begin(), plan->roles.end(), [](const PeerRole& x) { return x.kind == RoleKind::kSpan; }));
+    if (cand.size() > n_spans + 8) cand.resize(n_spans + 8);
     std::vector<Option> opts;
-    for (int p = 0; p < P; ++p) {
-      if (plan->roles[static_cast<size_t>(p)].kind != RoleKind::kIdle) continue;
-      if (span_bytes > peers[static_cast<size_t>(p)].memory_bytes) continue;
+    for (int p : cand) {
       SwarmPlan f = *plan;
       f.roles[static_cast<size_t>(p)] = f.roles[static_cast<size_t>(q)];
       f.roles[static_cast<size_t>(q)] = PeerRole{};

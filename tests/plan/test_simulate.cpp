@@ -132,6 +132,46 @@ TEST(Simulate, AFailedSpanPeerIsReplayedOnTheBackbone) {
   EXPECT_GT(r->step_p99_s, 0.5);      // the step that waited for the timeout
 }
 
+// With a standby in the plan (add_span_standbys), the failed span goes to it, not to the
+// backbone: the rows it was sent are replayed there, the later steps cost what the planner priced
+// for the failover, and the backbone computes none of the span.
+TEST(Simulate, AFailedSpanPeerFailsOverToItsStandby) {
+  const PlanModel m = model(8);
+  const auto peers = four(0.02);  // one holds every layer as a span (fewest trips), the rest idle
+  PlanOptions po;
+  po.message_s = 1e-4;
+  po.backbone_memory_bytes = m.global_bytes;  // the backbone cannot take a span over
+  auto plan = plan_swarm(m, peers, po);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_TRUE(add_span_standbys(m, peers, po, &*plan).is_ok());
+  ASSERT_EQ(plan->standbys.size(), 1u) << render_plan(m, peers, *plan);
+  const SpanStandby sb = plan->standbys[0];
+  ASSERT_EQ(plan->roles[static_cast<size_t>(sb.peer)].kind, RoleKind::kIdle);
+  SimOptions so;
+  so.steps = 30;
+  so.prompt_rows = 16;
+  so.timeout_s = 0.5;
+  so.failures = {{sb.primary, 0.3}};
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->steps, 30);
+  EXPECT_EQ(r->failovers, 1);
+  EXPECT_GE(r->replayed_rows, 16);
+  EXPECT_GT(r->peer_busy_s[static_cast<size_t>(sb.peer)], 0.0) << "the standby serves the span";
+  EXPECT_DOUBLE_EQ(r->trips_per_step, plan->trips_per_step) << "one trip per span and step, as before";
+  // The typical step after the failover is what the planner priced for it (the failure comes
+  // within the first few steps).
+  EXPECT_NEAR(r->step_p50_s, sb.failover_step_s, 1e-9);
+  // Without the standby the span lands on the backbone, which computes it from then on.
+  SwarmPlan bare = *plan;
+  bare.standbys.clear();
+  auto b = simulate(m, peers, po, bare, so);
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(b->peer_busy_s[static_cast<size_t>(sb.peer)], 0.0);
+  EXPECT_GT(b->backbone_busy_s, r->backbone_busy_s);
+  EXPECT_LT(b->trips_per_step, r->trips_per_step);
+}
+
 TEST(Simulate, AFailedExpertPeerFallsBackToTheBackbone) {
   const PlanModel m = model(8);
   const auto peers = four(0.02);

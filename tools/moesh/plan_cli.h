@@ -37,7 +37,7 @@ struct PlanCliArgs {
   std::vector<std::string> peer_specs;
   std::vector<std::string> peer_rtts;  // --peer-rtt A:B=20ms (a pair) or 20ms (every other pair)
   bool no_chain = false;
-  bool no_standby = false;  // swarm plan: no standbys for spans from idle peers
+  bool no_standby = false;  // no standbys for spans from idle peers (add_span_standbys)
   // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
   int n_peers = 0;
   std::string peer_memory = "8GiB", rtt_median = "20ms";
