@@ -83,6 +83,20 @@ inline void step_both(Context& ctx, Context& local, int32_t* t, int i) {
   *t = static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin());
 }
 
+// Sequence 0 gets a 5-token prompt and two greedy tokens (from *t), sequence 1 a 3-token prompt,
+// through `ctx` and `local` with equal bits: 7 cells and 3.
+inline void start_two_sequences(Context& ctx, Context& local, int32_t* t) {
+  const int64_t V = ctx.model().hparams().n_vocab;
+  const std::vector<int32_t> prompt = {4, 9, 27, 81, 5}, other_prompt = {7, 11, 13};
+  std::vector<float> x(prompt.size() * V), y(prompt.size() * V);
+  ASSERT_TRUE(ctx.decode(0, prompt.data(), 5, x.data()).is_ok());
+  ASSERT_TRUE(local.decode(0, prompt.data(), 5, y.data()).is_ok());
+  ASSERT_TRUE(ctx.decode(1, other_prompt.data(), 3, x.data()).is_ok());
+  ASSERT_TRUE(local.decode(1, other_prompt.data(), 3, y.data()).is_ok());
+  ASSERT_TRUE(same_bits(x, y));
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, t, i));
+}
+
 // A prompt as one batch, then `n_dec` greedy tokens one at a time; every logits row kept.
 inline std::vector<float> greedy_rows(Context& ctx, const std::vector<int32_t>& prompt, int n_dec, int32_t seq = 0) {
   const int64_t V = ctx.model().hparams().n_vocab;

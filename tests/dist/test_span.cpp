@@ -332,15 +332,8 @@ TEST(Span, APlannedMoveReplaysTheLogFirstAndKeepsTheBits) {
   Context ctx = make_ctx(m, spans);
   Context local = make_ctx(m, nullptr);
   // Two sequences: 5 + 2 cells in sequence 0, 3 in sequence 1.
-  const std::vector<int32_t> prompt = {4, 9, 27, 81, 5}, other_prompt = {7, 11, 13};
-  std::vector<float> x(prompt.size() * V), y(prompt.size() * V);
-  ASSERT_TRUE(ctx.decode(0, prompt.data(), 5, x.data()).is_ok());
-  ASSERT_TRUE(local.decode(0, prompt.data(), 5, y.data()).is_ok());
-  ASSERT_TRUE(ctx.decode(1, other_prompt.data(), 3, x.data()).is_ok());
-  ASSERT_TRUE(local.decode(1, other_prompt.data(), 3, y.data()).is_ok());
-  ASSERT_TRUE(same_bits(x, y));
   int32_t t = 2;
-  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  ASSERT_NO_FATAL_FAILURE(start_two_sequences(ctx, local, &t));
 
   const std::string was = spans->where(0);
   Status st = spans->move({1, 3}, (*other)->address().to_string());
@@ -420,19 +413,10 @@ TEST(Span, AResplitMovesSpanEdgesLiveAndKeepsTheBits) {
   ASSERT_TRUE(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
   auto spans = connect_spans(m, {target(1, 2, {a->get()}), target(3, 5, {b->get()})}, true, SpanChainMode::kOff);
   ASSERT_NE(spans, nullptr);
-  spans->move({1, 2}, (*a)->address().to_string());  // no-op move: the span is on a already
   Context ctx = make_ctx(m, spans);
   Context local = make_ctx(m, nullptr);
-  const std::vector<int32_t> prompt = {4, 9, 27, 81, 5}, other_prompt = {7, 11, 13};
-  std::vector<float> x(prompt.size() * V), y(prompt.size() * V);
-  ASSERT_TRUE(ctx.decode(0, prompt.data(), 5, x.data()).is_ok());
-  ASSERT_TRUE(local.decode(0, prompt.data(), 5, y.data()).is_ok());
-  ASSERT_TRUE(ctx.decode(1, other_prompt.data(), 3, x.data()).is_ok());
-  ASSERT_TRUE(local.decode(1, other_prompt.data(), 3, y.data()).is_ok());
-  ASSERT_TRUE(same_bits(x, y));
   int32_t t = 2;
-  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
-  // Sequence 0: 7 cells, sequence 1: 3.
+  ASSERT_NO_FATAL_FAILURE(start_two_sequences(ctx, local, &t));  // 7 cells in sequence 0, 3 in 1
 
   auto at = [](const std::string& span, const WorkerProcess& p) { return span + "@" + p.address().to_string(); };
   auto placements = [](std::vector<std::string> v) {

@@ -898,7 +898,7 @@ SPAN_MODEL="$TMP/tiny4.gguf"
   --n-embd 128 --n-ff-exp 128 --n-head 4 --head-dim 32 --n-expert 8 --n-expert-used 2 >/dev/null 2>&1 ||
   fail "make-model --n-layer 4"
 start_server local4 -m "$SPAN_MODEL" --parallel 2 -c 4096 --threads 1
-LONG4='{"prompt":"Once upon a time","max_tokens":600,"temperature":0,"ignore_eos":true}'
+LONG4='{"prompt":"Once upon a time","max_tokens":3000,"temperature":0,"ignore_eos":true}'
 want4=$(post /v1/completions "$LONG4" | js 'j.choices[0].text')
 want4_short=$(greedy "${PROMPTS[0]}" 16)
 start_span r13 1-3
