@@ -34,7 +34,7 @@ class Sim {
     runner_.resize(P);
     for (size_t i = 0; i < P; ++i) runner_[i] = static_cast<int>(i);
     standby_.assign(P, -1);
-    for (const SpanStandby& sb : plan.standbys)
+    for (const Standby& sb : plan.standbys)
       if (sb.primary >= 0 && static_cast<size_t>(sb.primary) < P) standby_[static_cast<size_t>(sb.primary)] = sb.peer;
     res_.peer_busy_s.assign(P, 0.0);
     for (const SimFailure& f : so.failures) fail_at_[static_cast<size_t>(f.peer)] = std::min(fail_at_[f.peer], f.at_s);
@@ -301,6 +301,50 @@ class Sim {
     }
   }
 
+  // Who computes an expert held by peer o (-1: the backbone): o while it is not known dead, else
+  // its replica (SwarmPlan::standbys) while that is not, else the backbone's own copy.
+  int holder(int o) const {
+    if (o < 0 || !known_dead_[static_cast<size_t>(o)]) return o;
+    const int r = standby_[static_cast<size_t>(o)];
+    return r >= 0 && !known_dead_[static_cast<size_t>(r)] ? r : -1;
+  }
+
+  // One DISPATCH of n_pairs pairs (rows token rows) of layer l to peer p and its COMBINE. A peer
+  // that does not answer within the timeout is known dead from then on, and the pairs go to its
+  // replica, else the backbone computes them.
+  void dispatch(int p, int l, int n_pairs, int rows, std::function<void()> done) {
+    const PlanLayer& Ly = m_.layers[static_cast<size_t>(l)];
+    const size_t w = static_cast<size_t>(p);
+    const double fail = fail_at_[w], speed = peers_[w].speed;
+    auto replied = std::make_shared<bool>(false);
+    const uint64_t out_bytes = static_cast<uint64_t>(rows) * m_.hidden_bytes + n_pairs * 8 + kHeaderBytes;
+    const uint64_t back_bytes = static_cast<uint64_t>(rows) * m_.hidden_bytes + kHeaderBytes;
+    send(p, true, out_bytes, [=, this] {
+      if (now_ >= fail) return;
+      const double dur = n_pairs * Ly.expert_s / speed;
+      res_.peer_busy_s[w] += dur;
+      serve(&peer_cpu_[w], dur, [=, this](double end) {
+        if (end >= fail) return;
+        send(p, false, back_bytes, [=] {
+          if (*replied) return;
+          *replied = true;
+          done();
+        });
+      });
+    });
+    at(now_ + so_.timeout_s, [=, this] {
+      if (*replied) return;
+      *replied = true;
+      if (!known_dead_[w]) res_.failovers++;
+      known_dead_[w] = true;
+      const int next = holder(p);
+      if (next >= 0)
+        dispatch(next, l, n_pairs, rows, done);
+      else
+        backbone_compute(n_pairs * Ly.expert_s / po_.backbone_speed, done);
+    });
+  }
+
   void backbone_layer(int l, std::function<void()> done) {
     const int T = tokens_per_step();
     const PlanLayer& L = m_.layers[static_cast<size_t>(l)];
@@ -318,8 +362,7 @@ class Sim {
         draw(l, &picks);
         touched.assign(peers_.size(), 0);
         for (int e : picks) {
-          int o = owner_[static_cast<size_t>(l)][static_cast<size_t>(e)];
-          if (o >= 0 && known_dead_[static_cast<size_t>(o)]) o = -1;  // the backbone's copy
+          int o = holder(owner_[static_cast<size_t>(l)][static_cast<size_t>(e)]);
           if (o < 0) {
             local_pairs++;
           } else {
@@ -339,31 +382,7 @@ class Sim {
         if (pairs[w] == 0) continue;
         trip = true;
         ++*pending;
-        const int p = static_cast<int>(w), n_pairs = pairs[w];
-        const double fail = fail_at_[w], speed = peers_[w].speed;
-        auto replied = std::make_shared<bool>(false);
-        const uint64_t out_bytes = static_cast<uint64_t>(rows[w]) * m_.hidden_bytes + n_pairs * 8 + kHeaderBytes;
-        const uint64_t back_bytes = static_cast<uint64_t>(rows[w]) * m_.hidden_bytes + kHeaderBytes;
-        send(p, true, out_bytes, [=, this] {
-          if (now_ >= fail) return;
-          const double dur = n_pairs * Ly.expert_s / speed;
-          res_.peer_busy_s[w] += dur;
-          serve(&peer_cpu_[w], dur, [=, this](double end) {
-            if (end >= fail) return;
-            send(p, false, back_bytes, [=] {
-              if (*replied) return;
-              *replied = true;
-              one_done();
-            });
-          });
-        });
-        at(now_ + so_.timeout_s, [=, this] {
-          if (*replied) return;
-          *replied = true;
-          if (!known_dead_[w]) res_.failovers++;
-          known_dead_[w] = true;
-          backbone_compute(n_pairs * Ly.expert_s / po_.backbone_speed, one_done);
-        });
+        dispatch(static_cast<int>(w), l, pairs[w], rows[w], one_done);
       }
       if (trip) trips_++;
       if (local_pairs > 0) {
@@ -386,7 +405,7 @@ class Sim {
   std::vector<double> peer_cpu_, up_busy_, down_busy_, up_last_, down_last_, fail_at_;
   std::vector<bool> known_dead_, span_here_;
   std::vector<int> runner_;   // per span peer: who runs its span now (itself, or its standby)
-  std::vector<int> standby_;  // per span peer: its standby (SwarmPlan::standbys), or -1
+  std::vector<int> standby_;  // per span or expert peer: its standby or replica (SwarmPlan::standbys), or -1
   std::vector<std::vector<int>> owner_;
   std::vector<int> order_;
   std::vector<double> step_times_;

@@ -229,6 +229,42 @@ Fill make_fill(const PlanModel& m, const std::vector<PlanPeer>& peers, const Pla
   return f;
 }
 
+// The order the fill hands out one layer's experts in: hottest first (the backbone's budget, then
+// the nearest peers get the experts most tokens need; the farthest holders the coldest, so they are
+// needed least often), ties by id. Uniform shares: by id.
+std::vector<int> hot_order(const PlanModel& m, int layer) {
+  std::vector<int> order(static_cast<size_t>(m.n_expert));
+  std::iota(order.begin(), order.end(), 0);
+  if (!m.p.empty()) {
+    const auto& p = m.p[static_cast<size_t>(layer)];
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)]; });
+  }
+  return order;
+}
+
+// One layer's shares in hot_order (what layer_trip reads when segments index that order).
+std::vector<double> hot_shares(const PlanModel& m, int layer) {
+  std::vector<double> out;
+  for (int e : hot_order(m, layer)) out.push_back(m.p_at(layer, e));
+  return out;
+}
+
+// Positions first..last of a layer's hot order as expert slices (ids sorted, adjacent ids merged).
+std::vector<ExpertSlice> slices_of(const PlanModel& m, int layer, int first, int last) {
+  const std::vector<int> order = hot_order(m, layer);
+  std::vector<int> ids(order.begin() + first, order.begin() + last + 1);
+  std::sort(ids.begin(), ids.end());
+  std::vector<ExpertSlice> out;
+  for (int e : ids) {
+    if (!out.empty() && out.back().last == e - 1)
+      out.back().last = e;
+    else
+      out.push_back({layer, e, e});
+  }
+  return out;
+}
+
 std::string fmt_bytes(uint64_t b) {
   if (b >= (1ull << 30)) return fmt::format("{:.1f} GiB", b / double(1ull << 30));
   return fmt::format("{:.1f} MiB", b / double(1ull << 20));
@@ -273,7 +309,11 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
     if (pv == 0) return -1;
     return ordered ? s - 1 : pv - 1;
   };
-  // Cost of the kb-th backbone MoE layer at layer l.
+  // Cost of the kb-th backbone MoE layer at layer l (the fill's slots index each layer's hot order).
+  std::vector<std::vector<double>> shares(static_cast<size_t>(L));
+  if (!m.p.empty())
+    for (int l = 0; l < L; ++l)
+      if (m.layers[static_cast<size_t>(l)].moe) shares[static_cast<size_t>(l)] = hot_shares(m, l);
   std::vector<std::vector<double>> bl(static_cast<size_t>(KB), std::vector<double>(static_cast<size_t>(L), kInf));
   for (int j = 0; j < max_kb; ++j) {
     const std::vector<Seg> segs = fill.segments(j, m.n_expert);
@@ -281,7 +321,7 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
       if (m.layers[static_cast<size_t>(l)].moe)
         bl[static_cast<size_t>(j)][static_cast<size_t>(l)] =
             m.layers[static_cast<size_t>(l)].dense_s * T / o.backbone_speed +
-            layer_trip(m, o, l, fill.holders, segs).expected_s;
+            layer_trip(m, o, l, fill.holders, segs, m.p.empty() ? nullptr : &shares[static_cast<size_t>(l)]).expected_s;
   }
   auto idx = [&](int pos, int s, int kb, int nd, int pv) {
     return (((static_cast<size_t>(pos) * NS + s) * KB + kb) * ND + nd) * PV + pv;
@@ -389,13 +429,9 @@ SwarmPlan materialise(const PlanModel& m, const std::vector<PlanPeer>& peers, co
     if (plan.layer_host[static_cast<size_t>(l)] >= 0 || !m.layers[static_cast<size_t>(l)].moe) continue;
     for (const Seg& s : fill.segments(j++, m.n_expert)) {
       const int peer = fill.holders[static_cast<size_t>(s.holder)].peer;
-      const ExpertSlice sl{l, s.first, s.last};
-      if (peer < 0) {
-        plan.backbone_experts.push_back(sl);
-      } else {
-        plan.roles[static_cast<size_t>(peer)].kind = RoleKind::kExperts;
-        plan.roles[static_cast<size_t>(peer)].experts.push_back(sl);
-      }
+      std::vector<ExpertSlice>& to = peer < 0 ? plan.backbone_experts : plan.roles[static_cast<size_t>(peer)].experts;
+      if (peer >= 0) plan.roles[static_cast<size_t>(peer)].kind = RoleKind::kExperts;
+      for (const ExpertSlice& sl : slices_of(m, l, s.first, s.last)) to.push_back(sl);
     }
   }
   return plan;
@@ -567,81 +603,111 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
   return Status::ok();
 }
 
-Status add_span_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o,
-                         SwarmPlan* plan) {
+Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan) {
   plan->standbys.clear();
   const int P = static_cast<int>(peers.size());
   if (static_cast<int>(plan->roles.size()) != P)
     return make_error(StatusCode::kInvalidArgument, "plan: {} roles for {} peers", plan->roles.size(), P);
-  // Each span's failure, priced with each idle peer standing in and with the backbone taking over.
+  const uint64_t unit = expert_unit(m);
+  // Each primary's failure, priced with each idle peer standing in and with the backbone taking over.
   struct Option {
     int primary, peer;
     double failover_s, fallback_s;
+    bool span;
   };
-  std::vector<std::vector<Option>> per_span;
+  std::vector<std::vector<Option>> per_primary;
+  const size_t n_primaries = static_cast<size_t>(std::count_if(
+      plan->roles.begin(), plan->roles.end(), [](const PeerRole& x) { return x.kind != RoleKind::kIdle; }));
   for (int q = 0; q < P; ++q) {
     const PeerRole& r = plan->roles[static_cast<size_t>(q)];
-    if (r.kind != RoleKind::kSpan) continue;
-    uint64_t span_bytes = 0;
-    for (int l = r.first; l <= r.last; ++l) span_bytes += layer_bytes(m, l);
-    double fallback = -1;
-    if (o.backbone_memory_bytes == UINT64_MAX || plan->backbone_bytes + span_bytes <= o.backbone_memory_bytes) {
-      SwarmPlan f = *plan;
-      f.roles[static_cast<size_t>(q)] = PeerRole{};
+    if (r.kind == RoleKind::kIdle) continue;
+    // What the backbone would have to hold to do the primary's work: a span's layers, or the
+    // expert peer's experts.
+    uint64_t bytes = 0;
+    SwarmPlan f = *plan;
+    f.roles[static_cast<size_t>(q)] = PeerRole{};
+    if (r.kind == RoleKind::kSpan) {
       for (int l = r.first; l <= r.last; ++l) {
+        bytes += layer_bytes(m, l);
         f.layer_host[static_cast<size_t>(l)] = -1;
         if (m.layers[static_cast<size_t>(l)].moe) f.backbone_experts.push_back({l, 0, m.n_expert - 1});
       }
+    } else {
+      for (const ExpertSlice& sl : r.experts) {
+        bytes += static_cast<uint64_t>(sl.last - sl.first + 1) * unit;
+        f.backbone_experts.push_back(sl);
+      }
+    }
+    double fallback = -1;
+    if (o.backbone_memory_bytes == UINT64_MAX || plan->backbone_bytes + bytes <= o.backbone_memory_bytes) {
       PlanOptions fo = o;
-      fo.local_experts_bytes = UINT64_MAX;  // the span's own weights: counted in span_bytes above
+      fo.local_experts_bytes = UINT64_MAX;  // the primary's weights: counted in `bytes` above
       fo.backbone_memory_bytes = UINT64_MAX;
       if (evaluate_plan(m, peers, fo, &f).is_ok()) fallback = f.step_s;
     }
-    // The idle peers that fit, nearest (then fastest) first; as many are priced as there are spans
-    // plus a few (at simulate's scale hundreds of idle peers would be priced over and over).
+    // The idle peers that fit, nearest (then fastest) first; as many are priced as there are
+    // primaries plus a few (at simulate's scale hundreds of idle peers would be priced over and over).
     std::vector<int> cand;
     for (int p = 0; p < P; ++p)
       if (plan->roles[static_cast<size_t>(p)].kind == RoleKind::kIdle &&
-          span_bytes <= peers[static_cast<size_t>(p)].memory_bytes)
+          bytes <= peers[static_cast<size_t>(p)].memory_bytes)
         cand.push_back(p);
     std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) {
       const PlanPeer &x = peers[static_cast<size_t>(a)], &y = peers[static_cast<size_t>(b)];
       return x.rtt_s != y.rtt_s ? x.rtt_s < y.rtt_s : x.speed > y.speed;
     });
-    const size_t n_spans = static_cast<size_t>(std::count_if(
-        plan->roles.begin(), plan->roles.end(), [](const PeerRole& x) { return x.kind == RoleKind::kSpan; }));
-    if (cand.size() > n_spans + 8) cand.resize(n_spans + 8);
+    if (cand.size() > n_primaries + 8) cand.resize(n_primaries + 8);
     std::vector<Option> opts;
     for (int p : cand) {
-      SwarmPlan f = *plan;
-      f.roles[static_cast<size_t>(p)] = f.roles[static_cast<size_t>(q)];
-      f.roles[static_cast<size_t>(q)] = PeerRole{};
-      for (int l = r.first; l <= r.last; ++l) f.layer_host[static_cast<size_t>(l)] = p;
-      if (!evaluate_plan(m, peers, o, &f).is_ok()) continue;
-      if (fallback >= 0 && f.step_s >= fallback) continue;  // the backbone would do better itself
-      opts.push_back({q, p, f.step_s, fallback});
+      SwarmPlan g = *plan;
+      g.roles[static_cast<size_t>(p)] = g.roles[static_cast<size_t>(q)];
+      g.roles[static_cast<size_t>(q)] = PeerRole{};
+      if (r.kind == RoleKind::kSpan)
+        for (int l = r.first; l <= r.last; ++l) g.layer_host[static_cast<size_t>(l)] = p;
+      if (!evaluate_plan(m, peers, o, &g).is_ok()) continue;
+      if (fallback >= 0 && g.step_s >= fallback) continue;  // the backbone would do better itself
+      opts.push_back({q, p, g.step_s, fallback, r.kind == RoleKind::kSpan});
     }
-    if (!opts.empty()) per_span.push_back(std::move(opts));
+    if (!opts.empty()) per_primary.push_back(std::move(opts));
   }
-  // Spans that would stop the swarm first, then by what a standby saves over the fallback.
+  // Primaries whose failure would stop the swarm first, then by what a standby saves over the
+  // fallback; on a tie spans first (a failed span's state must be rebuilt by replay, a failed
+  // expert peer's pairs only go elsewhere).
   auto gain = [](const std::vector<Option>& v) {
     double best = v[0].failover_s;
     for (const Option& x : v) best = std::min(best, x.failover_s);
     return v[0].fallback_s < 0 ? std::numeric_limits<double>::infinity() : v[0].fallback_s - best;
   };
-  std::stable_sort(per_span.begin(), per_span.end(), [&](const auto& a, const auto& b) { return gain(a) > gain(b); });
+  std::stable_sort(per_primary.begin(), per_primary.end(), [&](const auto& a, const auto& b) {
+    const double ga = gain(a), gb = gain(b);
+    return ga != gb ? ga > gb : a[0].span && !b[0].span;
+  });
   std::vector<bool> used(static_cast<size_t>(P), false);
-  for (const auto& v : per_span) {
+  for (const auto& v : per_primary) {
     const Option* pick = nullptr;
     for (const Option& x : v)
       if (!used[static_cast<size_t>(x.peer)] && (pick == nullptr || x.failover_s < pick->failover_s)) pick = &x;
     if (pick == nullptr) continue;
     used[static_cast<size_t>(pick->peer)] = true;
     const PeerRole& r = plan->roles[static_cast<size_t>(pick->primary)];
-    plan->standbys.push_back({pick->peer, pick->primary, r.first, r.last, pick->failover_s, pick->fallback_s});
+    Standby sb;
+    sb.peer = pick->peer;
+    sb.primary = pick->primary;
+    if (r.kind == RoleKind::kSpan) {
+      sb.first = r.first;
+      sb.last = r.last;
+    } else {
+      sb.experts = r.experts;
+    }
+    sb.failover_step_s = pick->failover_s;
+    sb.fallback_step_s = pick->fallback_s;
+    plan->standbys.push_back(std::move(sb));
   }
-  std::sort(plan->standbys.begin(), plan->standbys.end(),
-            [](const SpanStandby& a, const SpanStandby& b) { return a.first < b.first; });
+  // Spans in layer order, then replicas in their primaries' order.
+  std::sort(plan->standbys.begin(), plan->standbys.end(), [](const Standby& a, const Standby& b) {
+    if (a.replica() != b.replica()) return !a.replica();
+    return a.replica() ? a.primary < b.primary : a.first < b.first;
+  });
   return Status::ok();
 }
 
@@ -803,7 +869,9 @@ std::string format_expert_spec(const std::vector<ExpertSlice>& s, int n_expert) 
     runs.push_back({v[i].layer, v[j].layer, v[i].first, v[i].last});
     i = j + 1;
   }
-  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.first_layer < b.first_layer; });
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
+    return a.first_layer != b.first_layer ? a.first_layer < b.first_layer : a.first < b.first;
+  });
   std::string out;
   for (const Run& r : runs) {
     if (!out.empty()) out += ',';
@@ -833,12 +901,19 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
     if (r.kind == RoleKind::kExperts) what = "experts " + format_expert_spec(r.experts, m.n_expert);
     std::string role = role_name(r.kind);
     uint64_t holds = r.bytes;
-    for (const SpanStandby& sb : plan.standbys) {
+    for (const Standby& sb : plan.standbys) {
       if (sb.peer != static_cast<int>(i)) continue;
-      role = "standby";
-      what = fmt::format("layers {}-{} (for {})", sb.first, sb.last, peers[static_cast<size_t>(sb.primary)].name);
+      const std::string& primary = peers[static_cast<size_t>(sb.primary)].name;
       holds = 0;
-      for (int l = sb.first; l <= sb.last; ++l) holds += layer_bytes(m, l);
+      if (sb.replica()) {
+        role = "replica";
+        what = fmt::format("experts {} (for {})", format_expert_spec(sb.experts, m.n_expert), primary);
+        holds = plan.roles[static_cast<size_t>(sb.primary)].bytes;
+      } else {
+        role = "standby";
+        what = fmt::format("layers {}-{} (for {})", sb.first, sb.last, primary);
+        for (int l = sb.first; l <= sb.last; ++l) holds += layer_bytes(m, l);
+      }
     }
     out += fmt::format("{:<14} {:<8} {:>9.1f} {:>10} {:>11}  {}\n", p.name, role, p.rtt_s * 1e3, fmt_bytes(holds),
                        fmt_bytes(p.memory_bytes), what);
@@ -851,10 +926,10 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
       plan.backbone_experts.empty() ? "" : ", keeps experts " + format_expert_spec(plan.backbone_experts, m.n_expert));
   out += fmt::format("predicted: {:.1f} ms per step, {:.2f} tokens/s, {:.2f} trips per step\n", plan.step_s * 1e3,
                      plan.tokens_per_s, plan.trips_per_step);
-  for (const SpanStandby& sb : plan.standbys) {
-    out += fmt::format("if {} fails: {:.1f} ms per step on standby {} (the backbone itself: {})\n",
+  for (const Standby& sb : plan.standbys) {
+    out += fmt::format("if {} fails: {:.1f} ms per step on {} {} (the backbone itself: {})\n",
                        peers[static_cast<size_t>(sb.primary)].name, sb.failover_step_s * 1e3,
-                       peers[static_cast<size_t>(sb.peer)].name,
+                       sb.replica() ? "replica" : "standby", peers[static_cast<size_t>(sb.peer)].name,
                        sb.fallback_step_s < 0 ? std::string("does not fit its memory")
                                               : fmt::format("{:.1f} ms", sb.fallback_step_s * 1e3));
   }

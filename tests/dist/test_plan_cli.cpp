@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 
@@ -70,7 +71,7 @@ void carry_out(const std::string& model, const nlohmann::json& plan, const nlohm
       backbone += " --span " + std::string(r["layers"]) + "@" + (*p)->address().to_string();
       procs.push_back(std::move(*p));
       ++spans;
-    } else if (role == "experts") {
+    } else if (role == "experts" || role == "replica") {
       auto p = WorkerProcess::spawn_command(
           {"worker", "-m", model, "--experts", r["experts"], "--listen", "127.0.0.1:0", "-t", "1"}, "worker");
       ASSERT_TRUE(p.is_ok()) << p.status().to_string();
@@ -180,6 +181,28 @@ TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
   RunResult text = run_moesh(far.substr(0, far.find(" --json")) + " --backbone-mem " + std::to_string(bytes * 8 / 100));
   EXPECT_NE(text.out.find("(standby for "), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("if "), std::string::npos) << text.out;
+  // An expert peer gets a replica from a peer the plan leaves idle (the backbone cannot hold its
+  // experts): a second worker with the same experts. Carried out, the tokens and trips are the
+  // plan's (the replica shares the pairs on loopback, where every holder is near).
+  RunResult rp = run_moesh("swarm plan -m " + quoted(model) + peers(55, 30) +
+                           " --peer idle:mem=" + std::to_string(bytes * 60 / 100) + ",rtt=60ms" + opts +
+                           " --backbone-mem " + std::to_string(bytes * 8 / 100));
+  ASSERT_EQ(rp.exit_code, 0) << rp.err;
+  const nlohmann::json rj = json_of(rp);
+  int replicas = 0;
+  for (const auto& r : rj["roles"]) {
+    if (r["role"] != "replica") continue;
+    ++replicas;
+    for (const auto& q : rj["roles"])
+      if (q["peer"] == r["standby_for"]) {
+        EXPECT_EQ(q["role"], "experts");
+        EXPECT_EQ(q["experts"], r["experts"]);
+      }
+  }
+  ASSERT_EQ(replicas, 1) << rj.dump();
+  EXPECT_TRUE(rj["standbys"][0]["fallback_step_ms"].is_null()) << rj.dump();
+  EXPECT_EQ(rj["standbys"][0]["role"], "replica");
+  carry_out(model, rj, lj, n);
 }
 
 // Span boundaries come from the architecture: a 6-block glm-dsa whose odd blocks reuse the even
@@ -435,6 +458,81 @@ TEST(PlanCli, PeerRttsPriceAdjacentSpansAsAChain) {
   RunResult sim = run_moesh("simulate " + common + " --peer-rtt 20ms --steps 4");
   ASSERT_EQ(sim.exit_code, 0) << sim.err;
   EXPECT_NEAR(json_of(sim)["simulated"]["step_mean_ms"].get<double>(), c["predicted_step_ms"].get<double>(), 1e-6);
+}
+
+// Activation counts from a gateway (a saved /swarm/dashboard.json): the backbone's budget keeps
+// the hot experts, the far peer serves only cold ones, so fewer steps need a trip than the same
+// budget planned with uniform activations; the simulator draws from the same counts.
+TEST(PlanCli, ActivationCountsKeepTheHotExpertsOnTheBackbone) {
+  MakeModelSpec spec = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
+  spec.type = MakeFileType::kQ8_0;
+  spec.seed = 13;
+  spec.n_layer = 2;
+  spec.n_ctx = 256;
+  const std::string model = made_model("qwen3moe-l2-hot", spec);
+  auto f = gguf::File::open(model);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  auto pm = plan_model_from_gguf(**f, 256, kDefaultSecondsPerByte);
+  ASSERT_TRUE(pm.is_ok()) << pm.status().to_string();
+  const int E = pm->n_expert, k = pm->n_expert_used;
+  ASSERT_GE(E, 4);
+  ASSERT_GT(k, 1);
+  const uint64_t eb = pm->layers[1].expert_bytes;
+  // The two highest ids take 0.9 of a layer's tokens each; the others share the rest.
+  const double cold = (k - 1.8) / (E - 2);
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < 2; ++l) {
+    nlohmann::json share = nlohmann::json::array();
+    for (int e = 0; e < E; ++e) share.push_back(e >= E - 2 ? 0.9 : cold);
+    layers.push_back({{"layer", l}, {"tokens", 100000}, {"share", share}});
+  }
+  const std::string counts = ::testing::TempDir() + "plan-activations.json";
+  std::ofstream(counts) << nlohmann::json{{"time_s", 1}, {"heatmap", {{"n_expert", E}, {"layers", layers}}}}.dump();
+  // The backbone keeps E + 2 experts (layer 0 whole and two of layer 1); one far peer the rest.
+  const std::string common = "-m " + quoted(model) + " --peer far:mem=" + std::to_string((E - 2) * eb) +
+                             "B,rtt=50ms --local-experts-mb " + std::to_string((E + 2) * eb) + "B --json";
+  RunResult uni = run_moesh("swarm plan " + common + " --activations uniform");
+  RunResult hot = run_moesh("swarm plan " + common + " --activations " + quoted(counts));
+  ASSERT_EQ(uni.exit_code, 0) << uni.err;
+  ASSERT_EQ(hot.exit_code, 0) << hot.err;
+  const nlohmann::json u = json_of(uni), h = json_of(hot);
+  EXPECT_TRUE(u["activations"].is_null());
+  EXPECT_EQ(h["activations"]["layers"], 2);
+  EXPECT_EQ(h["activations"]["tokens"], 200000);
+  EXPECT_EQ(u["backbone_experts"], "0:*,1:0-1");
+  EXPECT_EQ(h["backbone_experts"], fmt::format("0:*,1:{}-{}", E - 2, E - 1)) << h.dump();
+  ASSERT_EQ(h["roles"][0]["role"], "experts") << h.dump();
+  EXPECT_EQ(h["roles"][0]["experts"], fmt::format("1:0-{}", E - 3));
+  // Layer 1 makes a trip when a token needs a cold expert: 1 - (1 - p)^(E - 2), p smoothed by 16
+  // uniform pseudo-tokens; with uniform activations nearly every step does.
+  const double p = (cold * 100000 + 16.0 * k / E) / (100000 + 16);
+  EXPECT_NEAR(h["trips_per_step"].get<double>(), 1 - std::pow(1 - p, E - 2), 1e-9);
+  EXPECT_LT(h["trips_per_step"].get<double>(), u["trips_per_step"].get<double>());
+  EXPECT_LT(h["predicted_step_ms"].get<double>(), u["predicted_step_ms"].get<double>());
+  RunResult text = run_moesh("swarm plan " + common.substr(0, common.size() - 7) + " --activations " + quoted(counts));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("activations: counted, 200000 token(s) over 2 layer(s)"), std::string::npos) << text.out;
+  // The simulator draws each token's experts from the same counts.
+  RunResult su = run_moesh("simulate " + common + " --activations uniform --steps 200");
+  RunResult sh = run_moesh("simulate " + common + " --activations " + quoted(counts) + " --steps 200");
+  ASSERT_EQ(su.exit_code, 0) << su.err;
+  ASSERT_EQ(sh.exit_code, 0) << sh.err;
+  EXPECT_LT(json_of(sh)["simulated"]["trips_per_step"].get<double>(),
+            json_of(su)["simulated"]["trips_per_step"].get<double>() - 0.1);
+  // Counts of another model, or malformed ones, are refused by name.
+  const std::string other = ::testing::TempDir() + "plan-activations-other.json";
+  std::ofstream(other) << nlohmann::json{{"n_expert", E + 1}, {"layers", layers}}.dump();
+  RunResult wrong = run_moesh("swarm plan " + common + " --activations " + quoted(other));
+  EXPECT_EQ(wrong.exit_code, 2);
+  EXPECT_NE(wrong.err.find("heatmap.n_expert is " + std::to_string(E + 1)), std::string::npos) << wrong.err;
+  layers[1]["share"][3] = 1.5;
+  std::ofstream(other) << nlohmann::json{{"n_expert", E}, {"layers", layers}}.dump();
+  RunResult share = run_moesh("swarm plan " + common + " --activations " + quoted(other));
+  EXPECT_EQ(share.exit_code, 2);
+  EXPECT_NE(share.err.find("heatmap.layers[1].share[3] is not a share"), std::string::npos) << share.err;
+  RunResult missing = run_moesh("swarm plan " + common + " --activations /nonexistent.json");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("cannot open it"), std::string::npos) << missing.err;
 }
 
 TEST(SimulateCli, ADeepSeekSizedSwarmOfHundredsOfPeersWithAFailure) {

@@ -132,7 +132,7 @@ TEST(Simulate, AFailedSpanPeerIsReplayedOnTheBackbone) {
   EXPECT_GT(r->step_p99_s, 0.5);      // the step that waited for the timeout
 }
 
-// With a standby in the plan (add_span_standbys), the failed span goes to it, not to the
+// With a standby in the plan (add_standbys), the failed span goes to it, not to the
 // backbone: the rows it was sent are replayed there, the later steps cost what the planner priced
 // for the failover, and the backbone computes none of the span.
 TEST(Simulate, AFailedSpanPeerFailsOverToItsStandby) {
@@ -143,9 +143,9 @@ TEST(Simulate, AFailedSpanPeerFailsOverToItsStandby) {
   po.backbone_memory_bytes = m.global_bytes;  // the backbone cannot take a span over
   auto plan = plan_swarm(m, peers, po);
   ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
-  ASSERT_TRUE(add_span_standbys(m, peers, po, &*plan).is_ok());
+  ASSERT_TRUE(add_standbys(m, peers, po, &*plan).is_ok());
   ASSERT_EQ(plan->standbys.size(), 1u) << render_plan(m, peers, *plan);
-  const SpanStandby sb = plan->standbys[0];
+  const Standby sb = plan->standbys[0];
   ASSERT_EQ(plan->roles[static_cast<size_t>(sb.peer)].kind, RoleKind::kIdle);
   SimOptions so;
   so.steps = 30;
@@ -170,6 +170,48 @@ TEST(Simulate, AFailedSpanPeerFailsOverToItsStandby) {
   EXPECT_EQ(b->peer_busy_s[static_cast<size_t>(sb.peer)], 0.0);
   EXPECT_GT(b->backbone_busy_s, r->backbone_busy_s);
   EXPECT_LT(b->trips_per_step, r->trips_per_step);
+}
+
+// An expert peer's replica (add_standbys) takes its pairs when it fails: the steps after the
+// failover cost what the planner priced for it, and the backbone computes no routed expert.
+TEST(Simulate, AFailedExpertPeerFailsOverToItsReplica) {
+  const PlanModel m = model(8);
+  auto peers = four(0.02);
+  peers[1].rtt_s = 0.05;  // the nearest holds every expert; the others are idle
+  peers[2].rtt_s = 0.06;
+  peers[3].rtt_s = 0.07;
+  PlanOptions po;
+  po.spans = false;
+  po.message_s = 1e-4;
+  po.backbone_memory_bytes = m.global_bytes + 8 * (2 * kSimMiB + kSimMiB / 4);  // its layers, not the experts
+  auto plan = plan_swarm(m, peers, po);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_EQ(plan->roles[0].kind, RoleKind::kExperts) << render_plan(m, peers, *plan);
+  ASSERT_TRUE(add_standbys(m, peers, po, &*plan).is_ok());
+  ASSERT_EQ(plan->standbys.size(), 1u) << render_plan(m, peers, *plan);
+  const Standby sb = plan->standbys[0];
+  ASSERT_TRUE(sb.replica());
+  EXPECT_EQ(sb.peer, 1);  // the nearest idle peer
+  SimOptions so;
+  so.steps = 30;
+  so.timeout_s = 0.5;
+  so.failures = {{0, 0.2}};
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->steps, 30);
+  EXPECT_EQ(r->failovers, 1);
+  EXPECT_GT(r->peer_busy_s[1], 0.0) << "the replica serves the experts";
+  EXPECT_DOUBLE_EQ(r->trips_per_step, plan->trips_per_step) << "one trip per layer, as before";
+  // One holder of every expert: each layer's trip is certain, so the typical step after the
+  // failover is exactly the planner's failover price.
+  EXPECT_NEAR(r->step_p50_s, sb.failover_step_s, 1e-9);
+  // Without the replica the backbone computes the failed peer's pairs (from a full file).
+  SwarmPlan bare = *plan;
+  bare.standbys.clear();
+  auto b = simulate(m, peers, po, bare, so);
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(b->peer_busy_s[1], 0.0);
+  EXPECT_GT(b->backbone_busy_s, r->backbone_busy_s);
 }
 
 TEST(Simulate, AFailedExpertPeerFallsBackToTheBackbone) {

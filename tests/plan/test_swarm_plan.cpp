@@ -385,10 +385,10 @@ TEST(SwarmPlan, AnIdlePeerStandsByForASpanTheBackboneCouldNotTakeOver) {
   ASSERT_EQ(plan->roles[1].kind, RoleKind::kSpan) << render_plan(m, peers, *plan);
   ASSERT_EQ(plan->roles[2].kind, RoleKind::kIdle) << render_plan(m, peers, *plan);
   const double step = plan->step_s;
-  ASSERT_TRUE(add_span_standbys(m, peers, o, &*plan).is_ok());
+  ASSERT_TRUE(add_standbys(m, peers, o, &*plan).is_ok());
   EXPECT_EQ(plan->step_s, step) << "a standby changes nothing until a failure";
   ASSERT_EQ(plan->standbys.size(), 1u) << render_plan(m, peers, *plan);  // one idle peer that fits
-  const SpanStandby& sb = plan->standbys[0];
+  const Standby& sb = plan->standbys[0];
   EXPECT_EQ(sb.peer, 2);
   EXPECT_TRUE(sb.primary == 0 || sb.primary == 1);
   EXPECT_EQ(sb.first, plan->roles[static_cast<size_t>(sb.primary)].first);
@@ -410,20 +410,73 @@ TEST(SwarmPlan, AnIdlePeerStandsByForASpanTheBackboneCouldNotTakeOver) {
   PlanOptions roomy;
   auto p2 = plan_swarm(m, peers, roomy);
   ASSERT_TRUE(p2.is_ok());
-  ASSERT_TRUE(add_span_standbys(m, peers, roomy, &*p2).is_ok());
-  for (const SpanStandby& x : p2->standbys) EXPECT_LT(x.failover_step_s, x.fallback_step_s);
+  ASSERT_TRUE(add_standbys(m, peers, roomy, &*p2).is_ok());
+  for (const Standby& x : p2->standbys) EXPECT_LT(x.failover_step_s, x.fallback_step_s);
   if (p2->roles[2].kind == RoleKind::kIdle && !p2->standbys.empty()) ADD_FAILURE() << render_plan(m, peers, *p2);
   PlanOptions slow = roomy;
   slow.backbone_speed = 0.02;
   auto p3 = plan_swarm(m, peers, slow);
   ASSERT_TRUE(p3.is_ok());
-  ASSERT_TRUE(add_span_standbys(m, peers, slow, &*p3).is_ok());
+  ASSERT_TRUE(add_standbys(m, peers, slow, &*p3).is_ok());
   ASSERT_FALSE(p3->standbys.empty()) << render_plan(m, peers, *p3);
-  for (const SpanStandby& x : p3->standbys) {
+  for (const Standby& x : p3->standbys) {
     EXPECT_GE(x.fallback_step_s, 0);
     EXPECT_LT(x.failover_step_s, x.fallback_step_s);
     EXPECT_NE(x.peer, 3) << "too small to hold a span";
   }
+}
+
+// An expert peer's standby is a replica: an idle peer holding the same experts, planned where
+// the backbone could not hold them itself (a backbone run from its slice has no copies).
+TEST(SwarmPlan, AnIdlePeerReplicatesAnExpertPeerTheBackboneCouldNotReplace) {
+  PlanModel m = toy_model(4, 16, 4);
+  // Spans off: "near" holds every expert, "far" and "farther" are left idle; "small" cannot
+  // hold near's experts.
+  std::vector<PlanPeer> peers = {{"near", 64 * kMiB, 0.01, 1, 0},
+                                 {"farther", 64 * kMiB, 0.08, 1, 0},
+                                 {"far", 64 * kMiB, 0.03, 1, 0},
+                                 {"small", 16 * kMiB, 0.001, 1, 0}};
+  PlanOptions o;
+  o.spans = false;
+  o.message_s = 1e-4;
+  o.backbone_memory_bytes = m.global_bytes + 4 * (2 * kMiB + kMiB / 4);  // its layers' dense parts only
+  auto plan = plan_swarm(m, peers, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  // The fill puts the experts on the nearest peers first: small takes 16, near the other 48.
+  ASSERT_EQ(plan->roles[0].kind, RoleKind::kExperts) << render_plan(m, peers, *plan);
+  ASSERT_EQ(plan->roles[1].kind, RoleKind::kIdle) << render_plan(m, peers, *plan);
+  ASSERT_EQ(plan->roles[2].kind, RoleKind::kIdle) << render_plan(m, peers, *plan);
+  ASSERT_EQ(plan->roles[3].kind, RoleKind::kExperts) << render_plan(m, peers, *plan);
+  const double step = plan->step_s;
+  ASSERT_TRUE(add_standbys(m, peers, o, &*plan).is_ok());
+  EXPECT_EQ(plan->step_s, step) << "a replica changes nothing until a failure";
+  ASSERT_EQ(plan->standbys.size(), 2u) << render_plan(m, peers, *plan);
+  for (const Standby& sb : plan->standbys) {
+    EXPECT_TRUE(sb.replica());
+    EXPECT_EQ(sb.experts, plan->roles[static_cast<size_t>(sb.primary)].experts);
+    EXPECT_LT(sb.fallback_step_s, 0) << "the backbone cannot hold the experts";
+    // Priced as the plan with the replica in the primary's place.
+    SwarmPlan swapped = *plan;
+    swapped.roles[static_cast<size_t>(sb.peer)] = swapped.roles[static_cast<size_t>(sb.primary)];
+    swapped.roles[static_cast<size_t>(sb.primary)] = PeerRole{};
+    ASSERT_TRUE(evaluate_plan(m, peers, o, &swapped).is_ok());
+    EXPECT_DOUBLE_EQ(sb.failover_step_s, swapped.step_s);
+  }
+  // Each primary gets the replica that fails over fastest: the nearer idle peer for one of them,
+  // the farther for the other; near's replica gets 48 experts' worth, small's 16.
+  EXPECT_NE(plan->standbys[0].peer, plan->standbys[1].peer);
+  const std::string text = render_plan(m, peers, *plan);
+  EXPECT_NE(text.find("replica "), std::string::npos) << text;
+  EXPECT_NE(text.find("(for near)"), std::string::npos) << text;
+  EXPECT_NE(text.find("on replica"), std::string::npos) << text;
+  // A backbone that may hold everything computes a failed peer's pairs itself, with no trip at
+  // all: no replica.
+  PlanOptions roomy = o;
+  roomy.backbone_memory_bytes = UINT64_MAX;
+  auto p2 = plan_swarm(m, peers, roomy);
+  ASSERT_TRUE(p2.is_ok());
+  ASSERT_TRUE(add_standbys(m, peers, roomy, &*p2).is_ok());
+  EXPECT_TRUE(p2->standbys.empty()) << render_plan(m, peers, *p2);
 }
 
 TEST(SwarmPlan, AFarSmallPeerGetsNothingWhenTheNearOnesSuffice) {
@@ -453,6 +506,44 @@ TEST(SwarmPlan, AFarSmallPeerGetsNothingWhenTheNearOnesSuffice) {
   auto with_phone = plan_swarm(m, short_of, roomy);
   ASSERT_TRUE(with_phone.is_ok()) << with_phone.status().to_string();
   EXPECT_EQ(with_phone->roles[4].kind, RoleKind::kExperts);
+}
+
+// Measured activations: the fill hands each layer's experts out hottest first — the backbone's
+// budget, then the nearest peer — so the far peer holds the coldest and is needed least often.
+TEST(SwarmPlan, HotExpertsGoToTheNearestHolderAndColdOnesFarthest) {
+  PlanModel m = toy_model(2, 8, 2);
+  // Experts 6 and 7 take 0.7 of the tokens each, the other six 0.1.
+  m.p.assign(2, std::vector<double>(8, 0.1));
+  for (auto& layer : m.p) layer[6] = layer[7] = 0.7;
+  // Spans off: the near peer holds 4 experts, the far one the other 12; the backbone none.
+  std::vector<PlanPeer> peers{{"near", 4 * kMiB, 0.005, 1, 0}, {"far", 12 * kMiB, 0.05, 1, 0}};
+  PlanOptions o;
+  o.spans = false;
+  o.message_s = 1e-4;
+  auto hot = plan_swarm(m, peers, o);
+  ASSERT_TRUE(hot.is_ok()) << hot.status().to_string();
+  // Layer 0's four slots on the near peer: the two hot experts, then 0 and 1 (ties by id).
+  EXPECT_EQ(format_expert_spec(hot->roles[0].experts, 8), "0:0-1,0:6-7") << render_plan(m, peers, *hot);
+  EXPECT_EQ(format_expert_spec(hot->roles[1].experts, 8), "0:2-5,1:*");
+  // The same roles with the experts by id (the hot ones far) are predicted slower: the far peer
+  // is then needed by 1 - 0.9^2 x 0.3^2 = 92.7 % of layer 0's tokens, not 1 - 0.9^4 = 34.4 %.
+  SwarmPlan by_id = *hot;
+  by_id.roles[0].experts = {{0, 0, 3}};
+  by_id.roles[1].experts = {{0, 4, 7}, {1, 0, 7}};
+  ASSERT_TRUE(evaluate_plan(m, peers, o, &by_id).is_ok());
+  EXPECT_GT(by_id.step_s - hot->step_s, 0.5 * (0.927 - 0.344) * (0.05 - 0.005));
+  EXPECT_DOUBLE_EQ(by_id.trips_per_step, hot->trips_per_step);  // every layer still makes its trip
+  // A local budget of 10 experts: layer 0 whole, then layer 1's two hot ones; the far peer serves
+  // only cold experts of layer 1, so fewer steps need a trip at all.
+  o.local_experts_bytes = 10 * kMiB;
+  auto local = plan_swarm(m, peers, o);
+  ASSERT_TRUE(local.is_ok()) << local.status().to_string();
+  EXPECT_EQ(format_expert_spec(local->backbone_experts, 8), "0:*,1:6-7") << render_plan(m, peers, *local);
+  EXPECT_EQ(format_expert_spec(local->roles[0].experts, 8), "1:0-3");
+  EXPECT_EQ(format_expert_spec(local->roles[1].experts, 8), "1:4-5");
+  // Layer 1 makes a trip when the token needs one of the six cold experts (the model treats
+  // experts as independent draws): 1 - 0.9^6, against 1 for the same budget by id.
+  EXPECT_NEAR(local->trips_per_step, 1 - std::pow(0.9, 6), 1e-12);
 }
 
 TEST(SwarmPlan, MoreTokensPerStepRaiseComputeNotTrips) {

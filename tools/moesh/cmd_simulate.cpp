@@ -29,7 +29,7 @@ int run_simulate(const SimArgs& a) {
   auto plan = plan_for_layout(*setup, a.plan.layout);
   if (!plan) return fail(plan.status());
   if (!a.plan.no_standby) {  // a failed span goes to its standby, as the runtime does
-    Status sb = add_span_standbys(setup->model, setup->plan_peers, setup->opts, &*plan);
+    Status sb = add_standbys(setup->model, setup->plan_peers, setup->opts, &*plan);
     if (!sb.is_ok()) return fail(sb);
   }
   SimOptions so;

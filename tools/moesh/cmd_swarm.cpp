@@ -121,13 +121,22 @@ std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::str
       backbone += " --worker " + addr;
     }
   }
-  // Standbys after every primary: the backbone tries a span's peers in the order named.
-  for (const SpanStandby& sb : p.standbys) {
+  // Standbys after every primary: the backbone tries a span's peers in the order named. A replica
+  // is one more worker holding the same experts; being farther, it gets pairs only when the
+  // primary fails.
+  for (const Standby& sb : p.standbys) {
     const auto& peer = s.peers[static_cast<size_t>(sb.peer)];
     const std::string addr = peer.addr.empty() ? "HOST:PORT" : peer.addr;
-    out += fmt::format("  {}: moesh span -m {} --layers {}-{} --listen {}   (standby for {})\n", peer.peer.name, mf,
-                       sb.first, sb.last, addr, s.peers[static_cast<size_t>(sb.primary)].peer.name);
-    backbone += fmt::format(" --span {}-{}@{}", sb.first, sb.last, addr);
+    const std::string& primary = s.peers[static_cast<size_t>(sb.primary)].peer.name;
+    if (sb.replica()) {
+      out += fmt::format("  {}: moesh worker -m {} --experts '{}' --listen {}   (replica of {})\n", peer.peer.name, mf,
+                         format_expert_spec(sb.experts, s.model.n_expert), addr, primary);
+      backbone += " --worker " + addr;
+    } else {
+      out += fmt::format("  {}: moesh span -m {} --layers {}-{} --listen {}   (standby for {})\n", peer.peer.name, mf,
+                         sb.first, sb.last, addr, primary);
+      backbone += fmt::format(" --span {}-{}@{}", sb.first, sb.last, addr);
+    }
   }
   if (!p.backbone_experts.empty()) {
     backbone += fmt::format(" --local-experts-mb {}", (s.opts.local_experts_bytes >> 20));
@@ -180,7 +189,7 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
         mv["switch"] = fmt::format("moesh swarm move {} --span {}@{} --admin-key KEY",
                                    gateway.empty() ? "http://GATEWAY:PORT" : gateway, role.second,
                                    addr.count(peer) ? addr[peer] : "HOST:PORT");
-    } else if (role.first == "experts") {
+    } else if (role.first == "experts" || role.first == "replica") {
       mv["slice"] = fmt::format("moesh slice -m {} --experts '{}' -o {}-experts.gguf", mf, role.second, peer);
     }
     moves.push_back(mv);
@@ -253,6 +262,11 @@ int run_plan(const PlanCliArgs& a) {
     if (!live) return fail(live.status().with_context("--status " + a.status_url));
     std::fprintf(stderr, "moesh swarm plan: %zu worker(s) up at %s\n", live->size(), a.status_url.c_str());
     args.live_peers = std::move(*live);
+    if (a.activations.empty()) {  // the gateway's own expert activation counts
+      auto dash = get_json(a.status_url, "/swarm/dashboard.json", 10);
+      if (!dash) return fail(dash.status().with_context("--status (its activation counts)"));
+      args.live_activations = std::move(*dash);
+    }
   }
   auto setup = resolve_plan_setup(args);
   if (!setup) return fail(setup.status());
@@ -261,7 +275,7 @@ int run_plan(const PlanCliArgs& a) {
   auto plan = plan_for_layout(*setup, a.layout);
   if (!plan) return fail(plan.status());
   if (!a.no_standby) {
-    Status sb = add_span_standbys(setup->model, setup->plan_peers, setup->opts, &*plan);
+    Status sb = add_standbys(setup->model, setup->plan_peers, setup->opts, &*plan);
     if (!sb.is_ok()) return fail(sb);
   }
   auto experts = plan_all_experts(setup->model, setup->plan_peers, setup->opts);
@@ -292,6 +306,12 @@ int run_plan(const PlanCliArgs& a) {
               m.n_layer(), m.n_expert, m.n_expert_used, setup->seconds_per_byte * 1e9,
               setup->calibrated ? "measured here" : (a.seconds_per_byte > 0 ? "given" : "default"),
               setup->opts.tokens_per_step);
+  const ActivationInfo& act = setup->activations;
+  if (act.source.empty())
+    std::printf("activations: uniform (every expert %d/%d of the tokens)\n", m.n_expert_used, m.n_expert);
+  else
+    std::printf("activations: counted, %llu token(s) over %d layer(s), from %s\n",
+                static_cast<unsigned long long>(act.tokens), act.layers, act.source.c_str());
   std::printf("layout: %s\n%s", a.layout.c_str(), render_plan(m, setup->plan_peers, *plan).c_str());
   auto line = [](const char* what, const Result<SwarmPlan>& p) {
     if (p)

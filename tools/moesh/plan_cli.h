@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -37,7 +38,7 @@ struct PlanCliArgs {
   std::vector<std::string> peer_specs;
   std::vector<std::string> peer_rtts;  // --peer-rtt A:B=20ms (a pair) or 20ms (every other pair)
   bool no_chain = false;
-  bool no_standby = false;  // no standbys for spans from idle peers (add_span_standbys)
+  bool no_standby = false;  // no standbys (spans) or replicas (expert peers) from idle peers (add_standbys)
   // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
   int n_peers = 0;
   std::string peer_memory = "8GiB", rtt_median = "20ms";
@@ -51,6 +52,10 @@ struct PlanCliArgs {
   std::string from;                 // a previous plan's JSON: print the moves to the new one
   std::string status_url;           // --status: a running gateway whose workers become peers
   std::vector<CliPeer> live_peers;  // filled from --status by run_plan (a --peer of the same name wins)
+  // --activations: a file with the gateway's counts (/swarm/dashboard.json or its heatmap), or
+  // "uniform"; empty: the --status gateway's live counts where there is one, else uniform.
+  std::string activations;
+  nlohmann::json live_activations;  // filled from --status by run_plan (its /swarm/dashboard.json)
   bool json = false;
   uint64_t seed = 1;
 };
@@ -70,8 +75,8 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
                   "adjacent spans on such peers are priced as a chain (docs/span.md#chained-spans)");
   sub->add_flag("--no-chain", a->no_chain, "Price every span as a star trip from the backbone (as --span-chain off)");
   sub->add_flag("--no-standby", a->no_standby,
-                "Leave idle peers idle (by default one that fits a span and fails over faster than the backbone "
-                "would becomes that span's standby)");
+                "Leave idle peers idle (by default one that fits a span or an expert peer's experts and fails over "
+                "faster than the backbone would becomes its standby or replica)");
   sub->add_option("--backbone-mem", a->backbone_memory,
                   "What the backbone may hold of the model (globals, dense parts, KV of its layers); default "
                   "unlimited");
@@ -85,6 +90,9 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
                   "plan (the planner's choice) | experts (every peer an equal share of "
                   "every layer) | spans (equal spans, Petals-style)");
   sub->add_flag("--json", a->json, "Print JSON");
+  sub->add_option("--activations", a->activations,
+                  "Expert activation counts to plan with: a saved /swarm/dashboard.json of a running gateway (or "
+                  "its heatmap), or 'uniform'; default: the --status gateway's counts, else uniform");
   if (!simulate) {
     sub->add_option(
         "--from", a->from,
@@ -314,9 +322,73 @@ inline Result<double> calibrate_seconds_per_byte(const std::string& path, int th
   return s / static_cast<double>(plan_bytes_per_token(pm) + pm.global_bytes / 2);
 }
 
+// Where the planner's activation shares came from (docs/swarm.md#activation-statistics).
+struct ActivationInfo {
+  std::string source;   // empty: uniform
+  int layers = 0;       // layers with counts
+  uint64_t tokens = 0;  // tokens counted, over those layers
+};
+
+// A layer's shares are smoothed toward uniform by this many pseudo-tokens, so a layer that few
+// tokens have passed does not look skewed by chance.
+inline constexpr double kActivationPriorTokens = 16;
+
+// Sets m->p from a gateway's activation counts: the heatmap of /swarm/dashboard.json ({"n_expert",
+// "layers": [{"layer", "tokens", "share": [...]}]}), or the whole document holding it. Layers it
+// does not count (span layers, dense layers, none routed yet) keep k/n per expert.
+// kInvalidArgument naming the field for a heatmap of another model or a malformed one.
+inline Status apply_activations(const nlohmann::json& doc, const std::string& source, PlanModel* m,
+                                ActivationInfo* info) {
+  auto bad = [&](const std::string& why) {
+    return make_error(StatusCode::kInvalidArgument, "activations {}: {}", source, why);
+  };
+  const nlohmann::json& h = doc.is_object() && doc.contains("heatmap") ? doc["heatmap"] : doc;
+  if (!h.is_object() || !h.contains("n_expert") || !h["n_expert"].is_number_integer() || !h.contains("layers") ||
+      !h["layers"].is_array())
+    return bad("not a heatmap (expected {\"n_expert\": N, \"layers\": [...]}, as /swarm/dashboard.json has)");
+  if (h["n_expert"].get<int64_t>() != m->n_expert)
+    return bad(fmt::format("heatmap.n_expert is {}, model '{}' has {} experts", h["n_expert"].get<int64_t>(), m->name,
+                           m->n_expert));
+  const double uniform = static_cast<double>(m->n_expert_used) / m->n_expert;
+  std::vector<std::vector<double>> p(static_cast<size_t>(m->n_layer()),
+                                     std::vector<double>(static_cast<size_t>(m->n_expert), uniform));
+  ActivationInfo got;
+  got.source = source;
+  std::vector<bool> seen(static_cast<size_t>(m->n_layer()), false);
+  for (size_t i = 0; i < h["layers"].size(); ++i) {
+    const nlohmann::json& L = h["layers"][i];
+    const std::string at = fmt::format("heatmap.layers[{}]", i);
+    if (!L.is_object() || !L.contains("layer") || !L["layer"].is_number_integer() || !L.contains("tokens") ||
+        !L["tokens"].is_number_unsigned() || !L.contains("share") || !L["share"].is_array())
+      return bad(at + " needs \"layer\", \"tokens\" and \"share\"");
+    const int64_t l = L["layer"].get<int64_t>();
+    if (l < 0 || l >= m->n_layer() || !m->layers[static_cast<size_t>(l)].moe)
+      return bad(fmt::format("{}.layer {} is not a MoE layer of '{}'", at, l, m->name));
+    if (seen[static_cast<size_t>(l)]) return bad(fmt::format("{}.layer {} is listed twice", at, l));
+    seen[static_cast<size_t>(l)] = true;
+    if (L["share"].size() != static_cast<size_t>(m->n_expert))
+      return bad(fmt::format("{}.share has {} values, the model has {} experts", at, L["share"].size(), m->n_expert));
+    const double t = static_cast<double>(L["tokens"].get<uint64_t>());
+    for (int e = 0; e < m->n_expert; ++e) {
+      const nlohmann::json& v = L["share"][static_cast<size_t>(e)];
+      const double x = v.is_number() ? v.get<double>() : -1;
+      if (!(x >= 0 && x <= 1)) return bad(fmt::format("{}.share[{}] is not a share in [0,1]", at, e));
+      p[static_cast<size_t>(l)][static_cast<size_t>(e)] =
+          (x * t + kActivationPriorTokens * uniform) / (t + kActivationPriorTokens);
+    }
+    got.layers += 1;
+    got.tokens += L["tokens"].get<uint64_t>();
+  }
+  if (got.layers == 0) return Status::ok();  // nothing counted yet: uniform
+  m->p = std::move(p);
+  *info = got;
+  return Status::ok();
+}
+
 // Everything the two commands need, resolved from the options.
 struct PlanSetup {
   PlanModel model;
+  ActivationInfo activations;
   std::vector<CliPeer> peers;
   std::vector<PlanPeer> plan_peers;
   PlanOptions opts;
@@ -355,6 +427,17 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
     auto m = plan_model_shape(a.shape, a.n_ctx, s.seconds_per_byte);
     if (!m) return m.status();
     s.model = std::move(*m);
+  }
+  if (!a.activations.empty() && a.activations != "uniform") {
+    std::ifstream in(a.activations);
+    if (!in.is_open())
+      return make_error(StatusCode::kInvalidArgument, "--activations {}: cannot open it", a.activations);
+    const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+    if (doc.is_discarded())
+      return make_error(StatusCode::kInvalidArgument, "--activations {}: not JSON", a.activations);
+    MOESH_RETURN_IF_ERROR(apply_activations(doc, a.activations, &s.model, &s.activations));
+  } else if (a.activations.empty() && !a.live_activations.is_null()) {
+    MOESH_RETURN_IF_ERROR(apply_activations(a.live_activations, a.status_url, &s.model, &s.activations));
   }
   for (const std::string& spec : a.peer_specs) {
     auto p = parse_plan_peer(spec);
@@ -425,23 +508,35 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
     if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
       j["chained_after"] = s.peers[static_cast<size_t>(r.chained_after)].peer.name;
     if (r.kind == RoleKind::kExperts) j["experts"] = format_expert_spec(r.experts, s.model.n_expert);
-    for (const SpanStandby& sb : p.standbys) {
+    for (const Standby& sb : p.standbys) {
       if (sb.peer != static_cast<int>(i)) continue;
-      j["role"] = "standby";
-      j["layers"] = fmt::format("{}-{}", sb.first, sb.last);
       j["standby_for"] = s.peers[static_cast<size_t>(sb.primary)].peer.name;
+      if (sb.replica()) {
+        j["role"] = "replica";
+        j["experts"] = format_expert_spec(sb.experts, s.model.n_expert);
+        j["bytes"] = p.roles[static_cast<size_t>(sb.primary)].bytes;
+      } else {
+        j["role"] = "standby";
+        j["layers"] = fmt::format("{}-{}", sb.first, sb.last);
+      }
     }
     roles.push_back(j);
   }
-  // What a span peer's failure costs: its standby serving, or the backbone running the span.
+  // What a span or expert peer's failure costs: its standby (replica) serving, or the backbone
+  // doing the work itself.
   nlohmann::json standbys = nlohmann::json::array();
-  for (const SpanStandby& sb : p.standbys) {
-    standbys.push_back({{"peer", s.peers[static_cast<size_t>(sb.peer)].peer.name},
-                        {"standby_for", s.peers[static_cast<size_t>(sb.primary)].peer.name},
-                        {"layers", fmt::format("{}-{}", sb.first, sb.last)},
-                        {"failover_step_ms", sb.failover_step_s * 1e3},
-                        {"fallback_step_ms",
-                         sb.fallback_step_s < 0 ? nlohmann::json(nullptr) : nlohmann::json(sb.fallback_step_s * 1e3)}});
+  for (const Standby& sb : p.standbys) {
+    nlohmann::json j{{"peer", s.peers[static_cast<size_t>(sb.peer)].peer.name},
+                     {"role", sb.replica() ? "replica" : "standby"},
+                     {"standby_for", s.peers[static_cast<size_t>(sb.primary)].peer.name},
+                     {"failover_step_ms", sb.failover_step_s * 1e3},
+                     {"fallback_step_ms",
+                      sb.fallback_step_s < 0 ? nlohmann::json(nullptr) : nlohmann::json(sb.fallback_step_s * 1e3)}};
+    if (sb.replica())
+      j["experts"] = format_expert_spec(sb.experts, s.model.n_expert);
+    else
+      j["layers"] = fmt::format("{}-{}", sb.first, sb.last);
+    standbys.push_back(std::move(j));
   }
   // The peer-to-peer round trips the plan was priced with (--peer-rtt, or measured by live workers).
   nlohmann::json rtts = nlohmann::json::array();
@@ -456,21 +551,26 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
     if (!s.model.can_split(b)) fixed.push_back(b);
     row_bytes.push_back(s.model.row_bytes_at(b));
   }
-  return nlohmann::json{{"model", s.model.name},
-                        {"no_split_before", fixed},
-                        {"span_row_bytes", row_bytes},
-                        {"peer_rtt_ms", rtts},
-                        {"n_layer", s.model.n_layer()},
-                        {"seconds_per_byte", s.seconds_per_byte},
-                        {"calibrated", s.calibrated},
-                        {"tokens_per_step", s.opts.tokens_per_step},
-                        {"roles", roles},
-                        {"backbone_bytes", p.backbone_bytes},
-                        {"backbone_experts", format_expert_spec(p.backbone_experts, s.model.n_expert)},
-                        {"predicted_step_ms", p.step_s * 1e3},
-                        {"predicted_tokens_per_s", p.tokens_per_s},
-                        {"trips_per_step", p.trips_per_step},
-                        {"standbys", standbys}};
+  return nlohmann::json{
+      {"model", s.model.name},
+      {"no_split_before", fixed},
+      {"span_row_bytes", row_bytes},
+      {"peer_rtt_ms", rtts},
+      {"n_layer", s.model.n_layer()},
+      {"seconds_per_byte", s.seconds_per_byte},
+      {"calibrated", s.calibrated},
+      {"activations", s.activations.source.empty() ? nlohmann::json(nullptr)
+                                                   : nlohmann::json{{"source", s.activations.source},
+                                                                    {"layers", s.activations.layers},
+                                                                    {"tokens", s.activations.tokens}}},
+      {"tokens_per_step", s.opts.tokens_per_step},
+      {"roles", roles},
+      {"backbone_bytes", p.backbone_bytes},
+      {"backbone_experts", format_expert_spec(p.backbone_experts, s.model.n_expert)},
+      {"predicted_step_ms", p.step_s * 1e3},
+      {"predicted_tokens_per_s", p.tokens_per_s},
+      {"trips_per_step", p.trips_per_step},
+      {"standbys", standbys}};
 }
 
 }  // namespace moesh::cli

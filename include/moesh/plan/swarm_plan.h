@@ -138,17 +138,25 @@ struct PeerRole {
   int chained_after = -1;            // kSpan: the peer whose span it follows in a chain (-1: none)
 };
 
-// A standby for a span peer: a peer the plan leaves idle holds the same layers, and the backbone
-// names it after the primary (`--span F-L@PRIMARY --span F-L@STANDBY`), so when the primary fails
-// the span fails over to it (its inputs replayed: docs/span.md) instead of onto the backbone.
-struct SpanStandby {
-  int peer = -1;               // the idle peer that holds it
-  int primary = -1;            // the span peer it stands in for
-  int first = -1, last = -1;   // the span's layers
-  double failover_step_s = 0;  // predicted step with the primary gone and the standby serving
-  // ... with the span run by the backbone instead; < 0: its weights do not fit the backbone's
+// A standby for a peer of the plan, from the peers it leaves idle; it serves only when its
+// primary fails:
+//  - for a span peer, it holds the same layers and the backbone names it after the primary
+//    (`--span F-L@PRIMARY --span F-L@STANDBY`), so the span fails over to it (its inputs replayed:
+//    docs/span.md) instead of onto the backbone;
+//  - for an expert peer, it is a replica: a worker holding the same experts (`moesh worker
+//    --experts SPEC`, one more `--worker`), so the primary's pairs fail over to it instead of onto
+//    the backbone's own copies — which a backbone started from its slice does not have. While
+//    the primary is up the replica, being farther, gets no pairs (remote/planner.h).
+struct Standby {
+  int peer = -1;                     // the idle peer that holds it
+  int primary = -1;                  // the peer it stands in for
+  int first = -1, last = -1;         // a span's layers (-1: an expert peer's replica)
+  std::vector<ExpertSlice> experts;  // a replica's experts (the primary's); empty for a span
+  double failover_step_s = 0;        // predicted step with the primary gone and the standby serving
+  // ... with the backbone doing the primary's work instead; < 0: that does not fit the backbone's
   // memory (the swarm would stop at the primary's failure).
   double fallback_step_s = -1;
+  bool replica() const { return first < 0; }
 };
 
 struct SwarmPlan {
@@ -156,20 +164,21 @@ struct SwarmPlan {
   std::vector<ExpertSlice> backbone_experts;  // routed experts the backbone keeps
   std::vector<int> layer_host;                // per layer: -1 the backbone, else the span peer
   uint64_t backbone_bytes = 0;
-  double step_s = 0;                  // predicted time of one step
-  double tokens_per_s = 0;            // accepted_per_step / step_s
-  double trips_per_step = 0;          // expected network waits: one per span, one per layer needing a peer
-  std::vector<double> layer_s;        // per layer (a span's whole cost on its first layer)
-  std::vector<SpanStandby> standbys;  // add_span_standbys
+  double step_s = 0;              // predicted time of one step
+  double tokens_per_s = 0;        // accepted_per_step / step_s
+  double trips_per_step = 0;      // expected network waits: one per span, one per layer needing a peer
+  std::vector<double> layer_s;    // per layer (a span's whole cost on its first layer)
+  std::vector<Standby> standbys;  // add_standbys
 };
 
-// Standbys for the plan's spans from the peers it leaves idle (the step time does not change:
-// they serve only when a primary fails). Per span, its failure is priced both ways — the
-// standby serving (evaluate_plan with the roles swapped) and the backbone running the span itself
-// (which needs its weights in the backbone's memory). Spans whose failure would stop the swarm go
-// first, then the largest gain; each gets the idle peer that fits and fails over fastest, and only
-// where that beats the backbone's own fallback. One standby per span, one span per peer.
-Status add_span_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan);
+// Standbys for the plan's span and expert peers from the peers it leaves idle (the step time does
+// not change: they serve only when a primary fails). Per primary, its failure is priced both ways
+// — the standby serving (evaluate_plan with the roles swapped) and the backbone doing the work
+// itself (which needs the span's weights, or the expert peer's experts, in the backbone's memory).
+// Primaries whose failure would stop the swarm go first, then the largest gain; each gets the idle
+// peer that fits and fails over fastest, and only where that beats the backbone's own fallback.
+// One standby per primary, one primary per idle peer.
+Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan);
 
 // The best plan, or kOutOfRange when no assignment holds every layer (memory), naming
 // how much is missing; kInvalidArgument for an inconsistent model or options.

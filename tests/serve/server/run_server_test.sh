@@ -715,6 +715,8 @@ expect_eq "$(js 'j.roles.map(r => r.peer).sort().join(",")' <"$TMP/plan_live.jso
   "swarm plan --status: the gateway's workers are the peers"
 expect_eq "$(js 'j.roles.every(r => r.rtt_ms > 0)' <"$TMP/plan_live.json")" "true" \
   "swarm plan --status: each peer's RTT is the measured one"
+expect_eq "$(js "j.activations != null && j.activations.source == '$BASE' && j.activations.tokens > 0" \
+  <"$TMP/plan_live.json")" "true" "swarm plan --status: it plans with the gateway's expert activation counts"
 # Memory: j1 offers 64 MiB; j2 says nothing, so what it holds plus half its machine's free memory.
 expect_eq "$(js 'j.roles.find(r => r.peer == "j1").memory_bytes' <"$TMP/plan_live.json")" "67108864" \
   "swarm plan --status: a worker's offer is its memory"
