@@ -50,8 +50,13 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   }
   std::vector<std::unique_ptr<WorkerLink>> links;
   const LinkOptions lopts = opts.link_options();
+  std::vector<std::pair<WorkerAddress, Status>> down;
   for (const WorkerAddress& a : workers) {
     auto link = connect_worker(a, hello, lopts);
+    if (!link && opts.failover && workers.size() > 1) {
+      down.emplace_back(a, link.status());
+      continue;
+    }
     if (!link) return link.status();
     auto held = swarm::expert_set_from_ranges((*link)->session.peer.experts, shape);
     if (!held) return held.status().with_context("worker " + (*link)->label + " announces");
@@ -72,6 +77,31 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
     probe_peer_rtts(ask, peers, net::deadline_in(opts.connect_timeout));
   }
   auto placement = build_placement(pin);
+  // Workers that did not answer: the backbone starts without them only when some worker did and
+  // every expert still has a holder (another worker — a replica — or the backbone's own copy), as
+  // if they had failed mid-run; they are re-dialled in the background and join when they answer.
+  // Otherwise the first of them is the error (naming the worker), with what would be uncovered.
+  if (!down.empty()) {
+    if (links.empty()) return down.front().second;
+    if (!placement)
+      return make_error(
+          down.front().second.code(), "{}; without {}, {}", down.front().second.message(),
+          down.size() == 1 ? std::string("it") : fmt::format("the {} workers that do not answer", down.size()),
+          placement.status().message());
+    for (auto& [a, why] : down) {
+      spdlog::warn(
+          "remote executor: worker {} does not answer ({}); starting without it: its experts have other "
+          "holders; re-dialled in the background",
+          a.to_string(), why.to_string());
+      Impl::Late& l = impl->late.emplace_back();
+      l.address = a;
+      l.last = why;
+      l.attempts = 1;
+      l.backoff = opts.rejoin_backoff;
+      l.retry_at = std::chrono::steady_clock::now() + l.backoff;
+    }
+    impl->publish_late();
+  }
   if (!placement) return placement.status().with_context("placement");
   impl->planner = Planner(std::move(*placement), opts.planner);
   impl->pin = pin;
@@ -178,7 +208,54 @@ bool RemoteExecutor::worker_down(size_t w) const {
 
 void RemoteExecutor::poll_rejoins(bool wait) {
   impl_->start_redials(wait);
+  impl_->dial_late(wait);
   impl_->check_paths(wait);
+}
+
+std::vector<RemoteExecutor::LateWorker> RemoteExecutor::late_workers() const {
+  std::lock_guard<std::mutex> lk(impl_->worker_mu);
+  return impl_->late_view;
+}
+
+void RemoteExecutor::Impl::publish_late() {
+  std::vector<RemoteExecutor::LateWorker> v;
+  for (const Late& l : late) v.push_back({l.address.to_string(), l.last.to_string(), l.attempts});
+  std::lock_guard<std::mutex> lk(worker_mu);
+  late_view = std::move(v);
+}
+
+void RemoteExecutor::Impl::dial_late(bool wait) {
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < late.size(); ++i) {
+    Late& l = late[i];
+    if (l.dial.valid()) {
+      if (!wait && l.dial.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+      Result<std::unique_ptr<WorkerLink>> link = l.dial.get();
+      Status why = link.status();
+      if (link.is_ok()) {
+        const std::string label = (*link)->label;
+        why = add_worker(std::move(*link));
+        if (why.is_ok()) {
+          ++fo.rejoins;
+          spdlog::info("remote executor: worker {} answered after {} tries and joined", label, l.attempts);
+          late.erase(late.begin() + static_cast<std::ptrdiff_t>(i));
+          --i;
+          continue;
+        }
+      }
+      l.last = why;
+      l.backoff = std::min(l.backoff * 2, opts.rejoin_backoff_max);
+      l.retry_at = now + l.backoff;
+      continue;
+    }
+    if (!wait && now < l.retry_at) continue;  // `wait` (tests): dial now, whatever the backoff
+    ++l.attempts;
+    l.dial = std::async(std::launch::async, [addr = l.address, hello = hello, lo = opts.link_options()] {
+      return connect_worker(addr, hello, lo);
+    });
+    if (wait) --i;  // take its result in this same call
+  }
+  publish_late();
 }
 
 void RemoteExecutor::Impl::mark_down(int w) {
@@ -340,6 +417,7 @@ void RemoteExecutor::maintain() {
   Impl& m = *impl_;
   if (std::any_of(m.jobs.begin(), m.jobs.end(), [](const Impl::Job& j) { return j.pending; })) return;
   if (m.opts.failover) m.start_redials(false);
+  m.dial_late(false);
   if (m.opts.registry) m.adopt_joined();
   m.check_paths(false);
 }
@@ -630,6 +708,7 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
   }
   if (!overlapped && m.opts.failover) m.start_redials(false);  // between calls: take back workers that answer
   if (!overlapped && layer == m.first_moe) m.check_paths(false);
+  if (!overlapped && layer == m.first_moe) m.dial_late(false);
   if (!overlapped && m.opts.registry && layer == m.first_moe) m.adopt_joined();
   if (!overlapped && layer == m.first_moe && ++m.straggler_calls % 16 == 0) m.check_stragglers();
   Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);

@@ -155,6 +155,21 @@ struct RemoteExecutor::Impl {
   // ones replace the old. Between calls only.
   void adopt_joined();
   Status add_worker(std::unique_ptr<WorkerLink> link);
+  // Dialled workers that did not answer at connect (failover on, the others and the backbone's
+  // copies holding every expert): re-dialled with the rejoin backoff and added (add_worker)
+  // once they answer. Between calls only.
+  struct Late {
+    WorkerAddress address;
+    Status last;  // why the latest dial failed
+    std::chrono::steady_clock::time_point retry_at;
+    std::chrono::milliseconds backoff{0};
+    uint64_t attempts = 0;
+    std::future<Result<std::unique_ptr<WorkerLink>>> dial;
+  };
+  std::vector<Late> late;
+  std::vector<RemoteExecutor::LateWorker> late_view;  // a copy for other threads; under worker_mu
+  void dial_late(bool wait);
+  void publish_late();
   PlacementInput pin;  // what the placement was built from (extended as workers join)
   Status recover(Job& job, const Status& why);
 

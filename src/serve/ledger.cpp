@@ -137,6 +137,10 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
                             {"peer_rtt_ms", peer_rtts_json(w)},
                             {"paths", paths_json(w)}});
   }
+  // Dialled workers that have not answered since start-up (re-dialled in the background).
+  j["late"] = nlohmann::json::array();
+  for (const RemoteExecutor::LateWorker& l : remote->late_workers())
+    j["late"].push_back({{"address", l.address}, {"last_error", l.last_error}, {"attempts", l.attempts}});
   if (const std::shared_ptr<WorkerRegistry>& reg = remote->options().registry) {
     j["accepting"] = reg->port();
     const auto now = std::chrono::steady_clock::now();
@@ -178,6 +182,11 @@ std::string render_swarm_status(const nlohmann::json& j) {
                        static_cast<uint64_t>(num(w, "requests")), static_cast<uint64_t>(num(w, "errors")),
                        str(w, "address"));
     }
+  }
+  if (j.contains("late") && j["late"].is_array()) {
+    for (const nlohmann::json& l : j["late"])
+      s += fmt::format("not answering since start-up: {} ({} tries; last: {})\n", str(l, "address"),
+                       static_cast<uint64_t>(num(l, "attempts")), str(l, "last_error"));
   }
   // What each worker offers (its INFO_REPLY): threads, memory, room for replicas.
   if (j.contains("workers") && j["workers"].is_array()) {

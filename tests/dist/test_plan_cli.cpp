@@ -41,21 +41,27 @@ nlohmann::json json_of(const RunResult& r) {
 }
 
 // Starts the plan's roles and runs the backbone with them; checks tokens and trips. Standbys are
-// named after every primary; `primaries_down`: the span peers that have a standby are not started
-// (their address answers nothing), so their standbys serve — and the backbone runs nothing itself.
+// named after every primary; `primaries_down`: the span and expert peers that have a standby or a
+// replica are not started (their address answers nothing), so those serve instead — and the
+// backbone runs no span itself.
 void carry_out(const std::string& model, const nlohmann::json& plan, const nlohmann::json& local, int n,
                bool primaries_down = false) {
   std::vector<std::unique_ptr<WorkerProcess>> procs;
   std::string backbone, standbys;
   std::set<std::string> covered;
   for (const auto& r : plan["roles"])
-    if (r["role"] == "standby") covered.insert(r["standby_for"].get<std::string>());
-  int spans = 0;
+    if (r["role"] == "standby" || r["role"] == "replica") covered.insert(r["standby_for"].get<std::string>());
+  int spans = 0, down_workers = 0;
   for (const auto& r : plan["roles"]) {
     const std::string role = r["role"];
     if (primaries_down && role == "span" && covered.count(r["peer"].get<std::string>()) != 0) {
       backbone += " --span " + std::string(r["layers"]) + "@127.0.0.1:1";
       ++spans;
+      continue;
+    }
+    if (primaries_down && role == "experts" && covered.count(r["peer"].get<std::string>()) != 0) {
+      backbone += " --worker 127.0.0.1:1";  // down from the start: its replica holds its experts
+      ++down_workers;
       continue;
     }
     if (role == "standby") {
@@ -93,6 +99,10 @@ void carry_out(const std::string& model, const nlohmann::json& plan, const nlohm
   EXPECT_EQ(static_cast<double>(trips), plan["trips_per_step"].get<double>() * n) << plan.dump() << "\n" << j.dump();
   if (spans > 0) EXPECT_EQ(j["spans"]["failovers"], 0);
   if (spans > 0) EXPECT_EQ(j["spans"]["local_steps"], 0);
+  if (j.contains("remote")) {
+    EXPECT_EQ(j["remote"]["local_pairs"], 0) << "every pair went to an expert peer or a replica";
+    EXPECT_EQ(j["remote"]["late_workers"].size(), static_cast<size_t>(down_workers)) << j.dump();
+  }
 }
 
 TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
@@ -203,6 +213,7 @@ TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
   EXPECT_TRUE(rj["standbys"][0]["fallback_step_ms"].is_null()) << rj.dump();
   EXPECT_EQ(rj["standbys"][0]["role"], "replica");
   carry_out(model, rj, lj, n);
+  carry_out(model, rj, lj, n, /*primaries_down=*/true);
 }
 
 // Span boundaries come from the architecture: a 6-block glm-dsa whose odd blocks reuse the even

@@ -40,6 +40,65 @@ TEST(RemoteFailures, WorkerGoneBeforeStartup) {
   EXPECT_EQ(exec.status().code(), StatusCode::kUnavailable) << exec.status().to_string();
 }
 
+// Several workers named and one down at start-up: with failover the backbone starts without it
+// when the others (a replica) still hold every expert, as if it had failed mid-run — the bits
+// are the all-local ones — and takes it in once it answers; when its experts would have no
+// holder, or with failover off, the dead worker is the error.
+TEST(RemoteFailures, AWorkerDownAtStartIsLeftOutWhileItsExpertsHaveAnotherHolder) {
+  SliceSetup su = slice_setup("late", 8);
+  ASSERT_TRUE(su.backbone != nullptr);
+  auto gone = WorkerProcess::spawn(su.path, "*:*");
+  ASSERT_TRUE(gone.is_ok()) << gone.status().to_string();
+  const WorkerAddress dead = (*gone)->address();
+  (*gone)->kill_now();
+  auto replica = WorkerProcess::spawn(su.path, "*:*");
+  ASSERT_TRUE(replica.is_ok()) << replica.status().to_string();
+  RemoteOptions o;
+  o.rejoin_backoff = milliseconds(60000);  // only poll_rejoins(true) dials it again here
+  auto exec = RemoteExecutor::connect(*su.backbone, {dead, (*replica)->address()}, o);
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+  ASSERT_EQ(remote->late_workers().size(), 1u);
+  EXPECT_EQ(remote->late_workers()[0].address, dead.to_string());
+  EXPECT_EQ(remote->late_workers()[0].attempts, 1u);
+  EXPECT_NE(remote->late_workers()[0].last_error.find(dead.to_string()), std::string::npos);
+  EXPECT_EQ(remote->worker_status().size(), 1u);
+  auto got = run_model(*su.backbone, su.toks, remote);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(std::memcmp(got->data(), su.local.data(), got->size() * sizeof(float)), 0);
+  EXPECT_EQ(remote->traffic().local_pairs, 0u);
+  // Still down: a try changes nothing but the count. Back on its port: it joins.
+  remote->poll_rejoins(true);
+  ASSERT_EQ(remote->late_workers().size(), 1u);
+  EXPECT_EQ(remote->late_workers()[0].attempts, 2u);
+  auto back = WorkerProcess::spawn_command(
+      {"worker", "-m", su.path, "--experts", "*:*", "--listen", dead.to_string(), "-t", "1"}, "worker");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  remote->poll_rejoins(true);
+  EXPECT_TRUE(remote->late_workers().empty());
+  ASSERT_EQ(remote->worker_status().size(), 2u);
+  EXPECT_EQ(remote->failover_stats().rejoins, 1u);
+  auto again = run_model(*su.backbone, su.toks, remote);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(std::memcmp(again->data(), su.local.data(), again->size() * sizeof(float)), 0);
+  (*back)->kill_now();
+
+  // The other worker holds half the experts: the dead one is the error, with what nobody holds.
+  auto half = WorkerProcess::spawn(su.path, "*:0-3");
+  ASSERT_TRUE(half.is_ok()) << half.status().to_string();
+  auto uncovered = RemoteExecutor::connect(*su.backbone, {dead, (*half)->address()}, o);
+  ASSERT_FALSE(uncovered.is_ok());
+  EXPECT_EQ(uncovered.status().code(), StatusCode::kUnavailable) << uncovered.status().to_string();
+  EXPECT_NE(uncovered.status().message().find(dead.to_string()), std::string::npos) << uncovered.status().to_string();
+  EXPECT_NE(uncovered.status().message().find("4-"), std::string::npos) << uncovered.status().to_string();
+  // Failover off: any worker that does not answer is the error.
+  RemoteOptions strict;
+  strict.failover = false;
+  auto refused = RemoteExecutor::connect(*su.backbone, {dead, (*replica)->address()}, strict);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find(dead.to_string()), std::string::npos) << refused.status().to_string();
+}
+
 TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadlineWithoutFailover) {
   const std::string path = made_qwen3moe();
   auto model = Model::load(path);

@@ -257,6 +257,10 @@ int run_run(const RunArgs& a) {
                      {"remote_pairs", t.remote_pairs},     {"local_pairs", t.local_pairs},
                      {"max_in_flight", t.max_in_flight},   {"dispatch_bytes", t.dispatch_bytes},
                      {"combine_bytes", t.combine_bytes}};
+      // Workers named that have not answered since start-up (left out: others hold their experts).
+      j["remote"]["late_workers"] = nlohmann::json::array();
+      for (const RemoteExecutor::LateWorker& l : remote->late_workers())
+        j["remote"]["late_workers"].push_back(l.address);
       if (a.swarm.local_experts_mb > 0) {
         const HotExpertReport h = remote->hot_experts();
         j["hot_experts"] = {{"plans", h.plans},

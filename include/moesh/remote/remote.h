@@ -327,6 +327,15 @@ class RemoteExecutor final : public ExpertExecutor {
   // every down worker and tries every preferred path now, and waits for the outcome.
   // Never with a call pending.
   void poll_rejoins(bool wait = false);
+  // Dialled workers that did not answer at connect and are re-dialled in the background (with
+  // failover on, the backbone starts without them when another worker answered and every expert
+  // still has a holder); each leaves this list when it answers and joins.
+  struct LateWorker {
+    std::string address;
+    std::string last_error;
+    uint64_t attempts = 0;
+  };
+  std::vector<LateWorker> late_workers() const;
 
   // The counts below as a copy any thread may take while the executor runs (the dashboard),
   // with the MoE-layer calls that involved a worker and the Σ of their tokens.
