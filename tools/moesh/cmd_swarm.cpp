@@ -147,8 +147,10 @@ std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::str
 // Re-planning: what changes from a previous plan's roles to the new plan's, per peer, and the
 // slice each new role needs (cut with `moesh slice`; it carries the model identity, which the
 // backbone checks in the peer's HELLO before using it).
+// `join`: the --status gateway's --accept-workers address (HOST:PORT), where a new expert peer or
+// replica can dial in and be taken into the placement between calls; empty: it does not accept.
 nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& new_plan, const std::string& model,
-                          const std::string& gateway) {
+                          const std::string& gateway, const std::string& join) {
   std::map<std::string, std::pair<std::string, std::string>> before, after;
   auto what = [](const nlohmann::json& r) -> std::string {
     if (r.contains("layers")) return r["layers"];
@@ -191,6 +193,15 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
                                    addr.count(peer) ? addr[peer] : "HOST:PORT");
     } else if (role.first == "experts" || role.first == "replica") {
       mv["slice"] = fmt::format("moesh slice -m {} --experts '{}' -o {}-experts.gguf", mf, role.second, peer);
+      // Live where the gateway accepts workers: the peer dials in and is added between calls. A
+      // name the gateway knows keeps its experts (it may only add to them), so a peer whose
+      // experts change joins under a new name; the old process is stopped once it has joined
+      // (its pairs then go to the other holders).
+      if (!join.empty()) {
+        const bool renamed = it != before.end() && (was.first == "experts" || was.first == "replica");
+        mv["join"] = fmt::format("moesh worker -m {} --experts '{}' --join {} --name {}", mf, role.second, join,
+                                 renamed ? peer + "-2" : peer);
+      }
     }
     moves.push_back(mv);
   }
@@ -255,9 +266,19 @@ int run_plan(const PlanCliArgs& a) {
     return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
   };
   PlanCliArgs args = a;
+  std::string join;  // the gateway's --accept-workers address, when it has one
   if (!a.status_url.empty()) {
     auto st = get_json(a.status_url, "/swarm/status", 10);
     if (!st) return fail(st.status().with_context("--status"));
+    if (st->contains("accepting") && (*st)["accepting"].is_number_integer()) {
+      // The gateway's host as --status names it: "http://HOST:PORT/..." or "http://[V6]:PORT".
+      const size_t scheme = a.status_url.find("://");
+      std::string host = a.status_url.substr(scheme == std::string::npos ? 0 : scheme + 3);
+      host = host.substr(0, host.find('/'));
+      const size_t colon = host.rfind(':'), bracket = host.rfind(']');
+      if (colon != std::string::npos && (bracket == std::string::npos || colon > bracket)) host.resize(colon);
+      join = fmt::format("{}:{}", host, (*st)["accepting"].get<int>());
+    }
     auto live = peers_from_status(*st);
     if (!live) return fail(live.status().with_context("--status " + a.status_url));
     std::fprintf(stderr, "moesh swarm plan: %zu worker(s) up at %s\n", live->size(), a.status_url.c_str());
@@ -288,7 +309,7 @@ int run_plan(const PlanCliArgs& a) {
     auto old_plan = nlohmann::json::parse(in, nullptr, false);
     if (old_plan.is_discarded() || !old_plan.is_object() || !old_plan.contains("roles"))
       return fail(make_error(StatusCode::kInvalidArgument, "--from {}: not a plan (moesh swarm plan --json)", a.from));
-    moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model, a.status_url);
+    moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model, a.status_url, join);
     resplit = plan_resplit(old_plan, plan_to_json(*setup, *plan), a.status_url);
   }
   if (a.json) {
@@ -338,6 +359,9 @@ int run_plan(const PlanCliArgs& a) {
       if (mv.contains("switch"))
         std::printf("    switch: %s (where the gateway runs that span already: moved live, its inputs replayed)\n",
                     std::string(mv["switch"]).c_str());
+      if (mv.contains("join"))
+        std::printf("    join: %s (the gateway takes it in between calls; stop an old process of the peer after)\n",
+                    std::string(mv["join"]).c_str());
     }
     if (!resplit.is_null() && resplit["live"]) {
       std::printf("new span edges, live once the span peers run: %s\n", std::string(resplit["command"]).c_str());

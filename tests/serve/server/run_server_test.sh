@@ -743,6 +743,29 @@ body=$(post /v1/completions "$DEAD_BODY")
 expect_eq "$(status)" "200" "rejoined worker: completion"
 expect_eq "$(echo "$body" | js 'j.choices[0].text')" "$before_text" "rejoined worker: the same greedy text"
 expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.length')" "2" "rejoined worker kept its place (no third entry)"
+# Re-planning against this gateway (it accepts workers): a peer the old plan lacked gets an expert
+# role and the command that joins it live; carried out, the gateway takes it in between calls.
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" --layout experts --peer 'j3:mem=1GiB,rtt=1ms' --json \
+  >"$TMP/plan_j3.json" 2>/dev/null || fail "swarm plan --status with a new peer"
+js 'Object.assign(j, {roles: j.roles.filter(r => r.peer != "j3")})' <"$TMP/plan_j3.json" >"$TMP/plan_old.json"
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" --layout experts --peer 'j3:mem=1GiB,rtt=1ms' \
+  --from "$TMP/plan_old.json" --json >"$TMP/plan_moves.json" 2>/dev/null || fail "swarm plan --from with a new peer"
+JOIN_CMD=$(js 'j.moves.find(m => m.peer == "j3").join' <"$TMP/plan_moves.json")
+case "$JOIN_CMD" in
+  "moesh worker -m $MODEL --experts '"*"' --join $JADDR --name j3") ok "swarm plan --from: a new expert peer's move joins it live" ;;
+  *) fail "swarm plan --from: the join command is '$JOIN_CMD'" ;;
+esac
+eval "\"\$MOESH\" ${JOIN_CMD#moesh } -t 1" >"$TMP/j3.log" 2>"$TMP/j3.log.err" &
+PIDS+=("$!")
+for i in $(seq 150); do
+  [ "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.some(w => w.name == "j3" && w.state == "up")')" = "true" ] && break
+  post /v1/completions "$DEAD_BODY" >/dev/null
+  sleep 0.2
+done
+expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.name).sort().join(",")')" "j1,j2,j3" \
+  "the peer started with the move's command joined the running gateway"
+body=$(post /v1/completions "$DEAD_BODY")
+expect_eq "$(echo "$body" | js 'j.choices[0].text')" "$before_text" "with the joined peer: the same greedy text"
 
 # ---- a relay: workers that only dial out, reached by a gateway through `moesh relay` ----------
 "$MOESH" relay --listen 127.0.0.1:0 >"$TMP/relay.log" 2>"$TMP/relay.log.err" &
