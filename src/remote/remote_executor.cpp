@@ -51,12 +51,15 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   std::vector<std::unique_ptr<WorkerLink>> links;
   const LinkOptions lopts = opts.link_options();
   std::vector<std::pair<WorkerAddress, Status>> down;
-  for (const WorkerAddress& a : workers) {
+  std::vector<double> given_costs;  // RemoteOptions::worker_costs of the workers that answered
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const WorkerAddress& a = workers[i];
     auto link = connect_worker(a, hello, lopts);
     if (!link && opts.failover && workers.size() > 1) {
       down.emplace_back(a, link.status());
       continue;
     }
+    if (i < opts.worker_costs.size()) given_costs.push_back(opts.worker_costs[i]);
     if (!link) return link.status();
     auto held = swarm::expert_set_from_ranges((*link)->session.peer.experts, shape);
     if (!held) return held.status().with_context("worker " + (*link)->label + " announces");
@@ -88,6 +91,8 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
           down.front().second.code(), "{}; without {}, {}", down.front().second.message(),
           down.size() == 1 ? std::string("it") : fmt::format("the {} workers that do not answer", down.size()),
           placement.status().message());
+    // Given costs follow the workers that answered (one that answers later gets the cheapest).
+    if (opts.worker_costs.size() == workers.size()) impl->opts.worker_costs = std::move(given_costs);
     for (auto& [a, why] : down) {
       spdlog::warn(
           "remote executor: worker {} does not answer ({}); starting without it: its experts have other "
@@ -224,8 +229,35 @@ void RemoteExecutor::Impl::publish_late() {
   late_view = std::move(v);
 }
 
+Status RemoteExecutor::dial_worker(const WorkerAddress& address) {
+  const std::string want = address.to_string();
+  std::lock_guard<std::mutex> lk(impl_->worker_mu);
+  for (const WorkerTraffic& w : impl_->workers)  // labels are "HOST:PORT (name)"
+    if (w.label == want || w.label.rfind(want + " ", 0) == 0)
+      return make_error(StatusCode::kInvalidArgument, "worker {} is already one of the workers ({})", want, w.label);
+  for (const LateWorker& l : impl_->late_view)
+    if (l.address == want) return make_error(StatusCode::kInvalidArgument, "worker {} is being dialled", want);
+  for (const WorkerAddress& a : impl_->dial_requests)
+    if (a.to_string() == want) return make_error(StatusCode::kInvalidArgument, "worker {} is being dialled", want);
+  impl_->dial_requests.push_back(address);
+  impl_->late_view.push_back({want, "not dialled yet", 0});
+  return Status::ok();
+}
+
 void RemoteExecutor::Impl::dial_late(bool wait) {
   const auto now = std::chrono::steady_clock::now();
+  std::vector<WorkerAddress> asked;
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    asked.swap(dial_requests);
+  }
+  for (const WorkerAddress& a : asked) {
+    Late& l = late.emplace_back();
+    l.address = a;
+    l.last = make_error(StatusCode::kUnavailable, "not dialled yet");
+    l.backoff = opts.rejoin_backoff;
+    l.retry_at = now;
+  }
   for (size_t i = 0; i < late.size(); ++i) {
     Late& l = late[i];
     if (l.dial.valid()) {

@@ -168,6 +168,7 @@ struct RemoteExecutor::Impl {
   };
   std::vector<Late> late;
   std::vector<RemoteExecutor::LateWorker> late_view;  // a copy for other threads; under worker_mu
+  std::vector<WorkerAddress> dial_requests;           // dial_worker's, taken by dial_late; under worker_mu
   void dial_late(bool wait);
   void publish_late();
   PlacementInput pin;  // what the placement was built from (extended as workers join)

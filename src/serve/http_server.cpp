@@ -866,6 +866,24 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     out["resplit_rows"] = ss.resplit_rows;
     res.set_content(out.dump(2), "application/json");
   });
+  // A worker taken in while serving (a new expert peer or a replica; `moesh swarm move URL
+  // --worker HOST:PORT`): dialled between calls, listed under "late" in /swarm/status until it
+  // answers, then added with the experts it announces. Admin only: it changes who computes.
+  svr.Post("/swarm/workers/add", [m](const httplib::Request& req, httplib::Response& res) {
+    auto err = [&](int http, std::string code, std::string msg) { send_admin_error(res, http, code, msg); };
+    if (!m->admin(req, res, "worker additions")) return;
+    if (m->t.remote == nullptr)
+      return err(404, "no_workers",
+                 "this gateway dispatches to no workers (start it with --worker or --accept-workers)");
+    const json body = json::parse(req.body, nullptr, false);
+    if (!body.is_object() || !body.contains("address") || !body["address"].is_string())
+      return err(400, "invalid_body", "the body must be {\"address\": \"HOST:PORT\"}");
+    auto addr = parse_worker_address(body["address"].get<std::string>());
+    if (!addr) return err(400, "invalid_address", addr.status().message());
+    if (Status st = m->t.remote->dial_worker(*addr); !st.is_ok()) return err(409, "already_dialled", st.message());
+    res.status = 202;
+    res.set_content(json{{"dialing", addr->to_string()}}.dump(2), "application/json");
+  });
   // The backbone's side of the work ledger (serve/ledger.h); `moesh swarm ledger` reads it.
   svr.Get("/swarm/ledger", [m](const httplib::Request&, httplib::Response& res) {
     const RemoteExecutor* r = m->t.remote;

@@ -370,6 +370,30 @@ TEST(PlanCli, ReplanningListsTheMovesFromThePreviousPlan) {
                                    peer("d", 40, 20) + " --from " + quoted(two_path));
   EXPECT_NE(three_text.out.find("new span edges, live once the span peers run: " + want), std::string::npos)
       << three_text.out;
+  // A new expert peer's move names the command that has the gateway take it in live (no --status
+  // gateway accepting joins: no `join`).
+  RunResult ex_before = run_moesh(base + " --layout experts" + peer("big", 200, 20) + " --json");
+  ASSERT_EQ(ex_before.exit_code, 0) << ex_before.err;
+  const std::string ex_path = temp_dir() + "/plan-experts.json";
+  { std::ofstream(ex_path) << ex_before.out; }
+  RunResult ex_after = run_moesh(base + " --layout experts" + peer("big", 200, 20) + peer("e2", 200, 20) +
+                                 ",addr=10.0.0.9:7002 --json --from " + quoted(ex_path));
+  ASSERT_EQ(ex_after.exit_code, 0) << ex_after.err;
+  bool e2_switch = false;
+  const nlohmann::json ex_moves = json_of(ex_after)["moves"];
+  for (const auto& mv : ex_moves) {
+    if (mv["peer"] != "e2") continue;
+    EXPECT_EQ(mv["switch"], "moesh swarm move http://GATEWAY:PORT --worker 10.0.0.9:7002 --admin-key KEY") << mv.dump();
+    EXPECT_FALSE(mv.contains("join")) << mv.dump();
+    e2_switch = true;
+  }
+  EXPECT_TRUE(e2_switch) << ex_after.out;
+  // big's experts change: its new worker runs beside the old one (another port), which is stopped
+  // once the gateway took the new one in.
+  for (const auto& mv : ex_moves)
+    if (mv["peer"] == "big")
+      EXPECT_EQ(mv["switch"], "moesh swarm move http://GATEWAY:PORT --worker HOST:NEW_PORT --admin-key KEY")
+          << mv.dump();
   RunResult missing = run_moesh(base + peer("big", 200, 20) + " --from /nonexistent/plan.json");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("cannot open"), std::string::npos) << missing.err;

@@ -43,7 +43,8 @@ TEST(RemoteFailures, WorkerGoneBeforeStartup) {
 // Several workers named and one down at start-up: with failover the backbone starts without it
 // when the others (a replica) still hold every expert, as if it had failed mid-run — the bits
 // are the all-local ones — and takes it in once it answers; when its experts would have no
-// holder, or with failover off, the dead worker is the error.
+// holder, or with failover off, the dead worker is the error. A worker asked for while running
+// (dial_worker) is taken in the same way.
 TEST(RemoteFailures, AWorkerDownAtStartIsLeftOutWhileItsExpertsHaveAnotherHolder) {
   SliceSetup su = slice_setup("late", 8);
   ASSERT_TRUE(su.backbone != nullptr);
@@ -82,6 +83,21 @@ TEST(RemoteFailures, AWorkerDownAtStartIsLeftOutWhileItsExpertsHaveAnotherHolder
   ASSERT_TRUE(again.is_ok()) << again.status().to_string();
   EXPECT_EQ(std::memcmp(again->data(), su.local.data(), again->size() * sizeof(float)), 0);
   (*back)->kill_now();
+  // A worker asked for while running (the gateway's POST /swarm/workers/add) is dialled between
+  // calls and added; one already there, or already asked for, is refused.
+  auto third = WorkerProcess::spawn(su.path, "*:0-7");
+  ASSERT_TRUE(third.is_ok()) << third.status().to_string();
+  ASSERT_TRUE(remote->dial_worker((*third)->address()).is_ok());
+  EXPECT_FALSE(remote->dial_worker((*third)->address()).is_ok());
+  EXPECT_FALSE(remote->dial_worker((*replica)->address()).is_ok());
+  ASSERT_EQ(remote->late_workers().size(), 1u);
+  EXPECT_EQ(remote->late_workers()[0].last_error, "not dialled yet");
+  remote->poll_rejoins(true);
+  EXPECT_TRUE(remote->late_workers().empty());
+  EXPECT_EQ(remote->worker_status().size(), 3u);
+  auto with_third = run_model(*su.backbone, su.toks, remote);
+  ASSERT_TRUE(with_third.is_ok()) << with_third.status().to_string();
+  EXPECT_EQ(std::memcmp(with_third->data(), su.local.data(), with_third->size() * sizeof(float)), 0);
 
   // The other worker holds half the experts: the dead one is the error, with what nobody holds.
   auto half = WorkerProcess::spawn(su.path, "*:0-3");

@@ -29,9 +29,10 @@ struct SwarmArgs {
   bool check = false;
   bool json = false;
   int timeout_s = 10;
-  std::vector<std::string> move;  // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here, each span
-  bool resplit = false;           // swarm move: new span edges (implied by several --span)
-  std::string admin_key;          // swarm move: the gateway's --admin-key
+  std::vector<std::string> move;         // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here, each span
+  bool resplit = false;                  // swarm move: new span edges (implied by several --span)
+  std::string admin_key;                 // swarm move: the gateway's --admin-key
+  std::vector<std::string> add_workers;  // swarm move --worker HOST:PORT: workers the gateway takes in
 };
 
 Result<nlohmann::json> get_json(const std::string& url, const std::string& path, int timeout_s) {
@@ -197,11 +198,17 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
       // name the gateway knows keeps its experts (it may only add to them), so a peer whose
       // experts change joins under a new name; the old process is stopped once it has joined
       // (its pairs then go to the other holders).
+      const bool renamed = it != before.end() && (was.first == "experts" || was.first == "replica");
       if (!join.empty()) {
-        const bool renamed = it != before.end() && (was.first == "experts" || was.first == "replica");
         mv["join"] = fmt::format("moesh worker -m {} --experts '{}' --join {} --name {}", mf, role.second, join,
                                  renamed ? peer + "-2" : peer);
       }
+      // Or the peer listens and the gateway dials it (admin): taken in between calls. A peer whose
+      // experts change runs the new worker on another port; the old one is stopped afterwards.
+      std::string where = addr.count(peer) ? addr[peer] : "HOST:PORT";
+      if (renamed) where = where.substr(0, where.rfind(':')) + ":NEW_PORT";
+      mv["switch"] = fmt::format("moesh swarm move {} --worker {} --admin-key KEY",
+                                 gateway.empty() ? "http://GATEWAY:PORT" : gateway, where);
     }
     moves.push_back(mv);
   }
@@ -356,9 +363,14 @@ int run_plan(const PlanCliArgs& a) {
       if (mv.contains("fetch"))
         std::printf("    or, on the peer: %s (the gateway cuts the slice; checked by hash)\n",
                     std::string(mv["fetch"]).c_str());
-      if (mv.contains("switch"))
+      if (mv.contains("switch") && std::string(mv["to"]).rfind("span", 0) == 0)
         std::printf("    switch: %s (where the gateway runs that span already: moved live, its inputs replayed)\n",
                     std::string(mv["switch"]).c_str());
+      else if (mv.contains("switch"))
+        std::printf(
+            "    switch: %s (once the peer runs `moesh worker` on the slice: dialled and taken in between "
+            "calls; a peer's old worker is stopped after)\n",
+            std::string(mv["switch"]).c_str());
       if (mv.contains("join"))
         std::printf("    join: %s (the gateway takes it in between calls; stop an old process of the peer after)\n",
                     std::string(mv["join"]).c_str());
@@ -374,7 +386,39 @@ int run_plan(const PlanCliArgs& a) {
 
 // `moesh swarm move URL --span 12-23@HOST:PORT --admin-key KEY`: a planned span move on a running
 // gateway (POST /swarm/spans/move; docs/serve.md#moving-a-span).
+// `moesh swarm move URL --worker HOST:PORT`: the gateway dials the worker and takes it in between
+// calls (POST /swarm/workers/add; it answers at once, the worker shows in `swarm status`).
+int run_add_workers(const SwarmArgs& a) {
+  httplib::Client cli(base_url(a.urls.at(0)));
+  cli.set_connection_timeout(a.timeout_s, 0);
+  cli.set_read_timeout(a.timeout_s, 0);
+  httplib::Headers h;
+  if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
+  for (const std::string& w : a.add_workers) {
+    auto res = cli.Post("/swarm/workers/add", h, nlohmann::json{{"address", w}}.dump(), "application/json");
+    if (!res) {
+      std::fprintf(stderr, "moesh swarm move: error: %s/swarm/workers/add: %s\n", base_url(a.urls[0]).c_str(),
+                   httplib::to_string(res.error()).c_str());
+      return 1;
+    }
+    if (res->status != 202) {
+      std::fprintf(stderr, "moesh swarm move: error: HTTP %d: %s\n", res->status, api_error_message(res->body).c_str());
+      return 1;
+    }
+    if (a.json)
+      std::printf("%s\n", res->body.c_str());
+    else
+      std::printf("dialling %s (it joins between calls: moesh swarm status %s)\n", w.c_str(), a.urls[0].c_str());
+  }
+  return 0;
+}
+
 int run_move(const SwarmArgs& a) {
+  if (a.move.empty() == a.add_workers.empty()) {
+    std::fprintf(stderr, "moesh swarm move: error: give --span (span moves) or --worker (workers to take in)\n");
+    return 2;
+  }
+  if (!a.add_workers.empty()) return run_add_workers(a);
   for (const std::string& sp : a.move) {
     const size_t at = sp.find('@');
     if (at == std::string::npos || at == 0 || at + 1 == sp.size()) {
@@ -442,15 +486,17 @@ const CommandRegistrar kRegisterSwarm{Command{
       st->callback([which] { *which = "status"; });
       CLI::App* mv = sub->add_subcommand(
           "move",
-          "Move a span of a running gateway to another span peer (or onto the gateway), or give it new span edges, "
-          "while it serves");
+          "Move a span of a running gateway to another span peer (or onto the gateway), give it new span edges, "
+          "or have it take in a new worker, while it serves");
       mv->add_option("url", a->urls, "http://HOST:PORT of `moesh serve` (started with --admin-key)")
           ->required()
           ->expected(1);
       mv->add_option("--span", a->move,
                      "FIRST-LAST@HOST:PORT (a `moesh span` peer running those blocks) or FIRST-LAST@here; "
-                     "repeated: the gateway's new span list (new edges within the blocks its spans cover)")
-          ->required();
+                     "repeated: the gateway's new span list (new edges within the blocks its spans cover)");
+      mv->add_option("--worker", a->add_workers,
+                     "HOST:PORT of a `moesh worker` (a new expert peer or replica) the gateway dials and takes in "
+                     "between calls (repeatable)");
       mv->add_flag("--resplit", a->resplit,
                    "Take the --span list as the new span list even when it is one span (e.g. two spans merged)");
       mv->add_option("--admin-key", a->admin_key, "The gateway's --admin-key");

@@ -336,6 +336,12 @@ class RemoteExecutor final : public ExpertExecutor {
     uint64_t attempts = 0;
   };
   std::vector<LateWorker> late_workers() const;
+  // Asks the executor to dial `address` and take the worker in (a new expert peer or replica: the
+  // gateway's POST /swarm/workers/add). Any thread: the dial runs between calls like a late
+  // worker's — listed in late_workers() until it answers, retried with the rejoin backoff — and
+  // the worker joins with the experts it announces. An address already dialled or pending is
+  // kInvalidArgument.
+  Status dial_worker(const WorkerAddress& address);
 
   // The counts below as a copy any thread may take while the executor runs (the dashboard),
   // with the MoE-layer calls that involved a worker and the Σ of their tokens.

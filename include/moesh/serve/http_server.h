@@ -51,7 +51,7 @@ struct ServeTarget {
   const Model* model = nullptr;
   const Tokenizer* tokenizer = nullptr;         // null: token-id prompts only, no text out
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
-  const RemoteExecutor* remote = nullptr;       // null: no per-worker metrics
+  RemoteExecutor* remote = nullptr;             // null: no per-worker metrics (and no worker added live)
   SpanClient* spans = nullptr;                  // null: no span peers (the dashboard's plan card, moves)
 };
 

@@ -668,7 +668,7 @@ failed_after=$(awk '$1 == "moesh_requests_failed_total" { print $2 }' "$TMP/metr
 ok "no holder left: both requests counted as failed ($failed_before -> $failed_after)"
 # ---- workers that dial in: --accept-workers on the gateway, --join on workers with no port ----
 "$MOESH" serve -m "$TMP/backbone.gguf" --accept-workers 127.0.0.1:0 --wait-workers 2 --backbone-name gw-join \
-  --parallel 2 -c 4096 --threads 2 --port 0 >"$TMP/joined.log" 2>"$TMP/joined.log.err" &
+  --parallel 2 -c 4096 --threads 2 --port 0 --admin-key s3cret >"$TMP/joined.log" 2>"$TMP/joined.log.err" &
 JPID=$!
 PIDS+=("$JPID")
 JADDR=""
@@ -766,6 +766,30 @@ expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.nam
   "the peer started with the move's command joined the running gateway"
 body=$(post /v1/completions "$DEAD_BODY")
 expect_eq "$(echo "$body" | js 'j.choices[0].text')" "$before_text" "with the joined peer: the same greedy text"
+# A listening worker the gateway is asked to dial (admin: `swarm move URL --worker`), taken in
+# between calls.
+"$MOESH" worker -m "$MODEL" --experts '*:0-3' --listen 127.0.0.1:0 -t 1 --name j4 >"$TMP/j4.log" 2>"$TMP/j4.log.err" &
+J4_PID=$!
+PIDS+=("$J4_PID")
+J4="127.0.0.1:$(wait_port "$TMP/j4.log" "$J4_PID")"
+"$MOESH" swarm move "$BASE" --worker "$J4" --admin-key wrong >/dev/null 2>"$TMP/add_bad.err" &&
+  fail "swarm move --worker with a wrong admin key succeeded"
+grep -q "HTTP 401" "$TMP/add_bad.err" || fail "swarm move --worker, wrong key: $(cat "$TMP/add_bad.err")"
+"$MOESH" swarm move "$BASE" --worker "$J4" --admin-key s3cret >"$TMP/add.out" 2>"$TMP/add.err" ||
+  { cat "$TMP/add.err" >&2; fail "swarm move --worker"; }
+grep -q "^dialling $J4" "$TMP/add.out" || fail "swarm move --worker says: $(cat "$TMP/add.out")"
+for i in $(seq 150); do
+  [ "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.some(w => w.name == "j4" && w.state == "up")')" = "true" ] && break
+  post /v1/completions "$DEAD_BODY" >/dev/null
+  sleep 0.2
+done
+expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.name).sort().join(",")')" "j1,j2,j3,j4" \
+  "a worker the gateway was asked to dial joined"
+"$MOESH" swarm move "$BASE" --worker "$J4" --admin-key s3cret >/dev/null 2>"$TMP/add_dup.err" &&
+  fail "swarm move --worker of a worker already there succeeded"
+grep -q "HTTP 409" "$TMP/add_dup.err" || fail "swarm move --worker again: $(cat "$TMP/add_dup.err")"
+body=$(post /v1/completions "$DEAD_BODY")
+expect_eq "$(echo "$body" | js 'j.choices[0].text')" "$before_text" "with the dialled worker: the same greedy text"
 
 # ---- a relay: workers that only dial out, reached by a gateway through `moesh relay` ----------
 "$MOESH" relay --listen 127.0.0.1:0 >"$TMP/relay.log" 2>"$TMP/relay.log.err" &
