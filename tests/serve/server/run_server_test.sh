@@ -743,6 +743,14 @@ body=$(post /v1/completions "$DEAD_BODY")
 expect_eq "$(status)" "200" "rejoined worker: completion"
 expect_eq "$(echo "$body" | js 'j.choices[0].text')" "$before_text" "rejoined worker: the same greedy text"
 expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.length')" "2" "rejoined worker kept its place (no third entry)"
+wait_worker_up() {  # name: until the gateway lists it up (it is taken in between calls: requests)
+  for _ in $(seq 150); do
+    [ "$("$MOESH" swarm status "$BASE" --json | js "j.workers.some(w => w.name == '$1' && w.state == 'up')")" = "true" ] &&
+      return
+    post /v1/completions "$DEAD_BODY" >/dev/null
+    sleep 0.2
+  done
+}
 # Re-planning against this gateway (it accepts workers): a peer the old plan lacked gets an expert
 # role and the command that joins it live; carried out, the gateway takes it in between calls.
 "$MOESH" swarm plan -m "$MODEL" --status "$BASE" --layout experts --peer 'j3:mem=1GiB,rtt=1ms' --json \
@@ -757,11 +765,7 @@ case "$JOIN_CMD" in
 esac
 eval "\"\$MOESH\" ${JOIN_CMD#moesh } -t 1" >"$TMP/j3.log" 2>"$TMP/j3.log.err" &
 PIDS+=("$!")
-for i in $(seq 150); do
-  [ "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.some(w => w.name == "j3" && w.state == "up")')" = "true" ] && break
-  post /v1/completions "$DEAD_BODY" >/dev/null
-  sleep 0.2
-done
+wait_worker_up j3
 expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.name).sort().join(",")')" "j1,j2,j3" \
   "the peer started with the move's command joined the running gateway"
 body=$(post /v1/completions "$DEAD_BODY")
@@ -778,11 +782,7 @@ grep -q "HTTP 401" "$TMP/add_bad.err" || fail "swarm move --worker, wrong key: $
 "$MOESH" swarm move "$BASE" --worker "$J4" --admin-key s3cret >"$TMP/add.out" 2>"$TMP/add.err" ||
   { cat "$TMP/add.err" >&2; fail "swarm move --worker"; }
 grep -q "^dialling $J4" "$TMP/add.out" || fail "swarm move --worker says: $(cat "$TMP/add.out")"
-for i in $(seq 150); do
-  [ "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.some(w => w.name == "j4" && w.state == "up")')" = "true" ] && break
-  post /v1/completions "$DEAD_BODY" >/dev/null
-  sleep 0.2
-done
+wait_worker_up j4
 expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.name).sort().join(",")')" "j1,j2,j3,j4" \
   "a worker the gateway was asked to dial joined"
 "$MOESH" swarm move "$BASE" --worker "$J4" --admin-key s3cret >/dev/null 2>"$TMP/add_dup.err" &&
