@@ -251,6 +251,7 @@ void RemoteExecutor::Impl::dial_late(bool wait) {
     std::lock_guard<std::mutex> lk(worker_mu);
     asked.swap(dial_requests);
   }
+  if (late.empty() && asked.empty()) return;  // the usual case, on every forward pass
   for (const WorkerAddress& a : asked) {
     Late& l = late.emplace_back();
     l.address = a;
