@@ -3,13 +3,135 @@
 
 #include <cmath>
 
+#include "moesh/plan/live.h"
 #include "moesh/plan/swarm_plan.h"
 #include "moesh/serve/ledger.h"
 
 namespace moesh::serve {
 
+namespace {
+
+// Each layer's experts by the worker (index into `ws`) or the backbone (Placement::kLocal) that
+// owns them, as contiguous slices: `out(owner, slice)`.
+template <typename Out>
+void placement_slices(const PlanModel& pm, const Placement& pl, const std::vector<int>& layer_host, Out out) {
+  for (int l = 0; l < std::min(pm.n_layer(), pl.n_layer()); ++l) {
+    if (!pm.layers[static_cast<size_t>(l)].moe || layer_host[static_cast<size_t>(l)] >= 0) continue;
+    int run_owner = Placement::kNone, run_first = 0;
+    auto flush = [&](int last) {
+      if (run_owner != Placement::kNone) out(run_owner, ExpertSlice{l, run_first, last});
+    };
+    for (int e = 0; e < pl.n_expert(); ++e) {
+      const int own = pl.owner(l, e);
+      if (own != run_owner) {
+        flush(e - 1);
+        run_owner = own;
+        run_first = e;
+      }
+    }
+    flush(pl.n_expert() - 1);
+  }
+}
+
+}  // namespace
+
+nlohmann::json replan_json(const Model& model, const RemoteExecutor& remote, const nlohmann::json& status,
+                           const nlohmann::json& heatmap, int tokens_per_step) {
+  auto pm = plan_model_from_gguf(model.file(), kReplanContext, kDefaultSecondsPerByte);
+  if (!pm) return {{"error", pm.status().message()}};
+  ActivationInfo act;  // none counted yet (or null): uniform, as apply_activations leaves it
+  if (heatmap.is_object() && heatmap.contains("layers") && !heatmap["layers"].empty()) {
+    if (Status st = apply_activations(heatmap, "this gateway", &*pm, &act); !st.is_ok())
+      return {{"error", st.message()}};
+  }
+  auto live_peers = peers_from_status(status);
+  if (!live_peers) return {{"error", live_peers.status().message()}};
+  if (live_peers->empty()) return {{"error", "no worker is up"}};
+  std::vector<PlanPeer> peers;
+  for (const LivePeer& p : *live_peers) peers.push_back(p.peer);
+
+  // The live layout over those peers: what each up worker holds; the experts of one that is not
+  // up are served by the backbone's own copies.
+  SwarmPlan live;
+  live.layer_host.assign(static_cast<size_t>(pm->n_layer()), -1);
+  live.roles.assign(peers.size(), PeerRole{});
+  const std::vector<WorkerStatus> ws = remote.worker_status();
+  std::vector<int> peer_of(ws.size(), -1);
+  for (size_t w = 0; w < ws.size(); ++w) {
+    const std::string name = ws[w].name.empty() ? ws[w].label : ws[w].name;
+    for (size_t i = 0; i < peers.size(); ++i)
+      if (ws[w].state == "up" && peers[i].name == name) peer_of[w] = static_cast<int>(i);
+  }
+  uint64_t local_bytes = 0;
+  placement_slices(*pm, remote.placement(), live.layer_host, [&](int owner, const ExpertSlice& sl) {
+    const int i = owner >= 0 && static_cast<size_t>(owner) < ws.size() ? peer_of[static_cast<size_t>(owner)] : -1;
+    if (i >= 0) {
+      live.roles[static_cast<size_t>(i)].kind = RoleKind::kExperts;
+      live.roles[static_cast<size_t>(i)].experts.push_back(sl);
+      return;
+    }
+    live.backbone_experts.push_back(sl);
+    local_bytes +=
+        static_cast<uint64_t>(sl.last - sl.first + 1) * pm->layers[static_cast<size_t>(sl.layer)].expert_bytes;
+  });
+
+  // `moesh swarm plan -m MODEL --status URL` with these options reads the same inputs.
+  PlanOptions o;
+  o.local_experts_bytes = local_bytes;  // the backbone keeps what it holds now, no more
+  o.tokens_per_step = std::max(1, tokens_per_step);
+  o.accepted_per_step = o.tokens_per_step;
+  o.message_s = kDefaultMessageSeconds;
+  o.peer_rtt_s = measured_peer_rtts(*live_peers);
+  nlohmann::json j;
+  j["args"] = fmt::format("--local-experts-mb {}B --streams {}", local_bytes, o.tokens_per_step);
+  j["activation_tokens"] = act.tokens;
+  if (Status st = evaluate_plan(*pm, peers, o, &live); !st.is_ok()) {
+    j["error"] = "the live layout: " + st.message();
+    return j;
+  }
+  auto best = plan_swarm(*pm, peers, o);
+  if (!best) {
+    j["error"] = best.status().message();
+    return j;
+  }
+  const double gain = live.step_s > 0 ? 1.0 - best->step_s / live.step_s : 0.0;
+  j["live_step_ms"] = live.step_s * 1e3;
+  j["predicted_step_ms"] = best->step_s * 1e3;
+  j["trips_per_step"] = best->trips_per_step;
+  j["gain"] = gain;
+  j["replan"] = gain >= kReplanGain;
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const PeerRole& r = best->roles[i];
+    std::string what = r.kind == RoleKind::kSpan      ? fmt::format("layers {}-{}", r.first, r.last)
+                       : r.kind == RoleKind::kExperts ? format_expert_spec(r.experts, pm->n_expert)
+                                                      : "";
+    const std::string now =
+        live.roles[i].kind == RoleKind::kExperts ? format_expert_spec(live.roles[i].experts, pm->n_expert) : "";
+    rows.push_back({{"name", peers[i].name},
+                    {"role", role_name(r.kind)},
+                    {"what", what},
+                    {"changes", r.kind != live.roles[i].kind || what != now}});
+  }
+  j["peers"] = rows;
+  j["backbone_experts"] = format_expert_spec(best->backbone_experts, pm->n_expert);
+  // The live layout as a plan document (`moesh swarm plan --json` roles), so `swarm plan --status
+  // URL --from live` lists the moves from it without a saved plan.
+  nlohmann::json live_roles = nlohmann::json::array();
+  for (size_t i = 0; i < peers.size(); ++i) {
+    nlohmann::json r{{"peer", peers[i].name}, {"role", role_name(live.roles[i].kind)}};
+    if (live.roles[i].kind == RoleKind::kExperts)
+      r["experts"] = format_expert_spec(live.roles[i].experts, pm->n_expert);
+    if (!(*live_peers)[i].addr.empty()) r["addr"] = (*live_peers)[i].addr;
+    live_roles.push_back(std::move(r));
+  }
+  j["live"] = {{"roles", std::move(live_roles)}, {"predicted_step_ms", live.step_s * 1e3}};
+  return j;
+}
+
 nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor* remote, const Model* model,
-                              const SpanClient* spans) {
+                              const SpanClient* spans, const nlohmann::json* status_doc,
+                              const nlohmann::json* heatmap) {
   if (model == nullptr) return nullptr;
   auto pm = plan_model_from_gguf(model->file(), 0, kDefaultSecondsPerByte);
   if (!pm) return {{"error", pm.status().message()}};
@@ -61,28 +183,12 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
                       {"rtt_ms", rtt_ms},
                       {"measured_trip_ms", w.mean_latency_ms}});
     }
-    // Each layer's experts by owner, as contiguous slices.
-    for (int l = 0; l < std::min(L, pl.n_layer()); ++l) {
-      if (!pm->layers[static_cast<size_t>(l)].moe || plan.layer_host[static_cast<size_t>(l)] >= 0) continue;
-      int run_owner = Placement::kNone, run_first = 0;
-      auto flush = [&](int last) {
-        if (run_owner == Placement::kNone) return;
-        const ExpertSlice sl{l, run_first, last};
-        if (run_owner == Placement::kLocal)
-          plan.backbone_experts.push_back(sl);
-        else if (static_cast<size_t>(run_owner) < ws.size())
-          plan.roles[first_worker + static_cast<size_t>(run_owner)].experts.push_back(sl);
-      };
-      for (int e = 0; e < pl.n_expert(); ++e) {
-        const int own = pl.owner(l, e);
-        if (own != run_owner) {
-          flush(e - 1);
-          run_owner = own;
-          run_first = e;
-        }
-      }
-      flush(pl.n_expert() - 1);
-    }
+    placement_slices(*pm, pl, plan.layer_host, [&](int owner, const ExpertSlice& sl) {
+      if (owner == Placement::kLocal)
+        plan.backbone_experts.push_back(sl);
+      else if (owner >= 0 && static_cast<size_t>(owner) < ws.size())
+        plan.roles[first_worker + static_cast<size_t>(owner)].experts.push_back(sl);
+    });
   } else {
     // No workers: the backbone holds every expert of its layers.
     for (int l = 0; l < L; ++l)
@@ -104,13 +210,19 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
   j["predicted_step_ms"] = plan.step_s * 1e3;
   j["trips_per_step"] = plan.trips_per_step;
   j["ratio"] = plan.step_s > 0 && measured > 0 ? measured / (plan.step_s * 1e3) : 0.0;
+  // The re-plan: what the planner would choose for the workers up now. Span peers report no
+  // memory, so a gateway running spans leaves it to `moesh swarm plan` with --peer for them.
+  if (remote != nullptr && (spans == nullptr || spans->peers_view().empty())) {
+    const nlohmann::json status = status_doc != nullptr ? *status_doc : swarm_status_json(remote);
+    j["replan"] =
+        replan_json(*model, *remote, status, heatmap != nullptr ? *heatmap : nlohmann::json(), o.tokens_per_step);
+  }
   return j;
 }
 
 nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor* remote, double time_s,
                               const Model* model, const SpanClient* spans) {
   nlohmann::json j;
-  j["plan"] = plan_card_json(sched, remote, model, spans);
   j["status"] = swarm_status_json(remote);
   j["time_s"] = time_s;
   j["generated_tokens"] = sched.generated_tokens;
@@ -136,6 +248,7 @@ nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor*
     }
   }
   j["heatmap"] = {{"n_expert", n_expert}, {"layers", std::move(layers)}};
+  j["plan"] = plan_card_json(sched, remote, model, spans, &j["status"], &j["heatmap"]);
   return j;
 }
 
@@ -169,7 +282,9 @@ const char* dashboard_html() {
 <div>predicted <span class="kpi" id="plan_pred">–</span> ms per step, measured <span class="kpi" id="plan_meas">–</span> ms
 (<span id="plan_ratio">–</span>×), <span id="plan_trips">–</span> trips per step, <span id="plan_tps">–</span> tokens per step
 <span id="plan_err" class="down"></span></div>
-<table id="plan"><thead><tr><th class="l">peer</th><th class="l">role</th><th class="l">holds</th><th>rtt ms</th><th>trip ms</th></tr></thead><tbody></tbody></table></div>
+<table id="plan"><thead><tr><th class="l">peer</th><th class="l">role</th><th class="l">holds</th><th>rtt ms</th><th>trip ms</th></tr></thead><tbody></tbody></table>
+<div id="replan">re-plan: <span id="replan_text">–</span></div>
+<table id="replan_peers"><thead><tr><th class="l">peer</th><th class="l">would be</th><th class="l">holding</th></tr></thead><tbody></tbody></table></div>
 <div class="card"><h2>Expert activations (share of each layer's tokens)</h2><table id="heat"></table></div>
 <script>
 const hist = []; let updates = 0;
@@ -242,6 +357,23 @@ function drawPlan(p) {
     tb.appendChild(tr);
   }
   document.body.dataset.planPredicted = p.predicted_step_ms !== undefined ? p.predicted_step_ms : '';
+  // The planner's layout for the workers up now, priced with the same inputs as the live one.
+  const r = p.replan, rb = el('replan_peers').tBodies[0]; rb.innerHTML = '';
+  if (!r) { el('replan_text').textContent = 'needs workers and no span peers (moesh swarm plan --status)'; return; }
+  if (r.error) { el('replan_text').textContent = 'cannot plan: ' + r.error; return; }
+  const pct = (100 * r.gain).toFixed(1);
+  el('replan_text').textContent = r.predicted_step_ms.toFixed(1) + ' ms per step (warm-up RTTs and activation counts, as swarm plan --status) against ' + r.live_step_ms.toFixed(1) +
+    ' ms for the live layout priced alike (' + pct + ' % faster) — ' + (r.replan
+      ? 'worth the moves: moesh swarm plan -m MODEL --status URL ' + r.args + ' --from live prints them'
+      : 'the live layout is close enough');
+  el('replan').className = r.replan ? 'down' : 'up';
+  document.body.dataset.replan = r.replan ? 'yes' : 'no';
+  for (const q of r.peers || []) {
+    if (!q.changes) continue;
+    const tr = document.createElement('tr'); tr.className = 'replanpeer'; tr.dataset.name = q.name;
+    [q.name, q.role, q.what].forEach(c => { const td = document.createElement('td'); td.textContent = c; td.className = 'l'; tr.appendChild(td); });
+    rb.appendChild(tr);
+  }
 }
 function drawHeat(h) {
   const t = el('heat'); t.innerHTML = '';

@@ -272,6 +272,8 @@ int run_plan(const PlanCliArgs& a) {
     std::fprintf(stderr, "moesh swarm plan: error: %s\n", s.to_string().c_str());
     return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
   };
+  if (a.from == "live" && a.status_url.empty())
+    return fail(make_error(StatusCode::kInvalidArgument, "--from live needs --status URL (the gateway)"));
   PlanCliArgs args = a;
   std::string join;  // the gateway's --accept-workers address, when it has one
   if (!a.status_url.empty()) {
@@ -311,9 +313,27 @@ int run_plan(const PlanCliArgs& a) {
   const PlanModel& m = setup->model;
   nlohmann::json moves, resplit;
   if (!a.from.empty()) {
-    std::ifstream in(a.from);
-    if (!in.is_open()) return fail(make_error(StatusCode::kInvalidArgument, "--from {}: cannot open it", a.from));
-    auto old_plan = nlohmann::json::parse(in, nullptr, false);
+    nlohmann::json old_plan;
+    if (a.from == "live") {
+      // The gateway's live layout, as its dashboard's re-plan reports it (serve/dashboard.h).
+      auto dash = get_json(a.status_url, "/swarm/dashboard.json", 10);
+      if (!dash) return fail(dash.status().with_context("--from live"));
+      const nlohmann::json* r = nullptr;
+      if (dash->contains("plan") && (*dash)["plan"].is_object() && (*dash)["plan"].contains("replan"))
+        r = &(*dash)["plan"]["replan"];
+      if (r == nullptr || !r->is_object() || !r->contains("live") || !(*r)["live"].contains("roles")) {
+        const std::string why = r != nullptr && r->is_object() && r->contains("error")
+                                    ? (*r)["error"].get<std::string>()
+                                    : "it runs span peers or no workers (save a plan's --json and give that)";
+        return fail(
+            make_error(StatusCode::kInvalidArgument, "--from live: {} reports no live layout: {}", a.status_url, why));
+      }
+      old_plan = (*r)["live"];
+    } else {
+      std::ifstream in(a.from);
+      if (!in.is_open()) return fail(make_error(StatusCode::kInvalidArgument, "--from {}: cannot open it", a.from));
+      old_plan = nlohmann::json::parse(in, nullptr, false);
+    }
     if (old_plan.is_discarded() || !old_plan.is_object() || !old_plan.contains("roles"))
       return fail(make_error(StatusCode::kInvalidArgument, "--from {}: not a plan (moesh swarm plan --json)", a.from));
     moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model, a.status_url, join);

@@ -15,6 +15,7 @@
 #include "model_cli.h"
 #include "moesh/gguf/gguf.h"
 #include "moesh/model/model.h"
+#include "moesh/plan/live.h"
 #include "moesh/plan/simulate.h"
 #include "moesh/plan/swarm_plan.h"
 #include "moesh/swarm/swarm.h"
@@ -22,12 +23,8 @@
 
 namespace moesh::cli {
 
-struct CliPeer {
-  PlanPeer peer;
-  std::string addr;
-  std::string label;  // a live peer's label at the gateway (what other workers' RTTs name it by)
-  std::vector<std::pair<std::string, double>> measured_rtt_ms;  // live: its RTT to other labels (PROBE)
-};
+// A --peer, a generated peer or a live one (--status): the same fields (plan/live.h).
+using CliPeer = LivePeer;
 
 struct PlanCliArgs {
   std::string model, shape;
@@ -96,7 +93,8 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
   if (!simulate) {
     sub->add_option(
         "--from", a->from,
-        "A previous plan (--json output): list what moves (roles, slices to transfer) to reach the new one");
+        "A previous plan (--json output), or 'live': the --status gateway's layout now; list what moves (roles, "
+        "slices to transfer) to reach the new one");
     sub->add_option("--status", a->status_url,
                     "A running gateway (http://HOST:PORT): its workers that are up become peers with what it measured "
                     "— the warm-up round trip as RTT, memory = slab bytes + replica budget; a --peer of the same "
@@ -194,64 +192,6 @@ inline Result<CliPeer> parse_plan_peer(std::string_view spec) {
   return out;
 }
 
-// What a live worker may hold, from its INFO_REPLY figures: what it offers (`moesh worker
-// --offer-mb`) when it says; else what it holds plus half of its machine's free memory (the rule
-// `--no-mmap` uses for itself), never less than what it holds plus its replica budget; from a
-// worker that does not report its memory, that lower bound.
-inline uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t available, uint64_t offer) {
-  if (offer > 0) return offer;
-  return slab + std::max(replica_budget, available / 2);
-}
-
-// The peers a running gateway knows (its /swarm/status JSON): every worker that is up, named as the
-// gateway names it, with its address when dialled directly, the warm-up round trip as RTT (the
-// padded PING at connect: network only, no compute) and, as memory, live_peer_memory
-// (--peer NAME:mem= overrides it).
-inline Result<std::vector<CliPeer>> peers_from_status(const nlohmann::json& j) {
-  if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
-    return make_error(StatusCode::kCorrupt, "/swarm/status has no workers array");
-  std::vector<CliPeer> out;
-  for (const auto& w : j["workers"]) {
-    if (!w.is_object() || w.value("state", "") != "up") continue;
-    CliPeer p;
-    p.peer.name = w.value("name", "");
-    if (p.peer.name.empty()) p.peer.name = w.value("label", "");
-    if (p.peer.name.empty()) continue;
-    p.peer.memory_bytes =
-        live_peer_memory(w.value("slab_bytes", uint64_t{0}), w.value("replica_budget_bytes", uint64_t{0}),
-                         w.value("mem_available_bytes", uint64_t{0}), w.value("offer_bytes", uint64_t{0}));
-    p.peer.rtt_s = std::max(0.0, w.value("warmup_rtt_ms", 0.0)) * 1e-3;
-    if (w.value("path", "") == "direct") p.addr = w.value("address", "");
-    p.label = w.value("label", "");
-    if (w.contains("peer_rtt_ms") && w["peer_rtt_ms"].is_object()) {
-      for (const auto& [label, ms] : w["peer_rtt_ms"].items())
-        if (ms.is_number() && ms.get<double>() >= 0) p.measured_rtt_ms.emplace_back(label, ms.get<double>());
-    }
-    out.push_back(std::move(p));
-  }
-  return out;
-}
-
-// The peer-to-peer round trips live workers measured (CliPeer::measured_rtt_ms, seconds; -1:
-// unknown): a pair measured both ways takes the smaller figure; empty when nothing is measured.
-inline std::vector<std::vector<double>> measured_peer_rtts(const std::vector<CliPeer>& peers) {
-  const size_t P = peers.size();
-  std::vector<std::vector<double>> m(P, std::vector<double>(P, -1.0));
-  bool any = false;
-  for (size_t i = 0; i < P; ++i) {
-    for (const auto& [label, ms] : peers[i].measured_rtt_ms) {
-      for (size_t j = 0; j < P; ++j) {
-        if (j == i || peers[j].label.empty() || peers[j].label != label) continue;
-        const double s = ms * 1e-3;
-        for (double* v : {&m[i][j], &m[j][i]}) *v = *v < 0 ? s : std::min(*v, s);
-        any = true;
-      }
-    }
-  }
-  if (!any) m.clear();
-  return m;
-}
-
 // --peer-rtt values into the planner's matrix: "A:B=20ms" sets one pair (both ways); a pair no
 // value names takes the measured figure (`measured`, from live workers) where there is one, else
 // a bare "20ms" when given. Errors name the value.
@@ -323,68 +263,6 @@ inline Result<double> calibrate_seconds_per_byte(const std::string& path, int th
 }
 
 // Where the planner's activation shares came from (docs/swarm.md#activation-statistics).
-struct ActivationInfo {
-  std::string source;   // empty: uniform
-  int layers = 0;       // layers with counts
-  uint64_t tokens = 0;  // tokens counted, over those layers
-};
-
-// A layer's shares are smoothed toward uniform by this many pseudo-tokens, so a layer that few
-// tokens have passed does not look skewed by chance.
-inline constexpr double kActivationPriorTokens = 16;
-
-// Sets m->p from a gateway's activation counts: the heatmap of /swarm/dashboard.json ({"n_expert",
-// "layers": [{"layer", "tokens", "share": [...]}]}), or the whole document holding it. Layers it
-// does not count (span layers, dense layers, none routed yet) keep k/n per expert.
-// kInvalidArgument naming the field for a heatmap of another model or a malformed one.
-inline Status apply_activations(const nlohmann::json& doc, const std::string& source, PlanModel* m,
-                                ActivationInfo* info) {
-  auto bad = [&](const std::string& why) {
-    return make_error(StatusCode::kInvalidArgument, "activations {}: {}", source, why);
-  };
-  const nlohmann::json& h = doc.is_object() && doc.contains("heatmap") ? doc["heatmap"] : doc;
-  if (!h.is_object() || !h.contains("n_expert") || !h["n_expert"].is_number_integer() || !h.contains("layers") ||
-      !h["layers"].is_array())
-    return bad("not a heatmap (expected {\"n_expert\": N, \"layers\": [...]}, as /swarm/dashboard.json has)");
-  if (h["n_expert"].get<int64_t>() != m->n_expert)
-    return bad(fmt::format("heatmap.n_expert is {}, model '{}' has {} experts", h["n_expert"].get<int64_t>(), m->name,
-                           m->n_expert));
-  const double uniform = static_cast<double>(m->n_expert_used) / m->n_expert;
-  std::vector<std::vector<double>> p(static_cast<size_t>(m->n_layer()),
-                                     std::vector<double>(static_cast<size_t>(m->n_expert), uniform));
-  ActivationInfo got;
-  got.source = source;
-  std::vector<bool> seen(static_cast<size_t>(m->n_layer()), false);
-  for (size_t i = 0; i < h["layers"].size(); ++i) {
-    const nlohmann::json& L = h["layers"][i];
-    const std::string at = fmt::format("heatmap.layers[{}]", i);
-    if (!L.is_object() || !L.contains("layer") || !L["layer"].is_number_integer() || !L.contains("tokens") ||
-        !L["tokens"].is_number_unsigned() || !L.contains("share") || !L["share"].is_array())
-      return bad(at + " needs \"layer\", \"tokens\" and \"share\"");
-    const int64_t l = L["layer"].get<int64_t>();
-    if (l < 0 || l >= m->n_layer() || !m->layers[static_cast<size_t>(l)].moe)
-      return bad(fmt::format("{}.layer {} is not a MoE layer of '{}'", at, l, m->name));
-    if (seen[static_cast<size_t>(l)]) return bad(fmt::format("{}.layer {} is listed twice", at, l));
-    seen[static_cast<size_t>(l)] = true;
-    if (L["share"].size() != static_cast<size_t>(m->n_expert))
-      return bad(fmt::format("{}.share has {} values, the model has {} experts", at, L["share"].size(), m->n_expert));
-    const double t = static_cast<double>(L["tokens"].get<uint64_t>());
-    for (int e = 0; e < m->n_expert; ++e) {
-      const nlohmann::json& v = L["share"][static_cast<size_t>(e)];
-      const double x = v.is_number() ? v.get<double>() : -1;
-      if (!(x >= 0 && x <= 1)) return bad(fmt::format("{}.share[{}] is not a share in [0,1]", at, e));
-      p[static_cast<size_t>(l)][static_cast<size_t>(e)] =
-          (x * t + kActivationPriorTokens * uniform) / (t + kActivationPriorTokens);
-    }
-    got.layers += 1;
-    got.tokens += L["tokens"].get<uint64_t>();
-  }
-  if (got.layers == 0) return Status::ok();  // nothing counted yet: uniform
-  m->p = std::move(p);
-  *info = got;
-  return Status::ok();
-}
-
 // Everything the two commands need, resolved from the options.
 struct PlanSetup {
   PlanModel model;

@@ -556,6 +556,10 @@ assert p["predicted_step_ms"] > 0 and p["measured_step_ms"] > 0 and p["ratio"] >
 assert sorted(r["name"] for r in p["peers"]) == ["w1", "w2"], p
 assert p["trips_per_step"] > 0, p' || fail "dashboard.json: plan card"
   ok "dashboard: the plan card prices the live layout ($pred ms predicted per step) beside the measured step"
+  grep -q 'data-replan="\(yes\|no\)"' "$TMP/dash.html" || fail "dashboard: the plan card shows no re-plan"
+  grep -q '<div id="replan" class="\(up\|down\)">re-plan: <span id="replan_text">[0-9]' "$TMP/dash.html" \
+    || fail "dashboard: the re-plan line has no prediction"
+  ok "dashboard: the plan card shows the gateway's own re-plan"
   gfirst=$(sed -n 's/.*data-gen-first="\([0-9]*\)".*/\1/p' "$TMP/dash.html" | head -1)
   glast=$(sed -n 's/.*data-gen-last="\([0-9]*\)".*/\1/p' "$TMP/dash.html" | head -1)
   [ -n "$glast" ] && [ "$glast" -gt "$gfirst" ] || fail "dashboard: generated tokens did not move ($gfirst -> $glast)"
@@ -571,6 +575,50 @@ else
   echo "SKIPPED: chromium not installed (dashboard browser checks not run; scripts/install-deps.sh installs it)"
   BROWSER_SKIPPED=1
 fi
+
+# ---- the gateway re-plans by itself: the planner's layout for the workers up now, the same ----
+# ---- figures `moesh swarm plan --status` prints with the options the card names -----------------
+wait_idle
+curl -sS "$BASE/swarm/dashboard.json" >"$TMP/dash_replan.json"
+python3 - "$TMP/dash_replan.json" <<'PY' || fail "dashboard.json: plan.replan"
+import json, sys
+r = json.load(open(sys.argv[1]))["plan"]["replan"]
+assert "error" not in r, r
+assert r["predicted_step_ms"] > 0 and r["live_step_ms"] > 0, r
+assert r["predicted_step_ms"] <= r["live_step_ms"] * (1 + 1e-12), r    # the optimum is never worse
+assert abs(r["gain"] - (1 - r["predicted_step_ms"] / r["live_step_ms"])) < 1e-9, r
+assert r["replan"] == (r["gain"] >= 0.10), r
+assert [p["name"] for p in r["peers"]] == ["w1", "w2"], r
+assert r["activation_tokens"] > 0, r                                      # the gateway's own counts
+PY
+# shellcheck disable=SC2046
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" $(js 'j.plan.replan.args' <"$TMP/dash_replan.json") --json \
+  >"$TMP/plan_same.json" 2>"$TMP/plan_same.err" || { cat "$TMP/plan_same.err" >&2; fail "swarm plan with the card's args"; }
+python3 - "$TMP/dash_replan.json" "$TMP/plan_same.json" <<'PY' || fail "the gateway's re-plan differs from swarm plan --status"
+import json, sys
+r = json.load(open(sys.argv[1]))["plan"]["replan"]
+p = json.load(open(sys.argv[2]))
+assert abs(r["predicted_step_ms"] - p["predicted_step_ms"]) <= 1e-9 * p["predicted_step_ms"], (r, p["predicted_step_ms"])
+got = [(q["name"], q["role"]) for q in r["peers"]]
+want = [(q["peer"], q["role"] if q["role"] in ("span", "experts") else "idle") for q in p["roles"]]
+assert got == want, (got, want)
+PY
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" $(js 'j.plan.replan.args' <"$TMP/dash_replan.json") --from live --json \
+  >"$TMP/plan_from_live.json" 2>"$TMP/plan_from_live.err" || { cat "$TMP/plan_from_live.err" >&2; fail "swarm plan --from live"; }
+python3 - "$TMP/dash_replan.json" "$TMP/plan_from_live.json" <<'PY' || fail "swarm plan --from live: the moves"
+import json, sys
+r = json.load(open(sys.argv[1]))["plan"]["replan"]
+p = json.load(open(sys.argv[2]))
+changed = sorted(q["name"] for q in r["peers"] if q["changes"])
+moved = sorted(m["peer"] for m in p["moves"])
+assert moved == changed, (moved, changed)
+for m in p["moves"]:  # each from what the gateway runs now
+    live = [x for x in r["live"]["roles"] if x["peer"] == m["peer"]][0]
+    assert m["from"] == live["role"] + " " + live.get("experts", "-"), (m, live)
+PY
+rc=0; "$MOESH" swarm plan -m "$MODEL" --from live >/dev/null 2>"$TMP/from_live.err" || rc=$?
+expect_eq "$rc:$(grep -c 'needs --status' "$TMP/from_live.err")" "2:1" "swarm plan --from live without --status is refused"
+ok "the gateway's re-plan ($(js 'j.plan.replan.predicted_step_ms.toFixed(3)' <"$TMP/dash_replan.json") ms against $(js 'j.plan.replan.live_step_ms.toFixed(3)' <"$TMP/dash_replan.json") ms live) is what swarm plan --status prints"
 
 # ---- the work ledger: the gateway's and each worker's own counts agree -----------------------
 wait_idle

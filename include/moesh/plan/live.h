@@ -1,0 +1,59 @@
+// Planning for a running swarm: the peers and expert activation counts a gateway reports
+// (GET /swarm/status, GET /swarm/dashboard.json) as the planner's inputs. One reading of them,
+// shared by `moesh swarm plan --status URL` and the gateway's own re-plan on its dashboard, so
+// both price the same swarm the same way.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moesh/plan/swarm_plan.h"
+#include "moesh/util/status.h"
+
+namespace moesh {
+
+// A peer for the planner, with what a live one also reports.
+struct LivePeer {
+  PlanPeer peer;
+  std::string addr;   // a worker the gateway dialled: HOST:PORT (empty: it joined, or a --peer)
+  std::string label;  // its label at the gateway (what other workers' RTTs name it by)
+  std::vector<std::pair<std::string, double>> measured_rtt_ms;  // its RTT to other labels (PROBE)
+};
+
+// What a live worker may hold, from its INFO_REPLY figures: what it offers (`moesh worker
+// --offer-mb`) when it says; else what it holds plus half of its machine's free memory (the rule
+// `--no-mmap` uses for itself), never less than what it holds plus its replica budget; from a
+// worker that does not report its memory, that lower bound.
+uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t available, uint64_t offer);
+
+// The peers of a /swarm/status document: every worker that is up, named as the gateway names it,
+// with its address when dialled directly, the warm-up round trip as RTT (the padded PING at
+// connect: network only, no compute) and live_peer_memory as memory. kCorrupt without a workers
+// array.
+Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& status);
+
+// The peer-to-peer round trips live workers measured, seconds ([i][j]; -1: unknown): a pair
+// measured both ways takes the smaller figure; empty when nothing is measured.
+std::vector<std::vector<double>> measured_peer_rtts(const std::vector<LivePeer>& peers);
+
+struct ActivationInfo {
+  std::string source;   // empty: uniform
+  int layers = 0;       // layers with counts
+  uint64_t tokens = 0;  // tokens counted, over those layers
+};
+
+// A layer's shares are smoothed toward uniform by this many pseudo-tokens, so a layer that few
+// tokens have passed does not look skewed by chance.
+inline constexpr double kActivationPriorTokens = 16;
+
+// Sets m->p from a gateway's activation counts: the heatmap of /swarm/dashboard.json ({"n_expert",
+// "layers": [{"layer", "tokens", "share": [...]}]}), or the whole document holding it. Layers it
+// does not count (span layers, dense layers, none routed yet) keep k/n per expert; with no layer
+// counted m is left as it is. kInvalidArgument naming the field for a heatmap of another model
+// or a malformed one.
+Status apply_activations(const nlohmann::json& doc, const std::string& source, PlanModel* m, ActivationInfo* info);
+
+}  // namespace moesh

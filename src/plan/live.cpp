@@ -1,0 +1,105 @@
+// Planner inputs from a running gateway's reports (live.h).
+#include "moesh/plan/live.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace moesh {
+
+uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t available, uint64_t offer) {
+  if (offer > 0) return offer;
+  return slab + std::max(replica_budget, available / 2);
+}
+
+Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
+    return make_error(StatusCode::kCorrupt, "/swarm/status has no workers array");
+  std::vector<LivePeer> out;
+  for (const auto& w : j["workers"]) {
+    if (!w.is_object() || w.value("state", "") != "up") continue;
+    LivePeer p;
+    p.peer.name = w.value("name", "");
+    if (p.peer.name.empty()) p.peer.name = w.value("label", "");
+    if (p.peer.name.empty()) continue;
+    p.peer.memory_bytes =
+        live_peer_memory(w.value("slab_bytes", uint64_t{0}), w.value("replica_budget_bytes", uint64_t{0}),
+                         w.value("mem_available_bytes", uint64_t{0}), w.value("offer_bytes", uint64_t{0}));
+    p.peer.rtt_s = std::max(0.0, w.value("warmup_rtt_ms", 0.0)) * 1e-3;
+    if (w.value("path", "") == "direct") p.addr = w.value("address", "");
+    p.label = w.value("label", "");
+    if (w.contains("peer_rtt_ms") && w["peer_rtt_ms"].is_object()) {
+      for (const auto& [label, ms] : w["peer_rtt_ms"].items())
+        if (ms.is_number() && ms.get<double>() >= 0) p.measured_rtt_ms.emplace_back(label, ms.get<double>());
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<std::vector<double>> measured_peer_rtts(const std::vector<LivePeer>& peers) {
+  const size_t P = peers.size();
+  std::vector<std::vector<double>> m(P, std::vector<double>(P, -1.0));
+  bool any = false;
+  for (size_t i = 0; i < P; ++i) {
+    for (const auto& [label, ms] : peers[i].measured_rtt_ms) {
+      for (size_t j = 0; j < P; ++j) {
+        if (j == i || peers[j].label.empty() || peers[j].label != label) continue;
+        const double s = ms * 1e-3;
+        for (double* v : {&m[i][j], &m[j][i]}) *v = *v < 0 ? s : std::min(*v, s);
+        any = true;
+      }
+    }
+  }
+  if (!any) m.clear();
+  return m;
+}
+
+Status apply_activations(const nlohmann::json& doc, const std::string& source, PlanModel* m, ActivationInfo* info) {
+  auto bad = [&](const std::string& why) {
+    return make_error(StatusCode::kInvalidArgument, "activations {}: {}", source, why);
+  };
+  const nlohmann::json& h = doc.is_object() && doc.contains("heatmap") ? doc["heatmap"] : doc;
+  if (!h.is_object() || !h.contains("n_expert") || !h["n_expert"].is_number_integer() || !h.contains("layers") ||
+      !h["layers"].is_array())
+    return bad("not a heatmap (expected {\"n_expert\": N, \"layers\": [...]}, as /swarm/dashboard.json has)");
+  if (h["n_expert"].get<int64_t>() != m->n_expert)
+    return bad(fmt::format("heatmap.n_expert is {}, model '{}' has {} experts", h["n_expert"].get<int64_t>(), m->name,
+                           m->n_expert));
+  const double uniform = static_cast<double>(m->n_expert_used) / m->n_expert;
+  std::vector<std::vector<double>> p(static_cast<size_t>(m->n_layer()),
+                                     std::vector<double>(static_cast<size_t>(m->n_expert), uniform));
+  ActivationInfo got;
+  got.source = source;
+  std::vector<bool> seen(static_cast<size_t>(m->n_layer()), false);
+  for (size_t i = 0; i < h["layers"].size(); ++i) {
+    const nlohmann::json& L = h["layers"][i];
+    const std::string at = fmt::format("heatmap.layers[{}]", i);
+    if (!L.is_object() || !L.contains("layer") || !L["layer"].is_number_integer() || !L.contains("tokens") ||
+        !L["tokens"].is_number_unsigned() || !L.contains("share") || !L["share"].is_array())
+      return bad(at + " needs \"layer\", \"tokens\" and \"share\"");
+    const int64_t l = L["layer"].get<int64_t>();
+    if (l < 0 || l >= m->n_layer() || !m->layers[static_cast<size_t>(l)].moe)
+      return bad(fmt::format("{}.layer {} is not a MoE layer of '{}'", at, l, m->name));
+    if (seen[static_cast<size_t>(l)]) return bad(fmt::format("{}.layer {} is listed twice", at, l));
+    seen[static_cast<size_t>(l)] = true;
+    if (L["share"].size() != static_cast<size_t>(m->n_expert))
+      return bad(fmt::format("{}.share has {} values, the model has {} experts", at, L["share"].size(), m->n_expert));
+    const double t = static_cast<double>(L["tokens"].get<uint64_t>());
+    for (int e = 0; e < m->n_expert; ++e) {
+      const nlohmann::json& v = L["share"][static_cast<size_t>(e)];
+      const double x = v.is_number() ? v.get<double>() : -1;
+      if (!(x >= 0 && x <= 1)) return bad(fmt::format("{}.share[{}] is not a share in [0,1]", at, e));
+      p[static_cast<size_t>(l)][static_cast<size_t>(e)] =
+          (x * t + kActivationPriorTokens * uniform) / (t + kActivationPriorTokens);
+    }
+    got.layers += 1;
+    got.tokens += L["tokens"].get<uint64_t>();
+  }
+  if (got.layers == 0) return Status::ok();  // nothing counted yet: uniform
+  m->p = std::move(p);
+  *info = got;
+  return Status::ok();
+}
+
+}  // namespace moesh
