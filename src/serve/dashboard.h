@@ -43,8 +43,9 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
 // "args" (the `swarm plan` options giving the same figures), "backbone_experts", "peers": [{"name",
 // "role", "what", "changes"}], "live": the live layout as a plan document ({"roles": [{"peer",
 // "role", "experts", "addr"}], "predicted_step_ms"}: `swarm plan --from live`)} or {"error", ...}.
-inline constexpr int kReplanContext = 4096;  // context priced: `moesh swarm plan`'s --n-ctx default
-inline constexpr double kReplanGain = 0.10;  // a re-plan is worth its moves from 10 % faster on
+inline constexpr int kReplanContext = 4096;          // context priced: `moesh swarm plan`'s --n-ctx default
+inline constexpr double kReplanGain = 0.10;          // a re-plan is worth its moves from 10 % faster on
+inline constexpr double kReplanRefreshSeconds = 10;  // under load, new counts wait this long
 nlohmann::json replan_json(const Model& model, const RemoteExecutor& remote, const nlohmann::json& status,
                            const nlohmann::json& heatmap, int tokens_per_step);
 
