@@ -26,6 +26,13 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
         live_peer_memory(w.value("slab_bytes", uint64_t{0}), w.value("replica_budget_bytes", uint64_t{0}),
                          w.value("mem_available_bytes", uint64_t{0}), w.value("offer_bytes", uint64_t{0}));
     p.peer.rtt_s = std::max(0.0, w.value("warmup_rtt_ms", 0.0)) * 1e-3;
+    // Slowed down: its recent trips cost more than its fastest did, by what its path or host
+    // lost since; each trip to it costs that much more now.
+    const double recent = w.value("recent_trip_ms", 0.0), fastest = w.value("min_latency_ms", 0.0);
+    if (recent > 0 && fastest > 0 && recent > fastest) {
+      p.slowed_s = (recent - fastest) * 1e-3;
+      p.peer.rtt_s += p.slowed_s;
+    }
     if (w.value("path", "") == "direct") p.addr = w.value("address", "");
     p.label = w.value("label", "");
     if (w.contains("peer_rtt_ms") && w["peer_rtt_ms"].is_object()) {

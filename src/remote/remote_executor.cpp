@@ -618,6 +618,8 @@ std::vector<WorkerStatus> RemoteExecutor::worker_status() const {
     s.n_experts = swarm::canonicalize(m.announced[w]).n_pairs();
     s.warmup_rtt_ms = std::chrono::duration<double, std::milli>(link.warmup_rtt).count();
     s.min_latency_ms = w < m.min_latency.size() ? 1e3 * m.min_latency[w] : 0.0;
+    if (w < m.recent.size() && m.recent[w].n >= Impl::RecentTrips::kN / 2)
+      s.recent_trip_ms = 1e3 * m.recent[w].median();
     s.mean_latency_ms = t.completed > 0 ? 1e3 * t.latency_sum_seconds / static_cast<double>(t.requests) : 0.0;
     const auto heard = link.mux ? link.mux->last_received() : std::chrono::steady_clock::time_point{};
     s.last_heard_s = heard.time_since_epoch().count() == 0 ? -1.0 : std::chrono::duration<double>(now - heard).count();

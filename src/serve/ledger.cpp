@@ -119,6 +119,7 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
                             {"n_experts", w.n_experts},
                             {"warmup_rtt_ms", w.warmup_rtt_ms},
                             {"min_latency_ms", w.min_latency_ms},
+                            {"recent_trip_ms", w.recent_trip_ms},
                             {"mean_latency_ms", w.mean_latency_ms},
                             {"last_heard_s", w.last_heard_s},
                             {"requests", w.requests},

@@ -835,6 +835,10 @@ TEST(RemoteLoopback, AWorkerThatTurnsSlowIsTakenOffTheHotPath) {
   EXPECT_EQ(wt[1].requests, slow_at_48) << "no requests in the last 16 steps: demoted";
   EXPECT_GT(wt[0].requests, wt[1].requests);
   EXPECT_EQ(wt[1].errors, 0u) << "slow, not failed";
+  // What /swarm/status reports and the planner prices it by (plan/live.h): each of its recent
+  // trips waited the injected 30 ms, which its fastest (from before) did not.
+  const auto ws = exec->worker_status();
+  EXPECT_GE(ws[1].recent_trip_ms - ws[1].min_latency_ms, 30.0 * 0.9) << ws[1].recent_trip_ms;
 }
 
 TEST(RemoteLoopback, AReplicaJudgedFarByItsWarmUpIsProbedAndUsedWhenNear) {

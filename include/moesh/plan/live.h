@@ -21,6 +21,7 @@ struct LivePeer {
   std::string addr;   // a worker the gateway dialled: HOST:PORT (empty: it joined, or a --peer)
   std::string label;  // its label at the gateway (what other workers' RTTs name it by)
   std::vector<std::pair<std::string, double>> measured_rtt_ms;  // its RTT to other labels (PROBE)
+  double slowed_s = 0;  // added to its RTT: how much slower its recent trips are than its fastest
 };
 
 // What a live worker may hold, from its INFO_REPLY figures: what it offers (`moesh worker
@@ -31,8 +32,9 @@ uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t avail
 
 // The peers of a /swarm/status document: every worker that is up, named as the gateway names it,
 // with its address when dialled directly, the warm-up round trip as RTT (the padded PING at
-// connect: network only, no compute) and live_peer_memory as memory. kCorrupt without a workers
-// array.
+// connect: network only, no compute) plus, for one that slowed down, how much its recent trips
+// (median of the last 16) exceed its fastest, and live_peer_memory as memory. kCorrupt without a
+// workers array.
 Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& status);
 
 // The peer-to-peer round trips live workers measured, seconds ([i][j]; -1: unknown): a pair

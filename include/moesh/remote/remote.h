@@ -239,6 +239,7 @@ struct WorkerStatus {
   uint64_t n_experts = 0;
   double warmup_rtt_ms = 0;    // at connect
   double min_latency_ms = 0;   // fastest DISPATCH -> COMBINE seen (0: none yet)
+  double recent_trip_ms = 0;   // median of its last 16 trips (0: fewer than 8 yet): what it costs now
   double mean_latency_ms = 0;  // mean of all requests
   double last_heard_s = -1;    // seconds since its connection last delivered a frame (-1: never)
   uint64_t requests = 0, errors = 0, rejoins = 0, failovers = 0;

@@ -1,0 +1,82 @@
+// The planner's inputs from a running gateway's reports (plan/live.h): which workers become
+// peers, with what memory and RTT, and the activation counts.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "moesh/plan/live.h"
+
+namespace moesh {
+namespace {
+
+nlohmann::json worker(const std::string& name, const std::string& state) {
+  return {{"name", name},
+          {"label", "127.0.0.1:1 (" + name + ")"},
+          {"state", state},
+          {"path", "direct"},
+          {"address", "127.0.0.1:1"},
+          {"warmup_rtt_ms", 20.0},
+          {"min_latency_ms", 21.0},
+          {"slab_bytes", 1000},
+          {"replica_budget_bytes", 0},
+          {"mem_available_bytes", 8000},
+          {"offer_bytes", 0}};
+}
+
+TEST(LivePlan, UpWorkersBecomePeersAndOneThatSlowedDownCostsItsRecentTrips) {
+  nlohmann::json st{{"workers", nlohmann::json::array()}};
+  nlohmann::json a = worker("a", "up");  // holds 1000, half of 8000 free: 5000
+  nlohmann::json b = worker("b", "up");
+  b["offer_bytes"] = 3000;                        // an offer is its memory
+  b["recent_trip_ms"] = 71.0;                     // its trips now take 50 ms more than its best
+  b["peer_rtt_ms"] = {{"127.0.0.1:1 (a)", 4.0}};  // measured to a
+  nlohmann::json c = worker("c", "down");         // not a peer
+  nlohmann::json d = worker("d", "up");
+  d["recent_trip_ms"] = 15.0;  // faster than its best seen (no new minimum yet): not slowed
+  st["workers"] = {a, b, c, d};
+  auto peers = peers_from_status(st);
+  ASSERT_TRUE(peers.is_ok()) << peers.status().to_string();
+  ASSERT_EQ(peers->size(), 3u);
+  EXPECT_EQ((*peers)[0].peer.name, "a");
+  EXPECT_EQ((*peers)[0].peer.memory_bytes, 5000u);
+  EXPECT_DOUBLE_EQ((*peers)[0].peer.rtt_s, 20e-3);
+  EXPECT_EQ((*peers)[0].addr, "127.0.0.1:1");
+  EXPECT_EQ((*peers)[1].peer.name, "b");
+  EXPECT_EQ((*peers)[1].peer.memory_bytes, 3000u);
+  EXPECT_DOUBLE_EQ((*peers)[1].slowed_s, 50e-3);
+  EXPECT_DOUBLE_EQ((*peers)[1].peer.rtt_s, 20e-3 + 50e-3);
+  EXPECT_EQ((*peers)[2].peer.name, "d");
+  EXPECT_EQ((*peers)[2].slowed_s, 0.0);
+  const auto rtt = measured_peer_rtts(*peers);
+  ASSERT_EQ(rtt.size(), 3u);
+  EXPECT_DOUBLE_EQ(rtt[0][1], 4e-3);
+  EXPECT_DOUBLE_EQ(rtt[1][0], 4e-3);
+  EXPECT_EQ(rtt[0][2], -1.0);
+
+  EXPECT_EQ(peers_from_status(nlohmann::json{{"workers", 3}}).status().code(), StatusCode::kCorrupt);
+}
+
+TEST(LivePlan, ActivationCountsAreSmoothedAndAMalformedHeatmapIsNamed) {
+  PlanModel m;
+  m.name = "t";
+  m.n_expert = 4;
+  m.n_expert_used = 1;
+  m.layers.resize(2);
+  nlohmann::json h{{"n_expert", 4},
+                   {"layers", {{{"layer", 1}, {"tokens", uint64_t{48}}, {"share", {1.0, 0.0, 0.0, 0.0}}}}}};
+  ActivationInfo info;
+  ASSERT_TRUE(apply_activations(h, "test", &m, &info).is_ok());
+  EXPECT_EQ(info.layers, 1);
+  EXPECT_EQ(info.tokens, 48u);
+  // Layer 1: (1 * 48 + 16 * 0.25) / 64; layer 0 (not counted) stays k/n.
+  EXPECT_DOUBLE_EQ(m.p_at(1, 0), (48.0 + 16 * 0.25) / 64);
+  EXPECT_DOUBLE_EQ(m.p_at(1, 1), (16 * 0.25) / 64);
+  EXPECT_DOUBLE_EQ(m.p_at(0, 2), 0.25);
+  h["layers"][0]["share"][2] = 1.5;
+  const Status bad = apply_activations(h, "test", &m, &info);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("heatmap.layers[0].share[2]"), std::string::npos) << bad.message();
+}
+
+}  // namespace
+}  // namespace moesh
