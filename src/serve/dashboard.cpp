@@ -217,10 +217,9 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
   if (remote != nullptr && (spans == nullptr || spans->peers_view().empty())) {
     const nlohmann::json status = status_doc != nullptr ? *status_doc : swarm_status_json(remote);
     // The re-plan runs the whole planner (`moesh swarm plan --shape deepseek-v3` with 32 peers: 0.2 s
-    // here, 128: 0.5 s) and the
-    // page polls once a second: it is kept while the swarm is the same — the workers, their state,
-    // memory, RTTs and experts, the tokens per step — and, while requests run, for at most
-    // kReplanRefreshSeconds, in which only the activation counts move. An idle gateway's counts
+    // here, 128: 0.5 s) and the page polls once a second: it is kept while the swarm is the same —
+    // the workers, their state, memory, RTTs and experts, the tokens per step — and, while requests
+    // run, for at most kReplanRefreshSeconds, in which only the activation counts move. An idle gateway's counts
     // stand still, so its re-plan is always of the counts it shows.
     std::string key = fmt::format("{}|{}", static_cast<const void*>(model), o.tokens_per_step);
     if (status.contains("workers") && status["workers"].is_array()) {
