@@ -18,6 +18,11 @@
 // per head: S ← diag(e^g) S, g = gate_lower_bound · σ(exp(A_log) · (ssm_f_b · ssm_f_a · x + dt_bias));
 // q, k and v have their own projections and causal convolutions (one window of [q|k|v] channels),
 // and the output gate is σ(ssm_g · x) (reference README §7.4).
+//
+// KDA's only reference (archs2/) was made on an AVX2 host, and ggml's F32 code differs between its
+// AVX2 and AVX-512 builds: so KDA's dots and the SiLU after its convolutions follow the AVX2 build
+// (dot_f32_avx2, silu_v_avx2 — ggml's vector exp differs in the last bit for ~1 input in 8), the
+// gated DeltaNet's the AVX-512 build, as the rest of moesh. Either is the same on every host.
 #include <cmath>
 
 #include "model/arch.h"
@@ -139,8 +144,22 @@ float softplus(float x) {
   return x > 20.0f ? x : std::log(1.0f + std::exp(x));
 }
 
+// The leftovers of the AVX2 ggml_vec_dot_f32 below (tensor/quant_impl.h dot_f32_ggml_tail has the
+// AVX-512 ones): x[i..n) . y[i..n) added to s, 4 rounded products at a time added in order, then
+// fused multiply-adds for the last < 4.
+MOESH_FMA_CLONES float dot_f32_ggml_tail_avx2(const float* x, const float* y, int64_t i, int64_t n, float s) {
+  for (; i + 4 <= n; i += 4) {
+    float p[4];
+    for (int l = 0; l < 4; ++l) p[l] = x[i + l] * y[i + l];
+    for (int l = 0; l < 4; ++l) s += p[l];
+  }
+  for (; i < n; ++i) s = std::fmaf(x[i], y[i], s);
+  return s;
+}
+
 // ggml_vec_dot_f32 as compiled for AVX2 (32 lanes in four 8-wide registers, fused multiply-adds;
-// registers 0+2, 1+3, then 0+1; the 8 lanes as (l, l+4), then hadd twice; leftovers in double).
+// registers 0+2, 1+3, then 0+1; the 8 lanes as (l, l+4), then hadd twice; the leftovers as GCC
+// vectorises them for AVX2: 4 products at a time added in order, then fused multiply-adds).
 MOESH_FMA_CLONES MOESH_VECTORIZE float dot_f32_avx2(const float* x, const float* y, int64_t n) {
   float acc[32] = {};
   const int64_t np = n & ~static_cast<int64_t>(31);
@@ -152,9 +171,7 @@ MOESH_FMA_CLONES MOESH_VECTORIZE float dot_f32_avx2(const float* x, const float*
   float t0[4];
   for (int l = 0; l < 4; ++l) t0[l] = acc[l] + acc[l + 4];
   const float r = (t0[0] + t0[1]) + (t0[2] + t0[3]);
-  double sum = r;
-  for (int64_t i = np; i < n; ++i) sum += static_cast<double>(x[i] * y[i]);
-  return static_cast<float>(sum);
+  return dot_f32_ggml_tail_avx2(x, y, np, n, r);
 }
 
 // y[i] *= d[i] (a decay per key channel, KDA).
@@ -179,10 +196,10 @@ void delta_rule_step(float* M, const float* q, const float* k, const float* v, f
   for (int64_t j = 0; j < S; ++j) o[j] = dot(M + j * S, q, S) * scale;
 }
 
-// The causal convolution of one token over C channels (window [C][K-1], slid by one), then SiLU.
-// w(c) gives channel c's K taps.
+// The causal convolution of one token over C channels (window [C][K-1], slid by one), then SiLU
+// (act: silu_v, or silu_v_avx2 for KDA). w(c) gives channel c's K taps.
 template <typename Taps>
-void conv_step(float* win_all, float* m, int64_t C, int64_t K, Taps w) {
+void conv_step(float* win_all, float* m, int64_t C, int64_t K, Taps w, float (*act)(float) = silu_v) {
   for (int64_t c = 0; c < C; ++c) {
     float* win = win_all + c * (K - 1);
     const float x = m[c];
@@ -191,7 +208,7 @@ void conv_step(float* win_all, float* m, int64_t C, int64_t K, Taps w) {
     if (K > 1) win[K - 2] = x;
     m[c] = y;
   }
-  for (int64_t c = 0; c < C; ++c) m[c] = silu_v(m[c]);
+  for (int64_t c = 0; c < C; ++c) m[c] = act(m[c]);
 }
 
 }  // namespace
@@ -363,7 +380,8 @@ void attention_kda(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
     float* st = f.rec->live(seq, layer);  // [C][K-1] window, then [H][S][S]
     float* mats = st + conv_floats;
     float* mt = m + t * C;
-    conv_step(st, mt, C, K, [&](int64_t c) { return conv_w[c / di] + (c % di) * K; });
+    conv_step(
+        st, mt, C, K, [&](int64_t c) { return conv_w[c / di] + (c % di) * K; }, silu_v_avx2);
     float* q = mt;
     float* k = mt + di;
     const float* v = mt + 2 * di;

@@ -7,8 +7,9 @@
 
 namespace moesh::quant::ref {
 
-// ggml_vec_dot_f32 on AVX-512: 64 lanes (element i -> lane i % 64), a halving tree, leftovers by
-// fma. The v3 clone keeps the fused multiply-adds one instruction each (a libm call otherwise).
+// ggml_vec_dot_f32 on AVX-512: 64 lanes (element i -> lane i % 64), a halving tree, then the
+// leftovers as GCC compiles them (dot_f32_ggml_tail). The v3 clone keeps the fused multiply-adds one instruction each
+// (a libm call otherwise).
 MOESH_FMA_CLONES float dot_f32_ggml(const float* k, const float* q, int64_t n) {
   float acc[64] = {};
   const int64_t np = n & ~static_cast<int64_t>(63);
@@ -18,9 +19,7 @@ MOESH_FMA_CLONES float dot_f32_ggml(const float* k, const float* q, int64_t n) {
   for (int h = 32; h >= 1; h /= 2) {
     for (int l = 0; l < h; ++l) acc[l] += acc[l + h];
   }
-  float sum = acc[0];
-  for (int64_t i = np; i < n; ++i) sum = std::fmaf(k[i], q[i], sum);
-  return sum;
+  return dot_f32_ggml_tail(k, q, np, n, acc[0]);
 }
 
 void attn_scores(const AttnScores& a) {

@@ -208,9 +208,7 @@ void attn_scores_512(const AttnScores& a) {
         _mm512_store_ps(tmp, sum);
         for (int i = 0; i < n; ++i) {
           const float* kc = kb + static_cast<size_t>(i) * a.k_stride;
-          float s = tmp[i];
-          for (int64_t e = np; e < a.dk; ++e) s = std::fmaf(kc[e], q[e], s);
-          out[i] = s * a.scale;
+          out[i] = quant::ref::dot_f32_ggml_tail(kc, q, np, a.dk, tmp[i]) * a.scale;
         }
       }
     }

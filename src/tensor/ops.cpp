@@ -60,6 +60,30 @@ inline __attribute__((always_inline)) float v_expf(float x) {
   return std::fabs(n) > 192.0f ? (n <= 0.0f ? 0.0f : INFINITY) : res;  // also x = -inf -> 0
 }
 
+// ggml_v_expf as built for AVX2 + FMA, one lane: the same polynomial without its constant term,
+// then k + j·k fused with k = 2^n made from z's bits (where AVX-512 scales 1 + j with scalef);
+// lanes with |n| > 126 go through the two-factor scaling s2·(1 + j)·s1, |n| > 192 saturate.
+// Differs from the AVX-512 build in the last bit for about one input in eight.
+inline __attribute__((always_inline)) float v_expf_avx2(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fmaf(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fmaf(-n, 0x1.7f7d1cp-20f, std::fmaf(-n, 0x1.62e4p-1f, x));
+  const uint32_t e = std::bit_cast<uint32_t>(z) << 23;
+  const float k = std::bit_cast<float>(e + std::bit_cast<uint32_t>(1.0f));
+  const float u = b * b;
+  const float j = std::fmaf(
+      std::fmaf(std::fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+      0x1.ffffecp-1f * b);
+  const float an = std::fabs(n);
+  if (!(an > 126.0f)) return std::fmaf(k, j, k);
+  const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+  const float s1 = std::bit_cast<float>(g + 0x7f000000u);
+  const float s2 = std::bit_cast<float>(e - g);
+  if (an > 192.0f) return s1 * s1;
+  return std::fmaf(s2, j, s2) * s1;
+}
+
 // _mm512_reduce_add_ps: a halving tree over 16 lanes (8, 4, 2, 1).
 float reduce16(float a[16]) {
   for (int h = 8; h >= 1; h /= 2) {
@@ -120,6 +144,10 @@ float silu(float x) {
 
 MOESH_FMA_CLONES float silu_v(float x) {
   return x / (1.0f + v_expf(0.0f - x));
+}
+
+MOESH_FMA_CLONES float silu_v_avx2(float x) {
+  return x / (1.0f + v_expf_avx2(0.0f - x));
 }
 
 float sigmoid(float x) {

@@ -105,8 +105,7 @@ void attn_scores_avx2(const AttnScores& a) {
           float s = tmp[i];
           if (np != a.dk) {
             const float* kc = kb + static_cast<size_t>(i) * a.k_stride;
-            for (int64_t e = np; e < a.dk; ++e) s = std::fmaf(kc[e], q[e], s);
-            s *= a.scale;
+            s = quant::ref::dot_f32_ggml_tail(kc, q, np, a.dk, s) * a.scale;
           }
           out[i] = s;
         }

@@ -21,7 +21,9 @@ uint32_t bits(float f) {
   return u;
 }
 
-// ggml_vec_dot_f32 on AVX-512: element i -> lane i % 64 (fma), halving tree, leftovers by fma.
+// ggml_vec_dot_f32 on AVX-512: element i -> lane i % 64 (fma), halving tree, then the leftovers
+// as GCC compiles them: groups of 8 products rounded then added in order, the last < 8 by fma
+// (golden bits from ggml itself: tests/tensor/test_ops.cpp F32DotFollowsGgmlAvx512Build).
 float dot_64_lanes(const float* k, const float* q, int64_t n) {
   float acc[64] = {};
   const int64_t np = n & ~static_cast<int64_t>(63);
@@ -32,7 +34,13 @@ float dot_64_lanes(const float* k, const float* q, int64_t n) {
     for (int l = 0; l < h; ++l) acc[l] += acc[l + h];
   }
   float sum = acc[0];
-  for (int64_t i = np; i < n; ++i) sum = std::fmaf(k[i], q[i], sum);
+  int64_t i = np;
+  for (; n - i >= 8; i += 8) {
+    float p[8];
+    for (int l = 0; l < 8; ++l) p[l] = k[i + l] * q[i + l];
+    for (int l = 0; l < 8; ++l) sum += p[l];
+  }
+  for (; i < n; ++i) sum = std::fmaf(k[i], q[i], sum);
   return sum;
 }
 

@@ -617,5 +617,47 @@ TEST(Ops, VectorExpSiluAndSoftmaxGroups) {
   for (float v : eq) EXPECT_EQ(v, 1.0f / 48.0f);
 }
 
+// Golden bits from ggml itself (its CPU backend as of 2026-08, GCC 12 -O3, for x86 with AVX-512
+// and with AVX2 + FMA + F16C), on inputs made of integers so every build sees the same floats.
+
+// ggml_vec_dot_f32 as built for AVX-512 (the attention kernels' F32 dot on every ISA): 64 lanes,
+// then the n % 64 leftovers as GCC compiles `sumf += x[i]*y[i]` — 8 rounded products at a time
+// added in order, the last < 8 fused. n = 32 and 45 are all leftovers; 100 and 160 mix both.
+TEST(Ops, F32DotFollowsGgmlAvx512Build) {
+  float x[256], y[256];
+  for (uint32_t i = 0; i < 256; ++i) {
+    x[i] = static_cast<float>((i * 2654435761u >> 8) & 0xffffu) / 32768.0f - 1.0f;
+    y[i] = static_cast<float>((i * 40503u + 12345u) & 0xffffu) / 16384.0f - 2.0f;
+  }
+  const std::pair<int64_t, uint32_t> golden[] = {{5, 0x3f03892fu},   {8, 0x3f1eb88au},   {13, 0x3f51436du},
+                                                 {32, 0xbe91b6a3u},  {45, 0x40883ceau},  {64, 0x401afb85u},
+                                                 {100, 0x40b40989u}, {160, 0x410b1b60u}, {199, 0x41543d2cu}};
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const KernelTable* kt = kernels_for(isa);
+    if (kt == nullptr) continue;
+    for (auto [n, bits] : golden) {
+      float out = 0.0f;
+      kt->attn.scores({.k = x, .q = y, .dk = n, .c1 = 1, .out = &out});
+      EXPECT_EQ(std::bit_cast<uint32_t>(out), bits) << isa_name(isa) << " n=" << n << ": " << out;
+    }
+  }
+}
+
+// ggml_v_silu as built for AVX2 (kimi-k3's KDA convolutions): its exp differs from the AVX-512
+// build's in the last bit for ~1 input in 8 (-50 and 2 here), and saturates the same way.
+TEST(Ops, SiluAvx2FollowsGgmlAvx2Build) {
+  const std::pair<float, uint32_t> golden[] = {
+      {-200.0f, 0x80000000u}, {-100.0f, 0x80000000u}, {-90.0f, 0x80000000u}, {-88.5f, 0x82dd2ec3u},
+      {-50.0f, 0x9e362a51u},  {-1.5f, 0xbe8c1a52u},   {-0.1f, 0xbd42918cu},  {0.0f, 0x00000000u},
+      {0.3f, 0x3e307800u},    {2.0f, 0x3fe17becu},    {7.25f, 0x40e7d5dbu},  {40.0f, 0x42200000u},
+      {87.0f, 0x42ae0000u},   {88.7f, 0x42b16666u},   {100.0f, 0x42c80000u}, {200.0f, 0x43480000u}};
+  int differ_from_avx512 = 0;
+  for (auto [x, bits] : golden) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(silu_v_avx2(x)), bits) << x;
+    differ_from_avx512 += silu_v(x) != silu_v_avx2(x);
+  }
+  EXPECT_EQ(differ_from_avx512, 2);  // -50 and 2
+}
+
 }  // namespace
 }  // namespace moesh

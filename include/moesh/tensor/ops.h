@@ -64,10 +64,11 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 // With `sink` (an attention sink, gpt-oss): one more logit that joins the max and the
 // denominator but has no output (ggml soft_max_ext with sinks).
 void softmax(float* x, int64_t n, const float* sink = nullptr);
-float silu(float x);     // x/(1+expf(-x)) (ggml_silu_f32)
-float silu_v(float x);   // x/(1+v_expf(-x)) (ggml_v_silu, one lane)
-float sigmoid(float x);  // 1/(1+expf(-x))
-float gelu(float x);     // tanh approximation
+float silu(float x);         // x/(1+expf(-x)) (ggml_silu_f32)
+float silu_v(float x);       // x/(1+v_expf(-x)) (ggml_v_silu, one lane)
+float silu_v_avx2(float x);  // the same with ggml_v_expf as built for AVX2 (kimi-k3's KDA: layers_deltanet.cpp)
+float sigmoid(float x);      // 1/(1+expf(-x))
+float gelu(float x);         // tanh approximation
 // y[i] = silu_v(g[i]) * u[i] (ggml_vec_swiglu_f32's vector path)
 void swiglu(const float* g, const float* u, float* y, int64_t n);
 // Clamped SwiGLU (step35): y[i] = min(silu_v(g[i]), limit) * clamp(u[i], -limit, limit) (llama.cpp's
