@@ -20,9 +20,10 @@
 // and the output gate is σ(ssm_g · x) (reference README §7.4).
 //
 // KDA's only reference (archs2/) was made on an AVX2 host, and ggml's F32 code differs between its
-// AVX2 and AVX-512 builds: so KDA's dots and the SiLU after its convolutions follow the AVX2 build
-// (dot_f32_avx2, silu_v_avx2 — ggml's vector exp differs in the last bit for ~1 input in 8), the
-// gated DeltaNet's the AVX-512 build, as the rest of moesh. Either is the same on every host.
+// AVX2 and AVX-512 builds: so KDA's dots, its convolutions and their SiLU follow the AVX2 build
+// (dot_f32_avx2; conv_tap_sum_avx2: GCC leaves the taps unfused there; silu_v_avx2: ggml's vector
+// exp differs in the last bit for ~1 input in 8), the gated DeltaNet's the AVX-512 build, as the
+// rest of moesh. Either is the same on every host.
 #include <cmath>
 
 #include "model/arch.h"
@@ -131,6 +132,13 @@ MOESH_FMA_CLONES float conv_tap_sum(const float* window, float x, const float* w
   return std::fmaf(x, w[K - 1], sum);
 }
 
+// The same as ggml's AVX2 build compiles it (KDA): each tap's product rounded, then added in order.
+float conv_tap_sum_avx2(const float* window, float x, const float* w, int64_t K) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i + 1 < K; ++i) sum += window[i] * w[i];
+  return sum + x * w[K - 1];
+}
+
 // ggml_l2_norm: x / max(‖x‖, eps), the sum of squares in double.
 void l2_norm(float* x, int64_t n, float eps) {
   double sum = 0.0;
@@ -196,19 +204,19 @@ void delta_rule_step(float* M, const float* q, const float* k, const float* v, f
   for (int64_t j = 0; j < S; ++j) o[j] = dot(M + j * S, q, S) * scale;
 }
 
-// The causal convolution of one token over C channels (window [C][K-1], slid by one), then SiLU
-// (act: silu_v, or silu_v_avx2 for KDA). w(c) gives channel c's K taps.
-template <typename Taps>
-void conv_step(float* win_all, float* m, int64_t C, int64_t K, Taps w, float (*act)(float) = silu_v) {
+// The causal convolution of one token over C channels (window [C][K-1], slid by one), then SiLU;
+// Avx2: in ggml's AVX2 build's float order (KDA, see the header). w(c) gives channel c's K taps.
+template <bool Avx2 = false, typename Taps>
+void conv_step(float* win_all, float* m, int64_t C, int64_t K, Taps w) {
   for (int64_t c = 0; c < C; ++c) {
     float* win = win_all + c * (K - 1);
     const float x = m[c];
-    const float y = conv_tap_sum(win, x, w(c), K);
+    const float y = Avx2 ? conv_tap_sum_avx2(win, x, w(c), K) : conv_tap_sum(win, x, w(c), K);
     for (int64_t i = 0; i + 2 < K; ++i) win[i] = win[i + 1];
     if (K > 1) win[K - 2] = x;
     m[c] = y;
   }
-  for (int64_t c = 0; c < C; ++c) m[c] = act(m[c]);
+  for (int64_t c = 0; c < C; ++c) m[c] = Avx2 ? silu_v_avx2(m[c]) : silu_v(m[c]);
 }
 
 }  // namespace
@@ -380,8 +388,7 @@ void attention_kda(Fwd& f, int il, const LayerWeights& lw, const float* xn, floa
     float* st = f.rec->live(seq, layer);  // [C][K-1] window, then [H][S][S]
     float* mats = st + conv_floats;
     float* mt = m + t * C;
-    conv_step(
-        st, mt, C, K, [&](int64_t c) { return conv_w[c / di] + (c % di) * K; }, silu_v_avx2);
+    conv_step<true>(st, mt, C, K, [&](int64_t c) { return conv_w[c / di] + (c % di) * K; });
     float* q = mt;
     float* k = mt + di;
     const float* v = mt + 2 * di;

@@ -108,14 +108,12 @@ Tolerance tolerance_for(const std::string& file) {
   // file (step35-a.Q4_K_M seq16 position 5: weights 2.5e-5, logits 0.027; the rest ~1e-6).
   // Observed: step35-a.Q8_0 4.8e-7 (logits identical to 4 digits), step35-a.Q4_K_M 2.5e-5.
   if (file.starts_with("archs2/")) t.weight = file.find("Q4_K_M") != std::string::npos ? 2.5e-4 : 5e-6;
-  // kimi-k3 turns ulps into ~0.1 logit differences (reference README §6: native vs dequant-f32
-  // 0.24-0.42). Its KDA follows ggml's AVX2 build (layers_deltanet.cpp), its MLA attention the
-  // AVX-512 one (KQ over 160, softmax), and those ulps grow through layers 1-3. Observed:
-  // kimik3-a.Q8_0 seq16 bit-identical, seq64 weights 8.5e-6, logits 0.064, min cosine 0.99994;
-  // kimik3-a.Q4_K_M layer 0 within 3.6e-7, hidden 0.10 (layer 3), weights 0.015, logits 0.16,
-  // min cosine 0.99912; argmax equal at every position of both files.
+  // kimi-k3's KDA follows ggml's AVX2 build (layers_deltanet.cpp), its MLA attention the AVX-512
+  // one (KQ over 160, softmax) like deepseek2's, and kimi-k3 grows those ulps (reference README
+  // §6: native vs dequant-f32 0.24-0.42). Observed: seq16 of both files bit-identical (hidden
+  // states after every layer, logits); seq64 Q4_K_M logits 0.012 (min cosine 0.999996), weights
+  // 2.4e-7; seq64 Q8_0 logits 0.064 (min cosine 0.99994), weights 8.5e-6; argmax equal everywhere.
   if (file == "archs2/kimik3-a.Q8_0.gguf") t.weight = 2.5e-5;
-  if (file == "archs2/kimik3-a.Q4_K_M.gguf") t.weight = 0.05, t.hidden = 0.2;
   // minimaxm3-a.Q4_K_M seq64 drifts from position 4 on (weights 5.6e-3, logits 0.066, min cosine
   // 0.99990, argmax equal): an activation-quantization rounding step flips upstream; its seq16
   // and the Q8_0 file agree to 2.4e-7.
