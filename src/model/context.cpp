@@ -103,13 +103,6 @@ Context::Context(const Model& model, const ContextParams& params)
       span_status_ = make_error(StatusCode::kInvalidArgument, "blocks {}-{} are not within the model's 0-{}",
                                 params.layers.first, params.layers.last, model.hparams().n_layer - 1);
     }
-    if (!model.hparams().can_split_before(params.layers.first)) {
-      // glm-dsa: the block reuses a sparse-attention selection computed before it.
-      span_status_ = make_error(StatusCode::kInvalidArgument,
-                                "blocks {}-{}: block {} reuses the indexer selection of an earlier block, so a "
-                                "span cannot start there",
-                                params.layers.first, params.layers.last, params.layers.first);
-    }
     layers_ = params.layers;
     kv_base_ = slots.kv_base;
     rec_base_ = slots.rec_base;
@@ -134,12 +127,6 @@ Status Context::map_spans() {
     if (sp[k].first < next_free || sp[k].last < sp[k].first || sp[k].last >= n_layer) {
       return make_error(StatusCode::kInvalidArgument, "span {}-{} is not within blocks 0-{} after the previous span",
                         sp[k].first, sp[k].last, n_layer - 1);
-    }
-    if (!hp.can_split_before(sp[k].first) || !hp.can_split_before(sp[k].last + 1)) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "span {}-{}: a block on one side of its boundary reuses the indexer selection of "
-                        "a block on the other (glm-dsa: spans start at blocks with their own indexer)",
-                        sp[k].first, sp[k].last);
     }
     at[static_cast<size_t>(sp[k].first)] = static_cast<int>(k);
     for (int il = sp[k].first; il <= sp[k].last; ++il) covered[static_cast<size_t>(il)] = true;
@@ -317,12 +304,13 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
       if (k >= 0) {      // blocks first..last run on a span peer: one trip for the whole span
         int k_last = k;  // a chained trip may run the spans after k too
         const auto& sp = spans_->spans();
-        // Rows cross with the residual-attention checkpoints banked so far (span_row_width).
-        const bool wide = hp.attn_res_block > 0;
+        // Rows cross with the residual-attention checkpoints banked so far and a reused indexer
+        // selection (span_row_width).
+        const bool wide = hp.span_rows_wide();
         float* rows = parts[0].h;
         if (wide) {
-          rows = detail::grow(s.span_rows, static_cast<size_t>(T * hp.span_row_width(hp.n_layer)));
-          detail::pack_span_rows(*parts[0].f, parts[0].h, hp.residual_ckpts_before(il), rows);
+          rows = detail::grow(s.span_rows, static_cast<size_t>(T * hp.max_span_row_width()));
+          detail::pack_span_rows(*parts[0].f, parts[0].h, il, rows);
         }
         st = spans_->run_from(k, SpanBatch{T, seq, pos, cell, wants.data()}, rows, &k_last);
         for (int j = k + 1; st.is_ok() && j <= k_last; ++j) {
@@ -332,7 +320,8 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
         if (k_last < k) st = make_error(StatusCode::kInternal, "span runner ran spans {}..{}", k, k_last);
         if (!st.is_ok()) break;
         il = sp[static_cast<size_t>(k_last)].last + 1;
-        if (wide) detail::unpack_span_rows(*parts[0].f, rows, hp.residual_ckpts_before(il), parts[0].h);
+        if (wide) st = detail::unpack_span_rows(*parts[0].f, rows, il, parts[0].h);
+        if (!st.is_ok()) break;
         continue;
       }
       st = pre(parts[0], il);
@@ -495,9 +484,8 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
                       detail::grow(s.ffn_out, n_act)};
   // h: [T][span_row_width(first)] in, [T][span_row_width(last + 1)] out (the stream alone
   // without cross-layer residual attention: no checkpoints).
-  detail::unpack_span_rows(f, h, hp.residual_ckpts_before(first), b.h);
   detail::MoeCall call;
-  Status st = Status::ok();
+  Status st = detail::unpack_span_rows(f, h, first, b.h);
   for (int il = first; il <= last && st.is_ok(); ++il) {
     st = detail::block_begin(f, il, model_.layers[static_cast<size_t>(il)], b, &call);
     if (st.is_ok()) st = detail::block_end(f, il, model_.layers[static_cast<size_t>(il)], b, &call);
@@ -510,7 +498,7 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
     }
     return st;
   }
-  detail::pack_span_rows(f, b.h, hp.residual_ckpts_before(last + 1), h);
+  detail::pack_span_rows(f, b.h, last + 1, h);
   if (rec_) {
     for (const SeqStep& sp : steps) rec_->commit_step(sp.seq);
   }

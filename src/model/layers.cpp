@@ -641,22 +641,69 @@ void residual_mix(Fwd& f, int64_t n_ckpt, const float* cur, const TensorView& w,
   }
 }
 
-void pack_span_rows(Fwd& f, const float* h, int64_t n_ckpt, float* rows) {
-  const int64_t T = f.batch.n, D = f.hp.n_embd, W = D * (1 + n_ckpt);
+void pack_span_rows(Fwd& f, const float* h, int64_t il, float* rows) {
+  const HParams& hp = f.hp;
+  const int64_t T = f.batch.n, D = hp.n_embd, n_ckpt = hp.residual_ckpts_before(il), W = hp.span_row_width(il);
   const float* stack = f.s.res_stack.data();
+  const bool sel = hp.carries_selection(il);
+  const int64_t K = hp.indexer_top_k;
   for (int64_t t = 0; t < T; ++t) {
-    std::copy_n(h + t * D, D, rows + t * W);
-    for (int64_t c = 0; c < n_ckpt; ++c) std::copy_n(stack + (c * T + t) * D, D, rows + t * W + (1 + c) * D);
+    float* row = rows + t * W;
+    std::copy_n(h + t * D, D, row);
+    for (int64_t c = 0; c < n_ckpt; ++c) std::copy_n(stack + (c * T + t) * D, D, row + (1 + c) * D);
+    if (!sel) continue;
+    float* out = row + (1 + n_ckpt) * D;
+    const int32_t n = f.s.dsa_n_keep[static_cast<size_t>(t)];
+    const int32_t* keep = f.s.dsa_keep.data() + t * K;
+    const int64_t* cp = f.kv.positions(f.batch.seq[t]);
+    out[0] = static_cast<float>(n);
+    for (int64_t j = 0; j < K; ++j) out[1 + j] = j < n ? static_cast<float>(cp[keep[j]]) : -1.0f;
   }
 }
 
-void unpack_span_rows(Fwd& f, const float* rows, int64_t n_ckpt, float* h) {
-  const int64_t T = f.batch.n, D = f.hp.n_embd, W = D * (1 + n_ckpt);
+Status unpack_span_rows(Fwd& f, const float* rows, int64_t il, float* h) {
+  const HParams& hp = f.hp;
+  const int64_t T = f.batch.n, D = hp.n_embd, n_ckpt = hp.residual_ckpts_before(il), W = hp.span_row_width(il);
   float* stack = n_ckpt > 0 ? grow(f.s.res_stack, static_cast<size_t>(n_ckpt * T * D)) : nullptr;
+  const bool sel = hp.carries_selection(il);
+  const int64_t K = hp.indexer_top_k;
+  int32_t* keep = sel ? grow(f.s.dsa_keep, static_cast<size_t>(T * K)) : nullptr;
+  int32_t* n_keep = sel ? grow(f.s.dsa_n_keep, static_cast<size_t>(T)) : nullptr;
   for (int64_t t = 0; t < T; ++t) {
-    std::copy_n(rows + t * W, D, h + t * D);
-    for (int64_t c = 0; c < n_ckpt; ++c) std::copy_n(rows + t * W + (1 + c) * D, D, stack + (c * T + t) * D);
+    const float* row = rows + t * W;
+    std::copy_n(row, D, h + t * D);
+    for (int64_t c = 0; c < n_ckpt; ++c) std::copy_n(row + (1 + c) * D, D, stack + (c * T + t) * D);
+    if (!sel) continue;
+    const float* in = row + (1 + n_ckpt) * D;
+    const int32_t seq = f.batch.seq[t];
+    const int64_t* cp = f.kv.positions(seq);
+    const int64_t* end = cp + f.kv.seq_len(seq);
+    const float nf = in[0];
+    if (!(nf >= 0.0f && nf <= static_cast<float>(K)) || nf != std::floor(nf)) {
+      return make_error(StatusCode::kCorrupt,
+                        "span rows into block {}: token {} carries an indexer selection of {} cells "
+                        "(0-{} allowed)",
+                        il, t, nf, K);
+    }
+    const int32_t n = static_cast<int32_t>(nf);
+    n_keep[t] = n;
+    int32_t prev = -1;
+    for (int32_t j = 0; j < n; ++j) {
+      const float pf = in[1 + j];
+      const int64_t p = static_cast<int64_t>(pf);
+      const int64_t* it = std::lower_bound(cp, end, p);
+      if (!(pf >= 0.0f) || static_cast<float>(p) != pf || it == end || *it != p || p > f.batch.pos[t] ||
+          static_cast<int32_t>(it - cp) <= prev) {
+        return make_error(StatusCode::kCorrupt,
+                          "span rows into block {}: token {} (position {}) selects position {}, which "
+                          "sequence {} does not hold before it, or not in ascending order",
+                          il, t, f.batch.pos[t], pf, seq);
+      }
+      prev = static_cast<int32_t>(it - cp);
+      keep[t * K + j] = prev;
+    }
   }
+  return Status::ok();
 }
 
 Status block_begin(Fwd& f, int il, const LayerWeights& lw, const BlockBufs& b, MoeCall* call) {

@@ -196,10 +196,16 @@ void residual_mix(Fwd& f, int64_t n_ckpt, const float* cur, const TensorView& w,
 inline int64_t residual_ckpts_at_end(const HParams& hp) {
   return hp.residual_ckpts_before(hp.n_layer);
 }
-// Span rows (HParams::span_row_width) <-> the stream h [T][n_embd] and the first n_ckpt
-// checkpoints of f.s.res_stack [n_ckpt][T][n_embd]: per token [h | c_0 | ... | c_{n_ckpt-1}].
-void pack_span_rows(Fwd& f, const float* h, int64_t n_ckpt, float* rows);
-void unpack_span_rows(Fwd& f, const float* rows, int64_t n_ckpt, float* h);
+// Span rows entering block il (HParams::span_row_width(il)) <-> the stream h [T][n_embd], the
+// residual-attention checkpoints banked before il (f.s.res_stack [n_ckpt][T][n_embd]) and, where a
+// block from il on reuses an earlier indexer selection, the batch's selection (f.s.dsa_keep):
+// per token [h | c_0 | ... | c_{n_ckpt-1} | n_keep | positions of the kept cells, top_k slots].
+// Positions, not cell indices, cross: each side maps them to its own cells of the sequence (the
+// same positions, as every span holds the same tokens). unpack rejects rows whose selection is not
+// a valid one for the batch (a count out of range, a position the sequence does not hold or the
+// token cannot see, not ascending) with a message naming the token.
+void pack_span_rows(Fwd& f, const float* h, int64_t il, float* rows);
+Status unpack_span_rows(Fwd& f, const float* rows, int64_t il, float* h);
 
 // ---- tensor binding (the arch files' tensor tables) ----
 

@@ -1039,13 +1039,10 @@ Result<PlanModel> plan_model_from_gguf(const gguf::File& f, int n_ctx, double se
     L.expert_s = L.expert_bytes * seconds_per_byte;
   }
   m.global_s = head_bytes * seconds_per_byte;
-  // Span boundaries: what the model's own runtime sends across and where it may split. An
-  // architecture moesh cannot run keeps the defaults (hidden_bytes, every boundary).
+  // Span boundaries: what the model's own runtime sends across (residual-attention checkpoints,
+  // a reused indexer selection). An architecture moesh cannot run keeps the default hidden_bytes.
   if (auto hp = load_hparams(f); hp.is_ok() && hp->n_layer == *n_layer) {
-    for (int64_t b = 0; b <= *n_layer; ++b) {
-      m.row_bytes.push_back(static_cast<uint64_t>(hp->span_row_width(b)) * 4);
-      m.split.push_back(hp->can_split_before(b) ? 1 : 0);
-    }
+    for (int64_t b = 0; b <= *n_layer; ++b) m.row_bytes.push_back(static_cast<uint64_t>(hp->span_row_width(b)) * 4);
   }
   return m;
 }

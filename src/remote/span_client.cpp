@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <tuple>
 
 #include "moesh/swarm/span_host.h"
 #include "moesh/swarm/swarm.h"
@@ -93,8 +94,25 @@ int64_t SpanClient::width_out(int k) const {
   return model_.hparams().span_row_width(spans_[static_cast<size_t>(k)].last + 1);
 }
 uint32_t SpanClient::span_row_limit() const {
-  // The widest rows a span may answer with: those entering the output head.
-  return static_cast<uint32_t>(model_.hparams().span_row_width(model_.hparams().n_layer));
+  // The widest rows a span may answer with (with residual checkpoints, those entering the output
+  // head; with a reused indexer selection, those entering the block that reuses it).
+  return static_cast<uint32_t>(model_.hparams().max_span_row_width());
+}
+
+Status SpanClient::check_edge_wires(const std::vector<LayerSpan>& spans) const {
+  const HParams& hp = model_.hparams();
+  for (const LayerSpan& sp : spans) {
+    for (const auto& [il, d, what] :
+         {std::tuple{sp.first, opts_.hidden_wire, "hidden"}, std::tuple{sp.last + 1, opts_.return_wire, "return"}}) {
+      if (d != wire::WireDType::kF32 && hp.carries_selection(il)) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "span {}-{}: rows entering block {} carry an indexer selection (cell positions, which must "
+                          "arrive exactly), so the {} wire there must be f32, not {}",
+                          sp.first, sp.last, il, what, wire::wire_dtype_name(d));
+      }
+    }
+  }
+  return Status::ok();
 }
 
 SpanClient::~SpanClient() {
@@ -129,6 +147,7 @@ Result<std::shared_ptr<SpanClient>> SpanClient::connect(const Model& model, std:
     r->target = std::move(t);
     c->runners_.push_back(std::move(r));
   }
+  MOESH_RETURN_IF_ERROR(c->check_edge_wires(c->spans_));
   // One log store per span (rows of its input width); the memory budget shared in proportion.
   int64_t total_width = 0;
   for (size_t k = 0; k < c->spans_.size(); ++k) total_width += c->width_in(static_cast<int>(k));

@@ -186,12 +186,6 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
       return make_error(StatusCode::kInvalidArgument, "spans {}-{} and {}-{} overlap", want[j - 1].span.first,
                         want[j - 1].span.last, sp.first, sp.last);
     }
-    if (!hp.can_split_before(sp.first) || !hp.can_split_before(sp.last + 1)) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "span {}-{}: a block on one side of its boundary reuses the indexer selection of a block "
-                        "on the other (glm-dsa: spans start at blocks with their own indexer)",
-                        sp.first, sp.last);
-    }
     for (int il = sp.first; il <= sp.last; ++il) now[static_cast<size_t>(il)] = true;
   }
   if (now != covered) {
@@ -200,6 +194,11 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
                       "those blocks (the backbone keeps no state for them and runs the others itself; other "
                       "changes need a restart with the new --span list)",
                       list(want, [](const SpanPlacement& x) { return x.span; }), old_text);
+  }
+  {
+    std::vector<LayerSpan> edges;
+    for (const SpanPlacement& w : want) edges.push_back(w.span);
+    MOESH_RETURN_IF_ERROR(check_edge_wires(edges));
   }
 
   // 2. Which spans stay as they are (same blocks, same runner), and runners for the others,

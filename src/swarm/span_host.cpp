@@ -40,12 +40,6 @@ Result<std::unique_ptr<SpanHost>> SpanHost::create(const Model& model, const Spa
     return make_error(StatusCode::kInvalidArgument, "blocks {}-{} asked, the file holds {}-{} only (a span slice)",
                       opts.span.first, opts.span.last, model.blocks().first, model.blocks().last);
   }
-  if (!model.hparams().can_split_before(opts.span.first)) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "blocks {}-{}: block {} reuses the indexer selection of an earlier block, so a span cannot "
-                      "start there",
-                      opts.span.first, opts.span.last, opts.span.first);
-  }
   if (opts.max_seqs == 0) return make_error(StatusCode::kInvalidArgument, "max_seqs must be at least 1");
   std::unique_ptr<SpanHost> h(new SpanHost(model, opts));
   ContextParams cp;

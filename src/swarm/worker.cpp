@@ -679,9 +679,10 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   lim.n_expert = store->shape().n_expert;
   lim.n_layer = store->shape().n_layer;
   if (opts.span) {
-    // Span rows may be wider than n_embd: they carry cross-layer residual checkpoints (kimi-k3).
+    // Span rows may be wider than n_embd: they carry cross-layer residual checkpoints (kimi-k3) or
+    // a reused indexer selection (glm-dsa).
     const HParams& hp = opts.span->model().hparams();
-    lim.max_n_embd = std::max<uint32_t>(lim.max_n_embd, static_cast<uint32_t>(hp.span_row_width(hp.n_layer)));
+    lim.max_n_embd = std::max<uint32_t>(lim.max_n_embd, static_cast<uint32_t>(hp.max_span_row_width()));
   }
   // Awaits waiting on this connection are forgotten when it ends (the object outlives serve()).
   struct AwaitsOf {

@@ -102,25 +102,30 @@ TEST(Span, EveryArchitectureIsExactAndRollsBackAcrossASpan) {
     ASSERT_TRUE(model.is_ok()) << model.status().to_string();
     const Model& m = **model;
     const int n_layer = static_cast<int>(m.hparams().n_layer);
-    // The last blocks, from the first MoE block after block 0 (a span peer serves its experts)
-    // where a span may start (glm-dsa: not at a block reusing an earlier block's selection).
+    // The last blocks, from the first MoE block after block 0 (a span peer serves its experts;
+    // glm-dsa: block 1, which reuses block 0's indexer selection — it crosses with the rows).
     int first = 1;
-    while (first < n_layer - 1 &&
-           (!m.layers[static_cast<size_t>(first)].is_moe || !m.hparams().can_split_before(first)))
-      ++first;
+    while (first < n_layer - 1 && !m.layers[static_cast<size_t>(first)].is_moe) ++first;
     const std::string layers = std::to_string(first) + "-" + std::to_string(n_layer - 1);
     auto peer = spawn_span(path, layers);
     ASSERT_TRUE(peer.is_ok()) << peer.status().to_string();
     auto spans = connect_spans(m, {target(first, n_layer - 1, {peer->get()})}, /*fallback=*/false);
     ASSERT_NE(spans, nullptr);
+    if (m.hparams().carries_selection(first)) {
+      // glm-dsa's rows into block 1 carry block 0's selection (cell positions): f16 rows refused.
+      SpanOptions lossy;
+      lossy.hidden_wire = wire::WireDType::kF16;
+      auto c = SpanClient::connect(m, {target(first, n_layer - 1, {peer->get()})}, lossy);
+      ASSERT_FALSE(c.is_ok());
+      EXPECT_NE(c.status().message().find("carry an indexer selection"), std::string::npos) << c.status().to_string();
+    }
     const std::vector<int32_t> prompt = test_tokens(path, m.hparams().n_vocab, 8);
     Context local = make_ctx(m, nullptr);
     Context ctx = make_ctx(m, spans);
     EXPECT_TRUE(same_bits(greedy_rows(ctx, prompt, 4), greedy_rows(local, prompt, 4)));
     // A live resplit into two spans here (the second warmed with what the first computes: the
     // model's widest rows, recurrent states, indexer caches) keeps the bits.
-    int cut = first + 1;
-    while (cut < n_layer && !m.hparams().can_split_before(cut)) ++cut;
+    const int cut = first + 1;
     if (cut < n_layer) {
       Status rs = spans->resplit({{{first, cut - 1}, "here"}, {{cut, n_layer - 1}, "here"}});
       ASSERT_TRUE(rs.is_ok()) << rs.to_string();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -95,7 +96,7 @@ TEST(TopKHeapSelect, PicksWhatStdPartialSortPicks) {
 }
 #endif
 
-TEST(GlmDsa, IndexerTypesSetTheSourcesAndTheSpanBoundaries) {
+TEST(GlmDsa, IndexerTypesSetTheSourcesAndTheSpanRows) {
   if (!std::filesystem::exists(ref_path())) GTEST_SKIP() << "reference set absent: " << ref_path();
   auto m = Model::load(ref_path());
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
@@ -104,22 +105,78 @@ TEST(GlmDsa, IndexerTypesSetTheSourcesAndTheSpanBoundaries) {
   EXPECT_EQ(hp.indexer_source, (std::vector<int32_t>{0, 0, 2}));  // types [1, 0, 1]
   EXPECT_EQ(hp.indexer_source_of(3), -1);                         // the NextN block: dense
   EXPECT_EQ(hp.kv_k_width, 128 + 32 + 64);                        // [c | k_pe | indexer key]
-  EXPECT_TRUE(hp.can_split_before(0));
-  EXPECT_FALSE(hp.can_split_before(1));
-  EXPECT_TRUE(hp.can_split_before(2));
-  EXPECT_TRUE(hp.can_split_before(3));
+  // Rows entering block 1 carry block 0's selection: a count and top_k = 6 positions.
+  EXPECT_FALSE(hp.carries_selection(0));
+  EXPECT_TRUE(hp.carries_selection(1));
+  EXPECT_FALSE(hp.carries_selection(2));
+  EXPECT_FALSE(hp.carries_selection(3));
+  EXPECT_EQ(hp.span_row_width(0), 256);
+  EXPECT_EQ(hp.span_row_width(1), 256 + 1 + 6);
+  EXPECT_EQ(hp.span_row_width(2), 256);
+  EXPECT_EQ(hp.max_span_row_width(), 263);
+  EXPECT_TRUE(hp.span_rows_wide());
   EXPECT_TRUE((*m)->layers[0].idx_wq_b.valid());
   EXPECT_FALSE((*m)->layers[1].idx_wq_b.valid());
+}
 
-  // A context for blocks 1-2 (a span peer's) would lack block 0's selection: refused.
-  ContextParams cp{1, 64, nullptr};
-  cp.layers = LayerSpan{1, 2};
-  Context ctx(**m, cp);
-  const int32_t tok = 5;
-  float lg[512];
-  Status st = ctx.decode(0, &tok, 1, lg);
-  EXPECT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("reuses the indexer selection"), std::string::npos) << st.to_string();
+// Blocks 0 | 1-2 in two contexts (a backbone and a span peer that starts at the block reusing
+// block 0's selection): the rows leaving block 2 are the bits of one context running 0-2, for a
+// prompt longer than top_k (so the selection really drops cells) and then token by token. Rows
+// whose carried selection is hostile are refused with the token named, and nothing is kept.
+TEST(GlmDsa, ASpanStartingAtABlockThatReusesASelectionGetsItWithTheRows) {
+  if (!std::filesystem::exists(ref_path())) GTEST_SKIP() << "reference set absent: " << ref_path();
+  auto m = Model::load(ref_path());
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  const Model& model = **m;
+  const HParams& hp = model.hparams();
+  const int64_t D = hp.n_embd, W1 = hp.span_row_width(1), W = hp.max_span_row_width();
+  auto ctx_for = [&](int first, int last) {
+    ContextParams cp{1, 64, nullptr};
+    cp.layers = LayerSpan{first, last};
+    return std::make_unique<Context>(model, cp);
+  };
+  auto whole = ctx_for(0, 2), front = ctx_for(0, 0), back = ctx_for(1, 2);
+  const std::vector<int32_t> prompt = {5, 77, 300, 12, 9, 401, 250, 33, 18, 97, 123, 64};
+  int64_t pos = 0;
+  auto step = [&](const std::vector<int32_t>& toks) {
+    const int64_t T = static_cast<int64_t>(toks.size());
+    std::vector<Context::LayerToken> lt(static_cast<size_t>(T));
+    std::vector<float> a(static_cast<size_t>(T * W)), b(static_cast<size_t>(T * W));
+    // Rows are packed [T][width]: the embeddings enter block 0 at width span_row_width(0) = D.
+    for (int64_t t = 0; t < T; ++t) {
+      lt[static_cast<size_t>(t)] = {0, pos + t, false};
+      get_row_f32(model.tok_embd, toks[static_cast<size_t>(t)], a.data() + t * D);
+    }
+    b = a;
+    ASSERT_TRUE(whole->decode_layers(lt, 0, 2, b.data()).is_ok());
+    ASSERT_TRUE(front->decode_layers(lt, 0, 0, a.data()).is_ok());
+    // The selection crossed: each token keeps min(top_k, visible) positions.
+    for (int64_t t = 0; t < T; ++t) {
+      EXPECT_EQ(a[static_cast<size_t>(t * W1 + D)], static_cast<float>(std::min<int64_t>(6, pos + t + 1)));
+    }
+    ASSERT_TRUE(back->decode_layers(lt, 1, 2, a.data()).is_ok());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), static_cast<size_t>(T * D) * sizeof(float)), 0) << "at " << pos;
+    pos += T;
+  };
+  ASSERT_NO_FATAL_FAILURE(step(prompt));
+  for (int32_t tok : {41, 7, 300}) ASSERT_NO_FATAL_FAILURE(step({tok}));
+
+  // Hostile rows into block 1: a count above top_k, a position the sequence does not hold, one
+  // in the token's future. Each is refused naming the token; the peer keeps no cell of it.
+  std::vector<float> rows(static_cast<size_t>(W));
+  get_row_f32(model.tok_embd, 3, rows.data());
+  const std::vector<Context::LayerToken> one = {{0, pos, false}};
+  const int64_t held = back->state().seq_len(0);
+  for (int bad = 0; bad < 3; ++bad) {
+    std::vector<float> r = rows;
+    r[static_cast<size_t>(D)] = bad == 0 ? 7.0f : 2.0f;
+    r[static_cast<size_t>(D + 1)] = 0.0f;
+    r[static_cast<size_t>(D + 2)] = bad == 1 ? 1000.0f : bad == 2 ? static_cast<float>(pos + 1) : 1.0f;
+    Status st = back->decode_layers(one, 1, 2, r.data());
+    ASSERT_FALSE(st.is_ok()) << bad;
+    EXPECT_NE(st.message().find("token 0"), std::string::npos) << st.to_string();
+    EXPECT_EQ(back->state().seq_len(0), held) << bad;
+  }
 }
 
 TEST(GlmDsa, BlocksWithoutAnEarlierIndexerAreRefused) {

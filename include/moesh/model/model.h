@@ -110,8 +110,20 @@ struct HParams {
     return attn_res_block > 0 && il > 0 ? (il + attn_res_block - 1) / attn_res_block : 0;
   }
   // The width of a hidden row entering block il from elsewhere (a span boundary): the stream, and
-  // with cross-layer residual attention each checkpoint banked before il — [p | c_0 | c_1 | ...].
-  int64_t span_row_width(int64_t il) const { return n_embd * (1 + residual_ckpts_before(il)); }
+  // with cross-layer residual attention each checkpoint banked before il — [p | c_0 | c_1 | ...];
+  // then, where a block from il on reuses an indexer selection made before il (glm-dsa), that
+  // selection: [count | its positions, top_k floats] (layers.h pack_span_rows).
+  int64_t span_row_width(int64_t il) const {
+    return n_embd * (1 + residual_ckpts_before(il)) + (carries_selection(il) ? 1 + indexer_top_k : 0);
+  }
+  // The widest span row of the model (buffers that hold rows entering any block).
+  int64_t max_span_row_width() const {
+    int64_t w = 0;
+    for (int64_t il = 0; il <= n_layer; ++il) w = w > span_row_width(il) ? w : span_row_width(il);
+    return w;
+  }
+  // Whether span rows are ever wider than the stream (then they are packed, not the stream itself).
+  bool span_rows_wide() const { return max_span_row_width() > n_embd; }
   // DeepSeek-style sparse attention (glm-dsa): the lightning indexer (layers_indexer.cpp) keeps,
   // per query token, the indexer_top_k cells of highest indexer score; MLA attends to those only.
   // indexer_source[il]: block il computes its own selection (== il), reuses the selection of an
@@ -121,13 +133,14 @@ struct HParams {
   int32_t indexer_source_of(int64_t il) const {
     return il >= 0 && il < static_cast<int64_t>(indexer_source.size()) ? indexer_source[static_cast<size_t>(il)] : -1;
   }
-  // Whether blocks [0, il) and [il, n_layer) can run in different places (span boundaries): no
-  // block from il on reuses a selection computed before il (the selection is not sent along).
-  bool can_split_before(int64_t il) const {
+  // Whether a block from il on reuses the selection of a block before il: then rows entering il
+  // from another place carry that selection (span_row_width). At most one is live at a time — a
+  // block reuses the nearest earlier block with an indexer, whose selection is the batch's last.
+  bool carries_selection(int64_t il) const {
     for (int64_t j = il; j < static_cast<int64_t>(indexer_source.size()); ++j) {
-      if (indexer_source_of(j) >= 0 && indexer_source_of(j) < il) return false;
+      if (indexer_source_of(j) >= 0 && indexer_source_of(j) < il) return true;
     }
-    return true;
+    return false;
   }
 
   RopeParams rope;  // mode, n_rot, base, YaRN (freq_factors set by the loader)

@@ -230,6 +230,9 @@ class SpanClient final : public SpanRunner {
   int64_t width_in(int k) const;
   int64_t width_out(int k) const;
   uint32_t span_row_limit() const;  // the decode limit of span links' rows
+  // Lossy rows (f16/bf16) cannot cross an edge whose rows carry an indexer selection: its cell
+  // positions must arrive exactly (f16 holds integers only up to 2048, bf16 up to 256).
+  Status check_edge_wires(const std::vector<LayerSpan>& spans) const;
   // The step message for span k (replaying what its runner lacks) from the grouped rows.
   Result<wire::SpanStepMsg> step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
                                          const std::vector<float>& rows, uint64_t* replayed);
