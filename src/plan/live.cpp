@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 
 namespace moesh {
 
@@ -40,6 +41,25 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
         if (ms.is_number() && ms.get<double>() >= 0) p.measured_rtt_ms.emplace_back(label, ms.get<double>());
     }
     out.push_back(std::move(p));
+  }
+  if (j.contains("spans") && j["spans"].is_array()) {
+    for (size_t i = 0; i < j["spans"].size(); ++i) {
+      const auto& sp = j["spans"][i];
+      if (!sp.is_object() || sp.value("state", "") != "up") continue;
+      LivePeer p;
+      p.peer.name = p.label = sp.value("label", "");
+      if (p.peer.name.empty()) continue;
+      const std::string layers = sp.value("layers", "");
+      char tail = 0;
+      if (std::sscanf(layers.c_str(), "%d-%d%c", &p.first, &p.last, &tail) != 2 || p.first < 0 || p.last < p.first)
+        return make_error(StatusCode::kCorrupt, "/swarm/status spans[{}].layers \"{}\" is not FIRST-LAST", i, layers);
+      p.peer.memory_bytes =
+          live_peer_memory(sp.value("slab_bytes", uint64_t{0}), sp.value("replica_budget_bytes", uint64_t{0}),
+                           sp.value("mem_available_bytes", uint64_t{0}), sp.value("offer_bytes", uint64_t{0}));
+      p.peer.rtt_s = std::max(0.0, sp.value("warmup_rtt_ms", 0.0)) * 1e-3;
+      p.addr = sp.value("address", "");
+      out.push_back(std::move(p));
+    }
   }
   return out;
 }

@@ -115,6 +115,22 @@ Status SpanClient::check_edge_wires(const std::vector<LayerSpan>& spans) const {
   return Status::ok();
 }
 
+SpanPeerView SpanClient::view_of(const LayerSpan& sp, const std::string& label, const WorkerLink* link) {
+  SpanPeerView v;
+  v.span = sp;
+  v.label = label;
+  v.local = link == nullptr;
+  if (link == nullptr) return v;
+  v.warmup_rtt_ms = std::chrono::duration<double, std::milli>(link->warmup_rtt).count();
+  v.address = link->address.to_string();
+  v.slab_bytes = link->capacity.slab_bytes;
+  v.mem_total_bytes = link->capacity.mem_total_bytes;
+  v.mem_available_bytes = link->capacity.mem_available_bytes;
+  v.offer_bytes = link->capacity.offer_bytes;
+  v.replica_budget_bytes = link->capacity.replica_budget_bytes;
+  return v;
+}
+
 SpanClient::~SpanClient() {
   for (auto& r : runners_) {
     if (r->link) r->link->shut_down();
@@ -198,9 +214,7 @@ Status SpanClient::fail_over(int k, const Status& why) {
       r.last_retry = std::chrono::steady_clock::now();
       {
         std::lock_guard<std::mutex> vl(view_mu_);
-        r.view = SpanPeerView{
-            r.target.span, r.label, false, std::chrono::duration<double, std::milli>(r.link->warmup_rtt).count(), 0,
-            0.0,           0.0};
+        r.view = view_of(r.target.span, r.label, r.link.get());
       }
       if (!why.is_ok()) ++stats_.failovers;
       return Status::ok();
@@ -222,7 +236,7 @@ Status SpanClient::fail_over(int k, const Status& why) {
   r.last_retry = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> vl(view_mu_);
-    r.view = SpanPeerView{r.target.span, r.label, true, 0.0, 0, 0.0, 0.0};
+    r.view = view_of(r.target.span, r.label, nullptr);
   }
   if (!why.is_ok()) ++stats_.failovers;
   return Status::ok();
@@ -251,8 +265,7 @@ void SpanClient::retry_preferred(int k) {
     r.next_peer = i + 1;
     ++stats_.restored;
     std::lock_guard<std::mutex> vl(view_mu_);
-    r.view = SpanPeerView{sp, r.label, false, std::chrono::duration<double, std::milli>(r.link->warmup_rtt).count(),
-                          0,  0.0,     0.0};
+    r.view = view_of(sp, r.label, r.link.get());
     return;
   }
 }
@@ -423,9 +436,7 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   stats_.move_rows += rows_sent;
   {
     std::lock_guard<std::mutex> vl(view_mu_);
-    r.view = SpanPeerView{
-        sp, r.label, here, r.link ? std::chrono::duration<double, std::milli>(r.link->warmup_rtt).count() : 0.0,
-        0,  0.0,     0.0};
+    r.view = view_of(sp, r.label, here ? nullptr : r.link.get());
   }
   spdlog::info("span {}-{}: moved to {} ({} logged inputs replayed first)", sp.first, sp.last, r.label, rows_sent);
   return Status::ok();

@@ -395,13 +395,7 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
     for (const auto& [seq, w] : work) {
       if (w.has[j] > 0) r->has[seq] = w.has[j];
     }
-    r->view = SpanPeerView{want[j].span,
-                           r->label,
-                           here,
-                           r->link ? std::chrono::duration<double, std::milli>(r->link->warmup_rtt).count() : 0.0,
-                           0,
-                           0.0,
-                           0.0};
+    r->view = view_of(want[j].span, r->label, here ? nullptr : r->link.get());
     runners[j] = std::move(r);
   }
   std::map<int32_t, SeqLog> logs;

@@ -37,7 +37,7 @@ void placement_slices(const PlanModel& pm, const Placement& pl, const std::vecto
 
 }  // namespace
 
-nlohmann::json replan_json(const Model& model, const RemoteExecutor& remote, const nlohmann::json& status,
+nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, const nlohmann::json& status,
                            const nlohmann::json& heatmap, int tokens_per_step) {
   auto pm = plan_model_from_gguf(model.file(), kReplanContext, kDefaultSecondsPerByte);
   if (!pm) return {{"error", pm.status().message()}};
@@ -48,34 +48,52 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor& remote, con
   }
   auto live_peers = peers_from_status(status);
   if (!live_peers) return {{"error", live_peers.status().message()}};
-  if (live_peers->empty()) return {{"error", "no worker is up"}};
+  if (live_peers->empty()) return {{"error", "no worker or span peer is up"}};
   std::vector<PlanPeer> peers;
   for (const LivePeer& p : *live_peers) peers.push_back(p.peer);
 
-  // The live layout over those peers: what each up worker holds; the experts of one that is not
-  // up are served by the backbone's own copies.
+  // The live layout over those peers: the blocks each span peer runs, what each up worker holds;
+  // the experts of one that is not up are served by the backbone's own copies.
+  const int L = pm->n_layer();
   SwarmPlan live;
-  live.layer_host.assign(static_cast<size_t>(pm->n_layer()), -1);
+  live.layer_host.assign(static_cast<size_t>(L), -1);
   live.roles.assign(peers.size(), PeerRole{});
-  const std::vector<WorkerStatus> ws = remote.worker_status();
-  std::vector<int> peer_of(ws.size(), -1);
-  for (size_t w = 0; w < ws.size(); ++w) {
-    const std::string name = ws[w].name.empty() ? ws[w].label : ws[w].name;
-    for (size_t i = 0; i < peers.size(); ++i)
-      if (ws[w].state == "up" && peers[i].name == name) peer_of[w] = static_cast<int>(i);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const LivePeer& p = (*live_peers)[i];
+    if (p.first < 0) continue;
+    if (p.last >= L)
+      return {{"error", fmt::format("span peer {} runs blocks {}-{} of {}", p.peer.name, p.first, p.last, L)}};
+    live.roles[i].kind = RoleKind::kSpan;
+    live.roles[i].first = p.first;
+    live.roles[i].last = p.last;
+    for (int l = p.first; l <= p.last; ++l) live.layer_host[static_cast<size_t>(l)] = static_cast<int>(i);
   }
   uint64_t local_bytes = 0;
-  placement_slices(*pm, remote.placement(), live.layer_host, [&](int owner, const ExpertSlice& sl) {
-    const int i = owner >= 0 && static_cast<size_t>(owner) < ws.size() ? peer_of[static_cast<size_t>(owner)] : -1;
-    if (i >= 0) {
-      live.roles[static_cast<size_t>(i)].kind = RoleKind::kExperts;
-      live.roles[static_cast<size_t>(i)].experts.push_back(sl);
-      return;
-    }
+  auto local = [&](const ExpertSlice& sl) {
     live.backbone_experts.push_back(sl);
     local_bytes +=
         static_cast<uint64_t>(sl.last - sl.first + 1) * pm->layers[static_cast<size_t>(sl.layer)].expert_bytes;
-  });
+  };
+  if (remote != nullptr) {
+    const std::vector<WorkerStatus> ws = remote->worker_status();
+    std::vector<int> peer_of(ws.size(), -1);
+    for (size_t w = 0; w < ws.size(); ++w) {
+      const std::string name = ws[w].name.empty() ? ws[w].label : ws[w].name;
+      for (size_t i = 0; i < peers.size(); ++i)
+        if (ws[w].state == "up" && (*live_peers)[i].first < 0 && peers[i].name == name)
+          peer_of[w] = static_cast<int>(i);
+    }
+    placement_slices(*pm, remote->placement(), live.layer_host, [&](int owner, const ExpertSlice& sl) {
+      const int i = owner >= 0 && static_cast<size_t>(owner) < ws.size() ? peer_of[static_cast<size_t>(owner)] : -1;
+      if (i < 0) return local(sl);
+      live.roles[static_cast<size_t>(i)].kind = RoleKind::kExperts;
+      live.roles[static_cast<size_t>(i)].experts.push_back(sl);
+    });
+  } else {
+    for (int l = 0; l < L; ++l)
+      if (pm->layers[static_cast<size_t>(l)].moe && live.layer_host[static_cast<size_t>(l)] < 0)
+        local({l, 0, pm->n_expert - 1});
+  }
 
   // `moesh swarm plan -m MODEL --status URL` with these options reads the same inputs.
   PlanOptions o;
@@ -108,8 +126,10 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor& remote, con
     std::string what = r.kind == RoleKind::kSpan      ? fmt::format("layers {}-{}", r.first, r.last)
                        : r.kind == RoleKind::kExperts ? format_expert_spec(r.experts, pm->n_expert)
                                                       : "";
-    const std::string now =
-        live.roles[i].kind == RoleKind::kExperts ? format_expert_spec(live.roles[i].experts, pm->n_expert) : "";
+    const PeerRole& lr = live.roles[i];
+    const std::string now = lr.kind == RoleKind::kSpan      ? fmt::format("layers {}-{}", lr.first, lr.last)
+                            : lr.kind == RoleKind::kExperts ? format_expert_spec(lr.experts, pm->n_expert)
+                                                            : "";
     rows.push_back({{"name", peers[i].name},
                     {"role", role_name(r.kind)},
                     {"what", what},
@@ -124,6 +144,8 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor& remote, con
     nlohmann::json r{{"peer", peers[i].name}, {"role", role_name(live.roles[i].kind)}};
     if (live.roles[i].kind == RoleKind::kExperts)
       r["experts"] = format_expert_spec(live.roles[i].experts, pm->n_expert);
+    if (live.roles[i].kind == RoleKind::kSpan)
+      r["layers"] = fmt::format("{}-{}", live.roles[i].first, live.roles[i].last);
     if (!(*live_peers)[i].addr.empty()) r["addr"] = (*live_peers)[i].addr;
     live_roles.push_back(std::move(r));
   }
@@ -212,19 +234,19 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
   j["predicted_step_ms"] = plan.step_s * 1e3;
   j["trips_per_step"] = plan.trips_per_step;
   j["ratio"] = plan.step_s > 0 && measured > 0 ? measured / (plan.step_s * 1e3) : 0.0;
-  // The re-plan: what the planner would choose for the workers up now. Span peers report no
-  // memory, so a gateway running spans leaves it to `moesh swarm plan` with --peer for them.
-  if (remote != nullptr && (spans == nullptr || spans->peers_view().empty())) {
-    const nlohmann::json status = status_doc != nullptr ? *status_doc : swarm_status_json(remote);
+  // The re-plan: what the planner would choose for the workers and span peers up now.
+  if (remote != nullptr || (spans != nullptr && !spans->peers_view().empty())) {
+    const nlohmann::json status = status_doc != nullptr ? *status_doc : swarm_status_json(remote, spans);
     // The re-plan runs the whole planner (`moesh swarm plan --shape deepseek-v3` with 32 peers: 0.2 s
     // here, 128: 0.5 s) and the page polls once a second: it is kept while the swarm is the same —
     // the workers, their state, memory, RTTs and experts, the tokens per step — and, while requests
     // run, for at most kReplanRefreshSeconds, in which only the activation counts move. An idle gateway's counts
     // stand still, so its re-plan is always of the counts it shows.
     std::string key = fmt::format("{}|{}", static_cast<const void*>(model), o.tokens_per_step);
-    if (status.contains("workers") && status["workers"].is_array()) {
-      for (const auto& w : status["workers"]) {
-        for (const char* f : {"name", "label", "state", "experts", "address", "warmup_rtt_ms", "slab_bytes",
+    for (const char* list : {"workers", "spans"}) {
+      if (!status.contains(list) || !status[list].is_array()) continue;
+      for (const auto& w : status[list]) {
+        for (const char* f : {"name", "label", "state", "experts", "layers", "address", "warmup_rtt_ms", "slab_bytes",
                               "replica_budget_bytes", "mem_available_bytes", "offer_bytes", "peer_rtt_ms"})
           key += "|" + (w.contains(f) ? w[f].dump() : std::string());
       }
@@ -242,7 +264,7 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
     const bool idle = sched.active == 0 && sched.queued == 0;
     if (key != last_key ||
         (counted != last_counted && (idle || now - last_at > std::chrono::duration<double>(kReplanRefreshSeconds)))) {
-      last = replan_json(*model, *remote, status, heatmap != nullptr ? *heatmap : nlohmann::json(), o.tokens_per_step);
+      last = replan_json(*model, remote, status, heatmap != nullptr ? *heatmap : nlohmann::json(), o.tokens_per_step);
       last_key = std::move(key);
       last_counted = counted;
       last_at = now;
@@ -255,7 +277,7 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
 nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor* remote, double time_s,
                               const Model* model, const SpanClient* spans) {
   nlohmann::json j;
-  j["status"] = swarm_status_json(remote);
+  j["status"] = swarm_status_json(remote, spans);
   j["time_s"] = time_s;
   j["generated_tokens"] = sched.generated_tokens;
   j["requests_finished"] = sched.requests_finished;
@@ -391,7 +413,7 @@ function drawPlan(p) {
   document.body.dataset.planPredicted = p.predicted_step_ms !== undefined ? p.predicted_step_ms : '';
   // The planner's layout for the workers up now, priced with the same inputs as the live one.
   const r = p.replan, rb = el('replan_peers').tBodies[0]; rb.innerHTML = '';
-  if (!r) { el('replan_text').textContent = 'needs workers and no span peers (moesh swarm plan --status)'; return; }
+  if (!r) { el('replan_text').textContent = 'needs expert workers or span peers (moesh swarm plan --status)'; return; }
   if (r.error) { el('replan_text').textContent = 'cannot plan: ' + r.error; return; }
   const pct = (100 * r.gain).toFixed(1);
   el('replan_text').textContent = r.predicted_step_ms.toFixed(1) + ' ms per step (warm-up RTTs and activation counts, as swarm plan --status) against ' + r.live_step_ms.toFixed(1) +

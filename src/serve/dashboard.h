@@ -27,26 +27,28 @@ nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor*
 // every span a span peer, the backbone's own copies local; tokens per step as the scheduler's
 // mean. {"predicted_step_ms", "measured_step_ms", "ratio", "tokens_per_step", "trips_per_step",
 // "seconds_per_byte", "peers": [{"name", "role", "what", "rtt_ms", "measured_trip_ms"}],
-// "replan": replan_json (with workers and no span peers)} or {"error"} when the layout cannot be
+// "replan": replan_json (with workers or span peers)} or {"error"} when the layout cannot be
 // priced; null without a model. `status_doc` / `heatmap`: the dashboard's own (null: read anew /
 // uniform).
 nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor* remote, const Model* model,
                               const SpanClient* spans, const nlohmann::json* status_doc = nullptr,
                               const nlohmann::json* heatmap = nullptr);
 
-// The gateway re-plans by itself: the planner's layout for the workers up now, from the inputs
-// `moesh swarm plan -m MODEL --status URL` reads (plan/live.h: each worker's memory, warm-up RTT
-// and measured peer RTTs, the expert activation counts; the backbone keeps the experts it holds),
+// The gateway re-plans by itself: the planner's layout for the workers and span peers up now, from
+// the inputs `moesh swarm plan -m MODEL --status URL` reads (plan/live.h: each peer's memory, warm-up
+// RTT and measured peer RTTs, the expert activation counts; the backbone keeps the experts it
+// holds; `remote` null: no expert workers, the backbone holds every expert outside the spans),
 // beside the live layout priced with the same inputs. Recomputed on every dashboard read, so it
 // follows workers joining, leaving and their RTTs. {"predicted_step_ms", "live_step_ms", "gain"
 // (1 - predicted / live), "replan" (gain >= kReplanGain), "trips_per_step", "activation_tokens",
 // "args" (the `swarm plan` options giving the same figures), "backbone_experts", "peers": [{"name",
 // "role", "what", "changes"}], "live": the live layout as a plan document ({"roles": [{"peer",
-// "role", "experts", "addr"}], "predicted_step_ms"}: `swarm plan --from live`)} or {"error", ...}.
+// "role", "experts" or "layers", "addr"}], "predicted_step_ms"}: `swarm plan --from live`)} or
+// {"error", ...}.
 inline constexpr int kReplanContext = 4096;          // context priced: `moesh swarm plan`'s --n-ctx default
 inline constexpr double kReplanGain = 0.10;          // a re-plan is worth its moves from 10 % faster on
 inline constexpr double kReplanRefreshSeconds = 10;  // under load, new counts wait this long
-nlohmann::json replan_json(const Model& model, const RemoteExecutor& remote, const nlohmann::json& status,
+nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, const nlohmann::json& status,
                            const nlohmann::json& heatmap, int tokens_per_step);
 
 }  // namespace moesh::serve

@@ -758,7 +758,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
   // The registry: every worker with its path, state, experts, latencies and when it was last
   // heard from, plus the joins seen (`moesh swarm status` reads it; docs/swarm.md).
   svr.Get("/swarm/status", [m](const httplib::Request&, httplib::Response& res) {
-    res.set_content(swarm_status_json(m->t.remote).dump(2), "application/json");
+    res.set_content(swarm_status_json(m->t.remote, m->t.spans).dump(2), "application/json");
   });
   // The live dashboard (serve/dashboard.h): a static page polling its JSON.
   svr.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {

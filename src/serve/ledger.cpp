@@ -99,7 +99,7 @@ nlohmann::json peer_rtts_json(const WorkerStatus& w) {
 }
 }  // namespace
 
-nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
+nlohmann::json swarm_status_json(const RemoteExecutor* remote, const SpanClient* spans) {
   nlohmann::json j;
   j["backbone"] = remote != nullptr ? remote->options().name : "backbone";
   j["workers"] = nlohmann::json::array();
@@ -107,6 +107,23 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote) {
   j["accepting"] = nullptr;
   j["refused_joins"] = 0;
   j["last_refusal"] = "";
+  j["spans"] = nlohmann::json::array();
+  if (spans != nullptr) {
+    for (const SpanPeerView& v : spans->peers_view()) {
+      j["spans"].push_back({{"layers", fmt::format("{}-{}", v.span.first, v.span.last)},
+                            {"label", v.label},
+                            {"state", v.local ? "here" : "up"},
+                            {"address", v.address},
+                            {"warmup_rtt_ms", v.warmup_rtt_ms},
+                            {"min_trip_ms", v.min_trip_seconds * 1e3},
+                            {"trips", v.trips},
+                            {"slab_bytes", v.slab_bytes},
+                            {"mem_total_bytes", v.mem_total_bytes},
+                            {"mem_available_bytes", v.mem_available_bytes},
+                            {"offer_bytes", v.offer_bytes},
+                            {"replica_budget_bytes", v.replica_budget_bytes}});
+    }
+  }
   if (remote == nullptr) return j;
   for (const WorkerStatus& w : remote->worker_status()) {
     j["workers"].push_back({{"index", w.index},
@@ -206,6 +223,24 @@ std::string render_swarm_status(const nlohmann::json& j) {
                        budget > 0 ? fmt::format("replicas {:.1f} of {:.1f} MiB", num(w, "replica_bytes") / 1048576.0,
                                                 budget / 1048576.0)
                                   : std::string("keeps no replicas"));
+    }
+  }
+  // Span peers: the blocks each runs, where, and its machine.
+  if (j.contains("spans") && j["spans"].is_array()) {
+    for (const nlohmann::json& v : j["spans"]) {
+      const double total = num(v, "mem_total_bytes"), offer = num(v, "offer_bytes");
+      std::string memory;
+      if (total > 0)
+        memory = fmt::format(", machine {:.1f} GiB ({:.1f} GiB free)", total / 1073741824.0,
+                             num(v, "mem_available_bytes") / 1073741824.0);
+      if (offer > 0) memory += fmt::format(", offers {:.1f} MiB", offer / 1048576.0);
+      s += str(v, "state") == "here"
+               ? fmt::format("span {}: run by the backbone (its peers are down)\n", str(v, "layers"))
+               : fmt::format(
+                     "span {} on {}: warm-up rtt {:.3f} ms, fastest trip {:.3f} ms over {} trips, {:.1f} MiB "
+                     "of experts{}\n",
+                     str(v, "layers"), str(v, "label"), num(v, "warmup_rtt_ms"), num(v, "min_trip_ms"),
+                     static_cast<uint64_t>(num(v, "trips")), num(v, "slab_bytes") / 1048576.0, memory);
     }
   }
   // Workers with several paths: what each measured.

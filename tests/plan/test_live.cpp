@@ -56,6 +56,39 @@ TEST(LivePlan, UpWorkersBecomePeersAndOneThatSlowedDownCostsItsRecentTrips) {
   EXPECT_EQ(peers_from_status(nlohmann::json{{"workers", 3}}).status().code(), StatusCode::kCorrupt);
 }
 
+// Span peers follow the workers: the blocks they run, the same memory rule, the warm-up RTT; one
+// the backbone runs itself ("here") is not a peer; a malformed block range is named.
+TEST(LivePlan, SpanPeersBecomePeersWithTheirBlocks) {
+  nlohmann::json st{{"workers", {worker("a", "up")}}};
+  st["spans"] = {{{"layers", "1-2"},
+                  {"label", "127.0.0.1:9 (s1)"},
+                  {"state", "up"},
+                  {"address", "127.0.0.1:9"},
+                  {"warmup_rtt_ms", 7.0},
+                  {"slab_bytes", 2000},
+                  {"mem_available_bytes", 6000},
+                  {"offer_bytes", 0},
+                  {"replica_budget_bytes", 0}},
+                 {{"layers", "3-3"}, {"label", "here"}, {"state", "here"}}};
+  auto peers = peers_from_status(st);
+  ASSERT_TRUE(peers.is_ok()) << peers.status().to_string();
+  ASSERT_EQ(peers->size(), 2u);
+  EXPECT_EQ((*peers)[0].first, -1);  // the worker
+  const LivePeer& s = (*peers)[1];
+  EXPECT_EQ(s.peer.name, "127.0.0.1:9 (s1)");
+  EXPECT_EQ(s.first, 1);
+  EXPECT_EQ(s.last, 2);
+  EXPECT_EQ(s.peer.memory_bytes, 2000u + 3000u);  // what it holds plus half its machine's free memory
+  EXPECT_DOUBLE_EQ(s.peer.rtt_s, 7e-3);
+  EXPECT_EQ(s.addr, "127.0.0.1:9");
+  for (const char* bad : {"2-1", "x", "1-2-3", "-1-2"}) {
+    st["spans"][0]["layers"] = bad;
+    auto r = peers_from_status(st);
+    ASSERT_FALSE(r.is_ok()) << bad;
+    EXPECT_NE(r.status().message().find("spans[0].layers"), std::string::npos) << r.status().to_string();
+  }
+}
+
 TEST(LivePlan, ActivationCountsAreSmoothedAndAMalformedHeatmapIsNamed) {
   PlanModel m;
   m.name = "t";

@@ -315,7 +315,12 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
       return make_error(StatusCode::kInvalidArgument, "--activations {}: not JSON", a.activations);
     MOESH_RETURN_IF_ERROR(apply_activations(doc, a.activations, &s.model, &s.activations));
   } else if (a.activations.empty() && !a.live_activations.is_null()) {
-    MOESH_RETURN_IF_ERROR(apply_activations(a.live_activations, a.status_url, &s.model, &s.activations));
+    // A gateway that counted nothing (no request yet, or its span peers route every MoE block)
+    // shows an empty heatmap: uniform, as its own re-plan takes it.
+    const nlohmann::json& lv = a.live_activations;
+    const nlohmann::json& h = lv.is_object() && lv.contains("heatmap") ? lv["heatmap"] : lv;
+    if (!(h.is_object() && h.contains("layers") && h["layers"].is_array() && h["layers"].empty()))
+      MOESH_RETURN_IF_ERROR(apply_activations(lv, a.status_url, &s.model, &s.activations));
   }
   for (const std::string& spec : a.peer_specs) {
     auto p = parse_plan_peer(spec);

@@ -119,6 +119,10 @@ struct SpanPeerView {
   uint64_t trips = 0;           // SPAN_STEP round trips to the current peer
   double trip_seconds = 0;      // their total time (network and the peer's compute)
   double min_trip_seconds = 0;  // the fastest of them (0: none yet)
+  // What the peer said of its machine at connect (INFO_REPLY; 0: not reported): the routed-expert
+  // bytes of its blocks, memory, and what it offers (`--offer-mb`), for re-plans.
+  std::string address;
+  uint64_t slab_bytes = 0, mem_total_bytes = 0, mem_available_bytes = 0, offer_bytes = 0, replica_budget_bytes = 0;
 };
 
 class SpanClient final : public SpanRunner {
@@ -233,6 +237,8 @@ class SpanClient final : public SpanRunner {
   // Lossy rows (f16/bf16) cannot cross an edge whose rows carry an indexer selection: its cell
   // positions must arrive exactly (f16 holds integers only up to 2048, bf16 up to 256).
   Status check_edge_wires(const std::vector<LayerSpan>& spans) const;
+  // The view of span sp on a peer (link) or here (link null).
+  static SpanPeerView view_of(const LayerSpan& sp, const std::string& label, const WorkerLink* link);
   // The step message for span k (replaying what its runner lacks) from the grouped rows.
   Result<wire::SpanStepMsg> step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
                                          const std::vector<float>& rows, uint64_t* replayed);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moesh/remote/remote.h"
+#include "moesh/remote/span_client.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/util/status.h"
 
@@ -49,8 +50,11 @@ Result<std::vector<LedgerCheck>> check_ledgers(const LedgerDoc& backbone, const 
 // name, path, address, state, experts, n_experts, warmup_rtt_ms, min_latency_ms,
 // mean_latency_ms, last_heard_s, requests, errors, rejoins, failovers}], "joins": [{name,
 // address, experts, joins, held, warmup_rtt_ms, since_join_s}], "refused_joins": N,
-// "last_refusal": TEXT}. `remote` null: no workers.
-nlohmann::json swarm_status_json(const RemoteExecutor* remote);
+// "last_refusal": TEXT, "spans": [{layers, label, state ("up", or "here" when the backbone runs
+// them), address, warmup_rtt_ms, min_trip_ms, trips, slab_bytes, mem_total_bytes,
+// mem_available_bytes, offer_bytes, replica_budget_bytes}]}. `remote` null: no workers; `spans`
+// null: no span peers.
+nlohmann::json swarm_status_json(const RemoteExecutor* remote, const SpanClient* spans = nullptr);
 // The table `moesh swarm status` prints from that document.
 std::string render_swarm_status(const nlohmann::json& status);
 

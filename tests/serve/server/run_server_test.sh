@@ -876,6 +876,39 @@ SA_PID=$SPID
 start_span sb 1-1
 SB=$SADDR
 start_server spans -m "$MODEL" --span "1-1@$SA" --parallel 2 -c 4096 --threads 2 --admin-key s3cret
+# Span peers in /swarm/status (blocks, machine memory from their INFO), and in the gateway's re-plan
+# (the same figures `swarm plan --status` prints with the card's options).
+"$MOESH" swarm status "$BASE" --json >"$TMP/span_status.json"
+expect_eq "$(js 'j.spans.map(s => s.layers + ":" + s.state + ":" + (s.slab_bytes > 0) + ":" + (s.mem_available_bytes > 0)).join()' \
+  <"$TMP/span_status.json")" "1-1:up:true:true" "spans: /swarm/status lists the span peer with its memory"
+"$MOESH" swarm status "$BASE" | grep -q "^span 1-1 on .*(sa).*of experts, machine" ||
+  fail "spans: swarm status text: $("$MOESH" swarm status "$BASE")"
+ok "spans: swarm status prints the span peer"
+wait_idle
+curl -sS "$BASE/swarm/dashboard.json" >"$TMP/dash_span_replan.json"
+python3 - "$TMP/dash_span_replan.json" <<'PY' || fail "spans: dashboard.json plan.replan"
+import json, sys
+r = json.load(open(sys.argv[1]))["plan"]["replan"]
+assert "error" not in r, r
+assert len(r["peers"]) == 1 and "(sa)" in r["peers"][0]["name"], r
+live = r["live"]["roles"]
+assert len(live) == 1 and live[0]["role"] == "span" and live[0]["layers"] == "1-1", live
+assert 0 < r["predicted_step_ms"] <= r["live_step_ms"] * (1 + 1e-12), r
+PY
+# shellcheck disable=SC2046
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" $(js 'j.plan.replan.args' <"$TMP/dash_span_replan.json") --json \
+  >"$TMP/span_plan_same.json" 2>"$TMP/span_plan_same.err" ||
+  { cat "$TMP/span_plan_same.err" >&2; fail "spans: swarm plan with the card's args"; }
+python3 - "$TMP/dash_span_replan.json" "$TMP/span_plan_same.json" <<'PY' || fail "spans: the re-plan differs from swarm plan --status"
+import json, sys
+r = json.load(open(sys.argv[1]))["plan"]["replan"]
+p = json.load(open(sys.argv[2]))
+assert abs(r["predicted_step_ms"] - p["predicted_step_ms"]) <= 1e-9 * p["predicted_step_ms"], (r, p["predicted_step_ms"])
+got = [(q["name"], q["role"]) for q in r["peers"]]
+want = [(q["peer"], q["role"] if q["role"] in ("span", "experts") else "idle") for q in p["roles"]]
+assert got == want, (got, want)
+PY
+ok "spans: the gateway re-plans with its span peer ($(js 'j.plan.replan.predicted_step_ms.toFixed(3)' <"$TMP/dash_span_replan.json") ms against $(js 'j.plan.replan.live_step_ms.toFixed(3)' <"$TMP/dash_span_replan.json") ms live), as swarm plan --status does"
 move() {  # key body -> status in $TMP/status, body in $TMP/body
   curl -sS -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' -H "Authorization: Bearer $1" \
     --data-binary "$2" "$BASE/swarm/spans/move" >"$TMP/status"
