@@ -184,6 +184,16 @@ std::string render_swarm_status(const nlohmann::json& j) {
   auto str = [](const nlohmann::json& v, const char* k) {
     return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : std::string();
   };
+  // ", machine T GiB (F GiB free), offers O MiB" from a peer's INFO figures (parts it did not report left out).
+  auto machine_memory = [&](const nlohmann::json& v) {
+    const double total = num(v, "mem_total_bytes"), offer = num(v, "offer_bytes");
+    std::string m;
+    if (total > 0)
+      m = fmt::format(", machine {:.1f} GiB ({:.1f} GiB free)", total / 1073741824.0,
+                      num(v, "mem_available_bytes") / 1073741824.0);
+    if (offer > 0) m += fmt::format(", offers {:.1f} MiB", offer / 1048576.0);
+    return m;
+  };
   std::string s = fmt::format("backbone '{}'", str(j, "backbone"));
   s += j.contains("accepting") && j["accepting"].is_number()
            ? fmt::format(", accepting workers on port {}\n", j["accepting"].get<int>())
@@ -211,12 +221,7 @@ std::string render_swarm_status(const nlohmann::json& j) {
     for (const nlohmann::json& w : j["workers"]) {
       if (num(w, "threads") <= 0) continue;
       const double budget = num(w, "replica_budget_bytes");
-      const double total = num(w, "mem_total_bytes"), offer = num(w, "offer_bytes");
-      std::string memory;
-      if (total > 0)
-        memory = fmt::format(", machine {:.1f} GiB ({:.1f} GiB free)", total / 1073741824.0,
-                             num(w, "mem_available_bytes") / 1073741824.0);
-      if (offer > 0) memory += fmt::format(", offers {:.1f} MiB", offer / 1048576.0);
+      const std::string memory = machine_memory(w);
       s += fmt::format("capacity of {}: {} threads ({} cores), {:.1f} MiB of experts, rss {:.1f} MiB{}, {}\n",
                        str(w, "name"), static_cast<uint64_t>(num(w, "threads")), static_cast<uint64_t>(num(w, "cores")),
                        num(w, "slab_bytes") / 1048576.0, num(w, "rss_bytes") / 1048576.0, memory,
@@ -228,12 +233,7 @@ std::string render_swarm_status(const nlohmann::json& j) {
   // Span peers: the blocks each runs, where, and its machine.
   if (j.contains("spans") && j["spans"].is_array()) {
     for (const nlohmann::json& v : j["spans"]) {
-      const double total = num(v, "mem_total_bytes"), offer = num(v, "offer_bytes");
-      std::string memory;
-      if (total > 0)
-        memory = fmt::format(", machine {:.1f} GiB ({:.1f} GiB free)", total / 1073741824.0,
-                             num(v, "mem_available_bytes") / 1073741824.0);
-      if (offer > 0) memory += fmt::format(", offers {:.1f} MiB", offer / 1048576.0);
+      const std::string memory = machine_memory(v);
       s += str(v, "state") == "here"
                ? fmt::format("span {}: run by the backbone (its peers are down)\n", str(v, "layers"))
                : fmt::format(

@@ -576,6 +576,17 @@ else
   BROWSER_SKIPPED=1
 fi
 
+same_plan() {  # dashboard.json plan.json: the card's re-plan is the plan's prediction (to 1e-9) and roles
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["plan"]["replan"]
+p = json.load(open(sys.argv[2]))
+assert abs(r["predicted_step_ms"] - p["predicted_step_ms"]) <= 1e-9 * p["predicted_step_ms"], (r, p["predicted_step_ms"])
+got = [(q["name"], q["role"]) for q in r["peers"]]
+want = [(q["peer"], q["role"] if q["role"] in ("span", "experts") else "idle") for q in p["roles"]]
+assert got == want, (got, want)
+PY
+}
 # ---- the gateway re-plans by itself: the planner's layout for the workers up now, the same ----
 # ---- figures `moesh swarm plan --status` prints with the options the card names -----------------
 wait_idle
@@ -597,15 +608,7 @@ PY
 # shellcheck disable=SC2046
 "$MOESH" swarm plan -m "$MODEL" --status "$BASE" $(js 'j.plan.replan.args' <"$TMP/dash_replan.json") --json \
   >"$TMP/plan_same.json" 2>"$TMP/plan_same.err" || { cat "$TMP/plan_same.err" >&2; fail "swarm plan with the card's args"; }
-python3 - "$TMP/dash_replan.json" "$TMP/plan_same.json" <<'PY' || fail "the gateway's re-plan differs from swarm plan --status"
-import json, sys
-r = json.load(open(sys.argv[1]))["plan"]["replan"]
-p = json.load(open(sys.argv[2]))
-assert abs(r["predicted_step_ms"] - p["predicted_step_ms"]) <= 1e-9 * p["predicted_step_ms"], (r, p["predicted_step_ms"])
-got = [(q["name"], q["role"]) for q in r["peers"]]
-want = [(q["peer"], q["role"] if q["role"] in ("span", "experts") else "idle") for q in p["roles"]]
-assert got == want, (got, want)
-PY
+same_plan "$TMP/dash_replan.json" "$TMP/plan_same.json" || fail "the gateway's re-plan differs from swarm plan --status"
 "$MOESH" swarm plan -m "$MODEL" --status "$BASE" $(js 'j.plan.replan.args' <"$TMP/dash_replan.json") --from live --json \
   >"$TMP/plan_from_live.json" 2>"$TMP/plan_from_live.err" || { cat "$TMP/plan_from_live.err" >&2; fail "swarm plan --from live"; }
 python3 - "$TMP/dash_replan.json" "$TMP/plan_from_live.json" <<'PY' || fail "swarm plan --from live: the moves"
@@ -899,15 +902,7 @@ PY
 "$MOESH" swarm plan -m "$MODEL" --status "$BASE" $(js 'j.plan.replan.args' <"$TMP/dash_span_replan.json") --json \
   >"$TMP/span_plan_same.json" 2>"$TMP/span_plan_same.err" ||
   { cat "$TMP/span_plan_same.err" >&2; fail "spans: swarm plan with the card's args"; }
-python3 - "$TMP/dash_span_replan.json" "$TMP/span_plan_same.json" <<'PY' || fail "spans: the re-plan differs from swarm plan --status"
-import json, sys
-r = json.load(open(sys.argv[1]))["plan"]["replan"]
-p = json.load(open(sys.argv[2]))
-assert abs(r["predicted_step_ms"] - p["predicted_step_ms"]) <= 1e-9 * p["predicted_step_ms"], (r, p["predicted_step_ms"])
-got = [(q["name"], q["role"]) for q in r["peers"]]
-want = [(q["peer"], q["role"] if q["role"] in ("span", "experts") else "idle") for q in p["roles"]]
-assert got == want, (got, want)
-PY
+same_plan "$TMP/dash_span_replan.json" "$TMP/span_plan_same.json" || fail "spans: the re-plan differs from swarm plan --status"
 ok "spans: the gateway re-plans with its span peer ($(js 'j.plan.replan.predicted_step_ms.toFixed(3)' <"$TMP/dash_span_replan.json") ms against $(js 'j.plan.replan.live_step_ms.toFixed(3)' <"$TMP/dash_span_replan.json") ms live), as swarm plan --status does"
 move() {  # key body -> status in $TMP/status, body in $TMP/body
   curl -sS -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' -H "Authorization: Bearer $1" \
