@@ -689,11 +689,13 @@ Status unpack_span_rows(Fwd& f, const float* rows, int64_t il, float* h) {
     n_keep[t] = n;
     int32_t prev = -1;
     for (int32_t j = 0; j < n; ++j) {
+      // Positions are exact in a float up to 2^24 (contexts of 16M tokens); anything else is refused
+      // before the conversion.
       const float pf = in[1 + j];
-      const int64_t p = static_cast<int64_t>(pf);
-      const int64_t* it = std::lower_bound(cp, end, p);
-      if (!(pf >= 0.0f) || static_cast<float>(p) != pf || it == end || *it != p || p > f.batch.pos[t] ||
-          static_cast<int32_t>(it - cp) <= prev) {
+      const bool whole = pf >= 0.0f && pf < 16777216.0f && pf == std::floor(pf);
+      const int64_t p = whole ? static_cast<int64_t>(pf) : -1;
+      const int64_t* it = whole ? std::lower_bound(cp, end, p) : end;
+      if (it == end || *it != p || p > f.batch.pos[t] || static_cast<int32_t>(it - cp) <= prev) {
         return make_error(StatusCode::kCorrupt,
                           "span rows into block {}: token {} (position {}) selects position {}, which "
                           "sequence {} does not hold before it, or not in ascending order",

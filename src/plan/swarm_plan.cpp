@@ -361,8 +361,8 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
             // the span that just ended: the heuristic then prices no chain across an idle peer.)
             if (ordered && s < static_cast<int>(S.size())) relax(idx(pos, s + 1, kb, nd, 0), c0, -1);
             const int q = prev_span(s, pv);
-            // A span starting at pos (where the model may split).
-            for (size_t si = 0; si < S.size() && m.can_split(pos); ++si) {
+            // A span starting at pos.
+            for (size_t si = 0; si < S.size(); ++si) {
               int ns;
               if (ordered) {
                 if (static_cast<int>(si) != s) continue;
@@ -378,7 +378,6 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
               for (int last = pos; last < L; ++last) {
                 bytes += layer_bytes(m, last);
                 if (bytes > p.memory_bytes) break;
-                if (!m.can_split(last + 1)) continue;
                 relax(idx(last + 1, ns, kb, nd, npv), c0 + span_cost(m, o, p, pos, last) - save, static_cast<int>(si));
               }
             }
@@ -500,11 +499,6 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
       if (r.first < 0 || r.last >= L || r.first > r.last)
         return make_error(StatusCode::kInvalidArgument, "plan: peer '{}' spans layers {}-{}, not in the model", p.name,
                           r.first, r.last);
-      if (!m.can_split(r.first) || !m.can_split(r.last + 1))
-        return make_error(StatusCode::kInvalidArgument,
-                          "plan: peer '{}' spans layers {}-{}, but '{}' cannot be split before layer {} (a later "
-                          "block reuses what an earlier one computed)",
-                          p.name, r.first, r.last, m.name, m.can_split(r.first) ? r.last + 1 : r.first);
       for (int l = r.first; l <= r.last; ++l) {
         if (plan->layer_host[static_cast<size_t>(l)] != static_cast<int>(i))
           return make_error(StatusCode::kInvalidArgument, "plan: layer {} is not hosted by its span peer '{}'", l,
@@ -836,7 +830,6 @@ Result<SwarmPlan> plan_all_spans(const PlanModel& m, const std::vector<PlanPeer>
       r.first = next;
       r.last = i == k - 1 ? L - 1 : k <= M ? moe[static_cast<size_t>((i + 1) * M / k - 1)] : (i + 1) * L / k - 1;
       r.last = std::max(r.last, r.first);
-      while (r.last + 1 < L && !m.can_split(r.last + 1)) ++r.last;
       next = r.last + 1;
       for (int l = r.first; l <= r.last; ++l) plan->layer_host[static_cast<size_t>(l)] = i;
     }
@@ -933,15 +926,8 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
                        sb.fallback_step_s < 0 ? std::string("does not fit its memory")
                                               : fmt::format("{:.1f} ms", sb.fallback_step_s * 1e3));
   }
-  std::vector<int> fixed;
   uint64_t widest = m.hidden_bytes;
-  for (int b = 0; b <= m.n_layer(); ++b) {
-    if (!m.can_split(b)) fixed.push_back(b);
-    widest = std::max(widest, m.row_bytes_at(b));
-  }
-  if (!fixed.empty())
-    out += fmt::format("spans cannot begin or end before layer(s) {} (a block reuses what an earlier one computed)\n",
-                       fmt::join(fixed, ", "));
+  for (int b = 0; b <= m.n_layer(); ++b) widest = std::max(widest, m.row_bytes_at(b));
   if (widest > m.hidden_bytes)
     out += fmt::format("span rows carry up to {} bytes per token across a boundary (hidden state: {})\n", widest,
                        m.hidden_bytes);

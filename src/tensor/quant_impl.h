@@ -23,18 +23,19 @@ void attn_kqv(const AttnKqv& a);
 void softmax(float* x, int64_t n, const float* sink);  // ops.cpp
 
 // The leftovers of ggml_vec_dot_f32 after its vector loop: x[i..n) . y[i..n) added to s as the
-// compiler builds ggml's `sumf += x[i]*y[i]`. GCC vectorises that loop with in-order adds: a vector
-// of `group` products (rounded), then each product added to the sum in turn; the last < group
-// elements are fused multiply-adds. group = 8 on AVX-512 (zmm, then ymm epilogue), 4 on AVX2 (ymm,
-// then xmm). Seen in ggml's compiled vec.cpp and in qwen3next-a.Q4_K_M, whose 32-wide delta-rule
-// dots are all leftovers: bit-identical to llama.cpp only this way. Anonymous namespace: each
-// kernel file keeps its own copy (simd_x86.h).
+// compiler builds ggml's `sumf += x[i]*y[i]`. GCC vectorises that loop with in-order adds: 8
+// products at a time, rounded, then each added to the sum in turn (in ggml's AVX-512 build,
+// which moesh follows: zmm, then a ymm epilogue; the AVX2 build groups 4, see layers_deltanet.cpp
+// dot_f32_ggml_tail_avx2); the last < 8 elements are fused multiply-adds. Seen in ggml's compiled
+// vec.cpp and in qwen3next-a.Q4_K_M, whose 32-wide delta-rule dots are all leftovers:
+// bit-identical to llama.cpp only this way. Anonymous namespace: each kernel file keeps its own
+// copy (simd_x86.h).
 namespace {
-inline float dot_f32_ggml_tail(const float* x, const float* y, int64_t i, int64_t n, float s, int64_t group = 8) {
-  for (; i + group <= n; i += group) {
+inline float dot_f32_ggml_tail(const float* x, const float* y, int64_t i, int64_t n, float s) {
+  for (; i + 8 <= n; i += 8) {
     float p[8];
-    for (int64_t l = 0; l < group; ++l) p[l] = x[i + l] * y[i + l];
-    for (int64_t l = 0; l < group; ++l) s += p[l];
+    for (int l = 0; l < 8; ++l) p[l] = x[i + l] * y[i + l];
+    for (int l = 0; l < 8; ++l) s += p[l];
   }
   for (; i < n; ++i) s = std::fmaf(x[i], y[i], s);
   return s;

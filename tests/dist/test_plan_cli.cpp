@@ -236,7 +236,6 @@ TEST(PlanCli, SpanEdgesAndRowWidthsFollowTheArchitecture) {
   const int64_t d = (*gm)->hparams().n_embd, top_k = (*gm)->hparams().indexer_top_k;
   ASSERT_GT(top_k, 0);
   for (int b = 0; b <= 6; ++b) {
-    EXPECT_TRUE(pm->can_split(b)) << "boundary " << b;
     EXPECT_EQ(pm->row_bytes_at(b), static_cast<uint64_t>(4 * (d + (b % 2 == 1 ? 1 + top_k : 0)))) << "boundary " << b;
   }
   const uint64_t bytes = file_bytes(model);
@@ -254,7 +253,6 @@ TEST(PlanCli, SpanEdgesAndRowWidthsFollowTheArchitecture) {
                              " --backbone-mem " + std::to_string(bytes * 10 / 100));
     ASSERT_EQ(pr.exit_code, 0) << pr.err;
     const nlohmann::json plan = json_of(pr);
-    EXPECT_EQ(plan["no_split_before"], nlohmann::json::array()) << plan.dump();
     int spans = 0;
     for (const auto& r : plan["roles"]) spans += r["role"] == "span";
     EXPECT_GE(spans, layout == std::string("spans") ? 3 : 1) << plan.dump();

@@ -162,16 +162,18 @@ TEST(GlmDsa, ASpanStartingAtABlockThatReusesASelectionGetsItWithTheRows) {
   for (int32_t tok : {41, 7, 300}) ASSERT_NO_FATAL_FAILURE(step({tok}));
 
   // Hostile rows into block 1: a count above top_k, a position the sequence does not hold, one
-  // in the token's future. Each is refused naming the token; the peer keeps no cell of it.
+  // in the token's future, one too large for any int, NaN. Each is refused naming the token; the
+  // peer keeps no cell of it.
   std::vector<float> rows(static_cast<size_t>(W));
   get_row_f32(model.tok_embd, 3, rows.data());
   const std::vector<Context::LayerToken> one = {{0, pos, false}};
   const int64_t held = back->state().seq_len(0);
-  for (int bad = 0; bad < 3; ++bad) {
+  const float second[] = {1.0f, 1000.0f, static_cast<float>(pos + 1), 1e30f, std::nanf("")};
+  for (int bad = 0; bad < 5; ++bad) {
     std::vector<float> r = rows;
     r[static_cast<size_t>(D)] = bad == 0 ? 7.0f : 2.0f;
     r[static_cast<size_t>(D + 1)] = 0.0f;
-    r[static_cast<size_t>(D + 2)] = bad == 1 ? 1000.0f : bad == 2 ? static_cast<float>(pos + 1) : 1.0f;
+    r[static_cast<size_t>(D + 2)] = second[bad];
     Status st = back->decode_layers(one, 1, 2, r.data());
     ASSERT_FALSE(st.is_ok()) << bad;
     EXPECT_NE(st.message().find("token 0"), std::string::npos) << st.to_string();

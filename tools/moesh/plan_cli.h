@@ -428,15 +428,11 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
       if (s.opts.peer_rtt_s[i][k] >= 0)
         rtts.push_back(
             {{"a", s.peers[i].peer.name}, {"b", s.peers[k].peer.name}, {"ms", s.opts.peer_rtt_s[i][k] * 1e3}});
-  // Span boundaries where the model cannot split, and the bytes a token's row takes across each.
-  nlohmann::json fixed = nlohmann::json::array(), row_bytes = nlohmann::json::array();
-  for (int b = 0; b <= s.model.n_layer(); ++b) {
-    if (!s.model.can_split(b)) fixed.push_back(b);
-    row_bytes.push_back(s.model.row_bytes_at(b));
-  }
+  // The bytes a token's row takes across each span boundary.
+  nlohmann::json row_bytes = nlohmann::json::array();
+  for (int b = 0; b <= s.model.n_layer(); ++b) row_bytes.push_back(s.model.row_bytes_at(b));
   return nlohmann::json{
       {"model", s.model.name},
-      {"no_split_before", fixed},
       {"span_row_bytes", row_bytes},
       {"peer_rtt_ms", rtts},
       {"n_layer", s.model.n_layer()},

@@ -61,11 +61,9 @@ struct PlanModel {
   uint64_t hidden_bytes = 0;  // one token's hidden state on the wire
   double global_s = 0;        // per token: embedding lookup and head, on the backbone
   // Span boundaries b = 0..n_layer (b: before layer b). row_bytes[b]: one token's row crossing it,
-  // wider than hidden_bytes where the model carries more across (kimi-k3's residual checkpoints);
-  // split[b]: whether a span may begin or end there (glm-dsa: not before a block whose reused
-  // indexer selection was computed earlier). Empty: hidden_bytes everywhere, every boundary.
+  // wider than hidden_bytes where the model carries more across (kimi-k3's residual checkpoints,
+  // glm-dsa's reused indexer selection). Empty: hidden_bytes everywhere.
   std::vector<uint64_t> row_bytes;
-  std::vector<uint8_t> split;
   // [layer][expert] share of tokens routed there; empty: every expert k/n.
   std::vector<std::vector<double>> p;
 
@@ -77,7 +75,6 @@ struct PlanModel {
   uint64_t row_bytes_at(int b) const {
     return static_cast<size_t>(b) < row_bytes.size() ? row_bytes[static_cast<size_t>(b)] : hidden_bytes;
   }
-  bool can_split(int b) const { return static_cast<size_t>(b) >= split.size() || split[static_cast<size_t>(b)] != 0; }
 };
 
 // The shape and byte sizes of a GGUF model (tensor names blk.N.*, stacked *_exps experts); costs
