@@ -95,6 +95,19 @@ double cosine(const float* a, const float* b, int64_t n) {
   return ab / std::sqrt(aa * bb);
 }
 
+// The lossy criterion on one sequence's cosines: each at least min_cosine, or with the model's noise
+// floor, each (sorted) at least min(min_cosine, the floor's cosine of the same rank).
+bool within_floor(std::vector<double> cos, double min_cosine, const std::vector<double>* floor) {
+  std::sort(cos.begin(), cos.end());
+  std::vector<double> f = floor != nullptr ? *floor : std::vector<double>{};
+  std::sort(f.begin(), f.end());
+  for (size_t i = 0; i < cos.size(); ++i) {
+    const double bar = i < f.size() ? std::min(min_cosine, f[i]) : min_cosine;
+    if (cos[i] < bar) return false;
+  }
+  return true;
+}
+
 void add_traffic(RemoteTraffic* into, const RemoteTraffic& t) {
   into->dispatch_frames += t.dispatch_frames;
   into->dispatch_bytes += t.dispatch_bytes;
@@ -317,6 +330,7 @@ Result<SequenceResult> compare_sequence(Context& local, Context& remote, const s
   r.n_tokens = static_cast<int64_t>(tokens.size());
   r.bitwise = std::memcmp(lg_local.data(), lg_remote.data(), lg_local.size() * sizeof(float)) == 0;
   double cos_sum = 0;
+  std::vector<double> cos;
   for (int64_t t = 0; t < r.n_tokens; ++t) {
     const float* x = lg_local.data() + t * V;
     const float* y = lg_remote.data() + t * V;
@@ -326,6 +340,8 @@ Result<SequenceResult> compare_sequence(Context& local, Context& remote, const s
     const double c = cosine(x, y, V);
     r.cos_min = std::min(r.cos_min, c);
     cos_sum += c;
+    cos.push_back(c);
+    r.below_min_cosine += c < opts.min_cosine;
   }
   r.cos_mean = cos_sum / static_cast<double>(r.n_tokens);
   for (const auto& [key, set] : rec_remote.decisions) {
@@ -334,8 +350,55 @@ Result<SequenceResult> compare_sequence(Context& local, Context& remote, const s
     ++r.routing_total;
     r.routing_same += it->second == set ? 1 : 0;
   }
-  r.pass = opts.bitwise ? r.bitwise : (r.argmax_frac() >= opts.min_argmax && r.cos_min >= opts.min_cosine);
+  r.pass = opts.bitwise
+               ? r.bitwise
+               : (r.argmax_frac() >= opts.min_argmax &&
+                  within_floor(cos, opts.min_cosine,
+                               seq_index < opts.cosine_floor.size() ? &opts.cosine_floor[seq_index] : nullptr));
   return r;
+}
+
+double NoiseFloor::min(size_t seq) const {
+  double m = 1.0;
+  for (double c : cos.at(seq)) m = std::min(m, c);
+  return m;
+}
+
+int64_t NoiseFloor::below(size_t seq, double c) const {
+  int64_t n = 0;
+  for (double x : cos.at(seq)) n += x < c;
+  return n;
+}
+
+Result<NoiseFloor> noise_floor(const Model& native, const Model& f32_reference,
+                               const std::vector<std::vector<int32_t>>& sequences, int n_threads) {
+  const int64_t V = native.hparams().n_vocab;
+  if (f32_reference.hparams().n_vocab != V || f32_reference.layers.size() != native.layers.size())
+    return make_error(StatusCode::kInvalidArgument, "the noise floor needs two loads of the same model");
+  int64_t max_len = 1;
+  for (const auto& s : sequences) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(s.size()));
+  ContextParams cp;
+  cp.n_threads = n_threads;
+  cp.n_ctx = max_len;
+  Context a(native, cp), b(f32_reference, cp);
+  NoiseFloor out;
+  std::vector<float> la, lb;
+  for (size_t si = 0; si < sequences.size(); ++si) {
+    if (sequences[si].empty()) return make_error(StatusCode::kInvalidArgument, "empty sequence {}", si);
+    MOESH_RETURN_IF_ERROR(run_sequence(a, sequences[si], &la, nullptr, nullptr));
+    MOESH_RETURN_IF_ERROR(run_sequence(b, sequences[si], &lb, nullptr, nullptr));
+    std::vector<double> cos;
+    int64_t same = 0;
+    for (size_t t = 0; t < sequences[si].size(); ++t) {
+      const float* x = la.data() + t * V;
+      const float* y = lb.data() + t * V;
+      cos.push_back(cosine(x, y, V));
+      same += argmax(x, V) == argmax(y, V);
+    }
+    out.cos.push_back(std::move(cos));
+    out.argmax_same.push_back(same);
+  }
+  return out;
 }
 
 double GateReport::min_cosine() const {

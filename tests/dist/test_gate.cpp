@@ -74,18 +74,17 @@ TEST(Gate, CuratedLossyPathsPassOnEveryReferenceModel) {
     // docs/gate.md: on curated sequences every reference file PASSes all three lossy paths with
     // 160/160 argmax agreement (min cosine 0.99977-0.99993), after rejecting 68-120 draws and
     // with no ill-conditioned position.
-    // kimi-k3 turns a wire's rounding into logit noise (llama.cpp's own native and dequant-f32
-    // runs of it differ by 0.24-0.42, reference README §6). On these curated sequences its lossy
-    // paths keep every argmax, but single positions can fall below the default 0.998 (measured
-    // 2026-12-06: q8 partial 0.9944; f16 0.9988; with an earlier KDA float order q8 partial fell
-    // to 0.9614): the gate says FAIL there, rightly. It is judged at --min-cosine 0.95
-    // (docs/gate.md, "Chaotic models").
+    // kimi-k3 turns any rounding into logit noise: llama.cpp's own native and dequant-f32 runs
+    // of it differ by 0.24-0.42 (reference README §6), and so do moesh's (the noise floor on
+    // these sequences: min cosine per sequence 0.9987 0.8057 0.8208 0.9736, 8/160 positions
+    // below 0.998). Its lossy paths keep every argmax, but q8 partial has one position at 0.9944
+    // (an expert choice moved downstream). It is judged with --noise-floor: rank by rank, no
+    // worse than the model's own engines (docs/gate.md, "The model's noise floor").
     const bool chaotic = name.find("kimik3") != std::string::npos;
-    const double min_cos = chaotic ? 0.95 : 0.998;
     for (const char* mode :
          {"--wire f16 --combine partial", "--wire f16 --combine exact", "--wire q8 --combine partial"}) {
       SCOPED_TRACE(name + " " + mode);
-      RunResult r = run_moesh(base + " " + mode + (chaotic ? " --min-cosine 0.95" : ""));
+      RunResult r = run_moesh(base + " " + mode + (chaotic ? " --noise-floor" : ""));
       const GateOutput g = parse_gate(r.out);
       std::printf("[gate] %-28s %-28s %s  argmax %lld/%lld  min cos %.6f  rejected %lld\n", name.c_str(), mode,
                   r.exit_code == 0 ? "PASS" : "FAIL", static_cast<long long>(g.agree), static_cast<long long>(g.total),
@@ -97,7 +96,12 @@ TEST(Gate, CuratedLossyPathsPassOnEveryReferenceModel) {
       EXPECT_GT(g.rejected, 0) << "curation rejected no draw\n" << r.out;
       EXPECT_EQ(g.total, 160) << r.out;
       EXPECT_EQ(g.agree, g.total) << "an argmax flipped on a curated position\n" << r.out;
-      EXPECT_GE(g.cos_min, min_cos) << r.out;
+      if (chaotic) {
+        EXPECT_NE(r.out.find("noise floor (native vs f32-activation logits"), std::string::npos) << r.out;
+        EXPECT_GE(g.cos_min, 0.99) << r.out;
+      } else {
+        EXPECT_GE(g.cos_min, 0.998) << r.out;
+      }
     }
   }
 }
@@ -228,10 +232,13 @@ class FakeWorker {
   std::atomic<int> lies_{0};
 };
 
-TEST(Gate, LyingWorkerFailsTheGate) {
-  const auto files = reference_ggufs();
-  SKIP_WITHOUT_REFERENCE(files);
-  const std::string path = std::string(MOESH_REFERENCE_DIR) + "/qwen3moe-s.Q8_0.gguf";
+// A liar fails the default criterion on a stable model, and the noise-floor criterion on the
+// chaotic kimi-k3, where the model's own two engines are 0.81 apart in cosine at worst.
+// kimi-k3 also shows what logits cannot see: routed experts scaled by 1.05 move its logits
+// less (min cosine 0.9989, 160/160 argmax) than an honest q8 wire does (0.9944), within even
+// the default bar; on the exact path the gate's bit-identity criterion catches that liar.
+void check_liars(const std::string& path, bool with_floor) {
+  SCOPED_TRACE(path);
   auto model = Model::load(path);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   gate::CurationOptions co;
@@ -239,13 +246,31 @@ TEST(Gate, LyingWorkerFailsTheGate) {
   auto cur = gate::curate_sequences(**model, co);
   ASSERT_TRUE(cur.is_ok()) << cur.status().to_string();
   gate::CompareOptions lossy;  // the default thresholds 0.99 / 0.998, not bit identity
+  if (with_floor) {
+    LoadOptions lo;
+    lo.dequant_f32 = true;
+    auto f32 = Model::load(path, lo);
+    ASSERT_TRUE(f32.is_ok()) << f32.status().to_string();
+    auto nf = gate::noise_floor(**model, **f32, cur->tokens, 1);
+    ASSERT_TRUE(nf.is_ok()) << nf.status().to_string();
+    ASSERT_EQ(nf->cos.size(), cur->tokens.size());
+    double lowest = 1.0;
+    for (size_t i = 0; i < nf->cos.size(); ++i) {
+      ASSERT_EQ(nf->cos[i].size(), cur->tokens[i].size());
+      lowest = std::min(lowest, nf->min(i));
+    }
+    EXPECT_LT(lowest, 0.998) << "kimi-k3's own engines are further apart than the default bar";
+    lossy.cosine_floor = nf->cos;
+  }
   for (Lie lie : {Lie::kNone, Lie::kScale, Lie::kNextExpert}) {
+    gate::CompareOptions opts = lossy;
+    if (with_floor && lie == Lie::kScale) opts = gate::CompareOptions{.bitwise = true};
     FakeWorker fake(path, lie);
     auto exec = RemoteExecutor::connect(**model, {WorkerAddress{"127.0.0.1", fake.port()}}, RemoteOptions{});
     ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
     std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
     ASSERT_TRUE(gate::is_bit_exact_path(*remote));
-    auto rep = gate::run_gate(**model, remote, cur->tokens, lossy, 1);
+    auto rep = gate::run_gate(**model, remote, cur->tokens, opts, 1);
     ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
     std::printf("[liar] lie %d: %s, argmax %lld/%lld, min cos %.6f, %d lies told\n", static_cast<int>(lie),
                 rep->pass ? "PASS" : "FAIL", static_cast<long long>(rep->argmax_same()),
@@ -260,6 +285,15 @@ TEST(Gate, LyingWorkerFailsTheGate) {
     }
     remote.reset();  // GOODBYE: the fake's recv fails and its thread ends
   }
+}
+
+TEST(Gate, LyingWorkerFailsTheGate) {
+  const auto files = reference_ggufs();
+  SKIP_WITHOUT_REFERENCE(files);
+  check_liars(std::string(MOESH_REFERENCE_DIR) + "/qwen3moe-s.Q8_0.gguf", false);
+  const std::string kimi = std::string(MOESH_REFERENCE_DIR) + "/archs2/kimik3-a.Q8_0.gguf";
+  std::error_code ec;
+  if (std::filesystem::exists(kimi, ec)) check_liars(kimi, true);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // `moesh gate -m MODEL (--worker H:P ... | --workers FILE) [--wire D] [--combine M] [--threads N]
 //  [--sequences N] [--seed S] [--raw-sequences | --sequences-from FILE.json]
-//  [--min-routing-margin F] [--min-top1-lead F] [--min-argmax F] [--min-cosine F] [--no-bitwise]`:
+//  [--min-routing-margin F] [--min-top1-lead F] [--min-argmax F] [--min-cosine F] [--noise-floor] [--no-bitwise]`:
 // the validation gate of a remote dispatch path (docs/gate.md). Curates seeded, well-conditioned
 // token sequences (no routing or top-1 near-ties, as the llama.cpp reference set), runs them
 // through the full model all-local and through the workers, and compares per sequence: argmax
@@ -14,6 +14,7 @@
 #include "command.h"
 #include "model_cli.h"
 #include "moesh/gate/gate.h"
+#include "moesh/util/process.h"
 #include "swarm_cli.h"
 
 namespace moesh::cli {
@@ -32,6 +33,7 @@ struct GateArgs {
   double min_argmax = 0.99;
   double min_cosine = 0.998;
   bool no_bitwise = false;
+  bool noise_floor = false;  // --noise-floor: a position may fall to the model's own noise floor
   SwarmArgs swarm;
 };
 
@@ -147,27 +149,69 @@ int run_gate(const GateArgs& a) {
     path +=
         fmt::format("{}{} span(s), span wire {}", path.empty() ? "" : "; ", spans->spans().size(), a.swarm.span_wire);
   }
-  std::printf(
-      "gate: %s | %s | criterion: %s\n", a.model.c_str(), path.c_str(),
-      cmp.bitwise
-          ? "bit-identical logits"
-          : fmt::format("argmax agreement >= {:.4f}, min cosine >= {:.6f}", a.min_argmax, a.min_cosine).c_str());
+  std::printf("gate: %s | %s | criterion: %s\n", a.model.c_str(), path.c_str(),
+              cmp.bitwise ? "bit-identical logits"
+                          : fmt::format("argmax agreement >= {:.4f}, {} >= {:.6f}{}", a.min_argmax,
+                                        a.noise_floor ? "cosines" : "min cosine", a.min_cosine,
+                                        a.noise_floor ? " or, rank by rank, the model's noise floor" : "")
+                                .c_str());
   std::printf("%s\n", curation_line.c_str());
+  if (a.noise_floor && !cmp.bitwise) {
+    // The same file again with f32 activations (llama.cpp's dequant-f32 mode): how far the model's
+    // own two engines are apart on these sequences is as far as a lossy wire may move it.
+    // Refused up front where the f32 copies cannot fit (a big model's dequantized weights are 4-8x
+    // its file): the floor is a small-model or a big-machine check.
+    uint64_t f32_bytes = 0;
+    for (const gguf::TensorInfo& t : model->file().tensors()) {
+      if (t.type != GgmlType::F32) f32_bytes += 4ull * static_cast<uint64_t>(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]);
+    }
+    const SystemMemory mem = system_memory();
+    if (mem.available_bytes > 0 && f32_bytes > mem.available_bytes) {
+      std::fprintf(stderr,
+                   "moesh gate: error: --noise-floor needs the model's weights in f32 (%.1f GiB), more than the %.1f "
+                   "GiB available\n",
+                   f32_bytes / 1073741824.0, mem.available_bytes / 1073741824.0);
+      return 1;
+    }
+    auto f32 = load_model_or_report(a.model, true, "gate", a.memory);
+    if (!f32) return 1;
+    auto nf = gate::noise_floor(*model, *f32, seqs, a.threads);
+    if (!nf) {
+      std::fprintf(stderr, "moesh gate: error: noise floor: %s\n", nf.status().to_string().c_str());
+      return 1;
+    }
+    cmp.cosine_floor = nf->cos;
+    int64_t same = 0, total = 0, below = 0;
+    std::string per;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      same += nf->argmax_same[i];
+      total += static_cast<int64_t>(seqs[i].size());
+      below += nf->below(i, a.min_cosine);
+      per += fmt::format("{}{:.6f}", i ? " " : "", nf->min(i));
+    }
+    std::printf(
+        "noise floor (native vs f32-activation logits of this model): min cosine per sequence %s; "
+        "%lld/%lld positions below %.6f; argmax %lld/%lld\n",
+        per.c_str(), static_cast<long long>(below), static_cast<long long>(total), a.min_cosine,
+        static_cast<long long>(same), static_cast<long long>(total));
+  }
   auto rep = gate::run_gate(*model, remote, seqs, cmp, a.threads, spans);
   if (!rep) {
     std::fprintf(stderr, "moesh gate: error: %s\n", rep.status().to_string().c_str());
     return 1;
   }
-  std::printf("%-4s %7s %16s %10s %10s %12s %8s  %s\n", "seq", "tokens", "argmax agree", "cos min", "cos mean",
-              "top-k agree", "bitwise", "result");
+  const bool show_floor = !cmp.cosine_floor.empty();
+  std::printf("%-4s %7s %16s %10s %10s%s %12s %8s  %s\n", "seq", "tokens", "argmax agree", "cos min", "cos mean",
+              show_floor ? " <min-cos" : "", "top-k agree", "bitwise", "result");
   std::vector<gate::Flip> flips;
   double local_s = 0, remote_s = 0;
   for (size_t si = 0; si < rep->sequences.size(); ++si) {
     const gate::SequenceResult& r = rep->sequences[si];
-    std::printf("%-4zu %7lld %7lld/%-3lld %4.0f%% %10.6f %10.6f %11.2f%% %8s  %s\n", si,
+    std::printf("%-4zu %7lld %7lld/%-3lld %4.0f%% %10.6f %10.6f%s %11.2f%% %8s  %s\n", si,
                 static_cast<long long>(r.n_tokens), static_cast<long long>(r.argmax_same),
                 static_cast<long long>(r.n_tokens), 100.0 * r.argmax_frac(), r.cos_min, r.cos_mean,
-                100.0 * r.routing_frac(), r.bitwise ? "yes" : "no", r.pass ? "PASS" : "FAIL");
+                show_floor ? fmt::format(" {:8}", r.below_min_cosine).c_str() : "", 100.0 * r.routing_frac(),
+                r.bitwise ? "yes" : "no", r.pass ? "PASS" : "FAIL");
     flips.insert(flips.end(), r.flips.begin(), r.flips.end());
     local_s += r.local_seconds;
     remote_s += r.remote_seconds;
@@ -219,6 +263,10 @@ const CommandRegistrar kRegisterGate{Command{
           ->capture_default_str();
       sub->add_option("--min-cosine", a->min_cosine, "Lossy paths: minimum cosine of any logits row")
           ->capture_default_str();
+      sub->add_flag("--noise-floor", a->noise_floor,
+                    "Lossy paths: let a sequence's min cosine fall to the model's own noise floor (its native "
+                    "vs f32-activation logits on that sequence) where that is below --min-cosine; loads the "
+                    "model a second time with every weight in f32");
       sub->add_flag("--no-bitwise", a->no_bitwise, "Judge exact+f32 by the lossy thresholds instead of bit identity");
       add_swarm_options(sub, &a->swarm);
       return [a] { return run_gate(*a); };

@@ -13,6 +13,7 @@
 //     The exact f32 path must be bit-identical; lossy paths must meet the thresholds.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -89,6 +90,12 @@ struct CompareOptions {
   double min_argmax = 0.99;   // lossy paths: argmax agreement per sequence (fraction)
   double min_cosine = 0.998;  // lossy paths: minimum cosine of any logits row
   bool bitwise = false;       // judge by bit identity instead (exact f32 path)
+  // Per sequence (by seq_index), the model's own noise floor: the cosines of its positions
+  // (noise_floor() below). Where given, a lossy path's cosines, sorted, must each be at least
+  // min(min_cosine, the floor's cosine of the same rank): its distribution of cosines is nowhere
+  // worse than the one the model's own engines make. Ranks, not positions: a chaotic model
+  // amplifies different perturbations at different positions.
+  std::vector<std::vector<double>> cosine_floor;
 };
 
 struct Flip {
@@ -100,6 +107,9 @@ struct Flip {
 
 struct SequenceResult {
   int64_t n_tokens = 0;
+  // Positions below min_cosine, admitted by the model's noise floor where the sequence passed
+  // (CompareOptions::cosine_floor).
+  int64_t below_min_cosine = 0;
   int64_t argmax_same = 0;
   double cos_min = 1.0, cos_mean = 0.0;
   int64_t routing_same = 0, routing_total = 0;  // (MoE layer, token) decisions with equal sets
@@ -119,6 +129,23 @@ struct SequenceResult {
 Result<SequenceResult> compare_sequence(Context& local, Context& remote, const std::vector<int32_t>& tokens,
                                         const CompareOptions& opts, size_t seq_index = 0,
                                         RemoteExecutor* remote_exec = nullptr, RemoteTraffic* traffic = nullptr);
+
+// ---- the model's own noise floor ------------------------------------------------------------
+
+// How far the model's answers move between its two legitimate engines, per sequence: the quantized
+// path (`native`: every quantized matmul rounds its input activations to INT8 blocks, as
+// llama.cpp does) and the same file with every weight dequantized to f32 (`f32_reference`, loaded
+// with LoadOptions::dequant_f32: f32 activations, llama.cpp's dequant-f32 mode). Both run the
+// gate's schedule from an empty cache. A lossy wire whose logits stay within this floor loses no
+// more than the model's own activation rounding does (docs/gate.md, "The model's noise floor").
+struct NoiseFloor {
+  std::vector<std::vector<double>> cos;       // per sequence and position: cosine native vs f32
+  std::vector<int64_t> argmax_same;           // per sequence: positions whose top-1 token is the same
+  double min(size_t seq) const;               // over one sequence's positions
+  int64_t below(size_t seq, double c) const;  // positions of one sequence under c
+};
+Result<NoiseFloor> noise_floor(const Model& native, const Model& f32_reference,
+                               const std::vector<std::vector<int32_t>>& sequences, int n_threads = 0);
 
 struct GateReport {
   std::vector<SequenceResult> sequences;
