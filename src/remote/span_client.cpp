@@ -55,10 +55,14 @@ Result<SpanTarget> parse_span_target(const std::string& s) {
   const size_t at = s.find('@');
   if (at == std::string::npos || at == 0 || at + 1 >= s.size()) {
     return make_error(StatusCode::kInvalidArgument,
-                      "--span '{}' is not FIRST-LAST@HOST:PORT (e.g. 12-23@10.0.0.2:7070)", s);
+                      "--span '{}' is not FIRST-LAST@HOST:PORT or FIRST-LAST@here (e.g. 12-23@10.0.0.2:7070)", s);
   }
   SpanTarget t;
   MOESH_ASSIGN_OR_RETURN(t.span, parse_layer_span(s.substr(0, at)));
+  if (s.substr(at + 1) == "here") {
+    t.here = true;
+    return t;
+  }
   MOESH_ASSIGN_OR_RETURN(WorkerAddress a, parse_worker_address(s.substr(at + 1)));
   t.peers.push_back(std::move(a));
   return t;
@@ -69,6 +73,11 @@ Result<std::vector<SpanTarget>> merge_span_targets(std::vector<SpanTarget> targe
   for (SpanTarget& t : targets) {
     auto it = std::find_if(out.begin(), out.end(), [&](const SpanTarget& o) { return o.span == t.span; });
     if (it != out.end()) {
+      if (it->here != t.here) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "span {}-{} is given both here and on a peer (a span here runs on this process only)",
+                          t.span.first, t.span.last);
+      }
       for (WorkerAddress& a : t.peers) it->peers.push_back(std::move(a));
     } else {
       out.push_back(std::move(t));
@@ -221,9 +230,10 @@ Status SpanClient::fail_over(int k, const Status& why) {
     }
     errors += fmt::format("; {}: {}", a.to_string(), st.message());
   }
-  if (!opts_.local_fallback) {
+  if (!opts_.local_fallback && !r.target.here) {
     return make_error(StatusCode::kUnavailable, "span {}-{}: no peer can run it{}", sp.first, sp.last, errors);
   }
+  r.moved_here = r.moved_here || r.target.here;  // named here: no preferred peer to go back to
   if (!r.local) {
     swarm::SpanHostOptions ho;
     ho.span = sp;

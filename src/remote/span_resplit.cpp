@@ -191,8 +191,9 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   if (now != covered) {
     return make_error(StatusCode::kInvalidArgument,
                       "spans {} do not cover the blocks the spans {} cover: a resplit moves span edges within "
-                      "those blocks (the backbone keeps no state for them and runs the others itself; other "
-                      "changes need a restart with the new --span list)",
+                      "those blocks (the backbone keeps no state for them and runs the others itself; start it "
+                      "with the blocks it runs as spans too, --span F-L@here, to move any block live, else "
+                      "restart it with the new --span list)",
                       list(want, [](const SpanPlacement& x) { return x.span; }), old_text);
   }
   {
@@ -384,6 +385,7 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
     auto r = std::make_unique<Runner>();
     r->target.span = want[j].span;
     const bool here = fresh[j].local != nullptr;
+    r->target.here = here;
     if (!here) r->target.peers.push_back(fresh[j].addr);
     r->link = std::move(fresh[j].link);
     r->local = std::move(fresh[j].local);

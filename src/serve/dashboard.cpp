@@ -149,7 +149,16 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     if (!(*live_peers)[i].addr.empty()) r["addr"] = (*live_peers)[i].addr;
     live_roles.push_back(std::move(r));
   }
-  j["live"] = {{"roles", std::move(live_roles)}, {"predicted_step_ms", live.step_s * 1e3}};
+  // The blocks the backbone runs as spans itself ("F-L@here", or a span peer's fallback): a resplit
+  // can hand them to peers live (swarm plan --from live prints it with them).
+  nlohmann::json here = nlohmann::json::array();
+  if (status.contains("spans") && status["spans"].is_array()) {
+    for (const nlohmann::json& v : status["spans"]) {
+      if (v.is_object() && v.value("state", "") == "here" && v.contains("layers") && v["layers"].is_string())
+        here.push_back(v["layers"]);
+    }
+  }
+  j["live"] = {{"roles", std::move(live_roles)}, {"here", std::move(here)}, {"predicted_step_ms", live.step_s * 1e3}};
   return j;
 }
 

@@ -371,6 +371,52 @@ TEST(PlanCli, ReplanningListsTheMovesFromThePreviousPlan) {
                                    peer("d", 40, 20) + " --from " + quoted(two_path));
   EXPECT_NE(three_text.out.find("new span edges, live once the span peers run: " + want), std::string::npos)
       << three_text.out;
+  // A gateway that runs b's blocks as a span here (`--span F-L@here`, its live layout's "here")
+  // takes the four spans live too, though only a's blocks were on a peer; without "here" that
+  // needs a restart. And a plan with fewer span blocks leaves the rest here, live.
+  {
+    nlohmann::json old = two_plan;
+    std::string b_layers;
+    nlohmann::json roles = nlohmann::json::array();
+    for (const auto& r : old["roles"]) {
+      if (r["peer"] == "b") {
+        b_layers = r["layers"].get<std::string>();
+      } else {
+        roles.push_back(r);
+      }
+    }
+    ASSERT_FALSE(b_layers.empty()) << two.out;
+    old["roles"] = roles;
+    const std::string only_a = temp_dir() + "/plan-a-span.json";
+    { std::ofstream(only_a) << old.dump(); }
+    RunResult restart = run_moesh(spans + peer("a", 40, 20) + peer("b", 40, 20) + peer("c", 40, 20) +
+                                  peer("d", 40, 20) + " --json --from " + quoted(only_a));
+    ASSERT_EQ(restart.exit_code, 0) << restart.err;
+    const nlohmann::json rj = json_of(restart)["resplit"];
+    EXPECT_FALSE(rj["live"]) << rj.dump();
+    EXPECT_NE(rj["why"].get<std::string>().find("--span F-L@here"), std::string::npos) << rj.dump();
+    old["here"] = nlohmann::json::array({b_layers});
+    const std::string a_here = temp_dir() + "/plan-a-span-b-here.json";
+    { std::ofstream(a_here) << old.dump(); }
+    RunResult live = run_moesh(spans + peer("a", 40, 20) + peer("b", 40, 20) + peer("c", 40, 20) + peer("d", 40, 20) +
+                               " --json --from " + quoted(a_here));
+    ASSERT_EQ(live.exit_code, 0) << live.err;
+    EXPECT_TRUE(json_of(live)["resplit"]["live"]) << live.out;
+    EXPECT_EQ(json_of(live)["resplit"]["command"], want + " --admin-key KEY");
+    // A plan without spans (one big expert peer) for a gateway running every block as spans:
+    // the blocks go back to the backbone live, as one span here.
+    old["here"] = nlohmann::json::array({"0-7"});
+    const std::string all_here = temp_dir() + "/plan-all-here.json";
+    { std::ofstream(all_here) << old.dump(); }
+    RunResult one = run_moesh(base + peer("a", 100, 20) + " --json --from " + quoted(all_here));
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    const nlohmann::json one_plan = json_of(one);
+    for (const auto& r : one_plan["roles"]) EXPECT_NE(r["role"], "span") << one.out;
+    ASSERT_TRUE(one_plan.contains("resplit")) << one.out;
+    EXPECT_TRUE(one_plan["resplit"]["live"]) << one.out;
+    EXPECT_EQ(one_plan["resplit"]["command"],
+              "moesh swarm move http://GATEWAY:PORT --span 0-7@here --resplit --admin-key KEY");
+  }
   // A new expert peer's move names the command that has the gateway take it in live (no --status
   // gateway accepting joins: no `join`).
   RunResult ex_before = run_moesh(base + " --layout experts" + peer("big", 200, 20) + " --json");

@@ -507,6 +507,63 @@ TEST(Span, AResplitMovesSpanEdgesLiveAndKeepsTheBits) {
   EXPECT_EQ(spans->stats().failovers, 0u);
 }
 
+// The blocks a backbone runs itself, named as spans here ("0-2@here"), keep their inputs like any
+// span, so a resplit hands them to a peer live and takes a peer's blocks back: every block of the
+// model can move without a restart (docs/span.md, "Blocks here").
+TEST(Span, BlocksNamedHereMoveToAPeerAndBackLive) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  // Parsing: "here" is a target without peers; a span both here and on a peer is refused.
+  auto h = parse_span_target("0-2@here");
+  ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+  EXPECT_TRUE(h->here);
+  EXPECT_TRUE(h->peers.empty());
+  auto mixed = merge_span_targets({*h, *parse_span_target("0-2@127.0.0.1:9")});
+  ASSERT_FALSE(mixed.is_ok());
+  EXPECT_NE(mixed.status().message().find("both here and on a peer"), std::string::npos) << mixed.status().to_string();
+
+  auto b = spawn_span(path, "3-5");
+  auto c = spawn_span(path, "0-3");
+  ASSERT_TRUE(b.is_ok() && c.is_ok());
+  // No fallback: a span named here runs here all the same.
+  auto spans = connect_spans(m, {*h, target(3, 5, {b->get()})}, /*fallback=*/false, SpanChainMode::kOff);
+  ASSERT_NE(spans, nullptr);
+  EXPECT_EQ(spans->where(0), "0-2 here");
+  EXPECT_EQ(spans->stats().failovers, 0u);
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  int32_t t = 2;
+  ASSERT_NO_FATAL_FAILURE(start_two_sequences(ctx, local, &t));
+  ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, 2));
+  EXPECT_GT(spans->stats().local_steps, 0u);
+
+  auto at = [](const std::string& span, const WorkerProcess& p) { return span + "@" + p.address().to_string(); };
+  auto placements = [](std::vector<std::string> v) {
+    std::vector<SpanPlacement> out;
+    for (const std::string& x : v) out.push_back(*parse_span_placement(x));
+    return out;
+  };
+  // The backbone's blocks 0-2 and the peer's block 3 to c (fed the here span's log); 4-5 back
+  // here (fed what c computes for block 4). Then b is gone and nothing replays.
+  ASSERT_TRUE(spans->resplit(placements({at("0-3", **c), "4-5@here"})).is_ok());
+  ASSERT_EQ(spans->where_all().size(), 2u);
+  EXPECT_NE(spans->where(0).find((*c)->address().to_string()), std::string::npos) << spans->where(0);
+  EXPECT_EQ(spans->where(1), "4-5 here");
+  (*b)->kill_now();
+  for (int i = 3; i < 7; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  EXPECT_EQ(spans->stats().resends, 0u);
+  EXPECT_EQ(spans->stats().failovers, 0u);
+  // And everything back here, in one span: the peer's blocks too.
+  ASSERT_TRUE(spans->resplit(placements({"0-5@here"})).is_ok());
+  EXPECT_EQ(spans->where_all(), std::vector<std::string>{"0-5 here"});
+  (*c)->kill_now();
+  for (int i = 7; i < 10; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  EXPECT_EQ(spans->stats().resplits, 2u);
+  EXPECT_EQ(spans->stats().failovers, 0u);
+}
+
 // The CLI: `moesh run --span` prints the all-local tokens and reports one trip per span and
 // pass; bad --span values are refused with exit 2 or a clear error.
 TEST(Span, RunWithSpansPrintsTheLocalTokens) {

@@ -218,9 +218,11 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
   return moves;
 }
 
-// Re-planning with new span edges: where the new plan's spans cover the blocks the old plan's
-// spans covered, the gateway takes them live (`swarm move` with the whole list: a resplit);
-// otherwise it needs the backbone restarted with the new --span list. Null: the edges are the same.
+// Re-planning with new span edges. The backbone's span runner covers the old plan's spans and
+// the blocks it runs as spans itself (the old plan's "here": `--span F-L@here`). Where the new
+// plan's spans lie within those blocks, the gateway takes them live (`swarm move` with the whole
+// list, the covered blocks no new span takes as `@here` spans: a resplit); otherwise it needs the
+// backbone restarted with the new --span list. Null: the edges are the same.
 nlohmann::json plan_resplit(const nlohmann::json& old_plan, const nlohmann::json& new_plan,
                             const std::string& gateway) {
   struct S {
@@ -239,7 +241,8 @@ nlohmann::json plan_resplit(const nlohmann::json& old_plan, const nlohmann::json
     std::sort(out.begin(), out.end(), [](const S& x, const S& y) { return x.first < y.first; });
     return out;
   };
-  const std::vector<S> before = spans_of(old_plan), after = spans_of(new_plan);
+  std::vector<S> before = spans_of(old_plan);
+  const std::vector<S> after = spans_of(new_plan);
   auto edges = [](const std::vector<S>& v) {
     std::vector<std::pair<int, int>> e;
     for (const S& x : v) e.emplace_back(x.first, x.last);
@@ -252,17 +255,40 @@ nlohmann::json plan_resplit(const nlohmann::json& old_plan, const nlohmann::json
       for (int il = x.first; il <= x.last; ++il) b.insert(il);
     return b;
   };
+  std::set<int> covered = blocks(before);
+  if (old_plan.contains("here") && old_plan["here"].is_array()) {
+    for (const auto& h : old_plan["here"]) {
+      if (!h.is_string()) continue;
+      auto sp = parse_layer_span(h.get<std::string>());
+      if (!sp) continue;
+      for (int il = sp->first; il <= sp->last; ++il) covered.insert(il);
+    }
+  }
+  const std::set<int> taken = blocks(after);
   nlohmann::json out;
-  if (!before.empty() && blocks(before) == blocks(after)) {
+  if (!covered.empty() && std::includes(covered.begin(), covered.end(), taken.begin(), taken.end())) {
+    // The list: the new spans, and each run of covered blocks no new span takes, here.
+    std::vector<S> list = after;
+    for (auto it = covered.begin(); it != covered.end();) {
+      if (taken.count(*it)) {
+        ++it;
+        continue;
+      }
+      S h{*it, *it, "here"};
+      for (++it; it != covered.end() && *it == h.last + 1 && !taken.count(*it); ++it) h.last = *it;
+      list.push_back(h);
+    }
+    std::sort(list.begin(), list.end(), [](const S& x, const S& y) { return x.first < y.first; });
     std::string cmd = "moesh swarm move " + (gateway.empty() ? std::string("http://GATEWAY:PORT") : gateway);
-    for (const S& x : after) cmd += fmt::format(" --span {}-{}@{}", x.first, x.last, x.addr);
+    for (const S& x : list) cmd += fmt::format(" --span {}-{}@{}", x.first, x.last, x.addr);
     out["live"] = true;
-    out["command"] = cmd + (after.size() == 1 ? " --resplit" : "") + " --admin-key KEY";
+    out["command"] = cmd + (list.size() == 1 ? " --resplit" : "") + " --admin-key KEY";
   } else {
     out["live"] = false;
     out["why"] =
-        "the new spans cover other blocks than the old ones (the backbone runs the rest itself and keeps no state "
-        "for span blocks): restart the backbone with the new --span list";
+        "the new spans cover blocks the backbone runs as its own blocks, not as spans (it keeps no inputs for "
+        "them): restart the backbone with the new --span list, or with its blocks as --span F-L@here so later "
+        "re-plans move them live";
   }
   return out;
 }

@@ -147,7 +147,8 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
       ->capture_default_str();
   sub->add_option("--span", a->spans,
                   "Blocks FIRST-LAST run on a span peer (moesh span) at HOST:PORT: one trip per span and step "
-                  "(repeatable; the same span again names a replacement, tried in order when one fails)");
+                  "(repeatable; the same span again names a replacement, tried in order when one fails); "
+                  "FIRST-LAST@here: blocks this process runs itself as a span, so a live resplit can move them");
   sub->add_option("--span-wire", a->span_wire, "Rows between spans: f32 (bit-exact), f16 or bf16")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}))
       ->capture_default_str();

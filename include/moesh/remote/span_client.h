@@ -40,13 +40,17 @@ Result<wire::Hello> span_hello(const Model& model, const std::string& name);
 struct SpanTarget {
   LayerSpan span;
   std::vector<WorkerAddress> peers;
+  // "F-L@here": the backbone runs the blocks itself, as a span (no peers). Why a span rather
+  // than the backbone's own blocks: a span keeps its inputs, so a resplit can later hand these
+  // blocks to a peer (and take span blocks back) live; the context keeps no state for them.
+  bool here = false;
 };
 
-// Parses "12-23@HOST:PORT" (any WorkerAddress form after the @); the same span given several
-// times lists replacements, in order (merge_span_targets).
+// Parses "12-23@HOST:PORT" (any WorkerAddress form after the @) or "12-23@here"; the same span
+// given several times lists replacements, in order (merge_span_targets).
 Result<SpanTarget> parse_span_target(const std::string& s);
 // Targets with equal spans merged (peers appended in order), sorted by first block; overlapping
-// different spans: kInvalidArgument naming both.
+// different spans, or a span both here and on peers: kInvalidArgument naming them.
 Result<std::vector<SpanTarget>> merge_span_targets(std::vector<SpanTarget> targets);
 
 // Chained spans (swarm/span_chain.h): adjacent spans whose peers all offer kFeatureSpanChain and

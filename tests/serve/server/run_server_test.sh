@@ -1071,6 +1071,22 @@ grep -q '^moesh_span_resplits_total 2$' "$TMP/resplit_metrics" ||
   fail "resplit: /metrics: $(grep resplit "$TMP/resplit_metrics")"
 grep -q '^moesh_span_failovers_total 0$' "$TMP/resplit_metrics" || fail "resplit: a failover"
 ok "resplit: /metrics counts both resplits and no failover"
+# Blocks the backbone runs itself, named as spans (--span F-L@here), move to a peer live, and a
+# peer's blocks come back here: any block can move without a restart.
+start_span r01 0-1
+R01=$SADDR
+start_server here4 -m "$SPAN_MODEL" --span 0-0@here --span "1-1@$R11" --span "2-3@$R23" --parallel 2 -c 4096 \
+  --threads 1 --admin-key s3cret
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "spans here: greedy text with block 0 here equals the local server's"
+"$MOESH" swarm move "$BASE" --span "0-1@$R01" --span 2-3@here --admin-key s3cret >"$TMP/here_move.out" ||
+  fail "swarm move 0-1 to a peer, 2-3 here: $(cat "$TMP/here_move.out")"
+{ sed -n 1p "$TMP/here_move.out" | grep -q "^span 0-1 on .*$R01" && [ "$(sed -n 2p "$TMP/here_move.out")" == "span 2-3 here" ]; } ||
+  fail "spans here: the move: $(cat "$TMP/here_move.out")"
+ok "spans here: block 0 went to a peer and blocks 2-3 came back here, live"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "spans here: greedy text after the move equals the local server's"
+curl -sS "$BASE/swarm/dashboard.json" >"$TMP/here_dash.json"
+expect_eq "$(js 'JSON.stringify(j.plan.replan.live.here)' <"$TMP/here_dash.json")" '["2-3"]' \
+  "spans here: the re-plan's live layout names the blocks run here (swarm plan --from live resplits them)"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
