@@ -33,9 +33,10 @@ class Sim {
     span_here_.assign(P, false);
     runner_.resize(P);
     for (size_t i = 0; i < P; ++i) runner_[i] = static_cast<int>(i);
-    standby_.assign(P, -1);
+    standby_.assign(P, {});
     for (const Standby& sb : plan.standbys)
-      if (sb.primary >= 0 && static_cast<size_t>(sb.primary) < P) standby_[static_cast<size_t>(sb.primary)] = sb.peer;
+      if (sb.primary >= 0 && static_cast<size_t>(sb.primary) < P)
+        standby_[static_cast<size_t>(sb.primary)].push_back(sb.peer);
     res_.peer_busy_s.assign(P, 0.0);
     for (const SimFailure& f : so.failures) fail_at_[static_cast<size_t>(f.peer)] = std::min(fail_at_[f.peer], f.at_s);
     owner_.assign(static_cast<size_t>(m.n_layer()), std::vector<int>(static_cast<size_t>(m.n_expert), -1));
@@ -199,8 +200,10 @@ class Sim {
       *replied = true;
       res_.failovers++;
       res_.replayed_rows += rows_;
-      const int sb = standby_[static_cast<size_t>(p)];
-      if (sb >= 0 && q != sb && now_ < fail_at_[static_cast<size_t>(sb)]) {
+      // The next standby in the order named that is up (one that failed before is past its
+      // fail time, so a failed standby hands on to the one after it).
+      for (const int sb : standby_[static_cast<size_t>(p)]) {
+        if (sb == q || now_ >= fail_at_[static_cast<size_t>(sb)]) continue;
         runner_[static_cast<size_t>(p)] = sb;
         trips_--;  // the step's trip is the one to the standby
         span_trip(p, first, last, static_cast<int>(rows_) + T, finish);
@@ -302,11 +305,12 @@ class Sim {
   }
 
   // Who computes an expert held by peer o (-1: the backbone): o while it is not known dead, else
-  // its replica (SwarmPlan::standbys) while that is not, else the backbone's own copy.
+  // its first replica (SwarmPlan::standbys) that is not, else the backbone's own copy.
   int holder(int o) const {
     if (o < 0 || !known_dead_[static_cast<size_t>(o)]) return o;
-    const int r = standby_[static_cast<size_t>(o)];
-    return r >= 0 && !known_dead_[static_cast<size_t>(r)] ? r : -1;
+    for (const int r : standby_[static_cast<size_t>(o)])
+      if (!known_dead_[static_cast<size_t>(r)]) return r;
+    return -1;
   }
 
   // One DISPATCH of n_pairs pairs (rows token rows) of layer l to peer p and its COMBINE. A peer
@@ -404,8 +408,8 @@ class Sim {
   double now_ = 0, bb_cpu_ = 0, step_start_ = 0, end_ = 0;
   std::vector<double> peer_cpu_, up_busy_, down_busy_, up_last_, down_last_, fail_at_;
   std::vector<bool> known_dead_, span_here_;
-  std::vector<int> runner_;   // per span peer: who runs its span now (itself, or its standby)
-  std::vector<int> standby_;  // per span or expert peer: its standby or replica (SwarmPlan::standbys), or -1
+  std::vector<int> runner_;                // per span peer: who runs its span now (itself, or its standby)
+  std::vector<std::vector<int>> standby_;  // per span or expert peer: its standbys or replicas, in order
   std::vector<std::vector<int>> owner_;
   std::vector<int> order_;
   std::vector<double> step_times_;

@@ -640,7 +640,7 @@ Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
       if (evaluate_plan(m, peers, fo, &f).is_ok()) fallback = f.step_s;
     }
     // The idle peers that fit, nearest (then fastest) first; as many are priced as there are
-    // primaries plus a few (at simulate's scale hundreds of idle peers would be priced over and over).
+    // standbys to give plus a few (at simulate's scale hundreds of idle peers would be priced over and over).
     std::vector<int> cand;
     for (int p = 0; p < P; ++p)
       if (plan->roles[static_cast<size_t>(p)].kind == RoleKind::kIdle &&
@@ -650,7 +650,8 @@ Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
       const PlanPeer &x = peers[static_cast<size_t>(a)], &y = peers[static_cast<size_t>(b)];
       return x.rtt_s != y.rtt_s ? x.rtt_s < y.rtt_s : x.speed > y.speed;
     });
-    if (cand.size() > n_primaries + 8) cand.resize(n_primaries + 8);
+    const size_t keep = n_primaries * static_cast<size_t>(std::max(o.standbys_per_primary, 1)) + 8;
+    if (cand.size() > keep) cand.resize(keep);
     std::vector<Option> opts;
     for (int p : cand) {
       SwarmPlan g = *plan;
@@ -677,28 +678,33 @@ Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
     return ga != gb ? ga > gb : a[0].span && !b[0].span;
   });
   std::vector<bool> used(static_cast<size_t>(P), false);
-  for (const auto& v : per_primary) {
-    const Option* pick = nullptr;
-    for (const Option& x : v)
-      if (!used[static_cast<size_t>(x.peer)] && (pick == nullptr || x.failover_s < pick->failover_s)) pick = &x;
-    if (pick == nullptr) continue;
-    used[static_cast<size_t>(pick->peer)] = true;
-    const PeerRole& r = plan->roles[static_cast<size_t>(pick->primary)];
-    Standby sb;
-    sb.peer = pick->peer;
-    sb.primary = pick->primary;
-    if (r.kind == RoleKind::kSpan) {
-      sb.first = r.first;
-      sb.last = r.last;
-    } else {
-      sb.experts = r.experts;
+  for (int round = 0; round < o.standbys_per_primary; ++round) {
+    bool added = false;
+    for (const auto& v : per_primary) {
+      const Option* pick = nullptr;
+      for (const Option& x : v)
+        if (!used[static_cast<size_t>(x.peer)] && (pick == nullptr || x.failover_s < pick->failover_s)) pick = &x;
+      if (pick == nullptr) continue;
+      added = true;
+      used[static_cast<size_t>(pick->peer)] = true;
+      const PeerRole& r = plan->roles[static_cast<size_t>(pick->primary)];
+      Standby sb;
+      sb.peer = pick->peer;
+      sb.primary = pick->primary;
+      if (r.kind == RoleKind::kSpan) {
+        sb.first = r.first;
+        sb.last = r.last;
+      } else {
+        sb.experts = r.experts;
+      }
+      sb.failover_step_s = pick->failover_s;
+      sb.fallback_step_s = pick->fallback_s;
+      plan->standbys.push_back(std::move(sb));
     }
-    sb.failover_step_s = pick->failover_s;
-    sb.fallback_step_s = pick->fallback_s;
-    plan->standbys.push_back(std::move(sb));
+    if (!added) break;
   }
-  // Spans in layer order, then replicas in their primaries' order.
-  std::sort(plan->standbys.begin(), plan->standbys.end(), [](const Standby& a, const Standby& b) {
+  // Spans in layer order, then replicas in their primaries' order; a primary's own in round order.
+  std::stable_sort(plan->standbys.begin(), plan->standbys.end(), [](const Standby& a, const Standby& b) {
     if (a.replica() != b.replica()) return !a.replica();
     return a.replica() ? a.primary < b.primary : a.first < b.first;
   });

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "dist/dist_util.h"
@@ -44,13 +45,19 @@ nlohmann::json json_of(const RunResult& r) {
 // named after every primary; `primaries_down`: the span and expert peers that have a standby or a
 // replica are not started (their address answers nothing), so those serve instead — and the
 // backbone runs no span itself.
+// `first_standby_down`: the first standby of each span primary that has two or more answers
+// nothing either (a plan with --standbys 2: the second serves).
 void carry_out(const std::string& model, const nlohmann::json& plan, const nlohmann::json& local, int n,
-               bool primaries_down = false) {
+               bool primaries_down = false, bool first_standby_down = false) {
   std::vector<std::unique_ptr<WorkerProcess>> procs;
   std::string backbone, standbys;
-  std::set<std::string> covered;
+  std::set<std::string> covered, first_down;
+  std::map<std::string, int> n_standbys;
   for (const auto& r : plan["roles"])
-    if (r["role"] == "standby" || r["role"] == "replica") covered.insert(r["standby_for"].get<std::string>());
+    if (r["role"] == "standby" || r["role"] == "replica") {
+      covered.insert(r["standby_for"].get<std::string>());
+      ++n_standbys[r["standby_for"].get<std::string>()];
+    }
   int spans = 0, down_workers = 0;
   for (const auto& r : plan["roles"]) {
     const std::string role = r["role"];
@@ -62,6 +69,11 @@ void carry_out(const std::string& model, const nlohmann::json& plan, const nlohm
     if (primaries_down && role == "experts" && covered.count(r["peer"].get<std::string>()) != 0) {
       backbone += " --worker 127.0.0.1:1";  // down from the start: its replica holds its experts
       ++down_workers;
+      continue;
+    }
+    if (role == "standby" && first_standby_down && n_standbys[r["standby_for"].get<std::string>()] >= 2 &&
+        first_down.insert(r["standby_for"].get<std::string>()).second) {
+      standbys += " --span " + std::string(r["layers"]) + "@127.0.0.1:1";
       continue;
     }
     if (role == "standby") {
@@ -184,6 +196,29 @@ TEST(PlanCli, APlanCarriedOutByRealPeersHasTheLocalTokensAndThePredictedTrips) {
   EXPECT_EQ(sj["roles"][2]["role"], "standby") << sj.dump();
   carry_out(model, sj, lj, n);
   carry_out(model, sj, lj, n, /*primaries_down=*/true);
+  // Two standbys (--standbys 2; three idle peers farther still for the two spans): the first round
+  // gives each span one, the second gives the span whose failure costs most a second. Carried out
+  // with every primary and that first standby down from the start, the standbys serve: the same
+  // tokens, nothing on the backbone.
+  std::string idle3;
+  for (const char* name : {"far2", "far3"})
+    idle3 += std::string(" --peer ") + name + ":mem=" + std::to_string(bytes * 60 / 100) + ",rtt=90ms";
+  RunResult sb2 = run_moesh(far + idle3 + " --standbys 2");
+  ASSERT_EQ(sb2.exit_code, 0) << sb2.err;
+  const nlohmann::json s2j = json_of(sb2);
+  ASSERT_EQ(s2j["standbys"].size(), 3u) << s2j.dump();
+  std::map<std::string, std::vector<std::string>> per_primary;
+  for (const auto& x : s2j["standbys"]) per_primary[x["standby_for"]].push_back(x["peer"]);
+  ASSERT_EQ(per_primary.size(), 2u) << s2j.dump();
+  const auto twice =
+      std::find_if(per_primary.begin(), per_primary.end(), [](const auto& kv) { return kv.second.size() == 2; });
+  ASSERT_NE(twice, per_primary.end()) << s2j.dump();
+  carry_out(model, s2j, lj, n, /*primaries_down=*/true, /*first_standby_down=*/true);
+  RunResult sb1 = run_moesh(far + idle3);
+  ASSERT_EQ(sb1.exit_code, 0) << sb1.err;
+  std::set<std::string> primaries;
+  for (const auto& x : json_of(sb1)["standbys"])
+    EXPECT_TRUE(primaries.insert(x["standby_for"].get<std::string>()).second) << "one standby per primary by default";
   RunResult none = run_moesh(far + " --no-standby");
   ASSERT_EQ(none.exit_code, 0) << none.err;
   EXPECT_TRUE(json_of(none)["standbys"].empty());

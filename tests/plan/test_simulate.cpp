@@ -172,6 +172,52 @@ TEST(Simulate, AFailedSpanPeerFailsOverToItsStandby) {
   EXPECT_LT(b->trips_per_step, r->trips_per_step);
 }
 
+// Two standbys per span (PlanOptions::standbys_per_primary): the primary fails, then its first
+// standby; the second serves the span, so the backbone computes none of it — with one standby it
+// would run the span from the second failure on.
+TEST(Simulate, ASpanSurvivesTwoFailuresWithTwoStandbys) {
+  const PlanModel m = model(8);
+  const auto peers = four(0.02);  // one holds every layer as a span, the rest idle
+  PlanOptions po;
+  po.message_s = 1e-4;
+  po.backbone_memory_bytes = m.global_bytes;
+  po.standbys_per_primary = 2;
+  auto plan = plan_swarm(m, peers, po);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_TRUE(add_standbys(m, peers, po, &*plan).is_ok());
+  ASSERT_EQ(plan->standbys.size(), 2u) << render_plan(m, peers, *plan);
+  const Standby first = plan->standbys[0], second = plan->standbys[1];
+  EXPECT_EQ(first.primary, second.primary);
+  EXPECT_NE(first.peer, second.peer);
+  EXPECT_LE(first.failover_step_s, second.failover_step_s) << "the faster failover is tried first";
+  SimOptions so;
+  so.steps = 40;
+  so.prompt_rows = 16;
+  so.timeout_s = 0.5;
+  so.failures = {{first.primary, 0.3}, {first.peer, 1.5}};
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->steps, 40);
+  EXPECT_EQ(r->failovers, 2);
+  EXPECT_GT(r->peer_busy_s[static_cast<size_t>(first.peer)], 0.0);
+  EXPECT_GT(r->peer_busy_s[static_cast<size_t>(second.peer)], 0.0) << "the second standby serves the span";
+  EXPECT_DOUBLE_EQ(r->trips_per_step, plan->trips_per_step) << "one trip per span and step throughout";
+  // One standby per primary: the second failure puts the span on the backbone.
+  SwarmPlan one = *plan;
+  one.standbys.resize(1);
+  auto b = simulate(m, peers, po, one, so);
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(b->peer_busy_s[static_cast<size_t>(second.peer)], 0.0);
+  EXPECT_GT(b->backbone_busy_s, r->backbone_busy_s);
+  // And the planner's default gives one.
+  PlanOptions po1 = po;
+  po1.standbys_per_primary = 1;
+  auto p1 = plan_swarm(m, peers, po1);
+  ASSERT_TRUE(p1.is_ok());
+  ASSERT_TRUE(add_standbys(m, peers, po1, &*p1).is_ok());
+  EXPECT_EQ(p1->standbys.size(), 1u);
+}
+
 // An expert peer's replica (add_standbys) takes its pairs when it fails: the steps after the
 // failover cost what the planner priced for it, and the backbone computes no routed expert.
 TEST(Simulate, AFailedExpertPeerFailsOverToItsReplica) {

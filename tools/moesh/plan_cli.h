@@ -36,6 +36,7 @@ struct PlanCliArgs {
   std::vector<std::string> peer_rtts;  // --peer-rtt A:B=20ms (a pair) or 20ms (every other pair)
   bool no_chain = false;
   bool no_standby = false;  // no standbys (spans) or replicas (expert peers) from idle peers (add_standbys)
+  int standbys = 1;         // at most this many per span or expert peer (PlanOptions::standbys_per_primary)
   // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
   int n_peers = 0;
   std::string peer_memory = "8GiB", rtt_median = "20ms";
@@ -74,6 +75,11 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
   sub->add_flag("--no-standby", a->no_standby,
                 "Leave idle peers idle (by default one that fits a span or an expert peer's experts and fails over "
                 "faster than the backbone would becomes its standby or replica)");
+  sub->add_option("--standbys", a->standbys,
+                  "Standbys (replicas) per span (expert) peer, from the idle peers: a second one keeps the work off "
+                  "the backbone through two failures; the backbone tries them in the order listed")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   sub->add_option("--backbone-mem", a->backbone_memory,
                   "What the backbone may hold of the model (globals, dense parts, KV of its layers); default "
                   "unlimited");
@@ -349,6 +355,7 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
   for (const CliPeer& p : s.peers) s.plan_peers.push_back(p.peer);
   MOESH_RETURN_IF_ERROR(parse_peer_rtts(a.peer_rtts, s.plan_peers, &s.opts.peer_rtt_s, measured_peer_rtts(s.peers)));
   s.opts.chain_spans = !a.no_chain;
+  s.opts.standbys_per_primary = a.standbys;
   if (!a.backbone_memory.empty()) {
     auto b = parse_bytes(a.backbone_memory);
     if (!b) return b.status().with_context("--backbone-mem");

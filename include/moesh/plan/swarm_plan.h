@@ -109,6 +109,9 @@ struct PlanOptions {
   // < 0: unknown). Empty: none known. Where known, adjacent spans are priced as a chain.
   std::vector<std::vector<double>> peer_rtt_s;
   bool chain_spans = true;  // false: price every span as a star trip from the backbone
+  // add_standbys: at most this many standbys (replicas) per span (expert) peer, from idle peers.
+  // A second one keeps the span off the backbone through two failures; idle peers do nothing else.
+  int standbys_per_primary = 1;
 };
 
 // What chaining span peer p right after span peer q saves per step: ½RTT_q + ½RTT_p - ½RTT(q, p),
@@ -174,7 +177,9 @@ struct SwarmPlan {
 // itself (which needs the span's weights, or the expert peer's experts, in the backbone's memory).
 // Primaries whose failure would stop the swarm go first, then the largest gain; each gets the idle
 // peer that fits and fails over fastest, and only where that beats the backbone's own fallback.
-// One standby per primary, one primary per idle peer.
+// In rounds: every primary its first standby, then (PlanOptions::standbys_per_primary > 1, idle
+// peers left) its second, and so on; one primary per idle peer. A primary's standbys are listed
+// in the order the backbone tries them (the first round's first).
 Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan);
 
 // The best plan, or kOutOfRange when no assignment holds every layer (memory), naming
