@@ -76,6 +76,7 @@ Context::Context(const Model& model, const ContextParams& params)
       executor_(params.executor),
       scratch_(std::make_unique<Scratch>()),
       micro_batching_(params.micro_batching) {
+  run_pool_ = pool_.get();
   if (!executor_)
     executor_ = std::make_shared<LocalExecutor>(model.expert_weights(), pool_.get());
   else
@@ -111,6 +112,7 @@ Context::Context(const Model& model, const ContextParams& params)
   if (spans_) {
     if (span_status_.is_ok()) span_status_ = map_spans();
     state_.set_listener(spans_.get());
+    spans_->set_pool(pool_.get());  // spans run here compute on these threads, not on a second pool
   }
 }
 
@@ -148,8 +150,15 @@ Status Context::map_spans() {
 }
 
 Context::~Context() {
-  // A shared executor may outlive this context: it must not keep using the pool that dies here.
+  // A shared executor (span runner) may outlive this context: it must not keep using the pool
+  // that dies here.
   if (executor_) executor_->set_pool(nullptr);
+  if (spans_) spans_->set_pool(nullptr);
+}
+
+void Context::borrow_pool(ThreadPool* pool) {
+  run_pool_ = pool != nullptr ? pool : pool_.get();
+  executor_->set_pool(run_pool_);
 }
 
 Status Context::decode(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
@@ -271,7 +280,7 @@ Status Context::decode_batch(std::span<const BatchToken> batch, float* logits) {
       ppos = pt.pos.data();
       pcell = pt.cell.data();
     }
-    pt.f.emplace(detail::Fwd{model_, hp, pool_.get(), kv_, rec_.get(), ps, *executor_, observer_,
+    pt.f.emplace(detail::Fwd{model_, hp, run_pool_, kv_, rec_.get(), ps, *executor_, observer_,
                              detail::Batch{n, pseq, ppos, pcell}, 0, 0,
                              slot_map_.empty() ? nullptr : slot_map_.data()});
     const size_t n_act = static_cast<size_t>(n * D);
@@ -475,7 +484,7 @@ Status Context::decode_layers(std::span<const LayerToken> toks, int first, int l
   std::vector<SeqStep> steps;
   std::vector<int32_t> step_of;
   MOESH_RETURN_IF_ERROR(reserve_cells(T, given.data(), cut.data(), &steps, &step_of));
-  detail::Fwd f{model_,     hp,         pool_.get(),
+  detail::Fwd f{model_,     hp,         run_pool_,
                 kv_,        rec_.get(), s,
                 *executor_, observer_,  detail::Batch{T, s.seq.data(), s.pos.data(), s.cell.data()},
                 kv_base_,   rec_base_,  slot_map_.empty() ? nullptr : slot_map_.data()};

@@ -238,7 +238,9 @@ Status SpanClient::fail_over(int k, const Status& why) {
     swarm::SpanHostOptions ho;
     ho.span = sp;
     ho.n_threads = opts_.local_threads;
+    if (opts_.here_executor) ho.executor = std::make_shared<BorrowedExecutor>(opts_.here_executor);
     MOESH_ASSIGN_OR_RETURN(r.local, swarm::SpanHost::create(model_, ho));
+    r.local->borrow_pool(pool_.load());
   }
   if (!errors.empty()) spdlog::warn("span {}-{}: runs here (peers: {})", sp.first, sp.last, errors.substr(2));
   r.label = "here";
@@ -250,6 +252,13 @@ Status SpanClient::fail_over(int k, const Status& why) {
   }
   if (!why.is_ok()) ++stats_.failovers;
   return Status::ok();
+}
+
+void SpanClient::set_pool(ThreadPool* pool) {
+  pool_.store(pool);
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& r : runners_)
+    if (r && r->local) r->local->borrow_pool(pool);
 }
 
 void SpanClient::retry_preferred(int k) {

@@ -42,8 +42,10 @@ Result<SpanClient::NewRunner> SpanClient::dial(const LayerSpan& sp, const std::s
     swarm::SpanHostOptions ho;
     ho.span = sp;
     ho.n_threads = opts_.local_threads;
+    if (opts_.here_executor) ho.executor = std::make_shared<BorrowedExecutor>(opts_.here_executor);
     auto h = swarm::SpanHost::create(model_, ho);
     if (!h) return h.status().with_context(fmt::format("span {}-{} here", sp.first, sp.last));
+    (*h)->borrow_pool(pool_.load());
     nr.local = std::move(*h);
     nr.label = "here";
     return nr;

@@ -52,6 +52,11 @@ Result<std::unique_ptr<SpanHost>> SpanHost::create(const Model& model, const Spa
   return h;
 }
 
+void SpanHost::borrow_pool(ThreadPool* pool) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ctx_->borrow_pool(pool);
+}
+
 size_t SpanHost::n_sequences() const {
   std::lock_guard<std::mutex> lk(mu_);
   return seqs_.size();

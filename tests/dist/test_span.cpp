@@ -12,6 +12,7 @@
 
 #include "dist/span_test_util.h"
 #include "moesh/serve/scheduler.h"
+#include "moesh/swarm/swarm.h"
 #include "util/run_moesh.h"
 
 namespace moesh::test {
@@ -505,6 +506,59 @@ TEST(Span, AResplitMovesSpanEdgesLiveAndKeepsTheBits) {
   EXPECT_NE(now[1].find((*g)->address().to_string()), std::string::npos) << now[1];
   EXPECT_EQ(spans->stats().resplits, 3u);
   EXPECT_EQ(spans->stats().failovers, 0u);
+}
+
+// A backbone started from its slice holds no routed experts: a span here (named here, moved here,
+// or a fallback) sends its blocks' experts to the backbone's workers (SpanOptions::here_executor,
+// borrowed), so it runs where the backbone's own blocks do, with all-local bits.
+TEST(Span, ASpanHereOnABackboneSliceSendsItsExpertsToTheWorkers) {
+  const std::string path = six_block_model();
+  auto full = Model::load(path);
+  ASSERT_TRUE(full.is_ok());
+  const std::string bb_path = temp_dir() + "/qwen3moe-l6-backbone.gguf";
+  auto f = gguf::File::open(path);
+  ASSERT_TRUE(f.is_ok() && swarm::write_backbone_slice(**f, bb_path).is_ok());
+  auto bb = Model::load(bb_path);
+  ASSERT_TRUE(bb.is_ok()) << bb.status().to_string();
+  auto w = WorkerProcess::spawn(path, "*:*");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  auto exec = RemoteExecutor::connect(**bb, {(*w)->address()}, RemoteOptions{});
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+  SpanOptions o;
+  o.local_threads = 1;
+  o.chain = SpanChainMode::kOff;
+  o.here_executor = remote;
+  auto spans = SpanClient::connect(**bb, {*parse_span_target("1-3@here")}, o);
+  ASSERT_TRUE(spans.is_ok()) << spans.status().to_string();
+  ContextParams cp;
+  cp.n_threads = 1;
+  cp.n_ctx = 256;
+  cp.executor = remote;
+  cp.spans = *spans;
+  Context ctx(**bb, cp);
+  Context local = make_ctx(**full, nullptr);
+  int32_t t = 2;
+  ASSERT_NO_FATAL_FAILURE(start_two_sequences(ctx, local, &t));
+  for (int i = 2; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  // 7 passes (two prompts, five tokens), each dispatching all 6 MoE blocks to the worker: the
+  // span's three too.
+  const RemoteTraffic tr = remote->traffic();
+  EXPECT_EQ(tr.local_pairs, 0u);
+  EXPECT_EQ(tr.layer_calls, 6u * 7u) << "the span's blocks dispatch to the worker too";
+  EXPECT_GT((*spans)->stats().local_steps, 0u);
+  // Without the backbone's executor the span here has no experts to run, and says so.
+  SpanOptions bare = o;
+  bare.here_executor = nullptr;
+  auto lone = SpanClient::connect(**bb, {*parse_span_target("1-3@here")}, bare);
+  ASSERT_TRUE(lone.is_ok());
+  cp.spans = *lone;
+  Context ctx2(**bb, cp);
+  std::vector<float> lg((*bb)->hparams().n_vocab);
+  const int32_t one = 4;
+  Status st = ctx2.decode(0, &one, 1, lg.data());
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("no experts"), std::string::npos) << st.to_string();
 }
 
 // The blocks a backbone runs itself, named as spans here ("0-2@here"), keep their inputs like any

@@ -134,7 +134,7 @@ int run_bench(const BenchArgs& a) {
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "bench", &remote)) return 1;
   std::shared_ptr<SpanClient> spans;
-  if (!open_spans_or_report(*model, a.swarm, "bench", a.threads, &spans)) return 1;
+  if (!open_spans_or_report(*model, a.swarm, "bench", a.threads, &spans, remote)) return 1;
   ContextParams cp;
   cp.spans = spans;
   cp.n_threads = a.threads;

@@ -131,7 +131,7 @@ int run_gate(const GateArgs& a) {
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "gate", &remote)) return 1;
   std::shared_ptr<SpanClient> spans;
-  if (!open_spans_or_report(*model, a.swarm, "gate", a.threads, &spans)) return 1;
+  if (!open_spans_or_report(*model, a.swarm, "gate", a.threads, &spans, remote)) return 1;
   gate::CompareOptions cmp;
   cmp.min_argmax = a.min_argmax;
   cmp.min_cosine = a.min_cosine;

@@ -138,7 +138,7 @@ int run_run(const RunArgs& a) {
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "run", &remote)) return 1;
   std::shared_ptr<SpanClient> spans;
-  if (!open_spans_or_report(*model, a.swarm, "run", a.threads, &spans)) return 1;
+  if (!open_spans_or_report(*model, a.swarm, "run", a.threads, &spans, remote)) return 1;
   ContextParams cp;
   cp.spans = spans;
   cp.n_threads = a.threads;

@@ -99,7 +99,7 @@ int run_serve(const ServeArgs& a) {
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "serve", &remote)) return 1;
   std::shared_ptr<SpanClient> spans;
-  if (!open_spans_or_report(*model, a.swarm, "serve", a.threads, &spans)) return 1;
+  if (!open_spans_or_report(*model, a.swarm, "serve", a.threads, &spans, remote)) return 1;
 
   SchedulerOptions so;
   so.n_slots = a.parallel;

@@ -281,8 +281,9 @@ inline bool open_remote_or_report(const Model& model, const SwarmArgs& a, const 
 // Connects the span peers named by --span (if any) and stores the runner in *out (null when no
 // spans are given). Prints the error and returns false on failure. The caller passes *out as
 // ContextParams::spans.
+// `experts`: the backbone's executor (its workers), which spans run here borrow; null: none.
 inline bool open_spans_or_report(const Model& model, const SwarmArgs& a, const char* cmd, int n_threads,
-                                 std::shared_ptr<SpanClient>* out) {
+                                 std::shared_ptr<SpanClient>* out, std::shared_ptr<ExpertExecutor> experts = nullptr) {
   out->reset();
   if (a.spans.empty()) return true;
   auto fail = [cmd](const Status& st) {
@@ -310,6 +311,7 @@ inline bool open_spans_or_report(const Model& model, const SwarmArgs& a, const c
   if (!chain) return fail(chain.status());
   so.chain = *chain;
   so.local_threads = n_threads;
+  so.here_executor = std::move(experts);
   so.log_memory_bytes = static_cast<size_t>(a.span_log_mb) << 20;
   so.log_dir = a.span_log_dir;
   auto c = SpanClient::connect(model, std::move(targets), so);

@@ -446,7 +446,11 @@ class Context {
   KvCache& kv() { return kv_; }
   // The recurrent layers' state; null for a model without recurrent layers.
   RecurrentState* recurrent() { return rec_.get(); }
-  ThreadPool& pool() { return *pool_; }
+  ThreadPool& pool() { return *run_pool_; }
+  // Computes on `pool` (another context's, used by one thread at a time with it; null: its own
+  // again) while no decode runs. A span run in the backbone's process (SpanHost) borrows the
+  // backbone context's pool: two pools spinning on the same cores cost 7-14 % of decode.
+  void borrow_pool(ThreadPool* pool);
   void set_observer(ForwardObserver* obs) { observer_ = obs; }
   // When on, every decode keeps each token's final normed hidden state (output_norm(h), what the
   // output head reads) for hidden(): a model's own draft head (NextnDraft) drafts from them.
@@ -486,6 +490,7 @@ class Context {
 
   const Model& model_;
   std::unique_ptr<ThreadPool> pool_;
+  ThreadPool* run_pool_ = nullptr;  // pool_, or a borrowed one (borrow_pool)
   KvCache kv_;
   std::unique_ptr<RecurrentState> rec_;
   ContextState state_;

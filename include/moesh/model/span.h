@@ -18,6 +18,8 @@
 
 namespace moesh {
 
+class ThreadPool;
+
 struct LayerSpan {
   int first = 0, last = 0;  // blocks [first, last]
   bool operator==(const LayerSpan&) const = default;
@@ -63,6 +65,10 @@ class SpanRunner : public StateListener {
   // context keeps no state for them).
   virtual uint64_t begin_pass() { return 0; }
   virtual void end_pass() {}
+  // The forward pass's pool (the context hands over its own when it is created, null when it
+  // dies): spans a runner computes in this process borrow it (Context::borrow_pool) instead of
+  // spinning a second pool on the same cores. Default: unused.
+  virtual void set_pool(ThreadPool* pool) { (void)pool; }
 };
 
 // begin_pass / end_pass of one forward pass (no runner: nothing).

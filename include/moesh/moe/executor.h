@@ -160,6 +160,23 @@ class ExpertExecutor {
   virtual void maintain() {}
 };
 
+// Another context's executor, borrowed by a second context in the same thread of control: the
+// work is forwarded, the pool stays the owner's (set_pool is the owner's to call, and a borrower
+// dying must not take the owner's pool away). A span run here on a backbone (SpanClient) sends
+// its blocks' routed experts to the backbone's workers this way, not to weights it may not hold.
+class BorrowedExecutor final : public ExpertExecutor {
+ public:
+  explicit BorrowedExecutor(std::shared_ptr<ExpertExecutor> owner) : owner_(std::move(owner)) {}
+  Ticket submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) override {
+    return owner_->submit(layer, x, n_tokens, plan);
+  }
+  Result<std::span<const float>> wait(Ticket t) override { return owner_->wait(t); }
+  bool overlaps_submits() const override { return owner_->overlaps_submits(); }
+
+ private:
+  std::shared_ptr<ExpertExecutor> owner_;
+};
+
 // Runs every routed expert in this process on the compute pool. `layers[l]` are the stacked
 // expert tensors of layer l (invalid for dense layers). Parallel over (expert, output-row chunk),
 // each output element computed by one dot product, so results do not depend on thread count.

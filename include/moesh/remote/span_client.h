@@ -11,6 +11,7 @@
 // rollbacks of the backbone's state are mirrored into the log (StateListener).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -74,6 +75,10 @@ struct SpanOptions {
   // the step fails naming the span.
   bool local_fallback = true;
   int local_threads = 0;  // the local fallback's compute threads (<= 0: all cores)
+  // The routed experts of spans run here (named here, moved here, a fallback): the backbone's own
+  // executor (its workers), borrowed (BorrowedExecutor); null: the model's own expert weights,
+  // which a backbone slice does not hold.
+  std::shared_ptr<ExpertExecutor> here_executor;
   // After a span moved off a peer (failure), the peers named before its current one (the
   // failed primary first) are dialled again before a step at most this often, and the span goes
   // back to the first that answers (its inputs replayed as after any move). < 0: never.
@@ -172,6 +177,8 @@ class SpanClient final : public SpanRunner {
 
   uint64_t begin_pass() override;
   void end_pass() override;
+  // Spans run here (named here, moved here, a fallback) compute on the backbone context's pool.
+  void set_pool(ThreadPool* pool) override;
   // Where each span runs now (where(k) for every k, taken at once).
   std::vector<std::string> where_all() const;
 
@@ -261,7 +268,8 @@ class SpanClient final : public SpanRunner {
   std::vector<LayerSpan> spans_;
   std::vector<std::unique_ptr<Runner>> runners_;
   mutable std::mutex mu_;
-  std::mutex move_mu_;  // one move() or resplit() at a time (their replays run without mu_)
+  std::mutex move_mu_;                      // one move() or resplit() at a time (their replays run without mu_)
+  std::atomic<ThreadPool*> pool_{nullptr};  // set_pool: what local span hosts borrow
   // Forward passes hold it shared (begin_pass..end_pass); a resplit's switch holds it exclusively,
   // so spans_ and runners_ change only between passes. Order: move_mu_, pass_mu_, mu_.
   std::shared_mutex pass_mu_;

@@ -70,6 +70,8 @@ class SpanHost {
   Result<wire::SpanResultMsg> step(const std::string& peer, const wire::SpanStepMsg& m);
   // Sequences held now (all backbones).
   size_t n_sequences() const;
+  // Computes on the backbone's pool (a span run in the backbone's own process; null: its own).
+  void borrow_pool(ThreadPool* pool);
 
  private:
   SpanHost(const Model& model, const SpanHostOptions& opts);
