@@ -433,6 +433,7 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   if (r.link) r.link->shut_down();
   r.link = std::move(link);
   r.local = std::move(local);
+  if (r.local) r.local->borrow_pool(pool_.load());  // the pool as of now (set_pool holds mu_ too)
   r.has = std::move(has);
   r.label = label;
   if (here) {

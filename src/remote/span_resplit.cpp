@@ -391,6 +391,7 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
     if (!here) r->target.peers.push_back(fresh[j].addr);
     r->link = std::move(fresh[j].link);
     r->local = std::move(fresh[j].local);
+    if (r->local) r->local->borrow_pool(pool_.load());  // the pool as of now (set_pool holds mu_ too)
     r->label = fresh[j].label;
     r->current = here ? r->target.peers.size() : 0;
     r->next_peer = here ? r->target.peers.size() : 1;
