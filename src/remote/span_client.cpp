@@ -370,7 +370,6 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   // The new runner, made before the step lock: dialling may take a round trip or a timeout.
   MOESH_ASSIGN_OR_RETURN(NewRunner nr, dial(sp, to));
   std::unique_ptr<WorkerLink> link = std::move(nr.link);
-  std::unique_ptr<swarm::SpanHost> local = std::move(nr.local);
   const WorkerAddress addr = nr.addr;
   const std::string label = nr.label;
   // Phase 1: a snapshot of every sequence's inputs (prefix() shares the logged rows), replayed to
@@ -397,8 +396,8 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
     Status st = m.status();
     wire::SpanResultMsg res;
     if (st.is_ok()) {
-      if (local) {
-        auto got = local->step(opts_.name, *m);
+      if (nr.local) {
+        auto got = step_here(nr, *m);
         st = got.status();
         if (got) res = std::move(*got);
       } else {
@@ -432,7 +431,7 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   // Switch: the new runner takes the span's next step; the old one is let go.
   if (r.link) r.link->shut_down();
   r.link = std::move(link);
-  r.local = std::move(local);
+  r.local = std::move(nr.local);
   if (r.local) r.local->borrow_pool(pool_.load());  // the pool as of now (set_pool holds mu_ too)
   r.has = std::move(has);
   r.label = label;

@@ -48,6 +48,7 @@ Result<SpanClient::NewRunner> SpanClient::dial(const LayerSpan& sp, const std::s
     (*h)->borrow_pool(pool_.load());
     nr.local = std::move(*h);
     nr.label = "here";
+    nr.between_passes = opts_.here_executor != nullptr;
     return nr;
   }
   MOESH_ASSIGN_OR_RETURN(nr.addr, parse_worker_address(to));
@@ -60,6 +61,14 @@ Result<SpanClient::NewRunner> SpanClient::dial(const LayerSpan& sp, const std::s
   nr.link->limits.max_n_embd = span_row_limit();
   nr.label = nr.link->label;
   return nr;
+}
+
+Result<wire::SpanResultMsg> SpanClient::step_here(NewRunner& nr, const wire::SpanStepMsg& m) {
+  if (!nr.between_passes) return nr.local->step(opts_.name, m);
+  std::unique_lock<std::mutex> turnstile(pass_gate_);
+  std::unique_lock<std::shared_mutex> no_pass(pass_mu_);
+  turnstile.unlock();
+  return nr.local->step(opts_.name, m);
 }
 
 Status SpanClient::feed(NewRunner& nr, const LayerSpan& sp, int32_t seq, const LogView& in, int64_t from,
@@ -92,7 +101,7 @@ Status SpanClient::feed(NewRunner& nr, const LayerSpan& sp, int32_t seq, const L
                                                        static_cast<uint32_t>(Win)));
     wire::SpanResultMsg res;
     if (nr.local) {
-      MOESH_ASSIGN_OR_RETURN(res, nr.local->step(opts_.name, m));
+      MOESH_ASSIGN_OR_RETURN(res, step_here(nr, m));
     } else {
       MOESH_RETURN_IF_ERROR(link_trip(*nr.link, m, &res, counts));
     }
@@ -328,6 +337,7 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   std::unique_lock<std::mutex> turnstile(pass_gate_);
   std::unique_lock<std::shared_mutex> no_pass(pass_mu_);
   turnstile.unlock();
+  for (NewRunner& f : fresh) f.between_passes = false;  // held now, for every step that follows
   std::lock_guard<std::mutex> lk(mu_);
   for (auto it = work.begin(); it != work.end();) {
     it = logs_.count(it->first) != 0 ? std::next(it) : work.erase(it);  // sequences gone meanwhile

@@ -547,6 +547,24 @@ TEST(Span, ASpanHereOnABackboneSliceSendsItsExpertsToTheWorkers) {
   EXPECT_EQ(tr.local_pairs, 0u);
   EXPECT_EQ(tr.layer_calls, 6u * 7u) << "the span's blocks dispatch to the worker too";
   EXPECT_GT((*spans)->stats().local_steps, 0u);
+  // New edges while the main thread decodes: the new spans here are warmed through the same
+  // executor, each warm-up step between two passes (never two dispatches on it at once), and
+  // then moved back into one: all-local bits throughout.
+  auto placements = [](std::vector<std::string> v) {
+    std::vector<SpanPlacement> out;
+    for (const std::string& x : v) out.push_back(*parse_span_placement(x));
+    return out;
+  };
+  for (const auto& layout : {std::vector<std::string>{"1-1@here", "2-3@here"}, std::vector<std::string>{"1-3@here"}}) {
+    Status moved = Status::ok();
+    std::thread mover([&] { moved = (*spans)->resplit(placements(layout)); });
+    for (int i = 0; i < 6; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+    mover.join();
+    ASSERT_TRUE(moved.is_ok()) << moved.to_string();
+    ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, 6));
+    EXPECT_EQ((*spans)->where_all().size(), layout.size());
+  }
+  EXPECT_EQ(remote->traffic().local_pairs, 0u);
   // Without the backbone's executor the span here has no experts to run, and says so.
   SpanOptions bare = o;
   bare.here_executor = nullptr;

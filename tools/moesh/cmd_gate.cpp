@@ -33,7 +33,7 @@ struct GateArgs {
   double min_argmax = 0.99;
   double min_cosine = 0.998;
   bool no_bitwise = false;
-  bool noise_floor = false;  // --noise-floor: a position may fall to the model's own noise floor
+  bool noise_floor = false;  // --noise-floor: cosines held, rank by rank, to the model's own noise floor
   SwarmArgs swarm;
 };
 
@@ -264,9 +264,9 @@ const CommandRegistrar kRegisterGate{Command{
       sub->add_option("--min-cosine", a->min_cosine, "Lossy paths: minimum cosine of any logits row")
           ->capture_default_str();
       sub->add_flag("--noise-floor", a->noise_floor,
-                    "Lossy paths: let a sequence's min cosine fall to the model's own noise floor (its native "
-                    "vs f32-activation logits on that sequence) where that is below --min-cosine; loads the "
-                    "model a second time with every weight in f32");
+                    "Lossy paths: hold each sequence's cosines, sorted, to min(--min-cosine, the model's own at "
+                    "the same rank: its native vs f32-activation logits on that sequence); loads the model a "
+                    "second time with every weight in f32");
       sub->add_flag("--no-bitwise", a->no_bitwise, "Judge exact+f32 by the lossy thresholds instead of bit identity");
       add_swarm_options(sub, &a->swarm);
       return [a] { return run_gate(*a); };

@@ -241,8 +241,7 @@ nlohmann::json plan_resplit(const nlohmann::json& old_plan, const nlohmann::json
     std::sort(out.begin(), out.end(), [](const S& x, const S& y) { return x.first < y.first; });
     return out;
   };
-  std::vector<S> before = spans_of(old_plan);
-  const std::vector<S> after = spans_of(new_plan);
+  const std::vector<S> before = spans_of(old_plan), after = spans_of(new_plan);
   auto edges = [](const std::vector<S>& v) {
     std::vector<std::pair<int, int>> e;
     for (const S& x : v) e.emplace_back(x.first, x.last);

@@ -13,7 +13,6 @@
 //     The exact f32 path must be bit-identical; lossy paths must meet the thresholds.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -207,6 +207,10 @@ class SpanClient final : public SpanRunner {
     WorkerAddress addr;
     std::string label;
     uint64_t next_id = 1;  // request ids of the local host
+    // A local host fed while passes run beside (a move's replay, a resplit's phase 1) whose
+    // experts go through the backbone's own executor: each of its steps waits for a gap between
+    // passes (step_here), so the two never dispatch on that executor at once.
+    bool between_passes = false;
   };
   // One sequence's inputs of a span: rows, positions and hash chain, cell by cell.
   struct LogView {
@@ -219,6 +223,9 @@ class SpanClient final : public SpanRunner {
   // Cells [from, n) of `in` to `nr` as new rows of blocks sp (the runner holds the cells before
   // `from` with matching inputs), in chunks; `out` (may be null) gets the rows leaving sp's last
   // block, [n - from][span_row_width(sp.last + 1)].
+  // One step of a new runner's local host; with nr.between_passes, taken between two forward
+  // passes (the pass lock held exclusively for that one message).
+  Result<wire::SpanResultMsg> step_here(NewRunner& nr, const wire::SpanStepMsg& m);
   Status feed(NewRunner& nr, const LayerSpan& sp, int32_t seq, const LogView& in, int64_t from, std::vector<float>* out,
               SpanStats* counts);
   RowStoreStats log_stats_locked() const;
