@@ -249,6 +249,7 @@ Status SpanClient::fail_over(int k, const Status& why) {
   {
     std::lock_guard<std::mutex> vl(view_mu_);
     r.view = view_of(r.target.span, r.label, nullptr);
+    r.view.chosen_here = r.moved_here;
   }
   if (!why.is_ok()) ++stats_.failovers;
   return Status::ok();
@@ -456,6 +457,7 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   {
     std::lock_guard<std::mutex> vl(view_mu_);
     r.view = view_of(sp, r.label, here ? nullptr : r.link.get());
+    r.view.chosen_here = here;
   }
   spdlog::info("span {}-{}: moved to {} ({} logged inputs replayed first)", sp.first, sp.last, r.label, rows_sent);
   return Status::ok();

@@ -411,6 +411,7 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
       if (w.has[j] > 0) r->has[seq] = w.has[j];
     }
     r->view = view_of(want[j].span, r->label, here ? nullptr : r->link.get());
+    r->view.chosen_here = here;
     runners[j] = std::move(r);
   }
   std::map<int32_t, SeqLog> logs;

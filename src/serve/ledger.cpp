@@ -113,6 +113,7 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote, const SpanClient*
       j["spans"].push_back({{"layers", fmt::format("{}-{}", v.span.first, v.span.last)},
                             {"label", v.label},
                             {"state", v.local ? "here" : "up"},
+                            {"chosen_here", v.chosen_here},
                             {"address", v.address},
                             {"warmup_rtt_ms", v.warmup_rtt_ms},
                             {"min_trip_ms", v.min_trip_seconds * 1e3},
@@ -235,7 +236,8 @@ std::string render_swarm_status(const nlohmann::json& j) {
     for (const nlohmann::json& v : j["spans"]) {
       const std::string memory = machine_memory(v);
       s += str(v, "state") == "here"
-               ? fmt::format("span {}: run by the backbone (its peers are down)\n", str(v, "layers"))
+               ? fmt::format("span {}: run by the backbone ({})\n", str(v, "layers"),
+                             v.value("chosen_here", false) ? "named or moved here" : "its peers are down")
                : fmt::format(
                      "span {} on {}: warm-up rtt {:.3f} ms, fastest trip {:.3f} ms over {} trips, {:.1f} MiB "
                      "of experts{}\n",

@@ -123,7 +123,8 @@ Result<SpanPlacement> parse_span_placement(const std::string& s);
 struct SpanPeerView {
   LayerSpan span;
   std::string label;            // the peer in use, or "here"
-  bool local = false;           // runs on this process (fallback)
+  bool local = false;           // runs on this process (fallback, or chosen_here)
+  bool chosen_here = false;     // ... because it was named or moved here, not because peers are down
   double warmup_rtt_ms = 0;     // the link's warm-up round trip at connect
   uint64_t trips = 0;           // SPAN_STEP round trips to the current peer
   double trip_seconds = 0;      // their total time (network and the peer's compute)

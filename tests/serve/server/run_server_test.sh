@@ -1087,6 +1087,10 @@ expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "spans here: greedy text
 curl -sS "$BASE/swarm/dashboard.json" >"$TMP/here_dash.json"
 expect_eq "$(js 'JSON.stringify(j.plan.replan.live.here)' <"$TMP/here_dash.json")" '["2-3"]' \
   "spans here: the re-plan's live layout names the blocks run here (swarm plan --from live resplits them)"
+"$MOESH" swarm status "$BASE" >"$TMP/here_status.txt" || fail "swarm status (spans here)"
+grep -q "^span 2-3: run by the backbone (named or moved here)$" "$TMP/here_status.txt" ||
+  fail "spans here: swarm status: $(grep '^span' "$TMP/here_status.txt")"
+ok "spans here: swarm status says the blocks were moved here, not that their peers are down"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
