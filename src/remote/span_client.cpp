@@ -215,7 +215,15 @@ Status SpanClient::fail_over(int k, const Status& why) {
     if (st.is_ok() && ((*link)->session.features & wire::kFeatureSpan) == 0) {
       st = make_error(StatusCode::kUnsupported, "{} runs no layer span (start it with moesh span)", (*link)->label);
     }
+    // At start-up a peer that loads spans is asked to hold the blocks named for it (a replacement
+    // is not: the steps wait for it, so one that lacks them is passed over as it answers).
+    bool loaded = false;
+    if (st.is_ok() && why.is_ok() && ((*link)->session.features & wire::kFeatureSpanLoad) != 0) {
+      st = load_span_on_peer(**link, sp, opts_.load_timeout, &loaded);
+      if (!st.is_ok()) (*link)->shut_down();
+    }
     if (st.is_ok()) {
+      if (loaded) ++stats_.loads;
       r.link = std::move(*link);
       r.link->limits.max_n_embd = span_row_limit();
       r.label = r.link->label;
@@ -421,7 +429,7 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   // its first step through the usual replay from `has`; a sequence cut and grown again since the
   // snapshot differs in its hash chain, so the runner asks for it (span_host.cpp), and one that
   // went away is forgotten.
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
   Runner& r = *runners_[static_cast<size_t>(k)];
   for (auto it = has.begin(); it != has.end();) {
     it = logs_.count(it->first) != 0 ? std::next(it) : has.erase(it);
@@ -429,8 +437,11 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   const uint64_t rows_sent = counts.move_rows;
   stats_.bytes_sent += counts.bytes_sent;
   stats_.bytes_received += counts.bytes_received;
-  // Switch: the new runner takes the span's next step; the old one is let go.
-  if (r.link) r.link->shut_down();
+  // Switch: the new runner takes the span's next step; the old one is let go (below, without the
+  // lock; the peer keeps the blocks when the span stays on it).
+  std::unique_ptr<WorkerLink> old = std::move(r.link);
+  const bool same_peer = old && !here && old->address.to_string() == addr.to_string();
+  if (nr.loaded) ++stats_.loads;
   r.link = std::move(link);
   r.local = std::move(nr.local);
   if (r.local) r.local->borrow_pool(pool_.load());  // the pool as of now (set_pool holds mu_ too)
@@ -460,6 +471,13 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
     r.view.chosen_here = here;
   }
   spdlog::info("span {}-{}: moved to {} ({} logged inputs replayed first)", sp.first, sp.last, r.label, rows_sent);
+  lk.unlock();
+  if (same_peer) {
+    old->shut_down();
+  } else if (let_go(sp, std::move(old))) {
+    std::lock_guard<std::mutex> again(mu_);
+    ++stats_.drops;
+  }
   return Status::ok();
 }
 

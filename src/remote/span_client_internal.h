@@ -33,4 +33,8 @@ struct SpanClient::Runner {
   bool moved_here = false;  // move(.., "here"): stays here (no retry_preferred) until moved again
 };
 
+// Has a peer that loads spans (kFeatureSpanLoad) hold blocks sp (SPAN_HOLD), waiting until it
+// does or `timeout` passes; *loaded: it had to load them. Nothing else may read the link meanwhile.
+Status load_span_on_peer(WorkerLink& link, const LayerSpan& sp, std::chrono::milliseconds timeout, bool* loaded);
+
 }  // namespace moesh

@@ -10,6 +10,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <future>
+#include <thread>
 
 #include "moesh/remote/span_client.h"
 #include "moesh/swarm/span_host.h"
@@ -21,8 +23,84 @@ namespace {
 
 // Rows per warm-up message: bounds a message's size (and a local step's scratch).
 constexpr int64_t kFeedChunkRows = 256;
+// How often a peer loading blocks is asked how far it is, and how long a let-go may take.
+constexpr std::chrono::milliseconds kLoadPoll{200};
+constexpr std::chrono::milliseconds kDropTimeout{5000};
+
+// One SPAN_HOLD round trip on a link nothing else reads.
+Result<wire::SpanHeldMsg> hold_trip(WorkerLink& link, wire::SpanHoldOp op, const LayerSpan& sp,
+                                    net::Deadline deadline) {
+  wire::SpanHoldMsg m;
+  m.request_id = link.mux->next_request_id();
+  m.op = op;
+  if (op != wire::SpanHoldOp::kList) {
+    m.first = static_cast<uint32_t>(sp.first);
+    m.last = static_cast<uint32_t>(sp.last);
+  }
+  MOESH_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, wire::encode_span_hold(m));
+  MOESH_RETURN_IF_ERROR(link.mux->start(m.request_id, frame, deadline));
+  MOESH_ASSIGN_OR_RETURN(wire::Frame reply, link.mux->wait(m.request_id, deadline));
+  return wire::decode_span_held(reply);
+}
+
+const wire::SpanHolding* holding_of(const wire::SpanHeldMsg& h, const LayerSpan& sp) {
+  for (const wire::SpanHolding& x : h.spans) {
+    if (static_cast<int>(x.first) == sp.first && static_cast<int>(x.last) == sp.last) return &x;
+  }
+  return nullptr;
+}
 
 }  // namespace
+
+Status load_span_on_peer(WorkerLink& link, const LayerSpan& sp, std::chrono::milliseconds timeout, bool* loaded) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const net::Deadline deadline = net::deadline_in(timeout);
+  wire::SpanHoldOp op = wire::SpanHoldOp::kLoad;
+  *loaded = false;
+  for (;;) {
+    MOESH_ASSIGN_OR_RETURN(wire::SpanHeldMsg held, hold_trip(link, op, sp, deadline));
+    const wire::SpanHolding* h = holding_of(held, sp);
+    if (h == nullptr) {
+      return make_error(StatusCode::kUnavailable, "{} lists no blocks {}-{} after being asked to load them",
+                        link.label, sp.first, sp.last);
+    }
+    if (h->state == wire::SpanHeldState::kReady) {
+      if (*loaded) {
+        spdlog::info("span {}-{}: {} loaded the blocks in {:.1f} s", sp.first, sp.last, link.label,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return Status::ok();
+    }
+    if (h->state == wire::SpanHeldState::kFailed) {
+      return make_error(StatusCode::kUnavailable, "{} could not load blocks {}-{}: {}", link.label, sp.first, sp.last,
+                        h->error);
+    }
+    if (!*loaded) spdlog::info("span {}-{}: {} loads the blocks", sp.first, sp.last, link.label);
+    *loaded = true;
+    op = wire::SpanHoldOp::kList;
+    if (net::Clock::now() + kLoadPoll >= deadline) {
+      return make_error(StatusCode::kTimeout, "{} was still loading blocks {}-{} after {} ms", link.label, sp.first,
+                        sp.last, timeout.count());
+    }
+    std::this_thread::sleep_for(kLoadPoll);
+  }
+}
+
+bool SpanClient::let_go(const LayerSpan& sp, std::unique_ptr<WorkerLink> link) {
+  if (!link) return false;
+  bool dropped = false;
+  if ((link->session.features & wire::kFeatureSpanLoad) != 0) {
+    auto held = hold_trip(*link, wire::SpanHoldOp::kDrop, sp, net::deadline_in(kDropTimeout));
+    if (held) {
+      dropped = true;
+      spdlog::info("span {}-{}: {} let go of the blocks", sp.first, sp.last, link->label);
+    } else {
+      spdlog::info("span {}-{}: {} keeps the blocks ({})", sp.first, sp.last, link->label, held.status().to_string());
+    }
+  }
+  link->shut_down();
+  return dropped;
+}
 
 Result<SpanPlacement> parse_span_placement(const std::string& s) {
   const size_t at = s.find('@');
@@ -60,6 +138,13 @@ Result<SpanClient::NewRunner> SpanClient::dial(const LayerSpan& sp, const std::s
   }
   nr.link->limits.max_n_embd = span_row_limit();
   nr.label = nr.link->label;
+  if ((nr.link->session.features & wire::kFeatureSpanLoad) != 0) {
+    Status st = load_span_on_peer(*nr.link, sp, opts_.load_timeout, &nr.loaded);
+    if (!st.is_ok()) {
+      nr.link->shut_down();
+      return st;
+    }
+  }
   return nr;
 }
 
@@ -216,6 +301,7 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   // 2. Which spans stay as they are (same blocks, same runner), and runners for the others,
   // made before any lock: dialling may take a round trip or a timeout.
   const size_t J = want.size();
+  uint64_t loads_done = 0;
   std::vector<int> kept(J, -1);      // the old span index a new span keeps, runner and all
   std::vector<int> from_old(J, -1);  // the old span whose log a new span starts from (same first block)
   {
@@ -234,17 +320,32 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   if (std::all_of(kept.begin(), kept.end(), [](int k) { return k >= 0; }) && J == old.size()) {
     return Status::ok();  // nothing changes
   }
+  // All at once: a peer may first load the blocks (SPAN_HOLD), which can take minutes each.
   std::vector<NewRunner> fresh(J);
-  for (size_t j = 0; j < J; ++j) {
-    if (kept[j] >= 0) continue;
-    auto nr = dial(want[j].span, want[j].to);
-    if (!nr) {
+  {
+    std::vector<std::future<Result<NewRunner>>> dialled(J);
+    for (size_t j = 0; j < J; ++j) {
+      if (kept[j] < 0) dialled[j] = std::async(std::launch::async, [&, j] { return dial(want[j].span, want[j].to); });
+    }
+    Status first_error = Status::ok();
+    for (size_t j = 0; j < J; ++j) {
+      if (kept[j] >= 0) continue;
+      Result<NewRunner> nr = dialled[j].get();
+      if (!nr) {
+        if (first_error.is_ok()) {
+          first_error = nr.status().with_context(
+              fmt::format("resplit: span {}-{} on {}", want[j].span.first, want[j].span.last, want[j].to));
+        }
+        continue;
+      }
+      fresh[j] = std::move(*nr);
+      if (fresh[j].loaded) ++loads_done;
+    }
+    if (!first_error.is_ok()) {
       for (NewRunner& f : fresh)
         if (f.link) f.link->shut_down();
-      return nr.status().with_context(
-          fmt::format("resplit: span {}-{} on {}", want[j].span.first, want[j].span.last, want[j].to));
+      return first_error;
     }
-    fresh[j] = std::move(*nr);
   }
   auto give_up = [&](const Status& st) {
     for (NewRunner& f : fresh)
@@ -338,7 +439,7 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   std::unique_lock<std::shared_mutex> no_pass(pass_mu_);
   turnstile.unlock();
   for (NewRunner& f : fresh) f.between_passes = false;  // held now, for every step that follows
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
   for (auto it = work.begin(); it != work.end();) {
     it = logs_.count(it->first) != 0 ? std::next(it) : work.erase(it);  // sequences gone meanwhile
   }
@@ -438,8 +539,10 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
     }
     logs.emplace(seq, std::move(nl));
   }
+  // The old runners not kept are let go once the switch is done (below, without the locks).
+  std::vector<std::pair<LayerSpan, std::unique_ptr<WorkerLink>>> old_links;
   for (auto& r : runners_) {
-    if (r && r->link) r->link->shut_down();
+    if (r && r->link) old_links.emplace_back(r->target.span, std::move(r->link));
   }
   std::vector<LayerSpan> spans;
   for (const SpanPlacement& p : want) spans.push_back(p.span);
@@ -456,8 +559,17 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   stats_.resplit_rows += counts.resplit_rows;
   stats_.bytes_sent += counts.bytes_sent;
   stats_.bytes_received += counts.bytes_received;
+  stats_.loads += loads_done;
   spdlog::info("spans {} -> {} ({} rows fed to the new runners first)", old_text,
                list(want, [](const SpanPlacement& x) { return x.span; }), counts.resplit_rows);
+  lk.unlock();
+  no_pass.unlock();
+  uint64_t drops = 0;
+  for (auto& [sp, link] : old_links) drops += let_go(sp, std::move(link)) ? 1 : 0;
+  if (drops > 0) {
+    std::lock_guard<std::mutex> again(mu_);
+    stats_.drops += drops;
+  }
   return Status::ok();
 }
 

@@ -832,6 +832,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     const SpanStats ss = m->t.spans->stats();
     out["moves"] = ss.moves;
     out["move_rows"] = ss.move_rows;
+    out["loads"] = ss.loads;
+    out["drops"] = ss.drops;
     res.set_content(out.dump(2), "application/json");
   });
   // New span edges while serving (SpanClient::resplit): the spans become the given list, which
@@ -864,6 +866,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     const SpanStats ss = m->t.spans->stats();
     out["resplits"] = ss.resplits;
     out["resplit_rows"] = ss.resplit_rows;
+    out["loads"] = ss.loads;
+    out["drops"] = ss.drops;
     res.set_content(out.dump(2), "application/json");
   });
   // A worker taken in while serving (a new expert peer or a replica; `moesh swarm move URL

@@ -122,7 +122,9 @@ std::string render_metrics(const MetricsSnapshot& s) {
                                                          {"moves", s.spans.moves},
                                                          {"move_rows", s.spans.move_rows},
                                                          {"resplits", s.spans.resplits},
-                                                         {"resplit_rows", s.spans.resplit_rows}};
+                                                         {"resplit_rows", s.spans.resplit_rows},
+                                                         {"loads", s.spans.loads},
+                                                         {"drops", s.spans.drops}};
     const char* help[] = {"Span steps completed (one per span and forward pass)",
                           "SPAN_STEP round trips made (resends and failovers included)",
                           "Spans moved to their next peer (or to this process)",
@@ -131,7 +133,9 @@ std::string render_metrics(const MetricsSnapshot& s) {
                           "Planned span moves (POST /swarm/spans/move) completed",
                           "Logged span inputs sent to warm the new runner of a planned move",
                           "Span resplits (POST /swarm/spans/resplit: new span edges) completed",
-                          "Rows sent to warm the new runners of a resplit"};
+                          "Rows sent to warm the new runners of a resplit",
+                          "Spans a peer loaded at this gateway's word before a move or resplit (SPAN_HOLD)",
+                          "Spans a peer let go of at this gateway's word after a move or resplit"};
     for (size_t i = 0; i < std::size(counters); ++i) {
       const std::string name = fmt::format("moesh_span_{}_total", counters[i].first);
       header(o, name.c_str(), "counter", help[i]);

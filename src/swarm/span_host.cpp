@@ -9,6 +9,9 @@
 #include <chrono>
 #include <cstring>
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 namespace moesh::swarm {
 
 SpanChain span_chain_next(const SpanChain& prev, int64_t pos, const float* row, int64_t n_embd) {
@@ -60,6 +63,11 @@ void SpanHost::borrow_pool(ThreadPool* pool) {
 size_t SpanHost::n_sequences() const {
   std::lock_guard<std::mutex> lk(mu_);
   return seqs_.size();
+}
+
+bool SpanHost::serves_other_than(const std::string& peer) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return std::any_of(seqs_.begin(), seqs_.end(), [&](const auto& kv) { return kv.first.first != peer; });
 }
 
 int64_t SpanHost::usable(const Seq& s, uint64_t start, const SpanChain& chain) const {
@@ -222,6 +230,129 @@ Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::
   r.compute_us = static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
   return r;
+}
+
+SpanHosts::SpanHosts(std::shared_ptr<SpanHost> initial, SpanLoader loader) : loader_(std::move(loader)) {
+  if (!initial) return;
+  max_row_width_ = initial->model().hparams().max_span_row_width();
+  const Key key{initial->span().first, initial->span().last};  // before the move below
+  spans_[key] = Entry{std::move(initial), {}, {}};
+}
+
+SpanHosts::~SpanHosts() {
+  std::vector<std::thread> loads;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    loads.swap(loads_);
+  }
+  for (std::thread& t : loads) t.join();
+}
+
+std::shared_ptr<SpanHost> SpanHosts::find(const LayerSpan& sp) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = spans_.find({sp.first, sp.last});
+  return it == spans_.end() ? nullptr : it->second.host;
+}
+
+Result<wire::SpanResultMsg> SpanHosts::step(const std::string& peer, const wire::SpanStepMsg& m) {
+  std::shared_ptr<SpanHost> h = find({static_cast<int>(m.first), static_cast<int>(m.last)});
+  if (!h) {
+    return make_error(StatusCode::kNotFound, "this span peer runs blocks {}, the step asks for {}-{}", describe(),
+                      m.first, m.last);
+  }
+  std::lock_guard<std::mutex> one(compute_mu_);
+  return h->step(peer, m);
+}
+
+std::vector<wire::SpanHolding> SpanHosts::list_locked() const {
+  std::vector<wire::SpanHolding> out;
+  for (const auto& [k, e] : spans_) {
+    out.push_back({static_cast<uint32_t>(k.first), static_cast<uint32_t>(k.second), e.state,
+                   e.error.substr(0, wire::kMaxTextBytes)});
+  }
+  return out;  // block order: (first, last)
+}
+
+std::vector<wire::SpanHolding> SpanHosts::list() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return list_locked();
+}
+
+std::string SpanHosts::describe_locked() const {
+  std::string s;
+  for (const auto& [k, e] : spans_) {
+    s += fmt::format("{}{}-{}{}", s.empty() ? "" : ", ", k.first, k.second,
+                     e.state == wire::SpanHeldState::kLoading  ? " (loading)"
+                     : e.state == wire::SpanHeldState::kFailed ? " (failed)"
+                                                               : "");
+  }
+  return s.empty() ? std::string("none") : s;
+}
+
+std::string SpanHosts::describe() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return describe_locked();
+}
+
+Result<wire::SpanHeldMsg> SpanHosts::hold(const std::string& peer, const wire::SpanHoldMsg& m) {
+  const Key key{static_cast<int>(m.first), static_cast<int>(m.last)};
+  std::unique_lock<std::mutex> lk(mu_);
+  if (m.op == wire::SpanHoldOp::kLoad) {
+    auto it = spans_.find(key);
+    const bool again = it != spans_.end() && it->second.state == wire::SpanHeldState::kFailed;
+    if (it == spans_.end() || again) {
+      if (!loader_) {
+        return make_error(StatusCode::kUnsupported,
+                          "this span peer runs blocks {} and cannot load {}-{} (start it with the full model, -m, "
+                          "or with --fetch from its gateway)",
+                          describe_locked(), m.first, m.last);
+      }
+      spans_[key] = Entry{nullptr, wire::SpanHeldState::kLoading, {}};
+      spdlog::info("span peer: loading blocks {}-{} for '{}'", key.first, key.second, peer);
+      loads_.emplace_back([this, key] {
+        Result<std::shared_ptr<SpanHost>> h = loader_(LayerSpan{key.first, key.second});
+        if (h.is_ok() && (!*h || (*h)->span().first != key.first || (*h)->span().last != key.second))
+          h = make_error(StatusCode::kInternal, "the loader made no host of blocks {}-{}", key.first, key.second);
+        std::lock_guard<std::mutex> done(mu_);
+        auto e = spans_.find(key);
+        if (e == spans_.end()) return;  // dropped meanwhile
+        if (h.is_ok()) {
+          e->second = Entry{std::move(*h), wire::SpanHeldState::kReady, {}};
+          spdlog::info("span peer: blocks {}-{} loaded", key.first, key.second);
+        } else {
+          e->second = Entry{nullptr, wire::SpanHeldState::kFailed, h.status().to_string()};
+          spdlog::warn("span peer: blocks {}-{} not loaded: {}", key.first, key.second, h.status().to_string());
+        }
+      });
+    }
+  } else if (m.op == wire::SpanHoldOp::kDrop) {
+    auto it = spans_.find(key);
+    if (it == spans_.end())
+      return make_error(StatusCode::kNotFound, "this span peer runs blocks {}, not {}-{}", describe_locked(), m.first,
+                        m.last);
+    if (!loader_ && it->second.state == wire::SpanHeldState::kReady) {
+      return make_error(StatusCode::kUnavailable, "blocks {}-{} are kept: this span peer could not load them again",
+                        m.first, m.last);
+    }
+    if (it->second.state == wire::SpanHeldState::kLoading)
+      return make_error(StatusCode::kUnavailable, "blocks {}-{} are still loading", m.first, m.last);
+    if (it->second.host && it->second.host->serves_other_than(peer)) {
+      return make_error(StatusCode::kUnavailable,
+                        "blocks {}-{} also serve another backbone's sequences: kept", m.first, m.last);
+    }
+    std::shared_ptr<SpanHost> gone = std::move(it->second.host);
+    spans_.erase(it);
+    spdlog::info("span peer: blocks {}-{} let go at the word of '{}'", key.first, key.second, peer);
+    lk.unlock();
+    // A step in flight keeps its own reference; the host goes when the last one does.
+    std::lock_guard<std::mutex> one(compute_mu_);
+    gone.reset();
+    lk.lock();
+  }
+  wire::SpanHeldMsg out;
+  out.request_id = m.request_id;
+  out.spans = list_locked();
+  return out;
 }
 
 }  // namespace moesh::swarm

@@ -143,6 +143,8 @@ struct Worker::Impl {
                    const wire::Session& session);
   void handle_span_await(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                          const wire::Session& session);
+  // SPAN_HOLD -> SPAN_HELD: load or let go of blocks (span_host.h SpanHosts), or list them.
+  void handle_span_hold(net::Connection& conn, const wire::Frame& f, const wire::Session& session);
   // Chained spans: forwarded steps' results meet the backbones' SPAN_AWAITs here.
   SpanAwaits span_awaits;
   net::Clock::time_point started = net::Clock::now();
@@ -564,15 +566,43 @@ void Worker::Impl::handle_span_await(net::Connection& conn, const wire::Frame& f
                     net::deadline_in(kSendTimeout));
     return;
   }
-  if (static_cast<int>(m->first) != opts.span->span().first || static_cast<int>(m->last) != opts.span->span().last) {
+  if (!opts.span->find({static_cast<int>(m->first), static_cast<int>(m->last)})) {
     stats.errors.fetch_add(1);
     net::send_error(conn, f.request_id(), wire::WireError::kNotHeld,
-                    fmt::format("this span peer runs blocks {}-{}, the await names {}-{}", opts.span->span().first,
-                                opts.span->span().last, m->first, m->last),
+                    fmt::format("this span peer runs blocks {}, the await names {}-{}", opts.span->describe(),
+                                m->first, m->last),
                     net::deadline_in(kSendTimeout));
     return;
   }
   span_awaits.await(&conn, session.peer.name, *m);
+}
+
+void Worker::Impl::handle_span_hold(net::Connection& conn, const wire::Frame& f, const wire::Session& session) {
+  auto fail = [&](wire::WireError code, const std::string& text) {
+    stats.errors.fetch_add(1);
+    net::send_error(conn, f.request_id(), code, text, net::deadline_in(kSendTimeout));
+  };
+  if (!opts.span || (session.features & wire::kFeatureSpanLoad) == 0) {
+    fail(wire::WireError::kUnsupported, "this worker loads no layer spans");
+    return;
+  }
+  auto m = wire::decode_span_hold(f);
+  if (!m) {
+    fail(wire::WireError::kMalformed, m.status().message());
+    return;
+  }
+  stats.span_holds.fetch_add(1);
+  auto held = opts.span->hold(session.peer.name, *m);
+  if (!held) {
+    fail(wire::status_code_to_wire_error(held.status().code()), held.status().message());
+    return;
+  }
+  auto frame = wire::encode_span_held(*held);
+  if (!frame) {
+    fail(wire::WireError::kInternal, frame.status().message());
+    return;
+  }
+  (void)conn.send_frame(*frame, net::deadline_in(kSendTimeout));
 }
 
 Status Worker::Impl::load_replicas() {
@@ -660,6 +690,7 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   if (offers_store()) hello.features |= wire::kFeatureStore;
   if (opts.span) hello.features |= wire::kFeatureSpan;
   if (opts.span && opts.span_forwarder) hello.features |= wire::kFeatureSpanChain;
+  if (opts.span) hello.features |= wire::kFeatureSpanLoad;
   auto session =
       net::handshake(conn, hello, /*initiator=*/false, net::deadline_in(kHandshakeTimeout), opts.swarm_key.get());
   if (!session) {
@@ -681,8 +712,7 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
   if (opts.span) {
     // Span rows may be wider than n_embd: they carry cross-layer residual checkpoints (kimi-k3) or
     // a reused indexer selection (glm-dsa).
-    const HParams& hp = opts.span->model().hparams();
-    lim.max_n_embd = std::max<uint32_t>(lim.max_n_embd, static_cast<uint32_t>(hp.max_span_row_width()));
+    lim.max_n_embd = std::max<uint32_t>(lim.max_n_embd, static_cast<uint32_t>(opts.span->max_row_width()));
   }
   // Awaits waiting on this connection are forgotten when it ends (the object outlives serve()).
   struct AwaitsOf {
@@ -732,6 +762,9 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         break;
       case wire::MsgType::kSpanAwait:
         handle_span_await(conn, *f, lim, *session);
+        break;
+      case wire::MsgType::kSpanHold:
+        handle_span_hold(conn, *f, *session);
         break;
       case wire::MsgType::kPing: {
         auto p = wire::decode_ping(*f);

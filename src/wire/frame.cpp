@@ -40,6 +40,10 @@ const char* msg_type_name(MsgType t) {
       return "PROBE";
     case MsgType::kProbeReply:
       return "PROBE_REPLY";
+    case MsgType::kSpanHold:
+      return "SPAN_HOLD";
+    case MsgType::kSpanHeld:
+      return "SPAN_HELD";
     case MsgType::kRoute:
       return "ROUTE";
     case MsgType::kStore:

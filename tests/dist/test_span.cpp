@@ -636,6 +636,69 @@ TEST(Span, BlocksNamedHereMoveToAPeerAndBackLive) {
   EXPECT_EQ(spans->stats().failovers, 0u);
 }
 
+// Span peers that load blocks on the backbone's word (SPAN_HOLD, docs/span.md#loading-blocks): a
+// peer started on the full model for block 0 is given 0-2 at connect, 0-3 by a resplit, 4-5 by a
+// move; each time it loads the blocks before the switch, and the peer that ran them before lets
+// go of them after it. The bits stay all-local's, nothing is resent or failed over. A peer started
+// from a slice without --fetch cannot load: the resplit fails naming why, and nothing changes.
+TEST(Span, PeersLoadTheBlocksAResplitOrMoveGivesThemAndLetGoOfTheOld) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  auto a = spawn_span(path, "0-0");
+  auto b = spawn_span(path, "3-5");
+  const std::string slice = temp_dir() + "/six-span-4-5.gguf";
+  RunResult cut = run_moesh("slice -m " + quoted(path) + " --layers 4-5 -o " + quoted(slice));
+  ASSERT_EQ(cut.exit_code, 0) << cut.err;
+  auto fixed = spawn_span(slice, "4-5");
+  ASSERT_TRUE(a.is_ok() && b.is_ok() && fixed.is_ok());
+  auto spans = connect_spans(m, {target(0, 2, {a->get()}), target(3, 5, {b->get()})}, /*fallback=*/false,
+                             SpanChainMode::kOff);
+  ASSERT_NE(spans, nullptr);
+  EXPECT_EQ(spans->stats().loads, 1u);  // a loaded 0-2 at connect
+  EXPECT_NE(spans->where(0).find((*a)->address().to_string()), std::string::npos) << spans->where(0);
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  int32_t t = 2;
+  ASSERT_NO_FATAL_FAILURE(start_two_sequences(ctx, local, &t));
+  ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, 2));
+
+  auto at = [](const std::string& span, const WorkerProcess& p) { return span + "@" + p.address().to_string(); };
+  auto placements = [](std::vector<std::string> v) {
+    std::vector<SpanPlacement> out;
+    for (const std::string& x : v) out.push_back(*parse_span_placement(x));
+    return out;
+  };
+  // a: 0-2 -> 0-3 (loaded, fed 0-2's log); b: 3-5 -> 4-5 (loaded, fed what a computes for block 3).
+  Status st = spans->resplit(placements({at("0-3", **a), at("4-5", **b)}));
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(spans->stats().loads, 3u);
+  EXPECT_EQ(spans->stats().drops, 2u);  // a let go of 0-2, b of 3-5
+  for (int i = 3; i < 6; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  // 4-5 to a as well: loaded there, let go of on b.
+  st = spans->move({4, 5}, (*a)->address().to_string());
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(spans->stats().loads, 4u);
+  EXPECT_EQ(spans->stats().drops, 3u);
+  (*b)->kill_now();  // holds nothing of ours any more
+  for (int i = 6; i < 9; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+
+  // A peer on a slice of 4-5 without --fetch cannot load 0-3: the resplit says so, and nothing
+  // changes (it could take 4-5 alone).
+  st = spans->resplit(placements({at("0-3", **fixed), at("4-5", **a)}));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("cannot load 0-3"), std::string::npos) << st.to_string();
+  EXPECT_NE(spans->where(0).find((*a)->address().to_string()), std::string::npos) << spans->where(0);
+  for (int i = 9; i < 11; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  const SpanStats s = spans->stats();
+  EXPECT_EQ(s.resplits, 1u);
+  EXPECT_EQ(s.moves, 1u);
+  EXPECT_EQ(s.resends, 0u);
+  EXPECT_EQ(s.failovers, 0u);
+  EXPECT_EQ(s.local_steps, 0u);
+}
+
 // The CLI: `moesh run --span` prints the all-local tokens and reports one trip per span and
 // pass; bad --span values are refused with exit 2 or a clear error.
 TEST(Span, RunWithSpansPrintsTheLocalTokens) {

@@ -128,6 +128,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case MsgType::kProbeReply:
       check_roundtrip(in, decode_probe_reply(*f), encode_probe_reply);
       break;
+    case MsgType::kSpanHold:
+      check_roundtrip(in, decode_span_hold(*f), encode_span_hold);
+      break;
+    case MsgType::kSpanHeld:
+      check_roundtrip(in, decode_span_held(*f), encode_span_held);
+      break;
     case MsgType::kCOUNT:
       break;
   }

@@ -117,6 +117,12 @@ int main(int argc, char** argv) {
     put(wdir, "span-await", encode_span_await(SpanAwaitMsg{13, 21, 6, 6, 30000}));
     put(wdir, "probe", encode_probe(ProbeMsg{14, 800, {"127.0.0.1:7001", "[::1]:7002"}}));
     put(wdir, "probe-reply", encode_probe_reply(ProbeReplyMsg{14, {350, kProbeFailed}}));
+    put(wdir, "span-hold", encode_span_hold(SpanHoldMsg{15, SpanHoldOp::kLoad, 4, 9}));
+    put(wdir, "span-held",
+        encode_span_held(SpanHeldMsg{15,
+                                     {{0, 3, SpanHeldState::kReady, ""},
+                                      {4, 9, SpanHeldState::kLoading, ""},
+                                      {10, 11, SpanHeldState::kFailed, "HTTP 401: admin key"}}}));
   }
   put(wdir, "ping", encode_ping(PingMsg{3, 123456789, 16, 8}));
   put(wdir, "pong", encode_pong(PongMsg{3, 123456789, 987654321, 8}));

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <future>
+#include <thread>
 
 #include "moesh/swarm/span_host.h"
 #include "swarm/swarm_test_util.h"
@@ -199,6 +201,123 @@ TEST(SpanHost, SequencesBeyondMaxSeqsAreDroppedLeastRecentlyUsedFirst) {
   auto kept = f.host->step("bb", step_of(0, 1, chain_of(rows, D, 1), rows, D, 1));
   ASSERT_TRUE(kept.is_ok());
   EXPECT_TRUE(kept->need.empty());
+}
+
+// Polls SPAN_HOLD kList until blocks sp are no longer loading (a few seconds at most).
+wire::SpanHolding wait_loaded(SpanHosts& hosts, LayerSpan sp) {
+  for (int i = 0; i < 500; ++i) {
+    for (const wire::SpanHolding& h : hosts.list()) {
+      if (static_cast<int>(h.first) == sp.first && static_cast<int>(h.last) == sp.last &&
+          h.state != wire::SpanHeldState::kLoading)
+        return h;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return {};
+}
+
+// A span peer's hosts (SpanHosts): blocks loaded on a backbone's word run like the first ones; a
+// load is reported as loading, then ready or failed with its reason (and may be asked again); a
+// drop refuses while another backbone's sequences are there; a peer without a loader says so.
+TEST(SpanHosts, LoadsStepsAndLetsGoOfBlocksOnABackbonesWord) {
+  Fixture f = make(1, 2);
+  const Model& m = *f.model;
+  const int64_t D = m.hparams().n_embd;
+  std::promise<void> go;
+  std::shared_future<void> gate = go.get_future().share();
+  int calls = 0;
+  SpanLoader loader = [&, gate](const LayerSpan& sp) -> Result<std::shared_ptr<SpanHost>> {
+    gate.wait();
+    if (++calls == 1) return make_error(StatusCode::kIoError, "disk full");
+    SpanHostOptions o;
+    o.span = sp;
+    o.n_threads = 1;
+    MOESH_ASSIGN_OR_RETURN(auto h, SpanHost::create(m, o));
+    return std::shared_ptr<SpanHost>(std::move(h));
+  };
+  SpanHosts hosts(std::shared_ptr<SpanHost>(std::move(f.host)), loader);
+  EXPECT_TRUE(hosts.can_load());
+  EXPECT_EQ(hosts.max_row_width(), m.hparams().max_span_row_width());
+
+  ContextParams cp;
+  cp.n_threads = 1;
+  Context local(m, cp);
+  Taps taps;
+  local.set_observer(&taps);
+  const std::vector<int32_t> prompt = {3, 9, 27};
+  ASSERT_TRUE(local.decode(0, prompt.data(), 3, nullptr).is_ok());
+  const std::vector<float> in = taps.out[0];
+
+  // Block 2 alone is not held: the step says which are.
+  wire::SpanStepMsg s13 = step_of(0, 0, {}, taps.out[1], D, 0);
+  s13.first = 2;
+  auto none = hosts.step("bb", s13);
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("runs blocks 1-2, the step asks for 2-2"), std::string::npos)
+      << none.status().to_string();
+  ASSERT_TRUE(hosts.step("bb", step_of(0, 0, {}, in, D, 0)).is_ok());  // 1-2, for "bb"
+
+  // A load: loading until the loader returns; its failure is kept with the reason.
+  auto started = hosts.hold("bb", {.request_id = 1, .op = wire::SpanHoldOp::kLoad, .first = 2, .last = 2});
+  ASSERT_TRUE(started.is_ok()) << started.status().to_string();
+  EXPECT_EQ(started->request_id, 1u);
+  ASSERT_EQ(started->spans.size(), 2u);
+  EXPECT_EQ(started->spans[0], (wire::SpanHolding{1, 2, wire::SpanHeldState::kReady, ""}));
+  EXPECT_EQ(started->spans[1], (wire::SpanHolding{2, 2, wire::SpanHeldState::kLoading, ""}));
+  EXPECT_NE(hosts.describe().find("2-2 (loading)"), std::string::npos) << hosts.describe();
+  // Asked again while it loads: still one load.
+  ASSERT_TRUE(hosts.hold("bb", {.request_id = 2, .op = wire::SpanHoldOp::kLoad, .first = 2, .last = 2}).is_ok());
+  auto busy = hosts.hold("bb", {.request_id = 3, .op = wire::SpanHoldOp::kDrop, .first = 2, .last = 2});
+  ASSERT_FALSE(busy.is_ok());
+  EXPECT_NE(busy.status().message().find("still loading"), std::string::npos) << busy.status().to_string();
+  go.set_value();
+  wire::SpanHolding failed = wait_loaded(hosts, {2, 2});
+  EXPECT_EQ(failed.state, wire::SpanHeldState::kFailed);
+  EXPECT_NE(failed.error.find("disk full"), std::string::npos) << failed.error;
+  EXPECT_EQ(calls, 1);
+  // Asked again after a failure: a new try, which works; the loaded blocks compute the local bits.
+  ASSERT_TRUE(hosts.hold("bb", {.request_id = 4, .op = wire::SpanHoldOp::kLoad, .first = 2, .last = 2}).is_ok());
+  EXPECT_EQ(wait_loaded(hosts, {2, 2}).state, wire::SpanHeldState::kReady);
+  EXPECT_EQ(calls, 2);
+  auto r = hosts.step("bb", s13);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const std::vector<float> got = rows_of(*r);
+  ASSERT_EQ(got.size(), taps.out[2].size());
+  EXPECT_EQ(std::memcmp(got.data(), taps.out[2].data(), got.size() * sizeof(float)), 0);
+
+  // Dropping 1-2: refused for another backbone while "bb" holds a sequence there; "bb" may.
+  auto other = hosts.hold("cc", {.request_id = 5, .op = wire::SpanHoldOp::kDrop, .first = 1, .last = 2});
+  ASSERT_FALSE(other.is_ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(other.status().message().find("another backbone"), std::string::npos) << other.status().to_string();
+  auto dropped = hosts.hold("bb", {.request_id = 6, .op = wire::SpanHoldOp::kDrop, .first = 1, .last = 2});
+  ASSERT_TRUE(dropped.is_ok()) << dropped.status().to_string();
+  ASSERT_EQ(dropped->spans.size(), 1u);
+  EXPECT_EQ(dropped->spans[0].first, 2u);
+  EXPECT_EQ(dropped->spans[0].last, 2u);
+  EXPECT_FALSE(hosts.step("bb", step_of(0, 0, {}, in, D, 0)).is_ok());
+  auto again = hosts.hold("bb", {.request_id = 7, .op = wire::SpanHoldOp::kDrop, .first = 1, .last = 2});
+  EXPECT_EQ(again.status().code(), StatusCode::kNotFound);
+  auto listed = hosts.hold("bb", {.request_id = 8, .op = wire::SpanHoldOp::kList});
+  ASSERT_TRUE(listed.is_ok());
+  EXPECT_EQ(listed->spans.size(), 1u);
+
+  // Without a loader: loads are refused, saying what to do.
+  SpanHosts fixed(nullptr, nullptr);
+  EXPECT_FALSE(fixed.can_load());
+  auto no = fixed.hold("bb", {.request_id = 9, .op = wire::SpanHoldOp::kLoad, .first = 0, .last = 1});
+  ASSERT_FALSE(no.is_ok());
+  EXPECT_EQ(no.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(no.status().message().find("--fetch"), std::string::npos) << no.status().to_string();
+  // ... and it keeps the blocks it was started with: it could not load them back.
+  Fixture g = make(1, 2);
+  SpanHosts from_slice(std::shared_ptr<SpanHost>(std::move(g.host)), nullptr);
+  auto kept = from_slice.hold("bb", {.request_id = 10, .op = wire::SpanHoldOp::kDrop, .first = 1, .last = 2});
+  ASSERT_FALSE(kept.is_ok());
+  EXPECT_NE(kept.status().message().find("could not load them again"), std::string::npos)
+      << kept.status().to_string();
+  EXPECT_TRUE(from_slice.find({1, 2}) != nullptr);
 }
 
 }  // namespace

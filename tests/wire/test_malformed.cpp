@@ -79,6 +79,10 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_probe(*f).status();
     case MsgType::kProbeReply:
       return decode_probe_reply(*f).status();
+    case MsgType::kSpanHold:
+      return decode_span_hold(*f).status();
+    case MsgType::kSpanHeld:
+      return decode_span_held(*f).status();
     case MsgType::kCOUNT:
       break;
   }
@@ -129,6 +133,10 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_probe(decode_probe(f).value()).value();
     case MsgType::kProbeReply:
       return encode_probe_reply(decode_probe_reply(f).value()).value();
+    case MsgType::kSpanHold:
+      return encode_span_hold(decode_span_hold(f).value()).value();
+    case MsgType::kSpanHeld:
+      return encode_span_held(decode_span_held(f).value()).value();
     case MsgType::kCOUNT:
       break;
   }
@@ -625,6 +633,60 @@ TEST(WireMalformed, ProbeAndProbeReplyFields) {
   expect_code(edit(reply, [](auto& b) { put<uint32_t>(b, 0, 0); }), StatusCode::kCorrupt, "PROBE_REPLY: 0 figures");
   expect_code(edit(reply, [](auto& b) { b.resize(b.size() - 1); }), StatusCode::kCorrupt,
               "payload is 11 bytes (must be 12");
+}
+
+TEST(WireMalformed, SpanHoldAndSpanHeldFields) {
+  auto edit = [](std::vector<uint8_t> b, auto fn) {
+    fn(b);
+    return reseal(b);
+  };
+  const SpanHoldMsg m{.request_id = 7, .op = SpanHoldOp::kLoad, .first = 3, .last = 11};
+  const auto hold = encode_span_hold(m).value();
+  ASSERT_EQ(hold.size(), kHeaderBytes + 9);
+  auto back = decode_span_hold(parse_frame(hold, kLim.max_frame_bytes).value());
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(*back, m);
+  expect_code(edit(hold, [](auto& b) { put<uint8_t>(b, 0, 3); }), StatusCode::kCorrupt, "SPAN_HOLD: unknown op 3");
+  expect_code(edit(hold, [](auto& b) { put<uint32_t>(b, 1, 12); }), StatusCode::kCorrupt,
+              "blocks 12-11 end before they start");
+  expect_code(edit(hold, [](auto& b) { put<uint8_t>(b, 0, 0); }), StatusCode::kCorrupt,
+              "a list names no blocks (got 3-11)");
+  expect_code(edit(hold, [](auto& b) { b.push_back(0); }), StatusCode::kCorrupt, "SPAN_HOLD payload is 10 bytes");
+  expect_code(edit(hold, [](auto& b) { b.resize(b.size() - 1); }), StatusCode::kCorrupt, "payload is 8 bytes");
+  EXPECT_FALSE(encode_span_hold({.request_id = 0, .op = SpanHoldOp::kList}).is_ok());
+  EXPECT_FALSE(encode_span_hold({.request_id = 1, .op = SpanHoldOp::kDrop, .first = 5, .last = 4}).is_ok());
+  EXPECT_TRUE(encode_span_hold({.request_id = 1, .op = SpanHoldOp::kList}).is_ok());
+
+  // 0-2 ready, 0-5 loading beside it (overlapping spans are listed by first, then last block), 6-7
+  // failed with its reason.
+  const SpanHeldMsg h{.request_id = 7,
+                      .spans = {{0, 2, SpanHeldState::kReady, ""},
+                                {0, 5, SpanHeldState::kLoading, ""},
+                                {6, 7, SpanHeldState::kFailed, "no space"}}};
+  const auto held = encode_span_held(h).value();
+  ASSERT_EQ(held.size(), kHeaderBytes + 4 + 3 * 11 + 8);
+  auto hb = decode_span_held(parse_frame(held, kLim.max_frame_bytes).value());
+  ASSERT_TRUE(hb.is_ok()) << hb.status().to_string();
+  EXPECT_EQ(*hb, h);
+  expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 0, 1025); }), StatusCode::kCorrupt, "1025 spans (at most 1024)");
+  expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 0, 4); }), StatusCode::kCorrupt,
+              "span 3 runs past the payload");
+  expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 0, 2); }), StatusCode::kCorrupt,
+              "19 bytes after the last span");
+  expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 4, 3); }), StatusCode::kCorrupt,
+              "span 0 is blocks 3-2: ends before it starts");
+  expect_code(edit(held, [](auto& b) { put<uint8_t>(b, 12, 9); }), StatusCode::kCorrupt, "span 0 has unknown state 9");
+  expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 19, 2); }), StatusCode::kCorrupt,
+              "span 1 (blocks 0-2) is not after span 0 (0-2) in block order");
+  expect_code(edit(held, [](auto& b) { put<uint8_t>(b, 34, 0); }), StatusCode::kCorrupt,
+              "span 2 is not failed but carries an error");
+  expect_code(edit(held, [](auto& b) { put<uint16_t>(b, 35, 9); }), StatusCode::kCorrupt,
+              "span 2 runs past the payload");
+  SpanHeldMsg unordered = h;
+  std::swap(unordered.spans[0], unordered.spans[2]);
+  EXPECT_FALSE(encode_span_held(unordered).is_ok());
+  SpanHeldMsg empty{.request_id = 2, .spans = {}};
+  EXPECT_TRUE(encode_span_held(empty).is_ok());  // a peer that let go of everything
 }
 
 // Two sequences of 2 new rows each: seq 4 starts fresh, seq 9 after the 5 cells its chain names.

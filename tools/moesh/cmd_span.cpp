@@ -148,6 +148,40 @@ int run_span(const SpanArgs& a) {
   ho.max_seqs = static_cast<size_t>(a.max_seqs);
   auto host = swarm::SpanHost::create(*model, ho);
   if (!host) return fail(host.status());
+  auto own_id = swarm::model_identity(model->file());
+  if (!own_id) return fail(own_id.status());
+  // Other blocks on a backbone's word (SPAN_HOLD; docs/span.md#loading-blocks): from the model
+  // itself when this peer holds all of it, else from a slice fetched from the gateway.
+  const bool full = swarm::slice_kind(model->file()).empty();
+  swarm::SpanLoader loader;
+  if (full || !a.fetch.empty()) {
+    const Model* whole = full ? model.get() : nullptr;
+    loader = [a, ho, whole, id = *own_id](const LayerSpan& sp) -> Result<std::shared_ptr<swarm::SpanHost>> {
+      swarm::SpanHostOptions o = ho;
+      o.span = sp;
+      if (whole != nullptr) {
+        MOESH_ASSIGN_OR_RETURN(auto h, swarm::SpanHost::create(*whole, o));
+        return std::shared_ptr<swarm::SpanHost>(std::move(h));
+      }
+      MOESH_ASSIGN_OR_RETURN(std::string path, fetch_span_slice(a, sp));
+      LoadOptions lo;
+      lo.memory = a.memory;
+      MOESH_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::load(path, lo));
+      MOESH_RETURN_IF_ERROR(swarm::verify_slice_tensors(m->file()));
+      MOESH_ASSIGN_OR_RETURN(swarm::ModelIdentity got, swarm::model_identity(m->file()));
+      if (!(got == id)) {
+        return make_error(StatusCode::kCorrupt, "the slice of blocks {}-{} is of model {}, this peer serves {}",
+                          sp.first, sp.last, got.hex(), id.hex());
+      }
+      // Its own experts: the slice holds them, and the expert workers of this peer's first
+      // blocks need not hold these.
+      o.executor = nullptr;
+      o.model_owner = std::shared_ptr<const Model>(std::move(m));
+      MOESH_ASSIGN_OR_RETURN(auto h, swarm::SpanHost::create(*o.model_owner, o));
+      return std::shared_ptr<swarm::SpanHost>(std::move(h));
+    };
+  }
+  auto hosts = std::make_shared<swarm::SpanHosts>(std::shared_ptr<swarm::SpanHost>(std::move(*host)), loader);
 
   // The span's routed experts, served to backbones as an expert worker as well.
   auto file = gguf::File::open(model_path);
@@ -183,7 +217,7 @@ int run_span(const SpanArgs& a) {
     if (!id) return fail(id.status());
     o.tls = std::move(*id);
   }
-  o.span = std::shared_ptr<swarm::SpanHost>(std::move(*host));
+  o.span = hosts;
   if (!a.no_chain) {
     // Chained spans: this peer passes chained steps on to the next span's peer itself, with its
     // own swarm key and socket settings (TLS-pinned swarms are not chained by backbones).
@@ -207,6 +241,9 @@ int run_span(const SpanArgs& a) {
   std::printf("held experts: %llu (%s)\n", static_cast<unsigned long long>((*store)->held().n_pairs()),
               (*store)->held().to_string().c_str());
   std::printf("name: %s\n", (*worker)->name().c_str());
+  std::printf("loads other blocks: %s\n", !hosts->can_load()  ? "no (started from a slice without --fetch)"
+                                           : full               ? "yes, from the model file"
+                                                                : "yes, fetched from the gateway");
   if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
   if (o.tls) std::printf("tls: certificate sha256 %s\n", o.tls->fingerprint().c_str());
   std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));
@@ -221,7 +258,9 @@ int run_span(const SpanArgs& a) {
   std::signal(SIGPIPE, SIG_IGN);
   (*worker)->run();
   g_span_worker = nullptr;
-  const swarm::SpanHostStats& hs = o.span->stats();
+  std::shared_ptr<swarm::SpanHost> first_host = hosts->find(*span);
+  swarm::SpanHostStats none;
+  const swarm::SpanHostStats& hs = first_host ? first_host->stats() : none;
   std::printf(
       "span peer stopped: %llu steps, %llu rows (%llu replayed), %llu answered with missing inputs, %llu prefix "
       "copies, %llu evictions, %llu errors; %llu expert dispatches; chained: %llu received from a peer, %llu "

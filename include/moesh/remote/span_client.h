@@ -90,6 +90,10 @@ struct SpanOptions {
   size_t log_memory_bytes = size_t{1} << 30;
   std::string log_dir;
   int64_t log_chunk_rows = 64;  // rows per chunk of the log: the unit moved to the file
+  // A move or resplit to a peer that loads spans (kFeatureSpanLoad) asks it to load the blocks
+  // first (SPAN_HOLD) and waits at most this long for them (a fetched slice may take minutes);
+  // the blocks it no longer gets from this backbone are let go afterwards.
+  std::chrono::milliseconds load_timeout{600000};
 };
 
 struct SpanStats {
@@ -108,6 +112,8 @@ struct SpanStats {
   uint64_t moves = 0;          // planned moves (SpanClient::move) completed
   uint64_t move_rows = 0;      // logged inputs sent to warm the new runner of a move
   uint64_t resplits = 0;       // resplits (SpanClient::resplit) completed
+  uint64_t loads = 0;          // spans a peer loaded at this backbone's word before a move or resplit
+  uint64_t drops = 0;          // spans a peer let go of at this backbone's word after one
   uint64_t resplit_rows = 0;   // rows sent to warm the new runners of a resplit
 };
 
@@ -212,6 +218,7 @@ class SpanClient final : public SpanRunner {
     // experts go through the backbone's own executor: each of its steps waits for a gap between
     // passes (step_here), so the two never dispatch on that executor at once.
     bool between_passes = false;
+    bool loaded = false;  // the peer loaded the blocks at this backbone's word (SPAN_HOLD)
   };
   // One sequence's inputs of a span: rows, positions and hash chain, cell by cell.
   struct LogView {
@@ -220,7 +227,13 @@ class SpanClient final : public SpanRunner {
     const std::vector<std::array<uint8_t, 16>>& chain;
   };
   SpanClient(const Model& model, const SpanOptions& opts);
+  // The runner of blocks sp on `to` ("here": a local host); a peer that loads spans is asked to
+  // hold sp first, and waited for (opts_.load_timeout).
   Result<NewRunner> dial(const LayerSpan& sp, const std::string& to) const;
+  // A peer's link no longer used for blocks sp after a move or resplit: a peer that loads spans is
+  // asked to let go of them (best effort: it frees the memory for what it runs next), then the
+  // link is closed. True when the peer let go.
+  static bool let_go(const LayerSpan& sp, std::unique_ptr<WorkerLink> link);
   // Cells [from, n) of `in` to `nr` as new rows of blocks sp (the runner holds the cells before
   // `from` with matching inputs), in chunks; `out` (may be null) gets the rows leaving sp's last
   // block, [n - from][span_row_width(sp.last + 1)].

@@ -15,10 +15,12 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moesh/model/model.h"
@@ -43,6 +45,9 @@ struct SpanHostOptions {
   // Sequences kept over all backbones; beyond it the least recently stepped one is dropped (its
   // backbone replays it if it comes back).
   size_t max_seqs = 256;
+  // Keeps the model alive as long as the host (a span loaded on a backbone's word, SpanHosts);
+  // null: the caller keeps `model` alive.
+  std::shared_ptr<const Model> model_owner;
 };
 
 struct SpanHostStats {
@@ -70,6 +75,8 @@ class SpanHost {
   Result<wire::SpanResultMsg> step(const std::string& peer, const wire::SpanStepMsg& m);
   // Sequences held now (all backbones).
   size_t n_sequences() const;
+  // Whether it holds a sequence of a backbone other than `peer` (SPAN_HOLD's drop refuses then).
+  bool serves_other_than(const std::string& peer) const;
   // Computes on the backbone's pool (a span run in the backbone's own process; null: its own).
   void borrow_pool(ThreadPool* pool);
 
@@ -94,6 +101,60 @@ class SpanHost {
   int32_t next_local_ = 0;
   uint64_t clock_ = 0;
   SpanHostStats stats_;
+};
+
+// Loads the host of other blocks for a span peer (SPAN_HOLD kLoad): from its full model file, or
+// from a slice fetched from its gateway (`moesh span --fetch`). Runs on a thread of its own; may
+// take minutes (a download), so it must give up by itself on a stalled source.
+using SpanLoader = std::function<Result<std::shared_ptr<SpanHost>>(const LayerSpan& span)>;
+
+// What a span peer runs: its hosts keyed by blocks, and the loads a backbone asked for
+// (docs/span.md#loading-blocks). A gateway that re-plans asks the peer to load the blocks its new
+// layout gives it, waits until they are ready, then moves them there with one resplit, and
+// finally asks the peer to let go of the blocks it no longer sends it. Steps of different hosts
+// are computed one at a time: they share the cores.
+class SpanHosts {
+ public:
+  // `initial` (may be null) is held from the start; `loader` empty: SPAN_HOLD kLoad is refused.
+  SpanHosts(std::shared_ptr<SpanHost> initial, SpanLoader loader);
+  ~SpanHosts();  // waits for loads in progress (each gives up by itself)
+  SpanHosts(const SpanHosts&) = delete;
+  SpanHosts& operator=(const SpanHosts&) = delete;
+
+  bool can_load() const { return static_cast<bool>(loader_); }
+  // The widest span row of the model (every span of it): what SPAN_STEP decoding allows.
+  int64_t max_row_width() const { return max_row_width_; }
+  // The ready host of exactly `sp`, or null.
+  std::shared_ptr<SpanHost> find(const LayerSpan& sp) const;
+  // One SPAN_STEP (SpanHost::step) on the host of its blocks; kNotFound naming the blocks held
+  // when there is none.
+  Result<wire::SpanResultMsg> step(const std::string& peer, const wire::SpanStepMsg& m);
+  // One SPAN_HOLD from backbone `peer`: what is held now (after starting a load or dropping), or an
+  // error to send back (kUnsupported: this peer cannot load; kUnavailable: a drop of blocks it could
+  // not load again, still loading, or holding another backbone's sequences; kNotFound: a drop of
+  // blocks not held).
+  Result<wire::SpanHeldMsg> hold(const std::string& peer, const wire::SpanHoldMsg& m);
+  // Every span held, loading or failed, in block order (the body of SPAN_HELD).
+  std::vector<wire::SpanHolding> list() const;
+  // "0-3, 8-11 (loading)" for messages.
+  std::string describe() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<SpanHost> host;  // ready: non-null
+    wire::SpanHeldState state = wire::SpanHeldState::kReady;
+    std::string error;
+  };
+  using Key = std::pair<int, int>;  // first, last
+  std::vector<wire::SpanHolding> list_locked() const;
+  std::string describe_locked() const;
+
+  SpanLoader loader_;
+  int64_t max_row_width_ = 0;
+  mutable std::mutex mu_;
+  std::map<Key, Entry> spans_;
+  std::vector<std::thread> loads_;
+  std::mutex compute_mu_;  // one step at a time over all hosts
 };
 
 }  // namespace moesh::swarm

@@ -266,6 +266,7 @@ Status verify_slice_tensors(const gguf::File& f, int* n_checked = nullptr);
 // ---- the worker process ------------------------------------------------------------------------
 
 class SpanHost;
+class SpanHosts;
 class SpanForwarder;
 
 struct WorkerOptions {
@@ -310,8 +311,9 @@ struct WorkerOptions {
   // let HTTP out. The relay or registry tells it from TCP by its first bytes.
   std::vector<std::pair<std::string, uint16_t>> join_ws;
   // Span peer (`moesh span`, span_host.h): also runs whole blocks for backbones (SPAN_STEP,
-  // feature bit kFeatureSpan). Null: an expert worker only.
-  std::shared_ptr<SpanHost> span;
+  // feature bit kFeatureSpan), and loads others when a backbone asks if it can (SPAN_HOLD,
+  // kFeatureSpanLoad). Null: an expert worker only.
+  std::shared_ptr<SpanHosts> span;
   // Chained spans (span_chain.h): passes the rows of a chained step on to the next span's peer
   // and answers SPAN_AWAIT (feature bit kFeatureSpanChain). Null: steps are answered star-style
   // only. Needs `span`.
@@ -336,6 +338,7 @@ struct WorkerStats {
   std::atomic<uint64_t> span_forwards{0};   // chained steps passed on to the next span's peer
   std::atomic<uint64_t> span_forward_errors{0};  // of which could not be sent
   std::atomic<uint64_t> span_awaits{0};          // SPAN_AWAITs received
+  std::atomic<uint64_t> span_holds{0};           // SPAN_HOLDs answered or refused (loads, drops, lists)
 };
 
 // One side's account of the work done between a backbone and a worker (the work ledger): the

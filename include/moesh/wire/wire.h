@@ -64,8 +64,12 @@ constexpr uint32_t kFeatureSpanChain = 1u << 5;
 // Worker: measures its round trip to other peers' addresses when asked (PROBE, answered with
 // PROBE_REPLY); backbone: may send PROBE.
 constexpr uint32_t kFeatureProbe = 1u << 6;
-constexpr uint32_t kAllFeatures =
-    kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo | kFeatureSpan | kFeatureSpanChain | kFeatureProbe;
+// Span peer that answers SPAN_HOLD with SPAN_HELD: lists the blocks it runs and loads others when a
+// backbone asks, from its full model file or a slice fetched from its gateway, or says why it
+// cannot (docs/span.md#loading-blocks).
+constexpr uint32_t kFeatureSpanLoad = 1u << 7;
+constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo | kFeatureSpan |
+                                  kFeatureSpanChain | kFeatureProbe | kFeatureSpanLoad;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
@@ -89,6 +93,8 @@ enum class MsgType : uint16_t {
   kSpanAwait = 18,   // backbone -> span peer: answer with the result of the chained step forwarded to you
   kProbe = 19,       // backbone -> worker: measure your round trip to these addresses    [kFeatureProbe]
   kProbeReply = 20,  // worker -> backbone: one round trip per address (same request id)
+  kSpanHold = 21,    // backbone -> span peer: load (or let go of) blocks first..last   [kFeatureSpanLoad]
+  kSpanHeld = 22,    // span peer -> backbone: the blocks it runs and loads (same request id)
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -461,6 +467,33 @@ struct ProbeReplyMsg {
   bool operator==(const ProbeReplyMsg&) const = default;
 };
 
+// SPAN_HOLD: a backbone asks a span peer which blocks it runs (kList), to load blocks first..last
+// (kLoad: in the background; the answer says "loading" until they are ready, and the backbone asks
+// again), or to let go of them (kDrop: refused with ERROR while another backbone's sequences are
+// held there). Answered with SPAN_HELD, or ERROR (a peer that cannot load those blocks, say why).
+enum class SpanHoldOp : uint8_t { kList = 0, kLoad = 1, kDrop = 2 };
+struct SpanHoldMsg {
+  uint64_t request_id = 0;  // != 0
+  SpanHoldOp op = SpanHoldOp::kList;
+  uint32_t first = 0, last = 0;  // kList: both 0; otherwise first <= last
+  bool operator==(const SpanHoldMsg&) const = default;
+};
+enum class SpanHeldState : uint8_t { kReady = 0, kLoading = 1, kFailed = 2 };
+constexpr uint32_t kMaxSpanHolds = 1024;
+struct SpanHolding {
+  uint32_t first = 0, last = 0;  // first <= last
+  SpanHeldState state = SpanHeldState::kReady;
+  std::string error;  // kFailed: why (<= kMaxTextBytes); otherwise empty
+  bool operator==(const SpanHolding&) const = default;
+};
+// SPAN_HELD: every span the peer runs, loads or failed to load (its last try), in block order
+// (by first block, then last; spans may overlap: 0-2 held while 0-5 loads).
+struct SpanHeldMsg {
+  uint64_t request_id = 0;           // the SPAN_HOLD's
+  std::vector<SpanHolding> spans;    // <= kMaxSpanHolds
+  bool operator==(const SpanHeldMsg&) const = default;
+};
+
 struct SpanHave {
   int32_t seq = 0;
   uint64_t have = 0;  // cells of the sequence the peer holds that match the backbone's (< start)
@@ -547,6 +580,8 @@ Result<std::vector<uint8_t>> encode_span_result(const SpanResultMsg& m);
 Result<std::vector<uint8_t>> encode_span_await(const SpanAwaitMsg& m);
 Result<std::vector<uint8_t>> encode_probe(const ProbeMsg& m);
 Result<std::vector<uint8_t>> encode_probe_reply(const ProbeReplyMsg& m);
+Result<std::vector<uint8_t>> encode_span_hold(const SpanHoldMsg& m);
+Result<std::vector<uint8_t>> encode_span_held(const SpanHeldMsg& m);
 
 // Decoders check the frame type, every count against the payload size and the limits, and
 // every enum; they never allocate more than the payload size implies.
@@ -568,6 +603,8 @@ Result<SpanResultMsg> decode_span_result(const Frame& f, const DecodeLimits& lim
 Result<SpanAwaitMsg> decode_span_await(const Frame& f, const DecodeLimits& lim);
 Result<ProbeMsg> decode_probe(const Frame& f);
 Result<ProbeReplyMsg> decode_probe_reply(const Frame& f);
+Result<SpanHoldMsg> decode_span_hold(const Frame& f);
+Result<SpanHeldMsg> decode_span_held(const Frame& f);
 // INFO: the request id (!= 0); the payload must be empty.
 Result<uint64_t> decode_info_request(const Frame& f);
 Result<InfoMsg> decode_info(const Frame& f);
