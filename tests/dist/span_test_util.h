@@ -6,11 +6,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+
+#include <unistd.h>
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"
 #include "moesh/model/speculative.h"
 #include "moesh/remote/span_client.h"
+#include "moesh/swarm/swarm.h"
 
 namespace moesh::test {
 
@@ -32,6 +36,22 @@ inline Result<std::unique_ptr<WorkerProcess>> spawn_span(const std::string& mode
     extra.insert(extra.end(), {"--listen", "127.0.0.1:0"});
   args.insert(args.end(), extra.begin(), extra.end());
   return WorkerProcess::spawn_command(std::move(args), "span " + layers);
+}
+
+// A span peer on a slice of its blocks (`moesh slice --layers`) and no --fetch: it runs those
+// blocks only, and says so when a backbone asks it to load others.
+inline Result<std::unique_ptr<WorkerProcess>> spawn_span_slice(const std::string& model, const std::string& layers) {
+  auto f = gguf::File::open(model);
+  if (!f) return f.status();
+  auto sp = parse_layer_span(layers);
+  if (!sp) return sp.status();
+  const std::string out = model + ".span-" + layers + ".gguf";
+  if (!std::filesystem::exists(out)) {
+    const std::string part = out + ".part." + std::to_string(::getpid());
+    MOESH_RETURN_IF_ERROR(swarm::write_span_slice(**f, sp->first, sp->last, part));
+    std::filesystem::rename(part, out);
+  }
+  return spawn_span(out, layers);
 }
 
 inline SpanTarget target(int first, int last, std::vector<const WorkerProcess*> peers) {

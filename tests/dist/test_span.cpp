@@ -326,7 +326,7 @@ TEST(Span, APlannedMoveReplaysTheLogFirstAndKeepsTheBits) {
   const int64_t V = m.hparams().n_vocab;
   auto a = spawn_span(path, "1-3");
   auto b = spawn_span(path, "1-3");
-  auto other = spawn_span(path, "0-2");
+  auto other = spawn_span_slice(path, "0-2");  // runs 0-2 only
   ASSERT_TRUE(a.is_ok() && b.is_ok() && other.is_ok());
   SpanOptions o;
   o.local_threads = 1;
@@ -343,8 +343,8 @@ TEST(Span, APlannedMoveReplaysTheLogFirstAndKeepsTheBits) {
 
   const std::string was = spans->where(0);
   Status st = spans->move({1, 3}, (*other)->address().to_string());
-  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
-  EXPECT_NE(st.message().find("runs blocks 0-2"), std::string::npos) << st.to_string();
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
+  EXPECT_NE(st.message().find("runs blocks 0-2 and cannot load 1-3"), std::string::npos) << st.to_string();
   st = spans->move({2, 3}, (*b)->address().to_string());
   EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
   EXPECT_NE(st.message().find("the spans are 1-3"), std::string::npos) << st.to_string();
@@ -412,7 +412,7 @@ TEST(Span, AResplitMovesSpanEdgesLiveAndKeepsTheBits) {
   ASSERT_TRUE(model.is_ok());
   const Model& m = **model;
   const int64_t V = m.hparams().n_vocab;
-  auto a = spawn_span(path, "1-2");
+  auto a = spawn_span_slice(path, "1-2");  // runs 1-2 only
   auto b = spawn_span(path, "3-5");
   auto c = spawn_span(path, "1-3");
   auto d = spawn_span(path, "4-5");
@@ -442,10 +442,10 @@ TEST(Span, AResplitMovesSpanEdgesLiveAndKeepsTheBits) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   st = spans->resplit(placements({at("1-3", **c), at("3-5", **b)}));
   EXPECT_NE(st.message().find("overlap"), std::string::npos) << st.to_string();
-  // A peer running other blocks fails its warm-up; an unreachable one its dial.
+  // A peer that runs other blocks and cannot load these says so; an unreachable one fails its dial.
   st = spans->resplit(placements({at("1-3", **a), at("4-5", **d)}));
   EXPECT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("runs blocks 1-2"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("runs blocks 1-2 and cannot load 1-3"), std::string::npos) << st.to_string();
   EXPECT_FALSE(spans->resplit(placements({"1-3@127.0.0.1:1", at("4-5", **d)})).is_ok());
   EXPECT_FALSE(parse_span_placement("1-3@not an address").is_ok());
   EXPECT_TRUE(spans->resplit(placements({at("1-2", **a), at("3-5", **b)})).is_ok());  // the same: no change
@@ -726,9 +726,20 @@ TEST(Span, RunWithSpansPrintsTheLocalTokens) {
       run_moesh(common + " --span 1-3@" + (*a)->address().to_string() + " --span 3-5@" + (*b)->address().to_string());
   EXPECT_EQ(overlap.exit_code, 1) << overlap.err;
   EXPECT_NE(overlap.err.find("overlap"), std::string::npos) << overlap.err;
-  RunResult wrong = run_moesh(common + " --span 1-3@" + (*a)->address().to_string() + " --no-span-fallback");
+  // A peer started on the full model for 1-2 and named for 1-3 loads them at connect.
+  RunResult loads = run_moesh(common + " --span 1-3@" + (*a)->address().to_string() + " --no-span-fallback");
+  ASSERT_EQ(loads.exit_code, 0) << loads.err;
+  auto nj = nlohmann::json::parse(loads.out, nullptr, false);
+  ASSERT_FALSE(nj.is_discarded()) << loads.out;
+  EXPECT_EQ(lj["tokens"], nj["tokens"]);
+  EXPECT_EQ(nj["spans"]["loads"], 1);
+  EXPECT_EQ(nj["spans"]["local_steps"], 0);
+  // One on a slice of 1-2 cannot: the run fails saying so.
+  auto fixed = spawn_span_slice(path, "1-2");
+  ASSERT_TRUE(fixed.is_ok()) << fixed.status().to_string();
+  RunResult wrong = run_moesh(common + " --span 1-3@" + (*fixed)->address().to_string() + " --no-span-fallback");
   EXPECT_NE(wrong.exit_code, 0);
-  EXPECT_NE(wrong.err.find("runs blocks 1-2"), std::string::npos) << wrong.err;
+  EXPECT_NE(wrong.err.find("runs blocks 1-2 and cannot load 1-3"), std::string::npos) << wrong.err;
   RunResult garbage = run_moesh(common + " --span 1-x@127.0.0.1:1");
   EXPECT_EQ(garbage.exit_code, 1) << garbage.err;
   EXPECT_NE(garbage.err.find("FIRST-LAST"), std::string::npos) << garbage.err;

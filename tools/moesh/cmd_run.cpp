@@ -238,6 +238,7 @@ int run_run(const RunArgs& a) {
                     {"replayed_rows", s.replayed_rows},
                     {"failovers", s.failovers},
                     {"restored", s.restored},
+                    {"loads", s.loads},
                     {"local_steps", s.local_steps},
                     {"chains", s.chains},
                     {"chained_steps", s.chained_steps},

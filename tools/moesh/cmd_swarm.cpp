@@ -29,6 +29,10 @@ struct SwarmArgs {
   bool check = false;
   bool json = false;
   int timeout_s = 10;
+  // swarm move: a move or resplit warms the new peers first, and a peer may first load the blocks
+  // (SPAN_HOLD: from its model file, or a slice fetched from the gateway; the gateway waits up
+  // to 10 minutes for that).
+  int move_timeout_s = 900;
   std::vector<std::string> move;         // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here, each span
   bool resplit = false;                  // swarm move: new span edges (implied by several --span)
   std::string admin_key;                 // swarm move: the gateway's --admin-key
@@ -484,8 +488,8 @@ int run_move(const SwarmArgs& a) {
     body = {{"layers", a.move[0].substr(0, at)}, {"to", a.move[0].substr(at + 1)}};
   }
   httplib::Client cli(base_url(a.urls.at(0)));
-  cli.set_connection_timeout(a.timeout_s, 0);
-  cli.set_read_timeout(a.timeout_s, 0);
+  cli.set_connection_timeout(std::min(a.move_timeout_s, 10), 0);
+  cli.set_read_timeout(a.move_timeout_s, 0);
   httplib::Headers h;
   if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
   auto res = cli.Post(route, h, body.dump(), "application/json");
@@ -546,8 +550,10 @@ const CommandRegistrar kRegisterSwarm{Command{
                    "Take the --span list as the new span list even when it is one span (e.g. two spans merged)");
       mv->add_option("--admin-key", a->admin_key, "The gateway's --admin-key");
       mv->add_flag("--json", a->json, "Print the gateway's answer as JSON");
-      mv->add_option("--timeout", a->timeout_s,
-                     "Seconds to wait (a move or resplit warms the new peers with every sequence's inputs first)");
+      mv->add_option("--timeout", a->move_timeout_s,
+                     "Seconds to wait (a move or resplit has the new peers load the blocks if they can, then warms "
+                     "them with every sequence's inputs)")
+          ->capture_default_str();
       mv->callback([which] { *which = "move"; });
       auto pa = std::make_shared<PlanCliArgs>();
       CLI::App* pl = sub->add_subcommand(

@@ -1091,6 +1091,28 @@ expect_eq "$(js 'JSON.stringify(j.plan.replan.live.here)' <"$TMP/here_dash.json"
 grep -q "^span 2-3: run by the backbone (named or moved here)$" "$TMP/here_status.txt" ||
   fail "spans here: swarm status: $(grep '^span' "$TMP/here_status.txt")"
 ok "spans here: swarm status says the blocks were moved here, not that their peers are down"
+# A span peer that loads what the gateway's resplit gives it (SPAN_HOLD): started from a fetched
+# slice of block 3 alone, it fetches the slice of 0-3 from the gateway (hash-checked) when the
+# resplit asks, before the switch; the peer that ran 0-1 lets go of them after it.
+"$MOESH" span --fetch "$BASE" --admin-key s3cret --layers 3-3 --slice-dir "$TMP/sf4" --listen 127.0.0.1:0 -t 1 \
+  --name f4 >"$TMP/f4.log" 2>"$TMP/f4.log.err" &
+SPID=$!
+PIDS+=("$SPID")
+F4="127.0.0.1:$(wait_port "$TMP/f4.log" "$SPID")"
+grep -q "^loads other blocks: yes, fetched from the gateway$" "$TMP/f4.log" || fail "span --fetch: $(cat "$TMP/f4.log")"
+"$MOESH" swarm move "$BASE" --span "0-3@$F4" --resplit --admin-key s3cret --json >"$TMP/load_move.out" ||
+  fail "swarm move 0-3 to a peer that must load them: $(cat "$TMP/load_move.out")"
+expect_eq "$(js 'j.spans.length + " " + j.loads + " " + j.drops' <"$TMP/load_move.out")" "1 1 1" \
+  "spans loaded: the peer loaded 0-3, the old peer let go of 0-1"
+grep -q "fetched .*/sf4/span-0-3.gguf" "$TMP/f4.log.err" || fail "spans loaded: no fetch of 0-3: $(cat "$TMP/f4.log.err")"
+grep -q "blocks 0-1 let go" "$TMP/r01.log.err" "$TMP/r01.log" 2>/dev/null ||
+  fail "spans loaded: r01 did not let go: $(tail -5 "$TMP/r01.log"*)"
+ok "spans loaded: the peer fetched the slice of 0-3 from the gateway when the resplit asked"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "spans loaded: greedy text on the loaded peer equals the local server's"
+curl -sS "$BASE/metrics" >"$TMP/load_metrics"
+grep -q '^moesh_span_loads_total 1$' "$TMP/load_metrics" && grep -q '^moesh_span_drops_total 1$' "$TMP/load_metrics" ||
+  fail "spans loaded: /metrics: $(grep -E 'loads|drops' "$TMP/load_metrics")"
+ok "spans loaded: /metrics counts the load and the let-go"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
