@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 namespace moesh {
 
@@ -127,6 +128,60 @@ Status apply_activations(const nlohmann::json& doc, const std::string& source, P
   m->p = std::move(p);
   *info = got;
   return Status::ok();
+}
+
+SpanListChange span_list_change(const nlohmann::json& old_plan, const nlohmann::json& new_plan) {
+  auto spans_of = [](const nlohmann::json& plan) {
+    std::vector<SpanListEntry> out;
+    if (!plan.is_object() || !plan.contains("roles") || !plan["roles"].is_array()) return out;
+    for (const auto& r : plan["roles"]) {
+      if (!r.is_object() || r.value("role", "") != "span" || !r.contains("layers") || !r["layers"].is_string())
+        continue;
+      int first = 0, last = 0;
+      if (std::sscanf(r["layers"].get<std::string>().c_str(), "%d-%d", &first, &last) != 2 || first < 0 || last < first)
+        continue;
+      out.push_back({first, last, r.contains("addr") && r["addr"].is_string() ? r["addr"].get<std::string>() : "",
+                     r.contains("peer") && r["peer"].is_string() ? r["peer"].get<std::string>() : ""});
+    }
+    std::sort(out.begin(), out.end(), [](const SpanListEntry& x, const SpanListEntry& y) { return x.first < y.first; });
+    return out;
+  };
+  const std::vector<SpanListEntry> before = spans_of(old_plan), after = spans_of(new_plan);
+  SpanListChange c;
+  auto edges = [](const std::vector<SpanListEntry>& v) {
+    std::vector<std::pair<int, int>> e;
+    for (const SpanListEntry& x : v) e.emplace_back(x.first, x.last);
+    return e;
+  };
+  if (edges(before) == edges(after)) return c;
+  c.same = false;
+  std::set<int> covered, taken;
+  for (const SpanListEntry& x : before)
+    for (int il = x.first; il <= x.last; ++il) covered.insert(il);
+  if (old_plan.is_object() && old_plan.contains("here") && old_plan["here"].is_array()) {
+    for (const auto& h : old_plan["here"]) {
+      int first = 0, last = 0;
+      if (!h.is_string() || std::sscanf(h.get<std::string>().c_str(), "%d-%d", &first, &last) != 2) continue;
+      for (int il = first; il <= last && last - first < (1 << 20); ++il) covered.insert(il);
+    }
+  }
+  for (const SpanListEntry& x : after)
+    for (int il = x.first; il <= x.last; ++il) taken.insert(il);
+  if (covered.empty() || !std::includes(covered.begin(), covered.end(), taken.begin(), taken.end())) return c;
+  c.live = true;
+  c.list = after;
+  for (auto it = covered.begin(); it != covered.end();) {
+    if (taken.count(*it) != 0) {
+      ++it;
+      continue;
+    }
+    SpanListEntry h{*it, *it, "here", ""};
+    for (++it; it != covered.end() && *it == h.last + 1 && taken.count(*it) == 0; ++it) h.last = *it;
+    c.list.push_back(h);
+  }
+  std::sort(c.list.begin(), c.list.end(),
+            [](const SpanListEntry& x, const SpanListEntry& y) { return x.first < y.first; });
+  return c;
 }
 
 }  // namespace moesh

@@ -23,7 +23,9 @@ namespace {
 
 // Rows per warm-up message: bounds a message's size (and a local step's scratch).
 constexpr int64_t kFeedChunkRows = 256;
-// How often a peer loading blocks is asked how far it is, and how long a let-go may take.
+// How often a peer loading blocks is asked how far it is (from kLoadPollFirst, doubling: a peer on
+// the full model is ready in milliseconds, a download takes minutes), and how long a let-go may take.
+constexpr std::chrono::milliseconds kLoadPollFirst{5};
 constexpr std::chrono::milliseconds kLoadPoll{200};
 constexpr std::chrono::milliseconds kDropTimeout{5000};
 
@@ -56,13 +58,14 @@ Status load_span_on_peer(WorkerLink& link, const LayerSpan& sp, std::chrono::mil
   const auto t0 = std::chrono::steady_clock::now();
   const net::Deadline deadline = net::deadline_in(timeout);
   wire::SpanHoldOp op = wire::SpanHoldOp::kLoad;
+  std::chrono::milliseconds poll = kLoadPollFirst;
   *loaded = false;
   for (;;) {
     MOESH_ASSIGN_OR_RETURN(wire::SpanHeldMsg held, hold_trip(link, op, sp, deadline));
     const wire::SpanHolding* h = holding_of(held, sp);
     if (h == nullptr) {
-      return make_error(StatusCode::kUnavailable, "{} lists no blocks {}-{} after being asked to load them",
-                        link.label, sp.first, sp.last);
+      return make_error(StatusCode::kUnavailable, "{} lists no blocks {}-{} after being asked to load them", link.label,
+                        sp.first, sp.last);
     }
     if (h->state == wire::SpanHeldState::kReady) {
       if (*loaded) {
@@ -78,11 +81,12 @@ Status load_span_on_peer(WorkerLink& link, const LayerSpan& sp, std::chrono::mil
     if (!*loaded) spdlog::info("span {}-{}: {} loads the blocks", sp.first, sp.last, link.label);
     *loaded = true;
     op = wire::SpanHoldOp::kList;
-    if (net::Clock::now() + kLoadPoll >= deadline) {
+    if (net::Clock::now() + poll >= deadline) {
       return make_error(StatusCode::kTimeout, "{} was still loading blocks {}-{} after {} ms", link.label, sp.first,
                         sp.last, timeout.count());
     }
-    std::this_thread::sleep_for(kLoadPoll);
+    std::this_thread::sleep_for(poll);
+    poll = std::min(poll * 2, kLoadPoll);
   }
 }
 

@@ -159,6 +159,17 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     }
   }
   j["live"] = {{"roles", std::move(live_roles)}, {"here", std::move(here)}, {"predicted_step_ms", live.step_s * 1e3}};
+  // The planner's layout as a plan document too: what `--auto-replan` carries out (its spans).
+  nlohmann::json plan_roles = nlohmann::json::array();
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const PeerRole& r = best->roles[i];
+    nlohmann::json x{{"peer", peers[i].name}, {"role", role_name(r.kind)}};
+    if (r.kind == RoleKind::kExperts) x["experts"] = format_expert_spec(r.experts, pm->n_expert);
+    if (r.kind == RoleKind::kSpan) x["layers"] = fmt::format("{}-{}", r.first, r.last);
+    if (!(*live_peers)[i].addr.empty()) x["addr"] = (*live_peers)[i].addr;
+    plan_roles.push_back(std::move(x));
+  }
+  j["plan"] = {{"roles", std::move(plan_roles)}, {"predicted_step_ms", best->step_s * 1e3}};
   return j;
 }
 

@@ -43,7 +43,8 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
 // (1 - predicted / live), "replan" (gain >= kReplanGain), "trips_per_step", "activation_tokens",
 // "args" (the `swarm plan` options giving the same figures), "backbone_experts", "peers": [{"name",
 // "role", "what", "changes"}], "live": the live layout as a plan document ({"roles": [{"peer",
-// "role", "experts" or "layers", "addr"}], "predicted_step_ms"}: `swarm plan --from live`)} or
+// "role", "experts" or "layers", "addr"}], "predicted_step_ms"}: `swarm plan --from live`), "plan":
+// the planner's layout as the same kind of document (what --auto-replan carries out)} or
 // {"error", ...}.
 inline constexpr int kReplanContext = 4096;          // context priced: `moesh swarm plan`'s --n-ctx default
 inline constexpr double kReplanGain = 0.10;          // a re-plan is worth its moves from 10 % faster on

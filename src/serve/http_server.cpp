@@ -21,6 +21,7 @@
 #include "moesh/swarm/swarm.h"
 #include "moesh/text/json_grammar.h"
 #include "moesh/text/output_grammar.h"
+#include "serve/auto_replan.h"
 #include "serve/dashboard.h"
 #include "serve/metrics.h"
 #include "serve/openai_api.h"
@@ -139,6 +140,7 @@ struct HttpServer::Impl {
   uint64_t id_salt = 0;
   int64_t started_unix = 0;
   std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();
+  std::unique_ptr<AutoReplanner> auto_replan;  // --auto-replan; null: off
 
   bool authorized(const httplib::Request& req, httplib::Response& res);
   // The admin routes (span moves, slices): only with --admin-key, and only to its bearer; `what`
@@ -758,7 +760,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
   // The registry: every worker with its path, state, experts, latencies and when it was last
   // heard from, plus the joins seen (`moesh swarm status` reads it; docs/swarm.md).
   svr.Get("/swarm/status", [m](const httplib::Request&, httplib::Response& res) {
-    res.set_content(swarm_status_json(m->t.remote, m->t.spans).dump(2), "application/json");
+    json j = swarm_status_json(m->t.remote, m->t.spans);
+    if (m->auto_replan) j["auto_replan"] = m->auto_replan->status();
+    res.set_content(j.dump(2), "application/json");
   });
   // The live dashboard (serve/dashboard.h): a static page polling its JSON.
   svr.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
@@ -766,8 +770,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
   });
   svr.Get("/swarm/dashboard.json", [m](const httplib::Request&, httplib::Response& res) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - m->started_steady).count();
-    res.set_content(dashboard_json(m->t.scheduler->stats(), m->t.remote, t, m->t.model, m->t.spans).dump(),
-                    "application/json");
+    json j = dashboard_json(m->t.scheduler->stats(), m->t.remote, t, m->t.model, m->t.spans);
+    if (m->auto_replan) j["auto_replan"] = m->auto_replan->status();
+    res.set_content(j.dump(), "application/json");
   });
   // The slice a span peer needs (`moesh span --fetch`; docs/serve.md#moving-a-span): cut from this
   // gateway's model file into a temporary file, streamed, its XXH3-128 in X-Moesh-Slice-Hash so the
@@ -905,6 +910,13 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     }
     m->port = opts.port;
   }
+  if (opts.auto_replan_s > 0) {
+    if (target.spans == nullptr)
+      return make_error(StatusCode::kInvalidArgument, "--auto-replan re-plans layer spans: give --span");
+    m->auto_replan = std::make_unique<AutoReplanner>(
+        target.scheduler, target.remote, target.model, target.spans,
+        std::chrono::milliseconds(static_cast<int64_t>(std::max(opts.auto_replan_s, 0.05) * 1000)));
+  }
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 
@@ -917,6 +929,7 @@ Status HttpServer::run() {
 }
 
 void HttpServer::stop() {
+  if (impl_->auto_replan) impl_->auto_replan->stop();
   impl_->stopping = true;
   impl_->svr.stop();
 }

@@ -143,11 +143,10 @@ wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const Model
   h.dtypes = kAllDTypes;
   h.modes = kAllModes;
   // A backbone may send STORE; a worker offers it only with a replica folder (it adds the bit).
-  h.features =
-      wire::kFeatureFetch | wire::kFeatureInfo | wire::kFeatureProbe |
-      (role == wire::PeerRole::kBackbone
-           ? wire::kFeatureStore | wire::kFeatureSpan | wire::kFeatureSpanChain | wire::kFeatureSpanLoad
-           : 0u);
+  h.features = wire::kFeatureFetch | wire::kFeatureInfo | wire::kFeatureProbe |
+               (role == wire::PeerRole::kBackbone
+                    ? wire::kFeatureStore | wire::kFeatureSpan | wire::kFeatureSpanChain | wire::kFeatureSpanLoad
+                    : 0u);
   h.expert_act = shape.expert_ffn.act == ExpertActivation::kSwigluOai ? wire::kExpertActSwigluOai
                  : shape.expert_ffn.act == ExpertActivation::kSitu    ? wire::kExpertActSitu
                                                                       : wire::kExpertActSilu;

@@ -3,14 +3,13 @@
 // which held cells a step may build on.
 #include "moesh/swarm/span_host.h"
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-
-#include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 namespace moesh::swarm {
 
@@ -337,8 +336,8 @@ Result<wire::SpanHeldMsg> SpanHosts::hold(const std::string& peer, const wire::S
     if (it->second.state == wire::SpanHeldState::kLoading)
       return make_error(StatusCode::kUnavailable, "blocks {}-{} are still loading", m.first, m.last);
     if (it->second.host && it->second.host->serves_other_than(peer)) {
-      return make_error(StatusCode::kUnavailable,
-                        "blocks {}-{} also serve another backbone's sequences: kept", m.first, m.last);
+      return make_error(StatusCode::kUnavailable, "blocks {}-{} also serve another backbone's sequences: kept", m.first,
+                        m.last);
     }
     std::shared_ptr<SpanHost> gone = std::move(it->second.host);
     spans_.erase(it);

@@ -568,10 +568,10 @@ void Worker::Impl::handle_span_await(net::Connection& conn, const wire::Frame& f
   }
   if (!opts.span->find({static_cast<int>(m->first), static_cast<int>(m->last)})) {
     stats.errors.fetch_add(1);
-    net::send_error(conn, f.request_id(), wire::WireError::kNotHeld,
-                    fmt::format("this span peer runs blocks {}, the await names {}-{}", opts.span->describe(),
-                                m->first, m->last),
-                    net::deadline_in(kSendTimeout));
+    net::send_error(
+        conn, f.request_id(), wire::WireError::kNotHeld,
+        fmt::format("this span peer runs blocks {}, the await names {}-{}", opts.span->describe(), m->first, m->last),
+        net::deadline_in(kSendTimeout));
     return;
   }
   span_awaits.await(&conn, session.peer.name, *m);

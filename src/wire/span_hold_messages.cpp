@@ -96,7 +96,8 @@ Result<SpanHeldMsg> decode_span_held(const Frame& f) {
   SpanHeldMsg m;
   m.request_id = f.request_id();
   uint32_t n = 0;
-  if (!r.u32(&n)) return make_error(StatusCode::kCorrupt, "SPAN_HELD payload is {} bytes (at least 4)", f.payload.size());
+  if (!r.u32(&n))
+    return make_error(StatusCode::kCorrupt, "SPAN_HELD payload is {} bytes (at least 4)", f.payload.size());
   if (n > kMaxSpanHolds) return make_error(StatusCode::kCorrupt, "SPAN_HELD: {} spans (at most {})", n, kMaxSpanHolds);
   for (uint32_t i = 0; i < n; ++i) {
     SpanHolding h;

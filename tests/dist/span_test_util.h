@@ -3,12 +3,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-
-#include <unistd.h>
 
 #include "dist/dist_util.h"
 #include "dist/worker_process.h"

@@ -653,8 +653,8 @@ TEST(Span, PeersLoadTheBlocksAResplitOrMoveGivesThemAndLetGoOfTheOld) {
   ASSERT_EQ(cut.exit_code, 0) << cut.err;
   auto fixed = spawn_span(slice, "4-5");
   ASSERT_TRUE(a.is_ok() && b.is_ok() && fixed.is_ok());
-  auto spans = connect_spans(m, {target(0, 2, {a->get()}), target(3, 5, {b->get()})}, /*fallback=*/false,
-                             SpanChainMode::kOff);
+  auto spans =
+      connect_spans(m, {target(0, 2, {a->get()}), target(3, 5, {b->get()})}, /*fallback=*/false, SpanChainMode::kOff);
   ASSERT_NE(spans, nullptr);
   EXPECT_EQ(spans->stats().loads, 1u);  // a loaded 0-2 at connect
   EXPECT_NE(spans->where(0).find((*a)->address().to_string()), std::string::npos) << spans->where(0);

@@ -315,8 +315,7 @@ TEST(SpanHosts, LoadsStepsAndLetsGoOfBlocksOnABackbonesWord) {
   SpanHosts from_slice(std::shared_ptr<SpanHost>(std::move(g.host)), nullptr);
   auto kept = from_slice.hold("bb", {.request_id = 10, .op = wire::SpanHoldOp::kDrop, .first = 1, .last = 2});
   ASSERT_FALSE(kept.is_ok());
-  EXPECT_NE(kept.status().message().find("could not load them again"), std::string::npos)
-      << kept.status().to_string();
+  EXPECT_NE(kept.status().message().find("could not load them again"), std::string::npos) << kept.status().to_string();
   EXPECT_TRUE(from_slice.find({1, 2}) != nullptr);
 }
 

@@ -668,7 +668,8 @@ TEST(WireMalformed, SpanHoldAndSpanHeldFields) {
   auto hb = decode_span_held(parse_frame(held, kLim.max_frame_bytes).value());
   ASSERT_TRUE(hb.is_ok()) << hb.status().to_string();
   EXPECT_EQ(*hb, h);
-  expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 0, 1025); }), StatusCode::kCorrupt, "1025 spans (at most 1024)");
+  expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 0, 1025); }), StatusCode::kCorrupt,
+              "1025 spans (at most 1024)");
   expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 0, 4); }), StatusCode::kCorrupt,
               "span 3 runs past the payload");
   expect_code(edit(held, [](auto& b) { put<uint32_t>(b, 0, 2); }), StatusCode::kCorrupt,

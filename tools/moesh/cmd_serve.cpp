@@ -38,6 +38,7 @@ struct ServeArgs {
   int max_queue = 256;
   std::string api_key;
   std::string admin_key;
+  double auto_replan_s = 0;
   std::string alias;
   int http_threads = 0;
   size_t max_body = 4u << 20;
@@ -121,6 +122,7 @@ int run_serve(const ServeArgs& a) {
   ho.port = a.port;
   ho.api_key = a.api_key;
   ho.admin_key = a.admin_key;
+  ho.auto_replan_s = a.auto_replan_s;
   ho.http_threads = a.http_threads;
   ho.max_body_bytes = a.max_body;
   ho.test_hooks = a.test_hooks;
@@ -195,6 +197,11 @@ const CommandRegistrar kRegisterServe{Command{
       sub->add_option("--admin-key", a->admin_key,
                       "Offer POST /swarm/spans/move (move a span to another peer or here while serving) to "
                       "'Authorization: Bearer KEY'; without it that route answers 403");
+      sub->add_option("--auto-replan", a->auto_replan_s,
+                      "Every SECONDS, carry out the dashboard's re-plan of the spans when it is worth its moves: "
+                      "the span peers load the blocks they are given (SPAN_HOLD), then one resplit (0: advice only)")
+          ->check(CLI::Range(0.0, 86400.0))
+          ->capture_default_str();
       sub->add_option("--alias", a->alias, "Model name reported by the API (default: file name)");
       sub->add_option("--http-threads", a->http_threads,
                       "HTTP threads = most concurrent connections (default: max(64, 4*parallel+16))");

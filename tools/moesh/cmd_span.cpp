@@ -241,9 +241,9 @@ int run_span(const SpanArgs& a) {
   std::printf("held experts: %llu (%s)\n", static_cast<unsigned long long>((*store)->held().n_pairs()),
               (*store)->held().to_string().c_str());
   std::printf("name: %s\n", (*worker)->name().c_str());
-  std::printf("loads other blocks: %s\n", !hosts->can_load()  ? "no (started from a slice without --fetch)"
-                                           : full               ? "yes, from the model file"
-                                                                : "yes, fetched from the gateway");
+  std::printf("loads other blocks: %s\n", !hosts->can_load() ? "no (started from a slice without --fetch)"
+                                          : full             ? "yes, from the model file"
+                                                             : "yes, fetched from the gateway");
   if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
   if (o.tls) std::printf("tls: certificate sha256 %s\n", o.tls->fingerprint().c_str());
   std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));

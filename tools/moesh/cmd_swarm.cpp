@@ -229,63 +229,15 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
 // backbone restarted with the new --span list. Null: the edges are the same.
 nlohmann::json plan_resplit(const nlohmann::json& old_plan, const nlohmann::json& new_plan,
                             const std::string& gateway) {
-  struct S {
-    int first, last;
-    std::string addr;
-  };
-  auto spans_of = [](const nlohmann::json& plan) {
-    std::vector<S> out;
-    if (!plan.contains("roles") || !plan["roles"].is_array()) return out;
-    for (const auto& r : plan["roles"]) {
-      if (!r.contains("role") || r["role"] != "span" || !r.contains("layers") || !r["layers"].is_string()) continue;
-      auto sp = parse_layer_span(r["layers"].get<std::string>());
-      if (!sp) continue;
-      out.push_back({sp->first, sp->last, r.contains("addr") ? std::string(r["addr"]) : std::string("HOST:PORT")});
-    }
-    std::sort(out.begin(), out.end(), [](const S& x, const S& y) { return x.first < y.first; });
-    return out;
-  };
-  const std::vector<S> before = spans_of(old_plan), after = spans_of(new_plan);
-  auto edges = [](const std::vector<S>& v) {
-    std::vector<std::pair<int, int>> e;
-    for (const S& x : v) e.emplace_back(x.first, x.last);
-    return e;
-  };
-  if (edges(before) == edges(after)) return nullptr;
-  auto blocks = [](const std::vector<S>& v) {
-    std::set<int> b;
-    for (const S& x : v)
-      for (int il = x.first; il <= x.last; ++il) b.insert(il);
-    return b;
-  };
-  std::set<int> covered = blocks(before);
-  if (old_plan.contains("here") && old_plan["here"].is_array()) {
-    for (const auto& h : old_plan["here"]) {
-      if (!h.is_string()) continue;
-      auto sp = parse_layer_span(h.get<std::string>());
-      if (!sp) continue;
-      for (int il = sp->first; il <= sp->last; ++il) covered.insert(il);
-    }
-  }
-  const std::set<int> taken = blocks(after);
+  const SpanListChange c = span_list_change(old_plan, new_plan);
+  if (c.same) return nullptr;
   nlohmann::json out;
-  if (!covered.empty() && std::includes(covered.begin(), covered.end(), taken.begin(), taken.end())) {
-    // The list: the new spans, and each run of covered blocks no new span takes, here.
-    std::vector<S> list = after;
-    for (auto it = covered.begin(); it != covered.end();) {
-      if (taken.count(*it)) {
-        ++it;
-        continue;
-      }
-      S h{*it, *it, "here"};
-      for (++it; it != covered.end() && *it == h.last + 1 && !taken.count(*it); ++it) h.last = *it;
-      list.push_back(h);
-    }
-    std::sort(list.begin(), list.end(), [](const S& x, const S& y) { return x.first < y.first; });
+  if (c.live) {
     std::string cmd = "moesh swarm move " + (gateway.empty() ? std::string("http://GATEWAY:PORT") : gateway);
-    for (const S& x : list) cmd += fmt::format(" --span {}-{}@{}", x.first, x.last, x.addr);
+    for (const SpanListEntry& x : c.list)
+      cmd += fmt::format(" --span {}-{}@{}", x.first, x.last, x.to.empty() ? std::string("HOST:PORT") : x.to);
     out["live"] = true;
-    out["command"] = cmd + (list.size() == 1 ? " --resplit" : "") + " --admin-key KEY";
+    out["command"] = cmd + (c.list.size() == 1 ? " --resplit" : "") + " --admin-key KEY";
   } else {
     out["live"] = false;
     out["why"] =

@@ -61,4 +61,21 @@ inline constexpr double kActivationPriorTokens = 16;
 // or a malformed one.
 Status apply_activations(const nlohmann::json& doc, const std::string& source, PlanModel* m, ActivationInfo* info);
 
+// Re-planning with new span edges, live. A backbone's span runner covers its spans and the blocks
+// it runs as spans itself ("here"); a resplit may move any edge within those blocks. From the live
+// layout `old_plan` (a plan document: "roles" with role "span", "layers" and "addr", and "here":
+// the F-L blocks run here as spans) to the spans of `new_plan`: the new spans, plus each run of
+// covered blocks no new span takes as a span "here", in block order.
+struct SpanListEntry {
+  int first = 0, last = 0;
+  std::string to;    // the role's "addr" ("" when the plan has none: a peer that joined), or "here"
+  std::string peer;  // the role's "peer" name ("" for here)
+};
+struct SpanListChange {
+  bool same = true;   // the span edges do not change (a peer may: that is a move)
+  bool live = false;  // otherwise: the new spans lie within the covered blocks (a resplit does it)
+  std::vector<SpanListEntry> list;
+};
+SpanListChange span_list_change(const nlohmann::json& old_plan, const nlohmann::json& new_plan);
+
 }  // namespace moesh

@@ -43,6 +43,9 @@ struct ServerOptions {
   // Test hooks (`--test-hooks`): chat requests may carry moesh_scripted_output, the text the
   // generation starts with (openai_api.h). Off: such requests get 400.
   bool test_hooks = false;
+  // `--auto-replan S`: every S seconds the gateway carries out its own re-plan of its spans when
+  // worth it (serve/auto_replan.h); 0: the re-plan is advice on the dashboard only.
+  double auto_replan_s = 0;
 };
 
 // What the gateway serves. Everything must outlive the HttpServer.

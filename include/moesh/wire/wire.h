@@ -489,8 +489,8 @@ struct SpanHolding {
 // SPAN_HELD: every span the peer runs, loads or failed to load (its last try), in block order
 // (by first block, then last; spans may overlap: 0-2 held while 0-5 loads).
 struct SpanHeldMsg {
-  uint64_t request_id = 0;           // the SPAN_HOLD's
-  std::vector<SpanHolding> spans;    // <= kMaxSpanHolds
+  uint64_t request_id = 0;         // the SPAN_HOLD's
+  std::vector<SpanHolding> spans;  // <= kMaxSpanHolds
   bool operator==(const SpanHeldMsg&) const = default;
 };
 
