@@ -46,13 +46,16 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
   if (j.contains("spans") && j["spans"].is_array()) {
     for (size_t i = 0; i < j["spans"].size(); ++i) {
       const auto& sp = j["spans"][i];
-      if (!sp.is_object() || sp.value("state", "") != "up") continue;
+      const std::string state = sp.is_object() ? sp.value("state", "") : "";
+      if (state != "up" && state != "idle") continue;
       LivePeer p;
+      p.span_peer = true;
       p.peer.name = p.label = sp.value("label", "");
       if (p.peer.name.empty()) continue;
       const std::string layers = sp.value("layers", "");
       char tail = 0;
-      if (std::sscanf(layers.c_str(), "%d-%d%c", &p.first, &p.last, &tail) != 2 || p.first < 0 || p.last < p.first)
+      if (state == "up" &&
+          (std::sscanf(layers.c_str(), "%d-%d%c", &p.first, &p.last, &tail) != 2 || p.first < 0 || p.last < p.first))
         return make_error(StatusCode::kCorrupt, "/swarm/status spans[{}].layers \"{}\" is not FIRST-LAST", i, layers);
       p.peer.memory_bytes =
           live_peer_memory(sp.value("slab_bytes", uint64_t{0}), sp.value("replica_budget_bytes", uint64_t{0}),

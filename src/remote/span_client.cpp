@@ -478,6 +478,7 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
     std::lock_guard<std::mutex> again(mu_);
     ++stats_.drops;
   }
+  forget_running_idle();
   return Status::ok();
 }
 

@@ -102,8 +102,56 @@ bool SpanClient::let_go(const LayerSpan& sp, std::unique_ptr<WorkerLink> link) {
       spdlog::info("span {}-{}: {} keeps the blocks ({})", sp.first, sp.last, link->label, held.status().to_string());
     }
   }
+  SpanPeerView v = view_of({-1, -1}, link->label, link.get());
   link->shut_down();
+  std::lock_guard<std::mutex> lk(view_mu_);
+  idle_.erase(std::remove_if(idle_.begin(), idle_.end(), [&](const SpanPeerView& x) { return x.address == v.address; }),
+              idle_.end());
+  idle_.push_back(std::move(v));
   return dropped;
+}
+
+void SpanClient::forget_running_idle() {
+  std::lock_guard<std::mutex> lk(view_mu_);
+  idle_.erase(std::remove_if(idle_.begin(), idle_.end(),
+                             [&](const SpanPeerView& x) {
+                               return std::any_of(runners_.begin(), runners_.end(), [&](const auto& r) {
+                                 return r && !r->view.local && r->view.address == x.address;
+                               });
+                             }),
+              idle_.end());
+}
+
+std::vector<SpanPeerView> SpanClient::idle_view() const {
+  std::lock_guard<std::mutex> lk(view_mu_);
+  return idle_;
+}
+
+Status SpanClient::add_idle(const std::string& address) {
+  MOESH_ASSIGN_OR_RETURN(WorkerAddress addr, parse_worker_address(address));
+  {
+    std::lock_guard<std::mutex> lk(view_mu_);
+    for (const auto& r : runners_) {
+      if (!r->view.local && r->view.address == addr.to_string()) {
+        return make_error(StatusCode::kInvalidArgument, "{} runs span {}-{} of this backbone now", address,
+                          r->view.span.first, r->view.span.last);
+      }
+    }
+  }
+  MOESH_ASSIGN_OR_RETURN(wire::Hello hello, span_hello(model_, opts_.name));
+  MOESH_ASSIGN_OR_RETURN(std::unique_ptr<WorkerLink> link, connect_worker(addr, hello, opts_.link));
+  if ((link->session.features & wire::kFeatureSpan) == 0) {
+    link->shut_down();
+    return make_error(StatusCode::kUnsupported, "{} runs no layer span (start it with moesh span)", link->label);
+  }
+  SpanPeerView v = view_of({-1, -1}, link->label, link.get());
+  link->shut_down();
+  std::lock_guard<std::mutex> lk(view_mu_);
+  idle_.erase(std::remove_if(idle_.begin(), idle_.end(), [&](const SpanPeerView& x) { return x.address == v.address; }),
+              idle_.end());
+  spdlog::info("span peer {} known, idle (warm-up rtt {:.3f} ms)", v.label, v.warmup_rtt_ms);
+  idle_.push_back(std::move(v));
+  return Status::ok();
 }
 
 Result<SpanPlacement> parse_span_placement(const std::string& s) {
@@ -493,6 +541,8 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   }
 
   // The switch: new spans, runners, stores and logs; the old runners not kept are let go.
+  // The views are read without mu_ (peers_view, under view_mu_ only): runners_ changes under both.
+  std::unique_lock<std::mutex> views(view_mu_);
   std::vector<std::unique_ptr<Runner>> runners(J);
   for (size_t j = 0; j < J; ++j) {
     if (kept[j] >= 0) {
@@ -550,10 +600,8 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   }
   std::vector<LayerSpan> spans;
   for (const SpanPlacement& p : want) spans.push_back(p.span);
-  {
-    std::lock_guard<std::mutex> vl(view_mu_);
-    runners_ = std::move(runners);
-  }
+  runners_ = std::move(runners);
+  views.unlock();
   spans_ = std::move(spans);
   log_stores_ = std::move(stores);
   logs_ = std::move(logs);
@@ -570,6 +618,7 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   no_pass.unlock();
   uint64_t drops = 0;
   for (auto& [sp, link] : old_links) drops += let_go(sp, std::move(link)) ? 1 : 0;
+  forget_running_idle();  // a peer let go of one span may run another
   if (drops > 0) {
     std::lock_guard<std::mutex> again(mu_);
     stats_.drops += drops;

@@ -35,10 +35,12 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   }
   const nlohmann::json& live = replan["live"];
   const nlohmann::json& plan = replan["plan"];
-  // The span peers in use now, by name: only they can be given blocks (an expert worker runs none).
+  // The span peers, in use now or idle, by name: only they can be given blocks (an expert worker
+  // runs none).
   std::map<std::string, std::string> span_peers;  // name -> addr
   for (const auto& r : live.value("roles", nlohmann::json::array())) {
-    if (r.value("role", "") == "span") span_peers[r.value("peer", "")] = r.value("addr", "");
+    if (r.value("role", "") == "span" || r.value("span_peer", false))
+      span_peers[r.value("peer", "")] = r.value("addr", "");
   }
   const SpanListChange c = span_list_change(live, plan);
   if (!c.same && !c.live) {
@@ -62,7 +64,8 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
       if (h.is_string() && std::sscanf(h.get<std::string>().c_str(), "%d-%d", &first, &last) == 2)
         list.push_back({first, last, "here", ""});
     }
-    std::sort(list.begin(), list.end(), [](const SpanListEntry& x, const SpanListEntry& y) { return x.first < y.first; });
+    std::sort(list.begin(), list.end(),
+              [](const SpanListEntry& x, const SpanListEntry& y) { return x.first < y.first; });
   }
   if (list.empty()) {
     d.why = "the plan keeps no spans: the gain is in the experts (--rebalance moves those)";
@@ -132,17 +135,29 @@ void AutoReplanner::loop() {
 void AutoReplanner::check() {
   checks_.fetch_add(1);
   const nlohmann::json dash = dashboard_json(scheduler_->stats(), remote_, 0, model_, spans_);
-  const nlohmann::json replan =
-      dash.contains("plan") && dash["plan"].is_object() && dash["plan"].contains("replan") ? dash["plan"]["replan"]
-                                                                                          : nlohmann::json();
+  const nlohmann::json replan = dash.contains("plan") && dash["plan"].is_object() && dash["plan"].contains("replan")
+                                    ? dash["plan"]["replan"]
+                                    : nlohmann::json();
   AutoReplanDecision d = decide_auto_replan(replan);
   const auto now = std::chrono::steady_clock::now();
   if (d.apply) {
     std::lock_guard<std::mutex> lk(mu_);
-    if (d.spans == failed_spans_ &&
-        now - failed_at_ < std::chrono::duration<double>(kRetryFailedSeconds)) {
+    auto sorted = [](std::vector<std::string> v) {
+      std::sort(v.begin(), v.end());
+      return v;
+    };
+    const bool applied_before = applied_.load() > 0;
+    if (d.spans == failed_spans_ && now - failed_at_ < std::chrono::duration<double>(kRetryFailedSeconds)) {
       d.apply = false;
       d.why = "the plan's layout failed less than 10 minutes ago: " + last_.value("error", std::string());
+    } else if (applied_before && now - applied_at_ < std::chrono::duration<double>(kAutoReplanDwellSeconds)) {
+      d.apply = false;
+      d.why = fmt::format("a re-plan was carried out {:.0f} s ago: the next waits {:.0f} s",
+                          std::chrono::duration<double>(now - applied_at_).count(), kAutoReplanDwellSeconds);
+    } else if (applied_before && sorted(d.spans) == before_spans_ &&
+               now - applied_at_ < std::chrono::duration<double>(kRetryFailedSeconds)) {
+      d.apply = false;
+      d.why = "the plan would undo the re-plan carried out less than 10 minutes ago";
     }
   }
   if (!d.apply) {
@@ -162,6 +177,11 @@ void AutoReplanner::check() {
   }
   std::string from;
   for (const std::string& w : spans_->where_all()) from += (from.empty() ? "" : ", ") + w;
+  // The layout now, as placements (what undoing this re-plan would resplit to).
+  std::vector<std::string> before;
+  for (const SpanPeerView& v : spans_->peers_view())
+    before.push_back(fmt::format("{}-{}@{}", v.span.first, v.span.last, v.local ? std::string("here") : v.address));
+  std::sort(before.begin(), before.end());
   std::string to;
   for (const std::string& s : d.spans) to += (to.empty() ? "" : ", ") + s;
   spdlog::info("auto re-plan: {:.0f} % faster predicted: spans {} -> {}", 100 * d.gain, from, to);
@@ -171,6 +191,8 @@ void AutoReplanner::check() {
   last_at_ = std::chrono::steady_clock::now();
   if (st.is_ok()) {
     applied_.fetch_add(1);
+    applied_at_ = last_at_;
+    before_spans_ = std::move(before);
     last_why_ = "applied";
   } else {
     failed_.fetch_add(1);

@@ -4,10 +4,12 @@
 // span edges can be taken live, resplits the spans to it. The span peers load the blocks they are
 // given first (SPAN_HOLD) and let go of the ones they lose after, so nobody runs a command.
 //
-// Only spans move this way, and only among the span peers the gateway uses now: a plan giving
+// Only spans move this way, and only among the span peers the gateway knows (in use, or idle: let
+// go of, or added with `POST /swarm/spans/add`): a plan giving
 // blocks to an expert worker, a peer without an address (it joined), or blocks the backbone runs
 // as its own (not as `--span F-L@here`) is shown and left alone, saying why. Experts move by
-// themselves with `--rebalance`. A layout that failed is not tried again for kRetryFailedSeconds.
+// themselves with `--rebalance`. A layout that failed is not tried again for kRetryFailedSeconds;
+// one carried out stays at least kAutoReplanDwellSeconds and is not undone for kRetryFailedSeconds.
 #pragma once
 
 #include <atomic>
@@ -37,6 +39,11 @@ struct AutoReplanDecision {
 AutoReplanDecision decide_auto_replan(const nlohmann::json& replan);
 
 inline constexpr double kRetryFailedSeconds = 600;
+// After a re-plan is carried out, none other for this long (the new layout's trips are measured
+// first), and none that puts the spans back as they were before it for kRetryFailedSeconds: round
+// trips measured on loopback or a quiet WAN jitter by more than the 10 % a re-plan needs, and a
+// gateway must not move its spans back and forth on that noise.
+inline constexpr double kAutoReplanDwellSeconds = 60;
 
 class AutoReplanner {
  public:
@@ -67,6 +74,8 @@ class AutoReplanner {
   std::chrono::steady_clock::time_point last_at_{};
   std::vector<std::string> failed_spans_;  // the last layout that failed, and when
   std::chrono::steady_clock::time_point failed_at_{};
+  std::vector<std::string> before_spans_;  // the layout before the last re-plan carried out, and when
+  std::chrono::steady_clock::time_point applied_at_{};
   std::thread thread_;
 };
 

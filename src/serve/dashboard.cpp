@@ -147,6 +147,7 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     if (live.roles[i].kind == RoleKind::kSpan)
       r["layers"] = fmt::format("{}-{}", live.roles[i].first, live.roles[i].last);
     if (!(*live_peers)[i].addr.empty()) r["addr"] = (*live_peers)[i].addr;
+    if ((*live_peers)[i].span_peer) r["span_peer"] = true;
     live_roles.push_back(std::move(r));
   }
   // The blocks the backbone runs as spans itself ("F-L@here", or a span peer's fallback): a resplit
@@ -167,6 +168,7 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     if (r.kind == RoleKind::kExperts) x["experts"] = format_expert_spec(r.experts, pm->n_expert);
     if (r.kind == RoleKind::kSpan) x["layers"] = fmt::format("{}-{}", r.first, r.last);
     if (!(*live_peers)[i].addr.empty()) x["addr"] = (*live_peers)[i].addr;
+    if ((*live_peers)[i].span_peer) x["span_peer"] = true;
     plan_roles.push_back(std::move(x));
   }
   j["plan"] = {{"roles", std::move(plan_roles)}, {"predicted_step_ms", best->step_s * 1e3}};

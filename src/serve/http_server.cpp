@@ -875,6 +875,26 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     out["drops"] = ss.drops;
     res.set_content(out.dump(2), "application/json");
   });
+  // A span peer made known while serving (`moesh swarm move URL --span-peer HOST:PORT`, `moesh span
+  // --offer`): dialled to learn its round trip and memory, then listed as idle, so a re-plan (and
+  // --auto-replan) may give it blocks. Admin only: it adds a place hidden states may go.
+  svr.Post("/swarm/spans/add", [m](const httplib::Request& req, httplib::Response& res) {
+    auto err = [&](int http, std::string code, std::string msg) { send_admin_error(res, http, code, msg); };
+    if (!m->admin(req, res, "span peer additions")) return;
+    if (m->t.spans == nullptr) return err(404, "no_spans", "this gateway runs no layer spans (--span)");
+    const json body = json::parse(req.body, nullptr, false);
+    if (!body.is_object() || !body.contains("address") || !body["address"].is_string())
+      return err(400, "invalid_body", "the body must be {\"address\": \"HOST:PORT\"}");
+    Status st = m->t.spans->add_idle(body["address"].get<std::string>());
+    if (!st.is_ok()) {
+      const bool bad = st.code() == StatusCode::kInvalidArgument;
+      return err(bad ? 400 : 502, bad ? "invalid_address" : "span_peer_failed", st.message());
+    }
+    json out;
+    out["idle"] = json::array();
+    for (const SpanPeerView& v : m->t.spans->idle_view()) out["idle"].push_back(v.label);
+    res.set_content(out.dump(2), "application/json");
+  });
   // A worker taken in while serving (a new expert peer or a replica; `moesh swarm move URL
   // --worker HOST:PORT`): dialled between calls, listed under "late" in /swarm/status until it
   // answers, then added with the experts it announces. Admin only: it changes who computes.

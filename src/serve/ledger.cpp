@@ -124,6 +124,22 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote, const SpanClient*
                             {"offer_bytes", v.offer_bytes},
                             {"replica_budget_bytes", v.replica_budget_bytes}});
     }
+    // Span peers known but running none of these spans: what a re-plan may give blocks to.
+    for (const SpanPeerView& v : spans->idle_view()) {
+      j["spans"].push_back({{"layers", ""},
+                            {"label", v.label},
+                            {"state", "idle"},
+                            {"chosen_here", false},
+                            {"address", v.address},
+                            {"warmup_rtt_ms", v.warmup_rtt_ms},
+                            {"min_trip_ms", 0.0},
+                            {"trips", 0},
+                            {"slab_bytes", v.slab_bytes},
+                            {"mem_total_bytes", v.mem_total_bytes},
+                            {"mem_available_bytes", v.mem_available_bytes},
+                            {"offer_bytes", v.offer_bytes},
+                            {"replica_budget_bytes", v.replica_budget_bytes}});
+    }
   }
   if (remote == nullptr) return j;
   for (const WorkerStatus& w : remote->worker_status()) {
@@ -235,6 +251,13 @@ std::string render_swarm_status(const nlohmann::json& j) {
   if (j.contains("spans") && j["spans"].is_array()) {
     for (const nlohmann::json& v : j["spans"]) {
       const std::string memory = machine_memory(v);
+      if (str(v, "state") == "idle") {
+        s += fmt::format(
+            "span peer {}: idle (runs none of these spans; a re-plan may give it blocks), warm-up rtt "
+            "{:.3f} ms{}\n",
+            str(v, "label"), num(v, "warmup_rtt_ms"), memory);
+        continue;
+      }
       s += str(v, "state") == "here"
                ? fmt::format("span {}: run by the backbone ({})\n", str(v, "layers"),
                              v.value("chosen_here", false) ? "named or moved here" : "its peers are down")

@@ -658,6 +658,19 @@ TEST(Span, PeersLoadTheBlocksAResplitOrMoveGivesThemAndLetGoOfTheOld) {
   ASSERT_NE(spans, nullptr);
   EXPECT_EQ(spans->stats().loads, 1u);  // a loaded 0-2 at connect
   EXPECT_NE(spans->where(0).find((*a)->address().to_string()), std::string::npos) << spans->where(0);
+  // A span peer made known runs nothing of ours: idle, with what it reported (its RTT, memory).
+  ASSERT_TRUE(spans->add_idle((*fixed)->address().to_string()).is_ok());
+  Status busy = spans->add_idle((*a)->address().to_string());
+  EXPECT_EQ(busy.code(), StatusCode::kInvalidArgument) << busy.to_string();
+  EXPECT_NE(busy.message().find("runs span 0-2"), std::string::npos) << busy.to_string();
+  auto idle_labels = [&] {
+    std::vector<std::string> out;
+    for (const SpanPeerView& v : spans->idle_view()) out.push_back(v.label.substr(v.label.find('(')));
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  EXPECT_EQ(idle_labels(), std::vector<std::string>{"(span-4-5)"});
+  EXPECT_GT(spans->idle_view()[0].mem_total_bytes, 0u);
   Context ctx = make_ctx(m, spans);
   Context local = make_ctx(m, nullptr);
   int32_t t = 2;
@@ -674,14 +687,16 @@ TEST(Span, PeersLoadTheBlocksAResplitOrMoveGivesThemAndLetGoOfTheOld) {
   Status st = spans->resplit(placements({at("0-3", **a), at("4-5", **b)}));
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   EXPECT_EQ(spans->stats().loads, 3u);
-  EXPECT_EQ(spans->stats().drops, 2u);  // a let go of 0-2, b of 3-5
+  EXPECT_EQ(spans->stats().drops, 2u);                               // a let go of 0-2, b of 3-5
+  EXPECT_EQ(idle_labels(), std::vector<std::string>{"(span-4-5)"});  // a and b run spans still
   for (int i = 3; i < 6; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
   // 4-5 to a as well: loaded there, let go of on b.
   st = spans->move({4, 5}, (*a)->address().to_string());
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   EXPECT_EQ(spans->stats().loads, 4u);
   EXPECT_EQ(spans->stats().drops, 3u);
-  (*b)->kill_now();  // holds nothing of ours any more
+  EXPECT_EQ(idle_labels(), (std::vector<std::string>{"(span-3-5)", "(span-4-5)"}));  // b runs none now
+  (*b)->kill_now();                                                                  // holds nothing of ours any more
   for (int i = 6; i < 9; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
 
   // A peer on a slice of 4-5 without --fetch cannot load 0-3: the resplit says so, and nothing

@@ -40,9 +40,8 @@ TEST(AutoReplan, BlocksRunHereFillWhatNoNewSpanTakes) {
   ASSERT_TRUE(d.apply) << d.why;
   EXPECT_EQ(d.spans, (std::vector<std::string>{"0-0@here", "1-3@h:1"}));
   // Same edges, another peer: a resplit moves it.
-  d = decide_auto_replan(
-      replan({role("A", "span", "0-3", "h:1"), role("B", "idle", "", "h:2")},
-             {role("A", "idle", "", "h:1"), role("B", "span", "0-3", "h:2")}));
+  d = decide_auto_replan(replan({role("A", "span", "0-3", "h:1"), role("B", "idle", "", "h:2")},
+                                {role("A", "idle", "", "h:1"), role("B", "span", "0-3", "h:2")}));
   EXPECT_FALSE(d.apply);  // B is not a span peer now: the gateway does not know it runs spans
   EXPECT_NE(d.why.find("not a span peer"), std::string::npos) << d.why;
   d = decide_auto_replan(replan({role("A", "span", "0-1", "h:1"), role("B", "span", "2-3", "h:2")},
@@ -79,6 +78,17 @@ TEST(AutoReplan, OtherPlansAreLeftAloneSayingWhy) {
                                        role("W", "experts", "4-5:0-3", "h:3")}));
   EXPECT_FALSE(d.apply);
   EXPECT_NE(d.why.find("already"), std::string::npos) << d.why;
+}
+
+// An idle span peer (let go of, or made known) may be given blocks; an expert worker may not.
+TEST(AutoReplan, IdleSpanPeersMayBeGivenBlocks) {
+  json idle = role("C", "idle", "", "h:3");
+  idle["span_peer"] = true;
+  const json live = {role("A", "span", "0-3", "h:1"), idle};
+  const AutoReplanDecision d =
+      decide_auto_replan(replan(live, {role("A", "span", "0-1", "h:1"), role("C", "span", "2-3", "h:3")}));
+  ASSERT_TRUE(d.apply) << d.why;
+  EXPECT_EQ(d.spans, (std::vector<std::string>{"0-1@h:1", "2-3@h:3"}));
 }
 
 // A plan without spans gives their blocks back to the backbone: a resplit to spans here.

@@ -6,11 +6,13 @@
 // expert worker too, and may send its own MoE layers' experts to expert workers (--worker).
 #include <httplib.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "command.h"
 #include "http_cli.h"
@@ -29,6 +31,8 @@ struct SpanArgs {
   std::string model;
   std::string fetch;      // --fetch URL: the span slice from a gateway (GET /swarm/slice)
   std::string admin_key;  // its --admin-key
+  std::string offer;      // --offer URL: make this peer known to that gateway once it listens
+  std::string advertise;  // --advertise HOST:PORT: the address the gateway dials (default: --listen's)
   std::string slice_dir;  // where the fetched slice is kept
   std::string layers;
   std::string listen = "127.0.0.1:0";
@@ -110,6 +114,24 @@ Result<std::string> fetch_span_slice(const SpanArgs& a, const LayerSpan& sp) {
   std::fprintf(stderr, "moesh span: fetched %s (%.1f MiB, xxh3-128 %s) from %s\n", out.c_str(), bytes / 1048576.0,
                got->c_str(), url.c_str());
   return out;
+}
+
+// --offer: tells a gateway (`moesh serve --admin-key`) this peer exists (POST /swarm/spans/add);
+// it lists the peer idle until a re-plan gives it blocks, which it then loads.
+Status offer_to_gateway(const SpanArgs& a, const std::string& address) {
+  httplib::Client cli(base_url(a.offer));
+  cli.set_connection_timeout(10, 0);
+  cli.set_read_timeout(30, 0);
+  httplib::Headers h;
+  if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
+  auto res = cli.Post("/swarm/spans/add", h, nlohmann::json{{"address", address}}.dump(), "application/json");
+  if (!res)
+    return make_error(StatusCode::kUnavailable, "{}/swarm/spans/add: {}", a.offer, httplib::to_string(res.error()));
+  if (res->status != 200) {
+    return make_error(StatusCode::kUnavailable, "{}/swarm/spans/add: HTTP {}: {}", a.offer, res->status,
+                      api_error_message(res->body));
+  }
+  return Status::ok();
 }
 
 extern "C" void on_span_stop_signal(int) {
@@ -249,6 +271,16 @@ int run_span(const SpanArgs& a) {
   std::printf("listening on %s:%u\n", o.host.c_str(), static_cast<unsigned>((*worker)->port()));
   std::fflush(stdout);
 
+  std::string offer_address = a.advertise;
+  if (!a.offer.empty() && offer_address.empty()) {
+    if (o.host == "0.0.0.0" || o.host == "::" || o.host.empty())
+      return fail(make_error(StatusCode::kInvalidArgument,
+                             "--offer with --listen {}: give --advertise HOST:PORT (where the gateway reaches this "
+                             "peer)",
+                             a.listen));
+    offer_address =
+        fmt::format("{}:{}", o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host, (*worker)->port());
+  }
   g_span_worker = worker->get();
   struct sigaction sa = {};
   sa.sa_handler = on_span_stop_signal;
@@ -256,8 +288,26 @@ int run_span(const SpanArgs& a) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // --offer once the worker serves: the gateway dials this peer while answering.
+  std::atomic<bool> offer_failed{false};
+  std::thread offer;
+  if (!a.offer.empty()) {
+    offer = std::thread([&] {
+      Status st = offer_to_gateway(a, offer_address);
+      if (st.is_ok()) {
+        std::printf("offered to %s as %s\n", a.offer.c_str(), offer_address.c_str());
+        std::fflush(stdout);
+        return;
+      }
+      std::fprintf(stderr, "moesh span: error: --offer: %s\n", st.to_string().c_str());
+      offer_failed = true;
+      (*worker)->stop();
+    });
+  }
   (*worker)->run();
+  if (offer.joinable()) offer.join();
   g_span_worker = nullptr;
+  if (offer_failed) return 1;
   std::shared_ptr<swarm::SpanHost> first_host = hosts->find(*span);
   swarm::SpanHostStats none;
   const swarm::SpanHostStats& hs = first_host ? first_host->stats() : none;
@@ -286,7 +336,12 @@ const CommandRegistrar kRegisterSpan{Command{
       sub->add_option("--fetch", a->fetch,
                       "Instead of -m: download the span slice from a gateway (http://HOST:PORT of moesh serve "
                       "--admin-key), checked by hash");
-      sub->add_option("--admin-key", a->admin_key, "The gateway's --admin-key (with --fetch)");
+      sub->add_option("--admin-key", a->admin_key, "The gateway's --admin-key (with --fetch or --offer)");
+      sub->add_option("--offer", a->offer,
+                      "http://HOST:PORT of a gateway (moesh serve --admin-key) to tell of this peer once it listens: "
+                      "it lists it idle until a re-plan gives it blocks, which it then loads");
+      sub->add_option("--advertise", a->advertise,
+                      "HOST:PORT the gateway dials this peer at (with --offer; default: the --listen address)");
       sub->add_option("--slice-dir", a->slice_dir,
                       "Where --fetch keeps the slice (default $TMPDIR, else /var/tmp): span-FIRST-LAST.gguf");
       add_memory_flags(sub, &a->memory);

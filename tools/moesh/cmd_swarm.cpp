@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -33,10 +34,11 @@ struct SwarmArgs {
   // (SPAN_HOLD: from its model file, or a slice fetched from the gateway; the gateway waits up
   // to 10 minutes for that).
   int move_timeout_s = 900;
-  std::vector<std::string> move;         // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here, each span
-  bool resplit = false;                  // swarm move: new span edges (implied by several --span)
-  std::string admin_key;                 // swarm move: the gateway's --admin-key
-  std::vector<std::string> add_workers;  // swarm move --worker HOST:PORT: workers the gateway takes in
+  std::vector<std::string> add_span_peers;  // swarm move --span-peer
+  std::vector<std::string> move;            // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here, each span
+  bool resplit = false;                     // swarm move: new span edges (implied by several --span)
+  std::string admin_key;                    // swarm move: the gateway's --admin-key
+  std::vector<std::string> add_workers;     // swarm move --worker HOST:PORT: workers the gateway takes in
 };
 
 Result<nlohmann::json> get_json(const std::string& url, const std::string& path, int timeout_s) {
@@ -385,41 +387,59 @@ int run_plan(const PlanCliArgs& a) {
   return 0;
 }
 
-// `moesh swarm move URL --span 12-23@HOST:PORT --admin-key KEY`: a planned span move on a running
-// gateway (POST /swarm/spans/move; docs/serve.md#moving-a-span).
-// `moesh swarm move URL --worker HOST:PORT`: the gateway dials the worker and takes it in between
-// calls (POST /swarm/workers/add; it answers at once, the worker shows in `swarm status`).
-int run_add_workers(const SwarmArgs& a) {
+// POSTs {"address": X} to `route` of the gateway for each X; `ok` is the status that means done,
+// `said` what to print for X (without --json).
+int post_addresses(const SwarmArgs& a, const std::vector<std::string>& addresses, const std::string& route, int ok,
+                   const std::function<std::string(const std::string&)>& said) {
   httplib::Client cli(base_url(a.urls.at(0)));
   cli.set_connection_timeout(a.timeout_s, 0);
   cli.set_read_timeout(a.timeout_s, 0);
   httplib::Headers h;
   if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
-  for (const std::string& w : a.add_workers) {
-    auto res = cli.Post("/swarm/workers/add", h, nlohmann::json{{"address", w}}.dump(), "application/json");
+  for (const std::string& x : addresses) {
+    auto res = cli.Post(route, h, nlohmann::json{{"address", x}}.dump(), "application/json");
     if (!res) {
-      std::fprintf(stderr, "moesh swarm move: error: %s/swarm/workers/add: %s\n", base_url(a.urls[0]).c_str(),
+      std::fprintf(stderr, "moesh swarm move: error: %s%s: %s\n", base_url(a.urls[0]).c_str(), route.c_str(),
                    httplib::to_string(res.error()).c_str());
       return 1;
     }
-    if (res->status != 202) {
+    if (res->status != ok) {
       std::fprintf(stderr, "moesh swarm move: error: HTTP %d: %s\n", res->status, api_error_message(res->body).c_str());
       return 1;
     }
-    if (a.json)
-      std::printf("%s\n", res->body.c_str());
-    else
-      std::printf("dialling %s (it joins between calls: moesh swarm status %s)\n", w.c_str(), a.urls[0].c_str());
+    std::printf("%s\n", a.json ? res->body.c_str() : said(x).c_str());
   }
   return 0;
 }
 
+// `moesh swarm move URL --worker HOST:PORT`: the gateway dials the worker and takes it in between
+// calls (POST /swarm/workers/add; it answers at once, the worker shows in `swarm status`).
+int run_add_workers(const SwarmArgs& a) {
+  return post_addresses(a, a.add_workers, "/swarm/workers/add", 202, [&](const std::string& w) {
+    return fmt::format("dialling {} (it joins between calls: moesh swarm status {})", w, a.urls[0]);
+  });
+}
+
+// `moesh swarm move URL --span-peer HOST:PORT`: the gateway learns of a span peer (POST
+// /swarm/spans/add), listed idle until a re-plan gives it blocks.
+int run_add_span_peers(const SwarmArgs& a) {
+  return post_addresses(a, a.add_span_peers, "/swarm/spans/add", 200, [](const std::string& p) {
+    return fmt::format("span peer {} known to the gateway, idle until a re-plan gives it blocks", p);
+  });
+}
+
+// `moesh swarm move URL --span 12-23@HOST:PORT --admin-key KEY`: a planned span move on a running
+// gateway (POST /swarm/spans/move; docs/serve.md#moving-a-span); several --span: a resplit.
 int run_move(const SwarmArgs& a) {
-  if (a.move.empty() == a.add_workers.empty()) {
-    std::fprintf(stderr, "moesh swarm move: error: give --span (span moves) or --worker (workers to take in)\n");
+  const int kinds = !a.move.empty() + !a.add_workers.empty() + !a.add_span_peers.empty();
+  if (kinds != 1) {
+    std::fprintf(stderr,
+                 "moesh swarm move: error: give one of --span (span moves), --worker (workers to take in) and "
+                 "--span-peer (span peers to make known)\n");
     return 2;
   }
   if (!a.add_workers.empty()) return run_add_workers(a);
+  if (!a.add_span_peers.empty()) return run_add_span_peers(a);
   for (const std::string& sp : a.move) {
     const size_t at = sp.find('@');
     if (at == std::string::npos || at == 0 || at + 1 == sp.size()) {
@@ -498,6 +518,9 @@ const CommandRegistrar kRegisterSwarm{Command{
       mv->add_option("--worker", a->add_workers,
                      "HOST:PORT of a `moesh worker` (a new expert peer or replica) the gateway dials and takes in "
                      "between calls (repeatable)");
+      mv->add_option("--span-peer", a->add_span_peers,
+                     "HOST:PORT of a `moesh span` peer the gateway learns of, listed idle until a re-plan (or "
+                     "--auto-replan) gives it blocks, which it then loads (repeatable)");
       mv->add_flag("--resplit", a->resplit,
                    "Take the --span list as the new span list even when it is one span (e.g. two spans merged)");
       mv->add_option("--admin-key", a->admin_key, "The gateway's --admin-key");

@@ -22,7 +22,8 @@ struct LivePeer {
   std::string label;  // its label at the gateway (what other workers' RTTs name it by)
   std::vector<std::pair<std::string, double>> measured_rtt_ms;  // its RTT to other labels (PROBE)
   double slowed_s = 0;        // added to its RTT: how much slower its recent trips are than its fastest
-  int first = -1, last = -1;  // a span peer: the blocks it runs now (first < 0: an expert worker)
+  int first = -1, last = -1;  // a span peer: the blocks it runs now (first < 0: an expert worker, or idle)
+  bool span_peer = false;     // a `moesh span` peer (running a span now or idle): it can be given blocks
 };
 
 // What a live worker may hold, from its INFO_REPLY figures: what it offers (`moesh worker
@@ -36,8 +37,9 @@ uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t avail
 // connect: network only, no compute) plus, for one that slowed down, how much its recent trips
 // (median of the last 16) exceed its fastest, and live_peer_memory as memory. kCorrupt without a
 // workers array.
-// Span peers ("spans", state "up": not run by the backbone itself) follow, with their blocks and
-// the same memory rule (slab: the routed experts of their blocks), their warm-up round trip as RTT.
+// Span peers ("spans", state "up": not run by the backbone itself; "idle": known, running none of
+// its spans) follow, with their blocks and the same memory rule (slab: the routed experts of their
+// blocks), their warm-up round trip as RTT.
 Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& status);
 
 // The peer-to-peer round trips live workers measured, seconds ([i][j]; -1: unknown): a pair

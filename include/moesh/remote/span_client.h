@@ -191,6 +191,14 @@ class SpanClient final : public SpanRunner {
 
   SpanStats stats() const;
   std::vector<SpanPeerView> peers_view() const;
+  // Span peers this backbone knows that run none of its spans now: added (add_idle, `POST
+  // /swarm/spans/add`) or let go of by a move or resplit. What each reported when last connected
+  // (span {-1, -1}), so a re-plan may give it blocks; a move or resplit to it dials it again (and it
+  // loads them).
+  std::vector<SpanPeerView> idle_view() const;
+  // Dials a span peer to learn its round trip and memory, and keeps it as idle (the link closed).
+  // kInvalidArgument when it runs one of the spans now; the dial's error otherwise.
+  Status add_idle(const std::string& address);
   // Who runs span k now: "12-23 on 127.0.0.1:7001 (span-a)" or "12-23 here".
   std::string where(int k) const;
   // One line per span, for start-up output.
@@ -232,8 +240,10 @@ class SpanClient final : public SpanRunner {
   Result<NewRunner> dial(const LayerSpan& sp, const std::string& to) const;
   // A peer's link no longer used for blocks sp after a move or resplit: a peer that loads spans is
   // asked to let go of them (best effort: it frees the memory for what it runs next), then the
-  // link is closed. True when the peer let go.
-  static bool let_go(const LayerSpan& sp, std::unique_ptr<WorkerLink> link);
+  // link is closed, the peer kept as idle. True when the peer let go.
+  bool let_go(const LayerSpan& sp, std::unique_ptr<WorkerLink> link);
+  // The idle list without the peers that run a span now.
+  void forget_running_idle();
   // Cells [from, n) of `in` to `nr` as new rows of blocks sp (the runner holds the cells before
   // `from` with matching inputs), in chunks; `out` (may be null) gets the rows leaving sp's last
   // block, [n - from][span_row_width(sp.last + 1)].
@@ -296,7 +306,8 @@ class SpanClient final : public SpanRunner {
   std::shared_mutex pass_mu_;
   std::mutex pass_gate_;        // the turnstile before pass_mu_ (begin_pass, resplit)
   uint64_t generation_ = 0;     // spans_' generation (changed under pass_mu_ and mu_)
-  mutable std::mutex view_mu_;  // Runner::view
+  mutable std::mutex view_mu_;  // Runner::view, idle_
+  std::vector<SpanPeerView> idle_;
   // Per span, the rows of every SeqLog (its input width); the memory budget shared in proportion.
   std::vector<std::shared_ptr<RowStore>> log_stores_;
   std::map<int32_t, SeqLog> logs_;

@@ -1145,6 +1145,30 @@ done
 curl -sS "$BASE/swarm/status" >"$TMP/auto_status2.json"
 expect_eq "$(js 'j.auto_replan.applied + " " + j.auto_replan.failed' <"$TMP/auto_status2.json")" "1 0" \
   "auto re-plan: three checks later nothing else moved ($(js 'j.auto_replan.last_why' <"$TMP/auto_status2.json"))"
+expect_eq "$(js 'j.spans.filter(s => s.state == "idle").length' <"$TMP/auto_status2.json")" "1" \
+  "auto re-plan: the peer let go of is listed idle (a later re-plan may give it blocks again)"
+# Span peers made known while serving: one offers itself at start (moesh span --offer), one is named
+# (swarm move --span-peer); both are listed idle; an unreachable one is refused naming it.
+"$MOESH" span -m "$SPAN_MODEL" --layers 0-0 --listen 127.0.0.1:0 -t 1 --name ar2 --offer "$BASE" \
+  --admin-key s3cret >"$TMP/ar2.log" 2>"$TMP/ar2.log.err" &
+SPID=$!
+PIDS+=("$SPID")
+wait_port "$TMP/ar2.log" "$SPID" >/dev/null
+for _ in $(seq 1 50); do grep -q "^offered to " "$TMP/ar2.log" && break; sleep 0.1; done
+grep -q "^offered to $BASE as 127.0.0.1:" "$TMP/ar2.log" || fail "span --offer: $(cat "$TMP/ar2.log" "$TMP/ar2.log.err")"
+start_span ar3 1-1
+"$MOESH" swarm move "$BASE" --span-peer "$SADDR" --admin-key s3cret >"$TMP/add_span.out" ||
+  fail "swarm move --span-peer: $(cat "$TMP/add_span.out")"
+"$MOESH" swarm status "$BASE" --json >"$TMP/auto_status3.json"
+expect_eq "$(js 'j.spans.filter(s => s.state == "idle").map(s => s.label.replace(/.*\(/, "(")).sort().join()' \
+  <"$TMP/auto_status3.json" | grep -o '(ar[23])' | tr '\n' ' ')" "(ar2) (ar3) " \
+  "span peers made known (--offer, swarm move --span-peer) are listed idle"
+"$MOESH" swarm status "$BASE" | grep -q "^span peer .*(ar3): idle" || fail "swarm status text: idle span peer"
+if "$MOESH" swarm move "$BASE" --span-peer 127.0.0.1:1 --admin-key s3cret 2>"$TMP/add_span_bad.err"; then
+  fail "swarm move --span-peer to a closed port succeeded"
+fi
+grep -q "HTTP 502: .*127.0.0.1:1" "$TMP/add_span_bad.err" || fail "--span-peer error: $(cat "$TMP/add_span_bad.err")"
+ok "an unreachable span peer is refused, naming it"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
