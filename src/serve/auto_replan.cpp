@@ -13,6 +13,32 @@
 
 namespace moesh::serve {
 
+namespace {
+
+// doc[key] when it is an array, else an empty one; its objects only (a malformed document is
+// read as far as it makes sense, never thrown on).
+std::vector<nlohmann::json> objects_of(const nlohmann::json& doc, const char* key) {
+  std::vector<nlohmann::json> out;
+  if (!doc.is_object() || !doc.contains(key) || !doc[key].is_array()) return out;
+  for (const auto& x : doc[key])
+    if (x.is_object()) out.push_back(x);
+  return out;
+}
+
+std::string str(const nlohmann::json& o, const char* key) {
+  return o.is_object() && o.contains(key) && o[key].is_string() ? o[key].get<std::string>() : std::string();
+}
+
+std::vector<std::string> strings_of(const nlohmann::json& doc, const char* key) {
+  std::vector<std::string> out;
+  if (!doc.is_object() || !doc.contains(key) || !doc[key].is_array()) return out;
+  for (const auto& x : doc[key])
+    if (x.is_string()) out.push_back(x.get<std::string>());
+  return out;
+}
+
+}  // namespace
+
 AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   AutoReplanDecision d;
   if (!replan.is_object()) {
@@ -23,8 +49,8 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
     d.why = "no re-plan: " + replan["error"].dump();
     return d;
   }
-  d.gain = replan.value("gain", 0.0);
-  if (!replan.value("replan", false)) {
+  d.gain = replan.contains("gain") && replan["gain"].is_number() ? replan["gain"].get<double>() : 0.0;
+  if (!replan.contains("replan") || !replan["replan"].is_boolean() || !replan["replan"].get<bool>()) {
     d.why = fmt::format("the plan is {:.1f} % faster than the live layout (moves from {:.0f} %)", 100 * d.gain,
                         100 * kReplanGain);
     return d;
@@ -38,9 +64,9 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   // The span peers, in use now or idle, by name: only they can be given blocks (an expert worker
   // runs none).
   std::map<std::string, std::string> span_peers;  // name -> addr
-  for (const auto& r : live.value("roles", nlohmann::json::array())) {
-    if (r.value("role", "") == "span" || r.value("span_peer", false))
-      span_peers[r.value("peer", "")] = r.value("addr", "");
+  for (const auto& r : objects_of(live, "roles")) {
+    const bool span_peer = r.contains("span_peer") && r["span_peer"].is_boolean() && r["span_peer"].get<bool>();
+    if (str(r, "role") == "span" || span_peer) span_peers[str(r, "peer")] = str(r, "addr");
   }
   const SpanListChange c = span_list_change(live, plan);
   if (!c.same && !c.live) {
@@ -53,16 +79,14 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   std::vector<SpanListEntry> list = c.list;
   if (c.same) {
     list.clear();
-    for (const auto& r : plan.value("roles", nlohmann::json::array())) {
+    for (const auto& r : objects_of(plan, "roles")) {
       int first = 0, last = 0;
-      if (r.value("role", "") != "span" || std::sscanf(r.value("layers", "").c_str(), "%d-%d", &first, &last) != 2)
-        continue;
-      list.push_back({first, last, r.value("addr", ""), r.value("peer", "")});
+      if (str(r, "role") != "span" || std::sscanf(str(r, "layers").c_str(), "%d-%d", &first, &last) != 2) continue;
+      list.push_back({first, last, str(r, "addr"), str(r, "peer")});
     }
-    for (const auto& h : live.value("here", nlohmann::json::array())) {
+    for (const std::string& h : strings_of(live, "here")) {
       int first = 0, last = 0;
-      if (h.is_string() && std::sscanf(h.get<std::string>().c_str(), "%d-%d", &first, &last) == 2)
-        list.push_back({first, last, "here", ""});
+      if (std::sscanf(h.c_str(), "%d-%d", &first, &last) == 2) list.push_back({first, last, "here", ""});
     }
     std::sort(list.begin(), list.end(),
               [](const SpanListEntry& x, const SpanListEntry& y) { return x.first < y.first; });
@@ -85,10 +109,9 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
     }
   }
   std::vector<std::string> now;
-  for (const auto& r : live.value("roles", nlohmann::json::array()))
-    if (r.value("role", "") == "span") now.push_back(r.value("layers", "") + "@" + r.value("addr", ""));
-  for (const auto& h : live.value("here", nlohmann::json::array()))
-    if (h.is_string()) now.push_back(h.get<std::string>() + "@here");
+  for (const auto& r : objects_of(live, "roles"))
+    if (str(r, "role") == "span") now.push_back(str(r, "layers") + "@" + str(r, "addr"));
+  for (const std::string& h : strings_of(live, "here")) now.push_back(h + "@here");
   for (const SpanListEntry& e : list) d.spans.push_back(fmt::format("{}-{}@{}", e.first, e.last, e.to));
   std::vector<std::string> a = now, b = d.spans;
   std::sort(a.begin(), a.end());

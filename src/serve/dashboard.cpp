@@ -360,6 +360,7 @@ const char* dashboard_html() {
 <span id="plan_err" class="down"></span></div>
 <table id="plan"><thead><tr><th class="l">peer</th><th class="l">role</th><th class="l">holds</th><th>rtt ms</th><th>trip ms</th></tr></thead><tbody></tbody></table>
 <div id="replan">re-plan: <span id="replan_text">–</span></div>
+<div id="auto_replan" hidden>auto re-plan: <span id="auto_replan_text">–</span></div>
 <table id="replan_peers"><thead><tr><th class="l">peer</th><th class="l">would be</th><th class="l">holding</th></tr></thead><tbody></tbody></table></div>
 <div class="card"><h2>Expert activations (share of each layer's tokens)</h2><table id="heat"></table></div>
 <script>
@@ -451,6 +452,14 @@ function drawPlan(p) {
     rb.appendChild(tr);
   }
 }
+// `serve --auto-replan`: what the gateway did with its re-plan, or why not.
+function drawAuto(a) {
+  el('auto_replan').hidden = !a;
+  if (!a) return;
+  el('auto_replan_text').textContent = 'every ' + a.every_s + ' s: ' + a.applied + ' carried out, ' + a.failed +
+    ' failed' + (a.last ? ' (last: ' + a.last.from + ' -> ' + a.last.to + ')' : '') + ' — ' + (a.last_why || 'no check yet');
+  document.body.dataset.autoReplans = a.applied;
+}
 function drawHeat(h) {
   const t = el('heat'); t.innerHTML = '';
   for (const L of h.layers) {
@@ -479,7 +488,7 @@ async function update() {
     el('tps').textContent = p.tps.toFixed(1);
     el('tpt').textContent = p.tpt.toFixed(2);
     el('nup').textContent = j.status.workers.filter(w => w.state === 'up').length + ' / ' + j.status.workers.length;
-    drawMap(j.status.workers); drawWorkers(j.status.workers); drawHeat(j.heatmap); drawPlan(j.plan); drawChart();
+    drawMap(j.status.workers); drawWorkers(j.status.workers); drawHeat(j.heatmap); drawPlan(j.plan); drawAuto(j.auto_replan); drawChart();
     updates += 1; el('updates').textContent = updates; document.body.dataset.updates = updates;
     // For tests and scrapers: the first and latest generated-token counts this page saw.
     if (document.body.dataset.genFirst === undefined) document.body.dataset.genFirst = j.generated_tokens;

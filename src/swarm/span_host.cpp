@@ -239,12 +239,12 @@ SpanHosts::SpanHosts(std::shared_ptr<SpanHost> initial, SpanLoader loader) : loa
 }
 
 SpanHosts::~SpanHosts() {
-  std::vector<std::thread> loads;
+  std::vector<Load> loads;
   {
     std::lock_guard<std::mutex> lk(mu_);
     loads.swap(loads_);
   }
-  for (std::thread& t : loads) t.join();
+  for (Load& l : loads) l.thread.join();
 }
 
 std::shared_ptr<SpanHost> SpanHosts::find(const LayerSpan& sp) const {
@@ -308,11 +308,26 @@ Result<wire::SpanHeldMsg> SpanHosts::hold(const std::string& peer, const wire::S
       }
       spans_[key] = Entry{nullptr, wire::SpanHeldState::kLoading, {}};
       spdlog::info("span peer: loading blocks {}-{} for '{}'", key.first, key.second, peer);
-      loads_.emplace_back([this, key] {
+      // Loads that finished are joined here (quick: their threads are ending or gone).
+      for (auto l = loads_.begin(); l != loads_.end();) {
+        if (!l->done->load()) {
+          ++l;
+          continue;
+        }
+        l->thread.join();
+        l = loads_.erase(l);
+      }
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      loads_.push_back({std::thread(), done});
+      loads_.back().thread = std::thread([this, key, done] {
+        struct Done {
+          std::atomic<bool>& d;
+          ~Done() { d = true; }
+        } mark{*done};
         Result<std::shared_ptr<SpanHost>> h = loader_(LayerSpan{key.first, key.second});
         if (h.is_ok() && (!*h || (*h)->span().first != key.first || (*h)->span().last != key.second))
           h = make_error(StatusCode::kInternal, "the loader made no host of blocks {}-{}", key.first, key.second);
-        std::lock_guard<std::mutex> done(mu_);
+        std::lock_guard<std::mutex> finished(mu_);
         auto e = spans_.find(key);
         if (e == spans_.end()) return;  // dropped meanwhile
         if (h.is_ok()) {

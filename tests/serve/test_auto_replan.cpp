@@ -18,6 +18,8 @@ json role(const std::string& peer, const std::string& kind, const std::string& w
   return r;
 }
 
+// Arrays built with json::array(): a one-element braced list is an array to one compiler and the
+// element itself to another.
 json replan(json live_roles, json plan_roles, json here = json::array(), double gain = 0.5) {
   return {{"replan", gain >= kReplanGain},
           {"gain", gain},
@@ -35,8 +37,9 @@ TEST(AutoReplan, TwoSpansMergedOntoOnePeerAreResplit) {
 }
 
 TEST(AutoReplan, BlocksRunHereFillWhatNoNewSpanTakes) {
-  const json live = {role("A", "span", "2-3", "h:1")};
-  AutoReplanDecision d = decide_auto_replan(replan(live, {role("A", "span", "1-3", "h:1")}, {"0-1"}));
+  const json live = json::array({role("A", "span", "2-3", "h:1")});
+  AutoReplanDecision d =
+      decide_auto_replan(replan(live, json::array({role("A", "span", "1-3", "h:1")}), json::array({"0-1"})));
   ASSERT_TRUE(d.apply) << d.why;
   EXPECT_EQ(d.spans, (std::vector<std::string>{"0-0@here", "1-3@h:1"}));
   // Same edges, another peer: a resplit moves it.
@@ -54,7 +57,8 @@ TEST(AutoReplan, OtherPlansAreLeftAloneSayingWhy) {
   const json live = {role("A", "span", "0-1", "h:1"), role("B", "span", "2-3", "h:2"),
                      role("W", "experts", "4-5:0-7", "h:3")};
   // Not worth its moves.
-  AutoReplanDecision d = decide_auto_replan(replan(live, {role("B", "span", "0-3", "h:2")}, json::array(), 0.04));
+  AutoReplanDecision d =
+      decide_auto_replan(replan(live, json::array({role("B", "span", "0-3", "h:2")}), json::array(), 0.04));
   EXPECT_FALSE(d.apply);
   EXPECT_NE(d.why.find("4.0 % faster"), std::string::npos) << d.why;
   // An error, or nothing yet.
@@ -78,6 +82,12 @@ TEST(AutoReplan, OtherPlansAreLeftAloneSayingWhy) {
                                        role("W", "experts", "4-5:0-3", "h:3")}));
   EXPECT_FALSE(d.apply);
   EXPECT_NE(d.why.find("already"), std::string::npos) << d.why;
+  // A malformed document is refused, never thrown on.
+  for (const json& bad :
+       {json{{"replan", "yes"}}, json{{"replan", true}, {"gain", "x"}, {"live", 3}, {"plan", "p"}},
+        json{{"replan", true}, {"live", {{"roles", "A"}, {"here", 5}}}, {"plan", {{"roles", {1, 2}}}}}}) {
+    EXPECT_FALSE(decide_auto_replan(bad).apply) << bad.dump();
+  }
 }
 
 // An idle span peer (let go of, or made known) may be given blocks; an expert worker may not.
@@ -94,7 +104,7 @@ TEST(AutoReplan, IdleSpanPeersMayBeGivenBlocks) {
 // A plan without spans gives their blocks back to the backbone: a resplit to spans here.
 TEST(AutoReplan, APlanWithoutSpansBringsTheirBlocksHere) {
   const json live = {role("A", "span", "0-1", "h:1"), role("B", "span", "2-3", "h:2")};
-  const AutoReplanDecision d = decide_auto_replan(replan(live, {role("W", "experts", "0-3:0-7", "h:3")}));
+  const AutoReplanDecision d = decide_auto_replan(replan(live, json::array({role("W", "experts", "0-3:0-7", "h:3")})));
   ASSERT_TRUE(d.apply) << d.why;
   EXPECT_EQ(d.spans, std::vector<std::string>{"0-3@here"});
 }

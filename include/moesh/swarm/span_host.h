@@ -153,8 +153,12 @@ class SpanHosts {
   int64_t max_row_width_ = 0;
   mutable std::mutex mu_;
   std::map<Key, Entry> spans_;
-  std::vector<std::thread> loads_;
-  std::mutex compute_mu_;  // one step at a time over all hosts
+  struct Load {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Load> loads_;  // finished ones are joined at the next load
+  std::mutex compute_mu_;    // one step at a time over all hosts
 };
 
 }  // namespace moesh::swarm
