@@ -36,6 +36,9 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
       p.peer.rtt_s += p.slowed_s;
     }
     if (w.value("path", "") == "direct") p.addr = w.value("address", "");
+    // A worker on the full model may be given blocks (it loads them from its file): a re-plan may
+    // make it a span peer — where the gateway can dial it.
+    p.span_peer = w.contains("loads_blocks") && w["loads_blocks"].is_boolean() && w["loads_blocks"].get<bool>();
     p.label = w.value("label", "");
     if (w.contains("peer_rtt_ms") && w["peer_rtt_ms"].is_object()) {
       for (const auto& [label, ms] : w["peer_rtt_ms"].items())
@@ -43,6 +46,7 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
     }
     out.push_back(std::move(p));
   }
+  const size_t n_workers = out.size();
   if (j.contains("spans") && j["spans"].is_array()) {
     for (size_t i = 0; i < j["spans"].size(); ++i) {
       const auto& sp = j["spans"][i];
@@ -62,6 +66,19 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
                            sp.value("mem_available_bytes", uint64_t{0}), sp.value("offer_bytes", uint64_t{0}));
       p.peer.rtt_s = std::max(0.0, sp.value("warmup_rtt_ms", 0.0)) * 1e-3;
       p.addr = sp.value("address", "");
+      // One machine, one peer: a worker that runs blocks now (a re-plan gave it some) is that
+      // worker with a span; one idle as a span peer is the worker.
+      const auto workers_end = out.begin() + static_cast<ptrdiff_t>(n_workers);
+      auto same = std::find_if(out.begin(), workers_end,
+                               [&](const LivePeer& x) { return !p.addr.empty() && x.addr == p.addr && x.first < 0; });
+      if (same != workers_end) {
+        same->span_peer = true;
+        if (state == "up") {
+          same->first = p.first;
+          same->last = p.last;
+        }
+        continue;
+      }
       out.push_back(std::move(p));
     }
   }

@@ -639,6 +639,7 @@ std::vector<WorkerStatus> RemoteExecutor::worker_status() const {
     s.mem_total_bytes = link.capacity.mem_total_bytes;
     s.mem_available_bytes = link.capacity.mem_available_bytes;
     s.offer_bytes = link.capacity.offer_bytes;
+    s.loads_blocks = (link.session.features & wire::kFeatureSpanLoad) != 0;
     if (w < m.replica_use.size() && m.replica_use[w].second > 0) {
       // STOREd since it connected: the latest STORED's figures, slabs grown by what was stored.
       s.slab_bytes += m.replica_use[w].first - std::min(m.replica_use[w].first, s.replica_bytes);

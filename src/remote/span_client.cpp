@@ -195,8 +195,9 @@ Result<std::shared_ptr<SpanClient>> SpanClient::connect(const Model& model, std:
   return c;
 }
 
-// Moves span k to its next peer that connects, else (local_fallback) to this process. `why` is
-// what made the current one fail (ok at start-up).
+// Moves span k to its next peer that connects — after a failure, then to an idle span peer that
+// loads the blocks — else (local_fallback) to this process. `why` is what made the current one
+// fail (ok at start-up).
 Status SpanClient::fail_over(int k, const Status& why) {
   Runner& r = *runners_[static_cast<size_t>(k)];
   const LayerSpan sp = r.target.span;
@@ -206,39 +207,122 @@ Status SpanClient::fail_over(int k, const Status& why) {
     r.link.reset();
   }
   r.has.clear();  // a new runner holds nothing of ours until it says so
+  r.pending.reset();
   std::string errors;
   MOESH_ASSIGN_OR_RETURN(wire::Hello hello, span_hello(model_, opts_.name));
+  const bool failure = !why.is_ok();
+  const bool can_run_here = opts_.local_fallback || r.target.here;
+  // Takes the span onto `link`; `at`: its index in target.peers.
+  auto take = [&](std::unique_ptr<WorkerLink> link, size_t at, bool loaded, bool idle) {
+    if (loaded) {
+      ++stats_.loads;
+      if (failure) ++stats_.failover_loads;
+    }
+    if (idle) ++stats_.idle_takeovers;
+    r.link = std::move(link);
+    r.link->limits.max_n_embd = span_row_limit();
+    r.local.reset();
+    r.label = r.link->label;
+    r.current = at;
+    r.last_retry = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> vl(view_mu_);
+      r.view = view_of(r.target.span, r.label, r.link.get());
+    }
+    if (failure) ++stats_.failovers;
+  };
+  // Dials a; ok with *link set when it can run the span now. A peer that loads spans is asked to
+  // hold the blocks: at start-up it is waited for (load_timeout); after a failure for
+  // failover_load_wait when the span can run here meanwhile (it is then kept loading as
+  // r.pending, the first such peer only), else for load_timeout.
+  auto dial = [&](const WorkerAddress& a, bool idle, std::unique_ptr<WorkerLink>* link, bool* loaded) -> Status {
+    *loaded = false;
+    auto l = connect_worker(a, hello, opts_.link);
+    if (!l) return l.status();
+    if (((*l)->session.features & wire::kFeatureSpan) == 0) {
+      (*l)->shut_down();
+      return make_error(StatusCode::kUnsupported, "{} runs no layer span (start it with moesh span)", (*l)->label);
+    }
+    if (((*l)->session.features & wire::kFeatureSpanLoad) == 0) {
+      if (idle) {
+        (*l)->shut_down();
+        return make_error(StatusCode::kUnsupported, "{} does not load blocks", (*l)->label);
+      }
+      // A replacement that cannot load: the steps find out whether it holds the blocks.
+      *link = std::move(*l);
+      return Status::ok();
+    }
+    if (!failure) {
+      Status st = load_span_on_peer(**l, sp, opts_.load_timeout, loaded);
+      if (!st.is_ok()) {
+        (*l)->shut_down();
+        return st;
+      }
+      *link = std::move(*l);
+      return Status::ok();
+    }
+    auto p = std::make_unique<SpanPendingLoad>();
+    p->link = std::move(*l);
+    p->address = a;
+    p->idle = idle;
+    WorkerLink* lp = p->link.get();
+    bool* lf = &p->loaded;
+    const std::chrono::milliseconds timeout = opts_.load_timeout;
+    p->done = std::async(std::launch::async, [lp, sp, timeout, lf] { return load_span_on_peer(*lp, sp, timeout, lf); });
+    const bool may_wait_here = can_run_here && !r.pending;
+    const auto wait = may_wait_here ? opts_.failover_load_wait : opts_.load_timeout + std::chrono::seconds(1);
+    // (A wait of 0 never waits: the span runs here first, which tests rely on.)
+    if (wait.count() > 0 && p->done.wait_for(wait) == std::future_status::ready) {
+      Status st = p->done.get();
+      if (!st.is_ok()) return st;
+      *loaded = p->loaded;
+      *link = std::move(p->link);
+      return Status::ok();
+    }
+    const std::string label = p->link->label;
+    if (!may_wait_here) {
+      return make_error(StatusCode::kTimeout, "{} was still loading the blocks after {} ms", label, wait.count());
+    }
+    r.pending = std::move(p);
+    return make_error(StatusCode::kUnavailable, "{} loads the blocks (the span moves there once it holds them)", label);
+  };
   while (r.next_peer < r.target.peers.size()) {
     const WorkerAddress& a = r.target.peers[r.next_peer++];
-    auto link = connect_worker(a, hello, opts_.link);
-    Status st = link ? Status::ok() : link.status();
-    if (st.is_ok() && ((*link)->session.features & wire::kFeatureSpan) == 0) {
-      st = make_error(StatusCode::kUnsupported, "{} runs no layer span (start it with moesh span)", (*link)->label);
-    }
-    // At start-up a peer that loads spans is asked to hold the blocks named for it (a replacement
-    // is not: the steps wait for it, so one that lacks them is passed over as it answers).
+    std::unique_ptr<WorkerLink> link;
     bool loaded = false;
-    if (st.is_ok() && why.is_ok() && ((*link)->session.features & wire::kFeatureSpanLoad) != 0) {
-      st = load_span_on_peer(**link, sp, opts_.load_timeout, &loaded);
-      if (!st.is_ok()) (*link)->shut_down();
-    }
+    Status st = dial(a, false, &link, &loaded);
     if (st.is_ok()) {
-      if (loaded) ++stats_.loads;
-      r.link = std::move(*link);
-      r.link->limits.max_n_embd = span_row_limit();
-      r.label = r.link->label;
-      r.current = r.next_peer - 1;
-      r.last_retry = std::chrono::steady_clock::now();
-      {
-        std::lock_guard<std::mutex> vl(view_mu_);
-        r.view = view_of(r.target.span, r.label, r.link.get());
-      }
-      if (!why.is_ok()) ++stats_.failovers;
+      r.pending.reset();
+      take(std::move(link), r.next_peer - 1, loaded, false);
       return Status::ok();
     }
     errors += fmt::format("; {}: {}", a.to_string(), st.message());
   }
-  if (!opts_.local_fallback && !r.target.here) {
+  // The idle span peers this backbone knows (let go of, or made known): one that loads the
+  // blocks takes the span over, so it need not come here.
+  if (failure) {
+    for (const SpanPeerView& v : idle_view()) {
+      auto a = parse_worker_address(v.address);
+      if (!a) continue;
+      const bool named = std::any_of(r.target.peers.begin(), r.target.peers.end(),
+                                     [&](const WorkerAddress& x) { return x.to_string() == a->to_string(); });
+      if (named) continue;
+      std::unique_ptr<WorkerLink> link;
+      bool loaded = false;
+      Status st = dial(*a, true, &link, &loaded);
+      if (st.is_ok()) {
+        r.pending.reset();
+        r.target.peers.push_back(*a);
+        r.next_peer = r.target.peers.size();
+        take(std::move(link), r.target.peers.size() - 1, loaded, true);
+        spdlog::info("span {}-{}: taken over by {}, an idle span peer", sp.first, sp.last, r.label);
+        forget_running_idle();
+        return Status::ok();
+      }
+      errors += fmt::format("; {} (idle): {}", a->to_string(), st.message());
+    }
+  }
+  if (!can_run_here) {
     return make_error(StatusCode::kUnavailable, "span {}-{}: no peer can run it{}", sp.first, sp.last, errors);
   }
   r.moved_here = r.moved_here || r.target.here;  // named here: no preferred peer to go back to
@@ -259,8 +343,47 @@ Status SpanClient::fail_over(int k, const Status& why) {
     r.view = view_of(r.target.span, r.label, nullptr);
     r.view.chosen_here = r.moved_here;
   }
-  if (!why.is_ok()) ++stats_.failovers;
+  if (failure) ++stats_.failovers;
   return Status::ok();
+}
+
+// A replacement that was still loading the blocks when span k failed over here: once it holds
+// them the span moves there (its inputs replayed from the log, as after any move).
+void SpanClient::adopt_loaded(int k) {
+  Runner& r = *runners_[static_cast<size_t>(k)];
+  if (!r.pending || r.pending->done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+  std::unique_ptr<SpanPendingLoad> p = std::move(r.pending);
+  const LayerSpan sp = r.target.span;
+  Status st = p->done.get();
+  if (!st.is_ok() || !r.local) {
+    if (!st.is_ok()) spdlog::warn("span {}-{}: the replacement did not load it: {}", sp.first, sp.last, st.to_string());
+    return;
+  }
+  auto& peers = r.target.peers;
+  size_t at = std::find_if(peers.begin(), peers.end(),
+                           [&](const WorkerAddress& a) { return a.to_string() == p->address.to_string(); }) -
+              peers.begin();
+  if (at == peers.size()) peers.push_back(p->address);
+  spdlog::info("span {}-{}: {} holds the blocks now; the span moves there from here", sp.first, sp.last,
+               p->link->label);
+  if (p->loaded) {
+    ++stats_.loads;
+    ++stats_.failover_loads;
+  }
+  if (p->idle) ++stats_.idle_takeovers;
+  r.link = std::move(p->link);
+  r.link->limits.max_n_embd = span_row_limit();
+  r.local.reset();
+  r.has.clear();  // the need/replay path gives it every cell
+  r.label = r.link->label;
+  r.current = at;
+  r.next_peer = at + 1;
+  r.last_retry = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> vl(view_mu_);
+    r.view = view_of(sp, r.label, r.link.get());
+  }
+  forget_running_idle();
 }
 
 void SpanClient::set_pool(ThreadPool* pool) {
@@ -271,6 +394,7 @@ void SpanClient::set_pool(ThreadPool* pool) {
 }
 
 void SpanClient::retry_preferred(int k) {
+  adopt_loaded(k);
   Runner& r = *runners_[static_cast<size_t>(k)];
   if (r.current == 0 || r.moved_here || opts_.retry_preferred.count() < 0) return;
   const auto now = std::chrono::steady_clock::now();
@@ -284,6 +408,7 @@ void SpanClient::retry_preferred(int k) {
     if (!link || ((*link)->session.features & wire::kFeatureSpan) == 0) continue;
     spdlog::info("span {}-{}: back on {} (was {})", sp.first, sp.last, (*link)->label, r.label);
     if (r.link) r.link->shut_down();
+    r.pending.reset();
     r.link = std::move(*link);
     r.link->limits.max_n_embd = span_row_limit();
     r.local.reset();
@@ -442,6 +567,7 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   std::unique_ptr<WorkerLink> old = std::move(r.link);
   const bool same_peer = old && !here && old->address.to_string() == addr.to_string();
   if (nr.loaded) ++stats_.loads;
+  r.pending.reset();  // a replacement still loading after a failure is not wanted any more
   r.link = std::move(link);
   r.local = std::move(nr.local);
   if (r.local) r.local->borrow_pool(pool_.load());  // the pool as of now (set_pool holds mu_ too)

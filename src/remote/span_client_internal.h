@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -10,6 +11,21 @@
 #include "moesh/swarm/span_host.h"
 
 namespace moesh {
+
+// A replacement loading a failed span's blocks in the background (SpanOptions::failover_load_wait)
+// while the span runs elsewhere: the load finishes on its own thread, and the step path switches
+// to the peer once `done` is ready and ok. Destroying it shuts the link so the load gives up.
+struct SpanPendingLoad {
+  std::unique_ptr<WorkerLink> link;
+  WorkerAddress address;
+  bool idle = false;    // one of the idle span peers (not named for the span)
+  bool loaded = false;  // it had to load them (written by the load, read once `done` is ready)
+  std::future<Status> done;
+  ~SpanPendingLoad() {
+    if (link) link->shut_down();
+    if (done.valid()) done.wait();
+  }
+};
 
 // One span: the peers that may run it, the one in use (or the local host once all failed), and
 // what that runner is known to hold per sequence (cells whose inputs match the log).
@@ -30,7 +46,8 @@ struct SpanClient::Runner {
   // Not chained to from the span before it until then: a hop to it failed while it answered the
   // backbone (a path between the two peers that does not work), so chaining would only break again.
   std::chrono::steady_clock::time_point no_chain_until{};
-  bool moved_here = false;  // move(.., "here"): stays here (no retry_preferred) until moved again
+  bool moved_here = false;                   // move(.., "here"): stays here (no retry_preferred) until moved again
+  std::unique_ptr<SpanPendingLoad> pending;  // a replacement still loading the blocks (fail_over)
 };
 
 // Has a peer that loads spans (kFeatureSpanLoad) hold blocks sp (SPAN_HOLD), waiting until it

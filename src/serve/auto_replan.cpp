@@ -61,8 +61,8 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   }
   const nlohmann::json& live = replan["live"];
   const nlohmann::json& plan = replan["plan"];
-  // The span peers, in use now or idle, by name: only they can be given blocks (an expert worker
-  // runs none).
+  // The peers that can be given blocks, by name: span peers in use now or idle, and workers on the
+  // full model (marked span_peer too); a worker on an expert slice runs none.
   std::map<std::string, std::string> span_peers;  // name -> addr
   for (const auto& r : objects_of(live, "roles")) {
     const bool span_peer = r.contains("span_peer") && r["span_peer"].is_boolean() && r["span_peer"].get<bool>();
@@ -98,8 +98,10 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   for (const SpanListEntry& e : list) {
     if (e.to == "here") continue;
     if (span_peers.count(e.peer) == 0) {
-      d.why = fmt::format("the plan gives blocks {}-{} to {}, which is not a span peer: not applied", e.first, e.last,
-                          e.peer);
+      d.why = fmt::format(
+          "the plan gives blocks {}-{} to {}, which is not a span peer and cannot load blocks (a worker on an expert "
+          "slice): not applied",
+          e.first, e.last, e.peer);
       return d;
     }
     if (e.to.empty()) {

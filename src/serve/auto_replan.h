@@ -4,10 +4,12 @@
 // span edges can be taken live, resplits the spans to it. The span peers load the blocks they are
 // given first (SPAN_HOLD) and let go of the ones they lose after, so nobody runs a command.
 //
-// Only spans move this way, and only among the span peers the gateway knows (in use, or idle: let
-// go of, or added with `POST /swarm/spans/add`): a plan giving
-// blocks to an expert worker, a peer without an address (it joined), or blocks the backbone runs
-// as its own (not as `--span F-L@here`) is shown and left alone, saying why. Experts move by
+// Only spans move this way, and only among the peers that can be given blocks: the span peers the
+// gateway knows (in use, or idle: let go of, or added with `POST /swarm/spans/add`) and the expert
+// workers on the full model (`loads_blocks`: such a worker becomes a span peer, and holds its
+// experts still). A plan giving blocks to a worker on an expert slice, a peer without an address
+// (it joined), or blocks the backbone runs as its own (not as `--span F-L@here`) is shown and left
+// alone, saying why. Experts move by
 // themselves with `--rebalance`. A layout that failed is not tried again for kRetryFailedSeconds;
 // one carried out stays at least kAutoReplanDwellSeconds and is not undone for kRetryFailedSeconds.
 #pragma once
@@ -54,7 +56,6 @@ class AutoReplanner {
   // {"every_s", "checks", "applied", "failed", "last_why", "last": {"from", "to", "gain", "ok",
   // "error", "seconds_ago"}} (last: the last resplit tried).
   nlohmann::json status() const;
-  uint64_t applied() const { return applied_.load(); }
 
  private:
   void loop();

@@ -268,8 +268,9 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
     for (const char* list : {"workers", "spans"}) {
       if (!status.contains(list) || !status[list].is_array()) continue;
       for (const auto& w : status[list]) {
-        for (const char* f : {"name", "label", "state", "experts", "layers", "address", "warmup_rtt_ms", "slab_bytes",
-                              "replica_budget_bytes", "mem_available_bytes", "offer_bytes", "peer_rtt_ms"})
+        for (const char* f :
+             {"name", "label", "state", "experts", "layers", "address", "warmup_rtt_ms", "slab_bytes",
+              "replica_budget_bytes", "mem_available_bytes", "offer_bytes", "peer_rtt_ms", "loads_blocks"})
           key += "|" + (w.contains(f) ? w[f].dump() : std::string());
       }
     }

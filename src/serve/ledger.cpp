@@ -169,6 +169,7 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote, const SpanClient*
                             {"mem_total_bytes", w.mem_total_bytes},
                             {"mem_available_bytes", w.mem_available_bytes},
                             {"offer_bytes", w.offer_bytes},
+                            {"loads_blocks", w.loads_blocks},
                             {"peer_rtt_ms", peer_rtts_json(w)},
                             {"paths", paths_json(w)}});
   }

@@ -124,7 +124,9 @@ std::string render_metrics(const MetricsSnapshot& s) {
                                                          {"resplits", s.spans.resplits},
                                                          {"resplit_rows", s.spans.resplit_rows},
                                                          {"loads", s.spans.loads},
-                                                         {"drops", s.spans.drops}};
+                                                         {"drops", s.spans.drops},
+                                                         {"failover_loads", s.spans.failover_loads},
+                                                         {"idle_takeovers", s.spans.idle_takeovers}};
     const char* help[] = {"Span steps completed (one per span and forward pass)",
                           "SPAN_STEP round trips made (resends and failovers included)",
                           "Spans moved to their next peer (or to this process)",
@@ -135,7 +137,9 @@ std::string render_metrics(const MetricsSnapshot& s) {
                           "Span resplits (POST /swarm/spans/resplit: new span edges) completed",
                           "Rows sent to warm the new runners of a resplit",
                           "Spans a peer loaded at this gateway's word before a move or resplit (SPAN_HOLD)",
-                          "Spans a peer let go of at this gateway's word after a move or resplit"};
+                          "Spans a peer let go of at this gateway's word after a move or resplit",
+                          "Failed spans whose replacement loaded the blocks first (counted in loads)",
+                          "Failed spans taken over by an idle span peer"};
     for (size_t i = 0; i < std::size(counters); ++i) {
       const std::string name = fmt::format("moesh_span_{}_total", counters[i].first);
       header(o, name.c_str(), "counter", help[i]);

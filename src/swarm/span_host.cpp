@@ -231,7 +231,8 @@ Result<wire::SpanResultMsg> SpanHost::step(const std::string& peer, const wire::
   return r;
 }
 
-SpanHosts::SpanHosts(std::shared_ptr<SpanHost> initial, SpanLoader loader) : loader_(std::move(loader)) {
+SpanHosts::SpanHosts(std::shared_ptr<SpanHost> initial, SpanLoader loader, int64_t max_row_width)
+    : loader_(std::move(loader)), max_row_width_(max_row_width) {
   if (!initial) return;
   max_row_width_ = initial->model().hparams().max_span_row_width();
   const Key key{initial->span().first, initial->span().last};  // before the move below

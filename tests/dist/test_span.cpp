@@ -269,6 +269,92 @@ TEST(Span, KilledPeersAreReplacedAndTheirInputsReplayed) {
   EXPECT_EQ(sctx.state().seq_len(0), 6);
 }
 
+// A replacement need not hold the blocks: a standby named for the span that runs other blocks
+// loads them when the primary dies, and when it dies too an idle span peer this backbone knows
+// takes the span over (it loads them as well) instead of this process. The bits stay all-local.
+TEST(Span, ReplacementsLoadTheBlocksAndIdlePeersTakeFailedSpansOver) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  auto a = spawn_span(path, "2-4");
+  auto standby = spawn_span(path, "0-0");  // named for 2-4, runs block 0 only
+  auto idle = spawn_span(path, "5-5");
+  ASSERT_TRUE(a.is_ok() && standby.is_ok() && idle.is_ok());
+  auto spans = connect_spans(m, {target(2, 4, {a->get(), standby->get()})});
+  ASSERT_NE(spans, nullptr);
+  ASSERT_TRUE(spans->add_idle((*idle)->address().to_string()).is_ok());
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  int32_t t = 2;
+  ASSERT_NO_FATAL_FAILURE(start_two_sequences(ctx, local, &t));
+  for (int i = 2; i < 12; ++i) {
+    if (i == 4) (*a)->kill_now();
+    if (i == 8) (*standby)->kill_now();
+    ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+    if (i == 4) {
+      EXPECT_NE(spans->where(0).find((*standby)->address().to_string()), std::string::npos) << spans->where(0);
+      EXPECT_EQ(spans->stats().failover_loads, 1u);
+      EXPECT_EQ(spans->stats().idle_takeovers, 0u);
+    }
+  }
+  const SpanStats s = spans->stats();
+  EXPECT_EQ(s.failovers, 2u);
+  EXPECT_EQ(s.failover_loads, 2u);
+  EXPECT_EQ(s.idle_takeovers, 1u);
+  EXPECT_EQ(s.loads, 2u);
+  EXPECT_EQ(s.local_steps, 0u);  // never here
+  EXPECT_NE(spans->where(0).find((*idle)->address().to_string()), std::string::npos) << spans->where(0);
+  EXPECT_TRUE(spans->idle_view().empty());  // the idle peer runs a span now
+}
+
+// A replacement that is not ready at once (SpanOptions::failover_load_wait; 0 here) keeps loading
+// while the span runs here, and the span moves to it once it holds the blocks — exact throughout.
+// Without a fallback a replacement is waited for: the step that found the failure is late, not lost.
+TEST(Span, ASpanRunsHereWhileItsReplacementLoadsThenMovesThere) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  for (const bool fallback : {true, false}) {
+    SCOPED_TRACE(fallback ? "with the local fallback" : "without it");
+    auto a = spawn_span(path, "1-3");
+    auto idle = spawn_span(path, "5-5");
+    ASSERT_TRUE(a.is_ok() && idle.is_ok());
+    SpanOptions o;
+    o.local_threads = 1;
+    o.local_fallback = fallback;
+    o.timeout = std::chrono::milliseconds(20000);
+    o.failover_load_wait = std::chrono::milliseconds(0);
+    auto c = SpanClient::connect(m, {target(1, 3, {a->get()})}, o);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    std::shared_ptr<SpanClient> spans = *c;
+    ASSERT_TRUE(spans->add_idle((*idle)->address().to_string()).is_ok());
+    Context ctx = make_ctx(m, spans);
+    Context local = make_ctx(m, nullptr);
+    int32_t t = 2;
+    ASSERT_NO_FATAL_FAILURE(start_two_sequences(ctx, local, &t));
+    (*a)->kill_now();
+    const std::string there = (*idle)->address().to_string();
+    int i = 2;
+    // Steps until the span is on the idle peer (a bounded number: loading a span from the model
+    // file takes milliseconds), then two more there.
+    for (; i < 200 && spans->where(0).find(there) == std::string::npos; ++i)
+      ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+    ASSERT_NE(spans->where(0).find(there), std::string::npos) << spans->where(0);
+    for (int j = 0; j < 2; ++j, ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+    const SpanStats s = spans->stats();
+    EXPECT_EQ(s.failovers, 1u);
+    EXPECT_EQ(s.failover_loads, 1u);
+    EXPECT_EQ(s.idle_takeovers, 1u);
+    if (fallback) {
+      EXPECT_GE(s.local_steps, 1u);  // the step that found the failure ran here
+    } else {
+      EXPECT_EQ(s.local_steps, 0u);
+    }
+  }
+}
+
 // A failed primary that comes back (restarted on its address) gets the span back at the next
 // retry: its inputs are replayed from the log and the bits stay those of all-local.
 TEST(Span, AFailedPrimaryGetsTheSpanBackWhenItReturns) {

@@ -89,6 +89,33 @@ TEST(LivePlan, SpanPeersBecomePeersWithTheirBlocks) {
   }
 }
 
+// A worker on the full model may be given blocks (loads_blocks): it is a span peer for the
+// planner, and when it runs a span (a re-plan gave it one) the span entry at its address is the
+// same peer with those blocks, not a second one; so is an idle span entry there.
+TEST(LivePlan, AWorkerThatLoadsBlocksIsOnePeerWithItsSpan) {
+  nlohmann::json w = worker("w", "up");
+  w["loads_blocks"] = true;
+  nlohmann::json other = worker("x", "up");
+  other["address"] = "127.0.0.1:2";
+  nlohmann::json st{{"workers", nlohmann::json::array({w, other})}};
+  auto peers = peers_from_status(st);
+  ASSERT_TRUE(peers.is_ok()) << peers.status().to_string();
+  ASSERT_EQ(peers->size(), 2u);
+  EXPECT_TRUE((*peers)[0].span_peer);
+  EXPECT_FALSE((*peers)[1].span_peer);  // no loads_blocks: an expert slice
+  for (const char* state : {"up", "idle"}) {
+    st["spans"] = nlohmann::json::array(
+        {{{"layers", "0-3"}, {"label", "127.0.0.1:1 (w)"}, {"state", state}, {"address", "127.0.0.1:1"}}});
+    peers = peers_from_status(st);
+    ASSERT_TRUE(peers.is_ok()) << peers.status().to_string();
+    ASSERT_EQ(peers->size(), 2u) << state;
+    EXPECT_EQ((*peers)[0].peer.name, "w");
+    EXPECT_TRUE((*peers)[0].span_peer);
+    EXPECT_EQ((*peers)[0].first, std::string(state) == "up" ? 0 : -1);
+    EXPECT_EQ((*peers)[0].last, std::string(state) == "up" ? 3 : -1);
+  }
+}
+
 TEST(LivePlan, ActivationCountsAreSmoothedAndAMalformedHeatmapIsNamed) {
   PlanModel m;
   m.name = "t";

@@ -101,6 +101,22 @@ TEST(AutoReplan, IdleSpanPeersMayBeGivenBlocks) {
   EXPECT_EQ(d.spans, (std::vector<std::string>{"0-1@h:1", "2-3@h:3"}));
 }
 
+// A worker on the full model (marked span_peer: it loads blocks from its file) may be made a span
+// peer: the blocks run here as a span go to it.
+TEST(AutoReplan, AnExpertWorkerThatLoadsBlocksMayBecomeASpanPeer) {
+  json w = role("W", "experts", "0-3:0-7", "h:3");
+  w["span_peer"] = true;
+  AutoReplanDecision d = decide_auto_replan(
+      replan(json::array({w}), json::array({role("W", "span", "0-3", "h:3")}), json::array({"0-3"})));
+  ASSERT_TRUE(d.apply) << d.why;
+  EXPECT_EQ(d.spans, std::vector<std::string>{"0-3@h:3"});
+  // Without the mark (a worker on an expert slice) it is left alone, saying so.
+  d = decide_auto_replan(replan(json::array({role("W", "experts", "0-3:0-7", "h:3")}),
+                                json::array({role("W", "span", "0-3", "h:3")}), json::array({"0-3"})));
+  EXPECT_FALSE(d.apply);
+  EXPECT_NE(d.why.find("cannot load blocks"), std::string::npos) << d.why;
+}
+
 // A plan without spans gives their blocks back to the backbone: a resplit to spans here.
 TEST(AutoReplan, APlanWithoutSpansBringsTheirBlocksHere) {
   const json live = {role("A", "span", "0-1", "h:1"), role("B", "span", "2-3", "h:2")};

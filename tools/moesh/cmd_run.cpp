@@ -239,6 +239,8 @@ int run_run(const RunArgs& a) {
                     {"failovers", s.failovers},
                     {"restored", s.restored},
                     {"loads", s.loads},
+                    {"failover_loads", s.failover_loads},
+                    {"idle_takeovers", s.idle_takeovers},
                     {"local_steps", s.local_steps},
                     {"chains", s.chains},
                     {"chained_steps", s.chained_steps},

@@ -6,6 +6,7 @@
 #include "command.h"
 #include "model_cli.h"
 #include "moesh/serve/worker_http.h"
+#include "moesh/swarm/span_host.h"
 #include "moesh/swarm/swarm.h"
 #include "moesh/util/process.h"
 #include "moesh/wan/host_tcp.h"
@@ -32,6 +33,8 @@ struct WorkerArgs {
   double replica_mb = 0;                                    // --replica-mb
   double offer_mb = 0;                                      // --offer-mb
   LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
+  bool no_blocks = false;                                   // --no-blocks
+  int64_t ctx = 0;                                          // -c: cells per sequence of blocks it is given
 };
 
 swarm::Worker* g_worker = nullptr;
@@ -131,6 +134,30 @@ int run_worker(const WorkerArgs& a) {
     if (!id) return fail(id.status());
     o.tls = std::move(*id);
   }
+  // A worker on the full model may be given whole blocks too (a span, SPAN_HOLD): a backbone's
+  // re-plan can turn it from an expert holder into a span peer without a restart. The blocks come
+  // from the same file, mapped (no second copy of the weights in memory); their experts are
+  // computed here.
+  const bool blocks = !a.no_blocks && swarm::slice_kind((*store)->file()).empty();
+  if (blocks) {
+    LoadOptions lo;
+    lo.memory = LoadOptions::Memory::kMap;
+    auto whole = Model::load(a.model, lo);
+    if (!whole) return fail(whole.status().with_context("loading the model for blocks (--no-blocks: never)"));
+    std::shared_ptr<const Model> model(std::move(*whole));
+    const int64_t width = model->hparams().max_span_row_width();
+    swarm::SpanLoader loader = [model, threads = a.threads,
+                                ctx = a.ctx](const LayerSpan& sp) -> Result<std::shared_ptr<swarm::SpanHost>> {
+      swarm::SpanHostOptions ho;
+      ho.span = sp;
+      ho.n_threads = threads;
+      ho.n_ctx = ctx;
+      ho.model_owner = model;
+      MOESH_ASSIGN_OR_RETURN(auto h, swarm::SpanHost::create(*model, ho));
+      return std::shared_ptr<swarm::SpanHost>(std::move(h));
+    };
+    o.span = std::make_shared<swarm::SpanHosts>(nullptr, std::move(loader), width);
+  }
   auto worker = swarm::Worker::start(store->get(), o);
   if (!worker) return fail(worker.status());
   // Host TCP settings that only the operator can change (docs/wan-emu.md): say so at start-up.
@@ -148,6 +175,10 @@ int run_worker(const WorkerArgs& a) {
               rss1 / 1048576.0, rss0 / 1048576.0);
   if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
   std::printf("name: %s\n", (*worker)->name().c_str());
+  std::printf("runs blocks on a backbone's word: %s\n",
+              blocks        ? "yes, from the model file (a re-plan may make it a span peer)"
+              : a.no_blocks ? "no (--no-blocks)"
+                            : "no (an expert slice)");
   if (!o.replica_dir.empty())
     std::printf("replicas: up to %.2f MiB in %s (%.2f MiB mapped from earlier runs; held now: %s)\n", a.replica_mb,
                 o.replica_dir.c_str(), (*worker)->stats().replica_bytes.load() / 1048576.0,
@@ -226,6 +257,11 @@ const CommandRegistrar kRegisterWorker{
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
               add_poll_flag(sub, &a->poll_us, "the next request");
               add_memory_flags(sub, &a->memory);
+              sub->add_flag("--no-blocks", a->no_blocks,
+                            "Never run whole blocks (a span) on a backbone's word; by default a worker on the full "
+                            "model may be given some by a re-plan (docs/span.md#loading-blocks)");
+              sub->add_option("-c,--ctx-size", a->ctx,
+                              "Cells per sequence of the blocks it is given (0: the model's context length)");
               return [a] { return run_worker(*a); };
             }}};
 

@@ -23,7 +23,8 @@ struct LivePeer {
   std::vector<std::pair<std::string, double>> measured_rtt_ms;  // its RTT to other labels (PROBE)
   double slowed_s = 0;        // added to its RTT: how much slower its recent trips are than its fastest
   int first = -1, last = -1;  // a span peer: the blocks it runs now (first < 0: an expert worker, or idle)
-  bool span_peer = false;     // a `moesh span` peer (running a span now or idle): it can be given blocks
+  bool span_peer = false;     // a `moesh span` peer (running a span now or idle) or a worker on the full model:
+                              // it can be given blocks
 };
 
 // What a live worker may hold, from its INFO_REPLY figures: what it offers (`moesh worker
@@ -39,7 +40,9 @@ uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t avail
 // workers array.
 // Span peers ("spans", state "up": not run by the backbone itself; "idle": known, running none of
 // its spans) follow, with their blocks and the same memory rule (slab: the routed experts of their
-// blocks), their warm-up round trip as RTT.
+// blocks), their warm-up round trip as RTT. A worker that may be given blocks ("loads_blocks": on
+// the full model) is a span_peer too, and a span entry at a worker's address is that worker (its
+// blocks set on it), not a second peer.
 Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& status);
 
 // The peer-to-peer round trips live workers measured, seconds ([i][j]; -1: unknown): a pair

@@ -259,6 +259,9 @@ struct WorkerStatus {
   std::vector<std::pair<std::string, double>> peer_rtt_ms;
   // Its machine's memory at connect and what it offers (`moesh worker --offer-mb`); 0: unknown.
   uint64_t mem_total_bytes = 0, mem_available_bytes = 0, offer_bytes = 0;
+  // It may be given whole blocks (kFeatureSpanLoad: a worker on the full model, or a span peer):
+  // a re-plan can make it a span peer.
+  bool loads_blocks = false;
 };
 
 class RemoteExecutor final : public ExpertExecutor {

@@ -94,6 +94,13 @@ struct SpanOptions {
   // first (SPAN_HOLD) and waits at most this long for them (a fetched slice may take minutes);
   // the blocks it no longer gets from this backbone are let go afterwards.
   std::chrono::milliseconds load_timeout{600000};
+  // A span whose peer fails goes to a replacement: the peers named after it, then the idle span
+  // peers this backbone knows (idle_view). One that loads spans is asked to load the blocks
+  // (SPAN_HOLD) and waited for this long; when it is not ready by then and the span can run here
+  // (local_fallback, or named here), the span runs here meanwhile and moves to that peer once it
+  // holds them (its inputs replayed, as after any move). Without a fallback the wait is
+  // load_timeout.
+  std::chrono::milliseconds failover_load_wait{3000};
 };
 
 struct SpanStats {
@@ -104,17 +111,19 @@ struct SpanStats {
   uint64_t failovers = 0;      // switches to the next peer of a span (or to this process)
   uint64_t local_steps = 0;    // span steps run here
   uint64_t bytes_sent = 0, bytes_received = 0;
-  uint64_t restored = 0;       // moves back to a preferred peer (retry_preferred)
-  uint64_t chains = 0;         // chained trips: one head SPAN_STEP for several adjacent spans
-  uint64_t chained_steps = 0;  // span steps completed inside a chain (counted in steps too)
-  uint64_t awaits = 0;         // SPAN_AWAITs sent (counted in trips: one per span after the head)
-  uint64_t chain_breaks = 0;   // chains finished star-style after a failure, a lack or a lost hop
-  uint64_t moves = 0;          // planned moves (SpanClient::move) completed
-  uint64_t move_rows = 0;      // logged inputs sent to warm the new runner of a move
-  uint64_t resplits = 0;       // resplits (SpanClient::resplit) completed
-  uint64_t loads = 0;          // spans a peer loaded at this backbone's word before a move or resplit
-  uint64_t drops = 0;          // spans a peer let go of at this backbone's word after one
-  uint64_t resplit_rows = 0;   // rows sent to warm the new runners of a resplit
+  uint64_t restored = 0;        // moves back to a preferred peer (retry_preferred)
+  uint64_t chains = 0;          // chained trips: one head SPAN_STEP for several adjacent spans
+  uint64_t chained_steps = 0;   // span steps completed inside a chain (counted in steps too)
+  uint64_t awaits = 0;          // SPAN_AWAITs sent (counted in trips: one per span after the head)
+  uint64_t chain_breaks = 0;    // chains finished star-style after a failure, a lack or a lost hop
+  uint64_t moves = 0;           // planned moves (SpanClient::move) completed
+  uint64_t move_rows = 0;       // logged inputs sent to warm the new runner of a move
+  uint64_t resplits = 0;        // resplits (SpanClient::resplit) completed
+  uint64_t loads = 0;           // spans a peer loaded at this backbone's word before a move or resplit
+  uint64_t drops = 0;           // spans a peer let go of at this backbone's word after one
+  uint64_t resplit_rows = 0;    // rows sent to warm the new runners of a resplit
+  uint64_t failover_loads = 0;  // replacements that loaded a failed span's blocks (counted in loads)
+  uint64_t idle_takeovers = 0;  // failed spans taken over by an idle span peer
 };
 
 // One span of a resplit and where it runs: "HOST:PORT" (any WorkerAddress form) or "here".
@@ -263,7 +272,8 @@ class SpanClient final : public SpanRunner {
   Result<wire::SpanStepMsg> replay_message(int k, const RowLog& rows, const std::vector<int64_t>& pos, int32_t seq,
                                            uint64_t request_id) const;
   Status fail_over(int k, const Status& why);
-  void retry_preferred(int k);
+  void retry_preferred(int k);  // adopt_loaded first
+  void adopt_loaded(int k);
   // The step's sequences in order of appearance; each span's log cut back to where they start.
   Result<std::vector<Part>> begin_step(int k_first, int k_last, const SpanBatch& b);
   // Rows of the step in sequence-grouped order <-> batch order; rows as the hidden wire carries them.

@@ -116,7 +116,10 @@ using SpanLoader = std::function<Result<std::shared_ptr<SpanHost>>(const LayerSp
 class SpanHosts {
  public:
   // `initial` (may be null) is held from the start; `loader` empty: SPAN_HOLD kLoad is refused.
-  SpanHosts(std::shared_ptr<SpanHost> initial, SpanLoader loader);
+  // max_row_width: the model's widest span row (HParams::max_span_row_width), needed when initial
+  // is null (an expert worker that may be given blocks: its connections' limits are set before
+  // any host exists).
+  SpanHosts(std::shared_ptr<SpanHost> initial, SpanLoader loader, int64_t max_row_width = 0);
   ~SpanHosts();  // waits for loads in progress (each gives up by itself)
   SpanHosts(const SpanHosts&) = delete;
   SpanHosts& operator=(const SpanHosts&) = delete;

@@ -1124,14 +1124,18 @@ AR1=$SADDR
 start_server auto -m "$SPAN_MODEL" --span "0-1@$AR0" --span "2-3@$AR1" --parallel 2 -c 4096 --threads 1 \
   --admin-key s3cret --auto-replan 0.3
 expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "auto re-plan: greedy text before the re-plan"
-applied=0
-for _ in $(seq 1 300); do
-  applied=$(curl -sS "$BASE/swarm/status" | js 'j.auto_replan.applied')
-  [ "$applied" -ge 1 ] && break
-  sleep 0.2
-done
-curl -sS "$BASE/swarm/status" >"$TMP/auto_status.json"
-[ "$applied" -ge 1 ] || fail "auto re-plan: nothing applied: $(js 'j.auto_replan' <"$TMP/auto_status.json")"
+# Waits (at most 60 s) until the gateway carried out a re-plan; /swarm/status then in $1.
+wait_auto_replan() {
+  local applied=0
+  for _ in $(seq 1 300); do
+    applied=$(curl -sS "$BASE/swarm/status" | js 'j.auto_replan.applied')
+    [ "$applied" -ge 1 ] && break
+    sleep 0.2
+  done
+  curl -sS "$BASE/swarm/status" >"$1"
+  [ "$applied" -ge 1 ] || fail "auto re-plan: nothing applied: $(js 'j.auto_replan' <"$1")"
+}
+wait_auto_replan "$TMP/auto_status.json"
 expect_eq "$(js 'j.spans.filter(s => s.state == "up").map(s => s.layers).join()' <"$TMP/auto_status.json")" "0-3" \
   "auto re-plan: the gateway resplit its spans to one span of 0-3 on one peer"
 grep -q "auto re-plan: .* faster predicted: spans" "$TMP/auto.log.err" || fail "auto re-plan: not logged"
@@ -1169,6 +1173,29 @@ if "$MOESH" swarm move "$BASE" --span-peer 127.0.0.1:1 --admin-key s3cret 2>"$TM
 fi
 grep -q "HTTP 502: .*127.0.0.1:1" "$TMP/add_span_bad.err" || fail "--span-peer error: $(cat "$TMP/add_span_bad.err")"
 ok "an unreachable span peer is refused, naming it"
+# Role change: an expert worker on the full model becomes a span peer. The gateway runs blocks 0-3
+# as a span here and sends their experts to the worker (a trip per MoE layer); its re-plan gives
+# the worker the whole span (one trip a step), which it loads from its own file, and the gateway
+# resplits to it by itself.
+"$MOESH" worker -m "$SPAN_MODEL" --experts '*:*' --listen 127.0.0.1:0 -t 1 --name rw >"$TMP/rw.log" \
+  2>"$TMP/rw.log.err" &
+RW_PID=$!
+PIDS+=("$RW_PID")
+RW="127.0.0.1:$(wait_port "$TMP/rw.log" "$RW_PID")"
+grep -q "^runs blocks on a backbone's word: yes, from the model file" "$TMP/rw.log" ||
+  fail "worker on the full model: blocks: $(cat "$TMP/rw.log")"
+start_server roles -m "$SPAN_MODEL" --span 0-3@here --worker "$RW" --parallel 2 -c 4096 --threads 1 \
+  --admin-key s3cret --auto-replan 0.3
+expect_eq "$(curl -sS "$BASE/swarm/status" | js 'j.workers[0].loads_blocks')" "true" \
+  "/swarm/status says the worker may be given blocks"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "role change: greedy text with the worker holding experts"
+wait_auto_replan "$TMP/roles_status.json"
+expect_eq "$(js 'j.spans.filter(s => s.state == "up").map(s => s.layers + "@" + s.address).join()' \
+  <"$TMP/roles_status.json")" "0-3@$RW" "role change: the re-plan made the expert worker the span peer of 0-3"
+grep -q "loads the blocks\|loaded the blocks" "$TMP/roles.log.err" || fail "role change: no load logged"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "role change: greedy text on the worker's span"
+expect_eq "$(js 'j.spans.filter(s => s.state == "up").length + " " + j.workers[0].state' <"$TMP/roles_status.json")" \
+  "1 up" "role change: the worker is still an expert worker too"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
