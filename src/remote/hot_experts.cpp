@@ -205,6 +205,108 @@ Result<uint64_t> RemoteExecutor::Impl::place_replica(int l, int e, int32_t targe
   return bytes;
 }
 
+void RemoteExecutor::request_experts(const std::string& worker, std::vector<wire::ExpertRange> ranges) {
+  std::lock_guard<std::mutex> lk(impl_->worker_mu);
+  impl_->expert_asks.push_back({worker, std::move(ranges), 0});
+  ++impl_->expert_report.requests;
+  ++impl_->expert_report.pending;
+}
+
+ExpertRequestReport RemoteExecutor::expert_requests() const {
+  std::lock_guard<std::mutex> lk(impl_->worker_mu);
+  return impl_->expert_report;
+}
+
+void RemoteExecutor::Impl::take_expert_requests() {
+  std::vector<ExpertRequest> asks;
+  {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    if (expert_asks.empty()) return;  // the usual case, on every forward pass
+    asks.swap(expert_asks);
+  }
+  auto finish = [&](const ExpertRequest& a, const Status& st, uint64_t sent, uint64_t bytes) {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    --expert_report.pending;
+    expert_report.sent += sent;
+    expert_report.sent_bytes += bytes;
+    if (st.is_ok()) {
+      ++expert_report.done;
+    } else {
+      ++expert_report.failed;
+      expert_report.last_error = st.message();
+      spdlog::warn("experts for {}: {}", a.worker, st.message());
+    }
+  };
+  std::vector<ExpertRequest> again;
+  for (ExpertRequest& a : asks) {
+    // The worker by name, label or the address it was dialled at.
+    int32_t w = -1;
+    bool dialling = false;
+    {
+      std::lock_guard<std::mutex> lk(worker_mu);
+      for (size_t i = 0; i < workers.size() && i < fan->size(); ++i) {
+        const WorkerTraffic& t = workers[i];
+        if (t.label == a.worker || fan->link(i).session.peer.name == a.worker ||
+            fan->link(i).address.to_string() == a.worker || t.label.rfind(a.worker + " ", 0) == 0)
+          w = static_cast<int32_t>(i);
+      }
+      for (const LateWorker& l : late_view) dialling = dialling || l.address == a.worker;
+    }
+    if (w < 0 || planner.excluded(w)) {
+      if ((w >= 0 || dialling) && ++a.waited < kExpertRequestWaitCalls) {
+        again.push_back(std::move(a));
+        continue;
+      }
+      finish(a, make_error(StatusCode::kUnavailable, "{} is not a live worker of this backbone", a.worker), 0, 0);
+      continue;
+    }
+    if ((fan->link(static_cast<size_t>(w)).session.features & wire::kFeatureStore) == 0) {
+      finish(a,
+             make_error(StatusCode::kUnsupported,
+                        "{} keeps no replicas (start it with --replica-dir and --replica-mb): experts cannot be "
+                        "given to it",
+                        fan->link(static_cast<size_t>(w)).label),
+             0, 0);
+      continue;
+    }
+    Placement next = planner.placement();
+    const std::vector<double> costs = worker_costs();
+    Status st = Status::ok();
+    uint64_t sent = 0, bytes = 0;
+    for (const wire::ExpertRange& r : a.ranges) {
+      const int l = static_cast<int>(r.layer);
+      if (l >= next.n_layer()) {
+        st = make_error(StatusCode::kInvalidArgument, "layer {} is beyond the model's {} layers", l, next.n_layer());
+        break;
+      }
+      for (uint32_t k = 0; k < r.count && st.is_ok(); ++k) {
+        const int e = static_cast<int>(r.first + k);
+        if (e >= next.n_expert()) {
+          st = make_error(StatusCode::kInvalidArgument, "expert {} is beyond the model's {}", e, next.n_expert());
+          break;
+        }
+        const auto hs = next.holders(l, e);
+        if (std::find(hs.begin(), hs.end(), w) != hs.end()) continue;
+        auto b = place_replica(l, e, w, costs, &next);
+        if (!b) {
+          st = b.status().with_context(fmt::format("layer {} expert {} to {}", l, e, fan->link(w).label));
+          break;
+        }
+        ++sent;
+        bytes += *b;
+      }
+      if (!st.is_ok()) break;
+    }
+    planner.set_placement(next);  // what was copied serves, even when the rest failed
+    if (sent > 0) spdlog::info("experts for {}: {} copied ({:.2f} MiB)", fan->link(w).label, sent, bytes / 1048576.0);
+    finish(a, st, sent, bytes);
+  }
+  if (!again.empty()) {
+    std::lock_guard<std::mutex> lk(worker_mu);
+    for (ExpertRequest& a : again) expert_asks.push_back(std::move(a));
+  }
+}
+
 void RemoteExecutor::Impl::replicate_hot() {
   HotExpertReport& r = hot;
   ++r.replica_plans;

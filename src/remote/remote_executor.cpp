@@ -742,6 +742,7 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
     m.next_hot_plan = m.act_tokens[static_cast<size_t>(layer)] +
                       static_cast<uint64_t>(std::max<int64_t>(m.opts.hot_replan_every_tokens, 1));
   }
+  if (!overlapped && layer == m.first_moe) m.take_expert_requests();
   if (!overlapped && m.opts.failover) m.start_redials(false);  // between calls: take back workers that answer
   if (!overlapped && layer == m.first_moe) m.check_paths(false);
   if (!overlapped && layer == m.first_moe) m.dial_late(false);

@@ -39,6 +39,15 @@ struct RemoteExecutor::Impl {
   int first_moe = -1;
   uint64_t next_hot_plan = 0;  // tokens at first_moe when the hot set is chosen next
   HotExpertReport hot;
+  // request_experts: asked (under worker_mu), carried out between calls by take_expert_requests.
+  struct ExpertRequest {
+    std::string worker;
+    std::vector<wire::ExpertRange> ranges;
+    int waited = 0;  // calls waited for the worker to answer
+  };
+  std::vector<ExpertRequest> expert_asks;
+  ExpertRequestReport expert_report;  // under worker_mu
+  void take_expert_requests();
   // Per-worker counters: written by the executor's thread, read by monitoring threads.
   mutable std::mutex worker_mu;
   std::vector<WorkerTraffic> workers;

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "moesh/plan/live.h"
+#include "moesh/swarm/swarm.h"
 #include "serve/dashboard.h"
 
 namespace moesh::serve {
@@ -35,6 +36,11 @@ std::vector<std::string> strings_of(const nlohmann::json& doc, const char* key) 
   for (const auto& x : doc[key])
     if (x.is_string()) out.push_back(x.get<std::string>());
   return out;
+}
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
 }
 
 }  // namespace
@@ -64,15 +70,27 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   // The peers that can be given blocks, by name: span peers in use now or idle, and workers on the
   // full model (marked span_peer too); a worker on an expert slice runs none.
   std::map<std::string, std::string> span_peers;  // name -> addr
+  std::map<std::string, nlohmann::json> live_role;
   for (const auto& r : objects_of(live, "roles")) {
     const bool span_peer = r.contains("span_peer") && r["span_peer"].is_boolean() && r["span_peer"].get<bool>();
     if (str(r, "role") == "span" || span_peer) span_peers[str(r, "peer")] = str(r, "addr");
+    live_role[str(r, "peer")] = r;
+  }
+  // The expert roles that change: what each such peer is to hold (carried out as copies).
+  for (const auto& r : objects_of(plan, "roles")) {
+    if (str(r, "role") != "experts" || str(r, "experts").empty()) continue;
+    auto it = live_role.find(str(r, "peer"));
+    if (it != live_role.end() && str(it->second, "role") == "experts" &&
+        str(it->second, "experts") == str(r, "experts"))
+      continue;
+    d.experts.push_back({str(r, "peer"), str(r, "addr"), str(r, "experts")});
   }
   const SpanListChange c = span_list_change(live, plan);
   if (!c.same && !c.live) {
     d.why =
         "the plan's spans take blocks the backbone runs as its own: restart it with them as --span F-L@here to let "
         "re-plans move them";
+    d.experts.clear();
     return d;
   }
   // Same edges: the spans may still change peers (a resplit moves them too).
@@ -91,10 +109,6 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
     std::sort(list.begin(), list.end(),
               [](const SpanListEntry& x, const SpanListEntry& y) { return x.first < y.first; });
   }
-  if (list.empty()) {
-    d.why = "the plan keeps no spans: the gain is in the experts (--rebalance moves those)";
-    return d;
-  }
   for (const SpanListEntry& e : list) {
     if (e.to == "here") continue;
     if (span_peers.count(e.peer) == 0) {
@@ -102,11 +116,13 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
           "the plan gives blocks {}-{} to {}, which is not a span peer and cannot load blocks (a worker on an expert "
           "slice): not applied",
           e.first, e.last, e.peer);
+      d.experts.clear();
       return d;
     }
     if (e.to.empty()) {
       d.why = fmt::format("the plan gives blocks {}-{} to {}, whose address the gateway does not know (it joined)",
                           e.first, e.last, e.peer);
+      d.experts.clear();
       return d;
     }
   }
@@ -118,9 +134,9 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   std::vector<std::string> a = now, b = d.spans;
   std::sort(a.begin(), a.end());
   std::sort(b.begin(), b.end());
-  if (a == b) {
-    d.spans.clear();
-    d.why = "the spans are the plan's already: the gain is in the experts (--rebalance moves those)";
+  if (a == b) d.spans.clear();  // the spans are the plan's already
+  if (d.spans.empty() && d.experts.empty()) {
+    d.why = "the plan's roles are the live ones already (its gain is in where pairs go: --rebalance)";
     return d;
   }
   d.apply = true;
@@ -157,32 +173,114 @@ void AutoReplanner::loop() {
   }
 }
 
+// An expert role of the plan, as the executor is asked to carry it out: the worker (its name,
+// or the address to dial for a peer that is no worker yet) and the experts it lacks.
+struct AutoReplanner::ExpertAsk {
+  std::string worker;
+  std::string dial;  // non-empty: dial it first (a span peer made an expert holder)
+  std::vector<wire::ExpertRange> missing;
+  std::string text;  // "PEER: SPEC" for the status
+};
+
+Result<std::vector<AutoReplanner::ExpertAsk>> AutoReplanner::expert_asks(
+    const std::vector<AutoReplanExperts>& changes) const {
+  std::vector<ExpertAsk> out;
+  if (changes.empty()) return out;
+  if (remote_ == nullptr)
+    return make_error(StatusCode::kUnsupported,
+                      "the plan gives peers experts and this gateway dispatches to no workers (start it with --worker "
+                      "or --accept-workers)");
+  MOESH_ASSIGN_OR_RETURN(swarm::ModelShape shape, swarm::model_shape(model_->file()));
+  const std::vector<WorkerStatus> ws = remote_->worker_status();
+  for (const AutoReplanExperts& c : changes) {
+    MOESH_ASSIGN_OR_RETURN(swarm::ExpertSet want, swarm::parse_expert_spec(c.experts, shape));
+    ExpertAsk a;
+    a.text = c.peer + ": " + c.experts;
+    swarm::ExpertSet held;
+    const WorkerStatus* w = nullptr;
+    for (const WorkerStatus& x : ws) {
+      if (x.state != "up") continue;
+      if ((!x.name.empty() && x.name == c.peer) || x.label == c.peer || (!c.addr.empty() && x.address == c.addr))
+        w = &x;
+    }
+    if (w != nullptr) {
+      a.worker = w->address;
+      auto h = swarm::parse_expert_spec(w->experts, shape);
+      if (h) held = std::move(*h);
+    } else {
+      if (c.addr.empty())
+        return make_error(StatusCode::kUnavailable,
+                          "the plan gives experts to {}, which is no worker of this gateway and has no address",
+                          c.peer);
+      a.worker = c.addr;
+      a.dial = c.addr;
+    }
+    std::vector<wire::ExpertRange> missing;
+    for (const wire::ExpertRange& r : want.ranges)
+      for (uint32_t k = 0; k < r.count; ++k)
+        if (!held.holds(r.layer, r.first + k)) missing.push_back({r.layer, r.first + k, 1});
+    a.missing = swarm::canonicalize(std::move(missing)).ranges;
+    if (!a.missing.empty()) out.push_back(std::move(a));
+  }
+  return out;
+}
+
 void AutoReplanner::check() {
   checks_.fetch_add(1);
   const nlohmann::json dash = dashboard_json(scheduler_->stats(), remote_, 0, model_, spans_);
-  const nlohmann::json replan = dash.contains("plan") && dash["plan"].is_object() && dash["plan"].contains("replan")
-                                    ? dash["plan"]["replan"]
-                                    : nlohmann::json();
+  nlohmann::json replan = dash.contains("plan") && dash["plan"].is_object() && dash["plan"].contains("replan")
+                              ? dash["plan"]["replan"]
+                              : nlohmann::json();
+  // A gateway running no spans can carry out expert roles only: its re-plan is the planner's best
+  // without spans (the dashboard still shows what spans would give).
+  if (spans_ == nullptr && dash.contains("status") && dash.contains("heatmap")) {
+    const int tokens = dash["plan"].is_object() && dash["plan"].contains("tokens_per_step") &&
+                               dash["plan"]["tokens_per_step"].is_number_integer()
+                           ? dash["plan"]["tokens_per_step"].get<int>()
+                           : 1;
+    replan = replan_json(*model_, remote_, dash["status"], dash["heatmap"], tokens, /*spans_allowed=*/false);
+  }
   AutoReplanDecision d = decide_auto_replan(replan);
+  std::vector<ExpertAsk> asks;
+  if (d.apply) {
+    auto got = expert_asks(d.experts);
+    if (!got) {
+      d.apply = false;
+      d.why = got.status().message();
+    } else {
+      asks = std::move(*got);
+      if (d.spans.empty() && asks.empty()) {
+        d.apply = false;
+        d.why = "the experts the plan gives its peers are theirs already";
+      }
+    }
+  }
+  if (d.apply && !d.spans.empty() && spans_ == nullptr) {
+    d.apply = false;
+    d.why = "the plan moves spans and this gateway runs none";
+  }
+  std::vector<std::string> key = d.spans;  // what this re-plan does, for the guards below
+  for (const ExpertAsk& a : asks) key.push_back(a.text);
+  std::sort(key.begin(), key.end());
   const auto now = std::chrono::steady_clock::now();
   if (d.apply) {
     std::lock_guard<std::mutex> lk(mu_);
-    auto sorted = [](std::vector<std::string> v) {
-      std::sort(v.begin(), v.end());
-      return v;
-    };
     const bool applied_before = applied_.load() > 0;
-    if (d.spans == failed_spans_ && now - failed_at_ < std::chrono::duration<double>(kRetryFailedSeconds)) {
+    if (key == failed_key_ && now - failed_at_ < std::chrono::duration<double>(kRetryFailedSeconds)) {
       d.apply = false;
       d.why = "the plan's layout failed less than 10 minutes ago: " + last_.value("error", std::string());
     } else if (applied_before && now - applied_at_ < std::chrono::duration<double>(kAutoReplanDwellSeconds)) {
       d.apply = false;
       d.why = fmt::format("a re-plan was carried out {:.0f} s ago: the next waits {:.0f} s",
                           std::chrono::duration<double>(now - applied_at_).count(), kAutoReplanDwellSeconds);
-    } else if (applied_before && sorted(d.spans) == before_spans_ &&
+    } else if (applied_before && !d.spans.empty() && sorted(d.spans) == before_spans_ &&
                now - applied_at_ < std::chrono::duration<double>(kRetryFailedSeconds)) {
       d.apply = false;
       d.why = "the plan would undo the re-plan carried out less than 10 minutes ago";
+    } else if (key == applied_key_ && now - applied_at_ < std::chrono::duration<double>(kRetryFailedSeconds)) {
+      // Copies asked for and not (yet) there: asked again only after 10 minutes.
+      d.apply = false;
+      d.why = "the plan's experts were asked for less than 10 minutes ago: " + experts_outcome();
     }
   }
   if (!d.apply) {
@@ -200,33 +298,61 @@ void AutoReplanner::check() {
     }
     want.push_back(*p);
   }
-  std::string from;
-  for (const std::string& w : spans_->where_all()) from += (from.empty() ? "" : ", ") + w;
-  // The layout now, as placements (what undoing this re-plan would resplit to).
+  std::string from, to, experts;
   std::vector<std::string> before;
-  for (const SpanPeerView& v : spans_->peers_view())
-    before.push_back(fmt::format("{}-{}@{}", v.span.first, v.span.last, v.local ? std::string("here") : v.address));
-  std::sort(before.begin(), before.end());
-  std::string to;
+  if (spans_ != nullptr) {
+    for (const std::string& w : spans_->where_all()) from += (from.empty() ? "" : ", ") + w;
+    // The layout now, as placements (what undoing this re-plan would resplit to).
+    for (const SpanPeerView& v : spans_->peers_view())
+      before.push_back(fmt::format("{}-{}@{}", v.span.first, v.span.last, v.local ? std::string("here") : v.address));
+    std::sort(before.begin(), before.end());
+  }
   for (const std::string& s : d.spans) to += (to.empty() ? "" : ", ") + s;
-  spdlog::info("auto re-plan: {:.0f} % faster predicted: spans {} -> {}", 100 * d.gain, from, to);
-  const Status st = spans_->resplit(want);
+  for (const ExpertAsk& a : asks) experts += (experts.empty() ? "" : "; ") + a.text;
+  spdlog::info("auto re-plan: {:.0f} % faster predicted:{}{}", 100 * d.gain,
+               d.spans.empty() ? "" : fmt::format(" spans {} -> {}", from, to),
+               asks.empty() ? "" : fmt::format(" experts to {}", experts));
+  Status st = d.spans.empty() ? Status::ok() : spans_->resplit(want);
+  // Then the experts: a peer that is no worker yet is dialled (a span peer made an expert holder:
+  // the resplit let go of its blocks first), and each is sent the copies it lacks between calls.
+  for (const ExpertAsk& a : asks) {
+    if (!st.is_ok()) break;
+    if (!a.dial.empty()) {
+      auto addr = parse_worker_address(a.dial);
+      if (!addr) {
+        st = addr.status();
+        break;
+      }
+      Status dialled = remote_->dial_worker(*addr);
+      if (!dialled.is_ok() && dialled.code() != StatusCode::kInvalidArgument) st = dialled;  // else: dialled already
+    }
+    if (st.is_ok()) remote_->request_experts(a.worker, a.missing);
+  }
   std::lock_guard<std::mutex> lk(mu_);
   last_ = {{"from", from}, {"to", to}, {"gain", d.gain}, {"ok", st.is_ok()}};
+  if (!asks.empty()) last_["experts"] = experts;
   last_at_ = std::chrono::steady_clock::now();
   if (st.is_ok()) {
     applied_.fetch_add(1);
     applied_at_ = last_at_;
-    before_spans_ = std::move(before);
+    if (!d.spans.empty()) before_spans_ = std::move(before);
+    applied_key_ = key;
     last_why_ = "applied";
   } else {
     failed_.fetch_add(1);
     last_["error"] = st.message();
-    last_why_ = "the resplit failed: " + st.message();
-    failed_spans_ = d.spans;
+    last_why_ = "the re-plan failed: " + st.message();
+    failed_key_ = key;
     failed_at_ = last_at_;
     spdlog::warn("auto re-plan: {}", st.to_string());
   }
+}
+
+std::string AutoReplanner::experts_outcome() const {
+  if (remote_ == nullptr) return "no workers";
+  const ExpertRequestReport r = remote_->expert_requests();
+  return fmt::format("{} done, {} failed, {} pending{}", r.done, r.failed, r.pending,
+                     r.last_error.empty() ? "" : " (last error: " + r.last_error + ")");
 }
 
 nlohmann::json AutoReplanner::status() const {
@@ -236,6 +362,12 @@ nlohmann::json AutoReplanner::status() const {
                    {"applied", applied_.load()},
                    {"failed", failed_.load()},
                    {"last_why", last_why_}};
+  if (remote_ != nullptr) {
+    const ExpertRequestReport r = remote_->expert_requests();
+    j["experts"] = {{"requests", r.requests},    {"done", r.done},   {"failed", r.failed},
+                    {"pending", r.pending},      {"copies", r.sent}, {"copied_bytes", r.sent_bytes},
+                    {"last_error", r.last_error}};
+  }
   if (!last_.is_null()) {
     j["last"] = last_;
     j["last"]["seconds_ago"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_at_).count();

@@ -31,10 +31,18 @@
 namespace moesh::serve {
 
 // What to do with one re-plan document (replan_json): apply: the span list to resplit to
-// ("F-L@HOST:PORT" or "F-L@here", block order); otherwise `why` says why not.
+// ("F-L@HOST:PORT" or "F-L@here", block order) and/or the expert roles to give; otherwise `why`
+// says why not. A plan whose spans cannot be carried out is left alone whole.
+struct AutoReplanExperts {
+  std::string peer, addr;  // the plan's role: its peer name and address ("" when it joined)
+  std::string experts;     // what it is to hold: an expert spec ("0-3:0-7,5:1")
+};
 struct AutoReplanDecision {
   bool apply = false;
-  std::vector<std::string> spans;
+  std::vector<std::string> spans;  // empty: the spans stay as they are
+  // Expert roles that change (a peer given experts it did not have, e.g. a span peer made an
+  // expert holder): their experts are copied to them (RemoteExecutor::request_experts).
+  std::vector<AutoReplanExperts> experts;
   double gain = 0;
   std::string why;
 };
@@ -54,12 +62,18 @@ class AutoReplanner {
   ~AutoReplanner();  // stop()
   void stop();
   // {"every_s", "checks", "applied", "failed", "last_why", "last": {"from", "to", "gain", "ok",
-  // "error", "seconds_ago"}} (last: the last resplit tried).
+  // "error", "seconds_ago", "experts"}} (last: the last re-plan tried), "experts": the executor's
+  // ExpertRequestReport (requests, done, failed, pending, copies, copied_bytes, last_error).
   nlohmann::json status() const;
 
  private:
+  struct ExpertAsk;
   void loop();
   void check();
+  // The decision's expert roles as requests to the executor: only the experts each peer lacks;
+  // an error when a peer cannot be given any (no workers here, no address).
+  Result<std::vector<ExpertAsk>> expert_asks(const std::vector<AutoReplanExperts>& changes) const;
+  std::string experts_outcome() const;  // what the executor made of the requests so far
 
   Scheduler* scheduler_;
   RemoteExecutor* remote_;
@@ -73,8 +87,9 @@ class AutoReplanner {
   std::string last_why_;
   nlohmann::json last_;
   std::chrono::steady_clock::time_point last_at_{};
-  std::vector<std::string> failed_spans_;  // the last layout that failed, and when
+  std::vector<std::string> failed_key_;  // the last re-plan that failed (spans and expert asks), and when
   std::chrono::steady_clock::time_point failed_at_{};
+  std::vector<std::string> applied_key_;   // the last re-plan carried out
   std::vector<std::string> before_spans_;  // the layout before the last re-plan carried out, and when
   std::chrono::steady_clock::time_point applied_at_{};
   std::thread thread_;

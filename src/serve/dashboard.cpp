@@ -14,9 +14,10 @@ namespace moesh::serve {
 namespace {
 
 // Each layer's experts by the worker (index into `ws`) or the backbone (Placement::kLocal) that
-// owns them, as contiguous slices: `out(owner, slice)`.
-template <typename Out>
-void placement_slices(const PlanModel& pm, const Placement& pl, const std::vector<int>& layer_host, Out out) {
+// computes them — `who(layer, expert)`, by default the placement's owner — as contiguous slices:
+// `out(owner, slice)`.
+template <typename Out, typename Who>
+void placement_slices(const PlanModel& pm, const Placement& pl, const std::vector<int>& layer_host, Out out, Who who) {
   for (int l = 0; l < std::min(pm.n_layer(), pl.n_layer()); ++l) {
     if (!pm.layers[static_cast<size_t>(l)].moe || layer_host[static_cast<size_t>(l)] >= 0) continue;
     int run_owner = Placement::kNone, run_first = 0;
@@ -24,7 +25,7 @@ void placement_slices(const PlanModel& pm, const Placement& pl, const std::vecto
       if (run_owner != Placement::kNone) out(run_owner, ExpertSlice{l, run_first, last});
     };
     for (int e = 0; e < pl.n_expert(); ++e) {
-      const int own = pl.owner(l, e);
+      const int own = who(l, e);
       if (own != run_owner) {
         flush(e - 1);
         run_owner = own;
@@ -34,11 +35,15 @@ void placement_slices(const PlanModel& pm, const Placement& pl, const std::vecto
     flush(pl.n_expert() - 1);
   }
 }
+template <typename Out>
+void placement_slices(const PlanModel& pm, const Placement& pl, const std::vector<int>& layer_host, Out out) {
+  placement_slices(pm, pl, layer_host, out, [&](int l, int e) { return pl.owner(l, e); });
+}
 
 }  // namespace
 
 nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, const nlohmann::json& status,
-                           const nlohmann::json& heatmap, int tokens_per_step) {
+                           const nlohmann::json& heatmap, int tokens_per_step, bool spans_allowed) {
   auto pm = plan_model_from_gguf(model.file(), kReplanContext, kDefaultSecondsPerByte);
   if (!pm) return {{"error", pm.status().message()}};
   ActivationInfo act;  // none counted yet (or null): uniform, as apply_activations leaves it
@@ -83,12 +88,29 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
         if (ws[w].state == "up" && (*live_peers)[i].first < 0 && peers[i].name == name)
           peer_of[w] = static_cast<int>(i);
     }
-    placement_slices(*pm, remote->placement(), live.layer_host, [&](int owner, const ExpertSlice& sl) {
-      const int i = owner >= 0 && static_cast<size_t>(owner) < ws.size() ? peer_of[static_cast<size_t>(owner)] : -1;
-      if (i < 0) return local(sl);
-      live.roles[static_cast<size_t>(i)].kind = RoleKind::kExperts;
-      live.roles[static_cast<size_t>(i)].experts.push_back(sl);
-    });
+    // Pairs go to the nearest live holder (remote/planner.h): a replica nearer than the owner
+    // (a rebalance's, or one a re-plan gave) computes them; none up: the backbone.
+    const Placement& pl = remote->placement();
+    auto nearest = [&](int l, int e) {
+      int best = Placement::kLocal;
+      for (const int32_t w : pl.holders(l, e)) {
+        const int i = static_cast<size_t>(w) < ws.size() ? peer_of[static_cast<size_t>(w)] : -1;
+        if (i < 0) continue;
+        if (best == Placement::kLocal ||
+            peers[static_cast<size_t>(i)].rtt_s < peers[static_cast<size_t>(peer_of[static_cast<size_t>(best)])].rtt_s)
+          best = w;
+      }
+      return best;
+    };
+    placement_slices(
+        *pm, pl, live.layer_host,
+        [&](int owner, const ExpertSlice& sl) {
+          const int i = owner >= 0 && static_cast<size_t>(owner) < ws.size() ? peer_of[static_cast<size_t>(owner)] : -1;
+          if (i < 0) return local(sl);
+          live.roles[static_cast<size_t>(i)].kind = RoleKind::kExperts;
+          live.roles[static_cast<size_t>(i)].experts.push_back(sl);
+        },
+        nearest);
   } else {
     for (int l = 0; l < L; ++l)
       if (pm->layers[static_cast<size_t>(l)].moe && live.layer_host[static_cast<size_t>(l)] < 0)
@@ -102,8 +124,10 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   o.accepted_per_step = o.tokens_per_step;
   o.message_s = kDefaultMessageSeconds;
   o.peer_rtt_s = measured_peer_rtts(*live_peers);
+  o.spans = spans_allowed;
   nlohmann::json j;
-  j["args"] = fmt::format("--local-experts-mb {}B --streams {}", local_bytes, o.tokens_per_step);
+  j["args"] = fmt::format("--local-experts-mb {}B --streams {}{}", local_bytes, o.tokens_per_step,
+                          spans_allowed ? "" : " --no-spans");
   j["activation_tokens"] = act.tokens;
   if (Status st = evaluate_plan(*pm, peers, o, &live); !st.is_ok()) {
     j["error"] = "the live layout: " + st.message();

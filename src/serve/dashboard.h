@@ -45,11 +45,12 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
 // "role", "what", "changes"}], "live": the live layout as a plan document ({"roles": [{"peer",
 // "role", "experts" or "layers", "addr"}], "predicted_step_ms"}: `swarm plan --from live`), "plan":
 // the planner's layout as the same kind of document (what --auto-replan carries out)} or
-// {"error", ...}.
+// {"error", ...}. spans_allowed false: experts only (`swarm plan --no-spans`: what a gateway
+// running no spans can carry out; its --auto-replan plans so).
 inline constexpr int kReplanContext = 4096;          // context priced: `moesh swarm plan`'s --n-ctx default
 inline constexpr double kReplanGain = 0.10;          // a re-plan is worth its moves from 10 % faster on
 inline constexpr double kReplanRefreshSeconds = 10;  // under load, new counts wait this long
 nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, const nlohmann::json& status,
-                           const nlohmann::json& heatmap, int tokens_per_step);
+                           const nlohmann::json& heatmap, int tokens_per_step, bool spans_allowed = true);
 
 }  // namespace moesh::serve

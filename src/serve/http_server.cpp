@@ -931,8 +931,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     m->port = opts.port;
   }
   if (opts.auto_replan_s > 0) {
-    if (target.spans == nullptr)
-      return make_error(StatusCode::kInvalidArgument, "--auto-replan re-plans layer spans: give --span");
+    if (target.spans == nullptr && target.remote == nullptr)
+      return make_error(StatusCode::kInvalidArgument,
+                        "--auto-replan re-plans layer spans and expert workers: give --span or --worker");
     m->auto_replan = std::make_unique<AutoReplanner>(
         target.scheduler, target.remote, target.model, target.spans,
         std::chrono::milliseconds(static_cast<int64_t>(std::max(opts.auto_replan_s, 0.05) * 1000)));

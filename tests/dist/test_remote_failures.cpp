@@ -115,6 +115,55 @@ TEST(RemoteFailures, AWorkerDownAtStartIsLeftOutWhileItsExpertsHaveAnotherHolder
   EXPECT_NE(refused.status().message().find(dead.to_string()), std::string::npos) << refused.status().to_string();
 }
 
+// A re-plan that gives a peer experts (RemoteExecutor::request_experts): a span peer keeping
+// replicas is dialled as a worker and sent copies of layer 1's experts — a span peer made an
+// expert holder — between calls, checked by hash; the bits stay all-local. A worker that keeps no
+// replicas, or none at all by that name, is refused with the reason.
+TEST(RemoteFailures, ExpertsGivenToAPeerAreCopiedToItBetweenCalls) {
+  SliceSetup su = slice_setup("given", 8);
+  ASSERT_TRUE(su.backbone != nullptr);
+  const int n_expert = static_cast<int>(su.model->hparams().n_expert);
+  auto w = WorkerProcess::spawn(su.path, "*:*");
+  auto plain = WorkerProcess::spawn(su.path, "0:0");
+  const std::string dir = temp_dir() + "/given-replicas";
+  auto span_peer = WorkerProcess::spawn_command({"span", "-m", su.path, "--layers", "0-0", "-t", "1", "--listen",
+                                                 "127.0.0.1:0", "--replica-dir", dir, "--replica-mb", "64"},
+                                                "span 0-0");
+  ASSERT_TRUE(w.is_ok() && plain.is_ok() && span_peer.is_ok());
+  auto exec = RemoteExecutor::connect(*su.backbone, {(*w)->address(), (*plain)->address()}, RemoteOptions{});
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+  const std::string sp = (*span_peer)->address().to_string();
+  ASSERT_TRUE(remote->dial_worker((*span_peer)->address()).is_ok());
+  remote->request_experts(sp, {{1, 0, static_cast<uint32_t>(n_expert)}});
+  remote->request_experts((*plain)->address().to_string(), {{1, 0, 2}});
+  remote->request_experts("nobody:1", {{1, 0, 1}});
+  EXPECT_EQ(remote->expert_requests().pending, 3u);
+  // Pass 1: the span peer is being dialled (its request waits); the others are answered. Pass 2:
+  // it is a worker now, and gets the copies before the pass's dispatches.
+  for (int pass = 0; pass < 3; ++pass) {
+    auto got = run_model(*su.backbone, su.toks, remote);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(std::memcmp(got->data(), su.local.data(), got->size() * sizeof(float)), 0) << "pass " << pass;
+  }
+  const ExpertRequestReport r = remote->expert_requests();
+  EXPECT_EQ(r.requests, 3u);
+  EXPECT_EQ(r.done, 1u);
+  EXPECT_EQ(r.failed, 2u);
+  EXPECT_EQ(r.pending, 0u);
+  EXPECT_EQ(r.sent, static_cast<uint64_t>(n_expert));
+  EXPECT_GT(r.sent_bytes, 0u);
+  std::string held;
+  for (const WorkerStatus& s : remote->worker_status())
+    if (s.address == sp) held = s.experts;
+  EXPECT_EQ(held, fmt::format("0-1:0-{}", n_expert - 1));  // its span's layer, and layer 1 now
+  EXPECT_NE(r.last_error.find("nobody:1"), std::string::npos) << r.last_error;
+  remote->request_experts((*plain)->address().to_string(), {{1, 0, 2}});
+  ASSERT_TRUE(run_model(*su.backbone, su.toks, remote).is_ok());
+  EXPECT_NE(remote->expert_requests().last_error.find("keeps no replicas"), std::string::npos)
+      << remote->expert_requests().last_error;
+}
+
 TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadlineWithoutFailover) {
   const std::string path = made_qwen3moe();
   auto model = Model::load(path);

@@ -77,11 +77,16 @@ TEST(AutoReplan, OtherPlansAreLeftAloneSayingWhy) {
                                 {role("A", "span", "0-3", ""), role("B", "idle", "", "h:2")}));
   EXPECT_FALSE(d.apply);
   EXPECT_NE(d.why.find("does not know"), std::string::npos) << d.why;
-  // The spans are the plan's already: the gain is elsewhere.
+  // The roles are the live ones already: the gain is in where pairs go.
   d = decide_auto_replan(replan(live, {role("A", "span", "0-1", "h:1"), role("B", "span", "2-3", "h:2"),
-                                       role("W", "experts", "4-5:0-3", "h:3")}));
+                                       role("W", "experts", "4-5:0-7", "h:3")}));
   EXPECT_FALSE(d.apply);
   EXPECT_NE(d.why.find("already"), std::string::npos) << d.why;
+  // A plan whose spans cannot be carried out is left alone whole, its experts too.
+  d = decide_auto_replan(replan(live, {role("A", "span", "0-1", "h:1"), role("B", "span", "2-5", "h:2"),
+                                       role("W", "experts", "4-5:0-3", "h:4")}));
+  EXPECT_FALSE(d.apply);
+  EXPECT_TRUE(d.experts.empty());
   // A malformed document is refused, never thrown on.
   for (const json& bad :
        {json{{"replan", "yes"}}, json{{"replan", true}, {"gain", "x"}, {"live", 3}, {"plan", "p"}},
@@ -115,6 +120,27 @@ TEST(AutoReplan, AnExpertWorkerThatLoadsBlocksMayBecomeASpanPeer) {
                                 json::array({role("W", "span", "0-3", "h:3")}), json::array({"0-3"})));
   EXPECT_FALSE(d.apply);
   EXPECT_NE(d.why.find("cannot load blocks"), std::string::npos) << d.why;
+}
+
+// Expert roles that change are given to their peers (the spans staying as they are): a worker
+// given more experts, and a span peer made an expert holder (its blocks come here).
+TEST(AutoReplan, ExpertRolesThatChangeAreGiven) {
+  const json live = {role("A", "span", "0-1", "h:1"), role("W", "experts", "2-3:0-3", "h:3"),
+                     role("V", "experts", "2-3:4-7", "h:4")};
+  AutoReplanDecision d = decide_auto_replan(replan(
+      live, {role("A", "span", "0-1", "h:1"), role("W", "experts", "2-3:*", "h:3"), role("V", "idle", "", "h:4")}));
+  ASSERT_TRUE(d.apply) << d.why;
+  EXPECT_TRUE(d.spans.empty());
+  ASSERT_EQ(d.experts.size(), 1u);
+  EXPECT_EQ(d.experts[0].peer, "W");
+  EXPECT_EQ(d.experts[0].addr, "h:3");
+  EXPECT_EQ(d.experts[0].experts, "2-3:*");
+  d = decide_auto_replan(replan(live, {role("A", "experts", "2-3:0-3", "h:1"), role("W", "experts", "2-3:0-3", "h:3"),
+                                       role("V", "experts", "2-3:4-7", "h:4")}));
+  ASSERT_TRUE(d.apply) << d.why;
+  EXPECT_EQ(d.spans, std::vector<std::string>{"0-1@here"});
+  ASSERT_EQ(d.experts.size(), 1u);
+  EXPECT_EQ(d.experts[0].peer, "A");
 }
 
 // A plan without spans gives their blocks back to the backbone: a resplit to spans here.

@@ -198,8 +198,10 @@ const CommandRegistrar kRegisterServe{Command{
                       "Offer POST /swarm/spans/move (move a span to another peer or here while serving) to "
                       "'Authorization: Bearer KEY'; without it that route answers 403");
       sub->add_option("--auto-replan", a->auto_replan_s,
-                      "Every SECONDS, carry out the dashboard's re-plan of the spans when it is worth its moves: "
-                      "the span peers load the blocks they are given (SPAN_HOLD), then one resplit (0: advice only)")
+                      "Every SECONDS, carry out the dashboard's re-plan when it is worth its moves: the span peers "
+                      "load the blocks they are given (SPAN_HOLD), then one resplit; peers given experts get copies "
+                      "of those they lack (STORE; they need --replica-dir). Without --span: experts only (0: advice "
+                      "only)")
           ->check(CLI::Range(0.0, 86400.0))
           ->capture_default_str();
       sub->add_option("--alias", a->alias, "Model name reported by the API (default: file name)");

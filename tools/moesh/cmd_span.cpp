@@ -41,7 +41,9 @@ struct SpanArgs {
   std::string tls_cert, tls_key;  // --tls-cert, --tls-key
   int64_t ctx = 0;
   int max_seqs = 256;
-  bool no_chain = false;  // --no-chain: answer star-style only
+  bool no_chain = false;    // --no-chain: answer star-style only
+  std::string replica_dir;  // --replica-dir: keep expert replicas backbones send (an expert holder too)
+  double replica_mb = 0;    // --replica-mb
   // --worker ...: expert workers for the span's own MoE layers; --swarm-key and --congestion
   // also apply to the backbones this peer serves.
   SwarmArgs swarm;
@@ -240,6 +242,11 @@ int run_span(const SpanArgs& a) {
     o.tls = std::move(*id);
   }
   o.span = hosts;
+  // Replicas (STORE): a re-plan may make this peer an expert holder of other layers.
+  if (a.replica_dir.empty() != (a.replica_mb <= 0))
+    return fail(make_error(StatusCode::kInvalidArgument, "--replica-dir and --replica-mb (> 0) go together"));
+  o.replica_dir = a.replica_dir;
+  o.replica_budget_bytes = static_cast<uint64_t>(a.replica_mb * 1048576.0);
   if (!a.no_chain) {
     // Chained spans: this peer passes chained steps on to the next span's peer itself, with its
     // own swarm key and socket settings (TLS-pinned swarms are not chained by backbones).
@@ -357,6 +364,10 @@ const CommandRegistrar kRegisterSpan{Command{
       sub->add_flag("--no-chain", a->no_chain,
                     "Do not take chained steps (pass rows on to the next span's peer); backbones then use star "
                     "trips");
+      sub->add_option("--replica-dir", a->replica_dir,
+                      "Keep replicas of experts backbones send (STORE) in this folder, as `moesh worker` does: a "
+                      "gateway's re-plan may make this peer an expert holder (docs/span.md#loading-blocks)");
+      sub->add_option("--replica-mb", a->replica_mb, "Most MiB of replica slabs to keep (with --replica-dir)");
       sub->add_option("--tls-cert", a->tls_cert, "PEM certificate: every connection must use TLS");
       sub->add_option("--tls-key", a->tls_key, "PEM private key of --tls-cert");
       add_swarm_options(sub, &a->swarm);

@@ -35,6 +35,7 @@ struct PlanCliArgs {
   std::vector<std::string> peer_specs;
   std::vector<std::string> peer_rtts;  // --peer-rtt A:B=20ms (a pair) or 20ms (every other pair)
   bool no_chain = false;
+  bool no_spans = false;    // experts only (PlanOptions::spans false)
   bool no_standby = false;  // no standbys (spans) or replicas (expert peers) from idle peers (add_standbys)
   int standbys = 1;         // at most this many per span or expert peer (PlanOptions::standbys_per_primary)
   // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
@@ -72,6 +73,8 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
                   "Round trip between two peers, A:B=20ms (repeatable), or a bare 20ms for every pair not named: "
                   "adjacent spans on such peers are priced as a chain (docs/span.md#chained-spans)");
   sub->add_flag("--no-chain", a->no_chain, "Price every span as a star trip from the backbone (as --span-chain off)");
+  sub->add_flag("--no-spans", a->no_spans,
+                "Experts only: no peer is given a span (what a gateway running no spans can carry out)");
   sub->add_flag("--no-standby", a->no_standby,
                 "Leave idle peers idle (by default one that fits a span or an expert peer's experts and fails over "
                 "faster than the backbone would becomes its standby or replica)");
@@ -355,6 +358,7 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
   for (const CliPeer& p : s.peers) s.plan_peers.push_back(p.peer);
   MOESH_RETURN_IF_ERROR(parse_peer_rtts(a.peer_rtts, s.plan_peers, &s.opts.peer_rtt_s, measured_peer_rtts(s.peers)));
   s.opts.chain_spans = !a.no_chain;
+  s.opts.spans = !a.no_spans;
   s.opts.standbys_per_primary = a.standbys;
   if (!a.backbone_memory.empty()) {
     auto b = parse_bytes(a.backbone_memory);

@@ -194,6 +194,16 @@ struct HotExpertReport {
   double rebalance_predicted_s_before = 0, rebalance_predicted_s_after = 0;
 };
 
+// Experts given to workers by request (RemoteExecutor::request_experts: the gateway's re-plan).
+struct ExpertRequestReport {
+  uint64_t requests = 0;              // asked for
+  uint64_t done = 0;                  // carried out: every expert asked for is on its worker now
+  uint64_t failed = 0;                // not carried out (worker gone, keeps no replicas, full, a copy failed)
+  uint64_t pending = 0;               // waiting for the next forward pass (or for their worker to answer)
+  uint64_t sent = 0, sent_bytes = 0;  // copies STOREd on workers for them
+  std::string last_error;
+};
+
 // Per-worker counters for monitoring (`moesh serve` /metrics). Unlike RemoteTraffic they may be
 // read from any thread while the executor runs.
 struct WorkerTraffic {
@@ -346,6 +356,16 @@ class RemoteExecutor final : public ExpertExecutor {
   // the worker joins with the experts it announces. An address already dialled or pending is
   // kInvalidArgument.
   Status dial_worker(const WorkerAddress& address);
+  // Asks for the experts `ranges` to be held by the worker `worker` (its name, label or dialled
+  // address): each one it lacks is copied to it as a replica (STORE: the backbone's own copy or
+  // one FETCHed from a holder, checked against the model's slab hashes here and there), and it
+  // becomes a holder; pairs go to the nearest live holder, as always (exact either way). What a
+  // re-plan that gives a peer experts needs. Any thread: carried out between calls, like a hot
+  // plan; a worker being dialled (dial_worker) is waited for, for kExpertRequestWaitCalls calls.
+  // The worker must keep replicas (`--replica-dir`, feature STORE). Outcome: expert_requests().
+  void request_experts(const std::string& worker, std::vector<wire::ExpertRange> ranges);
+  static constexpr int kExpertRequestWaitCalls = 256;
+  ExpertRequestReport expert_requests() const;
 
   // The counts below as a copy any thread may take while the executor runs (the dashboard),
   // with the MoE-layer calls that involved a worker and the Σ of their tokens.

@@ -1196,6 +1196,37 @@ grep -q "loads the blocks\|loaded the blocks" "$TMP/roles.log.err" || fail "role
 expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "role change: greedy text on the worker's span"
 expect_eq "$(js 'j.spans.filter(s => s.state == "up").length + " " + j.workers[0].state' <"$TMP/roles_status.json")" \
   "1 up" "role change: the worker is still an expert worker too"
+# The expert part of a re-plan: a gateway running no spans dispatches to a far worker (behind a
+# 10 ms wan-proxy) holding every expert and a near one keeping replicas; its experts-only re-plan
+# gives the near one every expert, and the gateway copies them to it (STORE, hash-checked) at the
+# next forward pass; the text stays the local server's.
+"$MOESH" worker -m "$SPAN_MODEL" --experts '*:*' --listen 127.0.0.1:0 -t 1 --name far --no-blocks >"$TMP/far.log" \
+  2>"$TMP/far.log.err" &
+FAR_PID=$!
+PIDS+=("$FAR_PID")
+FAR_PORT=$(wait_port "$TMP/far.log" "$FAR_PID")
+"$MOESH" wan-proxy --to "127.0.0.1:$FAR_PORT" --delay-ms 10 >"$TMP/farp.log" 2>&1 &
+FARP_PID=$!
+PIDS+=("$FARP_PID")
+FARP="127.0.0.1:$(wait_port "$TMP/farp.log" "$FARP_PID")"
+"$MOESH" worker -m "$SPAN_MODEL" --experts '0:0' --replica-dir "$TMP/near_replicas" --replica-mb 256 \
+  --listen 127.0.0.1:0 -t 1 --name near --no-blocks >"$TMP/near.log" 2>"$TMP/near.log.err" &
+NEAR_PID=$!
+PIDS+=("$NEAR_PID")
+NEAR="127.0.0.1:$(wait_port "$TMP/near.log" "$NEAR_PID")"
+start_server xr -m "$SPAN_MODEL" --worker "$FARP" --worker "$NEAR" --parallel 2 -c 4096 --threads 1 \
+  --auto-replan 0.3
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "experts re-plan: greedy text before"
+wait_auto_replan "$TMP/xr_status.json"
+expect_eq "$(js 'j.auto_replan.last.experts' <"$TMP/xr_status.json")" "near: 0-3:*" \
+  "experts re-plan: the near worker is given every expert"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "experts re-plan: greedy text after (the copies made first)"
+curl -sS "$BASE/swarm/status" >"$TMP/xr_status2.json"
+expect_eq "$(js 'j.auto_replan.experts.done + " " + j.auto_replan.experts.failed + " " + (j.auto_replan.experts.copies > 0)' \
+  <"$TMP/xr_status2.json")" "1 0 true" "experts re-plan: the copies were made ($(js 'j.auto_replan.experts.last_error' <"$TMP/xr_status2.json"))"
+expect_eq "$(js 'j.workers.filter(w => w.name == "near")[0].experts' <"$TMP/xr_status2.json")" "0-3:0-7" \
+  "experts re-plan: the near worker holds every expert now"
+grep -q "experts for .*near.*copied" "$TMP/xr.log.err" || fail "experts re-plan: the copies are not logged"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
