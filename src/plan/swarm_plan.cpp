@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "moesh/gguf/gguf.h"
 #include "moesh/model/model.h"
@@ -18,6 +19,12 @@ namespace moesh {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Replicas sharing an expert's pairs: those costing at most this x the cheapest holder + the slack
+// (remote/planner.h PlannerPolicy's defaults: what the runtime does).
+constexpr double kNearFactor = 1.25;
+constexpr double kNearSlackSeconds = 0.002;
+// add_load_replicas keeps a copy that makes the predicted step at least this much faster.
+constexpr double kLoadReplicaGain = 0.005;
 
 double wire_s(double rate_bps, double bytes) {
   return rate_bps > 0 ? bytes * 8.0 / rate_bps : 0.0;
@@ -50,8 +57,8 @@ struct LayerTrip {
 
 // The chance one token needs none of a set of experts: exact (hypergeometric: its k distinct
 // experts all outside the set) when activations are uniform, else the product of (1 - p_e).
-double miss_chance(const PlanModel& m, int n_in_set, double product) {
-  if (!m.p.empty()) return product;
+double miss_chance(const PlanModel& m, int n_in_set, double product, bool product_form = false) {
+  if (!m.p.empty() || product_form) return product;
   const int n = m.n_expert, k = m.n_expert_used;
   if (n - n_in_set < k) return 0.0;
   double r = 1.0;
@@ -60,9 +67,12 @@ double miss_chance(const PlanModel& m, int n_in_set, double product) {
 }
 
 // `shares` (optional): this layer's activation shares in the segments' expert order, when the
-// segments index a permutation of the layer's experts; else the model's own.
+// segments index a permutation of the layer's experts; else the model's own. product_form: the
+// segments index shares that are not whole experts (a copied expert's pairs split over its near
+// holders), priced by the product of (1 - share) as with counted activations.
 LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const std::vector<Holder>& holders,
-                     const std::vector<Seg>& segs, const std::vector<double>* shares = nullptr) {
+                     const std::vector<Seg>& segs, const std::vector<double>* shares = nullptr,
+                     bool product_form = false) {
   const int T = tokens(o);
   const PlanLayer& L = m.layers[static_cast<size_t>(layer)];
   struct C {
@@ -79,7 +89,7 @@ LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const 
       share += p;
     }
     const int count = s.last - s.first + 1;
-    const double q = 1.0 - miss_chance(m, count, product);  // a token needs this holder
+    const double q = 1.0 - miss_chance(m, count, product, product_form);  // a token needs this holder
     const Holder& h = holders[static_cast<size_t>(s.holder)];
     double cost = share * T * L.expert_s / h.speed;  // its expected pairs
     if (h.peer >= 0) cost += h.rtt_s + 2 * o.message_s + wire_s(h.rate_bps, 2.0 * q * T * m.hidden_bytes);
@@ -92,7 +102,7 @@ LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const 
   int n_slower = 0;
   double prod_slower = 1.0, miss_slower = 1.0;
   for (const C& c : cs) {
-    const double miss_with = std::pow(miss_chance(m, n_slower + c.count, prod_slower * c.product), T);
+    const double miss_with = std::pow(miss_chance(m, n_slower + c.count, prod_slower * c.product, product_form), T);
     r.expected_s += c.cost * (miss_slower - miss_with);
     n_slower += c.count;
     prod_slower *= c.product;
@@ -105,7 +115,7 @@ LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const 
       n_remote += c.count;
       prod_remote *= c.product;
     }
-  r.p_trip = n_remote > 0 ? 1.0 - std::pow(miss_chance(m, n_remote, prod_remote), T) : 0.0;
+  r.p_trip = n_remote > 0 ? 1.0 - std::pow(miss_chance(m, n_remote, prod_remote, product_form), T) : 0.0;
   return r;
 }
 
@@ -462,9 +472,11 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
   if (plan->roles.size() != peers.size() || plan->layer_host.size() != static_cast<size_t>(L))
     return make_error(StatusCode::kInvalidArgument, "plan: {} roles for {} peers, {} layer hosts for {} layers",
                       plan->roles.size(), peers.size(), plan->layer_host.size(), L);
-  // Who holds each expert of the backbone's layers.
+  // Who holds each expert of the backbone's layers, and who holds copies of it (PeerRole::copies).
   std::vector<Holder> holders{{-1, 0, o.backbone_speed, 0}};
   std::vector<std::vector<int>> owner(static_cast<size_t>(L), std::vector<int>(static_cast<size_t>(m.n_expert), -1));
+  std::vector<std::vector<std::vector<int>>> copies(static_cast<size_t>(L),
+                                                    std::vector<std::vector<int>>(static_cast<size_t>(m.n_expert)));
   auto claim = [&](const ExpertSlice& s, int holder, const std::string& who) -> Status {
     if (s.layer < 0 || s.layer >= L || s.first < 0 || s.last >= m.n_expert || s.first > s.last ||
         !m.layers[static_cast<size_t>(s.layer)].moe)
@@ -513,8 +525,19 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
       if (!o.experts)
         return make_error(StatusCode::kInvalidArgument, "plan: expert roles are not allowed ({})", p.name);
       holders.push_back({static_cast<int>(i), p.rtt_s, p.speed, p.rate_bps});
+      const int hid = static_cast<int>(holders.size() - 1);
       for (const ExpertSlice& s : r.experts) {
-        MOESH_RETURN_IF_ERROR(claim(s, static_cast<int>(holders.size() - 1), "peer '" + p.name + "'"));
+        MOESH_RETURN_IF_ERROR(claim(s, hid, "peer '" + p.name + "'"));
+        r.bytes += static_cast<uint64_t>(s.last - s.first + 1) * unit;
+      }
+      for (const ExpertSlice& s : r.copies) {
+        if (s.layer < 0 || s.layer >= L || s.first < 0 || s.last >= m.n_expert || s.first > s.last ||
+            !m.layers[static_cast<size_t>(s.layer)].moe || plan->layer_host[static_cast<size_t>(s.layer)] >= 0)
+          return make_error(StatusCode::kInvalidArgument,
+                            "plan: peer '{}' copies layer {} experts {}-{}, not a backbone MoE layer's", p.name,
+                            s.layer, s.first, s.last);
+        for (int e = s.first; e <= s.last; ++e)
+          copies[static_cast<size_t>(s.layer)][static_cast<size_t>(e)].push_back(hid);
         r.bytes += static_cast<uint64_t>(s.last - s.first + 1) * unit;
       }
       r.trip_s = p.rtt_s + 2 * o.message_s + wire_s(p.rate_bps, 2.0 * m.hidden_bytes);
@@ -562,13 +585,43 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
           else
             segs.push_back({own[static_cast<size_t>(e)], e, e});
         }
+        bool copied = false;
+        for (int e = 0; e < m.n_expert && !copied; ++e)
+          copied = !copies[static_cast<size_t>(l)][static_cast<size_t>(e)].empty();
         // Several segments of one holder in a layer are one message: merge them for the trip.
         std::map<int, std::vector<Seg>> by_holder;
         for (const Seg& s : segs) by_holder[s.holder].push_back(s);
         bool contiguous = true;
         for (auto& [hid, v] : by_holder) contiguous = contiguous && v.size() == 1;
         LayerTrip t;
-        if (contiguous) {
+        if (copied) {
+          // Copies: each expert's pairs split evenly over its near holders (the runtime's rule),
+          // as that many part-experts, each held by one holder.
+          std::map<int, std::vector<double>> parts;  // holder -> shares of the parts it computes
+          for (int e = 0; e < m.n_expert; ++e) {
+            std::vector<int> hs = copies[static_cast<size_t>(l)][static_cast<size_t>(e)];
+            hs.push_back(own[static_cast<size_t>(e)]);
+            std::sort(hs.begin(), hs.end());
+            if (std::adjacent_find(hs.begin(), hs.end()) != hs.end())
+              return make_error(StatusCode::kInvalidArgument, "plan: layer {} expert {} is copied to a peer holding it",
+                                l, e);
+            double cheapest = kInf;
+            for (int h : hs) cheapest = std::min(cheapest, holders[static_cast<size_t>(h)].rtt_s);
+            std::vector<int> near;
+            for (int h : hs)
+              if (holders[static_cast<size_t>(h)].rtt_s <= kNearFactor * cheapest + kNearSlackSeconds)
+                near.push_back(h);
+            for (int h : near) parts[h].push_back(m.p_at(l, e) / static_cast<double>(near.size()));
+          }
+          std::vector<double> perm;
+          std::vector<Seg> ps;
+          for (auto& [hid, v] : parts) {
+            const int start = static_cast<int>(perm.size());
+            perm.insert(perm.end(), v.begin(), v.end());
+            ps.push_back({hid, start, static_cast<int>(perm.size()) - 1});
+          }
+          t = layer_trip(m, o, l, holders, ps, &perm, /*product_form=*/true);
+        } else if (contiguous) {
           t = layer_trip(m, o, l, holders, segs);
         } else {
           // Permute this layer's experts so each holder's are contiguous (shares are what count).
@@ -709,6 +762,82 @@ Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
     return a.replica() ? a.primary < b.primary : a.first < b.first;
   });
   return Status::ok();
+}
+
+std::vector<ExpertSlice> held_experts(const PeerRole& r) {
+  std::map<int, std::vector<std::pair<int, int>>> by_layer;
+  for (const std::vector<ExpertSlice>* v : {&r.experts, &r.copies})
+    for (const ExpertSlice& s : *v) by_layer[s.layer].push_back({s.first, s.last});
+  std::vector<ExpertSlice> out;
+  for (auto& [l, v] : by_layer) {
+    std::sort(v.begin(), v.end());
+    for (const auto& [a, b] : v) {
+      if (!out.empty() && out.back().layer == l && a <= out.back().last + 1)
+        out.back().last = std::max(out.back().last, b);
+      else
+        out.push_back({l, a, b});
+    }
+  }
+  return out;
+}
+
+Status add_load_replicas(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan,
+                         int max_copies) {
+  if (m.p.empty() || !o.experts || max_copies <= 0) return Status::ok();
+  const int P = static_cast<int>(peers.size()), L = m.n_layer();
+  if (static_cast<int>(plan->roles.size()) != P)
+    return make_error(StatusCode::kInvalidArgument, "plan: {} roles for {} peers", plan->roles.size(), P);
+  MOESH_RETURN_IF_ERROR(evaluate_plan(m, peers, o, plan));
+  const uint64_t unit = expert_unit(m);
+  std::vector<std::vector<int>> owner(static_cast<size_t>(L), std::vector<int>(static_cast<size_t>(m.n_expert), -1));
+  for (int i = 0; i < P; ++i)
+    for (const ExpertSlice& s : plan->roles[static_cast<size_t>(i)].experts)
+      for (int e = s.first; e <= s.last; ++e) owner[static_cast<size_t>(s.layer)][static_cast<size_t>(e)] = i;
+  // The experts a peer computes, by their compute per token (share x cost), hottest first.
+  std::vector<std::tuple<double, int, int>> hot;
+  for (int l = 0; l < L; ++l) {
+    if (!m.layers[static_cast<size_t>(l)].moe || plan->layer_host[static_cast<size_t>(l)] >= 0) continue;
+    for (int e = 0; e < m.n_expert; ++e)
+      if (owner[static_cast<size_t>(l)][static_cast<size_t>(e)] >= 0)
+        hot.emplace_back(m.p_at(l, e) * m.layers[static_cast<size_t>(l)].expert_s, l, e);
+  }
+  std::stable_sort(hot.begin(), hot.end(),
+                   [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+  if (hot.size() > static_cast<size_t>(4 * max_copies)) hot.resize(static_cast<size_t>(4 * max_copies));
+  int added = 0;
+  for (const auto& [w, l, e] : hot) {
+    if (added >= max_copies) break;
+    const double bar = plan->step_s * (1.0 - kLoadReplicaGain);
+    int pick = -1;
+    SwarmPlan best;
+    for (int q = 0; q < P; ++q) {
+      const PeerRole& r = plan->roles[static_cast<size_t>(q)];
+      if (q == owner[static_cast<size_t>(l)][static_cast<size_t>(e)] || r.kind == RoleKind::kSpan) continue;
+      if (r.bytes + unit > peers[static_cast<size_t>(q)].memory_bytes) continue;
+      SwarmPlan g = *plan;
+      PeerRole& gr = g.roles[static_cast<size_t>(q)];
+      if (gr.kind == RoleKind::kIdle) {
+        gr = PeerRole{};
+        gr.kind = RoleKind::kExperts;
+      }
+      gr.copies.push_back({l, e, e});
+      if (!evaluate_plan(m, peers, o, &g).is_ok()) continue;  // e.g. it holds a copy already
+      if (g.step_s < (pick < 0 ? bar : best.step_s)) {
+        pick = q;
+        best = std::move(g);
+      }
+    }
+    if (pick < 0) continue;
+    *plan = std::move(best);
+    ++added;
+  }
+  for (PeerRole& r : plan->roles) {
+    if (r.copies.empty()) continue;
+    PeerRole c;
+    c.copies = r.copies;
+    r.copies = held_experts(c);  // merged into ranges
+  }
+  return evaluate_plan(m, peers, o, plan);
 }
 
 Result<SwarmPlan> plan_swarm(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o) {
@@ -897,7 +1026,13 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
     if (r.kind == RoleKind::kSpan) what = fmt::format("layers {}-{}", r.first, r.last);
     if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
       what += fmt::format(" (chained after {})", peers[static_cast<size_t>(r.chained_after)].name);
-    if (r.kind == RoleKind::kExperts) what = "experts " + format_expert_spec(r.experts, m.n_expert);
+    if (r.kind == RoleKind::kExperts) {
+      what = "experts " + format_expert_spec(r.experts.empty() ? r.copies : r.experts, m.n_expert);
+      if (!r.copies.empty() && !r.experts.empty())
+        what += " + copies of " + format_expert_spec(r.copies, m.n_expert);
+      else if (!r.copies.empty())
+        what += " (copies)";
+    }
     std::string role = role_name(r.kind);
     uint64_t holds = r.bytes;
     for (const Standby& sb : plan.standbys) {

@@ -13,6 +13,10 @@ namespace moesh::serve {
 
 namespace {
 
+// Replicas sharing pairs: within this x the nearest holder's cost + the slack (PlannerPolicy).
+constexpr double kNearShare = 1.25;
+constexpr double kNearShareSlack_s = 0.002;
+
 // Each layer's experts by the worker (index into `ws`) or the backbone (Placement::kLocal) that
 // computes them — `who(layer, expert)`, by default the placement's owner — as contiguous slices:
 // `out(owner, slice)`.
@@ -111,6 +115,28 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
           live.roles[static_cast<size_t>(i)].experts.push_back(sl);
         },
         nearest);
+    // The other up holders near the nearest share its pairs (the runtime's rule): their copies.
+    for (int l = 0; l < std::min(L, pl.n_layer()); ++l) {
+      if (!pm->layers[static_cast<size_t>(l)].moe || live.layer_host[static_cast<size_t>(l)] >= 0) continue;
+      for (int e = 0; e < pl.n_expert(); ++e) {
+        const int best = nearest(l, e);
+        if (best < 0) continue;
+        const double best_rtt = peers[static_cast<size_t>(peer_of[static_cast<size_t>(best)])].rtt_s;
+        for (const int32_t w : pl.holders(l, e)) {
+          const int i = static_cast<size_t>(w) < ws.size() ? peer_of[static_cast<size_t>(w)] : -1;
+          if (w == best || i < 0 || peers[static_cast<size_t>(i)].rtt_s > kNearShare * best_rtt + kNearShareSlack_s)
+            continue;
+          live.roles[static_cast<size_t>(i)].kind = RoleKind::kExperts;
+          live.roles[static_cast<size_t>(i)].copies.push_back({l, e, e});
+        }
+      }
+    }
+    for (PeerRole& r : live.roles) {
+      if (r.copies.empty()) continue;
+      PeerRole c;
+      c.copies = r.copies;
+      r.copies = held_experts(c);
+    }
   } else {
     for (int l = 0; l < L; ++l)
       if (pm->layers[static_cast<size_t>(l)].moe && live.layer_host[static_cast<size_t>(l)] < 0)
@@ -138,6 +164,10 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     j["error"] = best.status().message();
     return j;
   }
+  if (Status st = add_load_replicas(*pm, peers, o, &*best); !st.is_ok()) {
+    j["error"] = st.message();
+    return j;
+  }
   const double gain = live.step_s > 0 ? 1.0 - best->step_s / live.step_s : 0.0;
   j["live_step_ms"] = live.step_s * 1e3;
   j["predicted_step_ms"] = best->step_s * 1e3;
@@ -148,11 +178,11 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   for (size_t i = 0; i < peers.size(); ++i) {
     const PeerRole& r = best->roles[i];
     std::string what = r.kind == RoleKind::kSpan      ? fmt::format("layers {}-{}", r.first, r.last)
-                       : r.kind == RoleKind::kExperts ? format_expert_spec(r.experts, pm->n_expert)
+                       : r.kind == RoleKind::kExperts ? format_expert_spec(held_experts(r), pm->n_expert)
                                                       : "";
     const PeerRole& lr = live.roles[i];
     const std::string now = lr.kind == RoleKind::kSpan      ? fmt::format("layers {}-{}", lr.first, lr.last)
-                            : lr.kind == RoleKind::kExperts ? format_expert_spec(lr.experts, pm->n_expert)
+                            : lr.kind == RoleKind::kExperts ? format_expert_spec(held_experts(lr), pm->n_expert)
                                                             : "";
     rows.push_back({{"name", peers[i].name},
                     {"role", role_name(r.kind)},
@@ -167,7 +197,7 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   for (size_t i = 0; i < peers.size(); ++i) {
     nlohmann::json r{{"peer", peers[i].name}, {"role", role_name(live.roles[i].kind)}};
     if (live.roles[i].kind == RoleKind::kExperts)
-      r["experts"] = format_expert_spec(live.roles[i].experts, pm->n_expert);
+      r["experts"] = format_expert_spec(held_experts(live.roles[i]), pm->n_expert);
     if (live.roles[i].kind == RoleKind::kSpan)
       r["layers"] = fmt::format("{}-{}", live.roles[i].first, live.roles[i].last);
     if (!(*live_peers)[i].addr.empty()) r["addr"] = (*live_peers)[i].addr;
@@ -189,7 +219,8 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   for (size_t i = 0; i < peers.size(); ++i) {
     const PeerRole& r = best->roles[i];
     nlohmann::json x{{"peer", peers[i].name}, {"role", role_name(r.kind)}};
-    if (r.kind == RoleKind::kExperts) x["experts"] = format_expert_spec(r.experts, pm->n_expert);
+    if (r.kind == RoleKind::kExperts) x["experts"] = format_expert_spec(held_experts(r), pm->n_expert);
+    if (!r.copies.empty()) x["copies"] = format_expert_spec(r.copies, pm->n_expert);
     if (r.kind == RoleKind::kSpan) x["layers"] = fmt::format("{}-{}", r.first, r.last);
     if (!(*live_peers)[i].addr.empty()) x["addr"] = (*live_peers)[i].addr;
     if ((*live_peers)[i].span_peer) x["span_peer"] = true;

@@ -522,6 +522,72 @@ TEST(SwarmPlan, HotExpertsGoToTheNearestHolderAndColdOnesFarthest) {
   EXPECT_NEAR(local->trips_per_step, 1 - std::pow(0.9, 6), 1e-12);
 }
 
+// Load-sharing replicas (add_load_replicas): with many tokens per step on slow peers, a hot
+// expert makes its holder the slowest of every step; a copy on the other near peer splits its pairs
+// and the predicted step drops. A far peer shares nothing (the runtime sends it no pairs while a
+// near holder is up), uniform activations add nothing, and a copy of one's own expert or of a span
+// layer's is not a valid plan.
+TEST(SwarmPlan, LoadReplicasSplitAHotExpertsPairsOverNearPeers) {
+  PlanModel m = toy_model(2, 8, 2);
+  m.p.assign(2, std::vector<double>(8, 1.05 / 7));
+  for (auto& layer : m.p) layer[0] = 0.95;  // nearly every token routes to expert 0
+  std::vector<PlanPeer> peers{
+      {"a", 20 * kMiB, 0.002, 0.02, 0}, {"b", 20 * kMiB, 0.002, 0.02, 0}, {"far", 20 * kMiB, 0.08, 0.02, 0}};
+  PlanOptions o;
+  o.spans = false;
+  o.message_s = 1e-4;
+  o.tokens_per_step = 32;
+  auto plan = plan_swarm(m, peers, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  const double before = plan->step_s;
+  SwarmPlan with = *plan;
+  ASSERT_TRUE(add_load_replicas(m, peers, o, &with).is_ok());
+  EXPECT_LT(with.step_s, 0.9 * before) << render_plan(m, peers, with);
+  int copies_of_0 = 0;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    for (const ExpertSlice& c : with.roles[i].copies) {
+      EXPECT_NE(i, 2u) << "the far peer shares no pairs";
+      if (c.first <= 0 && c.last >= 0) ++copies_of_0;
+    }
+  }
+  EXPECT_EQ(copies_of_0, 2);  // expert 0 of each layer, on the near peer that does not own it
+  SwarmPlan again = with;
+  ASSERT_TRUE(evaluate_plan(m, peers, o, &again).is_ok());
+  EXPECT_DOUBLE_EQ(again.step_s, with.step_s);
+  // What a peer holds, for `moesh worker --experts` and the gateway's re-plan: experts and copies.
+  for (size_t i = 0; i < 2; ++i) {
+    uint64_t n = 0;
+    for (const ExpertSlice& x : held_experts(with.roles[i])) n += static_cast<uint64_t>(x.last - x.first + 1);
+    uint64_t own = 0, copied = 0;
+    for (const ExpertSlice& x : with.roles[i].experts) own += static_cast<uint64_t>(x.last - x.first + 1);
+    for (const ExpertSlice& x : with.roles[i].copies) copied += static_cast<uint64_t>(x.last - x.first + 1);
+    EXPECT_EQ(n, own + copied);
+  }
+  // Uniform activations: nothing added.
+  PlanModel u = toy_model(2, 8, 2);
+  auto up = plan_swarm(u, peers, o);
+  ASSERT_TRUE(up.is_ok());
+  SwarmPlan uw = *up;
+  ASSERT_TRUE(add_load_replicas(u, peers, o, &uw).is_ok());
+  for (const PeerRole& r : uw.roles) EXPECT_TRUE(r.copies.empty());
+  // Invalid copies.
+  SwarmPlan bad = *plan;
+  const int owner0 = [&] {
+    for (size_t i = 0; i < peers.size(); ++i)
+      for (const ExpertSlice& x : plan->roles[i].experts)
+        if (x.layer == 0 && x.first <= 0 && x.last >= 0) return static_cast<int>(i);
+    return -1;
+  }();
+  ASSERT_GE(owner0, 0);
+  bad.roles[static_cast<size_t>(owner0)].copies.push_back({0, 0, 0});
+  Status st = evaluate_plan(m, peers, o, &bad);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("copied to a peer holding it"), std::string::npos) << st.to_string();
+  bad = *plan;
+  bad.roles[static_cast<size_t>(owner0)].copies.push_back({5, 0, 0});
+  EXPECT_FALSE(evaluate_plan(m, peers, o, &bad).is_ok());
+}
+
 TEST(SwarmPlan, MoreTokensPerStepRaiseComputeNotTrips) {
   PlanModel m = toy_model(6, 16, 4);
   std::vector<PlanPeer> peers{{"a", 3 * whole_layer(m), 0.02, 1, 0}, {"b", 3 * whole_layer(m), 0.02, 1, 0}};

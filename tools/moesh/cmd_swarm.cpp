@@ -124,7 +124,7 @@ std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::str
       backbone += fmt::format(" --span {}-{}@{}", r.first, r.last, addr);
     } else if (r.kind == RoleKind::kExperts) {
       out += fmt::format("  {}: moesh worker -m {} --experts '{}' --listen {}\n", s.peers[i].peer.name, mf,
-                         format_expert_spec(r.experts, s.model.n_expert), addr);
+                         format_expert_spec(held_experts(r), s.model.n_expert), addr);
       backbone += " --worker " + addr;
     }
   }
@@ -287,6 +287,10 @@ int run_plan(const PlanCliArgs& a) {
     return fail(make_error(StatusCode::kInvalidArgument, "no --peer given (nor a --status gateway with workers up)"));
   auto plan = plan_for_layout(*setup, a.layout);
   if (!plan) return fail(plan.status());
+  if (a.layout == "plan" && !a.no_load_replicas) {
+    Status lr = add_load_replicas(setup->model, setup->plan_peers, setup->opts, &*plan);
+    if (!lr.is_ok()) return fail(lr);
+  }
   if (!a.no_standby) {
     Status sb = add_standbys(setup->model, setup->plan_peers, setup->opts, &*plan);
     if (!sb.is_ok()) return fail(sb);

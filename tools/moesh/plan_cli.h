@@ -35,9 +35,10 @@ struct PlanCliArgs {
   std::vector<std::string> peer_specs;
   std::vector<std::string> peer_rtts;  // --peer-rtt A:B=20ms (a pair) or 20ms (every other pair)
   bool no_chain = false;
-  bool no_spans = false;    // experts only (PlanOptions::spans false)
-  bool no_standby = false;  // no standbys (spans) or replicas (expert peers) from idle peers (add_standbys)
-  int standbys = 1;         // at most this many per span or expert peer (PlanOptions::standbys_per_primary)
+  bool no_spans = false;          // experts only (PlanOptions::spans false)
+  bool no_load_replicas = false;  // no add_load_replicas
+  bool no_standby = false;        // no standbys (spans) or replicas (expert peers) from idle peers (add_standbys)
+  int standbys = 1;               // at most this many per span or expert peer (PlanOptions::standbys_per_primary)
   // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
   int n_peers = 0;
   std::string peer_memory = "8GiB", rtt_median = "20ms";
@@ -73,6 +74,9 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
                   "Round trip between two peers, A:B=20ms (repeatable), or a bare 20ms for every pair not named: "
                   "adjacent spans on such peers are priced as a chain (docs/span.md#chained-spans)");
   sub->add_flag("--no-chain", a->no_chain, "Price every span as a star trip from the backbone (as --span-chain off)");
+  sub->add_flag("--no-load-replicas", a->no_load_replicas,
+                "No copies of hot experts on other near peers to share their pairs (by default, with activation "
+                "counts, the plan adds those that make the step at least 0.5 % faster)");
   sub->add_flag("--no-spans", a->no_spans,
                 "Experts only: no peer is given a span (what a gateway running no spans can carry out)");
   sub->add_flag("--no-standby", a->no_standby,
@@ -401,7 +405,8 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
     if (r.kind == RoleKind::kSpan) j["layers"] = fmt::format("{}-{}", r.first, r.last);
     if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
       j["chained_after"] = s.peers[static_cast<size_t>(r.chained_after)].peer.name;
-    if (r.kind == RoleKind::kExperts) j["experts"] = format_expert_spec(r.experts, s.model.n_expert);
+    if (r.kind == RoleKind::kExperts) j["experts"] = format_expert_spec(held_experts(r), s.model.n_expert);
+    if (!r.copies.empty()) j["copies"] = format_expert_spec(r.copies, s.model.n_expert);
     for (const Standby& sb : p.standbys) {
       if (sb.peer != static_cast<int>(i)) continue;
       j["standby_for"] = s.peers[static_cast<size_t>(sb.primary)].peer.name;

@@ -133,9 +133,13 @@ struct PeerRole {
   RoleKind kind = RoleKind::kIdle;
   int first = -1, last = -1;         // kSpan: its layers
   std::vector<ExpertSlice> experts;  // kExperts: what it holds
-  uint64_t bytes = 0;                // memory it uses
-  double trip_s = 0;                 // predicted cost of one trip to it (one token)
-  int chained_after = -1;            // kSpan: the peer whose span it follows in a chain (-1: none)
+  // kExperts: copies of experts another expert peer holds (add_load_replicas): near holders of an
+  // expert share its pairs (the backbone spreads a token's pairs over them), so a hot expert's
+  // compute is split. A peer with copies only has an empty `experts`.
+  std::vector<ExpertSlice> copies;
+  uint64_t bytes = 0;      // memory it uses
+  double trip_s = 0;       // predicted cost of one trip to it (one token)
+  int chained_after = -1;  // kSpan: the peer whose span it follows in a chain (-1: none)
 };
 
 // A standby for a peer of the plan, from the peers it leaves idle; it serves only when its
@@ -181,6 +185,19 @@ struct SwarmPlan {
 // peers left) its second, and so on; one primary per idle peer. A primary's standbys are listed
 // in the order the backbone tries them (the first round's first).
 Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan);
+
+// Load-sharing replicas (not for failover: for the step time), from any expert or idle peer with
+// memory left: with activation counts (m.p), the hottest experts of the backbone's MoE layers are
+// copied, one at a time, to the peer whose copy lowers the predicted step most (by at least 0.5 %):
+// the near holders of an expert share its pairs (remote/planner.h: holders within 1.25x the
+// cheapest's cost + 2 ms), so a skewed layer's hot expert stops making its holder the slowest of
+// the step when many tokens route to it. Priced by evaluate_plan (a copied expert's pairs are split
+// evenly over its near holders). Uniform activations (m.p empty): nothing to gain over the fill,
+// nothing added. At most max_copies copies.
+Status add_load_replicas(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan,
+                         int max_copies = 64);
+// What a peer's role holds: its experts and its copies, merged into ranges per layer.
+std::vector<ExpertSlice> held_experts(const PeerRole& r);
 
 // The best plan, or kOutOfRange when no assignment holds every layer (memory), naming
 // how much is missing; kInvalidArgument for an inconsistent model or options.
