@@ -29,9 +29,6 @@ Result<std::unique_ptr<RemoteExecutor>> RemoteExecutor::connect(const Model& mod
   impl->local = std::make_unique<LocalExecutor>(impl->mine->weights(), nullptr);
   impl->act.assign(static_cast<size_t>(hp.n_layer * hp.n_expert), 0);
   impl->act_tokens.assign(static_cast<size_t>(hp.n_layer), 0);
-  for (int l = 0; l < hp.n_layer && impl->first_moe < 0; ++l) {
-    if (model.layers[static_cast<size_t>(l)].is_moe) impl->first_moe = l;
-  }
   impl->next_hot_plan = static_cast<uint64_t>(std::max<int64_t>(opts.hot_plan_after_tokens, 1));
   impl->hot.budget_bytes = opts.local_experts_bytes;
 
@@ -732,9 +729,13 @@ std::string RemoteExecutor::describe() const {
 Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const RoutingPlan& plan) {
   Impl& m = *impl_;
   const bool overlapped = std::any_of(m.jobs.begin(), m.jobs.end(), [](const Impl::Job& j) { return j.pending; });
-  // The hot set is re-chosen between steps (nothing in flight), on the first MoE layer's call.
+  // A forward pass starts with a call at or below the previous call's layer: the first MoE layer
+  // this backbone computes, which is not the model's first when span peers run the blocks before.
+  const bool pass_start = layer <= m.last_layer;
+  m.last_layer = layer;
+  // The hot set is re-chosen between steps (nothing in flight), on a pass's first call.
   if ((m.opts.local_experts_bytes > 0 || m.opts.replicate_hot > 0 || m.opts.rebalance > 0) && !overlapped &&
-      layer == m.first_moe && m.first_moe >= 0 && m.act_tokens[static_cast<size_t>(layer)] >= m.next_hot_plan) {
+      pass_start && m.act_tokens[static_cast<size_t>(layer)] >= m.next_hot_plan) {
     // Failures are in the report; the step goes on with the old set.
     if (m.opts.local_experts_bytes > 0) (void)m.plan_hot();
     if (m.opts.replicate_hot > 0) m.replicate_hot();
@@ -742,12 +743,12 @@ Ticket RemoteExecutor::submit(int layer, const float* x, int64_t n_tokens, const
     m.next_hot_plan = m.act_tokens[static_cast<size_t>(layer)] +
                       static_cast<uint64_t>(std::max<int64_t>(m.opts.hot_replan_every_tokens, 1));
   }
-  if (!overlapped && layer == m.first_moe) m.take_expert_requests();
+  if (!overlapped && pass_start) m.take_expert_requests();
   if (!overlapped && m.opts.failover) m.start_redials(false);  // between calls: take back workers that answer
-  if (!overlapped && layer == m.first_moe) m.check_paths(false);
-  if (!overlapped && layer == m.first_moe) m.dial_late(false);
-  if (!overlapped && m.opts.registry && layer == m.first_moe) m.adopt_joined();
-  if (!overlapped && layer == m.first_moe && ++m.straggler_calls % 16 == 0) m.check_stragglers();
+  if (!overlapped && pass_start) m.check_paths(false);
+  if (!overlapped && pass_start) m.dial_late(false);
+  if (!overlapped && m.opts.registry && pass_start) m.adopt_joined();
+  if (!overlapped && pass_start && ++m.straggler_calls % 16 == 0) m.check_stragglers();
   Impl::Job* job = &start_job(m.jobs, &m.next_ticket, layer, x, n_tokens, plan);
   job->deadline = net::deadline_in(m.opts.timeout);
   job->error = Status::ok();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <climits>
 #include <cmath>
 #include <future>
 #include <mutex>
@@ -36,8 +37,8 @@ struct RemoteExecutor::Impl {
   RemoteTraffic traffic;
   // Activations: [layer * n_expert + expert] pairs routed, and tokens per layer.
   std::vector<uint64_t> act, act_tokens;
-  int first_moe = -1;
-  uint64_t next_hot_plan = 0;  // tokens at first_moe when the hot set is chosen next
+  int last_layer = INT_MAX;    // the layer of the last submit (a lower or equal one starts a pass)
+  uint64_t next_hot_plan = 0;  // tokens at a pass's first layer when the hot set is chosen next
   HotExpertReport hot;
   // request_experts: asked (under worker_mu), carried out between calls by take_expert_requests.
   struct ExpertRequest {

@@ -355,6 +355,39 @@ TEST(Span, ASpanRunsHereWhileItsReplacementLoadsThenMovesThere) {
   }
 }
 
+// The backbone's between-call work (dialling a worker asked for, re-dials, hot plans, expert
+// requests) runs at the first MoE layer it computes in a pass — here block 2, span peers running
+// blocks 0-1 — not only at the model's first.
+TEST(Span, AWorkerAskedForIsTakenInWhileASpanPeerRunsTheFirstBlocks) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  auto a = spawn_span(path, "0-1");
+  auto w = WorkerProcess::spawn(path, "*:*");
+  auto w2 = WorkerProcess::spawn(path, "2-5:0-3");
+  ASSERT_TRUE(a.is_ok() && w.is_ok() && w2.is_ok());
+  auto exec = RemoteExecutor::connect(m, {(*w)->address()}, RemoteOptions{});
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+  auto spans = connect_spans(m, {target(0, 1, {a->get()})});
+  ASSERT_NE(spans, nullptr);
+  ContextParams cp;
+  cp.n_threads = 1;
+  cp.n_ctx = 256;
+  cp.spans = spans;
+  cp.executor = remote;
+  Context ctx(m, cp);
+  Context local = make_ctx(m, nullptr);
+  ASSERT_TRUE(remote->dial_worker((*w2)->address()).is_ok());
+  int32_t t = 2;
+  ASSERT_NO_FATAL_FAILURE(start_two_sequences(ctx, local, &t));
+  for (int i = 2; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(step_both(ctx, local, &t, i));
+  EXPECT_TRUE(remote->late_workers().empty());
+  EXPECT_EQ(remote->worker_status().size(), 2u);
+  EXPECT_EQ(spans->stats().local_steps, 0u);
+}
+
 // A failed primary that comes back (restarted on its address) gets the span back at the next
 // retry: its inputs are replayed from the log and the bits stay those of all-local.
 TEST(Span, AFailedPrimaryGetsTheSpanBackWhenItReturns) {

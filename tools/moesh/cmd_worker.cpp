@@ -10,6 +10,7 @@
 #include "moesh/swarm/swarm.h"
 #include "moesh/util/process.h"
 #include "moesh/wan/host_tcp.h"
+#include "span_fetch.h"
 
 namespace moesh::cli {
 namespace {
@@ -34,6 +35,9 @@ struct WorkerArgs {
   double offer_mb = 0;                                      // --offer-mb
   LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   bool no_blocks = false;                                   // --no-blocks
+  std::string fetch_blocks;                                 // --fetch-blocks URL (a worker on a slice)
+  std::string admin_key;                                    // that gateway's --admin-key
+  std::string slice_dir;                                    // where fetched span slices are kept
   int64_t ctx = 0;                                          // -c: cells per sequence of blocks it is given
 };
 
@@ -138,8 +142,32 @@ int run_worker(const WorkerArgs& a) {
   // re-plan can turn it from an expert holder into a span peer without a restart. The blocks come
   // from the same file, mapped (no second copy of the weights in memory); their experts are
   // computed here.
-  const bool blocks = !a.no_blocks && swarm::slice_kind((*store)->file()).empty();
-  if (blocks) {
+  const bool full = swarm::slice_kind((*store)->file()).empty();
+  if (!a.fetch_blocks.empty() && (full || a.no_blocks))
+    return fail(make_error(StatusCode::kInvalidArgument,
+                           "--fetch-blocks is for a worker on an expert slice (one on the full model loads blocks from "
+                           "its own file), and not with --no-blocks"));
+  const bool blocks = !a.no_blocks && (full || !a.fetch_blocks.empty());
+  if (blocks && !full) {
+    // On an expert slice: the span slice of the blocks it is given is fetched from the gateway,
+    // checked by hash, its tensors and model identity against this worker's.
+    auto hp = load_hparams((*store)->file());
+    if (!hp) return fail(hp.status());
+    swarm::SpanLoader loader = [fetch = SliceFetch{a.fetch_blocks, a.admin_key, a.slice_dir, "worker"},
+                                threads = a.threads, ctx = a.ctx, memory = a.memory, id = (*store)->identity()](
+                                   const LayerSpan& sp) -> Result<std::shared_ptr<swarm::SpanHost>> {
+      MOESH_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, load_fetched_span(fetch, sp, memory, id));
+      swarm::SpanHostOptions ho;
+      ho.span = sp;
+      ho.n_threads = threads;
+      ho.n_ctx = ctx;
+      ho.model_owner = std::shared_ptr<const Model>(std::move(m));
+      MOESH_ASSIGN_OR_RETURN(auto h, swarm::SpanHost::create(*ho.model_owner, ho));
+      return std::shared_ptr<swarm::SpanHost>(std::move(h));
+    };
+    o.span = std::make_shared<swarm::SpanHosts>(nullptr, std::move(loader), hp->max_span_row_width());
+  }
+  if (blocks && full) {
     LoadOptions lo;
     lo.memory = LoadOptions::Memory::kMap;
     auto whole = Model::load(a.model, lo);
@@ -176,9 +204,10 @@ int run_worker(const WorkerArgs& a) {
   if (o.swarm_key) std::printf("swarm key: %s (backbones must prove it)\n", o.swarm_key->fingerprint().c_str());
   std::printf("name: %s\n", (*worker)->name().c_str());
   std::printf("runs blocks on a backbone's word: %s\n",
-              blocks        ? "yes, from the model file (a re-plan may make it a span peer)"
-              : a.no_blocks ? "no (--no-blocks)"
-                            : "no (an expert slice)");
+              blocks && full ? "yes, from the model file (a re-plan may make it a span peer)"
+              : blocks       ? "yes, fetched from the gateway (a re-plan may make it a span peer)"
+              : a.no_blocks  ? "no (--no-blocks)"
+                             : "no (an expert slice; --fetch-blocks GATEWAY to fetch them)");
   if (!o.replica_dir.empty())
     std::printf("replicas: up to %.2f MiB in %s (%.2f MiB mapped from earlier runs; held now: %s)\n", a.replica_mb,
                 o.replica_dir.c_str(), (*worker)->stats().replica_bytes.load() / 1048576.0,
@@ -260,6 +289,12 @@ const CommandRegistrar kRegisterWorker{
               sub->add_flag("--no-blocks", a->no_blocks,
                             "Never run whole blocks (a span) on a backbone's word; by default a worker on the full "
                             "model may be given some by a re-plan (docs/span.md#loading-blocks)");
+              sub->add_option("--fetch-blocks", a->fetch_blocks,
+                              "On an expert slice: blocks it is given are fetched from this gateway (http://HOST:PORT "
+                              "of moesh serve --admin-key; GET /swarm/slice, checked by hash)");
+              sub->add_option("--admin-key", a->admin_key, "The gateway's --admin-key (with --fetch-blocks)");
+              sub->add_option("--slice-dir", a->slice_dir,
+                              "Where --fetch-blocks keeps span slices (default $TMPDIR, else /var/tmp)");
               sub->add_option("-c,--ctx-size", a->ctx,
                               "Cells per sequence of the blocks it is given (0: the model's context length)");
               return [a] { return run_worker(*a); };

@@ -1196,6 +1196,24 @@ grep -q "loads the blocks\|loaded the blocks" "$TMP/roles.log.err" || fail "role
 expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "role change: greedy text on the worker's span"
 expect_eq "$(js 'j.spans.filter(s => s.state == "up").length + " " + j.workers[0].state' <"$TMP/roles_status.json")" \
   "1 up" "role change: the worker is still an expert worker too"
+# A worker on an expert slice fetches the span slice of the blocks it is given from the gateway
+# (--fetch-blocks, checked by hash and model identity): a move gives it 0-3.
+"$MOESH" slice -m "$SPAN_MODEL" --experts '*:*' --out "$TMP/tiny4-experts.gguf" >/dev/null ||
+  fail "slice --experts (tiny4)"
+"$MOESH" worker -m "$TMP/tiny4-experts.gguf" --listen 127.0.0.1:0 -t 1 --name sw --fetch-blocks "$BASE" \
+  --admin-key s3cret --slice-dir "$TMP/sw" >"$TMP/sw.log" 2>"$TMP/sw.log.err" &
+SW_PID=$!
+PIDS+=("$SW_PID")
+SW="127.0.0.1:$(wait_port "$TMP/sw.log" "$SW_PID")"
+grep -q "^runs blocks on a backbone's word: yes, fetched from the gateway" "$TMP/sw.log" ||
+  fail "worker --fetch-blocks: $(cat "$TMP/sw.log")"
+"$MOESH" swarm move "$BASE" --span "0-3@$SW" --admin-key s3cret --json >"$TMP/sw_move.out" ||
+  fail "swarm move 0-3 to a worker on an expert slice: $(cat "$TMP/sw_move.out")"
+expect_eq "$(js 'j.spans.length + " " + j.spans[0].startsWith("0-3 on '"$SW"' ")' <"$TMP/sw_move.out")" "1 true" \
+  "role change: the slice worker took 0-3 ($(js 'j.spans.join()' <"$TMP/sw_move.out"))"
+grep -q "fetched .*/sw/span-0-3.gguf" "$TMP/sw.log.err" || fail "worker --fetch-blocks: no fetch: $(cat "$TMP/sw.log.err")"
+ok "role change: a worker on an expert slice fetched the slice of 0-3 from the gateway"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "role change: greedy text on the slice worker's span"
 # The expert part of a re-plan: a gateway running no spans dispatches to a far worker (behind a
 # 10 ms wan-proxy) holding every expert and a near one keeping replicas; its experts-only re-plan
 # gives the near one every expert, and the gateway copies them to it (STORE, hash-checked) at the
