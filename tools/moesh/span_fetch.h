@@ -84,8 +84,8 @@ inline Result<std::string> fetch_span_slice(const SliceFetch& a, const LayerSpan
   }
   std::filesystem::rename(part, out, ec);
   if (ec) return drop(make_error(StatusCode::kIoError, "cannot rename {} to {}: {}", part, out, ec.message()));
-  std::fprintf(stderr, "moesh %s: fetched %s (%.1f MiB, xxh3-128 %s) from %s\n", a.cmd, out.c_str(),
-               bytes / 1048576.0, got->c_str(), url.c_str());
+  std::fprintf(stderr, "moesh %s: fetched %s (%.1f MiB, xxh3-128 %s) from %s\n", a.cmd, out.c_str(), bytes / 1048576.0,
+               got->c_str(), url.c_str());
   return out;
 }
 
