@@ -17,13 +17,6 @@
 
 namespace moesh {
 
-namespace {
-
-// More resends than this for one step means the peer and the log disagree for good.
-constexpr int kMaxResends = 3;
-
-}  // namespace
-
 Result<wire::Hello> span_hello(const Model& model, const std::string& name) {
   auto id = swarm::model_identity(model.file());
   if (!id) return id.status().with_context("model identity");
@@ -68,11 +61,33 @@ Result<SpanTarget> parse_span_target(const std::string& s) {
   return t;
 }
 
+Result<SpanTarget> parse_span_lane(const std::string& s) {
+  auto t = parse_span_target(s);
+  if (!t) return t.status().with_context("--span-lane");
+  if (t->here) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "--span-lane '{}': a lane is another peer (the span's own runner may be here)", s);
+  }
+  t->lanes = std::move(t->peers);
+  t->peers.clear();
+  return t;
+}
+
 Result<std::vector<SpanTarget>> merge_span_targets(std::vector<SpanTarget> targets) {
   std::vector<SpanTarget> out;
+  // Lanes last, so that they join the span whichever order they were given in.
+  std::stable_partition(targets.begin(), targets.end(), [](const SpanTarget& t) { return !t.peers.empty() || t.here; });
   for (SpanTarget& t : targets) {
     auto it = std::find_if(out.begin(), out.end(), [&](const SpanTarget& o) { return o.span == t.span; });
+    const bool lanes_only = t.peers.empty() && !t.here;
+    if (lanes_only && it == out.end()) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "lane of span {}-{}, which no --span names (a lane shares a span's sequences with its runner)",
+                        t.span.first, t.span.last);
+    }
     if (it != out.end()) {
+      for (WorkerAddress& a : t.lanes) it->lanes.push_back(std::move(a));
+      if (lanes_only) continue;
       if (it->here != t.here) {
         return make_error(StatusCode::kInvalidArgument,
                           "span {}-{} is given both here and on a peer (a span here runs on this process only)",
@@ -143,6 +158,8 @@ SpanPeerView SpanClient::view_of(const LayerSpan& sp, const std::string& label, 
 SpanClient::~SpanClient() {
   for (auto& r : runners_) {
     if (r->link) r->link->shut_down();
+    for (auto& l : r->lanes)
+      if (l->link) l->link->shut_down();
   }
 }
 
@@ -192,6 +209,16 @@ Result<std::shared_ptr<SpanClient>> SpanClient::connect(const Model& model, std:
     if (!st.is_ok()) return st;
   }
   c->stats_.failovers = 0;  // the first connection of each span is not a failover
+  // Lanes at start: one that does not answer is left out (the span runs on without it), said.
+  for (size_t k = 0; k < c->runners_.size(); ++k) {
+    const SpanTarget t = c->runners_[k]->target;
+    for (const WorkerAddress& a : t.lanes) {
+      Status st = c->add_lane(t.span, a.to_string());
+      if (!st.is_ok()) {
+        spdlog::warn("span {}-{}: lane {} left out: {}", t.span.first, t.span.last, a.to_string(), st.to_string());
+      }
+    }
+  }
   return c;
 }
 
@@ -445,6 +472,12 @@ Status SpanClient::trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* 
 
 Status SpanClient::link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out,
                              SpanStats* counts) {
+  const net::Deadline deadline = net::deadline_in(opts_.timeout);
+  MOESH_RETURN_IF_ERROR(start_trip(link, m, deadline, counts));
+  return finish_trip(link, m.request_id, deadline, out, counts);
+}
+
+Status SpanClient::start_trip(WorkerLink& link, const wire::SpanStepMsg& m, net::Deadline deadline, SpanStats* counts) {
   auto frame = wire::encode_span_step(m);
   if (!frame) return frame.status();
   if (frame->size() - wire::kHeaderBytes > link.session.max_send_bytes) {
@@ -452,9 +485,12 @@ Status SpanClient::link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire:
                       frame->size());
   }
   counts->bytes_sent += frame->size();
-  const net::Deadline deadline = net::deadline_in(opts_.timeout);
-  MOESH_RETURN_IF_ERROR(link.mux->start(m.request_id, *frame, deadline).with_context(link.label));
-  auto reply = link.mux->wait(m.request_id, deadline);
+  return link.mux->start(m.request_id, *frame, deadline).with_context(link.label);
+}
+
+Status SpanClient::finish_trip(WorkerLink& link, uint64_t id, net::Deadline deadline, wire::SpanResultMsg* out,
+                               SpanStats* counts) {
+  auto reply = link.mux->wait(id, deadline);
   if (!reply) return reply.status().with_context(link.label);
   counts->bytes_received += wire::kHeaderBytes + reply->payload.size();
   wire::DecodeLimits lim = link.limits;
@@ -608,12 +644,6 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
   return Status::ok();
 }
 
-struct SpanClient::Part {
-  int32_t seq;
-  int64_t n_before;
-  std::vector<int64_t> rows;  // batch rows, in order
-};
-
 Result<std::vector<SpanClient::Part>> SpanClient::begin_step(int k_first, int k_last, const SpanBatch& b) {
   std::vector<Part> parts;
   for (int64_t i = 0; i < b.n; ++i) {
@@ -675,13 +705,13 @@ Status SpanClient::round_to_wire(std::vector<float>* rows, int64_t W) const {
 }
 
 Result<wire::SpanStepMsg> SpanClient::step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
-                                                   const std::vector<float>& grouped, uint64_t* replayed) {
+                                                   const std::vector<float>& grouped, uint64_t* replayed,
+                                                   const std::map<int32_t, int64_t>& has, uint64_t request_id) {
   const int64_t D = width_in(k);
   const size_t ks = static_cast<size_t>(k);
-  Runner* r = runners_[ks].get();
   // Each sequence starts where the runner is known to hold matching cells.
   wire::SpanStepMsg m;
-  m.request_id = r->link ? r->link->mux->next_request_id() : stats_.trips + 1;
+  m.request_id = request_id;
   m.first = static_cast<uint32_t>(spans_[ks].first);
   m.last = static_cast<uint32_t>(spans_[ks].last);
   m.return_dtype = opts_.return_wire;
@@ -690,8 +720,8 @@ Result<wire::SpanStepMsg> SpanClient::step_message(int k, const std::vector<Part
   *replayed = 0;
   for (const Part& p : parts) {
     const SeqLog& log = logs_.at(p.seq);
-    auto it = r->has.find(p.seq);
-    const int64_t start = std::min<int64_t>(it == r->has.end() ? 0 : it->second, p.n_before);
+    auto it = has.find(p.seq);
+    const int64_t start = std::min<int64_t>(it == has.end() ? 0 : it->second, p.n_before);
     wire::SpanSeq q;
     q.seq = p.seq;
     q.start = static_cast<uint64_t>(start);
@@ -739,11 +769,12 @@ void add_sample(double* avg, int* n, double seconds) {
 }  // namespace
 
 Status SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
-                          std::vector<float>* rows) {
+                          std::vector<float>* rows, std::map<int32_t, int64_t>* lane_has) {
   const int64_t D = width_in(k);
   const size_t ks = static_cast<size_t>(k);
   Runner& r = *runners_[ks];
-  std::vector<float> out(static_cast<size_t>(b.n * width_out(k)));
+  std::map<int32_t, int64_t>& has = lane_has != nullptr ? *lane_has : r.has;
+  std::vector<float> out(static_cast<size_t>(rows_of(parts) * width_out(k)));
   wire::decode_rows(res.rows, out.data());
   size_t o = 0;
   for (const Part& p : parts) {
@@ -758,17 +789,24 @@ Status SpanClient::accept(int k, const std::vector<Part>& parts, const SpanBatch
       log.chain[ks].push_back(c);
       log.pos[ks].push_back(b.pos[i]);
     }
-    r.has[p.seq] = p.n_before + static_cast<int64_t>(p.rows.size());
+    has[p.seq] = p.n_before + static_cast<int64_t>(p.rows.size());
   }
   *rows = std::move(out);
   ++stats_.steps;
+  if (lane_has != nullptr) return Status::ok();
   if (r.local) ++stats_.local_steps;
   if (r.link && b.n <= kTimedStepRows) add_sample(&r.compute_seconds, &r.compute_samples, res.compute_us * 1e-6);
   return Status::ok();
 }
 
 Status SpanClient::star(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
+  if (!runners_[static_cast<size_t>(k)]->lanes.empty()) return star_lanes(k, parts, b, rows);
+  return star_one(k, parts, b, rows);
+}
+
+Status SpanClient::star_one(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
   const size_t ks = static_cast<size_t>(k);
+  const int64_t n_rows = rows_of(parts);
   const int64_t D = width_out(k);                           // of the result
   MOESH_RETURN_IF_ERROR(round_to_wire(rows, width_in(k)));  // idempotent: rows from a chain are already rounded
   retry_preferred(k);
@@ -777,24 +815,27 @@ Status SpanClient::star(int k, const std::vector<Part>& parts, const SpanBatch& 
   bool clean = true;  // one trip, no resend or failover: a fair sample of the span's trip time
   for (;;) {
     uint64_t replayed = 0;
-    MOESH_ASSIGN_OR_RETURN(wire::SpanStepMsg m, step_message(k, parts, b, *rows, &replayed));
+    MOESH_ASSIGN_OR_RETURN(wire::SpanStepMsg m,
+                           step_message(k, parts, b, *rows, &replayed, r->has,
+                                        r->link ? r->link->mux->next_request_id() : stats_.trips + 1));
     wire::SpanResultMsg res;
     const auto t0 = std::chrono::steady_clock::now();
     Status st = trip(k, m, &res);
     if (st.is_ok() && !res.need.empty()) {
       // The runner lacks inputs: resend with them replayed.
-      if (++resends > kMaxResends) {
+      if (++resends > kSpanMaxResends) {
         return make_error(StatusCode::kInternal, "span {}-{}: {} still lacks inputs after {} resends", spans_[ks].first,
-                          spans_[ks].last, r->label, kMaxResends);
+                          spans_[ks].last, r->label, kSpanMaxResends);
       }
       ++stats_.resends;
       clean = false;
       for (const wire::SpanHave& hv : res.need) r->has[hv.seq] = static_cast<int64_t>(hv.have);
       continue;
     }
-    if (st.is_ok() && (res.rows.n_rows != static_cast<uint32_t>(b.n) || res.rows.n_cols != static_cast<uint32_t>(D))) {
+    if (st.is_ok() &&
+        (res.rows.n_rows != static_cast<uint32_t>(n_rows) || res.rows.n_cols != static_cast<uint32_t>(D))) {
       st = make_error(StatusCode::kCorrupt, "{}: SPAN_RESULT has {}x{} rows, the step sent {}x{}", r->label,
-                      res.rows.n_rows, res.rows.n_cols, b.n, D);
+                      res.rows.n_rows, res.rows.n_cols, n_rows, D);
     }
     if (!st.is_ok()) {
       if (r->local) return st.with_context(fmt::format("span {}-{} here", spans_[ks].first, spans_[ks].last));
@@ -819,6 +860,7 @@ int SpanClient::chain_end(int k, const std::vector<Part>& parts, int64_t n_rows)
   auto chainable = [&](int j) {
     const Runner& r = *runners_[static_cast<size_t>(j)];
     if (!r.link || (r.link->session.features & wire::kFeatureSpanChain) == 0) return false;
+    if (!r.lanes.empty()) return false;  // a span with lanes splits its steps: star trips
     if (j > k && std::chrono::steady_clock::now() < r.no_chain_until) return false;
     if (r.link->address.path != WorkerPath::kDirect || r.link->address.websocket) return false;
     // A hop never replays: its runner must hold every sequence's cells already (more after a
@@ -911,7 +953,9 @@ Status SpanClient::chain(int k, int e, const std::vector<Part>& parts, const Spa
   bool failed_peer = false;  // the break is the peer's own failure (not a lack or a lost hop)
   if (last > k) {
     uint64_t replayed = 0;
-    MOESH_ASSIGN_OR_RETURN(wire::SpanStepMsg m, step_message(k, parts, b, *rows, &replayed));
+    Runner& head = *runners_[static_cast<size_t>(k)];
+    MOESH_ASSIGN_OR_RETURN(wire::SpanStepMsg m,
+                           step_message(k, parts, b, *rows, &replayed, head.has, head.link->mux->next_request_id()));
     m.chain_id = chain_id;
     m.hop_dtype = opts_.hidden_wire;
     for (int h = k + 1; h <= last; ++h) {
@@ -1073,26 +1117,45 @@ void SpanClient::on_copy(int32_t src, int32_t dst, int64_t n) {
     logs_[dst] = std::move(copy);
   }
   // The runner holds src's prefix; it finds it by its chain and copies it to dst itself.
-  for (auto& r : runners_) {
-    auto h = r->has.find(src);
-    if (h == r->has.end()) {
-      r->has.erase(dst);
+  auto copy_has = [&](std::map<int32_t, int64_t>& has) {
+    auto h = has.find(src);
+    if (h == has.end()) {
+      has.erase(dst);
     } else {
-      r->has[dst] = std::min(h->second, n);
+      has[dst] = std::min(h->second, n);
     }
+  };
+  for (auto& r : runners_) {
+    copy_has(r->has);
+    // dst runs where src's prefix is (that runner copies it itself).
+    auto l = r->lane_of.find(src);
+    if (l == r->lane_of.end()) {
+      r->lane_of.erase(dst);
+    } else {
+      r->lane_of[dst] = l->second;
+    }
+    for (auto& lane : r->lanes) copy_has(lane->has);
   }
 }
 
 void SpanClient::on_remove(int32_t seq) {
   std::lock_guard<std::mutex> lk(mu_);
   logs_.erase(seq);
-  for (auto& r : runners_) r->has.erase(seq);
+  for (auto& r : runners_) {
+    r->has.erase(seq);
+    r->lane_of.erase(seq);
+    for (auto& lane : r->lanes) lane->has.erase(seq);
+  }
 }
 
 void SpanClient::on_clear() {
   std::lock_guard<std::mutex> lk(mu_);
   logs_.clear();
-  for (auto& r : runners_) r->has.clear();
+  for (auto& r : runners_) {
+    r->has.clear();
+    r->lane_of.clear();
+    for (auto& lane : r->lanes) lane->has.clear();
+  }
 }
 
 SpanStats SpanClient::stats() const {
@@ -1104,8 +1167,10 @@ std::string SpanClient::where(int k) const {
   std::lock_guard<std::mutex> lk(mu_);
   if (k < 0 || static_cast<size_t>(k) >= runners_.size()) return fmt::format("span {} (no such span now)", k);
   const Runner& r = *runners_[static_cast<size_t>(k)];
-  return fmt::format("{}-{} {}", r.target.span.first, r.target.span.last,
-                     r.local ? std::string("here") : "on " + r.label);
+  std::string out =
+      fmt::format("{}-{} {}", r.target.span.first, r.target.span.last, r.local ? std::string("here") : "on " + r.label);
+  for (const auto& l : r.lanes) out += " + lane " + l->label;
+  return out;
 }
 
 std::vector<SpanPeerView> SpanClient::peers_view() const {
@@ -1123,6 +1188,7 @@ std::string SpanClient::describe() const {
     out += fmt::format("span {}-{} {}", r->target.span.first, r->target.span.last,
                        r->local ? std::string("here") : "on " + r->label);
     if (r->target.peers.size() > 1) out += fmt::format(" ({} peers named)", r->target.peers.size());
+    for (const auto& l : r->lanes) out += " + lane " + l->label;
     out += "\n";
   }
   return out;

@@ -6,11 +6,30 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "moesh/remote/span_client.h"
 #include "moesh/swarm/span_host.h"
 
 namespace moesh {
+
+// More resends than this for one step means the peer and the log disagree for good.
+inline constexpr int kSpanMaxResends = 3;
+
+// One sequence of a step: its cells before it and its rows in the batch.
+struct SpanClient::Part {
+  int32_t seq;
+  int64_t n_before;
+  std::vector<int64_t> rows;  // batch rows, in order
+};
+
+// The new rows of a step's parts (a template: SpanClient::Part is private to the class).
+template <class P>
+int64_t rows_of(const std::vector<P>& parts) {
+  int64_t n = 0;
+  for (const P& p : parts) n += static_cast<int64_t>(p.rows.size());
+  return n;
+}
 
 // A replacement loading a failed span's blocks in the background (SpanOptions::failover_load_wait)
 // while the span runs elsewhere: the load finishes on its own thread, and the step path switches
@@ -25,6 +44,18 @@ struct SpanPendingLoad {
     if (link) link->shut_down();
     if (done.valid()) done.wait();
   }
+};
+
+// A lane of a span (SpanClient::add_lane): another peer running the same blocks for its share of
+// the sequences, beside the span's runner. What it holds per sequence, as Runner::has.
+struct SpanLane {
+  int id = 0;  // >= 1, never reused within a span (Runner::lane_of refers to it)
+  WorkerAddress addr;
+  std::unique_ptr<WorkerLink> link;
+  std::map<int32_t, int64_t> has;
+  std::string label;
+  SpanPeerView view;    // written under view_mu_ only
+  bool loaded = false;  // it loaded the blocks at this backbone's word (let go of them when dropped)
 };
 
 // One span: the peers that may run it, the one in use (or the local host once all failed), and
@@ -48,6 +79,17 @@ struct SpanClient::Runner {
   std::chrono::steady_clock::time_point no_chain_until{};
   bool moved_here = false;                   // move(.., "here"): stays here (no retry_preferred) until moved again
   std::unique_ptr<SpanPendingLoad> pending;  // a replacement still loading the blocks (fail_over)
+  // Lanes (add_lane): each sequence runs on one of them or on the runner above (0), fixed when it
+  // first appears (the fewest sequences first) and kept, since its state lives there; a failed
+  // lane's sequences go back to the runner, replayed from the log.
+  std::vector<std::unique_ptr<SpanLane>> lanes;
+  std::map<int32_t, int> lane_of;  // sequence -> lane id (absent or 0: the runner)
+  int next_lane_id = 1;
+  SpanLane* lane(int id) {
+    for (auto& l : lanes)
+      if (l->id == id) return l.get();
+    return nullptr;
+  }
 };
 
 // Has a peer that loads spans (kFeatureSpanLoad) hold blocks sp (SPAN_HOLD), waiting until it

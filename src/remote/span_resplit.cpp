@@ -116,7 +116,10 @@ void SpanClient::forget_running_idle() {
   idle_.erase(std::remove_if(idle_.begin(), idle_.end(),
                              [&](const SpanPeerView& x) {
                                return std::any_of(runners_.begin(), runners_.end(), [&](const auto& r) {
-                                 return r && !r->view.local && r->view.address == x.address;
+                                 if (!r) return false;
+                                 if (!r->view.local && r->view.address == x.address) return true;
+                                 return std::any_of(r->lanes.begin(), r->lanes.end(),
+                                                    [&](const auto& l) { return l->view.address == x.address; });
                                });
                              }),
               idle_.end());
@@ -596,7 +599,10 @@ Status SpanClient::resplit(const std::vector<SpanPlacement>& want_in) {
   // The old runners not kept are let go once the switch is done (below, without the locks).
   std::vector<std::pair<LayerSpan, std::unique_ptr<WorkerLink>>> old_links;
   for (auto& r : runners_) {
-    if (r && r->link) old_links.emplace_back(r->target.span, std::move(r->link));
+    if (!r) continue;
+    if (r->link) old_links.emplace_back(r->target.span, std::move(r->link));
+    // A span that changes loses its lanes with its runner (they ran the old blocks).
+    for (auto& l : r->lanes) old_links.emplace_back(r->target.span, std::move(l->link));
   }
   std::vector<LayerSpan> spans;
   for (const SpanPlacement& p : want) spans.push_back(p.span);

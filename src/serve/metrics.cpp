@@ -126,7 +126,10 @@ std::string render_metrics(const MetricsSnapshot& s) {
                                                          {"loads", s.spans.loads},
                                                          {"drops", s.spans.drops},
                                                          {"failover_loads", s.spans.failover_loads},
-                                                         {"idle_takeovers", s.spans.idle_takeovers}};
+                                                         {"idle_takeovers", s.spans.idle_takeovers},
+                                                         {"lane_trips", s.spans.lane_trips},
+                                                         {"lane_rows", s.spans.lane_rows},
+                                                         {"lane_failures", s.spans.lane_failures}};
     const char* help[] = {"Span steps completed (one per span and forward pass)",
                           "SPAN_STEP round trips made (resends and failovers included)",
                           "Spans moved to their next peer (or to this process)",
@@ -139,7 +142,10 @@ std::string render_metrics(const MetricsSnapshot& s) {
                           "Spans a peer loaded at this gateway's word before a move or resplit (SPAN_HOLD)",
                           "Spans a peer let go of at this gateway's word after a move or resplit",
                           "Failed spans whose replacement loaded the blocks first (counted in loads)",
-                          "Failed spans taken over by an idle span peer"};
+                          "Failed spans taken over by an idle span peer",
+                          "SPAN_STEP round trips to span lanes (peers sharing a span's sequences; counted in trips)",
+                          "Rows computed by span lanes",
+                          "Span lanes dropped because they failed (their sequences went back to the span's runner)"};
     for (size_t i = 0; i < std::size(counters); ++i) {
       const std::string name = fmt::format("moesh_span_{}_total", counters[i].first);
       header(o, name.c_str(), "counter", help[i]);

@@ -973,20 +973,25 @@ TEST(Span, ASpanSliceIsAllASpanPeerNeeds) {
   }
 }
 
-void scheduler_across_spans(bool chained);
+// One span; two chained spans; one span with a lane (a second peer sharing its streams).
+enum class SchedulerSpans { kOne, kChained, kLane };
+void scheduler_across_spans(SchedulerSpans mode);
 
 // The server's scheduler over spans: continuous batching (several streams per step, one trip
 // per span for all of them), the prefix cache (a repeated prompt copied, not recomputed, on the
 // backbone and on the peer), n-gram drafts; every stream's tokens equal greedy decoding alone.
 // Once with one span, once with two adjacent spans chained (one chain per step).
 TEST(Span, TheSchedulerBatchesStreamsAcrossSpans) {
-  for (bool chained : {false, true}) {
-    SCOPED_TRACE(chained ? "two chained spans" : "one span");
-    ASSERT_NO_FATAL_FAILURE(scheduler_across_spans(chained));
+  for (SchedulerSpans mode : {SchedulerSpans::kOne, SchedulerSpans::kChained, SchedulerSpans::kLane}) {
+    SCOPED_TRACE(mode == SchedulerSpans::kChained ? "two chained spans"
+                 : mode == SchedulerSpans::kLane  ? "one span with a lane"
+                                                  : "one span");
+    ASSERT_NO_FATAL_FAILURE(scheduler_across_spans(mode));
   }
 }
 
-void scheduler_across_spans(bool chained) {
+void scheduler_across_spans(SchedulerSpans mode) {
+  const bool chained = mode == SchedulerSpans::kChained;
   const std::string path = six_block_model();
   auto model = Model::load(path);
   ASSERT_TRUE(model.is_ok());
@@ -999,6 +1004,11 @@ void scheduler_across_spans(bool chained) {
     b = spawn_span(path, "3-4");
     ASSERT_TRUE(b.is_ok());
     targets.push_back(target(3, 4, {b->get()}));
+  }
+  if (mode == SchedulerSpans::kLane) {
+    b = spawn_span(path, "1-3");
+    ASSERT_TRUE(b.is_ok());
+    targets[0].lanes.push_back((*b)->address());
   }
   auto spans = connect_spans(m, std::move(targets), true, chained ? SpanChainMode::kOn : SpanChainMode::kAuto);
   ASSERT_NE(spans, nullptr);
@@ -1061,6 +1071,18 @@ void scheduler_across_spans(bool chained) {
   const SchedulerStats st = (*sched)->stats();
   EXPECT_GE(st.max_batch_seen, 2u);
   EXPECT_GT(st.cached_prompt_tokens, 0u);  // the repeated prompt
+  if (mode == SchedulerSpans::kLane) {
+    // A trip to the runner and one to the lane per step at most: the streams were shared.
+    const SpanStats ss = spans->stats();
+    EXPECT_GT(ss.lane_trips, 0u);
+    EXPECT_GT(ss.lane_rows, 0u);
+    EXPECT_LE(ss.trips, 2 * st.steps + ss.resends);
+    EXPECT_EQ(ss.steps, st.steps);
+    EXPECT_EQ(ss.lane_failures, 0u);
+    EXPECT_EQ(ss.failovers, 0u);
+    (*sched)->shutdown();
+    return;
+  }
   // One trip per span and step, whatever the number of streams in it (nothing was lost); chained,
   // every step is one chain (its head trip and one await).
   const uint64_t n_spans = chained ? 2 : 1;

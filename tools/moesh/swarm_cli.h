@@ -30,21 +30,22 @@ struct SwarmArgs {
   std::string local_experts_policy = "trip";
   std::string swarm_key;  // --swarm-key FILE
   double verify_rate = 0;
-  std::string name = "backbone";      // --backbone-name: announced in HELLO, the workers' ledger key
-  std::string accept_workers;         // --accept-workers HOST:PORT: workers dial in (moesh worker --join)
-  int wait_workers = 1;               // --wait-workers: joined workers to wait for at start-up
-  int join_wait_ms = 60000;           // --join-wait-ms: how long
-  std::vector<std::string> tls_pins;  // --tls-pin SHA256 (repeatable): TLS to every worker
-  int replicate_hot = 0;              // --replicate-hot N
-  int rebalance = 0;                  // --rebalance N
-  std::vector<std::string> spans;     // --span FIRST-LAST@HOST:PORT (repeatable)
-  std::string span_wire = "f32";      // --span-wire
-  int span_timeout_ms = 60000;        // --span-timeout-ms
-  bool no_span_fallback = false;      // --no-span-fallback
-  int span_retry_ms = 10000;          // --span-retry-ms
-  std::string span_chain = "auto";    // --span-chain
-  int span_log_mb = 1024;             // --span-log-mb
-  std::string span_log_dir;           // --span-log-dir
+  std::string name = "backbone";        // --backbone-name: announced in HELLO, the workers' ledger key
+  std::string accept_workers;           // --accept-workers HOST:PORT: workers dial in (moesh worker --join)
+  int wait_workers = 1;                 // --wait-workers: joined workers to wait for at start-up
+  int join_wait_ms = 60000;             // --join-wait-ms: how long
+  std::vector<std::string> tls_pins;    // --tls-pin SHA256 (repeatable): TLS to every worker
+  int replicate_hot = 0;                // --replicate-hot N
+  int rebalance = 0;                    // --rebalance N
+  std::vector<std::string> spans;       // --span FIRST-LAST@HOST:PORT (repeatable)
+  std::vector<std::string> span_lanes;  // --span-lane FIRST-LAST@HOST:PORT (repeatable)
+  std::string span_wire = "f32";        // --span-wire
+  int span_timeout_ms = 60000;          // --span-timeout-ms
+  bool no_span_fallback = false;        // --no-span-fallback
+  int span_retry_ms = 10000;            // --span-retry-ms
+  std::string span_chain = "auto";      // --span-chain
+  int span_log_mb = 1024;               // --span-log-mb
+  std::string span_log_dir;             // --span-log-dir
 
   bool enabled() const { return !workers.empty() || !workers_file.empty() || !accept_workers.empty(); }
 };
@@ -149,6 +150,10 @@ inline void add_swarm_options(CLI::App* sub, SwarmArgs* a) {
                   "Blocks FIRST-LAST run on a span peer (moesh span) at HOST:PORT: one trip per span and step "
                   "(repeatable; the same span again names a replacement, tried in order when one fails); "
                   "FIRST-LAST@here: blocks this process runs itself as a span, so a live resplit can move them");
+  sub->add_option("--span-lane", a->span_lanes,
+                  "Another span peer at HOST:PORT runs blocks FIRST-LAST (a --span) at the same time, for its share "
+                  "of the sequences: many streams, one trip per lane and step, all in flight together (repeatable; "
+                  "a lane that fails is dropped, its sequences replayed on the span's runner)");
   sub->add_option("--span-wire", a->span_wire, "Rows between spans: f32 (bit-exact), f16 or bf16")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}))
       ->capture_default_str();
@@ -298,6 +303,11 @@ inline bool open_spans_or_report(const Model& model, const SwarmArgs& a, const c
     if (!t) return fail(t.status());
     targets.push_back(std::move(*t));
   }
+  for (const std::string& s : a.span_lanes) {
+    auto t = parse_span_lane(s);
+    if (!t) return fail(t.status());
+    targets.push_back(std::move(*t));
+  }
   SpanOptions so;
   so.link = ro->link_options();
   so.name = a.name;
@@ -334,6 +344,11 @@ inline void print_span_stats(const SpanClient& c, std::FILE* f) {
                static_cast<unsigned long long>(s.chains), static_cast<unsigned long long>(s.awaits),
                static_cast<unsigned long long>(s.chain_breaks), s.bytes_sent / 1024.0, s.bytes_received / 1024.0,
                c.log_bytes() / 1024.0, c.log_stats().file_bytes / 1024.0);
+  if (s.lanes_added > 0) {
+    std::fprintf(f, "span lanes: %llu trips, %llu rows computed there, %llu failed\n",
+                 static_cast<unsigned long long>(s.lane_trips), static_cast<unsigned long long>(s.lane_rows),
+                 static_cast<unsigned long long>(s.lane_failures));
+  }
   for (size_t k = 0; k < c.spans().size(); ++k) std::fprintf(f, "  span %s\n", c.where(static_cast<int>(k)).c_str());
 }
 

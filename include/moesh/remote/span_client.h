@@ -45,13 +45,21 @@ struct SpanTarget {
   // than the backbone's own blocks: a span keeps its inputs, so a resplit can later hand these
   // blocks to a peer (and take span blocks back) live; the context keeps no state for them.
   bool here = false;
+  // Lanes (`--span-lane F-L@HOST:PORT`): more peers running these blocks at the same time, each
+  // for its share of the sequences (throughput for many streams: one trip per lane and step, all
+  // in flight together). Not replacements: a lane that fails is dropped and its sequences go back
+  // to the span's runner, replayed from the log.
+  std::vector<WorkerAddress> lanes;
 };
 
 // Parses "12-23@HOST:PORT" (any WorkerAddress form after the @) or "12-23@here"; the same span
 // given several times lists replacements, in order (merge_span_targets).
 Result<SpanTarget> parse_span_target(const std::string& s);
-// Targets with equal spans merged (peers appended in order), sorted by first block; overlapping
-// different spans, or a span both here and on peers: kInvalidArgument naming them.
+// "12-23@HOST:PORT" as a lane of span 12-23 (a target with only `lanes` set).
+Result<SpanTarget> parse_span_lane(const std::string& s);
+// Targets with equal spans merged (peers and lanes appended in order), sorted by first block;
+// overlapping different spans, a span both here and on peers, or lanes of a span no target runs:
+// kInvalidArgument naming them.
 Result<std::vector<SpanTarget>> merge_span_targets(std::vector<SpanTarget> targets);
 
 // Chained spans (swarm/span_chain.h): adjacent spans whose peers all offer kFeatureSpanChain and
@@ -124,6 +132,10 @@ struct SpanStats {
   uint64_t resplit_rows = 0;    // rows sent to warm the new runners of a resplit
   uint64_t failover_loads = 0;  // replacements that loaded a failed span's blocks (counted in loads)
   uint64_t idle_takeovers = 0;  // failed spans taken over by an idle span peer
+  uint64_t lane_trips = 0;      // SPAN_STEP round trips to lanes (counted in trips)
+  uint64_t lane_rows = 0;       // rows computed by lanes (new rows, not replays)
+  uint64_t lane_failures = 0;   // lanes dropped because they failed (their sequences went back)
+  uint64_t lanes_added = 0;     // add_lane (and --span-lane at start) that took
 };
 
 // One span of a resplit and where it runs: "HOST:PORT" (any WorkerAddress form) or "here".
@@ -148,6 +160,7 @@ struct SpanPeerView {
   // bytes of its blocks, memory, and what it offers (`--offer-mb`), for re-plans.
   std::string address;
   uint64_t slab_bytes = 0, mem_total_bytes = 0, mem_available_bytes = 0, offer_bytes = 0, replica_budget_bytes = 0;
+  uint64_t sequences = 0;  // lanes_view: the sequences the lane runs now
 };
 
 class SpanClient final : public SpanRunner {
@@ -190,6 +203,17 @@ class SpanClient final : public SpanRunner {
   // span's rows are computed by the same blocks on the same inputs). On failure nothing changes
   // and the error says why.
   Status resplit(const std::vector<SpanPlacement>& want);
+
+  // A lane for span `sp` while running (throughput: Runner::lanes): the peer `to` (it loads the
+  // blocks first where it can; the same model) takes new sequences from the next step on, the
+  // fewest sequences first; the sequences already running stay where their state is.
+  // kInvalidArgument when `to` runs that span already.
+  Status add_lane(const LayerSpan& sp, const std::string& to);
+  // The lane at `address` of span `sp` is let go (its sequences go back to the span's runner,
+  // replayed from the log at their next step); kNotFound when there is none.
+  Status drop_lane(const LayerSpan& sp, const std::string& address);
+  // Every lane of every span now (span, peer, trips, sequences).
+  std::vector<SpanPeerView> lanes_view() const;
 
   uint64_t begin_pass() override;
   void end_pass() override;
@@ -267,6 +291,10 @@ class SpanClient final : public SpanRunner {
   // One SPAN_STEP round trip on a link (trip() for a peer; move() for a runner not yet in use).
   // Its bytes are counted into `counts`.
   Status link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out, SpanStats* counts);
+  // link_trip in two halves, so that several lanes' trips are in flight at once.
+  Status start_trip(WorkerLink& link, const wire::SpanStepMsg& m, net::Deadline deadline, SpanStats* counts);
+  Status finish_trip(WorkerLink& link, uint64_t id, net::Deadline deadline, wire::SpanResultMsg* out,
+                     SpanStats* counts);
   // The warm-up of a move: a sequence's logged inputs of span k (a snapshot of its log: rows and
   // positions, at least one), all replayed but the last, which is sent as the step's one new row.
   Result<wire::SpanStepMsg> replay_message(int k, const RowLog& rows, const std::vector<int64_t>& pos, int32_t seq,
@@ -291,14 +319,23 @@ class SpanClient final : public SpanRunner {
   Status check_edge_wires(const std::vector<LayerSpan>& spans) const;
   // The view of span sp on a peer (link) or here (link null).
   static SpanPeerView view_of(const LayerSpan& sp, const std::string& label, const WorkerLink* link);
-  // The step message for span k (replaying what its runner lacks) from the grouped rows.
+  // The step message for span k (replaying what a runner holding `has` lacks) from the grouped rows.
   Result<wire::SpanStepMsg> step_message(int k, const std::vector<Part>& parts, const SpanBatch& b,
-                                         const std::vector<float>& rows, uint64_t* replayed);
-  // Span k's result accepted: its inputs logged, what its runner holds, rows := its outputs.
+                                         const std::vector<float>& rows, uint64_t* replayed,
+                                         const std::map<int32_t, int64_t>& has, uint64_t request_id);
+  // Span k's result accepted: its inputs logged, what its runner (or lane: `lane_has`) holds,
+  // rows := its outputs.
   Status accept(int k, const std::vector<Part>& parts, const SpanBatch& b, const wire::SpanResultMsg& res,
-                std::vector<float>* rows);
-  // One span star-style: resends with replay, failover. rows: its inputs in, its outputs out.
+                std::vector<float>* rows, std::map<int32_t, int64_t>* lane_has = nullptr);
+  // One span star-style: resends with replay, failover; split over its lanes when it has some.
+  // rows: its inputs in, its outputs out.
   Status star(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows);
+  // star() on the span's runner only.
+  Status star_one(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows);
+  // star() over lanes: each sequence's part on its lane, every lane's trip in flight at once.
+  Status star_lanes(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows);
+  // A lane that failed (mu_ held): dropped, its sequences back on the span's runner.
+  void drop_failed_lane(Runner& r, int id, const Status& why);
   // Spans k..e as one chain (finished star-style from where it breaks).
   Status chain(int k, int e, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows);
   // The last span a chain from k may reach for this step (k: no chain).
