@@ -1089,6 +1089,7 @@ void SpanClient::on_truncate(int32_t seq, int64_t n_keep) {
   auto it = logs_.find(seq);
   if (it == logs_.end()) return;
   const size_t n = static_cast<size_t>(std::max<int64_t>(n_keep, 0));
+  for (auto& r : runners_) r->placed.erase(seq);  // a new request or a rollback: placed again
   for (size_t k = 0; k < it->second.chain.size(); ++k) {
     if (it->second.chain[k].size() <= n) continue;
     it->second.chain[k].resize(n);
@@ -1127,7 +1128,9 @@ void SpanClient::on_copy(int32_t src, int32_t dst, int64_t n) {
   };
   for (auto& r : runners_) {
     copy_has(r->has);
-    // dst runs where src's prefix is (that runner copies it itself).
+    // dst runs where src's prefix is (that runner copies it itself), unless its next step finds
+    // fewer sequences elsewhere (placed again).
+    r->placed.erase(dst);
     auto l = r->lane_of.find(src);
     if (l == r->lane_of.end()) {
       r->lane_of.erase(dst);
@@ -1144,6 +1147,7 @@ void SpanClient::on_remove(int32_t seq) {
   for (auto& r : runners_) {
     r->has.erase(seq);
     r->lane_of.erase(seq);
+    r->placed.erase(seq);
     for (auto& lane : r->lanes) lane->has.erase(seq);
   }
 }
@@ -1154,6 +1158,7 @@ void SpanClient::on_clear() {
   for (auto& r : runners_) {
     r->has.clear();
     r->lane_of.clear();
+    r->placed.clear();
     for (auto& lane : r->lanes) lane->has.clear();
   }
 }
@@ -1166,7 +1171,10 @@ SpanStats SpanClient::stats() const {
 std::string SpanClient::where(int k) const {
   std::lock_guard<std::mutex> lk(mu_);
   if (k < 0 || static_cast<size_t>(k) >= runners_.size()) return fmt::format("span {} (no such span now)", k);
-  const Runner& r = *runners_[static_cast<size_t>(k)];
+  return where_text(*runners_[static_cast<size_t>(k)]);
+}
+
+std::string SpanClient::where_text(const Runner& r) {
   std::string out =
       fmt::format("{}-{} {}", r.target.span.first, r.target.span.last, r.local ? std::string("here") : "on " + r.label);
   for (const auto& l : r.lanes) out += " + lane " + l->label;

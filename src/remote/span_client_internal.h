@@ -5,6 +5,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,11 +80,14 @@ struct SpanClient::Runner {
   std::chrono::steady_clock::time_point no_chain_until{};
   bool moved_here = false;                   // move(.., "here"): stays here (no retry_preferred) until moved again
   std::unique_ptr<SpanPendingLoad> pending;  // a replacement still loading the blocks (fail_over)
-  // Lanes (add_lane): each sequence runs on one of them or on the runner above (0), fixed when it
-  // first appears (the fewest sequences first) and kept, since its state lives there; a failed
-  // lane's sequences go back to the runner, replayed from the log.
+  // Lanes (add_lane): each sequence runs on one of them or on the runner above (0), chosen when
+  // its request starts (the fewest sequences first) and kept while it runs, since its state lives
+  // there; a failed lane's sequences go back to the runner, replayed from the log.
   std::vector<std::unique_ptr<SpanLane>> lanes;
   std::map<int32_t, int> lane_of;  // sequence -> lane id (absent or 0: the runner)
+  // Sequences whose place is settled for their request (star_lanes); a cut or a prefix copy
+  // (a new request in the slot, a rollback) unplaces one, so it may go where fewer run.
+  std::set<int32_t> placed;
   int next_lane_id = 1;
   SpanLane* lane(int id) {
     for (auto& l : lanes)

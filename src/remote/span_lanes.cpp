@@ -19,27 +19,33 @@ Status SpanClient::star_lanes(int k, const std::vector<Part>& parts, const SpanB
   const LayerSpan sp = spans_[static_cast<size_t>(k)];
   const int64_t Din = width_in(k), Dout = width_out(k);
   MOESH_RETURN_IF_ERROR(round_to_wire(rows, Din));
-  // A sequence new to the span goes where the fewest are (the runner: id 0); one the runner holds
-  // already (it ran before the span had lanes) stays there.
+  // Where each sequence runs. One placed (it ran here since its request started) stays. One not
+  // placed — new, or starting a new request (a cut or a prefix copy unplaces it: on_truncate,
+  // on_copy) — goes where the fewest placed sequences are, staying where its cells are (its lane,
+  // or the runner when that holds it) unless another has fewer: balance for the streams to come,
+  // at the price of replaying its cells there once.
   std::map<int, int64_t> load{{0, 0}};
   for (const auto& l : r.lanes) load[l->id] = 0;
-  for (const auto& [seq, id] : r.lane_of) {
-    auto it = load.find(id);
-    if (it != load.end()) ++it->second;
+  auto lane_of = [&](int32_t seq) {
+    auto it = r.lane_of.find(seq);
+    return it != r.lane_of.end() && load.count(it->second) != 0 ? it->second : -1;
+  };
+  for (int32_t seq : r.placed) {
+    const int id = lane_of(seq);
+    if (id >= 0) ++load[id];
   }
   for (const Part& p : parts) {
-    auto it = r.lane_of.find(p.seq);
-    if (it != r.lane_of.end() && load.count(it->second) != 0) continue;
-    auto held = r.has.find(p.seq);
-    if (p.n_before > 0 && held != r.has.end() && held->second > 0) {
-      r.lane_of[p.seq] = 0;
-      ++load[0];
-      continue;
+    int cur = lane_of(p.seq);
+    if (cur >= 0 && r.placed.count(p.seq) != 0) continue;
+    if (cur < 0) {
+      auto held = r.has.find(p.seq);
+      cur = p.n_before > 0 && held != r.has.end() && held->second > 0 ? 0 : -1;
     }
-    int best = 0;
+    int best = cur >= 0 ? cur : 0;
     for (const auto& [id, n] : load)
       if (n < load[best]) best = id;
     r.lane_of[p.seq] = best;
+    r.placed.insert(p.seq);
     ++load[best];
   }
   {
@@ -220,8 +226,11 @@ Status SpanClient::add_lane(const LayerSpan& sp, const std::string& to) {
     Runner& r = *runners_[static_cast<size_t>(k)];
     // The sequences running now stay on the runner (their state is there), and count as its.
     for (const auto& [seq, log] : logs_) {
-      if (static_cast<size_t>(k) < log.chain.size() && !log.chain[static_cast<size_t>(k)].empty())
-        r.lane_of.emplace(seq, 0);
+      if (static_cast<size_t>(k) < log.chain.size() && !log.chain[static_cast<size_t>(k)].empty() &&
+          r.lane_of.count(seq) == 0) {
+        r.lane_of[seq] = 0;
+        r.placed.insert(seq);
+      }
     }
     lane->id = r.next_lane_id++;
     r.lanes.push_back(std::move(lane));

@@ -297,10 +297,7 @@ void SpanClient::end_pass() {
 std::vector<std::string> SpanClient::where_all() const {
   std::vector<std::string> out;
   std::lock_guard<std::mutex> lk(mu_);
-  for (const auto& r : runners_) {
-    out.push_back(fmt::format("{}-{} {}", r->target.span.first, r->target.span.last,
-                              r->local ? std::string("here") : "on " + r->label));
-  }
+  for (const auto& r : runners_) out.push_back(where_text(*r));
   return out;
 }
 

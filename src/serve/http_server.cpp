@@ -875,6 +875,38 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     out["drops"] = ss.drops;
     res.set_content(out.dump(2), "application/json");
   });
+  // A lane of a span while serving (`moesh swarm move URL --lane F-L@HOST:PORT`; SpanClient::add_lane):
+  // body {"layers": "12-23", "to": "HOST:PORT"} adds one, {"layers": "12-23", "drop": "HOST:PORT"}
+  // lets one go. Admin only: it redirects hidden states.
+  svr.Post("/swarm/spans/lane", [m](const httplib::Request& req, httplib::Response& res) {
+    auto err = [&](int http, std::string code, std::string msg) { send_admin_error(res, http, code, msg); };
+    if (!m->admin(req, res, "span lanes")) return;
+    if (m->t.spans == nullptr) return err(404, "no_spans", "this gateway runs no layer spans (--span)");
+    const json body = json::parse(req.body, nullptr, false);
+    const bool add = body.is_object() && body.contains("to") && body["to"].is_string();
+    const bool drop = body.is_object() && body.contains("drop") && body["drop"].is_string();
+    if (!body.is_object() || !body.contains("layers") || !body["layers"].is_string() || add == drop) {
+      return err(400, "invalid_body",
+                 "the body must be {\"layers\": \"FIRST-LAST\", \"to\": \"HOST:PORT\"} (a new lane) or "
+                 "{\"layers\": \"FIRST-LAST\", \"drop\": \"HOST:PORT\"} (let one go)");
+    }
+    auto sp = parse_layer_span(body["layers"].get<std::string>());
+    if (!sp) return err(400, "invalid_layers", sp.status().message());
+    Status st = add ? m->t.spans->add_lane(*sp, body["to"].get<std::string>())
+                    : m->t.spans->drop_lane(*sp, body["drop"].get<std::string>());
+    if (!st.is_ok()) {
+      const bool bad = st.code() == StatusCode::kNotFound || st.code() == StatusCode::kInvalidArgument;
+      return err(bad ? 400 : 502, bad ? "invalid_lane" : "lane_failed", st.message());
+    }
+    json out;
+    for (const std::string& w : m->t.spans->where_all()) out["spans"].push_back(w);
+    const SpanStats ss = m->t.spans->stats();
+    out["lanes_added"] = ss.lanes_added;
+    out["lane_trips"] = ss.lane_trips;
+    out["loads"] = ss.loads;
+    out["drops"] = ss.drops;
+    res.set_content(out.dump(2), "application/json");
+  });
   // A span peer made known while serving (`moesh swarm move URL --span-peer HOST:PORT`, `moesh span
   // --offer`): dialled to learn its round trip and memory, then listed as idle, so a re-plan (and
   // --auto-replan) may give it blocks. Admin only: it adds a place hidden states may go.

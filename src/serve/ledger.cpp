@@ -124,6 +124,23 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote, const SpanClient*
                             {"offer_bytes", v.offer_bytes},
                             {"replica_budget_bytes", v.replica_budget_bytes}});
     }
+    // Lanes: more peers running a span's blocks, each for its share of the sequences.
+    for (const SpanPeerView& v : spans->lanes_view()) {
+      j["spans"].push_back({{"layers", fmt::format("{}-{}", v.span.first, v.span.last)},
+                            {"label", v.label},
+                            {"state", "lane"},
+                            {"chosen_here", false},
+                            {"address", v.address},
+                            {"warmup_rtt_ms", v.warmup_rtt_ms},
+                            {"min_trip_ms", v.min_trip_seconds * 1e3},
+                            {"trips", v.trips},
+                            {"sequences", v.sequences},
+                            {"slab_bytes", v.slab_bytes},
+                            {"mem_total_bytes", v.mem_total_bytes},
+                            {"mem_available_bytes", v.mem_available_bytes},
+                            {"offer_bytes", v.offer_bytes},
+                            {"replica_budget_bytes", v.replica_budget_bytes}});
+    }
     // Span peers known but running none of these spans: what a re-plan may give blocks to.
     for (const SpanPeerView& v : spans->idle_view()) {
       j["spans"].push_back({{"layers", ""},
@@ -257,6 +274,14 @@ std::string render_swarm_status(const nlohmann::json& j) {
             "span peer {}: idle (runs none of these spans; a re-plan may give it blocks), warm-up rtt "
             "{:.3f} ms{}\n",
             str(v, "label"), num(v, "warmup_rtt_ms"), memory);
+        continue;
+      }
+      if (str(v, "state") == "lane") {
+        s += fmt::format(
+            "span {} lane on {}: {} sequences, warm-up rtt {:.3f} ms, fastest trip {:.3f} ms over {} "
+            "trips{}\n",
+            str(v, "layers"), str(v, "label"), static_cast<uint64_t>(num(v, "sequences")), num(v, "warmup_rtt_ms"),
+            num(v, "min_trip_ms"), static_cast<uint64_t>(num(v, "trips")), memory);
         continue;
       }
       s += str(v, "state") == "here"

@@ -35,6 +35,8 @@ struct SwarmArgs {
   // to 10 minutes for that).
   int move_timeout_s = 900;
   std::vector<std::string> add_span_peers;  // swarm move --span-peer
+  std::vector<std::string> lanes;           // swarm move --lane F-L@HOST:PORT
+  std::vector<std::string> drop_lanes;      // swarm move --drop-lane F-L@HOST:PORT
   std::vector<std::string> move;            // swarm move: FIRST-LAST@HOST:PORT | FIRST-LAST@here, each span
   bool resplit = false;                     // swarm move: new span edges (implied by several --span)
   std::string admin_key;                    // swarm move: the gateway's --admin-key
@@ -432,18 +434,59 @@ int run_add_span_peers(const SwarmArgs& a) {
   });
 }
 
+// `moesh swarm move URL --lane 12-23@HOST:PORT` (or --drop-lane): a lane of a span added to a
+// running gateway, or let go of (POST /swarm/spans/lane), one after the other.
+int run_lanes(const SwarmArgs& a) {
+  const bool add = !a.lanes.empty();
+  httplib::Client cli(base_url(a.urls.at(0)));
+  cli.set_connection_timeout(std::min(a.move_timeout_s, 10), 0);
+  cli.set_read_timeout(a.move_timeout_s, 0);
+  httplib::Headers h;
+  if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
+  for (const std::string& l : add ? a.lanes : a.drop_lanes) {
+    const size_t at = l.find('@');
+    if (at == std::string::npos || at == 0 || at + 1 == l.size()) {
+      std::fprintf(stderr, "moesh swarm move: error: --%s must be FIRST-LAST@HOST:PORT, not '%s'\n",
+                   add ? "lane" : "drop-lane", l.c_str());
+      return 2;
+    }
+    const nlohmann::json body = {{"layers", l.substr(0, at)}, {add ? "to" : "drop", l.substr(at + 1)}};
+    auto res = cli.Post("/swarm/spans/lane", h, body.dump(), "application/json");
+    if (!res) {
+      std::fprintf(stderr, "moesh swarm move: error: %s/swarm/spans/lane: %s\n", base_url(a.urls[0]).c_str(),
+                   httplib::to_string(res.error()).c_str());
+      return 1;
+    }
+    if (res->status != 200) {
+      std::fprintf(stderr, "moesh swarm move: error: HTTP %d: %s\n", res->status, api_error_message(res->body).c_str());
+      return 1;
+    }
+    const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+    if (a.json) {
+      std::printf("%s\n", j.dump(2).c_str());
+      continue;
+    }
+    if (j.is_object() && j.contains("spans") && j["spans"].is_array()) {
+      for (const auto& sp : j["spans"]) std::printf("span %s\n", sp.get<std::string>().c_str());
+    }
+  }
+  return 0;
+}
+
 // `moesh swarm move URL --span 12-23@HOST:PORT --admin-key KEY`: a planned span move on a running
 // gateway (POST /swarm/spans/move; docs/serve.md#moving-a-span); several --span: a resplit.
 int run_move(const SwarmArgs& a) {
-  const int kinds = !a.move.empty() + !a.add_workers.empty() + !a.add_span_peers.empty();
+  const int kinds =
+      !a.move.empty() + !a.add_workers.empty() + !a.add_span_peers.empty() + !a.lanes.empty() + !a.drop_lanes.empty();
   if (kinds != 1) {
     std::fprintf(stderr,
-                 "moesh swarm move: error: give one of --span (span moves), --worker (workers to take in) and "
-                 "--span-peer (span peers to make known)\n");
+                 "moesh swarm move: error: give one of --span (span moves), --worker (workers to take in), "
+                 "--span-peer (span peers to make known), --lane and --drop-lane (span lanes)\n");
     return 2;
   }
   if (!a.add_workers.empty()) return run_add_workers(a);
   if (!a.add_span_peers.empty()) return run_add_span_peers(a);
+  if (!a.lanes.empty() || !a.drop_lanes.empty()) return run_lanes(a);
   for (const std::string& sp : a.move) {
     const size_t at = sp.find('@');
     if (at == std::string::npos || at == 0 || at + 1 == sp.size()) {
@@ -525,6 +568,12 @@ const CommandRegistrar kRegisterSwarm{Command{
       mv->add_option("--span-peer", a->add_span_peers,
                      "HOST:PORT of a `moesh span` peer the gateway learns of, listed idle until a re-plan (or "
                      "--auto-replan) gives it blocks, which it then loads (repeatable)");
+      mv->add_option("--lane", a->lanes,
+                     "FIRST-LAST@HOST:PORT: that span peer runs span FIRST-LAST beside its runner, for a share of "
+                     "the sequences (new ones go where the fewest are; it loads the blocks if it can; repeatable)");
+      mv->add_option("--drop-lane", a->drop_lanes,
+                     "FIRST-LAST@HOST:PORT: let that lane of span FIRST-LAST go (its sequences are replayed on the "
+                     "span's runner; repeatable)");
       mv->add_flag("--resplit", a->resplit,
                    "Take the --span list as the new span list even when it is one span (e.g. two spans merged)");
       mv->add_option("--admin-key", a->admin_key, "The gateway's --admin-key");

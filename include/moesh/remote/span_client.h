@@ -268,6 +268,8 @@ class SpanClient final : public SpanRunner {
     const std::vector<std::array<uint8_t, 16>>& chain;
   };
   SpanClient(const Model& model, const SpanOptions& opts);
+  // "12-23 on PEER + lane PEER2" or "12-23 here" (where(), where_all()).
+  static std::string where_text(const Runner& r);
   // The runner of blocks sp on `to` ("here": a local host); a peer that loads spans is asked to
   // hold sp first, and waited for (opts_.load_timeout).
   Result<NewRunner> dial(const LayerSpan& sp, const std::string& to) const;

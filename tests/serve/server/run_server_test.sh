@@ -949,6 +949,48 @@ curl -sS "$BASE/metrics" >"$TMP/spans_metrics"
 grep -q '^moesh_span_moves_total 1$' "$TMP/spans_metrics" || fail "spans: /metrics moves: $(grep moves "$TMP/spans_metrics")"
 grep -q '^moesh_span_failovers_total 0$' "$TMP/spans_metrics" || fail "spans: a failover after the move"
 ok "spans: /metrics counts the move and no failover"
+# A lane: a third span peer runs span 1-1 beside sb for a share of the streams (admin: `swarm move
+# URL --lane`); concurrent requests give the local server's texts, the lane computes rows, and once
+# let go of (`--drop-lane`) its streams are replayed on sb, the texts unchanged.
+start_span sl 1-1
+SL=$SADDR
+"$MOESH" swarm move "$BASE" --lane "1-1@$SL" --admin-key s3cret >"$TMP/lane_add.out" 2>&1 ||
+  fail "lanes: swarm move --lane: $(cat "$TMP/lane_add.out")"
+grep -q "^span 1-1 on .*(sb) + lane .*(sl)" "$TMP/lane_add.out" || fail "lanes: where after --lane: $(cat "$TMP/lane_add.out")"
+ok "lanes: span 1-1 runs on sb with a lane on sl"
+"$MOESH" swarm move "$BASE" --lane "1-1@$SL" --admin-key s3cret >"$TMP/lane_twice.out" 2>&1 &&
+  fail "lanes: the same lane twice was taken"
+grep -q "a lane of span 1-1 already" "$TMP/lane_twice.out" || fail "lanes: second --lane: $(cat "$TMP/lane_twice.out")"
+ok "lanes: the same lane twice is refused, named"
+lane_round() {  # label: the five prompts at once (two slots), equal to the local server's
+  local curls=()
+  for i in "${!PROMPTS[@]}"; do
+    curl -sS -H 'Content-Type: application/json' -o "$TMP/lane.$i" \
+      -d "{\"prompt\":\"${PROMPTS[$i]}\",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true}" \
+      "$BASE/v1/completions" &
+    curls+=($!)
+  done
+  for p in "${curls[@]}"; do wait "$p" || fail "lanes: $1: a request failed"; done
+  for i in "${!PROMPTS[@]}"; do
+    expect_eq "$(js 'j.choices[0].text' <"$TMP/lane.$i")" "$(cat "$TMP/ref.$i")" "lanes: $1: greedy text $i equals the local server's"
+  done
+}
+lane_round "sb and sl"
+"$MOESH" swarm status "$BASE" --json >"$TMP/lane_status.json"
+expect_eq "$(js 'j.spans.filter(s => s.state == "lane").map(s => s.layers + ":" + s.label.includes("(sl)") + ":" + (s.trips > 0)).join()' \
+  <"$TMP/lane_status.json")" "1-1:true:true" "lanes: /swarm/status lists the lane with its trips"
+"$MOESH" swarm status "$BASE" | grep -q "^span 1-1 lane on .*(sl): [0-9]* sequences" ||
+  fail "lanes: swarm status text: $("$MOESH" swarm status "$BASE")"
+curl -sS "$BASE/metrics" >"$TMP/lane_metrics"
+LANE_ROWS=$(sed -n 's/^moesh_span_lane_rows_total //p' "$TMP/lane_metrics")
+[ "${LANE_ROWS:-0}" -gt 0 ] || fail "lanes: no rows computed on the lane: $(grep lane "$TMP/lane_metrics")"
+ok "lanes: the lane computed $LANE_ROWS rows"
+"$MOESH" swarm move "$BASE" --drop-lane "1-1@$SL" --admin-key s3cret >"$TMP/lane_drop.out" 2>&1 ||
+  fail "lanes: --drop-lane: $(cat "$TMP/lane_drop.out")"
+grep -q "+ lane" "$TMP/lane_drop.out" && fail "lanes: still a lane after --drop-lane: $(cat "$TMP/lane_drop.out")"
+lane_round "sb alone again"
+grep -q '^moesh_span_lane_failures_total 0$' <(curl -sS "$BASE/metrics") || fail "lanes: a lane failure was counted"
+ok "lanes: let go of, no failure counted"
 # A peer with no model file: it fetches its span slice from the gateway (checked by hash), then
 # takes the span over live.
 if "$MOESH" span --fetch "$BASE" --admin-key nope --layers 1-1 --slice-dir "$TMP/sc" >/dev/null 2>"$TMP/sc_bad.err"; then
