@@ -119,8 +119,8 @@ LayerTrip layer_trip(const PlanModel& m, const PlanOptions& o, int layer, const 
   return r;
 }
 
-double span_cost(const PlanModel& m, const PlanOptions& o, const PlanPeer& p, int first, int last) {
-  const int T = tokens(o);
+// One span peer's trip for T rows (a lane's share: T / holders).
+double span_cost_rows(const PlanModel& m, const PlanOptions& o, const PlanPeer& p, int first, int last, double T) {
   const double rows = static_cast<double>(m.row_bytes_at(first) + m.row_bytes_at(last + 1));
   double c = p.rtt_s + 2 * o.message_s + wire_s(p.rate_bps, T * rows);
   for (int l = first; l <= last; ++l) {
@@ -128,6 +128,10 @@ double span_cost(const PlanModel& m, const PlanOptions& o, const PlanPeer& p, in
     c += (L.dense_s + (L.moe ? m.n_expert_used * L.expert_s : 0.0)) * T / p.speed;
   }
   return c;
+}
+
+double span_cost(const PlanModel& m, const PlanOptions& o, const PlanPeer& p, int first, int last) {
+  return span_cost_rows(m, o, p, first, last, tokens(o));
 }
 
 }  // namespace
@@ -511,8 +515,18 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
       if (r.first < 0 || r.last >= L || r.first > r.last)
         return make_error(StatusCode::kInvalidArgument, "plan: peer '{}' spans layers {}-{}, not in the model", p.name,
                           r.first, r.last);
+      if (r.lane_of >= 0) {
+        const int h = r.lane_of;
+        if (h >= static_cast<int>(peers.size()) || h == static_cast<int>(i) ||
+            plan->roles[static_cast<size_t>(h)].kind != RoleKind::kSpan ||
+            plan->roles[static_cast<size_t>(h)].lane_of >= 0 || plan->roles[static_cast<size_t>(h)].first != r.first ||
+            plan->roles[static_cast<size_t>(h)].last != r.last)
+          return make_error(StatusCode::kInvalidArgument,
+                            "plan: peer '{}' is a lane of layers {}-{} of peer {}, which does not run that span",
+                            p.name, r.first, r.last, h);
+      }
       for (int l = r.first; l <= r.last; ++l) {
-        if (plan->layer_host[static_cast<size_t>(l)] != static_cast<int>(i))
+        if (r.lane_of < 0 && plan->layer_host[static_cast<size_t>(l)] != static_cast<int>(i))
           return make_error(StatusCode::kInvalidArgument, "plan: layer {} is not hosted by its span peer '{}'", l,
                             p.name);
         r.bytes += layer_bytes(m, l);
@@ -563,11 +577,24 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
     if (h >= 0) {
       const PeerRole& r = plan->roles[static_cast<size_t>(h)];
       if (l == r.first) {
-        c = span_cost(m, o, peers[static_cast<size_t>(h)], r.first, r.last);
+        // Its lanes share the rows: each of the n holders computes T / n, all in flight at once.
+        std::vector<int> holders_of{h};
+        for (size_t i = 0; i < plan->roles.size(); ++i)
+          if (plan->roles[i].kind == RoleKind::kSpan && plan->roles[i].lane_of == h)
+            holders_of.push_back(static_cast<int>(i));
+        const double share = static_cast<double>(T) / static_cast<double>(holders_of.size());
+        c = 0;
+        for (int x : holders_of)
+          c = std::max(c, span_cost_rows(m, o, peers[static_cast<size_t>(x)], r.first, r.last, share));
         plan->trips_per_step += 1;
-        // Right after another span: the two chain where that is faster.
+        // Right after another span: the two chain where that is faster (not a span with lanes).
         const int q = l > 0 ? plan->layer_host[static_cast<size_t>(l - 1)] : -1;
-        const double save = q >= 0 && q != h ? chain_saving(m, peers, o, q, h, l) : 0.0;
+        auto has_lanes = [&](int x) {
+          return std::any_of(plan->roles.begin(), plan->roles.end(),
+                             [&](const PeerRole& o2) { return o2.kind == RoleKind::kSpan && o2.lane_of == x; });
+        };
+        const double save =
+            q >= 0 && q != h && holders_of.size() == 1 && !has_lanes(q) ? chain_saving(m, peers, o, q, h, l) : 0.0;
         c -= save;
         plan->roles[static_cast<size_t>(h)].chained_after = save > 0 ? q : -1;
       }
@@ -667,12 +694,16 @@ Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
       plan->roles.begin(), plan->roles.end(), [](const PeerRole& x) { return x.kind != RoleKind::kIdle; }));
   for (int q = 0; q < P; ++q) {
     const PeerRole& r = plan->roles[static_cast<size_t>(q)];
-    if (r.kind == RoleKind::kIdle) continue;
+    if (r.kind == RoleKind::kIdle || r.lane_of >= 0) continue;  // a lane's streams go to the span's peer
     // What the backbone would have to hold to do the primary's work: a span's layers, or the
     // expert peer's experts.
     uint64_t bytes = 0;
     SwarmPlan f = *plan;
     f.roles[static_cast<size_t>(q)] = PeerRole{};
+    // (Priced without the span's lanes when the backbone takes it over: a span here with lanes
+    // is not in the cost model, so the fallback is priced on the safe side.)
+    for (PeerRole& x : f.roles)
+      if (x.lane_of == q) x = PeerRole{};
     if (r.kind == RoleKind::kSpan) {
       for (int l = r.first; l <= r.last; ++l) {
         bytes += layer_bytes(m, l);
@@ -712,6 +743,8 @@ Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
       g.roles[static_cast<size_t>(q)] = PeerRole{};
       if (r.kind == RoleKind::kSpan)
         for (int l = r.first; l <= r.last; ++l) g.layer_host[static_cast<size_t>(l)] = p;
+      for (PeerRole& x : g.roles)
+        if (x.lane_of == q) x.lane_of = p;  // the lanes go on beside the standby
       if (!evaluate_plan(m, peers, o, &g).is_ok()) continue;
       if (fallback >= 0 && g.step_s >= fallback) continue;  // the backbone would do better itself
       opts.push_back({q, p, g.step_s, fallback, r.kind == RoleKind::kSpan});
@@ -779,6 +812,44 @@ std::vector<ExpertSlice> held_experts(const PeerRole& r) {
     }
   }
   return out;
+}
+
+Status add_span_lanes(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan,
+                      int max_lanes) {
+  if (plan->roles.size() != peers.size())
+    return make_error(StatusCode::kInvalidArgument, "plan: {} roles for {} peers", plan->roles.size(), peers.size());
+  if (tokens(o) <= 1 || !o.spans) return Status::ok();  // one row per step: nothing to share
+  MOESH_RETURN_IF_ERROR(evaluate_plan(m, peers, o, plan));
+  for (int added = 0; added < max_lanes; ++added) {
+    SwarmPlan best;
+    bool found = false;
+    const double bar = plan->step_s * (1 - kLoadReplicaGain);
+    for (size_t p = 0; p < peers.size(); ++p) {
+      if (plan->roles[p].kind != RoleKind::kIdle) continue;
+      for (size_t h = 0; h < peers.size(); ++h) {
+        const PeerRole& hr = plan->roles[h];
+        if (hr.kind != RoleKind::kSpan || hr.lane_of >= 0) continue;
+        uint64_t bytes = 0;
+        for (int l = hr.first; l <= hr.last; ++l) bytes += layer_bytes(m, l);
+        if (bytes > peers[p].memory_bytes) continue;
+        SwarmPlan trial = *plan;
+        PeerRole& lr = trial.roles[p];
+        lr = PeerRole{};
+        lr.kind = RoleKind::kSpan;
+        lr.first = hr.first;
+        lr.last = hr.last;
+        lr.lane_of = static_cast<int>(h);
+        if (!evaluate_plan(m, peers, o, &trial).is_ok()) continue;
+        if (trial.step_s < (found ? best.step_s : bar)) {
+          best = std::move(trial);
+          found = true;
+        }
+      }
+    }
+    if (!found) break;
+    *plan = std::move(best);
+  }
+  return Status::ok();
 }
 
 Status add_load_replicas(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan,
@@ -1026,6 +1097,8 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
     if (r.kind == RoleKind::kSpan) what = fmt::format("layers {}-{}", r.first, r.last);
     if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
       what += fmt::format(" (chained after {})", peers[static_cast<size_t>(r.chained_after)].name);
+    if (r.kind == RoleKind::kSpan && r.lane_of >= 0)
+      what += fmt::format(" (lane of {}: a share of the streams)", peers[static_cast<size_t>(r.lane_of)].name);
     if (r.kind == RoleKind::kExperts) {
       what = "experts " + format_expert_spec(r.experts.empty() ? r.copies : r.experts, m.n_expert);
       if (!r.copies.empty() && !r.experts.empty())
@@ -1033,7 +1106,7 @@ std::string render_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, 
       else if (!r.copies.empty())
         what += " (copies)";
     }
-    std::string role = role_name(r.kind);
+    std::string role = r.kind == RoleKind::kSpan && r.lane_of >= 0 ? "lane" : role_name(r.kind);
     uint64_t holds = r.bytes;
     for (const Standby& sb : plan.standbys) {
       if (sb.peer != static_cast<int>(i)) continue;

@@ -527,6 +527,74 @@ TEST(SwarmPlan, HotExpertsGoToTheNearestHolderAndColdOnesFarthest) {
 // and the predicted step drops. A far peer shares nothing (the runtime sends it no pairs while a
 // near holder is up), uniform activations add nothing, and a copy of one's own expert or of a span
 // layer's is not a valid plan.
+// Many streams: a peer left idle that fits a span's layers runs them beside the span's peer for a
+// share of the streams (a lane), each holder computing T / n rows; one stream gets none.
+TEST(SwarmPlan, LanesShareASpansStreamsAmongIdlePeers) {
+  PlanModel m = toy_model(4, 8, 2);
+  const uint64_t all = 4 * whole_layer(m);
+  // The backbone holds only the globals: the layers go to a peer as one span.
+  std::vector<PlanPeer> peers{{"a", all, 0.005, 1, 0}, {"b", all, 0.005, 1, 0}, {"small", all / 8, 0.005, 1, 0}};
+  PlanOptions o;
+  o.backbone_memory_bytes = 8 * kMiB;
+  o.experts = false;
+  o.message_s = 1e-4;
+  o.tokens_per_step = 16;
+  auto plan = plan_swarm(m, peers, o);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  int span_peer = -1;
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (plan->roles[i].kind == RoleKind::kSpan) span_peer = static_cast<int>(i);
+  ASSERT_GE(span_peer, 0) << render_plan(m, peers, *plan);
+  const int other = span_peer == 0 ? 1 : 0;
+  ASSERT_EQ(plan->roles[static_cast<size_t>(other)].kind, RoleKind::kIdle);
+  SwarmPlan with = *plan;
+  ASSERT_TRUE(add_span_lanes(m, peers, o, &with).is_ok());
+  const PeerRole& lane = with.roles[static_cast<size_t>(other)];
+  EXPECT_EQ(lane.kind, RoleKind::kSpan) << render_plan(m, peers, with);
+  EXPECT_EQ(lane.lane_of, span_peer);
+  EXPECT_EQ(lane.first, plan->roles[static_cast<size_t>(span_peer)].first);
+  EXPECT_EQ(lane.last, plan->roles[static_cast<size_t>(span_peer)].last);
+  EXPECT_EQ(with.roles[2].kind, RoleKind::kIdle);  // too small for the span
+  // Two equal holders of 8 rows each: the span's compute halves, its round trip stays.
+  double compute16 = 0;
+  for (const PlanLayer& L : m.layers) compute16 += (L.dense_s + 2 * L.expert_s) * 16;
+  EXPECT_NEAR(plan->step_s - with.step_s, compute16 / 2, 1e-9) << render_plan(m, peers, with);
+  EXPECT_DOUBLE_EQ(with.trips_per_step, plan->trips_per_step);  // in flight together: one wait
+  EXPECT_NE(render_plan(m, peers, with).find("lane of"), std::string::npos);
+  // A lane is priced by evaluate_plan as given; one of a peer running no such span is refused.
+  SwarmPlan again = with;
+  ASSERT_TRUE(evaluate_plan(m, peers, o, &again).is_ok());
+  EXPECT_DOUBLE_EQ(again.step_s, with.step_s);
+  SwarmPlan bad = with;
+  bad.roles[static_cast<size_t>(other)].lane_of = 2;
+  Status st = evaluate_plan(m, peers, o, &bad);
+  EXPECT_NE(st.message().find("does not run that span"), std::string::npos) << st.to_string();
+  // One token per step: nothing to share.
+  PlanOptions one = o;
+  one.tokens_per_step = 1;
+  auto single = plan_swarm(m, peers, one);
+  ASSERT_TRUE(single.is_ok());
+  ASSERT_TRUE(add_span_lanes(m, peers, one, &*single).is_ok());
+  for (const PeerRole& r : single->roles) EXPECT_LT(r.lane_of, 0);
+  // Standbys price the span's failure with its lanes going on beside the standby.
+  PlanOptions three = o;
+  std::vector<PlanPeer> four = peers;
+  four.push_back({"d", all, 0.005, 1, 0});
+  auto p4 = plan_swarm(m, four, three);
+  ASSERT_TRUE(p4.is_ok());
+  ASSERT_TRUE(add_span_lanes(m, four, three, &*p4, /*max_lanes=*/1).is_ok());
+  ASSERT_TRUE(add_standbys(m, four, three, &*p4).is_ok());
+  ASSERT_EQ(p4->standbys.size(), 1u) << render_plan(m, four, *p4);
+  EXPECT_EQ(four[static_cast<size_t>(p4->standbys[0].primary)].name,
+            four[static_cast<size_t>([&] {
+              for (size_t i = 0; i < four.size(); ++i)
+                if (p4->roles[i].kind == RoleKind::kSpan && p4->roles[i].lane_of < 0) return static_cast<int>(i);
+              return -1;
+            }())]
+                .name);
+  EXPECT_GT(p4->standbys[0].failover_step_s, 0);
+}
+
 TEST(SwarmPlan, LoadReplicasSplitAHotExpertsPairsOverNearPeers) {
   PlanModel m = toy_model(2, 8, 2);
   m.p.assign(2, std::vector<double>(8, 1.05 / 7));

@@ -121,9 +121,11 @@ std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::str
     const PeerRole& r = p.roles[i];
     const std::string addr = s.peers[i].addr.empty() ? "HOST:PORT" : s.peers[i].addr;
     if (r.kind == RoleKind::kSpan) {
-      out += fmt::format("  {}: moesh span -m {} --layers {}-{} --listen {}\n", s.peers[i].peer.name, mf, r.first,
-                         r.last, addr);
-      backbone += fmt::format(" --span {}-{}@{}", r.first, r.last, addr);
+      const bool lane = r.lane_of >= 0;
+      out += fmt::format("  {}: moesh span -m {} --layers {}-{} --listen {}{}\n", s.peers[i].peer.name, mf, r.first,
+                         r.last, addr,
+                         lane ? "   (lane of " + s.peers[static_cast<size_t>(r.lane_of)].peer.name + ")" : "");
+      backbone += fmt::format(" --span{} {}-{}@{}", lane ? "-lane" : "", r.first, r.last, addr);
     } else if (r.kind == RoleKind::kExperts) {
       out += fmt::format("  {}: moesh worker -m {} --experts '{}' --listen {}\n", s.peers[i].peer.name, mf,
                          format_expert_spec(held_experts(r), s.model.n_expert), addr);
@@ -182,7 +184,7 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
         it == before.end() ? std::pair<std::string, std::string>{"absent", "-"} : it->second;
     if (was == role) continue;
     nlohmann::json mv{{"peer", peer}, {"from", was.first + " " + was.second}, {"to", role.first + " " + role.second}};
-    if (role.first == "span" || role.first == "standby") {
+    if (role.first == "span" || role.first == "standby" || role.first == "lane") {
       mv["slice"] = fmt::format("moesh slice -m {} --layers {} -o {}-span.gguf", mf, role.second, peer);
       // Or the peer fetches the slice from the gateway itself (cut there, checked by hash).
       mv["fetch"] = fmt::format("moesh span --fetch {} --admin-key KEY --layers {} --listen {}",
@@ -192,6 +194,13 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
       // peer runs `moesh span` on the slice; new span edges need the backbone restarted.
       bool live = false;
       if (role.first == "standby") {
+        moves.push_back(mv);
+        continue;
+      }
+      if (role.first == "lane") {  // a lane is added live once the peer runs the layers
+        mv["switch"] = fmt::format("moesh swarm move {} --lane {}@{} --admin-key KEY",
+                                   gateway.empty() ? "http://GATEWAY:PORT" : gateway, role.second,
+                                   addr.count(peer) ? addr[peer] : "HOST:PORT");
         moves.push_back(mv);
         continue;
       }
@@ -293,6 +302,10 @@ int run_plan(const PlanCliArgs& a) {
     Status lr = add_load_replicas(setup->model, setup->plan_peers, setup->opts, &*plan);
     if (!lr.is_ok()) return fail(lr);
   }
+  if (a.layout == "plan" && !a.no_lanes) {
+    Status ln = add_span_lanes(setup->model, setup->plan_peers, setup->opts, &*plan);
+    if (!ln.is_ok()) return fail(ln);
+  }
   if (!a.no_standby) {
     Status sb = add_standbys(setup->model, setup->plan_peers, setup->opts, &*plan);
     if (!sb.is_ok()) return fail(sb);
@@ -372,7 +385,10 @@ int run_plan(const PlanCliArgs& a) {
       if (mv.contains("fetch"))
         std::printf("    or, on the peer: %s (the gateway cuts the slice; checked by hash)\n",
                     std::string(mv["fetch"]).c_str());
-      if (mv.contains("switch") && std::string(mv["to"]).rfind("span", 0) == 0)
+      if (mv.contains("switch") && std::string(mv["to"]).rfind("lane", 0) == 0)
+        std::printf("    switch: %s (once the peer runs `moesh span` on the layers: it takes a share of new streams)\n",
+                    std::string(mv["switch"]).c_str());
+      else if (mv.contains("switch") && std::string(mv["to"]).rfind("span", 0) == 0)
         std::printf("    switch: %s (where the gateway runs that span already: moved live, its inputs replayed)\n",
                     std::string(mv["switch"]).c_str());
       else if (mv.contains("switch"))

@@ -37,6 +37,7 @@ struct PlanCliArgs {
   bool no_chain = false;
   bool no_spans = false;          // experts only (PlanOptions::spans false)
   bool no_load_replicas = false;  // no add_load_replicas
+  bool no_lanes = false;          // no add_span_lanes
   bool no_standby = false;        // no standbys (spans) or replicas (expert peers) from idle peers (add_standbys)
   int standbys = 1;               // at most this many per span or expert peer (PlanOptions::standbys_per_primary)
   // Generated peers (simulate at scale): N peers of this memory, RTT lognormal around a median.
@@ -77,6 +78,10 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
   sub->add_flag("--no-load-replicas", a->no_load_replicas,
                 "No copies of hot experts on other near peers to share their pairs (by default, with activation "
                 "counts, the plan adds those that make the step at least 0.5 % faster)");
+  sub->add_flag("--no-lanes", a->no_lanes,
+                "No span lanes (by default, with several streams per step, an idle peer that fits a span's layers "
+                "may run them beside its peer for a share of the streams, where that makes the step at least 0.5 % "
+                "faster)");
   sub->add_flag("--no-spans", a->no_spans,
                 "Experts only: no peer is given a span (what a gateway running no spans can carry out)");
   sub->add_flag("--no-standby", a->no_standby,
@@ -405,6 +410,10 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
     if (r.kind == RoleKind::kSpan) j["layers"] = fmt::format("{}-{}", r.first, r.last);
     if (r.kind == RoleKind::kSpan && r.chained_after >= 0)
       j["chained_after"] = s.peers[static_cast<size_t>(r.chained_after)].peer.name;
+    if (r.kind == RoleKind::kSpan && r.lane_of >= 0) {
+      j["role"] = "lane";
+      j["lane_of"] = s.peers[static_cast<size_t>(r.lane_of)].peer.name;
+    }
     if (r.kind == RoleKind::kExperts) j["experts"] = format_expert_spec(held_experts(r), s.model.n_expert);
     if (!r.copies.empty()) j["copies"] = format_expert_spec(r.copies, s.model.n_expert);
     for (const Standby& sb : p.standbys) {

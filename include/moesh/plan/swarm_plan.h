@@ -140,6 +140,9 @@ struct PeerRole {
   uint64_t bytes = 0;      // memory it uses
   double trip_s = 0;       // predicted cost of one trip to it (one token)
   int chained_after = -1;  // kSpan: the peer whose span it follows in a chain (-1: none)
+  // kSpan: a lane of that peer's span (add_span_lanes; `--span-lane`): the same layers, run at the
+  // same time for a share of the streams. -1: the span's own peer (layer_host names it).
+  int lane_of = -1;
 };
 
 // A standby for a peer of the plan, from the peers it leaves idle; it serves only when its
@@ -196,6 +199,14 @@ Status add_standbys(const PlanModel& m, const std::vector<PlanPeer>& peers, cons
 // nothing added. At most max_copies copies.
 Status add_load_replicas(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan,
                          int max_copies = 64);
+// Span lanes (throughput for many streams), from the peers the plan leaves idle: a span whose
+// peer's compute of T rows is a large part of the step gets another peer running the same layers
+// at the same time; the runtime gives each sequence to the lane with the fewest, so each of a
+// span's n holders computes T / n rows and the span costs the slowest holder's trip (a span with
+// lanes is not chained). One at a time, the lane that lowers the predicted step most (by at least
+// 0.5 %), while idle peers that fit a span's layers are left. Nothing for one token per step.
+Status add_span_lanes(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan,
+                      int max_lanes = 16);
 // What a peer's role holds: its experts and its copies, merged into ranges per layer.
 std::vector<ExpertSlice> held_experts(const PeerRole& r);
 
