@@ -51,14 +51,15 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
     for (size_t i = 0; i < j["spans"].size(); ++i) {
       const auto& sp = j["spans"][i];
       const std::string state = sp.is_object() ? sp.value("state", "") : "";
-      if (state != "up" && state != "idle") continue;
+      if (state != "up" && state != "idle" && state != "lane") continue;
       LivePeer p;
       p.span_peer = true;
       p.peer.name = p.label = sp.value("label", "");
       if (p.peer.name.empty()) continue;
       const std::string layers = sp.value("layers", "");
       char tail = 0;
-      if (state == "up" &&
+      p.lane = state == "lane";
+      if (state != "idle" &&
           (std::sscanf(layers.c_str(), "%d-%d%c", &p.first, &p.last, &tail) != 2 || p.first < 0 || p.last < p.first))
         return make_error(StatusCode::kCorrupt, "/swarm/status spans[{}].layers \"{}\" is not FIRST-LAST", i, layers);
       p.peer.memory_bytes =
@@ -73,9 +74,10 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
                                [&](const LivePeer& x) { return !p.addr.empty() && x.addr == p.addr && x.first < 0; });
       if (same != workers_end) {
         same->span_peer = true;
-        if (state == "up") {
+        if (state != "idle") {
           same->first = p.first;
           same->last = p.last;
+          same->lane = p.lane;
         }
         continue;
       }

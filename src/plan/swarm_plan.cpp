@@ -582,7 +582,10 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
         for (size_t i = 0; i < plan->roles.size(); ++i)
           if (plan->roles[i].kind == RoleKind::kSpan && plan->roles[i].lane_of == h)
             holders_of.push_back(static_cast<int>(i));
-        const double share = static_cast<double>(T) / static_cast<double>(holders_of.size());
+        // (By whole sequences: no more holders share the rows than there are streams.)
+        const int S = o.streams > 0 ? std::min(o.streams, T) : T;
+        const double share =
+            static_cast<double>(T) / static_cast<double>(std::min<size_t>(holders_of.size(), static_cast<size_t>(S)));
         c = 0;
         for (int x : holders_of)
           c = std::max(c, span_cost_rows(m, o, peers[static_cast<size_t>(x)], r.first, r.last, share));
@@ -818,7 +821,8 @@ Status add_span_lanes(const PlanModel& m, const std::vector<PlanPeer>& peers, co
                       int max_lanes) {
   if (plan->roles.size() != peers.size())
     return make_error(StatusCode::kInvalidArgument, "plan: {} roles for {} peers", plan->roles.size(), peers.size());
-  if (tokens(o) <= 1 || !o.spans) return Status::ok();  // one row per step: nothing to share
+  const int S = o.streams > 0 ? std::min(o.streams, tokens(o)) : tokens(o);
+  if (S <= 1 || !o.spans) return Status::ok();  // one stream per step: nothing to share
   MOESH_RETURN_IF_ERROR(evaluate_plan(m, peers, o, plan));
   for (int added = 0; added < max_lanes; ++added) {
     SwarmPlan best;

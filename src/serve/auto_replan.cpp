@@ -126,6 +126,27 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
       return d;
     }
   }
+  // Lanes: the plan's that are not live are added, the live ones it lacks let go of. A lane goes
+  // to a span peer with an address, like a span.
+  auto lanes_of = [](const nlohmann::json& doc) {
+    std::vector<AutoReplanLane> out;
+    for (const auto& r : objects_of(doc, "roles"))
+      if (str(r, "role") == "lane") out.push_back({str(r, "layers"), str(r, "peer"), str(r, "addr")});
+    return out;
+  };
+  const std::vector<AutoReplanLane> live_lanes = lanes_of(live), plan_lanes = lanes_of(plan);
+  for (const AutoReplanLane& l : plan_lanes) {
+    if (std::find(live_lanes.begin(), live_lanes.end(), l) != live_lanes.end()) continue;
+    if (span_peers.count(l.peer) == 0 || l.addr.empty()) {
+      d.why = fmt::format("the plan makes {} a lane of blocks {}, and it {}: not applied", l.peer, l.layers,
+                          l.addr.empty() ? "has no address the gateway knows" : "cannot load blocks");
+      d.experts.clear();
+      return d;
+    }
+    d.add_lanes.push_back(l);
+  }
+  for (const AutoReplanLane& l : live_lanes)
+    if (std::find(plan_lanes.begin(), plan_lanes.end(), l) == plan_lanes.end()) d.drop_lanes.push_back(l);
   std::vector<std::string> now;
   for (const auto& r : objects_of(live, "roles"))
     if (str(r, "role") == "span") now.push_back(str(r, "layers") + "@" + str(r, "addr"));
@@ -135,7 +156,7 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
   std::sort(a.begin(), a.end());
   std::sort(b.begin(), b.end());
   if (a == b) d.spans.clear();  // the spans are the plan's already
-  if (d.spans.empty() && d.experts.empty()) {
+  if (d.spans.empty() && d.experts.empty() && d.add_lanes.empty() && d.drop_lanes.empty()) {
     d.why = "the plan's roles are the live ones already (its gain is in where pairs go: --rebalance)";
     return d;
   }
@@ -234,11 +255,13 @@ void AutoReplanner::check() {
   // A gateway running no spans can carry out expert roles only: its re-plan is the planner's best
   // without spans (the dashboard still shows what spans would give).
   if (spans_ == nullptr && dash.contains("status") && dash.contains("heatmap")) {
-    const int tokens = dash["plan"].is_object() && dash["plan"].contains("tokens_per_step") &&
-                               dash["plan"]["tokens_per_step"].is_number_integer()
-                           ? dash["plan"]["tokens_per_step"].get<int>()
-                           : 1;
-    replan = replan_json(*model_, remote_, dash["status"], dash["heatmap"], tokens, /*spans_allowed=*/false);
+    auto int_of = [&](const char* key) {
+      return dash["plan"].is_object() && dash["plan"].contains(key) && dash["plan"][key].is_number_integer()
+                 ? dash["plan"][key].get<int>()
+                 : 1;
+    };
+    replan = replan_json(*model_, remote_, dash["status"], dash["heatmap"],
+                         ReplanLoad{int_of("tokens_per_step"), int_of("streams")}, /*spans_allowed=*/false);
   }
   AutoReplanDecision d = decide_auto_replan(replan);
   std::vector<ExpertAsk> asks;
@@ -249,18 +272,20 @@ void AutoReplanner::check() {
       d.why = got.status().message();
     } else {
       asks = std::move(*got);
-      if (d.spans.empty() && asks.empty()) {
+      if (d.spans.empty() && asks.empty() && d.add_lanes.empty() && d.drop_lanes.empty()) {
         d.apply = false;
         d.why = "the experts the plan gives its peers are theirs already";
       }
     }
   }
-  if (d.apply && !d.spans.empty() && spans_ == nullptr) {
+  if (d.apply && (!d.spans.empty() || !d.add_lanes.empty() || !d.drop_lanes.empty()) && spans_ == nullptr) {
     d.apply = false;
     d.why = "the plan moves spans and this gateway runs none";
   }
   std::vector<std::string> key = d.spans;  // what this re-plan does, for the guards below
   for (const ExpertAsk& a : asks) key.push_back(a.text);
+  for (const AutoReplanLane& l : d.add_lanes) key.push_back("lane " + l.layers + "@" + l.addr);
+  for (const AutoReplanLane& l : d.drop_lanes) key.push_back("no lane " + l.layers + "@" + l.addr);
   std::sort(key.begin(), key.end());
   const auto now = std::chrono::steady_clock::now();
   if (d.apply) {
@@ -308,11 +333,33 @@ void AutoReplanner::check() {
     std::sort(before.begin(), before.end());
   }
   for (const std::string& s : d.spans) to += (to.empty() ? "" : ", ") + s;
+  std::string lanes;
+  for (const AutoReplanLane& l : d.add_lanes)
+    lanes += fmt::format("{}+ lane {}@{}", lanes.empty() ? "" : ", ", l.layers, l.addr);
+  for (const AutoReplanLane& l : d.drop_lanes)
+    lanes += fmt::format("{}- lane {}@{}", lanes.empty() ? "" : ", ", l.layers, l.addr);
   for (const ExpertAsk& a : asks) experts += (experts.empty() ? "" : "; ") + a.text;
-  spdlog::info("auto re-plan: {:.0f} % faster predicted:{}{}", 100 * d.gain,
+  spdlog::info("auto re-plan: {:.0f} % faster predicted:{}{}{}", 100 * d.gain,
                d.spans.empty() ? "" : fmt::format(" spans {} -> {}", from, to),
-               asks.empty() ? "" : fmt::format(" experts to {}", experts));
+               asks.empty() ? "" : fmt::format(" experts to {}", experts), lanes.empty() ? "" : " " + lanes);
   Status st = d.spans.empty() ? Status::ok() : spans_->resplit(want);
+  // Lanes after the resplit (it let go of the lanes of the spans it changed): those the plan drops
+  // first, so their peers are free for what it gives them.
+  for (const AutoReplanLane& l : d.drop_lanes) {
+    if (!st.is_ok()) break;
+    auto sp = parse_layer_span(l.layers);
+    if (!sp) {
+      st = sp.status();
+      break;
+    }
+    Status dropped = spans_->drop_lane(*sp, l.addr);
+    if (!dropped.is_ok() && dropped.code() != StatusCode::kNotFound) st = dropped;  // NotFound: the resplit did
+  }
+  for (const AutoReplanLane& l : d.add_lanes) {
+    if (!st.is_ok()) break;
+    auto sp = parse_layer_span(l.layers);
+    st = sp ? spans_->add_lane(*sp, l.addr) : sp.status();
+  }
   // Then the experts: a peer that is no worker yet is dialled (a span peer made an expert holder:
   // the resplit let go of its blocks first), and each is sent the copies it lacks between calls.
   for (const ExpertAsk& a : asks) {
@@ -331,6 +378,7 @@ void AutoReplanner::check() {
   std::lock_guard<std::mutex> lk(mu_);
   last_ = {{"from", from}, {"to", to}, {"gain", d.gain}, {"ok", st.is_ok()}};
   if (!asks.empty()) last_["experts"] = experts;
+  if (!lanes.empty()) last_["lanes"] = lanes;
   last_at_ = std::chrono::steady_clock::now();
   if (st.is_ok()) {
     applied_.fetch_add(1);

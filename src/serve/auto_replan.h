@@ -4,6 +4,7 @@
 // span edges can be taken live, resplits the spans to it. The span peers load the blocks they are
 // given first (SPAN_HOLD) and let go of the ones they lose after, so nobody runs a command.
 //
+// Span lanes the plan adds or removes are added (the peer loads the blocks) or let go of too.
 // Only spans move this way, and only among the peers that can be given blocks: the span peers the
 // gateway knows (in use, or idle: let go of, or added with `POST /swarm/spans/add`) and the expert
 // workers on the full model (`loads_blocks`: such a worker becomes a span peer, and holds its
@@ -37,12 +38,20 @@ struct AutoReplanExperts {
   std::string peer, addr;  // the plan's role: its peer name and address ("" when it joined)
   std::string experts;     // what it is to hold: an expert spec ("0-3:0-7,5:1")
 };
+// A lane of the plan (role "lane"): the span's layers and the peer's address.
+struct AutoReplanLane {
+  std::string layers, peer, addr;
+  bool operator==(const AutoReplanLane& o) const { return layers == o.layers && addr == o.addr; }
+};
 struct AutoReplanDecision {
   bool apply = false;
   std::vector<std::string> spans;  // empty: the spans stay as they are
   // Expert roles that change (a peer given experts it did not have, e.g. a span peer made an
   // expert holder): their experts are copied to them (RemoteExecutor::request_experts).
   std::vector<AutoReplanExperts> experts;
+  // Lanes to let go of and to add (after the resplit, which lets go of the lanes of spans that
+  // change): SpanClient::drop_lane / add_lane.
+  std::vector<AutoReplanLane> drop_lanes, add_lanes;
   double gain = 0;
   std::string why;
 };

@@ -47,7 +47,7 @@ void placement_slices(const PlanModel& pm, const Placement& pl, const std::vecto
 }  // namespace
 
 nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, const nlohmann::json& status,
-                           const nlohmann::json& heatmap, int tokens_per_step, bool spans_allowed) {
+                           const nlohmann::json& heatmap, ReplanLoad load, bool spans_allowed) {
   auto pm = plan_model_from_gguf(model.file(), kReplanContext, kDefaultSecondsPerByte);
   if (!pm) return {{"error", pm.status().message()}};
   ActivationInfo act;  // none counted yet (or null): uniform, as apply_activations leaves it
@@ -75,7 +75,20 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     live.roles[i].kind = RoleKind::kSpan;
     live.roles[i].first = p.first;
     live.roles[i].last = p.last;
+    if (p.lane) continue;  // the span's own peer hosts the layers; its lanes are set below
     for (int l = p.first; l <= p.last; ++l) live.layer_host[static_cast<size_t>(l)] = static_cast<int>(i);
+  }
+  // Lanes: beside the peer that runs the same span.
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const LivePeer& p = (*live_peers)[i];
+    if (!p.lane || p.first < 0) continue;
+    const int h = live.layer_host[static_cast<size_t>(p.first)];
+    if (h < 0 || live.roles[static_cast<size_t>(h)].first != p.first ||
+        live.roles[static_cast<size_t>(h)].last != p.last) {
+      live.roles[i] = PeerRole{};  // a lane of a span that runs here (the cost model has no such lane)
+      continue;
+    }
+    live.roles[i].lane_of = h;
   }
   uint64_t local_bytes = 0;
   auto local = [&](const ExpertSlice& sl) {
@@ -146,14 +159,15 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   // `moesh swarm plan -m MODEL --status URL` with these options reads the same inputs.
   PlanOptions o;
   o.local_experts_bytes = local_bytes;  // the backbone keeps what it holds now, no more
-  o.tokens_per_step = std::max(1, tokens_per_step);
+  o.tokens_per_step = std::max(1, load.tokens_per_step);
+  o.streams = std::clamp(load.streams, 1, o.tokens_per_step);
   o.accepted_per_step = o.tokens_per_step;
   o.message_s = kDefaultMessageSeconds;
   o.peer_rtt_s = measured_peer_rtts(*live_peers);
   o.spans = spans_allowed;
   nlohmann::json j;
-  j["args"] = fmt::format("--local-experts-mb {}B --streams {}{}", local_bytes, o.tokens_per_step,
-                          spans_allowed ? "" : " --no-spans");
+  j["args"] = fmt::format("--local-experts-mb {}B --streams {} --tokens-per-step {}{}", local_bytes, o.streams,
+                          o.tokens_per_step, spans_allowed ? "" : " --no-spans");
   j["activation_tokens"] = act.tokens;
   if (Status st = evaluate_plan(*pm, peers, o, &live); !st.is_ok()) {
     j["error"] = "the live layout: " + st.message();
@@ -168,6 +182,10 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     j["error"] = st.message();
     return j;
   }
+  if (Status st = add_span_lanes(*pm, peers, o, &*best); !st.is_ok()) {
+    j["error"] = st.message();
+    return j;
+  }
   const double gain = live.step_s > 0 ? 1.0 - best->step_s / live.step_s : 0.0;
   j["live_step_ms"] = live.step_s * 1e3;
   j["predicted_step_ms"] = best->step_s * 1e3;
@@ -177,15 +195,15 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   nlohmann::json rows = nlohmann::json::array();
   for (size_t i = 0; i < peers.size(); ++i) {
     const PeerRole& r = best->roles[i];
-    std::string what = r.kind == RoleKind::kSpan      ? fmt::format("layers {}-{}", r.first, r.last)
-                       : r.kind == RoleKind::kExperts ? format_expert_spec(held_experts(r), pm->n_expert)
-                                                      : "";
-    const PeerRole& lr = live.roles[i];
-    const std::string now = lr.kind == RoleKind::kSpan      ? fmt::format("layers {}-{}", lr.first, lr.last)
-                            : lr.kind == RoleKind::kExperts ? format_expert_spec(held_experts(lr), pm->n_expert)
-                                                            : "";
+    auto what_of = [&](const PeerRole& x) -> std::string {
+      if (x.kind == RoleKind::kSpan)
+        return fmt::format("layers {}-{}", x.first, x.last) +
+               (x.lane_of >= 0 ? " (lane of " + peers[static_cast<size_t>(x.lane_of)].name + ")" : "");
+      return x.kind == RoleKind::kExperts ? format_expert_spec(held_experts(x), pm->n_expert) : "";
+    };
+    const std::string what = what_of(r), now = what_of(live.roles[i]);
     rows.push_back({{"name", peers[i].name},
-                    {"role", role_name(r.kind)},
+                    {"role", r.lane_of >= 0 ? "lane" : role_name(r.kind)},
                     {"what", what},
                     {"changes", r.kind != live.roles[i].kind || what != now}});
   }
@@ -200,6 +218,10 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
       r["experts"] = format_expert_spec(held_experts(live.roles[i]), pm->n_expert);
     if (live.roles[i].kind == RoleKind::kSpan)
       r["layers"] = fmt::format("{}-{}", live.roles[i].first, live.roles[i].last);
+    if (live.roles[i].lane_of >= 0) {
+      r["role"] = "lane";
+      r["lane_of"] = peers[static_cast<size_t>(live.roles[i].lane_of)].name;
+    }
     if (!(*live_peers)[i].addr.empty()) r["addr"] = (*live_peers)[i].addr;
     if ((*live_peers)[i].span_peer) r["span_peer"] = true;
     live_roles.push_back(std::move(r));
@@ -222,6 +244,10 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     if (r.kind == RoleKind::kExperts) x["experts"] = format_expert_spec(held_experts(r), pm->n_expert);
     if (!r.copies.empty()) x["copies"] = format_expert_spec(r.copies, pm->n_expert);
     if (r.kind == RoleKind::kSpan) x["layers"] = fmt::format("{}-{}", r.first, r.last);
+    if (r.lane_of >= 0) {
+      x["role"] = "lane";
+      x["lane_of"] = peers[static_cast<size_t>(r.lane_of)].name;
+    }
     if (!(*live_peers)[i].addr.empty()) x["addr"] = (*live_peers)[i].addr;
     if ((*live_peers)[i].span_peer) x["span_peer"] = true;
     plan_roles.push_back(std::move(x));
@@ -268,6 +294,10 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
                           ? std::max(1, static_cast<int>(std::lround(static_cast<double>(sched.batch_tokens) /
                                                                      static_cast<double>(sched.steps))))
                           : 1;
+  o.streams = sched.steps > 0 ? std::clamp(static_cast<int>(std::lround(static_cast<double>(sched.batch_sequences) /
+                                                                        static_cast<double>(sched.steps))),
+                                           1, o.tokens_per_step)
+                              : 1;
   if (remote != nullptr) {
     const Placement& pl = remote->placement();
     const std::vector<WorkerStatus> ws = remote->worker_status();
@@ -301,6 +331,7 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
   nlohmann::json j;
   j["peers"] = rows;
   j["tokens_per_step"] = o.tokens_per_step;
+  j["streams"] = o.streams;
   j["seconds_per_byte"] = kDefaultSecondsPerByte;
   const double measured = sched.steps > 0 ? 1e3 * sched.busy_seconds / static_cast<double>(sched.steps) : 0.0;
   j["measured_step_ms"] = measured;
@@ -319,7 +350,7 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
     // the workers, their state, memory, RTTs and experts, the tokens per step — and, while requests
     // run, for at most kReplanRefreshSeconds, in which only the activation counts move. An idle gateway's counts
     // stand still, so its re-plan is always of the counts it shows.
-    std::string key = fmt::format("{}|{}", static_cast<const void*>(model), o.tokens_per_step);
+    std::string key = fmt::format("{}|{}|{}", static_cast<const void*>(model), o.tokens_per_step, o.streams);
     for (const char* list : {"workers", "spans"}) {
       if (!status.contains(list) || !status[list].is_array()) continue;
       for (const auto& w : status[list]) {
@@ -342,7 +373,8 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
     const bool idle = sched.active == 0 && sched.queued == 0;
     if (key != last_key ||
         (counted != last_counted && (idle || now - last_at > std::chrono::duration<double>(kReplanRefreshSeconds)))) {
-      last = replan_json(*model, remote, status, heatmap != nullptr ? *heatmap : nlohmann::json(), o.tokens_per_step);
+      last = replan_json(*model, remote, status, heatmap != nullptr ? *heatmap : nlohmann::json(),
+                         ReplanLoad{o.tokens_per_step, o.streams});
       last_key = std::move(key);
       last_counted = counted;
       last_at = now;

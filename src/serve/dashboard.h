@@ -50,7 +50,13 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
 inline constexpr int kReplanContext = 4096;          // context priced: `moesh swarm plan`'s --n-ctx default
 inline constexpr double kReplanGain = 0.10;          // a re-plan is worth its moves from 10 % faster on
 inline constexpr double kReplanRefreshSeconds = 10;  // under load, new counts wait this long
+// What a step carries, as the scheduler measured it (averages over its steps): the rows the
+// planner prices (prompt chunks count) and the sequences, which span lanes split.
+struct ReplanLoad {
+  int tokens_per_step = 1;
+  int streams = 1;
+};
 nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, const nlohmann::json& status,
-                           const nlohmann::json& heatmap, int tokens_per_step, bool spans_allowed = true);
+                           const nlohmann::json& heatmap, ReplanLoad load, bool spans_allowed = true);
 
 }  // namespace moesh::serve

@@ -218,6 +218,7 @@ void Scheduler::Impl::step() {
     ++stats.steps;
     stats.batch_tokens += batch.size();
     stats.max_batch_seen = std::max<uint64_t>(stats.max_batch_seen, parts.size());
+    stats.batch_sequences += parts.size();
     stats.busy_seconds += dt;
     stats.split_steps = ctx->micro_batch_stats().steps_split;
   }

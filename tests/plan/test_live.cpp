@@ -89,6 +89,23 @@ TEST(LivePlan, SpanPeersBecomePeersWithTheirBlocks) {
   }
 }
 
+// A lane (/swarm/status state "lane"): a span peer with the span's blocks, marked as a lane.
+TEST(LivePlan, ALaneIsAPeerRunningItsSpansBlocks) {
+  nlohmann::json st{{"workers", nlohmann::json::array()}};
+  st["spans"] = {{{"layers", "1-2"}, {"label", "s1"}, {"state", "up"}, {"address", "127.0.0.1:9"}},
+                 {{"layers", "1-2"}, {"label", "s2"}, {"state", "lane"}, {"address", "127.0.0.1:10"}}};
+  auto peers = peers_from_status(st);
+  ASSERT_TRUE(peers.is_ok()) << peers.status().to_string();
+  ASSERT_EQ(peers->size(), 2u);
+  EXPECT_FALSE((*peers)[0].lane);
+  EXPECT_TRUE((*peers)[1].lane);
+  EXPECT_TRUE((*peers)[1].span_peer);
+  EXPECT_EQ((*peers)[1].first, 1);
+  EXPECT_EQ((*peers)[1].last, 2);
+  st["spans"][1]["layers"] = "x";
+  EXPECT_FALSE(peers_from_status(st).is_ok());
+}
+
 // A worker on the full model may be given blocks (loads_blocks): it is a span peer for the
 // planner, and when it runs a span (a re-plan gave it one) the span entry at its address is the
 // same peer with those blocks, not a second one; so is an idle span entry there.

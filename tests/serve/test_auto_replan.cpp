@@ -1,7 +1,11 @@
 // What the gateway's own re-plan carries out (serve/auto_replan.h decide_auto_replan): the span
 // list a plan worth its moves resplits to, and why any other plan is left alone.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+
+#include "moesh/make_model/make_model.h"
 #include "serve/auto_replan.h"
 #include "serve/dashboard.h"
 
@@ -141,6 +145,100 @@ TEST(AutoReplan, ExpertRolesThatChangeAreGiven) {
   EXPECT_EQ(d.spans, std::vector<std::string>{"0-1@here"});
   ASSERT_EQ(d.experts.size(), 1u);
   EXPECT_EQ(d.experts[0].peer, "A");
+}
+
+// Lanes (many streams): an idle span peer the plan makes a lane of a span is added as one (the
+// spans staying as they are); a live lane the plan drops is let go of; a lane given to a peer
+// that cannot load blocks leaves the plan alone.
+TEST(AutoReplan, LanesThePlanAddsOrDropsAreCarriedOut) {
+  json idle = role("C", "idle", "", "h:3");
+  idle["span_peer"] = true;
+  json lane = role("C", "span", "0-3", "h:3");
+  lane["role"] = "lane";
+  lane["lane_of"] = "A";
+  const json live = json::array({role("A", "span", "0-3", "h:1"), idle});
+  AutoReplanDecision d = decide_auto_replan(replan(live, json::array({role("A", "span", "0-3", "h:1"), lane})));
+  ASSERT_TRUE(d.apply) << d.why;
+  EXPECT_TRUE(d.spans.empty());
+  ASSERT_EQ(d.add_lanes.size(), 1u);
+  EXPECT_EQ(d.add_lanes[0].layers, "0-3");
+  EXPECT_EQ(d.add_lanes[0].addr, "h:3");
+  EXPECT_TRUE(d.drop_lanes.empty());
+  // Live already: nothing to do.
+  json live_lane = lane;
+  live_lane["span_peer"] = true;
+  d = decide_auto_replan(replan(json::array({role("A", "span", "0-3", "h:1"), live_lane}),
+                                json::array({role("A", "span", "0-3", "h:1"), lane})));
+  EXPECT_FALSE(d.apply);
+  // Dropped by the plan: let go of.
+  d = decide_auto_replan(replan(json::array({role("A", "span", "0-3", "h:1"), live_lane}),
+                                json::array({role("A", "span", "0-3", "h:1"), role("C", "idle", "", "h:3")})));
+  ASSERT_TRUE(d.apply) << d.why;
+  ASSERT_EQ(d.drop_lanes.size(), 1u);
+  EXPECT_EQ(d.drop_lanes[0].addr, "h:3");
+  EXPECT_TRUE(d.add_lanes.empty());
+  // A worker on an expert slice cannot be a lane.
+  d = decide_auto_replan(replan(json::array({role("A", "span", "0-3", "h:1"), role("C", "experts", "0-3:*", "h:3")}),
+                                json::array({role("A", "span", "0-3", "h:1"), lane})));
+  EXPECT_FALSE(d.apply);
+  EXPECT_NE(d.why.find("cannot load blocks"), std::string::npos) << d.why;
+}
+
+// The gateway's re-plan on a real model file: with many streams per step an idle span peer is
+// made a lane of the span (and the decision adds it); with one stream, or rows from long prompts
+// of one stream, none is.
+TEST(AutoReplan, ManyStreamsMakeAnIdleSpanPeerALane) {
+  const auto dir = std::filesystem::temp_directory_path() / ("moesh-replan-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "m.gguf").string();
+  MakeModelSpec spec = MakeModelSpec::defaults_for(MakeArch::kQwen3Moe);
+  spec.n_layer = 4;
+  spec.vocab = MakeVocab::kNone;
+  ASSERT_TRUE(make_model(spec, path).is_ok());
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const json span = {{"layers", "0-3"},
+                     {"label", "s0"},
+                     {"state", "up"},
+                     {"address", "h:1"},
+                     {"warmup_rtt_ms", 0.2},
+                     {"slab_bytes", 1 << 20},
+                     {"mem_available_bytes", 1ull << 30}};
+  const json idle = {{"layers", ""},
+                     {"label", "s1"},
+                     {"state", "idle"},
+                     {"address", "h:2"},
+                     {"warmup_rtt_ms", 0.2},
+                     {"slab_bytes", 0},
+                     {"mem_available_bytes", 1ull << 30}};
+  const json status = {{"workers", json::array()}, {"spans", json::array({span, idle})}};
+  const json many = replan_json(**model, nullptr, status, json(), ReplanLoad{8, 8});
+  ASSERT_FALSE(many.contains("error")) << many.dump();
+  bool lane = false;
+  for (const json& r : many["plan"]["roles"])
+    if (r.value("role", "") == "lane") lane = r.value("peer", "") == "s1" && r.value("lane_of", "") == "s0";
+  EXPECT_TRUE(lane) << many["plan"].dump();
+  EXPECT_NE(many["args"].get<std::string>().find("--streams 8 --tokens-per-step 8"), std::string::npos);
+  const AutoReplanDecision d = decide_auto_replan(many);
+  ASSERT_TRUE(d.apply) << d.why << " " << many.dump();
+  EXPECT_TRUE(d.spans.empty());
+  ASSERT_EQ(d.add_lanes.size(), 1u);
+  EXPECT_EQ(d.add_lanes[0].layers, "0-3");
+  EXPECT_EQ(d.add_lanes[0].addr, "h:2");
+  // Once it is a lane (/swarm/status "lane"), the live layout has it and nothing changes.
+  json with_lane = status;
+  with_lane["spans"][1]["state"] = "lane";
+  with_lane["spans"][1]["layers"] = "0-3";
+  const json again = replan_json(**model, nullptr, with_lane, json(), ReplanLoad{8, 8});
+  ASSERT_FALSE(again.contains("error")) << again.dump();
+  EXPECT_FALSE(decide_auto_replan(again).apply) << again.dump();
+  // One stream (8 rows of its prompt, or one row): no lane.
+  for (const ReplanLoad load : {ReplanLoad{8, 1}, ReplanLoad{1, 1}}) {
+    const json one = replan_json(**model, nullptr, status, json(), load);
+    ASSERT_FALSE(one.contains("error")) << one.dump();
+    for (const json& r : one["plan"]["roles"]) EXPECT_NE(r.value("role", ""), "lane") << one.dump();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A plan without spans gives their blocks back to the backbone: a resplit to spans here.

@@ -48,6 +48,7 @@ struct PlanCliArgs {
   double backbone_speed = 1;
   double message_us = kDefaultMessageSeconds * 1e6;
   int streams = 1, draft = 0;
+  int tokens_per_step = 0;  // --tokens-per-step (0: streams x (1 + draft))
   double accept = 0;
   std::string layout = "plan";
   std::string from;                 // a previous plan's JSON: print the moves to the new one
@@ -99,6 +100,9 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
   sub->add_option("--backbone-speed", a->backbone_speed, "Backbone compute relative to the measured cost");
   sub->add_option("--message-us", a->message_us, "Fixed cost of one message, microseconds (measured: PERFORMANCE.md)");
   sub->add_option("--streams", a->streams, "Sequences per step");
+  sub->add_option("--tokens-per-step", a->tokens_per_step,
+                  "Rows per step when not streams x (1 + draft): a gateway's measured average, prompt chunks "
+                  "included (its re-plan's args)");
   sub->add_option("--draft", a->draft, "Draft tokens per stream per step (speculative decoding)");
   sub->add_option("--accept", a->accept, "Chance each draft token is accepted, until the first rejection");
   sub->add_option("--layout", a->layout,
@@ -383,10 +387,17 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
   if (a.streams < 1 || a.draft < 0 || a.accept < 0 || a.accept > 1)
     return make_error(StatusCode::kInvalidArgument, "--streams >= 1, --draft >= 0, --accept in [0,1]");
   s.opts.tokens_per_step = a.streams * (1 + a.draft);
+  s.opts.streams = a.streams;
+  if (a.tokens_per_step > 0) {  // a gateway's measured average (its re-plan's args): prompt chunks count
+    if (a.tokens_per_step < a.streams)
+      return make_error(StatusCode::kInvalidArgument, "--tokens-per-step {} is below --streams {}", a.tokens_per_step,
+                        a.streams);
+    s.opts.tokens_per_step = a.tokens_per_step;
+  }
   // Expected tokens a stream keeps per step: 1 + sum_{i=1..d} accept^i.
   double kept = 1;
   for (int i = 1; i <= a.draft; ++i) kept += std::pow(a.accept, i);
-  s.opts.accepted_per_step = a.streams * kept;
+  s.opts.accepted_per_step = a.tokens_per_step > 0 ? a.tokens_per_step : a.streams * kept;
   return s;
 }
 

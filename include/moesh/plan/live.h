@@ -25,6 +25,7 @@ struct LivePeer {
   int first = -1, last = -1;  // a span peer: the blocks it runs now (first < 0: an expert worker, or idle)
   bool span_peer = false;     // a `moesh span` peer (running a span now or idle) or a worker on the full model:
                               // it can be given blocks
+  bool lane = false;          // first..last are a span it runs as a lane (beside the span's own peer)
 };
 
 // What a live worker may hold, from its INFO_REPLY figures: what it offers (`moesh worker

@@ -100,6 +100,7 @@ struct PlanOptions {
   uint64_t local_experts_bytes = 0;             // routed experts it may keep (--local-experts-mb)
   double backbone_speed = 1;
   int tokens_per_step = 1;       // rows per step: streams x (1 + draft tokens)
+  int streams = 0;               // sequences per step (0: tokens_per_step): what span lanes can split
   double accepted_per_step = 0;  // tokens a step yields (0: tokens_per_step)
   double message_s = 0;          // fixed cost of one message (framing, syscalls, wake-up)
   bool spans = true;             // span roles allowed

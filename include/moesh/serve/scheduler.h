@@ -159,6 +159,7 @@ struct SchedulerStats {
   uint64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
   uint64_t steps = 0, batch_tokens = 0;                  // forward passes and the tokens they carried
   uint64_t max_batch_seen = 0;                           // largest number of sequences in one step
+  uint64_t batch_sequences = 0;                          // sum over steps of the sequences in each
   uint64_t draft_tokens = 0, accepted_draft_tokens = 0;  // speculative decoding
   uint64_t split_steps = 0;                              // steps run as two micro-batches
   int active = 0, queued = 0, n_slots = 0;
