@@ -66,7 +66,32 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
     return d;
   }
   const nlohmann::json& live = replan["live"];
-  const nlohmann::json& plan = replan["plan"];
+  // A span and its lanes cost the same whichever of their peers is the span's own (the slowest
+  // holder's trip): where the live span's peer is one of the plan's lanes of it, it stays the
+  // span's peer and the plan's one becomes the lane, so the span does not move for nothing.
+  nlohmann::json plan = replan["plan"];
+  if (plan.contains("roles") && plan["roles"].is_array()) {
+    std::map<std::string, std::string> live_span_peer;  // layers -> peer
+    for (const auto& r : objects_of(live, "roles"))
+      if (str(r, "role") == "span") live_span_peer[str(r, "layers")] = str(r, "peer");
+    for (auto& r : plan["roles"]) {
+      if (!r.is_object() || str(r, "role") != "lane") continue;
+      auto it = live_span_peer.find(str(r, "layers"));
+      if (it == live_span_peer.end() || it->second != str(r, "peer")) continue;
+      const std::string own = str(r, "lane_of");
+      for (auto& o : plan["roles"]) {
+        if (!o.is_object() || str(o, "peer") != own || str(o, "role") != "span" || str(o, "layers") != str(r, "layers"))
+          continue;
+        o["role"] = "lane";
+        o["lane_of"] = str(r, "peer");
+        r["role"] = "span";
+        r.erase("lane_of");
+        for (auto& x : plan["roles"])  // its other lanes follow
+          if (x.is_object() && str(x, "role") == "lane" && str(x, "lane_of") == own) x["lane_of"] = str(r, "peer");
+        break;
+      }
+    }
+  }
   // The peers that can be given blocks, by name: span peers in use now or idle, and workers on the
   // full model (marked span_peer too); a worker on an expert slice runs none.
   std::map<std::string, std::string> span_peers;  // name -> addr

@@ -177,6 +177,16 @@ TEST(AutoReplan, LanesThePlanAddsOrDropsAreCarriedOut) {
   ASSERT_EQ(d.drop_lanes.size(), 1u);
   EXPECT_EQ(d.drop_lanes[0].addr, "h:3");
   EXPECT_TRUE(d.add_lanes.empty());
+  // The plan's span peer and lane the other way round from the live span: no move, a lane.
+  json c_span = role("C", "span", "0-3", "h:3");
+  json a_lane = role("A", "span", "0-3", "h:1");
+  a_lane["role"] = "lane";
+  a_lane["lane_of"] = "C";
+  d = decide_auto_replan(replan(live, json::array({a_lane, c_span})));
+  ASSERT_TRUE(d.apply) << d.why;
+  EXPECT_TRUE(d.spans.empty());
+  ASSERT_EQ(d.add_lanes.size(), 1u);
+  EXPECT_EQ(d.add_lanes[0].addr, "h:3");
   // A worker on an expert slice cannot be a lane.
   d = decide_auto_replan(replan(json::array({role("A", "span", "0-3", "h:1"), role("C", "experts", "0-3:*", "h:3")}),
                                 json::array({role("A", "span", "0-3", "h:1"), lane})));

@@ -1215,6 +1215,40 @@ if "$MOESH" swarm move "$BASE" --span-peer 127.0.0.1:1 --admin-key s3cret 2>"$TM
 fi
 grep -q "HTTP 502: .*127.0.0.1:1" "$TMP/add_span_bad.err" || fail "--span-peer error: $(cat "$TMP/add_span_bad.err")"
 ok "an unreachable span peer is refused, naming it"
+# Lanes from the gateway's own re-plan: one span peer runs 0-3, another (made known while serving)
+# is idle; with four streams per step the planner makes it a lane of 0-3 (each computing about half
+# of the rows), and the gateway adds it by itself (the peer loads the blocks). Same texts.
+start_span al0 0-3
+AL0=$SADDR
+start_span al1 1-1
+AL1=$SADDR
+start_server autolane -m "$SPAN_MODEL" --span "0-3@$AL0" --parallel 4 -c 4096 --threads 1 --admin-key s3cret \
+  --auto-replan 0.3
+"$MOESH" swarm move "$BASE" --span-peer "$AL1" --admin-key s3cret >/dev/null || fail "lanes auto: --span-peer"
+four_at_once() {  # label: PROMPTS[0..3] at once, 16 tokens each; the answers in $TMP/four.$i
+  local curls=()
+  for i in 0 1 2 3; do
+    curl -sS -H 'Content-Type: application/json' -o "$TMP/four.$i" \
+      -d "{\"prompt\":\"${PROMPTS[$i]}\",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true}" \
+      "$BASE/v1/completions" &
+    curls+=($!)
+  done
+  for p in "${curls[@]}"; do wait "$p" || fail "lanes auto: $1: a request failed"; done
+}
+# The load: one request of four choices (four sequences in every step).
+post /v1/completions "{\"prompt\":\"${PROMPTS[1]}\",\"max_tokens\":24,\"n\":4,\"temperature\":0,\"ignore_eos\":true}" >/dev/null
+expect_eq "$(status)" "200" "lanes auto: four choices on one span peer"
+wait_auto_replan "$TMP/autolane_status.json"
+expect_eq "$(js 'j.spans.filter(s => s.state == "lane").map(s => s.layers + "@" + s.address).join()' \
+  <"$TMP/autolane_status.json")" "0-3@$AL1" "lanes auto: the re-plan made the idle span peer a lane of 0-3"
+four_at_once "with the lane"
+expect_eq "$(js 'j.choices[0].text' <"$TMP/four.0")" "$want4_short" "lanes auto: greedy text 0 with the lane equals the local server's"
+for i in 1 2 3; do  # each alone, after: the same text as in the four at once
+  expect_eq "$(greedy "${PROMPTS[$i]}" 16)" "$(js 'j.choices[0].text' <"$TMP/four.$i")" "lanes auto: greedy text $i with the lane, alone and among four"
+done
+LR=$(curl -sS "$BASE/metrics" | sed -n 's/^moesh_span_lane_rows_total //p')
+[ "${LR:-0}" -gt 0 ] || fail "lanes auto: the lane computed nothing"
+ok "lanes auto: the lane computed $LR rows"
 # Role change: an expert worker on the full model becomes a span peer. The gateway runs blocks 0-3
 # as a span here and sends their experts to the worker (a trip per MoE layer); its re-plan gives
 # the worker the whole span (one trip a step), which it loads from its own file, and the gateway
