@@ -109,54 +109,29 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote, const SpanClient*
   j["last_refusal"] = "";
   j["spans"] = nlohmann::json::array();
   if (spans != nullptr) {
-    for (const SpanPeerView& v : spans->peers_view()) {
-      j["spans"].push_back({{"layers", fmt::format("{}-{}", v.span.first, v.span.last)},
-                            {"label", v.label},
-                            {"state", v.local ? "here" : "up"},
-                            {"chosen_here", v.chosen_here},
-                            {"address", v.address},
-                            {"warmup_rtt_ms", v.warmup_rtt_ms},
-                            {"min_trip_ms", v.min_trip_seconds * 1e3},
-                            {"trips", v.trips},
-                            {"slab_bytes", v.slab_bytes},
-                            {"mem_total_bytes", v.mem_total_bytes},
-                            {"mem_available_bytes", v.mem_available_bytes},
-                            {"offer_bytes", v.offer_bytes},
-                            {"replica_budget_bytes", v.replica_budget_bytes}});
-    }
+    // One entry per span peer: what it runs (state up, here, lane or idle) and its machine.
+    auto entry = [](const SpanPeerView& v, const char* state, bool runs) {
+      nlohmann::json e{{"layers", runs ? fmt::format("{}-{}", v.span.first, v.span.last) : std::string()},
+                       {"label", v.label},
+                       {"state", state},
+                       {"chosen_here", v.chosen_here},
+                       {"address", v.address},
+                       {"warmup_rtt_ms", v.warmup_rtt_ms},
+                       {"min_trip_ms", v.min_trip_seconds * 1e3},
+                       {"trips", v.trips},
+                       {"slab_bytes", v.slab_bytes},
+                       {"mem_total_bytes", v.mem_total_bytes},
+                       {"mem_available_bytes", v.mem_available_bytes},
+                       {"offer_bytes", v.offer_bytes},
+                       {"replica_budget_bytes", v.replica_budget_bytes}};
+      if (std::string(state) == "lane") e["sequences"] = v.sequences;
+      return e;
+    };
+    for (const SpanPeerView& v : spans->peers_view()) j["spans"].push_back(entry(v, v.local ? "here" : "up", true));
     // Lanes: more peers running a span's blocks, each for its share of the sequences.
-    for (const SpanPeerView& v : spans->lanes_view()) {
-      j["spans"].push_back({{"layers", fmt::format("{}-{}", v.span.first, v.span.last)},
-                            {"label", v.label},
-                            {"state", "lane"},
-                            {"chosen_here", false},
-                            {"address", v.address},
-                            {"warmup_rtt_ms", v.warmup_rtt_ms},
-                            {"min_trip_ms", v.min_trip_seconds * 1e3},
-                            {"trips", v.trips},
-                            {"sequences", v.sequences},
-                            {"slab_bytes", v.slab_bytes},
-                            {"mem_total_bytes", v.mem_total_bytes},
-                            {"mem_available_bytes", v.mem_available_bytes},
-                            {"offer_bytes", v.offer_bytes},
-                            {"replica_budget_bytes", v.replica_budget_bytes}});
-    }
+    for (const SpanPeerView& v : spans->lanes_view()) j["spans"].push_back(entry(v, "lane", true));
     // Span peers known but running none of these spans: what a re-plan may give blocks to.
-    for (const SpanPeerView& v : spans->idle_view()) {
-      j["spans"].push_back({{"layers", ""},
-                            {"label", v.label},
-                            {"state", "idle"},
-                            {"chosen_here", false},
-                            {"address", v.address},
-                            {"warmup_rtt_ms", v.warmup_rtt_ms},
-                            {"min_trip_ms", 0.0},
-                            {"trips", 0},
-                            {"slab_bytes", v.slab_bytes},
-                            {"mem_total_bytes", v.mem_total_bytes},
-                            {"mem_available_bytes", v.mem_available_bytes},
-                            {"offer_bytes", v.offer_bytes},
-                            {"replica_budget_bytes", v.replica_budget_bytes}});
-    }
+    for (const SpanPeerView& v : spans->idle_view()) j["spans"].push_back(entry(v, "idle", false));
   }
   if (remote == nullptr) return j;
   for (const WorkerStatus& w : remote->worker_status()) {

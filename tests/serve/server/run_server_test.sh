@@ -962,17 +962,20 @@ ok "lanes: span 1-1 runs on sb with a lane on sl"
   fail "lanes: the same lane twice was taken"
 grep -q "a lane of span 1-1 already" "$TMP/lane_twice.out" || fail "lanes: second --lane: $(cat "$TMP/lane_twice.out")"
 ok "lanes: the same lane twice is refused, named"
-lane_round() {  # label: the five prompts at once (two slots), equal to the local server's
+burst() {  # N label: PROMPTS[0..N-1] at once, 16 greedy tokens each; the answers in $TMP/burst.$i
   local curls=()
-  for i in "${!PROMPTS[@]}"; do
-    curl -sS -H 'Content-Type: application/json' -o "$TMP/lane.$i" \
+  for i in $(seq 0 $(($1 - 1))); do
+    curl -sS -H 'Content-Type: application/json' -o "$TMP/burst.$i" \
       -d "{\"prompt\":\"${PROMPTS[$i]}\",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true}" \
       "$BASE/v1/completions" &
     curls+=($!)
   done
-  for p in "${curls[@]}"; do wait "$p" || fail "lanes: $1: a request failed"; done
+  for p in "${curls[@]}"; do wait "$p" || fail "$2: a request failed"; done
+}
+lane_round() {  # label: the five prompts at once (two slots), equal to the local server's
+  burst "${#PROMPTS[@]}" "lanes: $1"
   for i in "${!PROMPTS[@]}"; do
-    expect_eq "$(js 'j.choices[0].text' <"$TMP/lane.$i")" "$(cat "$TMP/ref.$i")" "lanes: $1: greedy text $i equals the local server's"
+    expect_eq "$(js 'j.choices[0].text' <"$TMP/burst.$i")" "$(cat "$TMP/ref.$i")" "lanes: $1: greedy text $i equals the local server's"
   done
 }
 lane_round "sb and sl"
@@ -1225,26 +1228,16 @@ AL1=$SADDR
 start_server autolane -m "$SPAN_MODEL" --span "0-3@$AL0" --parallel 4 -c 4096 --threads 1 --admin-key s3cret \
   --auto-replan 0.3
 "$MOESH" swarm move "$BASE" --span-peer "$AL1" --admin-key s3cret >/dev/null || fail "lanes auto: --span-peer"
-four_at_once() {  # label: PROMPTS[0..3] at once, 16 tokens each; the answers in $TMP/four.$i
-  local curls=()
-  for i in 0 1 2 3; do
-    curl -sS -H 'Content-Type: application/json' -o "$TMP/four.$i" \
-      -d "{\"prompt\":\"${PROMPTS[$i]}\",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true}" \
-      "$BASE/v1/completions" &
-    curls+=($!)
-  done
-  for p in "${curls[@]}"; do wait "$p" || fail "lanes auto: $1: a request failed"; done
-}
 # The load: one request of four choices (four sequences in every step).
 post /v1/completions "{\"prompt\":\"${PROMPTS[1]}\",\"max_tokens\":24,\"n\":4,\"temperature\":0,\"ignore_eos\":true}" >/dev/null
 expect_eq "$(status)" "200" "lanes auto: four choices on one span peer"
 wait_auto_replan "$TMP/autolane_status.json"
 expect_eq "$(js 'j.spans.filter(s => s.state == "lane").map(s => s.layers + "@" + s.address).join()' \
   <"$TMP/autolane_status.json")" "0-3@$AL1" "lanes auto: the re-plan made the idle span peer a lane of 0-3"
-four_at_once "with the lane"
-expect_eq "$(js 'j.choices[0].text' <"$TMP/four.0")" "$want4_short" "lanes auto: greedy text 0 with the lane equals the local server's"
+burst 4 "lanes auto: with the lane"
+expect_eq "$(js 'j.choices[0].text' <"$TMP/burst.0")" "$want4_short" "lanes auto: greedy text 0 with the lane equals the local server's"
 for i in 1 2 3; do  # each alone, after: the same text as in the four at once
-  expect_eq "$(greedy "${PROMPTS[$i]}" 16)" "$(js 'j.choices[0].text' <"$TMP/four.$i")" "lanes auto: greedy text $i with the lane, alone and among four"
+  expect_eq "$(greedy "${PROMPTS[$i]}" 16)" "$(js 'j.choices[0].text' <"$TMP/burst.$i")" "lanes auto: greedy text $i with the lane, alone and among four"
 done
 LR=$(curl -sS "$BASE/metrics" | sed -n 's/^moesh_span_lane_rows_total //p')
 [ "${LR:-0}" -gt 0 ] || fail "lanes auto: the lane computed nothing"
