@@ -140,6 +140,40 @@ TEST(SpanLanes, LanesAreAddedAndLetGoOfWhileRunning) {
   EXPECT_EQ(spans->stats().lane_failures, 0u);
 }
 
+// The span's own peer dies: its part fails over (here: this process) while the lane goes on with
+// its sequences; a resplit that changes the span lets its lane go. The bits stay all-local.
+TEST(SpanLanes, TheRunnerFailsOverWhileItsLaneGoesOnAndAResplitLetsLanesGo) {
+  const std::string path = six_block_model();
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.is_ok());
+  const Model& m = **model;
+  auto a = spawn_span(path, "2-4");
+  auto b = spawn_span(path, "2-4");
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  SpanTarget t = target(2, 4, {a->get()});
+  t.lanes.push_back((*b)->address());
+  auto spans = connect_spans(m, {t});
+  ASSERT_NE(spans, nullptr);
+  Context ctx = make_ctx(m, spans);
+  Context local = make_ctx(m, nullptr);
+  ASSERT_NO_FATAL_FAILURE(prompt_both(ctx, local, 0, {1, 2, 3}));  // the runner
+  ASSERT_NO_FATAL_FAILURE(prompt_both(ctx, local, 1, {4, 5, 6}));  // the lane
+  ASSERT_NO_FATAL_FAILURE(batch_step(ctx, local, {0, 1}, 10, 0));
+  (*a)->kill_now();
+  for (int i = 1; i < 4; ++i) ASSERT_NO_FATAL_FAILURE(batch_step(ctx, local, {0, 1}, 10 + i, i));
+  SpanStats st = spans->stats();
+  EXPECT_EQ(st.failovers, 1u);
+  EXPECT_EQ(st.local_steps, 3u);  // the runner's part here
+  EXPECT_EQ(st.lane_failures, 0u);
+  EXPECT_EQ(st.lane_rows, 3u + 4u);  // sequence 1 throughout
+  ASSERT_EQ(spans->lanes_view().size(), 1u);
+  EXPECT_NE(spans->where(0).find("2-4 here + lane"), std::string::npos) << spans->where(0);
+  // New edges: the lane of 2-4 is let go (it ran the old blocks); the bits stay.
+  ASSERT_TRUE(spans->resplit({{{2, 3}, "here"}, {{4, 4}, "here"}}).is_ok());
+  EXPECT_TRUE(spans->lanes_view().empty());
+  for (int i = 4; i < 6; ++i) ASSERT_NO_FATAL_FAILURE(batch_step(ctx, local, {0, 1}, 10 + i, i));
+}
+
 TEST(SpanLanes, ALaneNeedsItsSpan) {
   auto lane = parse_span_lane("2-4@127.0.0.1:7001");
   ASSERT_TRUE(lane.is_ok()) << lane.status().to_string();
