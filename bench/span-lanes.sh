@@ -22,6 +22,13 @@ for r in $(seq 1 "$R"); do
   "$M" bench "${common[@]}" > "$T/one.$r.txt" 2> "$T/one.$r.err"
   "$M" bench "${common[@]}" --span-lane 0-7@127.0.0.1:7312 > "$T/lane.$r.txt" 2> "$T/lane.$r.err"
 done
+# The planner's prediction for the same setup (its cost per byte measured here, 1 thread): the
+# step with the lane and without (--no-lanes).
+for nl in "" --no-lanes; do
+  "$M" swarm plan -m "$T/m.gguf" --calibrate --calibrate-threads 1 --streams "$S" --backbone-mem 64MiB \
+    --peer a:mem=4GiB,rtt=$((2 * D))ms --peer b:mem=4GiB,rtt=$((2 * D))ms --no-standby $nl 2>/dev/null |
+    sed -n 's/^predicted: \([0-9.]*\) ms per step.*/\1/p' >> "$T/planned"
+done
 python3 - "$T" "$R" "$D" "$S" "$N" <<'PY'
 import json, sys, statistics
 t, R, D, S, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -39,4 +46,8 @@ print(f"rtt {2*D} ms, {S} streams x {N} tokens, {R} alternated rounds (tokens/s 
 print(f"  one span peer:        {min(one):7.2f}-{max(one):7.2f} (median {statistics.median(one):.2f})")
 print(f"  span + one lane:      {min(lane):7.2f}-{max(lane):7.2f} (median {statistics.median(lane):.2f})")
 print(f"  lane / one: {statistics.median(lane)/statistics.median(one):.2f}x")
+planned = [float(x) for x in open(f"{t}/planned").read().split()]
+ml, mo = S / statistics.median(lane) * 1e3, S / statistics.median(one) * 1e3
+print(f"  step, measured (medians): {ml:.1f} ms with the lane, {mo:.1f} ms without; "
+      f"planned: {planned[0]:.1f} / {planned[1]:.1f} ms ({planned[1]/planned[0]:.2f}x)")
 PY

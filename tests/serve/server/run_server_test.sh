@@ -817,7 +817,7 @@ case "$JOIN_CMD" in
   "moesh worker -m $MODEL --experts '"*"' --join $JADDR --name j3") ok "swarm plan --from: a new expert peer's move joins it live" ;;
   *) fail "swarm plan --from: the join command is '$JOIN_CMD'" ;;
 esac
-eval "\"\$MOESH\" ${JOIN_CMD#moesh } -t 1" >"$TMP/j3.log" 2>"$TMP/j3.log.err" &
+eval "exec \"\$MOESH\" ${JOIN_CMD#moesh } -t 1" >"$TMP/j3.log" 2>"$TMP/j3.log.err" &
 PIDS+=("$!")
 wait_worker_up j3
 expect_eq "$("$MOESH" swarm status "$BASE" --json | js 'j.workers.map(w => w.name).sort().join(",")')" "j1,j2,j3" \
