@@ -545,7 +545,8 @@ function drawAuto(a) {
   el('auto_replan').hidden = !a;
   if (!a) return;
   el('auto_replan_text').textContent = 'every ' + a.every_s + ' s: ' + a.applied + ' carried out, ' + a.failed +
-    ' failed' + (a.last ? ' (last: ' + a.last.from + ' -> ' + a.last.to + ')' : '') + ' — ' + (a.last_why || 'no check yet');
+    ' failed' + (a.last ? ' (last: ' + a.last.from + ' -> ' + a.last.to + (a.last.lanes ? '; ' + a.last.lanes : '') +
+    (a.last.experts ? '; experts to ' + a.last.experts : '') + ')' : '') + ' — ' + (a.last_why || 'no check yet');
   document.body.dataset.autoReplans = a.applied;
 }
 function drawHeat(h) {

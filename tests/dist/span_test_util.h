@@ -30,7 +30,9 @@ inline std::string six_block_model() {
 
 inline Result<std::unique_ptr<WorkerProcess>> spawn_span(const std::string& model, const std::string& layers,
                                                          std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {"span", "-m", model, "--layers", layers, "-t", "1"};
+  // layers "": no --layers (a peer that runs the blocks a backbone gives it).
+  std::vector<std::string> args = {"span", "-m", model, "-t", "1"};
+  if (!layers.empty()) args.insert(args.begin() + 3, {"--layers", layers});
   if (std::find(extra.begin(), extra.end(), "--listen") == extra.end())
     extra.insert(extra.end(), {"--listen", "127.0.0.1:0"});
   args.insert(args.end(), extra.begin(), extra.end());

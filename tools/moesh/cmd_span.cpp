@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -85,15 +86,24 @@ int run_span(const SpanArgs& a) {
   };
   if (!a.swarm.spans.empty())
     return fail(make_error(StatusCode::kInvalidArgument, "a span peer does not itself use --span"));
-  auto span = parse_layer_span(a.layers);
-  if (!span) return fail(span.status().with_context("--layers"));
+  // No --layers: a peer that runs no blocks until a gateway gives it some (a span, a lane; with
+  // --replica-dir also experts): one process whose role the gateway's re-plan chooses.
+  std::optional<LayerSpan> span;
+  if (!a.layers.empty()) {
+    auto sp = parse_layer_span(a.layers);
+    if (!sp) return fail(sp.status().with_context("--layers"));
+    span = *sp;
+  } else if (a.model.empty()) {
+    return fail(make_error(StatusCode::kInvalidArgument,
+                           "--fetch needs --layers (the first blocks to fetch); without --layers give -m FULL_MODEL"));
+  }
   auto where = parse_listen_address(a.listen);
   if (!where) return fail(make_error(StatusCode::kInvalidArgument, "--listen '{}' is not HOST:PORT", a.listen));
   if (a.model.empty() == a.fetch.empty())
     return fail(make_error(StatusCode::kInvalidArgument, "give exactly one of -m MODEL and --fetch GATEWAY"));
   std::string model_path = a.model;
   if (!a.fetch.empty()) {
-    auto got = fetch_span_slice(a, *span);
+    auto got = fetch_span_slice(a, *span);  // span is set: checked above
     if (!got) return fail(got.status().with_context("--fetch"));
     model_path = *got;
   }
@@ -101,15 +111,23 @@ int run_span(const SpanArgs& a) {
   if (!model) return 1;
   std::shared_ptr<RemoteExecutor> remote;
   if (!open_remote_or_report(*model, a.swarm, "span", &remote)) return 1;
+  if (!span && !swarm::slice_kind(model->file()).empty())
+    return fail(make_error(StatusCode::kInvalidArgument,
+                           "{} is a slice: a peer without --layers loads the blocks it is given from a full model",
+                           model_path));
   swarm::SpanHostOptions ho;
-  ho.span = *span;
+  ho.span = span.value_or(LayerSpan{0, 0});
   ho.n_threads = a.threads;
   ho.n_ctx = a.ctx;
   ho.executor = remote;
   if (a.max_seqs < 1) return fail(make_error(StatusCode::kInvalidArgument, "--max-seqs must be >= 1"));
   ho.max_seqs = static_cast<size_t>(a.max_seqs);
-  auto host = swarm::SpanHost::create(*model, ho);
-  if (!host) return fail(host.status());
+  std::shared_ptr<swarm::SpanHost> first;
+  if (span) {
+    auto host = swarm::SpanHost::create(*model, ho);
+    if (!host) return fail(host.status());
+    first = std::move(*host);
+  }
   auto own_id = swarm::model_identity(model->file());
   if (!own_id) return fail(own_id.status());
   // Other blocks on a backbone's word (SPAN_HOLD; docs/span.md#loading-blocks): from the model
@@ -136,7 +154,7 @@ int run_span(const SpanArgs& a) {
       return std::shared_ptr<swarm::SpanHost>(std::move(h));
     };
   }
-  auto hosts = std::make_shared<swarm::SpanHosts>(std::shared_ptr<swarm::SpanHost>(std::move(*host)), loader);
+  auto hosts = std::make_shared<swarm::SpanHosts>(std::move(first), loader);
 
   // The span's routed experts, served to backbones as an expert worker as well.
   auto file = gguf::File::open(model_path);
@@ -145,7 +163,7 @@ int run_span(const SpanArgs& a) {
   if (!shape) return fail(shape.status());
   std::vector<wire::ExpertRange> ranges;
   for (uint32_t l : shape->moe_layers) {
-    if (static_cast<int>(l) >= span->first && static_cast<int>(l) <= span->last)
+    if (span && static_cast<int>(l) >= span->first && static_cast<int>(l) <= span->last)
       ranges.push_back({l, 0, shape->n_expert});
   }
   // Dense blocks only (a model's leading dense layers): a peer that serves no experts.
@@ -159,7 +177,7 @@ int run_span(const SpanArgs& a) {
   o.n_threads = a.threads;
   o.congestion = a.swarm.congestion;
   o.poll_us = a.swarm.poll_us;
-  o.name = a.name.empty() ? fmt::format("span-{}-{}", span->first, span->last) : a.name;
+  o.name = !a.name.empty() ? a.name : span ? fmt::format("span-{}-{}", span->first, span->last) : "span-peer";
   if (!a.swarm.swarm_key.empty()) {
     auto key = net::SwarmKey::load(a.swarm.swarm_key);
     if (!key) return fail(key.status());
@@ -196,8 +214,12 @@ int run_span(const SpanArgs& a) {
     std::fprintf(stderr, "moesh span: warning: %s\n", w.c_str());
   }
   std::printf("model %s (id %s)\n", model_path.c_str(), (*store)->identity().hex().c_str());
-  std::printf("span: blocks %d-%d of %lld\n", span->first, span->last,
-              static_cast<long long>(model->hparams().n_layer));
+  if (span)
+    std::printf("span: blocks %d-%d of %lld\n", span->first, span->last,
+                static_cast<long long>(model->hparams().n_layer));
+  else
+    std::printf("span: none yet (runs the blocks a gateway gives it, of %lld)\n",
+                static_cast<long long>(model->hparams().n_layer));
   std::printf("held experts: %llu (%s)\n", static_cast<unsigned long long>((*store)->held().n_pairs()),
               (*store)->held().to_string().c_str());
   std::printf("name: %s\n", (*worker)->name().c_str());
@@ -246,7 +268,7 @@ int run_span(const SpanArgs& a) {
   if (offer.joinable()) offer.join();
   g_span_worker = nullptr;
   if (offer_failed) return 1;
-  std::shared_ptr<swarm::SpanHost> first_host = hosts->find(*span);
+  std::shared_ptr<swarm::SpanHost> first_host = span ? hosts->find(*span) : nullptr;
   swarm::SpanHostStats none;
   const swarm::SpanHostStats& hs = first_host ? first_host->stats() : none;
   std::printf(
@@ -283,7 +305,10 @@ const CommandRegistrar kRegisterSpan{Command{
       sub->add_option("--slice-dir", a->slice_dir,
                       "Where --fetch keeps the slice (default $TMPDIR, else /var/tmp): span-FIRST-LAST.gguf");
       add_memory_flags(sub, &a->memory);
-      sub->add_option("--layers", a->layers, "Blocks to run: FIRST-LAST (e.g. 12-23)")->required();
+      sub->add_option("--layers", a->layers,
+                      "Blocks to run: FIRST-LAST (e.g. 12-23); none (with -m on the full model): no blocks until a "
+                      "gateway gives it some (a span, a lane; with --replica-dir also experts), so its re-plan "
+                      "chooses this peer's role");
       sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)")->capture_default_str();
       sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");
       sub->add_option("--name", a->name, "Name announced in the handshake (default span-FIRST-LAST)");
