@@ -537,6 +537,18 @@ Status SpanClient::move(const LayerSpan& sp, const std::string& to) {
     return make_error(StatusCode::kNotFound, "no span {}-{} (the spans are {})", sp.first, sp.last, have);
   }
   const bool here = to == "here";
+  if (!here) {
+    // A lane of this span already runs these blocks for its own sequences: let it go first.
+    auto addr = parse_worker_address(to);
+    std::lock_guard<std::mutex> vl(view_mu_);
+    for (const auto& l : runners_[static_cast<size_t>(k)]->lanes) {
+      if (addr && l->view.address == addr->to_string()) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "{} is a lane of span {}-{}: let the lane go first (drop_lane, swarm move --drop-lane)", to,
+                          sp.first, sp.last);
+      }
+    }
+  }
   // The new runner, made before the step lock: dialling may take a round trip or a timeout.
   MOESH_ASSIGN_OR_RETURN(NewRunner nr, dial(sp, to));
   std::unique_ptr<WorkerLink> link = std::move(nr.link);

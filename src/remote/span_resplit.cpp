@@ -139,6 +139,12 @@ Status SpanClient::add_idle(const std::string& address) {
         return make_error(StatusCode::kInvalidArgument, "{} runs span {}-{} of this backbone now", address,
                           r->view.span.first, r->view.span.last);
       }
+      for (const auto& l : r->lanes) {
+        if (l->view.address == addr.to_string()) {
+          return make_error(StatusCode::kInvalidArgument, "{} is a lane of span {}-{} of this backbone now", address,
+                            r->view.span.first, r->view.span.last);
+        }
+      }
     }
   }
   MOESH_ASSIGN_OR_RETURN(wire::Hello hello, span_hello(model_, opts_.name));

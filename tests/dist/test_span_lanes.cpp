@@ -116,6 +116,8 @@ TEST(SpanLanes, LanesAreAddedAndLetGoOfWhileRunning) {
   const std::string lane = (*c)->address().to_string();
   ASSERT_TRUE(spans->add_lane({1, 3}, lane).is_ok());
   EXPECT_EQ(spans->add_lane({1, 3}, lane).code(), StatusCode::kInvalidArgument);  // a lane already
+  EXPECT_EQ(spans->move({1, 3}, lane).code(), StatusCode::kInvalidArgument);      // the span onto its lane
+  EXPECT_EQ(spans->add_idle(lane).code(), StatusCode::kInvalidArgument);          // busy, not idle
   EXPECT_EQ(spans->stats().lanes_added, 1u);
   EXPECT_EQ(spans->stats().loads, 1u);
   // The running sequences stay on the runner; the next two new ones go to the lane (fewest).
