@@ -828,14 +828,24 @@ Status add_span_lanes(const PlanModel& m, const std::vector<PlanPeer>& peers, co
     SwarmPlan best;
     bool found = false;
     const double bar = plan->step_s * (1 - kLoadReplicaGain);
-    for (size_t p = 0; p < peers.size(); ++p) {
-      if (plan->roles[p].kind != RoleKind::kIdle) continue;
-      for (size_t h = 0; h < peers.size(); ++h) {
-        const PeerRole& hr = plan->roles[h];
-        if (hr.kind != RoleKind::kSpan || hr.lane_of >= 0) continue;
-        uint64_t bytes = 0;
-        for (int l = hr.first; l <= hr.last; ++l) bytes += layer_bytes(m, l);
+    // Per span, the idle peers that fit it, nearest (then fastest) first; the first few are
+    // priced (at simulate's scale hundreds of idle peers would be priced over and over).
+    constexpr size_t kLaneCandidates = 4;
+    std::vector<size_t> idle;
+    for (size_t p = 0; p < peers.size(); ++p)
+      if (plan->roles[p].kind == RoleKind::kIdle) idle.push_back(p);
+    std::stable_sort(idle.begin(), idle.end(), [&](size_t a, size_t b) {
+      return peers[a].rtt_s != peers[b].rtt_s ? peers[a].rtt_s < peers[b].rtt_s : peers[a].speed > peers[b].speed;
+    });
+    for (size_t h = 0; h < peers.size(); ++h) {
+      const PeerRole& hr = plan->roles[h];
+      if (hr.kind != RoleKind::kSpan || hr.lane_of >= 0) continue;
+      uint64_t bytes = 0;
+      for (int l = hr.first; l <= hr.last; ++l) bytes += layer_bytes(m, l);
+      size_t priced = 0;
+      for (size_t p : idle) {
         if (bytes > peers[p].memory_bytes) continue;
+        if (priced++ == kLaneCandidates) break;
         SwarmPlan trial = *plan;
         PeerRole& lr = trial.roles[p];
         lr = PeerRole{};
