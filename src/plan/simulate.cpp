@@ -34,6 +34,13 @@ class Sim {
     runner_.resize(P);
     for (size_t i = 0; i < P; ++i) runner_[i] = static_cast<int>(i);
     standby_.assign(P, {});
+    lanes_.assign(P, {});
+    lane_dead_.assign(P, false);
+    for (size_t i = 0; i < P; ++i) {
+      const int h = plan.roles[i].lane_of;
+      if (plan.roles[i].kind == RoleKind::kSpan && h >= 0 && static_cast<size_t>(h) < P)
+        lanes_[static_cast<size_t>(h)].push_back(static_cast<int>(i));
+    }
     for (const Standby& sb : plan.standbys)
       if (sb.primary >= 0 && static_cast<size_t>(sb.primary) < P)
         standby_[static_cast<size_t>(sb.primary)].push_back(sb.peer);
@@ -166,20 +173,84 @@ class Sim {
   // else to the backbone.
   void run_span(int p, int first, int last, std::function<void()> done) {
     const int T = tokens_per_step();
+    // Lanes (PeerRole::lane_of) that are up share the step's streams with the span's runner, as
+    // the runtime spreads them (the fewest first: whole streams, as even as they go); every part
+    // is in flight at once and the step goes on when the last answers.
+    std::vector<int> lanes;
+    for (int l : lanes_[static_cast<size_t>(p)])
+      if (!lane_dead_[static_cast<size_t>(l)]) lanes.push_back(l);
+    const int n = std::min(1 + static_cast<int>(lanes.size()), so_.streams);
+    if (n > 1) {
+      auto left = std::make_shared<int>(n);
+      auto join = std::make_shared<std::function<void()>>([left, done = std::move(done)] {
+        if (--*left == 0) done();
+      });
+      for (int i = 0; i < n; ++i) {
+        const int share = (so_.streams / n + (i < so_.streams % n ? 1 : 0)) * (1 + so_.draft);
+        if (i > 0) {
+          lane_trip(p, lanes[static_cast<size_t>(i - 1)], first, last, share, join);
+        } else if (span_here_[static_cast<size_t>(p)]) {
+          backbone_compute(span_compute_s(first, last, share) / po_.backbone_speed, [join] { (*join)(); });
+        } else {
+          span_trip(p, first, last, share, join, share);
+        }
+      }
+      return;
+    }
     if (span_here_[static_cast<size_t>(p)]) {
       backbone_compute(span_compute_s(first, last, T) / po_.backbone_speed, std::move(done));
       return;
     }
-    span_trip(p, first, last, T, std::make_shared<std::function<void()>>(std::move(done)));
+    span_trip(p, first, last, T, std::make_shared<std::function<void()>>(std::move(done)), T);
   }
 
-  void span_trip(int p, int first, int last, int rows, std::shared_ptr<std::function<void()>> finish) {
+  // One lane's part of span p's step (`rows` new rows) to lane peer q. Lanes' trips are in flight
+  // with the runner's, so they add no network wait to the step's count. A reply lost for the
+  // timeout drops the lane for good: its part goes to the span's runner (its streams' rows so far
+  // replayed there first), as the runtime does.
+  void lane_trip(int p, int q, int first, int last, int rows, std::shared_ptr<std::function<void()>> finish) {
+    auto replied = std::make_shared<bool>(false);
+    const uint64_t bytes = static_cast<uint64_t>(rows) * m_.hidden_bytes + kHeaderBytes;
+    const double fail = fail_at_[static_cast<size_t>(q)];
+    const double speed = peers_[static_cast<size_t>(q)].speed;
+    send(q, true, bytes, [=, this] {
+      if (now_ >= fail) return;  // lost
+      const double dur = span_compute_s(first, last, rows) / speed;
+      res_.peer_busy_s[static_cast<size_t>(q)] += dur;
+      serve(&peer_cpu_[static_cast<size_t>(q)], dur, [=, this](double end) {
+        if (end >= fail) return;
+        send(q, false, bytes, [=, this] {
+          if (*replied) return;
+          *replied = true;
+          (*finish)();
+        });
+      });
+    });
+    at(now_ + so_.timeout_s, [=, this] {
+      if (*replied) return;
+      *replied = true;
+      lane_dead_[static_cast<size_t>(q)] = true;
+      res_.failovers++;
+      const int T = tokens_per_step();
+      const int replay = static_cast<int>(rows_ * rows / std::max(T, 1));
+      res_.replayed_rows += replay;
+      if (span_here_[static_cast<size_t>(p)]) {
+        backbone_compute(span_compute_s(first, last, replay + rows) / po_.backbone_speed, *finish);
+      } else {
+        span_trip(p, first, last, replay + rows, finish, rows);
+      }
+    });
+  }
+
+  // `rows` sent (replays included), `out_rows` of them new: the rows that come back, and the
+  // share of the span's history a failover replays.
+  void span_trip(int p, int first, int last, int rows, std::shared_ptr<std::function<void()>> finish, int out_rows) {
     const int T = tokens_per_step();
     const int q = runner_[static_cast<size_t>(p)];
     trips_++;
     auto replied = std::make_shared<bool>(false);
     const uint64_t bytes = static_cast<uint64_t>(rows) * m_.hidden_bytes + kHeaderBytes;
-    const uint64_t back = static_cast<uint64_t>(T) * m_.hidden_bytes + kHeaderBytes;
+    const uint64_t back = static_cast<uint64_t>(out_rows) * m_.hidden_bytes + kHeaderBytes;
     const double fail = fail_at_[static_cast<size_t>(q)];
     const double speed = peers_[static_cast<size_t>(q)].speed;
     send(q, true, bytes, [=, this] {
@@ -199,19 +270,20 @@ class Sim {
       if (*replied) return;
       *replied = true;
       res_.failovers++;
-      res_.replayed_rows += rows_;
+      const int64_t history = rows_ * out_rows / std::max(T, 1);  // this part's streams' rows so far
+      res_.replayed_rows += history;
       // The next standby in the order named that is up (one that failed before is past its
       // fail time, so a failed standby hands on to the one after it).
       for (const int sb : standby_[static_cast<size_t>(p)]) {
         if (sb == q || now_ >= fail_at_[static_cast<size_t>(sb)]) continue;
         runner_[static_cast<size_t>(p)] = sb;
         trips_--;  // the step's trip is the one to the standby
-        span_trip(p, first, last, static_cast<int>(rows_) + T, finish);
+        span_trip(p, first, last, static_cast<int>(history) + out_rows, finish, out_rows);
         return;
       }
       // Fail over to the backbone: replay every row this span was sent, then this step.
       span_here_[static_cast<size_t>(p)] = true;
-      backbone_compute(span_compute_s(first, last, static_cast<int>(rows_) + T) / po_.backbone_speed, *finish);
+      backbone_compute(span_compute_s(first, last, static_cast<int>(history) + out_rows) / po_.backbone_speed, *finish);
     });
   }
 
@@ -408,6 +480,8 @@ class Sim {
   double now_ = 0, bb_cpu_ = 0, step_start_ = 0, end_ = 0;
   std::vector<double> peer_cpu_, up_busy_, down_busy_, up_last_, down_last_, fail_at_;
   std::vector<bool> known_dead_, span_here_;
+  std::vector<std::vector<int>> lanes_;    // per span peer: its lanes (PeerRole::lane_of)
+  std::vector<bool> lane_dead_;            // a lane whose reply was lost: dropped for good
   std::vector<int> runner_;                // per span peer: who runs its span now (itself, or its standby)
   std::vector<std::vector<int>> standby_;  // per span or expert peer: its standbys or replicas, in order
   std::vector<std::vector<int>> owner_;

@@ -582,10 +582,10 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
         for (size_t i = 0; i < plan->roles.size(); ++i)
           if (plan->roles[i].kind == RoleKind::kSpan && plan->roles[i].lane_of == h)
             holders_of.push_back(static_cast<int>(i));
-        // (By whole sequences: no more holders share the rows than there are streams.)
+        // By whole streams, as the runtime places them: the busiest holder has ceil(S / n) of them.
         const int S = o.streams > 0 ? std::min(o.streams, T) : T;
-        const double share =
-            static_cast<double>(T) / static_cast<double>(std::min<size_t>(holders_of.size(), static_cast<size_t>(S)));
+        const int n = static_cast<int>(std::min<size_t>(holders_of.size(), static_cast<size_t>(S)));
+        const double share = static_cast<double>((S + n - 1) / n) * static_cast<double>(T) / static_cast<double>(S);
         c = 0;
         for (int x : holders_of)
           c = std::max(c, span_cost_rows(m, o, peers[static_cast<size_t>(x)], r.first, r.last, share));

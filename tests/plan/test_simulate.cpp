@@ -132,6 +132,50 @@ TEST(Simulate, AFailedSpanPeerIsReplayedOnTheBackbone) {
   EXPECT_GT(r->step_p99_s, 0.5);      // the step that waited for the timeout
 }
 
+// Span lanes (add_span_lanes): with 8 streams a span of every layer on p0 and its lane on p1 each
+// take 4 streams in flight at once — the step equals the planner's price exactly, one wait per
+// step. A lane that stops answering is dropped after the timeout: its streams' rows so far are
+// replayed on the span's peer, which then takes every stream.
+TEST(Simulate, LanesShareTheStreamsAsThePlannerPricesThem) {
+  const PlanModel m = model(4);
+  std::vector<PlanPeer> peers = four(0.02);
+  peers.resize(2);
+  PlanOptions po;
+  po.message_s = 1e-4;
+  po.tokens_per_step = 8;
+  po.backbone_memory_bytes = 8 * kSimMiB;  // the globals only: the layers go to a span
+  auto plan = plan_swarm(m, peers, po);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_TRUE(add_span_lanes(m, peers, po, &*plan).is_ok());
+  int lanes = 0;
+  for (const PeerRole& r : plan->roles) lanes += r.lane_of >= 0;
+  ASSERT_EQ(lanes, 1) << render_plan(m, peers, *plan);
+  SimOptions so;
+  so.steps = 10;
+  so.streams = 8;
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->tokens, 80);
+  EXPECT_DOUBLE_EQ(r->trips_per_step, 1.0);
+  EXPECT_EQ(r->messages, 10 * 2 * 2);  // both holders, there and back
+  EXPECT_NEAR(r->step_mean_s, plan->step_s, 1e-9);
+  EXPECT_NEAR(r->peer_busy_s[0], r->peer_busy_s[1], 1e-12);  // 4 streams each
+  // The lane fails at 0.3 s (a 0.5 s timeout): its 4 streams go to the span's peer.
+  const int lane = plan->roles[0].lane_of >= 0 ? 0 : 1;
+  so.steps = 20;
+  so.prompt_rows = 16;
+  so.timeout_s = 0.5;
+  so.failures = {{lane, 0.3}};
+  r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->steps, 20);
+  EXPECT_EQ(r->tokens, 160);
+  EXPECT_EQ(r->failovers, 1);
+  EXPECT_GE(r->replayed_rows, 4 * 16);  // its streams' prompts at least
+  EXPECT_GT(r->step_p99_s, 0.5);        // the step that waited for the timeout
+  EXPECT_GT(r->peer_busy_s[static_cast<size_t>(1 - lane)], r->peer_busy_s[static_cast<size_t>(lane)]);
+}
+
 // With a standby in the plan (add_standbys), the failed span goes to it, not to the
 // backbone: the rows it was sent are replayed there, the later steps cost what the planner priced
 // for the failover, and the backbone computes none of the span.

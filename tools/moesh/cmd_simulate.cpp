@@ -28,6 +28,10 @@ int run_simulate(const SimArgs& a) {
   if (setup->peers.empty()) return fail(make_error(StatusCode::kInvalidArgument, "no peers (--peer or --peers N)"));
   auto plan = plan_for_layout(*setup, a.plan.layout);
   if (!plan) return fail(plan.status());
+  if (a.plan.layout == "plan" && !a.plan.no_lanes) {  // lanes for many streams, as swarm plan adds them
+    Status ln = add_span_lanes(setup->model, setup->plan_peers, setup->opts, &*plan);
+    if (!ln.is_ok()) return fail(ln);
+  }
   if (!a.plan.no_standby) {  // a failed span goes to its standby, as the runtime does
     Status sb = add_standbys(setup->model, setup->plan_peers, setup->opts, &*plan);
     if (!sb.is_ok()) return fail(sb);

@@ -202,10 +202,11 @@ Status add_load_replicas(const PlanModel& m, const std::vector<PlanPeer>& peers,
                          int max_copies = 64);
 // Span lanes (throughput for many streams), from the peers the plan leaves idle: a span whose
 // peer's compute of T rows is a large part of the step gets another peer running the same layers
-// at the same time; the runtime gives each sequence to the lane with the fewest, so each of a
-// span's n holders computes T / n rows and the span costs the slowest holder's trip (a span with
-// lanes is not chained). One at a time, the lane that lowers the predicted step most (by at least
-// 0.5 %), while idle peers that fit a span's layers are left. Nothing for one token per step.
+// at the same time; the runtime gives each sequence to the holder with the fewest, so each of a
+// span's n holders computes its streams' rows (the busiest ceil(S / n) of the S streams) and the
+// span costs the slowest holder's trip (a span with lanes is not chained). One at a time, the lane
+// that lowers the predicted step most (by at least 0.5 %), while idle peers that fit a span's
+// layers are left (the nearest four per span are priced). Nothing for one stream per step.
 Status add_span_lanes(const PlanModel& m, const std::vector<PlanPeer>& peers, const PlanOptions& o, SwarmPlan* plan,
                       int max_lanes = 16);
 // What a peer's role holds: its experts and its copies, merged into ranges per layer.
