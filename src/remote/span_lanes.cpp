@@ -16,7 +16,6 @@ namespace moesh {
 
 Status SpanClient::star_lanes(int k, const std::vector<Part>& parts, const SpanBatch& b, std::vector<float>* rows) {
   Runner& r = *runners_[static_cast<size_t>(k)];
-  const LayerSpan sp = spans_[static_cast<size_t>(k)];
   const int64_t Din = width_in(k), Dout = width_out(k);
   MOESH_RETURN_IF_ERROR(round_to_wire(rows, Din));
   // Where each sequence runs. One placed (it ran here since its request started) stays. One not
@@ -63,6 +62,7 @@ Status SpanClient::star_lanes(int k, const std::vector<Part>& parts, const SpanB
     net::Deadline deadline{};
     std::chrono::steady_clock::time_point t0{};
     Status st = Status::ok();
+    bool pending = false;  // its trip is started and not yet answered
   };
   std::vector<Group> groups;
   std::vector<std::pair<size_t, int64_t>> at;  // per part: its group, its first row there
@@ -84,9 +84,16 @@ Status SpanClient::star_lanes(int k, const std::vector<Part>& parts, const SpanB
   }
   if (groups.size() == 1 && groups[0].id == 0) return star_one(k, parts, b, rows);
   const uint64_t steps_before = stats_.steps;
+  // Whatever way this returns, no lane request is left waiting in its link's mux.
+  struct CancelPending {
+    std::vector<Group>& groups;
+    ~CancelPending() {
+      for (Group& g : groups)
+        if (g.pending && g.lane != nullptr) g.lane->link->mux->cancel(g.m.request_id);
+    }
+  } cancel_pending{groups};
 
   // 1. Every lane's trip, in flight before the runner's part is computed.
-  std::vector<Group*> started;
   for (Group& g : groups) {
     if (g.id == 0) continue;
     WorkerLink& link = *g.lane->link;
@@ -97,18 +104,14 @@ Status SpanClient::star_lanes(int k, const std::vector<Part>& parts, const SpanB
     g.st = start_trip(link, g.m, g.deadline, &stats_);
     ++stats_.trips;
     ++stats_.lane_trips;
-    if (g.st.is_ok()) started.push_back(&g);
+    g.pending = g.st.is_ok();
   }
   // 2. The runner's part meanwhile (resends, failover: star_one). If it cannot be done the step
   //    fails; the lanes' answers are not waited for (what they computed is cut back by the next
   //    step, which starts from what the backbone knows they hold).
   for (Group& g : groups) {
     if (g.id != 0) continue;
-    Status st = star_one(k, g.parts, b, &g.rows);
-    if (!st.is_ok()) {
-      for (Group* s : started) s->lane->link->mux->cancel(s->m.request_id);
-      return st;
-    }
+    MOESH_RETURN_IF_ERROR(star_one(k, g.parts, b, &g.rows));
   }
   // 3. Each lane's answer (resent with replay when it lacks inputs). A lane that fails is dropped
   //    and its part runs on the runner: the step's output does not change.
@@ -117,6 +120,7 @@ Status SpanClient::star_lanes(int k, const std::vector<Part>& parts, const SpanB
     Status st = g.st;
     wire::SpanResultMsg res;
     if (st.is_ok()) st = finish_trip(*g.lane->link, g.m.request_id, g.deadline, &res, &stats_);
+    g.pending = false;
     for (int resends = 0; st.is_ok() && !res.need.empty();) {
       if (++resends > kSpanMaxResends) {
         st =
@@ -151,7 +155,7 @@ Status SpanClient::star_lanes(int k, const std::vector<Part>& parts, const SpanB
       stats_.lane_rows += static_cast<uint64_t>(n);
       continue;
     }
-    drop_failed_lane(r, g.id, st.with_context(fmt::format("span {}-{}", sp.first, sp.last)));
+    drop_failed_lane(r, g.id, st);
     g.lane = nullptr;
     MOESH_RETURN_IF_ERROR(star_one(k, g.parts, b, &g.rows));
   }
@@ -181,8 +185,8 @@ void SpanClient::drop_failed_lane(Runner& r, int id, const Status& why) {
     lid = 0;  // the runner's now: it is replayed there
     ++moved;
   }
-  spdlog::warn("{}: lane {} failed ({}); its {} sequences go back to {}", why.message(), (*it)->label, why.to_string(),
-               moved, r.local ? std::string("here") : r.label);
+  spdlog::warn("span {}-{}: lane {} failed ({}); its {} sequences go back to {}", r.target.span.first,
+               r.target.span.last, (*it)->label, why.to_string(), moved, r.local ? std::string("here") : r.label);
   if ((*it)->link) (*it)->link->shut_down();
   r.lanes.erase(it);
   ++stats_.lane_failures;
