@@ -527,12 +527,18 @@ if command -v chromium >/dev/null 2>&1; then
   CHROME=(chromium --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run
           --user-data-dir="$TMP/chromium-profile")
   expect_eq "$(curl -sS -o /dev/null -w '%{http_code}' "$BASE/dashboard")" "200" "GET /dashboard"
-  # Traffic while the page polls, so what it shows must change between its updates.
-  ( for _ in $(seq 1 30); do post /v1/completions '{"prompt":"dash","max_tokens":16,"temperature":0}' >/dev/null; done ) &
+  # Traffic for as long as the page polls (a fixed number of requests could finish before the
+  # browser's first poll on a loaded machine), so what it shows must change between its updates.
+  ( while :; do
+      curl -sS -o /dev/null -H 'Content-Type: application/json' \
+        -d '{"prompt":"dash","max_tokens":16,"temperature":0}' "$BASE/v1/completions" || true
+    done ) &
   TRAFFIC=$!
   "${CHROME[@]}" --virtual-time-budget=8000 --dump-dom "$BASE/dashboard" >"$TMP/dash.html" 2>"$TMP/chromium.err" \
-    || { tail -5 "$TMP/chromium.err"; fail "chromium --dump-dom"; }
-  wait "$TRAFFIC" || true
+    || { kill "$TRAFFIC"; tail -5 "$TMP/chromium.err"; fail "chromium --dump-dom"; }
+  kill "$TRAFFIC" 2>/dev/null
+  wait "$TRAFFIC" 2>/dev/null || true
+  wait_idle
   updates=$(sed -n 's/.*<body[^>]*data-updates="\([0-9]*\)".*/\1/p' "$TMP/dash.html" | head -1)
   [ -n "$updates" ] && [ "$updates" -ge 3 ] || { head -c 2000 "$TMP/dash.html"; fail "dashboard: updates '$updates'"; }
   ok "dashboard: the page polled the gateway $updates times"
