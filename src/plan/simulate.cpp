@@ -204,31 +204,44 @@ class Sim {
     span_trip(p, first, last, T, std::make_shared<std::function<void()>>(std::move(done)), T);
   }
 
-  // One lane's part of span p's step (`rows` new rows) to lane peer q. Lanes' trips are in flight
-  // with the runner's, so they add no network wait to the step's count. A reply lost for the
-  // timeout drops the lane for good: its part goes to the span's runner (its streams' rows so far
-  // replayed there first), as the runtime does.
-  void lane_trip(int p, int q, int first, int last, int rows, std::shared_ptr<std::function<void()>> finish) {
+  // Blocks first..last on peer q: `rows` sent (replays included), `out_rows` of them coming back.
+  struct PeerTrip {
+    int q, first, last, rows, out_rows;
+  };
+  // The trip's rows to its peer, its compute there and the reply to `finish`; a reply lost for the
+  // timeout runs `lost` instead (once, either way).
+  void peer_trip(const PeerTrip& t, std::shared_ptr<std::function<void()>> finish, std::function<void()> lost) {
     auto replied = std::make_shared<bool>(false);
-    const uint64_t bytes = static_cast<uint64_t>(rows) * m_.hidden_bytes + kHeaderBytes;
-    const double fail = fail_at_[static_cast<size_t>(q)];
-    const double speed = peers_[static_cast<size_t>(q)].speed;
-    send(q, true, bytes, [=, this] {
+    const uint64_t bytes = static_cast<uint64_t>(t.rows) * m_.hidden_bytes + kHeaderBytes;
+    const uint64_t back = static_cast<uint64_t>(t.out_rows) * m_.hidden_bytes + kHeaderBytes;
+    const double fail = fail_at_[static_cast<size_t>(t.q)];
+    const double speed = peers_[static_cast<size_t>(t.q)].speed;
+    send(t.q, true, bytes, [=, this] {
       if (now_ >= fail) return;  // lost
-      const double dur = span_compute_s(first, last, rows) / speed;
-      res_.peer_busy_s[static_cast<size_t>(q)] += dur;
-      serve(&peer_cpu_[static_cast<size_t>(q)], dur, [=, this](double end) {
+      const double dur = span_compute_s(t.first, t.last, t.rows) / speed;
+      res_.peer_busy_s[static_cast<size_t>(t.q)] += dur;
+      serve(&peer_cpu_[static_cast<size_t>(t.q)], dur, [=, this](double end) {
         if (end >= fail) return;
-        send(q, false, bytes, [=, this] {
+        send(t.q, false, back, [replied, finish] {
           if (*replied) return;
           *replied = true;
           (*finish)();
         });
       });
     });
-    at(now_ + so_.timeout_s, [=, this] {
+    at(now_ + so_.timeout_s, [replied, lost = std::move(lost)] {
       if (*replied) return;
       *replied = true;
+      lost();
+    });
+  }
+
+  // One lane's part of span p's step (`rows` new rows) to lane peer q. Lanes' trips are in flight
+  // with the runner's, so they add no network wait to the step's count. A reply lost for the
+  // timeout drops the lane for good: its part goes to the span's runner (its streams' rows so far
+  // replayed there first), as the runtime does.
+  void lane_trip(int p, int q, int first, int last, int rows, std::shared_ptr<std::function<void()>> finish) {
+    peer_trip({q, first, last, rows, rows}, finish, [=, this] {
       lane_dead_[static_cast<size_t>(q)] = true;
       res_.failovers++;
       const int T = tokens_per_step();
@@ -245,31 +258,11 @@ class Sim {
   // `rows` sent (replays included), `out_rows` of them new: the rows that come back, and the
   // share of the span's history a failover replays.
   void span_trip(int p, int first, int last, int rows, std::shared_ptr<std::function<void()>> finish, int out_rows) {
-    const int T = tokens_per_step();
     const int q = runner_[static_cast<size_t>(p)];
     trips_++;
-    auto replied = std::make_shared<bool>(false);
-    const uint64_t bytes = static_cast<uint64_t>(rows) * m_.hidden_bytes + kHeaderBytes;
-    const uint64_t back = static_cast<uint64_t>(out_rows) * m_.hidden_bytes + kHeaderBytes;
-    const double fail = fail_at_[static_cast<size_t>(q)];
-    const double speed = peers_[static_cast<size_t>(q)].speed;
-    send(q, true, bytes, [=, this] {
-      if (now_ >= fail) return;  // lost
-      const double dur = span_compute_s(first, last, rows) / speed;
-      res_.peer_busy_s[static_cast<size_t>(q)] += dur;
-      serve(&peer_cpu_[static_cast<size_t>(q)], dur, [=, this](double end) {
-        if (end >= fail) return;
-        send(q, false, back, [=, this] {
-          if (*replied) return;
-          *replied = true;
-          (*finish)();
-        });
-      });
-    });
-    at(now_ + so_.timeout_s, [=, this] {
-      if (*replied) return;
-      *replied = true;
+    peer_trip({q, first, last, rows, out_rows}, finish, [=, this] {
       res_.failovers++;
+      const int T = tokens_per_step();
       const int64_t history = rows_ * out_rows / std::max(T, 1);  // this part's streams' rows so far
       res_.replayed_rows += history;
       // The next standby in the order named that is up (one that failed before is past its
