@@ -153,6 +153,85 @@ Result<wire::StoredMsg> RemoteExecutor::Impl::store_on(size_t w, wire::SlabMsg s
   return got;
 }
 
+Result<wire::StoredMsg> RemoteExecutor::Impl::unstore_on(size_t w, int l, int e) {
+  const WorkerLink& link = fan->link(w);
+  if ((link.session.features & wire::kFeatureUnstore) == 0)
+    return make_error(StatusCode::kUnsupported, "worker {} does not let go of replicas (no UNSTORE)", link.label);
+  const wire::UnstoreMsg req{
+      .request_id = fan->next_request_id(w), .layer = static_cast<uint32_t>(l), .expert = static_cast<uint32_t>(e)};
+  auto got = [&]() -> Result<wire::StoredMsg> {
+    MOESH_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, wire::encode_unstore(req));
+    MOESH_ASSIGN_OR_RETURN(wire::Frame reply, ask_one(w, req.request_id, frame));
+    MOESH_ASSIGN_OR_RETURN(wire::StoredMsg done, wire::decode_unstored(reply, link.limits));
+    MOESH_RETURN_IF_ERROR(wire::check_unstored_matches(req, done));
+    return done;
+  }();
+  if (!got) return got.status().with_context(fmt::format("UNSTORE layer {} expert {} on {}", l, e, link.label));
+  return got;
+}
+
+Status RemoteExecutor::Impl::drop_replicas(int32_t w, const std::vector<wire::ExpertRange>& ranges, uint64_t* dropped,
+                                           std::vector<wire::ExpertRange>* only_holder) {
+  const size_t wi = static_cast<size_t>(w);
+  Placement next = planner.placement();
+  Status refused = Status::ok();
+  for (const wire::ExpertRange& r : ranges) {
+    const int l = static_cast<int>(r.layer);
+    if (l >= next.n_layer() || static_cast<int64_t>(r.first) + r.count > next.n_expert())
+      return make_error(StatusCode::kInvalidArgument, "layer {} experts {}-{} are beyond the model's", l, r.first,
+                        r.first + r.count - 1);
+    for (uint32_t k = 0; k < r.count; ++k) {
+      const int e = static_cast<int>(r.first + k);
+      const auto hs = next.holders(l, e);
+      if (std::find(hs.begin(), hs.end(), w) == hs.end()) continue;  // not its: nothing to do
+      if (own_experts.count({wi, l, e}) != 0) {
+        std::lock_guard<std::mutex> lk(worker_mu);
+        ++expert_report.kept;  // refused before: its own file's
+        continue;
+      }
+      // Never the last: another live holder or the backbone's own copy must be able to compute it.
+      const bool others = next.local_copy(l, e) ||
+                          std::any_of(hs.begin(), hs.end(), [&](int32_t h) { return h != w && !planner.excluded(h); });
+      if (!others) {
+        only_holder->push_back({r.layer, static_cast<uint32_t>(e), 1});
+        continue;
+      }
+      // Out of the placement before the worker is told: no pair is sent to it from now on (nothing
+      // of this executor is in flight between calls).
+      next.remove_holder(l, e, w);
+      planner.set_placement(next);
+      auto done = unstore_on(wi, l, e);
+      if (!done && done.status().code() == StatusCode::kUnsupported) {
+        // Its own file's (or it lets go of nothing): it still holds and serves it; not asked again.
+        next.add_holder(l, e, w);
+        planner.set_placement(next);
+        own_experts.insert({wi, l, e});
+        {
+          std::lock_guard<std::mutex> lk(worker_mu);
+          ++expert_report.kept;
+        }
+        refused = done.status();
+        continue;
+      }
+      // NOT_HELD: gone already (another backbone had it let go of). A lost answer leaves it out of
+      // the placement all the same: a copy it may still hold is only memory, never a wrong sum.
+      if (!done && done.status().code() != StatusCode::kNotFound) return done.status();
+      std::vector<wire::ExpertRange> left;
+      for (const wire::ExpertRange& a : announced[wi])
+        for (uint32_t x = a.first; x < a.first + a.count; ++x)
+          if (a.layer != r.layer || x != static_cast<uint32_t>(e)) left.push_back({a.layer, x, 1});
+      announced[wi] = swarm::canonicalize(std::move(left)).ranges;
+      if (done) {
+        std::lock_guard<std::mutex> lk(worker_mu);
+        if (replica_use.size() <= wi) replica_use.resize(wi + 1);
+        replica_use[wi] = {done->replica_bytes, done->budget_bytes};
+        ++*dropped;
+      }
+    }
+  }
+  return refused;
+}
+
 int32_t RemoteExecutor::Impl::nearest_live_holder(const Placement& pl, int l, int e, const std::vector<double>& costs,
                                                   int32_t except) const {
   int32_t best = -1;
@@ -207,7 +286,14 @@ Result<uint64_t> RemoteExecutor::Impl::place_replica(int l, int e, int32_t targe
 
 void RemoteExecutor::request_experts(const std::string& worker, std::vector<wire::ExpertRange> ranges) {
   std::lock_guard<std::mutex> lk(impl_->worker_mu);
-  impl_->expert_asks.push_back({worker, std::move(ranges), 0});
+  impl_->expert_asks.push_back({worker, std::move(ranges), 0, false});
+  ++impl_->expert_report.requests;
+  ++impl_->expert_report.pending;
+}
+
+void RemoteExecutor::drop_experts(const std::string& worker, std::vector<wire::ExpertRange> ranges) {
+  std::lock_guard<std::mutex> lk(impl_->worker_mu);
+  impl_->expert_asks.push_back({worker, std::move(ranges), 0, true});
   ++impl_->expert_report.requests;
   ++impl_->expert_report.pending;
 }
@@ -237,27 +323,47 @@ void RemoteExecutor::Impl::take_expert_requests() {
       spdlog::warn("experts for {}: {}", a.worker, st.message());
     }
   };
-  std::vector<ExpertRequest> again;
-  for (ExpertRequest& a : asks) {
-    // The worker by name, label or the address it was dialled at.
+  // The worker by name, label or the address it was dialled at; -1: none (yet).
+  auto worker_of = [&](const ExpertRequest& a, bool* dialling) {
     int32_t w = -1;
-    bool dialling = false;
-    {
-      std::lock_guard<std::mutex> lk(worker_mu);
-      for (size_t i = 0; i < workers.size() && i < fan->size(); ++i) {
-        const WorkerTraffic& t = workers[i];
-        if (t.label == a.worker || fan->link(i).session.peer.name == a.worker ||
-            fan->link(i).address.to_string() == a.worker || t.label.rfind(a.worker + " ", 0) == 0)
-          w = static_cast<int32_t>(i);
-      }
-      for (const LateWorker& l : late_view) dialling = dialling || l.address == a.worker;
+    std::lock_guard<std::mutex> lk(worker_mu);
+    for (size_t i = 0; i < workers.size() && i < fan->size(); ++i) {
+      const WorkerTraffic& t = workers[i];
+      if (t.label == a.worker || fan->link(i).session.peer.name == a.worker ||
+          fan->link(i).address.to_string() == a.worker || t.label.rfind(a.worker + " ", 0) == 0)
+        w = static_cast<int32_t>(i);
     }
+    for (const LateWorker& l : late_view) *dialling = *dialling || l.address == a.worker;
+    return w;
+  };
+  // Drops go first (they free the replica budget copies may need), then the copies, then the drops
+  // of experts their worker was the only holder of, which a copy may since have given another.
+  std::stable_partition(asks.begin(), asks.end(), [](const ExpertRequest& a) { return a.drop; });
+  struct Deferred {
+    size_t ask;
+    int32_t w;
+    uint64_t dropped;
+    Status st;
+    std::vector<wire::ExpertRange> only_holder;
+  };
+  std::vector<Deferred> deferred;
+  std::vector<ExpertRequest> again;
+  for (size_t i = 0; i < asks.size(); ++i) {
+    ExpertRequest& a = asks[i];
+    bool dialling = false;
+    const int32_t w = worker_of(a, &dialling);
     if (w < 0 || planner.excluded(w)) {
       if ((w >= 0 || dialling) && ++a.waited < kExpertRequestWaitCalls) {
         again.push_back(std::move(a));
         continue;
       }
       finish(a, make_error(StatusCode::kUnavailable, "{} is not a live worker of this backbone", a.worker), 0, 0);
+      continue;
+    }
+    if (a.drop) {
+      Deferred d{i, w, 0, Status::ok(), {}};
+      d.st = drop_replicas(w, a.ranges, &d.dropped, &d.only_holder);
+      deferred.push_back(std::move(d));
       continue;
     }
     if ((fan->link(static_cast<size_t>(w)).session.features & wire::kFeatureStore) == 0) {
@@ -300,6 +406,29 @@ void RemoteExecutor::Impl::take_expert_requests() {
     planner.set_placement(next);  // what was copied serves, even when the rest failed
     if (sent > 0) spdlog::info("experts for {}: {} copied ({:.2f} MiB)", fan->link(w).label, sent, bytes / 1048576.0);
     finish(a, st, sent, bytes);
+  }
+  for (Deferred& d : deferred) {
+    const ExpertRequest& a = asks[d.ask];
+    if (d.st.is_ok() && !d.only_holder.empty() && !planner.excluded(d.w)) {
+      std::vector<wire::ExpertRange> still;
+      d.st = drop_replicas(d.w, d.only_holder, &d.dropped, &still);
+      if (d.st.is_ok() && !still.empty()) {
+        {
+          std::lock_guard<std::mutex> lk(worker_mu);
+          expert_report.kept += swarm::canonicalize(still).n_pairs();
+        }
+        d.st = make_error(StatusCode::kUnsupported,
+                          "{} kept {}: no other live worker holds them and the backbone has no copy",
+                          fan->link(static_cast<size_t>(d.w)).label, swarm::canonicalize(still).to_string());
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(worker_mu);
+      expert_report.dropped += d.dropped;
+    }
+    if (d.dropped > 0)
+      spdlog::info("experts of {}: {} replicas let go of", fan->link(static_cast<size_t>(d.w)).label, d.dropped);
+    finish(a, d.st, 0, 0);
   }
   if (!again.empty()) {
     std::lock_guard<std::mutex> lk(worker_mu);

@@ -34,6 +34,12 @@ void Placement::add_holder(int layer, int expert, int worker) {
   n_workers_ = std::max(n_workers_, worker + 1);
 }
 
+void Placement::remove_holder(int layer, int expert, int worker) {
+  std::vector<int32_t>& h = holders_[at(layer, expert)];
+  auto it = std::lower_bound(h.begin(), h.end(), worker);
+  if (it != h.end() && *it == worker) h.erase(it);
+}
+
 int Placement::owner(int layer, int expert) const {
   const size_t i = at(layer, expert);
   if (!holders_[i].empty()) return holders_[i].front();

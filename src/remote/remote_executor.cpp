@@ -309,18 +309,38 @@ void RemoteExecutor::Impl::mark_down(int w) {
 
 Status RemoteExecutor::Impl::take_announced(size_t w, const swarm::ExpertSet& held) {
   const swarm::ExpertSet before = swarm::canonicalize(announced[w]);
-  if (!held.contains(before))
-    return make_error(StatusCode::kInvalidArgument, "it now announces {} instead of {} (experts are missing)",
-                      held.to_string(), before.to_string());
   if (held == before) return Status::ok();
+  Placement next = planner.placement();
+  const int32_t wi = static_cast<int32_t>(w);
+  // Fewer than before: replicas it let go of (another backbone's UNSTORE, or its disk). Taken when
+  // someone else can still compute each: another live worker, or the backbone's own copy.
+  std::vector<std::string> uncovered;
+  for (const wire::ExpertRange& r : before.ranges) {
+    for (uint32_t e = r.first; e < r.first + r.count; ++e) {
+      if (held.holds(r.layer, e)) continue;
+      const int l = static_cast<int>(r.layer), x = static_cast<int>(e);
+      const auto hs = next.holders(l, x);
+      const bool others = next.local_copy(l, x) ||
+                          std::any_of(hs.begin(), hs.end(), [&](int32_t h) { return h != wi && !planner.excluded(h); });
+      if (!others) uncovered.push_back(fmt::format("{}:{}", l, x));
+      next.remove_holder(l, x, wi);
+    }
+  }
+  if (!uncovered.empty()) {
+    std::string list;
+    for (size_t i = 0; i < uncovered.size() && i < 16; ++i) list += (i ? "," : "") + uncovered[i];
+    return make_error(StatusCode::kInvalidArgument,
+                      "it now announces {} instead of {}: experts are missing that nobody else holds (layer:expert "
+                      "{}{})",
+                      held.to_string(), before.to_string(), list, uncovered.size() > 16 ? ", ..." : "");
+  }
   // More than before: replicas it was sent (STORE) and mapped again after a restart. They are
   // planned with like any holder's.
-  Placement next = planner.placement();
   for (const wire::ExpertRange& r : held.ranges) {
     for (uint32_t e = r.first; e < r.first + r.count; ++e) {
       if (before.holds(r.layer, e)) continue;
       const auto hs = next.holders(static_cast<int>(r.layer), static_cast<int>(e));
-      if (std::find(hs.begin(), hs.end(), static_cast<int32_t>(w)) == hs.end())
+      if (std::find(hs.begin(), hs.end(), wi) == hs.end())
         next.add_holder(static_cast<int>(r.layer), static_cast<int>(e), static_cast<int>(w));
     }
   }

@@ -12,6 +12,7 @@
 #include <future>
 #include <mutex>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include "moesh/moe/expert_stages.h"
@@ -44,7 +45,8 @@ struct RemoteExecutor::Impl {
   struct ExpertRequest {
     std::string worker;
     std::vector<wire::ExpertRange> ranges;
-    int waited = 0;  // calls waited for the worker to answer
+    int waited = 0;     // calls waited for the worker to answer
+    bool drop = false;  // drop_experts: let go of these replicas instead
   };
   std::vector<ExpertRequest> expert_asks;
   ExpertRequestReport expert_report;  // under worker_mu
@@ -254,11 +256,23 @@ struct RemoteExecutor::Impl {
   // nearest other live holder and checked against the model's slab hashes first. Then `target` is
   // a holder in *next and announces it from now on. Returns the slab bytes sent.
   Result<uint64_t> place_replica(int l, int e, int32_t target, const std::vector<double>& costs, Placement* next);
-  // A worker that comes back (re-dial or join) must announce at least what it had; experts it
-  // announces beyond that (replicas kept on its disk) are added to the placement. Error: why not.
+  // A worker that comes back (re-dial or join) may announce fewer experts than it had (replicas it
+  // let go of) when each of those has another live holder or a copy here: it leaves the placement
+  // for them; experts it announces beyond that (replicas kept on its disk) are added. Error: why not.
   Status take_announced(size_t w, const swarm::ExpertSet& held);
   // Sends `slab` to worker w (STORE) and waits for its STORED.
   Result<wire::StoredMsg> store_on(size_t w, wire::SlabMsg slab);
+  // Asks worker w to let go of its replica of (l, e) (UNSTORE) and waits for its UNSTORED.
+  Result<wire::StoredMsg> unstore_on(size_t w, int l, int e);
+  // drop_experts carried out for worker w: each expert another live holder (or the backbone's
+  // copy) can compute leaves the placement, then the worker is told (counted in *dropped). Those
+  // it is the only holder of are listed in *only_holder, left as they are. An error for a failed
+  // UNSTORE (what was dropped before it stays dropped), or UNSUPPORTED for an expert of the
+  // worker's own file (it is kept, counted, and never asked for again).
+  Status drop_replicas(int32_t w, const std::vector<wire::ExpertRange>& ranges, uint64_t* dropped,
+                       std::vector<wire::ExpertRange>* only_holder);
+  // (worker, layer, expert) a worker refused to let go of: its own file's (executor thread only).
+  std::set<std::tuple<size_t, int, int>> own_experts;
   std::vector<double> worker_costs() const;
   void check_stragglers();
   // One small PING to worker w: its round trip in seconds, or why not.

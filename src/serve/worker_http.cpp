@@ -26,6 +26,8 @@ std::string render_worker_metrics(const swarm::Worker& worker) {
   counter("moesh_worker_batched_requests_total", "DISPATCHes computed in a pass together with others",
           st.batched.load());
   counter("moesh_worker_replicas_stored_total", "Replicas received (STORE answered with STORED)", st.stores.load());
+  counter("moesh_worker_replicas_dropped_total", "Replicas let go of (UNSTORE answered with UNSTORED)",
+          st.unstores.load());
   counter("moesh_worker_replica_refusals_total", "STOREs refused (budget, hashes, shape, disk)",
           st.store_refusals.load());
   o += fmt::format(

@@ -229,6 +229,46 @@ Status ExpertStore::absorb(std::unique_ptr<ExpertStore> other) {
   return Status::ok();
 }
 
+Result<std::unique_ptr<ExpertStore>> ExpertStore::release(uint32_t layer, uint32_t expert) {
+  if (!held_.holds(layer, expert))
+    return make_error(StatusCode::kNotFound, "layer {} expert {} is not held (this store holds {})", layer, expert,
+                      held_.to_string());
+  auto it = std::find_if(absorbed_.begin(), absorbed_.end(),
+                         [&](const std::unique_ptr<ExpertStore>& r) { return r->held_.holds(layer, expert); });
+  if (it == absorbed_.end())
+    return make_error(StatusCode::kUnsupported, "layer {} expert {} is part of {}, not a replica", layer, expert,
+                      file_ != nullptr ? file_->path() : std::string("this store's own file"));
+  if ((*it)->held_.n_pairs() != 1)
+    return make_error(StatusCode::kUnsupported,
+                      "layer {} expert {} is in replica {} with {} other experts ({}): it is let go of only whole",
+                      layer, expert, (*it)->file().path(), (*it)->held_.n_pairs() - 1, (*it)->held_.to_string());
+  // Its block (one expert) goes from the table; the weights it pointed at are no longer referenced.
+  // After load_into_memory the block may point into the region instead: that copy stays allocated
+  // (the region is one mapping), the replica's file is still unmapped.
+  for (auto b = blocks_.begin(); b != blocks_.end();) {
+    if (b->layer == layer && b->first == expert && b->count == 1) {
+      weights_[b->w_index].reset();
+      b = blocks_.erase(b);
+    } else {
+      ++b;
+    }
+  }
+  std::vector<wire::ExpertRange> left;
+  for (const wire::ExpertRange& r : held_.ranges) {
+    if (r.layer != layer || expert < r.first || expert >= r.first + r.count) {
+      left.push_back(r);
+      continue;
+    }
+    if (expert > r.first) left.push_back({r.layer, r.first, expert - r.first});
+    if (expert + 1 < r.first + r.count) left.push_back({r.layer, expert + 1, r.first + r.count - expert - 1});
+  }
+  held_ = canonicalize(std::move(left));
+  slab_bytes_ -= std::min(slab_bytes_, (*it)->slab_bytes_);
+  std::unique_ptr<ExpertStore> out = std::move(*it);
+  absorbed_.erase(it);
+  return out;
+}
+
 void ExpertStore::prefault() const {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   volatile uint8_t sink = 0;

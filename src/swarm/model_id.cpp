@@ -142,11 +142,12 @@ wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const Model
   h.n_embd = shape.n_embd;
   h.dtypes = kAllDTypes;
   h.modes = kAllModes;
-  // A backbone may send STORE; a worker offers it only with a replica folder (it adds the bit).
+  // A backbone may send STORE and UNSTORE; a worker offers them only with a replica folder (it
+  // adds the bits).
   h.features = wire::kFeatureFetch | wire::kFeatureInfo | wire::kFeatureProbe |
-               (role == wire::PeerRole::kBackbone
-                    ? wire::kFeatureStore | wire::kFeatureSpan | wire::kFeatureSpanChain | wire::kFeatureSpanLoad
-                    : 0u);
+               (role == wire::PeerRole::kBackbone ? wire::kFeatureStore | wire::kFeatureUnstore | wire::kFeatureSpan |
+                                                        wire::kFeatureSpanChain | wire::kFeatureSpanLoad
+                                                  : 0u);
   h.expert_act = shape.expert_ffn.act == ExpertActivation::kSwigluOai ? wire::kExpertActSwigluOai
                  : shape.expert_ffn.act == ExpertActivation::kSitu    ? wire::kExpertActSitu
                                                                       : wire::kExpertActSilu;

@@ -134,6 +134,9 @@ struct Worker::Impl {
                     const wire::Session& session, size_t led);
   void handle_store(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
                     const wire::Session& session);
+  // UNSTORE -> UNSTORED: lets go of a replica (unmapped, its file deleted).
+  void handle_unstore(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                      const wire::Session& session);
   bool offers_store() const { return !opts.replica_dir.empty() && opts.replica_budget_bytes > 0; }
   // INFO -> INFO_REPLY: what this worker offers, for the backbone's registry.
   void handle_info(net::Connection& conn, const wire::Frame& f);
@@ -345,17 +348,16 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
     return fail(wire::WireError::kUnsupported, "FETCH was not negotiated (the backbone's HELLO lacks the feature)");
   if (!store->shape().is_moe(req->layer))
     return fail(wire::WireError::kNotHeld, fmt::format("layer {} has no routed experts", req->layer));
-  ExpertStore::Slot slot;
-  std::string held_text;
-  {
-    // The slot's weights stay valid after the lock: absorbing a replica never unmaps anything.
-    std::shared_lock<std::shared_mutex> held(store_mu);
-    slot = store->find(req->layer, req->expert);
-    if (slot.weights == nullptr) held_text = store->held().to_string();
-  }
-  if (slot.weights == nullptr)
+  // Under the lookups' lock until the slabs are copied into the message: an UNSTORE may unmap a
+  // replica as soon as it is released.
+  std::shared_lock<std::shared_mutex> held(store_mu);
+  const ExpertStore::Slot slot = store->find(req->layer, req->expert);
+  if (slot.weights == nullptr) {
+    const std::string held_text = store->held().to_string();
+    held.unlock();
     return fail(wire::WireError::kNotHeld, fmt::format("layer {} expert {} is not held by this worker (it holds {})",
                                                        req->layer, req->expert, held_text));
+  }
   const TensorView* views[3] = {&slot.weights->gate, &slot.weights->up, &slot.weights->down};
   const uint8_t* data[3];
   size_t n[3];
@@ -365,10 +367,12 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
   }
   // Checked before copying anything: an expert too large for one frame cannot be fetched.
   const size_t payload = wire::slab_payload_bytes(n[0], n[1], n[2]);
-  if (payload > session.max_send_bytes)
+  if (payload > session.max_send_bytes) {
+    held.unlock();
     return fail(wire::WireError::kUnsupported,
                 fmt::format("SLAB of layer {} expert {} is {} bytes, over the backbone's frame limit of {}", req->layer,
                             req->expert, payload, session.max_send_bytes));
+  }
   std::array<uint64_t, 3> hashes;
   {
     std::lock_guard<std::mutex> lock(hash_mu);
@@ -378,6 +382,7 @@ void Worker::Impl::handle_fetch(net::Connection& conn, const wire::Frame& f, con
     hashes = it->second;
   }
   wire::SlabMsg m = slab_of(*slot.weights, slot.index, req->layer, req->expert, &hashes);
+  held.unlock();
   m.request_id = req->request_id;
   auto frame = wire::encode_slab(m);
   if (!frame) return fail(wire::WireError::kInternal, frame.status().message());
@@ -446,6 +451,57 @@ void Worker::Impl::handle_store(net::Connection& conn, const wire::Frame& f, con
                                  .expert = slab->expert,
                                  .replica_bytes = used,
                                  .budget_bytes = std::max(used, opts.replica_budget_bytes)});
+  if (ok) (void)conn.send_frame(*ok, net::deadline_in(kSendTimeout));
+}
+
+void Worker::Impl::handle_unstore(net::Connection& conn, const wire::Frame& f, const wire::DecodeLimits& lim,
+                                  const wire::Session& session) {
+  auto refuse = [&](wire::WireError code, const std::string& text) {
+    stats.errors.fetch_add(1);
+    spdlog::warn("{}: UNSTORE {} refused: {}", conn.describe(), f.request_id(), text);
+    net::send_error(conn, f.request_id(), code, text, net::deadline_in(kSendTimeout));
+  };
+  if ((session.features & wire::kFeatureUnstore) == 0)
+    return refuse(wire::WireError::kUnsupported,
+                  offers_store() ? "UNSTORE was not negotiated (the backbone's HELLO lacks the feature)"
+                                 : "this worker keeps no replicas (started without --replica-dir/--replica-mb)");
+  auto req = wire::decode_unstore(f, lim);
+  if (!req) return refuse(wire::WireError::kMalformed, req.status().message());
+  std::lock_guard<std::mutex> one(replica_mu);
+  Result<std::unique_ptr<ExpertStore>> gone = Status(StatusCode::kInternal, "");
+  {
+    // No pass, FETCH or HELLO reads the store while the replica leaves its table.
+    std::unique_lock<std::shared_mutex> excl(store_mu);
+    gone = store->release(req->layer, req->expert);
+  }
+  if (!gone) {
+    return refuse(
+        gone.status().code() == StatusCode::kNotFound ? wire::WireError::kNotHeld : wire::WireError::kUnsupported,
+        gone.status().message());
+  }
+  // Nothing reads its weights any more: unmap it, then delete its file so a restart does not map
+  // it again. A file that cannot be deleted is said; the expert is let go of all the same.
+  const std::string path = (*gone)->file().path();
+  const uint64_t bytes = (*gone)->slab_bytes();
+  gone->reset();
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (ec) spdlog::warn("replica {} let go of, but its file stays: {}", path, ec.message());
+  {
+    std::lock_guard<std::mutex> lock(hash_mu);
+    slab_hashes.erase({req->layer, req->expert});
+  }
+  uint64_t used = stats.replica_bytes.load();
+  used = used >= bytes ? used - bytes : 0;
+  stats.replica_bytes.store(used);
+  stats.unstores.fetch_add(1);
+  spdlog::info("{}: let go of its replica of layer {} expert {} ({} of {} replica bytes)", conn.describe(), req->layer,
+               req->expert, used, opts.replica_budget_bytes);
+  auto ok = wire::encode_unstored({.request_id = req->request_id,
+                                   .layer = req->layer,
+                                   .expert = req->expert,
+                                   .replica_bytes = used,
+                                   .budget_bytes = std::max(used, opts.replica_budget_bytes)});
   if (ok) (void)conn.send_frame(*ok, net::deadline_in(kSendTimeout));
 }
 
@@ -687,7 +743,7 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
     hello = make_hello(wire::PeerRole::kWorker, store->identity(), store->shape(), store->held(), opts.name);
     hello.layer_act = detail::layer_activation_dtypes(*store);
   }
-  if (offers_store()) hello.features |= wire::kFeatureStore;
+  if (offers_store()) hello.features |= wire::kFeatureStore | wire::kFeatureUnstore;
   if (opts.span) hello.features |= wire::kFeatureSpan;
   if (opts.span && opts.span_forwarder) hello.features |= wire::kFeatureSpanChain;
   if (opts.span) hello.features |= wire::kFeatureSpanLoad;
@@ -750,6 +806,9 @@ bool Worker::Impl::serve(Peer* peer, std::chrono::milliseconds idle_timeout) {
         break;
       case wire::MsgType::kStore:
         handle_store(conn, *f, lim, *session);
+        break;
+      case wire::MsgType::kUnstore:
+        handle_unstore(conn, *f, lim, *session);
         break;
       case wire::MsgType::kInfo:
         handle_info(conn, *f);

@@ -44,6 +44,10 @@ const char* msg_type_name(MsgType t) {
       return "SPAN_HOLD";
     case MsgType::kSpanHeld:
       return "SPAN_HELD";
+    case MsgType::kUnstore:
+      return "UNSTORE";
+    case MsgType::kUnstored:
+      return "UNSTORED";
     case MsgType::kRoute:
       return "ROUTE";
     case MsgType::kStore:

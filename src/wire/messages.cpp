@@ -379,28 +379,49 @@ Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply) {
 
 // ---- FETCH / SLAB ----
 
-Result<std::vector<uint8_t>> encode_fetch(const FetchMsg& m) {
-  if (m.request_id == 0) return make_error(StatusCode::kInvalidArgument, "FETCH: request id 0 is reserved");
-  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kInvalidArgument, "FETCH", m.expert, DecodeLimits{}));
+namespace {
+
+// FETCH and UNSTORE carry the same payload (u32 layer, u32 expert); `what` names the type in errors.
+Result<std::vector<uint8_t>> encode_expert_ref(MsgType type, const char* what, const FetchMsg& m) {
+  if (m.request_id == 0) return make_error(StatusCode::kInvalidArgument, "{}: request id 0 is reserved", what);
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kInvalidArgument, what, m.expert, DecodeLimits{}));
   std::vector<uint8_t> payload;
   ByteWriter w(&payload);
   w.u32(m.layer);
   w.u32(m.expert);
-  return build_frame(MsgType::kFetch, m.request_id, payload);
+  return build_frame(type, m.request_id, payload);
 }
 
-Result<FetchMsg> decode_fetch(const Frame& f, const DecodeLimits& lim) {
-  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kFetch));
-  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "FETCH: request id 0 is reserved");
+Result<FetchMsg> decode_expert_ref(MsgType type, const char* what, const Frame& f, const DecodeLimits& lim) {
+  MOESH_RETURN_IF_ERROR(check_type(f, type));
+  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "{}: request id 0 is reserved", what);
   if (f.payload.size() != kFetchBytes)
-    return make_error(StatusCode::kCorrupt, "FETCH payload is {} bytes (must be {})", f.payload.size(), kFetchBytes);
+    return make_error(StatusCode::kCorrupt, "{} payload is {} bytes (must be {})", what, f.payload.size(), kFetchBytes);
   ByteReader r(f.payload);
   FetchMsg m;
   m.request_id = f.request_id();
   (void)(r.u32(&m.layer) && r.u32(&m.expert));
-  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, "FETCH", m.layer, lim));
-  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, "FETCH", m.expert, lim));
+  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, what, m.layer, lim));
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, what, m.expert, lim));
   return m;
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_fetch(const FetchMsg& m) {
+  return encode_expert_ref(MsgType::kFetch, "FETCH", m);
+}
+
+Result<FetchMsg> decode_fetch(const Frame& f, const DecodeLimits& lim) {
+  return decode_expert_ref(MsgType::kFetch, "FETCH", f, lim);
+}
+
+Result<std::vector<uint8_t>> encode_unstore(const UnstoreMsg& m) {
+  return encode_expert_ref(MsgType::kUnstore, "UNSTORE", m);
+}
+
+Result<UnstoreMsg> decode_unstore(const Frame& f, const DecodeLimits& lim) {
+  return decode_expert_ref(MsgType::kUnstore, "UNSTORE", f, lim);
 }
 
 namespace {
@@ -495,11 +516,14 @@ Result<SlabMsg> decode_store(const Frame& f, const DecodeLimits& lim) {
   return decode_slab_frame(MsgType::kStore, "STORE", f, lim);
 }
 
-Result<std::vector<uint8_t>> encode_stored(const StoredMsg& m) {
-  if (m.request_id == 0) return make_error(StatusCode::kInvalidArgument, "STORED: request id 0 is reserved");
-  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kInvalidArgument, "STORED", m.expert, DecodeLimits{}));
+namespace {
+
+// STORED and UNSTORED carry the same payload; `what` names the type in errors.
+Result<std::vector<uint8_t>> encode_replica_figures(MsgType type, const char* what, const StoredMsg& m) {
+  if (m.request_id == 0) return make_error(StatusCode::kInvalidArgument, "{}: request id 0 is reserved", what);
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kInvalidArgument, what, m.expert, DecodeLimits{}));
   if (m.replica_bytes > m.budget_bytes)
-    return make_error(StatusCode::kInvalidArgument, "STORED: replica bytes {} over the budget of {}", m.replica_bytes,
+    return make_error(StatusCode::kInvalidArgument, "{}: replica bytes {} over the budget of {}", what, m.replica_bytes,
                       m.budget_bytes);
   std::vector<uint8_t> payload;
   ByteWriter w(&payload);
@@ -507,24 +531,43 @@ Result<std::vector<uint8_t>> encode_stored(const StoredMsg& m) {
   w.u32(m.expert);
   w.u64(m.replica_bytes);
   w.u64(m.budget_bytes);
-  return build_frame(MsgType::kStored, m.request_id, payload);
+  return build_frame(type, m.request_id, payload);
 }
 
-Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim) {
-  MOESH_RETURN_IF_ERROR(check_type(f, MsgType::kStored));
-  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "STORED: request id 0 is reserved");
+Result<StoredMsg> decode_replica_figures(MsgType type, const char* what, const Frame& f, const DecodeLimits& lim) {
+  MOESH_RETURN_IF_ERROR(check_type(f, type));
+  if (f.request_id() == 0) return make_error(StatusCode::kCorrupt, "{}: request id 0 is reserved", what);
   if (f.payload.size() != kStoredBytes)
-    return make_error(StatusCode::kCorrupt, "STORED payload is {} bytes (must be {})", f.payload.size(), kStoredBytes);
+    return make_error(StatusCode::kCorrupt, "{} payload is {} bytes (must be {})", what, f.payload.size(),
+                      kStoredBytes);
   ByteReader r(f.payload);
   StoredMsg m;
   m.request_id = f.request_id();
   (void)(r.u32(&m.layer) && r.u32(&m.expert) && r.u64(&m.replica_bytes) && r.u64(&m.budget_bytes));
-  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, "STORED", m.layer, lim));
-  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, "STORED", m.expert, lim));
+  MOESH_RETURN_IF_ERROR(check_layer(StatusCode::kCorrupt, what, m.layer, lim));
+  MOESH_RETURN_IF_ERROR(check_expert(StatusCode::kCorrupt, what, m.expert, lim));
   if (m.replica_bytes > m.budget_bytes)
-    return make_error(StatusCode::kCorrupt, "STORED: replica bytes {} at offset 8 over the budget of {} at offset 16",
+    return make_error(StatusCode::kCorrupt, "{}: replica bytes {} at offset 8 over the budget of {} at offset 16", what,
                       m.replica_bytes, m.budget_bytes);
   return m;
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_stored(const StoredMsg& m) {
+  return encode_replica_figures(MsgType::kStored, "STORED", m);
+}
+
+Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim) {
+  return decode_replica_figures(MsgType::kStored, "STORED", f, lim);
+}
+
+Result<std::vector<uint8_t>> encode_unstored(const StoredMsg& m) {
+  return encode_replica_figures(MsgType::kUnstored, "UNSTORED", m);
+}
+
+Result<StoredMsg> decode_unstored(const Frame& f, const DecodeLimits& lim) {
+  return decode_replica_figures(MsgType::kUnstored, "UNSTORED", f, lim);
 }
 
 // ---- INFO / INFO_REPLY ----
@@ -596,6 +639,14 @@ Status check_stored_matches(const SlabMsg& req, const StoredMsg& reply) {
   if (reply.request_id != req.request_id || reply.layer != req.layer || reply.expert != req.expert)
     return make_error(StatusCode::kCorrupt,
                       "STORED for request {} (layer {} expert {}) does not answer STORE {} of layer {} expert {}",
+                      reply.request_id, reply.layer, reply.expert, req.request_id, req.layer, req.expert);
+  return Status::ok();
+}
+
+Status check_unstored_matches(const UnstoreMsg& req, const StoredMsg& reply) {
+  if (reply.request_id != req.request_id || reply.layer != req.layer || reply.expert != req.expert)
+    return make_error(StatusCode::kCorrupt,
+                      "UNSTORED for request {} (layer {} expert {}) does not answer UNSTORE {} of layer {} expert {}",
                       reply.request_id, reply.layer, reply.expert, req.request_id, req.layer, req.expert);
   return Status::ok();
 }

@@ -95,6 +95,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case MsgType::kStored:
       check_roundtrip(in, decode_stored(*f, lim), encode_stored);
       break;
+    case MsgType::kUnstore:
+      check_roundtrip(in, decode_unstore(*f, lim), encode_unstore);
+      break;
+    case MsgType::kUnstored:
+      check_roundtrip(in, decode_unstored(*f, lim), encode_unstored);
+      break;
     case MsgType::kInfo: {
       auto id = decode_info_request(*f);
       if (id.is_ok()) {

@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   put(wdir, "slab", encode_slab(testing::make_slab(9, 1, 5)));
   put(wdir, "store", encode_store(testing::make_slab(10, 1, 6)));
   put(wdir, "stored", encode_stored(StoredMsg{10, 1, 6, 532, 4096}));
+  put(wdir, "unstore", encode_unstore(UnstoreMsg{13, 1, 6}));
+  put(wdir, "unstored", encode_unstored(StoredMsg{13, 1, 6, 0, 4096}));
   put(wdir, "info", encode_info_request(11));
   put(wdir, "info-reply", encode_info(InfoMsg{11, 2, 8, 4096, 532, 8192, 1 << 20, 1234}));
   {

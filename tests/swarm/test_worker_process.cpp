@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -196,6 +197,17 @@ Result<wire::StoredMsg> store(Client& c, wire::SlabMsg slab) {
   MOESH_ASSIGN_OR_RETURN(wire::Frame f, ask(c, slab.request_id, frame, &lim));
   MOESH_ASSIGN_OR_RETURN(wire::StoredMsg m, wire::decode_stored(f, lim));
   MOESH_RETURN_IF_ERROR(wire::check_stored_matches(slab, m));
+  return m;
+}
+
+// UNSTORE (layer, expert): the UNSTORED answer, checked to answer this request.
+Result<wire::StoredMsg> unstore(Client& c, uint32_t layer, uint32_t expert) {
+  const wire::UnstoreMsg q{.request_id = c.mux->next_request_id(), .layer = layer, .expert = expert};
+  MOESH_ASSIGN_OR_RETURN(auto frame, wire::encode_unstore(q));
+  wire::DecodeLimits lim;
+  MOESH_ASSIGN_OR_RETURN(wire::Frame f, ask(c, q.request_id, frame, &lim));
+  MOESH_ASSIGN_OR_RETURN(wire::StoredMsg m, wire::decode_unstored(f, lim));
+  MOESH_RETURN_IF_ERROR(wire::check_unstored_matches(q, m));
   return m;
 }
 
@@ -556,6 +568,125 @@ TEST_F(WorkerProcessTest, StoredReplicasAreCheckedMappedServedAndKeptAcrossResta
   EXPECT_TRUE(held->holds(1, 2));
   EXPECT_TRUE(held->holds(0, 1));
   EXPECT_FALSE(held->holds(0, 2));
+  EXPECT_EQ(held->n_pairs(), 2 * 4 + 2u);
+}
+
+TEST_F(WorkerProcessTest, ReplicasAreLetGoOfWhileFetchesAndDispatchesRun) {
+  auto shape = model_shape(*file_);
+  ASSERT_TRUE(shape.is_ok());
+  const std::string es = testing::temp_dir() + "/unstore-experts.gguf";
+  const std::string dir = testing::temp_dir() + "/unstore-replicas";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(write_expert_slice(*file_, *parse_expert_spec("*:4-7", *shape), es).is_ok());
+  auto slab = [&](uint32_t l, uint32_t e) {
+    const ExpertStore::Slot s = local_->find(l, e);
+    return slab_of(*s.weights, s.index, l, e);
+  };
+  uint64_t one = 0;
+  for (const auto& t : slab(1, 2).tensors) one += t.bytes.size();
+  // Room for two replicas, not three: a dropped one frees its room.
+  const std::string mb = fmt::format("{:.6f}", (2.5 * double(one)) / 1048576.0);
+  const uint32_t n_embd = shape->n_embd;
+  const uint32_t both = wire::kFeatureFetch | wire::kFeatureStore | wire::kFeatureUnstore;
+  {
+    WorkerProcess w(es, "*:4-7", {"--replica-dir", dir, "--replica-mb", mb});
+    ASSERT_NE(w.port(), 0) << "worker did not start; output:\n" << w.output();
+    auto c = connect_backbone(w.port(), *file_, both);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    ASSERT_NE(c->session.features & wire::kFeatureUnstore, 0u);
+    ASSERT_TRUE(store(*c, slab(1, 2)).is_ok());
+    ASSERT_TRUE(store(*c, slab(0, 1)).is_ok());
+    EXPECT_FALSE(store(*c, slab(0, 2)).is_ok());  // full
+    ASSERT_TRUE(std::filesystem::exists(dir + "/replica-1-2.gguf"));
+
+    // A second backbone FETCHes and DISPATCHes layer 1 expert 2 in a loop while the first one
+    // drops it: every answer is the model's bytes / bits or NOT_HELD, never anything else (a
+    // FETCH or pass reading an unmapped replica would crash the worker).
+    auto c2 = connect_backbone(w.port(), *file_, both);
+    ASSERT_TRUE(c2.is_ok()) << c2.status().to_string();
+    std::atomic<bool> done{false};
+    std::atomic<int> served{0}, not_held{0}, other{0};
+    const wire::SlabMsg want12 = slab(1, 2);
+    std::thread reader([&] {
+      while (!done.load()) {
+        auto f = fetch(*c2, 1, 2);
+        if (f.is_ok()) {
+          (f->tensors[0].bytes == want12.tensors[0].bytes && f->tensors[2].bytes == want12.tensors[2].bytes ? served
+                                                                                                            : other)++;
+        } else {
+          (f.status().code() == StatusCode::kNotFound ? not_held : other)++;
+        }
+        Request r =
+            make_request(c2->mux->next_request_id(), 1, {{{2, 0.6f}, {5, 0.4f}}}, wire::CombineMode::kExact, n_embd);
+        auto frame = wire::encode_dispatch(r.msg);
+        if (!c2->mux->start(r.msg.request_id, *frame, net::deadline_in(5s)).is_ok()) {
+          other++;
+          continue;
+        }
+        auto got = c2->mux->wait(r.msg.request_id, net::deadline_in(10s));
+        if (got.is_ok()) {
+          const std::vector<float> rows = decode_combine_rows(r, *got, c2->session);
+          const std::vector<float> want = local_exact(*local_, r, n_embd);
+          (rows.size() == want.size() && std::memcmp(rows.data(), want.data(), rows.size() * 4) == 0 ? served
+                                                                                                     : other)++;
+        } else {
+          (got.status().code() == StatusCode::kNotFound ? not_held : other)++;
+        }
+      }
+    });
+    auto wait_for = [](const std::atomic<int>& n, int at_least) {
+      const auto until = net::deadline_in(30s);
+      while (n.load() < at_least && net::Clock::now() < until) std::this_thread::sleep_for(1ms);
+      return n.load() >= at_least;
+    };
+    const bool some_served = wait_for(served, 4);
+    auto gone = unstore(*c, 1, 2);
+    const bool some_refused = wait_for(not_held, 4);
+    done = true;
+    reader.join();
+    EXPECT_TRUE(some_served);
+    EXPECT_TRUE(some_refused);
+    ASSERT_TRUE(gone.is_ok()) << gone.status().to_string();
+    EXPECT_EQ(gone->replica_bytes, one);  // the other replica's
+    EXPECT_EQ(other.load(), 0);
+    EXPECT_FALSE(std::filesystem::exists(dir + "/replica-1-2.gguf"));
+    EXPECT_TRUE(std::filesystem::exists(dir + "/replica-0-1.gguf"));
+
+    // Refusals, by name: not held, the worker's own file's, not negotiated.
+    auto twice = unstore(*c, 1, 2);
+    ASSERT_FALSE(twice.is_ok());
+    EXPECT_EQ(twice.status().code(), StatusCode::kNotFound) << twice.status().to_string();
+    auto own = unstore(*c, 1, 5);
+    ASSERT_FALSE(own.is_ok());
+    EXPECT_EQ(own.status().code(), StatusCode::kUnsupported) << own.status().to_string();
+    EXPECT_NE(own.status().message().find("not a replica"), std::string::npos) << own.status().message();
+    auto plain = connect_backbone(w.port(), *file_, wire::kFeatureFetch | wire::kFeatureStore);
+    ASSERT_TRUE(plain.is_ok());
+    auto refused = unstore(*plain, 0, 1);
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported) << refused.status().to_string();
+    // Its own experts still compute, and the freed room takes another replica.
+    ASSERT_TRUE(fetch(*c, 1, 5).is_ok());
+    auto room = store(*c, slab(0, 2));
+    ASSERT_TRUE(room.is_ok()) << room.status().to_string();
+    EXPECT_EQ(room->replica_bytes, 2 * one);
+    // A backbone connecting now is told what is held: not the dropped one.
+    auto late = connect_backbone(w.port(), *file_, both);
+    ASSERT_TRUE(late.is_ok());
+    auto held = expert_set_from_ranges(late->session.peer.experts, *shape);
+    ASSERT_TRUE(held.is_ok());
+    EXPECT_FALSE(held->holds(1, 2));
+    EXPECT_TRUE(held->holds(0, 1));
+    EXPECT_TRUE(held->holds(0, 2));
+  }
+  // Restarted on the same folder: the dropped replica stays gone.
+  WorkerProcess w2(es, "*:4-7", {"--replica-dir", dir, "--replica-mb", mb});
+  ASSERT_NE(w2.port(), 0) << "worker did not restart; output:\n" << w2.output();
+  auto c3 = connect_backbone(w2.port(), *file_, both);
+  ASSERT_TRUE(c3.is_ok()) << c3.status().to_string();
+  auto held = expert_set_from_ranges(c3->session.peer.experts, *shape);
+  ASSERT_TRUE(held.is_ok());
+  EXPECT_FALSE(held->holds(1, 2));
   EXPECT_EQ(held->n_pairs(), 2 * 4 + 2u);
 }
 

@@ -65,6 +65,10 @@ Status decode_any(const std::vector<uint8_t>& bytes, const DecodeLimits& lim) {
       return decode_store(*f, lim).status();
     case MsgType::kStored:
       return decode_stored(*f, lim).status();
+    case MsgType::kUnstore:
+      return decode_unstore(*f, lim).status();
+    case MsgType::kUnstored:
+      return decode_unstored(*f, lim).status();
     case MsgType::kInfo:
       return decode_info_request(*f).status();
     case MsgType::kInfoReply:
@@ -119,6 +123,10 @@ std::vector<uint8_t> reencode(const std::vector<uint8_t>& bytes, const DecodeLim
       return encode_store(decode_store(f, lim).value()).value();
     case MsgType::kStored:
       return encode_stored(decode_stored(f, lim).value()).value();
+    case MsgType::kUnstore:
+      return encode_unstore(decode_unstore(f, lim).value()).value();
+    case MsgType::kUnstored:
+      return encode_unstored(decode_unstored(f, lim).value()).value();
     case MsgType::kInfo:
       return encode_info_request(decode_info_request(f).value()).value();
     case MsgType::kInfoReply:
@@ -494,6 +502,51 @@ TEST(WireMalformed, SlabFields) {
 
 // STORE carries a SLAB's payload: the same checks, named STORE. STORED: fixed 24 bytes, ids in
 // range, replica bytes within the budget.
+TEST(WireMalformed, UnstoreAndUnstoredFields) {
+  auto edit = [](std::vector<uint8_t> b, auto fn) {
+    fn(b);
+    return reseal(b);
+  };
+  const auto un = encode_unstore({.request_id = 41, .layer = 3, .expert = 5}).value();
+  EXPECT_EQ(parse_frame(un, kLim.max_frame_bytes).value().type(), MsgType::kUnstore);
+  auto q = decode_unstore(parse_frame(un, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+  EXPECT_EQ(q->layer, 3u);
+  EXPECT_EQ(q->expert, 5u);
+  expect_code(edit(un, [](auto& b) { put<uint32_t>(b, 0, 8); }), StatusCode::kCorrupt, "UNSTORE: layer 8 out of range");
+  expect_code(edit(un, [](auto& b) { put<uint32_t>(b, 4, 64); }), StatusCode::kCorrupt,
+              "UNSTORE: expert 64 out of range");
+  expect_code(edit(un, [](auto& b) { b.pop_back(); }), StatusCode::kCorrupt, "UNSTORE payload is 7 bytes");
+  expect_code(edit(un, [](auto& b) { std::memset(b.data() + 8, 0, 8); }), StatusCode::kCorrupt, "request id 0");
+  // A FETCH is not an UNSTORE, though the payloads are alike: the type decides what is asked.
+  EXPECT_FALSE(
+      decode_unstore(
+          parse_frame(encode_fetch({.request_id = 41, .layer = 3, .expert = 5}).value(), kLim.max_frame_bytes).value(),
+          kLim)
+          .is_ok());
+
+  const auto done =
+      encode_unstored({.request_id = 41, .layer = 3, .expert = 5, .replica_bytes = 0, .budget_bytes = 4096}).value();
+  ASSERT_EQ(done.size(), kHeaderBytes + 24);
+  auto back = decode_unstored(parse_frame(done, kLim.max_frame_bytes).value(), kLim);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_TRUE(check_unstored_matches(*q, *back).is_ok());
+  EXPECT_FALSE(check_unstored_matches({.request_id = 41, .layer = 3, .expert = 6}, *back).is_ok());
+  EXPECT_FALSE(check_unstored_matches({.request_id = 42, .layer = 3, .expert = 5}, *back).is_ok());
+  expect_code(edit(done, [](auto& b) { put<uint64_t>(b, 8, 5000); }), StatusCode::kCorrupt,
+              "UNSTORED: replica bytes 5000 at offset 8 over the budget of 4096 at offset 16");
+  // A STORED is not an UNSTORED.
+  EXPECT_FALSE(
+      decode_unstored(
+          parse_frame(
+              encode_stored({.request_id = 41, .layer = 3, .expert = 5, .replica_bytes = 0, .budget_bytes = 4096})
+                  .value(),
+              kLim.max_frame_bytes)
+              .value(),
+          kLim)
+          .is_ok());
+}
+
 TEST(WireMalformed, StoreAndStoredFields) {
   const auto store = encode_store(make_slab(31, 2, 7)).value();
   ASSERT_TRUE(decode_any(store, kLim).is_ok());

@@ -29,6 +29,8 @@ class Placement {
   // Workers holding the expert, ascending and without duplicates. More than one = replicas.
   std::span<const int32_t> holders(int layer, int expert) const { return holders_[at(layer, expert)]; }
   void add_holder(int layer, int expert, int worker);
+  // The worker no longer holds it (a replica it let go of); nothing when it was not a holder.
+  void remove_holder(int layer, int expert, int worker);
   // The backbone has this expert's weights (its own file maps them).
   bool local_copy(int layer, int expert) const { return local_[at(layer, expert)] != 0; }
   void set_local_copy(int layer, int expert, bool on) { local_[at(layer, expert)] = on ? 1 : 0; }

@@ -201,6 +201,9 @@ struct ExpertRequestReport {
   uint64_t failed = 0;                // not carried out (worker gone, keeps no replicas, full, a copy failed)
   uint64_t pending = 0;               // waiting for the next forward pass (or for their worker to answer)
   uint64_t sent = 0, sent_bytes = 0;  // copies STOREd on workers for them
+  // drop_experts: replicas workers let go of (UNSTORE), and experts kept because no other live
+  // worker (nor the backbone) holds them, or because they are the worker's own file's.
+  uint64_t dropped = 0, kept = 0;
   std::string last_error;
 };
 
@@ -365,6 +368,13 @@ class RemoteExecutor final : public ExpertExecutor {
   // The worker must keep replicas (`--replica-dir`, feature STORE). Outcome: expert_requests().
   void request_experts(const std::string& worker, std::vector<wire::ExpertRange> ranges);
   static constexpr int kExpertRequestWaitCalls = 256;
+  // The other way: `worker` lets go of its replicas of these experts (UNSTORE: unmapped, its file
+  // deleted, its replica budget free for others), so a re-plan that moves experts elsewhere does not
+  // leave them taking memory. Between calls, like request_experts: each expert first leaves the
+  // placement (no pair goes to it after), then the worker is told. Never the last holder: an expert
+  // no other live worker holds and the backbone has no copy of is kept (counted in `kept`), as is
+  // one that is the worker's own file's (it refuses: only replicas go). Outcome: expert_requests().
+  void drop_experts(const std::string& worker, std::vector<wire::ExpertRange> ranges);
   ExpertRequestReport expert_requests() const;
 
   // The counts below as a copy any thread may take while the executor runs (the dashboard),

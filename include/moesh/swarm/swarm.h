@@ -121,8 +121,8 @@ inline constexpr uint32_t kAllModes = (1u << static_cast<int>(wire::CombineMode:
 // The HELLO a process sends: model_id_bytes = 16 with the identity bytes, n_layer/n_expert/
 // n_embd from the shape, dtypes = kAllDTypes, modes = kAllModes, features = kFeatureFetch (a
 // worker serves FETCH, a backbone may send it), kFeatureInfo (a worker answers INFO with its
-// capacity) and, for a backbone, kFeatureStore (it may send STORE; a worker with a replica folder
-// adds the bit itself), the held experts' ranges (empty for a backbone),
+// capacity) and, for a backbone, kFeatureStore and kFeatureUnstore (it may send STORE and UNSTORE;
+// a worker with a replica folder adds the bits itself), the held experts' ranges (empty for a backbone),
 // the name.
 wire::Hello make_hello(wire::PeerRole role, const ModelIdentity& id, const ModelShape& shape, const ExpertSet& held,
                        std::string name);
@@ -174,6 +174,13 @@ class ExpertStore {
   // mapped. kInvalidArgument for another model or when a pair is already held. Not thread-safe: the worker excludes
   // lookups while it runs.
   Status absorb(std::unique_ptr<ExpertStore> other);
+  // Lets go of the replica holding (layer, expert) (a store absorb() took): held() and find() no
+  // longer include it, and the replica is handed back so the caller unmaps it (by destroying it)
+  // once no lookup can still read its weights — the worker holds its lookups' lock meanwhile.
+  // kNotFound when the expert is not held; kUnsupported when it is part of this store's own
+  // file (not a replica) or its replica holds other experts too (it goes only whole). Not
+  // thread-safe, like absorb().
+  Result<std::unique_ptr<ExpertStore>> release(uint32_t layer, uint32_t expert);
 
  private:
   ExpertStore() = default;
@@ -333,6 +340,7 @@ struct WorkerStats {
   std::atomic<uint64_t> stores{0};          // replicas received (STORE answered with STORED)
   std::atomic<uint64_t> store_refusals{0};  // STOREs refused (budget, hashes, shape, disk)
   std::atomic<uint64_t> replica_bytes{0};   // slab bytes of the replicas held now
+  std::atomic<uint64_t> unstores{0};        // replicas let go of (UNSTORE answered with UNSTORED)
   std::atomic<uint64_t> span_steps{0};      // SPAN_STEPs received (span peers)
   std::atomic<uint64_t> span_forwarded{0};  // chained steps received from another span peer
   std::atomic<uint64_t> span_forwards{0};   // chained steps passed on to the next span's peer

@@ -68,8 +68,12 @@ constexpr uint32_t kFeatureProbe = 1u << 6;
 // backbone asks, from its full model file or a slice fetched from its gateway, or says why it
 // cannot (docs/span.md#loading-blocks).
 constexpr uint32_t kFeatureSpanLoad = 1u << 7;
+// Worker: lets go of a replica it was sent (UNSTORE, answered with UNSTORED): it stops serving the
+// expert, unmaps it and deletes its file, so its replica budget is free for others; backbone: may
+// send UNSTORE. Only replicas (STOREd experts) can be let go of, never the worker's own file's.
+constexpr uint32_t kFeatureUnstore = 1u << 8;
 constexpr uint32_t kAllFeatures = kFeatureFetch | kFeatureAuth | kFeatureStore | kFeatureInfo | kFeatureSpan |
-                                  kFeatureSpanChain | kFeatureProbe | kFeatureSpanLoad;
+                                  kFeatureSpanChain | kFeatureProbe | kFeatureSpanLoad | kFeatureUnstore;
 
 // Message types, listed once with explicit numbers (never renumber; only append).
 enum class MsgType : uint16_t {
@@ -95,6 +99,8 @@ enum class MsgType : uint16_t {
   kProbeReply = 20,  // worker -> backbone: one round trip per address (same request id)
   kSpanHold = 21,    // backbone -> span peer: load (or let go of) blocks first..last   [kFeatureSpanLoad]
   kSpanHeld = 22,    // span peer -> backbone: the blocks it runs and loads (same request id)
+  kUnstore = 23,     // backbone -> worker: let go of your replica of (layer, expert)   [kFeatureUnstore]
+  kUnstored = 24,    // worker -> backbone: it is no longer served; the replica bytes left (same request id)
   kCOUNT
 };
 const char* msg_type_name(MsgType t);
@@ -373,6 +379,11 @@ struct StoredMsg {
   uint64_t budget_bytes = 0;   // the worker's replica budget (replica_bytes <= budget_bytes)
 };
 
+// UNSTORE: asks a worker to let go of its replica of one expert (a FETCH's payload: layer, expert).
+// Answered with UNSTORED (a STORED's payload: the replica bytes held after), or ERROR: NOT_HELD when
+// it does not hold the expert, UNSUPPORTED when the expert is its own file's, not a replica.
+using UnstoreMsg = FetchMsg;
+
 // INFO_REPLY: a worker's capacity, for the backbone's registry (`moesh swarm status`).
 struct InfoMsg {
   uint64_t request_id = 0;            // the INFO's
@@ -573,6 +584,8 @@ Result<std::vector<uint8_t>> encode_route(const RouteMsg& m);
 // decode_slab).
 Result<std::vector<uint8_t>> encode_store(const SlabMsg& m);
 Result<std::vector<uint8_t>> encode_stored(const StoredMsg& m);
+Result<std::vector<uint8_t>> encode_unstore(const UnstoreMsg& m);
+Result<std::vector<uint8_t>> encode_unstored(const StoredMsg& m);
 Result<std::vector<uint8_t>> encode_info_request(uint64_t request_id);
 Result<std::vector<uint8_t>> encode_info(const InfoMsg& m);
 Result<std::vector<uint8_t>> encode_span_step(const SpanStepMsg& m);
@@ -598,6 +611,8 @@ Result<AuthMsg> decode_auth(const Frame& f);
 Result<RouteMsg> decode_route(const Frame& f);
 Result<SlabMsg> decode_store(const Frame& f, const DecodeLimits& lim);
 Result<StoredMsg> decode_stored(const Frame& f, const DecodeLimits& lim);
+Result<UnstoreMsg> decode_unstore(const Frame& f, const DecodeLimits& lim);
+Result<StoredMsg> decode_unstored(const Frame& f, const DecodeLimits& lim);
 Result<SpanStepMsg> decode_span_step(const Frame& f, const DecodeLimits& lim);
 Result<SpanResultMsg> decode_span_result(const Frame& f, const DecodeLimits& lim);
 Result<SpanAwaitMsg> decode_span_await(const Frame& f, const DecodeLimits& lim);
@@ -615,6 +630,8 @@ Status check_combine_matches(const DispatchMsg& req, const CombineMsg& reply);
 Status check_slab_matches(const FetchMsg& req, const SlabMsg& reply);
 // The backbone's check that a STORED answers its STORE (id, layer, expert).
 Status check_stored_matches(const SlabMsg& req, const StoredMsg& reply);
+// The backbone's check that an UNSTORED answers its UNSTORE (id, layer, expert).
+Status check_unstored_matches(const UnstoreMsg& req, const StoredMsg& reply);
 
 // Payload sizes (bytes after the 32-byte header) — the formulas PROTOCOL.md tabulates.
 size_t dispatch_payload_bytes(uint32_t n_tokens, uint32_t n_pairs, uint32_t n_embd, WireDType t);
