@@ -6,6 +6,7 @@
 // serving another model are refused by name.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "dist/dist_util.h"
@@ -162,6 +163,110 @@ TEST(RemoteFailures, ExpertsGivenToAPeerAreCopiedToItBetweenCalls) {
   ASSERT_TRUE(run_model(*su.backbone, su.toks, remote).is_ok());
   EXPECT_NE(remote->expert_requests().last_error.find("keeps no replicas"), std::string::npos)
       << remote->expert_requests().last_error;
+}
+
+// The other way (RemoteExecutor::drop_experts, a re-plan moving experts off a peer): replicas
+// leave the placement, then their worker (UNSTORE), which deletes them; never the last holder of
+// an expert, never an expert of the worker's own file. Drops queued beside copies go first, and
+// one that was the last holder is tried again after the copies. The bits stay all-local.
+TEST(RemoteFailures, ReplicasLetGoOfLeaveThePlacementButNeverTheLastHolder) {
+  SliceSetup su = slice_setup("drop", 8);
+  ASSERT_TRUE(su.backbone != nullptr);
+  ASSERT_EQ(su.model->hparams().n_layer, 2u);
+  // a: everything but layer 1 expert 0, which only b holds (its own file); c and d keep replicas.
+  const std::string all_but = "0:*,1:1-15";
+  const std::string dir_c = temp_dir() + "/drop-c", dir_d = temp_dir() + "/drop-d";
+  std::filesystem::remove_all(dir_c);
+  std::filesystem::remove_all(dir_d);
+  auto a = WorkerProcess::spawn(su.path, all_but);
+  auto b = WorkerProcess::spawn(su.path, "1:0");
+  auto c = WorkerProcess::spawn(su.path, "0:0", 1, std::chrono::milliseconds(20000),
+                                {"--replica-dir", dir_c, "--replica-mb", "64"});
+  auto d = WorkerProcess::spawn(su.path, "0:1", 1, std::chrono::milliseconds(20000),
+                                {"--replica-dir", dir_d, "--replica-mb", "64"});
+  ASSERT_TRUE(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
+  const std::string ca = (*c)->address().to_string(), da = (*d)->address().to_string();
+  auto exec = RemoteExecutor::connect(
+      *su.backbone, {(*a)->address(), (*b)->address(), (*c)->address(), (*d)->address()}, RemoteOptions{});
+  ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
+  std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
+  auto holders = [&](int l, int e) {
+    const auto hs = remote->placement().holders(l, e);
+    return std::vector<int32_t>(hs.begin(), hs.end());
+  };
+  auto pass_is_local = [&](const char* what) {
+    auto got = run_model(*su.backbone, su.toks, remote);
+    ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+    EXPECT_EQ(std::memcmp(got->data(), su.local.data(), got->size() * sizeof(float)), 0) << what;
+  };
+  // c gets copies of 1:0 (from b) and 0:3 (from a).
+  remote->request_experts(ca, {{1, 0, 1}, {0, 3, 1}});
+  pass_is_local("copies");
+  EXPECT_EQ(holders(1, 0), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(holders(0, 3), (std::vector<int32_t>{0, 2}));
+  EXPECT_TRUE(std::filesystem::exists(dir_c + "/replica-0-3.gguf"));
+
+  // c lets go of 0:3 (a holds it); its own 0:0 is kept (the worker refuses: not a replica), and so
+  // is a's 0:0 (a keeps no replicas: it lets go of nothing).
+  remote->drop_experts(ca, {{0, 3, 1}, {0, 0, 1}});
+  remote->drop_experts((*a)->address().to_string(), {{0, 0, 1}});
+  pass_is_local("drops");
+  EXPECT_EQ(holders(0, 3), (std::vector<int32_t>{0}));
+  EXPECT_EQ(holders(0, 0), (std::vector<int32_t>{0, 2}));
+  EXPECT_FALSE(std::filesystem::exists(dir_c + "/replica-0-3.gguf"));
+  ExpertRequestReport r = remote->expert_requests();
+  EXPECT_EQ(r.dropped, 1u);
+  EXPECT_EQ(r.kept, 2u);
+  EXPECT_EQ(r.failed, 2u);
+  EXPECT_EQ(r.pending, 0u);
+  std::string held_c;
+  for (const WorkerStatus& s : remote->worker_status())
+    if (s.address == ca) held_c = s.experts;
+  EXPECT_EQ(held_c, "0-1:0");  // its own 0:0 and the replica 1:0
+
+  // A worker that comes back with fewer experts than it had (d lost a replica while down: another
+  // backbone had it let go of, or its disk) is taken in while someone else holds what it lacks.
+  remote->request_experts(da, {{0, 3, 1}});
+  pass_is_local("copy to d");
+  ASSERT_EQ(holders(0, 3), (std::vector<int32_t>{0, 3}));
+  (*d)->kill_now();
+  ASSERT_TRUE(std::filesystem::remove(dir_d + "/replica-0-3.gguf"));
+  for (int i = 0; i < 8 && !remote->worker_down(3); ++i) pass_is_local("d gone");
+  ASSERT_TRUE(remote->worker_down(3));
+  auto d2 = WorkerProcess::spawn_command({"worker", "-m", su.path, "--experts", "0:1", "--listen", da, "-t", "1",
+                                          "--replica-dir", dir_d, "--replica-mb", "64"},
+                                         "worker d");
+  ASSERT_TRUE(d2.is_ok()) << d2.status().to_string();
+  remote->poll_rejoins(true);
+  ASSERT_FALSE(remote->worker_down(3));
+  EXPECT_EQ(holders(0, 3), (std::vector<int32_t>{0}));
+  pass_is_local("d back");
+
+  // b is killed: c's replica of 1:0 is its only holder now, and is kept when asked to go.
+  (*b)->kill_now();
+  pass_is_local("b gone");
+  remote->drop_experts(ca, {{1, 0, 1}});
+  pass_is_local("last holder");
+  r = remote->expert_requests();
+  EXPECT_EQ(r.dropped, 1u);
+  EXPECT_EQ(r.kept, 3u);
+  EXPECT_NE(r.last_error.find("no other live worker holds them"), std::string::npos) << r.last_error;
+  EXPECT_TRUE(std::filesystem::exists(dir_c + "/replica-1-0.gguf"));
+  // Asked in one go with a copy to d: the drop waits for the copy, then goes (a move c -> d).
+  remote->drop_experts(ca, {{1, 0, 1}});
+  remote->request_experts(da, {{1, 0, 1}});
+  pass_is_local("move");
+  EXPECT_EQ(holders(1, 0), (std::vector<int32_t>{1, 3}));  // b (1) is down
+  EXPECT_FALSE(std::filesystem::exists(dir_c + "/replica-1-0.gguf"));
+  EXPECT_TRUE(std::filesystem::exists(dir_d + "/replica-1-0.gguf"));
+  r = remote->expert_requests();
+  EXPECT_EQ(r.dropped, 2u);
+  EXPECT_EQ(r.pending, 0u);
+  // Asked again for its own 0:0: not sent (refused before), kept.
+  remote->drop_experts(ca, {{0, 0, 1}});
+  pass_is_local("own again");
+  EXPECT_EQ(remote->expert_requests().kept, 4u);
+  EXPECT_EQ(holders(0, 0), (std::vector<int32_t>{0, 2}));
 }
 
 TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadlineWithoutFailover) {
