@@ -101,14 +101,17 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
     if (str(r, "role") == "span" || span_peer) span_peers[str(r, "peer")] = str(r, "addr");
     live_role[str(r, "peer")] = r;
   }
-  // The expert roles that change: what each such peer is to hold (carried out as copies).
+  // The expert roles that change: what each such peer is to hold (carried out as copies of what it
+  // lacks, and its replicas of what it is not to hold let go of). A live expert holder the plan
+  // gives another role (or none) is to hold nothing.
   for (const auto& r : objects_of(plan, "roles")) {
-    if (str(r, "role") != "experts" || str(r, "experts").empty()) continue;
+    const bool holds = str(r, "role") == "experts" && !str(r, "experts").empty();
     auto it = live_role.find(str(r, "peer"));
-    if (it != live_role.end() && str(it->second, "role") == "experts" &&
-        str(it->second, "experts") == str(r, "experts"))
-      continue;
-    d.experts.push_back({str(r, "peer"), str(r, "addr"), str(r, "experts")});
+    const bool held =
+        it != live_role.end() && str(it->second, "role") == "experts" && !str(it->second, "experts").empty();
+    if (!holds && !held) continue;
+    if (holds && held && str(it->second, "experts") == str(r, "experts")) continue;
+    d.experts.push_back({str(r, "peer"), str(r, "addr"), holds ? str(r, "experts") : std::string()});
   }
   const SpanListChange c = span_list_change(live, plan);
   if (!c.same && !c.live) {
@@ -225,7 +228,8 @@ struct AutoReplanner::ExpertAsk {
   std::string worker;
   std::string dial;  // non-empty: dial it first (a span peer made an expert holder)
   std::vector<wire::ExpertRange> missing;
-  std::string text;  // "PEER: SPEC" for the status
+  std::vector<wire::ExpertRange> extra;  // held and not the plan's: let go of (replicas only)
+  std::string text;                      // "PEER: SPEC" for the status
 };
 
 Result<std::vector<AutoReplanner::ExpertAsk>> AutoReplanner::expert_asks(
@@ -239,9 +243,12 @@ Result<std::vector<AutoReplanner::ExpertAsk>> AutoReplanner::expert_asks(
   MOESH_ASSIGN_OR_RETURN(swarm::ModelShape shape, swarm::model_shape(model_->file()));
   const std::vector<WorkerStatus> ws = remote_->worker_status();
   for (const AutoReplanExperts& c : changes) {
-    MOESH_ASSIGN_OR_RETURN(swarm::ExpertSet want, swarm::parse_expert_spec(c.experts, shape));
+    swarm::ExpertSet want;
+    if (!c.experts.empty()) {
+      MOESH_ASSIGN_OR_RETURN(want, swarm::parse_expert_spec(c.experts, shape));
+    }
     ExpertAsk a;
-    a.text = c.peer + ": " + c.experts;
+    a.text = c.peer + ": " + (c.experts.empty() ? std::string("none") : c.experts);
     swarm::ExpertSet held;
     const WorkerStatus* w = nullptr;
     for (const WorkerStatus& x : ws) {
@@ -254,6 +261,7 @@ Result<std::vector<AutoReplanner::ExpertAsk>> AutoReplanner::expert_asks(
       auto h = swarm::parse_expert_spec(w->experts, shape);
       if (h) held = std::move(*h);
     } else {
+      if (c.experts.empty()) continue;  // to hold nothing, and holds nothing here
       if (c.addr.empty())
         return make_error(StatusCode::kUnavailable,
                           "the plan gives experts to {}, which is no worker of this gateway and has no address",
@@ -261,12 +269,20 @@ Result<std::vector<AutoReplanner::ExpertAsk>> AutoReplanner::expert_asks(
       a.worker = c.addr;
       a.dial = c.addr;
     }
-    std::vector<wire::ExpertRange> missing;
+    std::vector<wire::ExpertRange> missing, extra;
     for (const wire::ExpertRange& r : want.ranges)
       for (uint32_t k = 0; k < r.count; ++k)
         if (!held.holds(r.layer, r.first + k)) missing.push_back({r.layer, r.first + k, 1});
+    // Only a worker that keeps replicas has any to let go of (the rest of what it holds is its own
+    // file's, and stays).
+    if (w != nullptr && w->replica_budget_bytes > 0)
+      for (const wire::ExpertRange& r : held.ranges)
+        for (uint32_t k = 0; k < r.count; ++k)
+          if (!want.holds(r.layer, r.first + k)) extra.push_back({r.layer, r.first + k, 1});
     a.missing = swarm::canonicalize(std::move(missing)).ranges;
-    if (!a.missing.empty()) out.push_back(std::move(a));
+    a.extra = swarm::canonicalize(std::move(extra)).ranges;
+    if (!a.extra.empty()) a.text += " (let go of " + swarm::canonicalize(a.extra).to_string() + ")";
+    if (!a.missing.empty() || !a.extra.empty()) out.push_back(std::move(a));
   }
   return out;
 }
@@ -398,7 +414,10 @@ void AutoReplanner::check() {
       Status dialled = remote_->dial_worker(*addr);
       if (!dialled.is_ok() && dialled.code() != StatusCode::kInvalidArgument) st = dialled;  // else: dialled already
     }
-    if (st.is_ok()) remote_->request_experts(a.worker, a.missing);
+    // Copies first, then what it is to let go of: the executor sends the drops before the copies
+    // (they free replica budget) and tries those that were an expert's last holder again after.
+    if (st.is_ok() && !a.missing.empty()) remote_->request_experts(a.worker, a.missing);
+    if (st.is_ok() && !a.extra.empty()) remote_->drop_experts(a.worker, a.extra);
   }
   std::lock_guard<std::mutex> lk(mu_);
   last_ = {{"from", from}, {"to", to}, {"gain", d.gain}, {"ok", st.is_ok()}};
@@ -437,9 +456,9 @@ nlohmann::json AutoReplanner::status() const {
                    {"last_why", last_why_}};
   if (remote_ != nullptr) {
     const ExpertRequestReport r = remote_->expert_requests();
-    j["experts"] = {{"requests", r.requests},    {"done", r.done},   {"failed", r.failed},
-                    {"pending", r.pending},      {"copies", r.sent}, {"copied_bytes", r.sent_bytes},
-                    {"last_error", r.last_error}};
+    j["experts"] = {{"requests", r.requests}, {"done", r.done},   {"failed", r.failed},
+                    {"pending", r.pending},   {"copies", r.sent}, {"copied_bytes", r.sent_bytes},
+                    {"dropped", r.dropped},   {"kept", r.kept},   {"last_error", r.last_error}};
   }
   if (!last_.is_null()) {
     j["last"] = last_;

@@ -72,7 +72,7 @@ class AutoReplanner {
   void stop();
   // {"every_s", "checks", "applied", "failed", "last_why", "last": {"from", "to", "gain", "ok",
   // "error", "seconds_ago", "experts"}} (last: the last re-plan tried), "experts": the executor's
-  // ExpertRequestReport (requests, done, failed, pending, copies, copied_bytes, last_error).
+  // ExpertRequestReport (requests, done, failed, pending, copies, copied_bytes, dropped, kept, last_error).
   nlohmann::json status() const;
 
  private:

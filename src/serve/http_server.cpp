@@ -945,6 +945,38 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
     res.status = 202;
     res.set_content(json{{"dialing", addr->to_string()}}.dump(2), "application/json");
   });
+  // Experts given to a worker, or replicas it is to let go of, while serving (`moesh swarm move URL
+  // --experts SPEC@HOST:PORT` / `--drop-experts`; RemoteExecutor::request_experts / drop_experts):
+  // body {"worker": W, "give": SPEC} or {"worker": W, "drop": SPEC}, W its address, name or label.
+  // Carried out between calls (202); /swarm/status "expert_requests" tells the outcome. Admin only:
+  // it changes who computes and what workers keep.
+  svr.Post("/swarm/workers/experts", [m](const httplib::Request& req, httplib::Response& res) {
+    auto err = [&](int http, std::string code, std::string msg) { send_admin_error(res, http, code, msg); };
+    if (!m->admin(req, res, "expert moves")) return;
+    if (m->t.remote == nullptr)
+      return err(404, "no_workers",
+                 "this gateway dispatches to no workers (start it with --worker or --accept-workers)");
+    const json body = json::parse(req.body, nullptr, false);
+    const bool give = body.is_object() && body.contains("give") && body["give"].is_string();
+    const bool drop = body.is_object() && body.contains("drop") && body["drop"].is_string();
+    if (!body.is_object() || !body.contains("worker") || !body["worker"].is_string() || give == drop)
+      return err(400, "invalid_body",
+                 "the body must be {\"worker\": \"HOST:PORT\", \"give\": \"SPEC\"} (copies of those experts) or "
+                 "{\"worker\": \"HOST:PORT\", \"drop\": \"SPEC\"} (let go of its replicas of them)");
+    auto shape = swarm::model_shape(m->t.model->file());
+    if (!shape) return err(500, "model_shape", shape.status().message());
+    const std::string spec = body[give ? "give" : "drop"].get<std::string>();
+    auto set = swarm::parse_expert_spec(spec, *shape);
+    if (!set) return err(400, "invalid_experts", set.status().message());
+    const std::string worker = body["worker"].get<std::string>();
+    if (give)
+      m->t.remote->request_experts(worker, set->ranges);
+    else
+      m->t.remote->drop_experts(worker, set->ranges);
+    res.status = 202;
+    res.set_content(json{{give ? "giving" : "dropping", set->to_string()}, {"worker", worker}}.dump(2),
+                    "application/json");
+  });
   // The backbone's side of the work ledger (serve/ledger.h); `moesh swarm ledger` reads it.
   svr.Get("/swarm/ledger", [m](const httplib::Request&, httplib::Response& res) {
     const RemoteExecutor* r = m->t.remote;

@@ -165,6 +165,11 @@ nlohmann::json swarm_status_json(const RemoteExecutor* remote, const SpanClient*
                             {"peer_rtt_ms", peer_rtts_json(w)},
                             {"paths", paths_json(w)}});
   }
+  // Experts asked of workers (a re-plan, POST /swarm/workers/experts): copies and replicas let go of.
+  const ExpertRequestReport er = remote->expert_requests();
+  j["expert_requests"] = {{"requests", er.requests}, {"done", er.done},   {"failed", er.failed},
+                          {"pending", er.pending},   {"copies", er.sent}, {"copied_bytes", er.sent_bytes},
+                          {"dropped", er.dropped},   {"kept", er.kept},   {"last_error", er.last_error}};
   // Dialled workers that have not answered since start-up (re-dialled in the background).
   j["late"] = nlohmann::json::array();
   for (const RemoteExecutor::LateWorker& l : remote->late_workers())
@@ -225,6 +230,17 @@ std::string render_swarm_status(const nlohmann::json& j) {
     for (const nlohmann::json& l : j["late"])
       s += fmt::format("not answering since start-up: {} ({} tries; last: {})\n", str(l, "address"),
                        static_cast<uint64_t>(num(l, "attempts")), str(l, "last_error"));
+  }
+  if (j.contains("expert_requests") && j["expert_requests"].is_object() && num(j["expert_requests"], "requests") > 0) {
+    const nlohmann::json& e = j["expert_requests"];
+    s += fmt::format(
+        "expert requests: {} done, {} failed, {} pending; {} copies ({:.2f} MiB), {} replicas let go of, {} "
+        "kept{}\n",
+        static_cast<uint64_t>(num(e, "done")), static_cast<uint64_t>(num(e, "failed")),
+        static_cast<uint64_t>(num(e, "pending")), static_cast<uint64_t>(num(e, "copies")),
+        num(e, "copied_bytes") / 1048576.0, static_cast<uint64_t>(num(e, "dropped")),
+        static_cast<uint64_t>(num(e, "kept")),
+        str(e, "last_error").empty() ? "" : " (last error: " + str(e, "last_error") + ")");
   }
   // What each worker offers (its INFO_REPLY): threads, memory, room for replicas.
   if (j.contains("workers") && j["workers"].is_array()) {

@@ -127,7 +127,8 @@ TEST(AutoReplan, AnExpertWorkerThatLoadsBlocksMayBecomeASpanPeer) {
 }
 
 // Expert roles that change are given to their peers (the spans staying as they are): a worker
-// given more experts, and a span peer made an expert holder (its blocks come here).
+// given more experts, a worker the plan leaves idle (to hold nothing: its replicas are let go of),
+// and a span peer made an expert holder (its blocks come here).
 TEST(AutoReplan, ExpertRolesThatChangeAreGiven) {
   const json live = {role("A", "span", "0-1", "h:1"), role("W", "experts", "2-3:0-3", "h:3"),
                      role("V", "experts", "2-3:4-7", "h:4")};
@@ -135,10 +136,19 @@ TEST(AutoReplan, ExpertRolesThatChangeAreGiven) {
       live, {role("A", "span", "0-1", "h:1"), role("W", "experts", "2-3:*", "h:3"), role("V", "idle", "", "h:4")}));
   ASSERT_TRUE(d.apply) << d.why;
   EXPECT_TRUE(d.spans.empty());
-  ASSERT_EQ(d.experts.size(), 1u);
+  ASSERT_EQ(d.experts.size(), 2u);
   EXPECT_EQ(d.experts[0].peer, "W");
   EXPECT_EQ(d.experts[0].addr, "h:3");
   EXPECT_EQ(d.experts[0].experts, "2-3:*");
+  EXPECT_EQ(d.experts[1].peer, "V");
+  EXPECT_EQ(d.experts[1].experts, "");
+  // A worker given fewer experts is listed with what it is to keep.
+  d = decide_auto_replan(replan(live, {role("A", "span", "0-1", "h:1"), role("W", "experts", "2-3:*", "h:3"),
+                                       role("V", "experts", "2:4-7", "h:4")}));
+  ASSERT_TRUE(d.apply) << d.why;
+  ASSERT_EQ(d.experts.size(), 2u);
+  EXPECT_EQ(d.experts[1].peer, "V");
+  EXPECT_EQ(d.experts[1].experts, "2:4-7");
   d = decide_auto_replan(replan(live, {role("A", "experts", "2-3:0-3", "h:1"), role("W", "experts", "2-3:0-3", "h:3"),
                                        role("V", "experts", "2-3:4-7", "h:4")}));
   ASSERT_TRUE(d.apply) << d.why;

@@ -41,6 +41,8 @@ struct SwarmArgs {
   bool resplit = false;                     // swarm move: new span edges (implied by several --span)
   std::string admin_key;                    // swarm move: the gateway's --admin-key
   std::vector<std::string> add_workers;     // swarm move --worker HOST:PORT: workers the gateway takes in
+  std::vector<std::string> give_experts;    // swarm move --experts SPEC@WORKER
+  std::vector<std::string> drop_experts;    // swarm move --drop-experts SPEC@WORKER
 };
 
 Result<nlohmann::json> get_json(const std::string& url, const std::string& path, int timeout_s) {
@@ -489,17 +491,57 @@ int run_lanes(const SwarmArgs& a) {
   return 0;
 }
 
+// `moesh swarm move URL --experts SPEC@WORKER` (or --drop-experts): copies of experts given to a
+// worker, or its replicas of them let go of (POST /swarm/workers/experts). The gateway carries them
+// out between calls; `swarm status` shows the outcome.
+int run_experts(const SwarmArgs& a) {
+  const bool give = !a.give_experts.empty();
+  httplib::Client cli(base_url(a.urls.at(0)));
+  cli.set_connection_timeout(a.timeout_s, 0);
+  cli.set_read_timeout(a.timeout_s, 0);
+  httplib::Headers h;
+  if (!a.admin_key.empty()) h.emplace("Authorization", "Bearer " + a.admin_key);
+  for (const std::string& x : give ? a.give_experts : a.drop_experts) {
+    const size_t at = x.rfind('@');
+    if (at == std::string::npos || at == 0 || at + 1 == x.size()) {
+      std::fprintf(stderr, "moesh swarm move: error: --%s must be SPEC@WORKER (e.g. 0-3:0-7@10.0.0.5:9000), not '%s'\n",
+                   give ? "experts" : "drop-experts", x.c_str());
+      return 2;
+    }
+    const nlohmann::json body = {{"worker", x.substr(at + 1)}, {give ? "give" : "drop", x.substr(0, at)}};
+    auto res = cli.Post("/swarm/workers/experts", h, body.dump(), "application/json");
+    if (!res) {
+      std::fprintf(stderr, "moesh swarm move: error: %s/swarm/workers/experts: %s\n", base_url(a.urls[0]).c_str(),
+                   httplib::to_string(res.error()).c_str());
+      return 1;
+    }
+    if (res->status != 202) {
+      std::fprintf(stderr, "moesh swarm move: error: HTTP %d: %s\n", res->status, api_error_message(res->body).c_str());
+      return 1;
+    }
+    if (a.json)
+      std::printf("%s\n", res->body.c_str());
+    else
+      std::printf("%s %s %s (between calls: moesh swarm status %s)\n", give ? "giving" : "letting go of",
+                  x.substr(0, at).c_str(),
+                  give ? ("to " + x.substr(at + 1)).c_str() : ("on " + x.substr(at + 1)).c_str(), a.urls[0].c_str());
+  }
+  return 0;
+}
+
 // `moesh swarm move URL --span 12-23@HOST:PORT --admin-key KEY`: a planned span move on a running
 // gateway (POST /swarm/spans/move; docs/serve.md#moving-a-span); several --span: a resplit.
 int run_move(const SwarmArgs& a) {
-  const int kinds =
-      !a.move.empty() + !a.add_workers.empty() + !a.add_span_peers.empty() + !a.lanes.empty() + !a.drop_lanes.empty();
+  const int kinds = !a.move.empty() + !a.add_workers.empty() + !a.add_span_peers.empty() + !a.lanes.empty() +
+                    !a.drop_lanes.empty() + !a.give_experts.empty() + !a.drop_experts.empty();
   if (kinds != 1) {
     std::fprintf(stderr,
                  "moesh swarm move: error: give one of --span (span moves), --worker (workers to take in), "
-                 "--span-peer (span peers to make known), --lane and --drop-lane (span lanes)\n");
+                 "--span-peer (span peers to make known), --lane and --drop-lane (span lanes), --experts and "
+                 "--drop-experts (expert copies)\n");
     return 2;
   }
+  if (!a.give_experts.empty() || !a.drop_experts.empty()) return run_experts(a);
   if (!a.add_workers.empty()) return run_add_workers(a);
   if (!a.add_span_peers.empty()) return run_add_span_peers(a);
   if (!a.lanes.empty() || !a.drop_lanes.empty()) return run_lanes(a);
@@ -590,6 +632,13 @@ const CommandRegistrar kRegisterSwarm{Command{
       mv->add_option("--drop-lane", a->drop_lanes,
                      "FIRST-LAST@HOST:PORT: let that lane of span FIRST-LAST go (its sequences are replayed on the "
                      "span's runner; repeatable)");
+      mv->add_option("--experts", a->give_experts,
+                     "SPEC@WORKER: copies of those experts (e.g. 0-3:0-7,5:*) given to that worker (its address, "
+                     "name or label; it needs --replica-dir), from the gateway or a holder, hash-checked; "
+                     "repeatable");
+      mv->add_option("--drop-experts", a->drop_experts,
+                     "SPEC@WORKER: that worker lets go of its replicas of those experts (never an expert's last "
+                     "holder, never its own file's); repeatable");
       mv->add_flag("--resplit", a->resplit,
                    "Take the --span list as the new span list even when it is one span (e.g. two spans merged)");
       mv->add_option("--admin-key", a->admin_key, "The gateway's --admin-key");

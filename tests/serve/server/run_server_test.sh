@@ -1310,7 +1310,7 @@ NEAR_PID=$!
 PIDS+=("$NEAR_PID")
 NEAR="127.0.0.1:$(wait_port "$TMP/near.log" "$NEAR_PID")"
 start_server xr -m "$SPAN_MODEL" --worker "$FARP" --worker "$NEAR" --parallel 2 -c 4096 --threads 1 \
-  --auto-replan 0.3
+  --auto-replan 0.3 --admin-key s3cret
 expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "experts re-plan: greedy text before"
 wait_auto_replan "$TMP/xr_status.json"
 expect_eq "$(js 'j.auto_replan.last.experts' <"$TMP/xr_status.json")" "near: 0-3:*" \
@@ -1322,6 +1322,34 @@ expect_eq "$(js 'j.auto_replan.experts.done + " " + j.auto_replan.experts.failed
 expect_eq "$(js 'j.workers.filter(w => w.name == "near")[0].experts' <"$TMP/xr_status2.json")" "0-3:0-7" \
   "experts re-plan: the near worker holds every expert now"
 grep -q "experts for .*near.*copied" "$TMP/xr.log.err" || fail "experts re-plan: the copies are not logged"
+# The other way (`swarm move --drop-experts`, UNSTORE): the near worker lets go of its replicas of
+# layers 1-3 (the far one holds them: pairs go back to it); its own 0:0 is kept (not a replica). Its
+# replica files are deleted, its budget is free, and the text stays the local server's.
+ls "$TMP/near_replicas"/replica-1-*.gguf >/dev/null 2>&1 || fail "experts re-plan: no replica files of layer 1"
+"$MOESH" swarm move "$BASE" --drop-experts '1-3:*@near' --admin-key s3cret >"$TMP/xr_drop.out" 2>&1 ||
+  fail "swarm move --drop-experts: $(cat "$TMP/xr_drop.out")"
+"$MOESH" swarm move "$BASE" --drop-experts '0:0@near' --admin-key s3cret >/dev/null 2>&1 ||
+  fail "swarm move --drop-experts 0:0"
+expect_eq "$(greedy "${PROMPTS[0]}" 16)" "$want4_short" "experts dropped: greedy text after"
+curl -sS "$BASE/swarm/status" >"$TMP/xr_status3.json"
+expect_eq "$(js 'j.expert_requests.dropped + " " + j.expert_requests.kept + " " + j.expert_requests.pending' \
+  <"$TMP/xr_status3.json")" "24 1 0" "experts dropped: 24 replicas let go of, the worker's own 0:0 kept"
+expect_eq "$(js 'j.workers.filter(w => w.name == "near")[0].experts' <"$TMP/xr_status3.json")" "0:0-7" \
+  "experts dropped: the near worker holds layer 0 only"
+expect_eq "$(js 'j.workers.filter(w => w.name == "near")[0].replica_bytes > 0' <"$TMP/xr_status3.json")" "true" \
+  "experts dropped: layer 0's replicas still count"
+if ls "$TMP/near_replicas"/replica-1-*.gguf >/dev/null 2>&1; then fail "experts dropped: replica files of layer 1 remain"; fi
+grep -q "let go of its replica of layer 3 expert 7" "$TMP/near.log.err" || fail "experts dropped: the worker did not log it"
+"$MOESH" swarm status "$BASE" >"$TMP/xr_status3.txt"
+grep -q "24 replicas let go of, 1 kept" "$TMP/xr_status3.txt" || fail "swarm status: no expert request line: $(cat "$TMP/xr_status3.txt")"
+ok "experts dropped: the replica files are gone and swarm status says so"
+"$MOESH" swarm move "$BASE" --drop-experts '1:0@near' --admin-key nope >/dev/null 2>"$TMP/xr_bad.err" &&
+  fail "swarm move --drop-experts with a wrong admin key succeeded"
+grep -q "HTTP 401" "$TMP/xr_bad.err" || fail "swarm move --drop-experts, wrong key: $(cat "$TMP/xr_bad.err")"
+"$MOESH" swarm move "$BASE" --drop-experts '9:0@near' --admin-key s3cret >/dev/null 2>"$TMP/xr_bad2.err" &&
+  fail "swarm move --drop-experts of a layer beyond the model succeeded"
+grep -q "HTTP 400" "$TMP/xr_bad2.err" || fail "swarm move --drop-experts 9:0: $(cat "$TMP/xr_bad2.err")"
+ok "swarm move --drop-experts: a wrong key and a bad spec are refused"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
