@@ -125,7 +125,7 @@ class Sim {
 
   void run_layer(int l) {
     if (l >= m_.n_layer()) {
-      backbone_compute(m_.global_s * tokens_per_step() / po_.backbone_speed, [this] { end_step(); });
+      backbone_compute(m_.global_s * m_.rows_cost(tokens_per_step()) / po_.backbone_speed, [this] { end_step(); });
       return;
     }
     const int h = plan_.layer_host[static_cast<size_t>(l)];
@@ -162,7 +162,7 @@ class Sim {
     double c = 0;
     for (int l = first; l <= last; ++l) {
       const PlanLayer& L = m_.layers[static_cast<size_t>(l)];
-      c += (L.dense_s + (L.moe ? m_.n_expert_used * L.expert_s : 0.0)) * rows;
+      c += (L.dense_s + (L.moe ? m_.n_expert_used * L.expert_s : 0.0)) * m_.rows_cost(rows);
     }
     return c;
   }
@@ -417,7 +417,7 @@ class Sim {
   void backbone_layer(int l, std::function<void()> done) {
     const int T = tokens_per_step();
     const PlanLayer& L = m_.layers[static_cast<size_t>(l)];
-    backbone_compute(L.dense_s * T / po_.backbone_speed, [this, l, T, done = std::move(done)] {
+    backbone_compute(L.dense_s * m_.rows_cost(T) / po_.backbone_speed, [this, l, T, done = std::move(done)] {
       const PlanLayer& Ly = m_.layers[static_cast<size_t>(l)];
       if (!Ly.moe) {
         done();

@@ -125,7 +125,7 @@ double span_cost_rows(const PlanModel& m, const PlanOptions& o, const PlanPeer& 
   double c = p.rtt_s + 2 * o.message_s + wire_s(p.rate_bps, T * rows);
   for (int l = first; l <= last; ++l) {
     const PlanLayer& L = m.layers[static_cast<size_t>(l)];
-    c += (L.dense_s + (L.moe ? m.n_expert_used * L.expert_s : 0.0)) * T / p.speed;
+    c += (L.dense_s + (L.moe ? m.n_expert_used * L.expert_s : 0.0)) * m.rows_cost(T) / p.speed;
   }
   return c;
 }
@@ -334,7 +334,7 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
     for (int l = 0; l < L; ++l)
       if (m.layers[static_cast<size_t>(l)].moe)
         bl[static_cast<size_t>(j)][static_cast<size_t>(l)] =
-            m.layers[static_cast<size_t>(l)].dense_s * T / o.backbone_speed +
+            m.layers[static_cast<size_t>(l)].dense_s * m.rows_cost(T) / o.backbone_speed +
             layer_trip(m, o, l, fill.holders, segs, m.p.empty() ? nullptr : &shares[static_cast<size_t>(l)]).expected_s;
   }
   auto idx = [&](int pos, int s, int kb, int nd, int pv) {
@@ -369,7 +369,7 @@ Candidate best_for_split(const PlanModel& m, const std::vector<PlanPeer>& peers,
               if (kb + 1 < KB)
                 relax(idx(pos + 1, s, kb + 1, nd, 0), c0 + bl[static_cast<size_t>(kb)][static_cast<size_t>(pos)], -1);
             } else if (nd + 1 < ND) {
-              relax(idx(pos + 1, s, kb, nd + 1, 0), c0 + Ly.dense_s * T / o.backbone_speed, -1);
+              relax(idx(pos + 1, s, kb, nd + 1, 0), c0 + Ly.dense_s * m.rows_cost(T) / o.backbone_speed, -1);
             }
             // Ordered: candidate s is skipped (it stays idle) or is the next span. (A skip forgets
             // the span that just ended: the heuristic then prices no chain across an idle peer.)
@@ -567,7 +567,7 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
   }
   // Costs, layer by layer.
   plan->layer_s.assign(static_cast<size_t>(L), 0.0);
-  plan->step_s = m.global_s * T / o.backbone_speed;
+  plan->step_s = m.global_s * m.rows_cost(T) / o.backbone_speed;
   plan->trips_per_step = 0;
   plan->backbone_bytes = m.global_bytes;
   for (int l = 0; l < L; ++l) {
@@ -603,7 +603,7 @@ Status evaluate_plan(const PlanModel& m, const std::vector<PlanPeer>& peers, con
       }
     } else {
       plan->backbone_bytes += Ly.dense_bytes + Ly.state_bytes;
-      c = Ly.dense_s * T / o.backbone_speed;
+      c = Ly.dense_s * m.rows_cost(T) / o.backbone_speed;
       if (Ly.moe) {
         std::vector<Seg> segs;
         const auto& own = owner[static_cast<size_t>(l)];

@@ -176,6 +176,44 @@ TEST(Simulate, LanesShareTheStreamsAsThePlannerPricesThem) {
   EXPECT_GT(r->peer_busy_s[static_cast<size_t>(1 - lane)], r->peer_busy_s[static_cast<size_t>(lane)]);
 }
 
+// A batch reads a layer's weights once (PlanModel::row_share < 1): a span's compute of T rows is
+// 1 + r (T - 1) rows', in the planner and the simulator alike, so a lane (each holder half the
+// rows) gains less than with linear compute, and the simulated step still equals the planned one.
+TEST(Simulate, ARowShareBelowOnePricesBatchesAsThePlannerDoes) {
+  PlanModel m = model(4);
+  std::vector<PlanPeer> peers = four(0.02);
+  peers.resize(2);
+  PlanOptions po;
+  po.message_s = 1e-4;
+  po.tokens_per_step = 8;
+  po.backbone_memory_bytes = 8 * kSimMiB;
+  auto linear = plan_swarm(m, peers, po);
+  ASSERT_TRUE(linear.is_ok());
+  m.row_share = 0.5;
+  EXPECT_DOUBLE_EQ(m.rows_cost(8), 4.5);
+  EXPECT_DOUBLE_EQ(m.rows_cost(1), 1.0);
+  EXPECT_DOUBLE_EQ(m.rows_cost(0.5), 0.5);
+  auto plan = plan_swarm(m, peers, po);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  // The span's compute shrinks from 8 rows' to 4.5 rows'; its trip and wire do not.
+  double per_row = 0;
+  for (const PlanLayer& L : m.layers) per_row += L.dense_s + (L.moe ? m.n_expert_used * L.expert_s : 0.0);
+  EXPECT_NEAR(linear->step_s - plan->step_s, per_row * 3.5 + m.global_s * 3.5, 1e-12);
+  const double before = plan->step_s;
+  ASSERT_TRUE(add_span_lanes(m, peers, po, &*plan).is_ok());
+  int lanes = 0;
+  for (const PeerRole& r : plan->roles) lanes += r.lane_of >= 0;
+  ASSERT_EQ(lanes, 1) << render_plan(m, peers, *plan);
+  // Each holder computes 4 rows: 1 + 0.5 x 3 = 2.5 rows' compute, not 4.5 / 2.
+  EXPECT_NEAR(before - plan->step_s, per_row * (4.5 - 2.5), 1e-12);
+  SimOptions so;
+  so.steps = 10;
+  so.streams = 8;
+  auto r = simulate(m, peers, po, *plan, so);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_NEAR(r->step_mean_s, plan->step_s, 1e-9);
+}
+
 // With a standby in the plan (add_standbys), the failed span goes to it, not to the
 // backbone: the rows it was sent are replayed there, the later steps cost what the planner priced
 // for the failover, and the backbone computes none of the span.

@@ -358,6 +358,14 @@ int run_plan(const PlanCliArgs& a) {
               m.n_layer(), m.n_expert, m.n_expert_used, setup->seconds_per_byte * 1e9,
               setup->calibrated ? "measured here" : (a.seconds_per_byte > 0 ? "given" : "default"),
               setup->opts.tokens_per_step);
+  if (setup->calibrated)
+    std::printf(
+        "measured here: a step of 1 row %.3f ms, of %d rows %.3f ms: each more row adds %.2f of one (--row-share)\n",
+        setup->calibration.one_row_s * 1e3, setup->calibration.batch, setup->calibration.batch_s * 1e3,
+        setup->calibration.row_share);
+  if (m.row_share != 1.0 && setup->opts.tokens_per_step > 1)
+    std::printf("a step's %d rows cost %.2f rows' compute on a span peer or the backbone (row share %.2f)\n",
+                setup->opts.tokens_per_step, m.rows_cost(setup->opts.tokens_per_step), m.row_share);
   const ActivationInfo& act = setup->activations;
   if (act.source.empty())
     std::printf("activations: uniform (every expert %d/%d of the tokens)\n", m.n_expert_used, m.n_expert);

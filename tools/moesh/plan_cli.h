@@ -30,6 +30,7 @@ struct PlanCliArgs {
   std::string model, shape;
   int n_ctx = 4096;
   double seconds_per_byte = 0;  // 0: --calibrate or the default
+  double row_share = 0;         // --row-share (0: --calibrate, else 1: linear)
   bool calibrate = false;
   int calibrate_threads = 1;
   std::vector<std::string> peer_specs;
@@ -69,7 +70,11 @@ inline void add_plan_options(CLI::App* sub, PlanCliArgs* a, bool simulate) {
   sub->add_option("-c,--ctx-size", a->n_ctx, "Cells of KV per sequence the peers must hold");
   sub->add_option("--seconds-per-byte", a->seconds_per_byte,
                   "Measured compute cost per weight byte read (default: --calibrate, else 0.25 ns)");
-  sub->add_flag("--calibrate", a->calibrate, "Measure it: decode a few tokens of -m here, all local");
+  sub->add_option("--row-share", a->row_share,
+                  "Of one row's compute, what each more row of a step adds (a batch reads weights once; default: "
+                  "--calibrate, else 1: linear)");
+  sub->add_flag("--calibrate", a->calibrate,
+                "Measure them: decode a few tokens of -m here, all local, one row a step and a batch a step");
   sub->add_option("--calibrate-threads", a->calibrate_threads, "Threads for --calibrate");
   sub->add_option("--peer", a->peer_specs, "NAME:mem=8GiB,rtt=20ms,speed=1,rate=100mbit[,addr=HOST:PORT] (repeatable)");
   sub->add_option("--peer-rtt", a->peer_rtts,
@@ -262,26 +267,44 @@ inline Status parse_peer_rtts(const std::vector<std::string>& values, const std:
 }
 
 // Decodes a few tokens of the model here, all local, and divides the time by the bytes a token
-// reads: the cost per byte the plan's compute terms use.
-inline Result<double> calibrate_seconds_per_byte(const std::string& path, int threads, const PlanModel& pm) {
+// reads: the cost per byte the plan's compute terms use. Then as many steps of `batch` sequences
+// decoded together (one token each): what each more row of a step adds, as a share of one row's
+// step (PlanModel::row_share; clamped to [0.05, 1]).
+struct Calibration {
+  double seconds_per_byte = 0;
+  double row_share = 1;
+  double one_row_s = 0, batch_s = 0;  // a step of one row, of `batch` rows
+  int batch = 0;
+};
+inline Result<Calibration> calibrate_costs(const std::string& path, int threads, const PlanModel& pm, int batch) {
   auto model = Model::load(path, LoadOptions{});
   if (!model) return model.status();
   ContextParams cp;
   cp.n_threads = threads;
   cp.n_ctx = 64;
   Context ctx(**model, cp);
-  std::vector<int32_t> prompt{1, 2, 3, 4};
-  MOESH_RETURN_IF_ERROR(ctx.decode(0, prompt.data(), 4, nullptr, false));
-  int32_t tok = 5;
-  MOESH_RETURN_IF_ERROR(ctx.decode(0, &tok, 1, nullptr, false));  // warm-up
-  constexpr int kTokens = 16;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kTokens; ++i) {
-    tok = 6 + i;
-    MOESH_RETURN_IF_ERROR(ctx.decode(0, &tok, 1, nullptr, false));
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kTokens;
-  return s / static_cast<double>(plan_bytes_per_token(pm) + pm.global_bytes / 2);
+  constexpr int kSteps = 16;
+  Calibration c;
+  c.batch = std::max(batch, 2);
+  std::vector<Context::BatchToken> step;
+  // One warm-up step, then kSteps timed, of `rows` sequences (one token each).
+  auto time_steps = [&](int rows) -> Result<double> {
+    ctx.state().clear();
+    step.assign(static_cast<size_t>(rows), {});
+    double total = 0;
+    for (int i = 0; i <= kSteps; ++i) {
+      for (int q = 0; q < rows; ++q) step[static_cast<size_t>(q)] = {q, 5 + (i * rows + q) % 64, false};
+      const auto t0 = std::chrono::steady_clock::now();
+      MOESH_RETURN_IF_ERROR(ctx.decode_batch(step, nullptr));
+      if (i > 0) total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return total / kSteps;
+  };
+  MOESH_ASSIGN_OR_RETURN(c.one_row_s, time_steps(1));
+  MOESH_ASSIGN_OR_RETURN(c.batch_s, time_steps(c.batch));
+  c.seconds_per_byte = c.one_row_s / static_cast<double>(plan_bytes_per_token(pm) + pm.global_bytes / 2);
+  c.row_share = std::clamp((c.batch_s / c.one_row_s - 1.0) / (c.batch - 1), 0.05, 1.0);
+  return c;
 }
 
 // Where the planner's activation shares came from (docs/swarm.md#activation-statistics).
@@ -294,6 +317,7 @@ struct PlanSetup {
   PlanOptions opts;
   double seconds_per_byte = 0;
   bool calibrated = false;
+  Calibration calibration;  // when calibrated
 };
 
 inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
@@ -314,19 +338,28 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
                           "the full file, or give --seconds-per-byte",
                           a.model);
       }
-      auto spb = calibrate_seconds_per_byte(a.model, a.calibrate_threads, s.model);
-      if (!spb) return spb.status().with_context("--calibrate");
-      s.seconds_per_byte = *spb;
+      // The batch it is fitted at: the step's rows when that is several, else 8.
+      const int rows = a.tokens_per_step > 0 ? a.tokens_per_step : a.streams * (1 + a.draft);
+      auto cal = calibrate_costs(a.model, a.calibrate_threads, s.model, rows > 1 ? std::min(rows, 64) : 8);
+      if (!cal) return cal.status().with_context("--calibrate");
+      s.calibration = *cal;
+      s.seconds_per_byte = a.seconds_per_byte > 0 ? a.seconds_per_byte : cal->seconds_per_byte;
       s.calibrated = true;
       auto again = plan_model_from_gguf(**f, a.n_ctx, s.seconds_per_byte);
       if (!again) return again.status();
       s.model = std::move(*again);
+      s.model.row_share = cal->row_share;
     }
   } else {
     if (a.calibrate) return make_error(StatusCode::kInvalidArgument, "--calibrate needs -m (a shape has no weights)");
     auto m = plan_model_shape(a.shape, a.n_ctx, s.seconds_per_byte);
     if (!m) return m.status();
     s.model = std::move(*m);
+  }
+  if (a.row_share != 0) {
+    if (!(a.row_share > 0 && a.row_share <= 2))
+      return make_error(StatusCode::kInvalidArgument, "--row-share {}: must be in (0, 2] (1: linear)", a.row_share);
+    s.model.row_share = a.row_share;
   }
   if (!a.activations.empty() && a.activations != "uniform") {
     std::ifstream in(a.activations);
@@ -473,6 +506,7 @@ inline nlohmann::json plan_to_json(const PlanSetup& s, const SwarmPlan& p) {
       {"peer_rtt_ms", rtts},
       {"n_layer", s.model.n_layer()},
       {"seconds_per_byte", s.seconds_per_byte},
+      {"row_share", s.model.row_share},
       {"calibrated", s.calibrated},
       {"activations", s.activations.source.empty() ? nlohmann::json(nullptr)
                                                    : nlohmann::json{{"source", s.activations.source},

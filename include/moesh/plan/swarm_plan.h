@@ -2,14 +2,15 @@
 // expert peer holding routed experts of the layers the backbone runs, or nothing — so that the
 // expected time of one decode step is smallest.
 //
-// The cost model (docs/swarm.md#plan), per step of T tokens (streams x (1 + drafts)):
+// The cost model (docs/swarm.md#plan), per step of T tokens (streams x (1 + drafts)), with
+// R(T) = 1 + row_share x (T - 1) the rows' compute (PlanModel::rows_cost; T when row_share is 1):
 //   span peer s over layers f..l:  RTT_s + 2 x message + wire(T rows each way)
-//                                  + sum_{f..l} (dense_l + k x expert_l) x T / speed_s
-//   backbone MoE layer l:          dense_l x T / speed_b + E[max over the holders it needs of
+//                                  + sum_{f..l} (dense_l + k x expert_l) x R(T) / speed_s
+//   backbone MoE layer l:          dense_l x R(T) / speed_b + E[max over the holders it needs of
 //                                  (RTT_w + 2 x message + wire + its pairs x expert_l / speed_w)]
 //                                  (the backbone's own copies are a holder with RTT 0; a holder is
 //                                  needed with probability 1 - prod_e (1 - p_le)^T)
-//   backbone dense layer l:        dense_l x T / speed_b
+//   backbone dense layer l:        dense_l x R(T) / speed_b
 // and the step costs the sum. Spans are sent in turn from the backbone (a star) unless two
 // adjacent spans can chain (docs/span.md "Chained spans": the first peer passes its rows straight
 // to the next): when the RTT between their peers is known (PlanOptions::peer_rtt_s), the pair
@@ -66,6 +67,15 @@ struct PlanModel {
   std::vector<uint64_t> row_bytes;
   // [layer][expert] share of tokens routed there; empty: every expert k/n.
   std::vector<std::vector<double>> p;
+  // Of one row's compute, the share each more row of the same step adds: 1 prices a step's compute
+  // linear in its rows; below 1, a batch reads a layer's weights once for all of its rows (decode
+  // is memory-bound). `swarm plan --calibrate` measures it (a batch step against a one-row step);
+  // `--row-share` gives it. It prices span peers' and the backbone's compute (dense parts, a span's
+  // whole blocks, embeddings and head); an expert holder's pairs stay linear (mostly distinct
+  // experts: distinct weights).
+  double row_share = 1.0;
+  // Compute of n rows of one step, in units of one row's: n up to one row, then 1 + row_share (n - 1).
+  double rows_cost(double n) const { return n <= 1 ? n : 1 + row_share * (n - 1); }
 
   double p_at(int layer, int expert) const {
     if (p.empty()) return n_expert > 0 ? static_cast<double>(n_expert_used) / n_expert : 0.0;
