@@ -269,6 +269,59 @@ TEST(RemoteFailures, ReplicasLetGoOfLeaveThePlacementButNeverTheLastHolder) {
   EXPECT_EQ(holders(0, 0), (std::vector<int32_t>{0, 2}));
 }
 
+// Two backbones share a worker (federation); one has it let go of a replica the other still routes
+// to. The other's DISPATCH is answered NOT_HELD: its pairs fail over to another holder in the same
+// call (the bits stay all-local), and when the worker is dialled again it is taken in with the
+// experts it announces now, without the one it let go of.
+TEST(RemoteFailures, ABackboneWhoseReplicaAnotherLetGoOfFailsOverAndTakesTheWorkerBack) {
+  SliceSetup su = slice_setup("fed-drop", 8);
+  ASSERT_TRUE(su.backbone != nullptr);
+  const int E = static_cast<int>(su.model->hparams().n_expert);
+  const std::string dir = temp_dir() + "/fed-drop";
+  std::filesystem::remove_all(dir);
+  auto a = WorkerProcess::spawn(su.path, "*:*");
+  auto c = WorkerProcess::spawn(su.path, "0:0", 1, std::chrono::milliseconds(20000),
+                                {"--replica-dir", dir, "--replica-mb", "64"});
+  ASSERT_TRUE(a.is_ok() && c.is_ok());
+  auto one = RemoteExecutor::connect(*su.backbone, {(*a)->address(), (*c)->address()}, RemoteOptions{});
+  ASSERT_TRUE(one.is_ok()) << one.status().to_string();
+  std::shared_ptr<RemoteExecutor> r1(std::move(*one));
+  auto pass_is_local = [&](const std::shared_ptr<RemoteExecutor>& r, const char* what) {
+    auto got = run_model(*su.backbone, su.toks, r);
+    ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+    EXPECT_EQ(std::memcmp(got->data(), su.local.data(), got->size() * sizeof(float)), 0) << what;
+  };
+  pass_is_local(r1, "counting");
+  // The most routed expert of layer 0 (the tokens are fixed, so the choice is too), not c's own.
+  const std::vector<uint64_t> counts = r1->activation_counts();
+  int hot = 1;
+  for (int e = 1; e < E; ++e)
+    if (counts[static_cast<size_t>(e)] > counts[static_cast<size_t>(hot)]) hot = e;
+  ASSERT_GT(counts[static_cast<size_t>(hot)], 0u);
+  r1->request_experts((*c)->address().to_string(), {{0, static_cast<uint32_t>(hot), 1}});
+  pass_is_local(r1, "copy");
+  ASSERT_EQ(r1->expert_requests().done, 1u) << r1->expert_requests().last_error;
+  // The second backbone finds c holding it, and c is its cheaper holder: its pairs go there.
+  RemoteOptions o2;
+  o2.worker_costs = {1.0, 0.001};
+  auto two = RemoteExecutor::connect(*su.backbone, {(*a)->address(), (*c)->address()}, o2);
+  ASSERT_TRUE(two.is_ok()) << two.status().to_string();
+  std::shared_ptr<RemoteExecutor> r2(std::move(*two));
+  ASSERT_EQ(r2->placement().holders(0, hot).size(), 2u);
+  r1->drop_experts((*c)->address().to_string(), {{0, static_cast<uint32_t>(hot), 1}});
+  pass_is_local(r1, "drop");
+  ASSERT_EQ(r1->expert_requests().dropped, 1u) << r1->expert_requests().last_error;
+  pass_is_local(r2, "the other backbone, after the drop");
+  EXPECT_GE(r2->failover_stats().failures, 1u);
+  EXPECT_TRUE(r2->worker_down(1));
+  r2->poll_rejoins(true);
+  ASSERT_FALSE(r2->worker_down(1));
+  EXPECT_EQ(r2->placement().holders(0, hot).size(), 1u);
+  const uint64_t failures = r2->failover_stats().failures;
+  pass_is_local(r2, "taken back");
+  EXPECT_EQ(r2->failover_stats().failures, failures);
+}
+
 TEST(RemoteFailures, WorkerKilledMidRunFailsWithinDeadlineWithoutFailover) {
   const std::string path = made_qwen3moe();
   auto model = Model::load(path);
