@@ -162,8 +162,11 @@ std::string plan_commands(const PlanSetup& s, const SwarmPlan& p, const std::str
 // backbone checks in the peer's HELLO before using it).
 // `join`: the --status gateway's --accept-workers address (HOST:PORT), where a new expert peer or
 // replica can dial in and be taken into the placement between calls; empty: it does not accept.
+// `shape`: the model's, so expert roles that change on a live worker also get the live commands
+// that copy what it lacks and let go of the replicas it is no longer to hold (`swarm move
+// --experts` / `--drop-experts`); null: not given.
 nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& new_plan, const std::string& model,
-                          const std::string& gateway, const std::string& join) {
+                          const std::string& gateway, const std::string& join, const swarm::ModelShape* shape) {
   std::map<std::string, std::pair<std::string, std::string>> before, after;
   auto what = [](const nlohmann::json& r) -> std::string {
     if (r.contains("layers")) return r["layers"];
@@ -211,7 +214,42 @@ nlohmann::json plan_moves(const nlohmann::json& old_plan, const nlohmann::json& 
         mv["switch"] = fmt::format("moesh swarm move {} --span {}@{} --admin-key KEY",
                                    gateway.empty() ? "http://GATEWAY:PORT" : gateway, role.second,
                                    addr.count(peer) ? addr[peer] : "HOST:PORT");
-    } else if (role.first == "experts" || role.first == "replica") {
+    }
+    // A live worker whose experts change: copies of what it lacks and its replicas of what it is
+    // no longer to hold, while it runs (it needs --replica-dir; its own file's experts stay).
+    const bool held = was.first == "experts" || was.first == "replica";
+    const bool holds = role.first == "experts" || role.first == "replica";
+    // (Not for a peer made a span peer, lane or standby: its blocks are loaded first, and the
+    // gateway's own re-plan lets its replicas go after.)
+    const bool plain = holds || role.first == "idle";
+    if (shape != nullptr && plain && (held || holds) && it != before.end() && addr.count(peer)) {
+      auto old_set = held ? swarm::parse_expert_spec(was.second, *shape) : Result<swarm::ExpertSet>(swarm::ExpertSet{});
+      auto new_set =
+          holds ? swarm::parse_expert_spec(role.second, *shape) : Result<swarm::ExpertSet>(swarm::ExpertSet{});
+      if (old_set && new_set) {
+        auto minus = [](const swarm::ExpertSet& x, const swarm::ExpertSet& y) {
+          std::vector<wire::ExpertRange> out;
+          for (const wire::ExpertRange& r : x.ranges)
+            for (uint32_t k = 0; k < r.count; ++k)
+              if (!y.holds(r.layer, r.first + k)) out.push_back({r.layer, r.first + k, 1});
+          return swarm::canonicalize(std::move(out));
+        };
+        const swarm::ExpertSet give = minus(*new_set, *old_set), drop = minus(*old_set, *new_set);
+        const std::string gw = gateway.empty() ? "http://GATEWAY:PORT" : gateway;
+        std::string cmd;
+        if (!give.empty()) cmd += fmt::format(" --experts '{}@{}'", give.to_string(), addr[peer]);
+        if (!drop.empty()) cmd += fmt::format(" --drop-experts '{}@{}'", drop.to_string(), addr[peer]);
+        if (!give.empty() && !drop.empty()) {
+          mv["copies"] = fmt::format(
+              "moesh swarm move {} --experts '{}@{}' --admin-key KEY; moesh swarm move {} "
+              "--drop-experts '{}@{}' --admin-key KEY",
+              gw, give.to_string(), addr[peer], gw, drop.to_string(), addr[peer]);
+        } else if (!cmd.empty()) {
+          mv["copies"] = fmt::format("moesh swarm move {}{} --admin-key KEY", gw, cmd);
+        }
+      }
+    }
+    if (role.first == "experts" || role.first == "replica") {
       mv["slice"] = fmt::format("moesh slice -m {} --experts '{}' -o {}-experts.gguf", mf, role.second, peer);
       // Live where the gateway accepts workers: the peer dials in and is added between calls. A
       // name the gateway knows keeps its experts (it may only add to them), so a peer whose
@@ -340,7 +378,13 @@ int run_plan(const PlanCliArgs& a) {
     }
     if (old_plan.is_discarded() || !old_plan.is_object() || !old_plan.contains("roles"))
       return fail(make_error(StatusCode::kInvalidArgument, "--from {}: not a plan (moesh swarm plan --json)", a.from));
-    moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model, a.status_url, join);
+    // The model's expert shape, for the live copy / drop commands.
+    swarm::ModelShape shape;
+    shape.n_layer = static_cast<uint32_t>(m.n_layer());
+    shape.n_expert = static_cast<uint32_t>(m.n_expert);
+    for (int l = 0; l < m.n_layer(); ++l)
+      if (m.layers[static_cast<size_t>(l)].moe) shape.moe_layers.push_back(static_cast<uint32_t>(l));
+    moves = plan_moves(old_plan, plan_to_json(*setup, *plan), a.model, a.status_url, join, &shape);
     resplit = plan_resplit(old_plan, plan_to_json(*setup, *plan), a.status_url);
   }
   if (a.json) {
@@ -406,6 +450,9 @@ int run_plan(const PlanCliArgs& a) {
             "    switch: %s (once the peer runs `moesh worker` on the slice: dialled and taken in between "
             "calls; a peer's old worker is stopped after)\n",
             std::string(mv["switch"]).c_str());
+      if (mv.contains("copies"))
+        std::printf("    or live, on a worker keeping replicas (--replica-dir): %s\n",
+                    std::string(mv["copies"]).c_str());
       if (mv.contains("join"))
         std::printf("    join: %s (the gateway takes it in between calls; stop an old process of the peer after)\n",
                     std::string(mv["join"]).c_str());

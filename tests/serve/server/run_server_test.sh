@@ -1350,6 +1350,13 @@ grep -q "HTTP 401" "$TMP/xr_bad.err" || fail "swarm move --drop-experts, wrong k
   fail "swarm move --drop-experts of a layer beyond the model succeeded"
 grep -q "HTTP 400" "$TMP/xr_bad2.err" || fail "swarm move --drop-experts 9:0: $(cat "$TMP/xr_bad2.err")"
 ok "swarm move --drop-experts: a wrong key and a bad spec are refused"
+# The experts-only plan from the live layout gives the near worker layers 1-3 back: with the model's
+# shape it prints the live command that copies what it lacks.
+"$MOESH" swarm plan -m "$SPAN_MODEL" --status "$BASE" --from live --no-spans >"$TMP/xr_plan.txt" 2>&1 ||
+  fail "swarm plan --from live: $(cat "$TMP/xr_plan.txt")"
+grep -qF -- "--experts '1-3:0-7@$NEAR'" "$TMP/xr_plan.txt" ||
+  fail "swarm plan --from live: no live copy command for the near worker: $(cat "$TMP/xr_plan.txt")"
+ok "swarm plan --from live: the live copy command for the near worker"
 
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
