@@ -193,8 +193,8 @@ AutoReplanDecision decide_auto_replan(const nlohmann::json& replan) {
 }
 
 AutoReplanner::AutoReplanner(Scheduler* scheduler, RemoteExecutor* remote, const Model* model, SpanClient* spans,
-                             std::chrono::milliseconds every)
-    : scheduler_(scheduler), remote_(remote), model_(model), spans_(spans), every_(every) {
+                             std::chrono::milliseconds every, PlanCosts costs)
+    : scheduler_(scheduler), remote_(remote), model_(model), spans_(spans), every_(every), costs_(costs) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -289,7 +289,7 @@ Result<std::vector<AutoReplanner::ExpertAsk>> AutoReplanner::expert_asks(
 
 void AutoReplanner::check() {
   checks_.fetch_add(1);
-  const nlohmann::json dash = dashboard_json(scheduler_->stats(), remote_, 0, model_, spans_);
+  const nlohmann::json dash = dashboard_json(scheduler_->stats(), remote_, 0, model_, spans_, costs_);
   nlohmann::json replan = dash.contains("plan") && dash["plan"].is_object() && dash["plan"].contains("replan")
                               ? dash["plan"]["replan"]
                               : nlohmann::json();
@@ -302,7 +302,7 @@ void AutoReplanner::check() {
                  : 1;
     };
     replan = replan_json(*model_, remote_, dash["status"], dash["heatmap"],
-                         ReplanLoad{int_of("tokens_per_step"), int_of("streams")}, /*spans_allowed=*/false);
+                         ReplanLoad{int_of("tokens_per_step"), int_of("streams"), costs_}, /*spans_allowed=*/false);
   }
   AutoReplanDecision d = decide_auto_replan(replan);
   std::vector<ExpertAsk> asks;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "moesh/model/model.h"
+#include "moesh/plan/swarm_plan.h"
 #include "moesh/remote/remote.h"
 #include "moesh/remote/span_client.h"
 #include "moesh/serve/scheduler.h"
@@ -67,7 +68,7 @@ inline constexpr double kAutoReplanDwellSeconds = 60;
 class AutoReplanner {
  public:
   AutoReplanner(Scheduler* scheduler, RemoteExecutor* remote, const Model* model, SpanClient* spans,
-                std::chrono::milliseconds every);
+                std::chrono::milliseconds every, PlanCosts costs = {});
   ~AutoReplanner();  // stop()
   void stop();
   // {"every_s", "checks", "applied", "failed", "last_why", "last": {"from", "to", "gain", "ok",
@@ -89,6 +90,7 @@ class AutoReplanner {
   const Model* model_;
   SpanClient* spans_;
   std::chrono::milliseconds every_;
+  PlanCosts costs_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

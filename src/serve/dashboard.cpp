@@ -48,8 +48,9 @@ void placement_slices(const PlanModel& pm, const Placement& pl, const std::vecto
 
 nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, const nlohmann::json& status,
                            const nlohmann::json& heatmap, ReplanLoad load, bool spans_allowed) {
-  auto pm = plan_model_from_gguf(model.file(), kReplanContext, kDefaultSecondsPerByte);
+  auto pm = plan_model_from_gguf(model.file(), kReplanContext, load.costs.seconds_per_byte);
   if (!pm) return {{"error", pm.status().message()}};
+  pm->row_share = load.costs.row_share;
   ActivationInfo act;  // none counted yet (or null): uniform, as apply_activations leaves it
   if (heatmap.is_object() && heatmap.contains("layers") && !heatmap["layers"].empty()) {
     if (Status st = apply_activations(heatmap, "this gateway", &*pm, &act); !st.is_ok())
@@ -166,8 +167,13 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   o.peer_rtt_s = measured_peer_rtts(*live_peers);
   o.spans = spans_allowed;
   nlohmann::json j;
-  j["args"] = fmt::format("--local-experts-mb {}B --streams {} --tokens-per-step {}{}", local_bytes, o.streams,
-                          o.tokens_per_step, spans_allowed ? "" : " --no-spans");
+  // Costs other than the defaults are said too (`swarm plan` prices the defaults otherwise).
+  std::string costs;
+  if (load.costs.seconds_per_byte != kDefaultSecondsPerByte)
+    costs += fmt::format(" --seconds-per-byte {}", load.costs.seconds_per_byte);
+  if (load.costs.row_share != 1.0) costs += fmt::format(" --row-share {}", load.costs.row_share);
+  j["args"] = fmt::format("--local-experts-mb {}B --streams {} --tokens-per-step {}{}{}", local_bytes, o.streams,
+                          o.tokens_per_step, spans_allowed ? "" : " --no-spans", costs);
   j["activation_tokens"] = act.tokens;
   if (Status st = evaluate_plan(*pm, peers, o, &live); !st.is_ok()) {
     j["error"] = "the live layout: " + st.message();
@@ -257,11 +263,12 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
 }
 
 nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor* remote, const Model* model,
-                              const SpanClient* spans, const nlohmann::json* status_doc,
-                              const nlohmann::json* heatmap) {
+                              const SpanClient* spans, const nlohmann::json* status_doc, const nlohmann::json* heatmap,
+                              const PlanCosts& costs) {
   if (model == nullptr) return nullptr;
-  auto pm = plan_model_from_gguf(model->file(), 0, kDefaultSecondsPerByte);
+  auto pm = plan_model_from_gguf(model->file(), 0, costs.seconds_per_byte);
   if (!pm) return {{"error", pm.status().message()}};
+  pm->row_share = costs.row_share;
   const int L = pm->n_layer();
   std::vector<PlanPeer> peers;
   SwarmPlan plan;
@@ -332,7 +339,8 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
   j["peers"] = rows;
   j["tokens_per_step"] = o.tokens_per_step;
   j["streams"] = o.streams;
-  j["seconds_per_byte"] = kDefaultSecondsPerByte;
+  j["seconds_per_byte"] = costs.seconds_per_byte;
+  j["row_share"] = costs.row_share;
   const double measured = sched.steps > 0 ? 1e3 * sched.busy_seconds / static_cast<double>(sched.steps) : 0.0;
   j["measured_step_ms"] = measured;
   if (Status st = evaluate_plan(*pm, peers, o, &plan); !st.is_ok()) {
@@ -350,7 +358,8 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
     // the workers, their state, memory, RTTs and experts, the tokens per step — and, while requests
     // run, for at most kReplanRefreshSeconds, in which only the activation counts move. An idle gateway's counts
     // stand still, so its re-plan is always of the counts it shows.
-    std::string key = fmt::format("{}|{}|{}", static_cast<const void*>(model), o.tokens_per_step, o.streams);
+    std::string key = fmt::format("{}|{}|{}|{}|{}", static_cast<const void*>(model), o.tokens_per_step, o.streams,
+                                  costs.seconds_per_byte, costs.row_share);
     for (const char* list : {"workers", "spans"}) {
       if (!status.contains(list) || !status[list].is_array()) continue;
       for (const auto& w : status[list]) {
@@ -374,7 +383,7 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
     if (key != last_key ||
         (counted != last_counted && (idle || now - last_at > std::chrono::duration<double>(kReplanRefreshSeconds)))) {
       last = replan_json(*model, remote, status, heatmap != nullptr ? *heatmap : nlohmann::json(),
-                         ReplanLoad{o.tokens_per_step, o.streams});
+                         ReplanLoad{o.tokens_per_step, o.streams, costs});
       last_key = std::move(key);
       last_counted = counted;
       last_at = now;
@@ -385,7 +394,7 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
 }
 
 nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor* remote, double time_s,
-                              const Model* model, const SpanClient* spans) {
+                              const Model* model, const SpanClient* spans, const PlanCosts& costs) {
   nlohmann::json j;
   j["status"] = swarm_status_json(remote, spans);
   j["time_s"] = time_s;
@@ -412,7 +421,7 @@ nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor*
     }
   }
   j["heatmap"] = {{"n_expert", n_expert}, {"layers", std::move(layers)}};
-  j["plan"] = plan_card_json(sched, remote, model, spans, &j["status"], &j["heatmap"]);
+  j["plan"] = plan_card_json(sched, remote, model, spans, &j["status"], &j["heatmap"], costs);
   return j;
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moesh/model/model.h"
+#include "moesh/plan/swarm_plan.h"
 #include "moesh/remote/remote.h"
 #include "moesh/remote/span_client.h"
 #include "moesh/serve/scheduler.h"
@@ -19,7 +20,8 @@ const char* dashboard_html();
 //  [{"layer", "tokens", "share": [per expert: pairs / tokens]}]},
 //  "plan": plan_card_json} ; remote null: no workers.
 nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor* remote, double time_s,
-                              const Model* model = nullptr, const SpanClient* spans = nullptr);
+                              const Model* model = nullptr, const SpanClient* spans = nullptr,
+                              const PlanCosts& costs = {});
 
 // The live layout priced by the planner's cost model (plan/swarm_plan.h) beside what it
 // measures: every worker an expert peer holding what it announced (RTT: its fastest trip seen,
@@ -32,7 +34,7 @@ nlohmann::json dashboard_json(const SchedulerStats& sched, const RemoteExecutor*
 // uniform).
 nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor* remote, const Model* model,
                               const SpanClient* spans, const nlohmann::json* status_doc = nullptr,
-                              const nlohmann::json* heatmap = nullptr);
+                              const nlohmann::json* heatmap = nullptr, const PlanCosts& costs = {});
 
 // The gateway re-plans by itself: the planner's layout for the workers and span peers up now, from
 // the inputs `moesh swarm plan -m MODEL --status URL` reads (plan/live.h: each peer's memory, warm-up
@@ -55,6 +57,7 @@ inline constexpr double kReplanRefreshSeconds = 10;  // under load, new counts w
 struct ReplanLoad {
   int tokens_per_step = 1;
   int streams = 1;
+  PlanCosts costs;  // the compute costs priced (the gateway's --seconds-per-byte, --row-share)
 };
 nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, const nlohmann::json& status,
                            const nlohmann::json& heatmap, ReplanLoad load, bool spans_allowed = true);

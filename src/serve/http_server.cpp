@@ -770,7 +770,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
   });
   svr.Get("/swarm/dashboard.json", [m](const httplib::Request&, httplib::Response& res) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - m->started_steady).count();
-    json j = dashboard_json(m->t.scheduler->stats(), m->t.remote, t, m->t.model, m->t.spans);
+    json j = dashboard_json(m->t.scheduler->stats(), m->t.remote, t, m->t.model, m->t.spans, m->opts.plan_costs);
     if (m->auto_replan) j["auto_replan"] = m->auto_replan->status();
     res.set_content(j.dump(), "application/json");
   });
@@ -1000,7 +1000,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ServeTarget& target
                         "--auto-replan re-plans layer spans and expert workers: give --span or --worker");
     m->auto_replan = std::make_unique<AutoReplanner>(
         target.scheduler, target.remote, target.model, target.spans,
-        std::chrono::milliseconds(static_cast<int64_t>(std::max(opts.auto_replan_s, 0.05) * 1000)));
+        std::chrono::milliseconds(static_cast<int64_t>(std::max(opts.auto_replan_s, 0.05) * 1000)), opts.plan_costs);
   }
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }

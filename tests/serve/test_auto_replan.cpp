@@ -258,6 +258,16 @@ TEST(AutoReplan, ManyStreamsMakeAnIdleSpanPeerALane) {
     ASSERT_FALSE(one.contains("error")) << one.dump();
     for (const json& r : one["plan"]["roles"]) EXPECT_NE(r.value("role", ""), "lane") << one.dump();
   }
+  // The gateway's own costs (`serve --seconds-per-byte --row-share`) are priced and said in the
+  // args, so `swarm plan --status` with them gives the same plan: a batch of 8 rows at row share
+  // 0.5 costs 4.5 rows' compute, and a step's prediction drops accordingly.
+  const json cheap = replan_json(**model, nullptr, status, json(),
+                                 ReplanLoad{8, 8, PlanCosts{.seconds_per_byte = 1e-10, .row_share = 0.5}});
+  ASSERT_FALSE(cheap.contains("error")) << cheap.dump();
+  EXPECT_NE(cheap["args"].get<std::string>().find("--seconds-per-byte 1e-10 --row-share 0.5"), std::string::npos)
+      << cheap["args"];
+  EXPECT_EQ(many["args"].get<std::string>().find("--row-share"), std::string::npos) << many["args"];
+  EXPECT_LT(cheap["live_step_ms"].get<double>(), many["live_step_ms"].get<double>());
   std::filesystem::remove_all(dir);
 }
 

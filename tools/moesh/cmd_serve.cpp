@@ -39,6 +39,8 @@ struct ServeArgs {
   std::string api_key;
   std::string admin_key;
   double auto_replan_s = 0;
+  double seconds_per_byte = 0;  // 0: the planner's default
+  double row_share = 1;
   std::string alias;
   int http_threads = 0;
   size_t max_body = 4u << 20;
@@ -123,6 +125,8 @@ int run_serve(const ServeArgs& a) {
   ho.api_key = a.api_key;
   ho.admin_key = a.admin_key;
   ho.auto_replan_s = a.auto_replan_s;
+  if (a.seconds_per_byte > 0) ho.plan_costs.seconds_per_byte = a.seconds_per_byte;
+  ho.plan_costs.row_share = a.row_share;
   ho.http_threads = a.http_threads;
   ho.max_body_bytes = a.max_body;
   ho.test_hooks = a.test_hooks;
@@ -203,6 +207,15 @@ const CommandRegistrar kRegisterServe{Command{
                       "of those they lack (STORE; they need --replica-dir). Without --span: experts only (0: advice "
                       "only)")
           ->check(CLI::Range(0.0, 86400.0))
+          ->capture_default_str();
+      sub->add_option("--seconds-per-byte", a->seconds_per_byte,
+                      "Compute cost per weight byte the plan card and the re-plan price (e.g. what `moesh swarm plan "
+                      "--calibrate` measured on a peer's machine; default 0.25 ns)")
+          ->check(CLI::Range(1e-15, 1e-3));
+      sub->add_option("--row-share", a->row_share,
+                      "Of one row's compute, what each more row of a step adds in the plan card and the re-plan "
+                      "(`swarm plan --calibrate` measures it; 1: linear)")
+          ->check(CLI::Range(0.01, 2.0))
           ->capture_default_str();
       sub->add_option("--alias", a->alias, "Model name reported by the API (default: file name)");
       sub->add_option("--http-threads", a->http_threads,

@@ -45,6 +45,15 @@ class File;
 inline constexpr double kDefaultSecondsPerByte = 0.25e-9;
 inline constexpr double kDefaultMessageSeconds = 100e-6;
 
+// The compute costs a running gateway prices its plan card and re-plan with (`moesh serve
+// --seconds-per-byte S --row-share R`, e.g. the figures `moesh swarm plan --calibrate` measured on
+// a peer's machine): the defaults unless given.
+struct PlanCosts {
+  double seconds_per_byte = kDefaultSecondsPerByte;
+  double row_share = 1.0;  // PlanModel::row_share
+  bool operator==(const PlanCosts&) const = default;
+};
+
 struct PlanLayer {
   bool moe = true;
   uint64_t dense_bytes = 0;   // attention, norms, router, shared experts (a dense layer: its FFN)

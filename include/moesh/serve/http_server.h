@@ -20,6 +20,7 @@
 #include <string>
 
 #include "moesh/model/model.h"
+#include "moesh/plan/swarm_plan.h"
 #include "moesh/remote/remote.h"
 #include "moesh/remote/span_client.h"
 #include "moesh/serve/scheduler.h"
@@ -46,6 +47,8 @@ struct ServerOptions {
   // `--auto-replan S`: every S seconds the gateway carries out its own re-plan of its spans when
   // worth it (serve/auto_replan.h); 0: the re-plan is advice on the dashboard only.
   double auto_replan_s = 0;
+  // The compute costs the plan card and the re-plan price (`--seconds-per-byte`, `--row-share`).
+  PlanCosts plan_costs;
 };
 
 // What the gateway serves. Everything must outlive the HttpServer.

@@ -1358,6 +1358,18 @@ grep -qF -- "--experts '1-3:0-7@$NEAR'" "$TMP/xr_plan.txt" ||
   fail "swarm plan --from live: no live copy command for the near worker: $(cat "$TMP/xr_plan.txt")"
 ok "swarm plan --from live: the live copy command for the near worker"
 
+# The costs the plan card and the re-plan price (`--seconds-per-byte`, `--row-share`, e.g. from
+# `swarm plan --calibrate` on a peer): shown on the dashboard; a value out of range is refused.
+start_server costs -m "$MODEL" --parallel 1 -c 512 --threads 1 --seconds-per-byte 1e-10 --row-share 0.6
+curl -sS "$BASE/swarm/dashboard.json" >"$TMP/costs.json"
+expect_eq "$(js 'j.plan.row_share + " " + j.plan.seconds_per_byte' <"$TMP/costs.json")" "0.6 1e-10" \
+  "serve --row-share / --seconds-per-byte: the plan card prices them"
+if "$MOESH" serve -m "$MODEL" --port 0 --row-share 3 >/dev/null 2>"$TMP/costs_bad.err"; then
+  fail "serve --row-share 3 started"
+fi
+grep -q "row-share" "$TMP/costs_bad.err" || fail "serve --row-share 3: $(cat "$TMP/costs_bad.err")"
+ok "serve --row-share out of range is refused"
+
 if [ "${BROWSER_SKIPPED:-0}" == 1 ]; then
   echo "SKIPPED (partly): $N_CHECKS checks passed; the dashboard browser checks did not run"
   exit 77
