@@ -222,6 +222,29 @@ class WorkerProcessTest : public ::testing::Test {
     ASSERT_TRUE(st.is_ok()) << st.status().to_string();
     local_ = std::move(*st);
   }
+  // Expert (layer, e) of the model as a STORE payload.
+  wire::SlabMsg slab(uint32_t layer, uint32_t e) const {
+    const ExpertStore::Slot s = local_->find(layer, e);
+    return slab_of(*s.weights, s.index, layer, e);
+  }
+  // A worker on experts *:4-7 of the model keeping replicas in a fresh folder, with room for two
+  // replicas, not three: the slice, the folder, one replica's bytes and the --replica-mb value.
+  struct ReplicaWorker {
+    std::string slice, dir, mb;
+    uint64_t one = 0;
+  };
+  ReplicaWorker replica_worker(const std::string& tag) const {
+    ReplicaWorker r;
+    auto shape = model_shape(*file_);
+    EXPECT_TRUE(shape.is_ok());
+    r.slice = testing::temp_dir() + "/" + tag + "-experts.gguf";
+    r.dir = testing::temp_dir() + "/" + tag + "-replicas";
+    std::filesystem::remove_all(r.dir);
+    EXPECT_TRUE(write_expert_slice(*file_, *parse_expert_spec("*:4-7", *shape), r.slice).is_ok());
+    for (const auto& t : slab(1, 2).tensors) r.one += t.bytes.size();
+    r.mb = fmt::format("{:.6f}", (2.5 * double(r.one)) / 1048576.0);
+    return r;
+  }
   std::string path_;
   std::unique_ptr<gguf::File> file_;
   std::unique_ptr<ExpertStore> local_;
@@ -483,18 +506,10 @@ TEST_F(WorkerProcessTest, FetchGivesTheModelsSlabsVerifiedByTheBackboneSlicesHas
 TEST_F(WorkerProcessTest, StoredReplicasAreCheckedMappedServedAndKeptAcrossRestarts) {
   auto shape = model_shape(*file_);
   ASSERT_TRUE(shape.is_ok());
-  const std::string es = testing::temp_dir() + "/replica-experts.gguf";
-  const std::string dir = testing::temp_dir() + "/replicas";
-  std::filesystem::remove_all(dir);
-  ASSERT_TRUE(write_expert_slice(*file_, *parse_expert_spec("*:4-7", *shape), es).is_ok());
-  auto slab = [&](uint32_t l, uint32_t e) {
-    const ExpertStore::Slot s = local_->find(l, e);
-    return slab_of(*s.weights, s.index, l, e);
-  };
-  uint64_t one = 0;
-  for (const auto& t : slab(1, 2).tensors) one += t.bytes.size();
   // Room for two replicas, not three.
-  const std::string mb = fmt::format("{:.6f}", (2.5 * double(one)) / 1048576.0);
+  const ReplicaWorker rw = replica_worker("replica");
+  const std::string &es = rw.slice, &dir = rw.dir, &mb = rw.mb;
+  const uint64_t one = rw.one;
   const uint32_t n_embd = shape->n_embd;
   {
     WorkerProcess w(es, "*:4-7", {"--replica-dir", dir, "--replica-mb", mb});
@@ -574,18 +589,10 @@ TEST_F(WorkerProcessTest, StoredReplicasAreCheckedMappedServedAndKeptAcrossResta
 TEST_F(WorkerProcessTest, ReplicasAreLetGoOfWhileFetchesAndDispatchesRun) {
   auto shape = model_shape(*file_);
   ASSERT_TRUE(shape.is_ok());
-  const std::string es = testing::temp_dir() + "/unstore-experts.gguf";
-  const std::string dir = testing::temp_dir() + "/unstore-replicas";
-  std::filesystem::remove_all(dir);
-  ASSERT_TRUE(write_expert_slice(*file_, *parse_expert_spec("*:4-7", *shape), es).is_ok());
-  auto slab = [&](uint32_t l, uint32_t e) {
-    const ExpertStore::Slot s = local_->find(l, e);
-    return slab_of(*s.weights, s.index, l, e);
-  };
-  uint64_t one = 0;
-  for (const auto& t : slab(1, 2).tensors) one += t.bytes.size();
   // Room for two replicas, not three: a dropped one frees its room.
-  const std::string mb = fmt::format("{:.6f}", (2.5 * double(one)) / 1048576.0);
+  const ReplicaWorker rw = replica_worker("unstore");
+  const std::string &es = rw.slice, &dir = rw.dir, &mb = rw.mb;
+  const uint64_t one = rw.one;
   const uint32_t n_embd = shape->n_embd;
   const uint32_t both = wire::kFeatureFetch | wire::kFeatureStore | wire::kFeatureUnstore;
   {
