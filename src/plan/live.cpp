@@ -40,6 +40,8 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
     // make it a span peer — where the gateway can dial it.
     p.span_peer = w.contains("loads_blocks") && w["loads_blocks"].is_boolean() && w["loads_blocks"].get<bool>();
     p.label = w.value("label", "");
+    p.pair_seconds = std::max(0.0, w.value("compute_seconds", 0.0));
+    p.pairs = w.value("compute_pairs", uint64_t{0});
     if (w.contains("peer_rtt_ms") && w["peer_rtt_ms"].is_object()) {
       for (const auto& [label, ms] : w["peer_rtt_ms"].items())
         if (ms.is_number() && ms.get<double>() >= 0) p.measured_rtt_ms.emplace_back(label, ms.get<double>());
@@ -67,6 +69,11 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
                            sp.value("mem_available_bytes", uint64_t{0}), sp.value("offer_bytes", uint64_t{0}));
       p.peer.rtt_s = std::max(0.0, sp.value("warmup_rtt_ms", 0.0)) * 1e-3;
       p.addr = sp.value("address", "");
+      if (state != "idle") {
+        p.step_seconds = std::max(0.0, sp.value("compute_seconds", 0.0));
+        p.steps = sp.value("compute_steps", uint64_t{0});
+        p.rows = sp.value("compute_rows", uint64_t{0});
+      }
       // One machine, one peer: a worker that runs blocks now (a re-plan gave it some) is that
       // worker with a span; one idle as a span peer is the worker.
       const auto workers_end = out.begin() + static_cast<ptrdiff_t>(n_workers);
@@ -78,6 +85,9 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
           same->first = p.first;
           same->last = p.last;
           same->lane = p.lane;
+          same->step_seconds = p.step_seconds;
+          same->steps = p.steps;
+          same->rows = p.rows;
         }
         continue;
       }
@@ -85,6 +95,52 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
     }
   }
   return out;
+}
+
+int apply_measured_speeds(const PlanModel& m, std::vector<LivePeer>* peers, bool absolute) {
+  // A (token, expert) pair at speed 1: the mean of the MoE layers' (a worker's pairs spread over them).
+  double pair_s = 0;
+  int moe = 0;
+  for (const PlanLayer& L : m.layers) {
+    if (!L.moe) continue;
+    pair_s += L.expert_s;
+    ++moe;
+  }
+  if (moe > 0) pair_s /= moe;
+  std::vector<double> ratio(peers->size(), 0.0);  // predicted / measured (0: not measured)
+  for (size_t i = 0; i < peers->size(); ++i) {
+    const LivePeer& p = (*peers)[i];
+    double predicted = 0, took = 0;
+    if (p.steps >= kMinMeasuredSteps && p.first >= 0 && p.last < m.n_layer() && p.rows >= p.steps) {
+      // One row of its span at speed 1; a step of n rows costs rows_cost(n), which is linear in n,
+      // so the steps' sum is steps + row_share (rows - steps) rows' worth.
+      double row_s = 0;
+      for (int l = p.first; l <= p.last; ++l) {
+        const PlanLayer& L = m.layers[static_cast<size_t>(l)];
+        row_s += L.dense_s + (L.moe ? m.n_expert_used * L.expert_s : 0.0);
+      }
+      const double steps = static_cast<double>(p.steps), rows = static_cast<double>(p.rows);
+      predicted = row_s * (steps + m.row_share * (rows - steps));
+      took = p.step_seconds;
+    } else if (p.pairs >= kMinMeasuredPairs && pair_s > 0) {
+      predicted = pair_s * static_cast<double>(p.pairs);
+      took = p.pair_seconds;
+    }
+    if (predicted > 0 && took > 0) ratio[i] = predicted / took;
+  }
+  std::vector<double> measured;
+  for (const double r : ratio)
+    if (r > 0) measured.push_back(r);
+  if (measured.empty()) return 0;
+  std::sort(measured.begin(), measured.end());
+  const double median = measured[measured.size() / 2];
+  for (size_t i = 0; i < peers->size(); ++i) {
+    if (!(ratio[i] > 0)) continue;
+    double speed = absolute ? ratio[i] : ratio[i] / median;
+    if (!absolute && speed <= kSameSpeed && speed >= 1 / kSameSpeed) speed = 1;
+    (*peers)[i].peer.speed = std::clamp(speed, kMinSpeed, kMaxSpeed);
+  }
+  return static_cast<int>(measured.size());
 }
 
 std::vector<std::vector<double>> measured_peer_rtts(const std::vector<LivePeer>& peers) {

@@ -644,6 +644,8 @@ std::vector<WorkerStatus> RemoteExecutor::worker_status() const {
     s.errors = t.errors;
     s.rejoins = t.rejoins;
     s.failovers = t.failovers;
+    s.compute_seconds = t.compute_sum_seconds;
+    s.compute_pairs = t.pairs;
     for (const WorkerLink::Probe& p : link.probes)
       s.paths.push_back(WorkerStatus::Path{p.address, p.ok, p.rtt_ms, p.error, p.used});
     s.peer_rtt_ms = link.peer_rtt_ms;

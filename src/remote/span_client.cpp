@@ -463,11 +463,17 @@ Status SpanClient::trip(int k, const wire::SpanStepMsg& m, wire::SpanResultMsg* 
   const auto t0 = std::chrono::steady_clock::now();
   MOESH_RETURN_IF_ERROR(link_trip(*r.link, m, out, &stats_));
   std::lock_guard<std::mutex> vl(view_mu_);
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++r.view.trips;
-  r.view.trip_seconds += dt;
-  r.view.min_trip_seconds = r.view.trips == 1 ? dt : std::min(r.view.min_trip_seconds, dt);
+  note_trip(&r.view, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), m, *out);
   return Status::ok();
+}
+
+void note_trip(SpanPeerView* v, double seconds, const wire::SpanStepMsg& m, const wire::SpanResultMsg& res) {
+  ++v->trips;
+  v->trip_seconds += seconds;
+  v->min_trip_seconds = v->trips == 1 ? seconds : std::min(v->min_trip_seconds, seconds);
+  ++v->compute_steps;
+  for (const wire::SpanSeq& q : m.seqs) v->compute_rows += q.n_replay + q.n_new;
+  v->compute_seconds += res.compute_us * 1e-6;
 }
 
 Status SpanClient::link_trip(WorkerLink& link, const wire::SpanStepMsg& m, wire::SpanResultMsg* out,

@@ -47,6 +47,10 @@ struct SpanPendingLoad {
   }
 };
 
+// One answered trip into a peer's view (under view_mu_): its time, and the compute its peer
+// reported for the rows the step ran.
+void note_trip(SpanPeerView* v, double seconds, const wire::SpanStepMsg& m, const wire::SpanResultMsg& res);
+
 // A lane of a span (SpanClient::add_lane): another peer running the same blocks for its share of
 // the sequences, beside the span's runner. What it holds per sequence, as Runner::has.
 struct SpanLane {

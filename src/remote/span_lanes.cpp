@@ -144,11 +144,8 @@ Status SpanClient::star_lanes(int k, const std::vector<Part>& parts, const SpanB
     if (st.is_ok()) {
       {
         std::lock_guard<std::mutex> vl(view_mu_);
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - g.t0).count();
-        SpanPeerView& v = g.lane->view;
-        ++v.trips;
-        v.trip_seconds += dt;
-        v.min_trip_seconds = v.trips == 1 ? dt : std::min(v.min_trip_seconds, dt);
+        note_trip(&g.lane->view, std::chrono::duration<double>(std::chrono::steady_clock::now() - g.t0).count(), g.m,
+                  res);
       }
       MOESH_RETURN_IF_ERROR(accept(k, g.parts, b, res, &g.rows, &g.lane->has));
       stats_.replayed_rows += g.replayed;

@@ -59,6 +59,9 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   auto live_peers = peers_from_status(status);
   if (!live_peers) return {{"error", live_peers.status().message()}};
   if (live_peers->empty()) return {{"error", "no worker or span peer is up"}};
+  // Each peer at its measured compute speed: absolute when the costs were given for these
+  // machines, else relative to the other peers (the default costs are only a guess).
+  const int measured = apply_measured_speeds(*pm, &*live_peers, load.costs.seconds_per_byte != kDefaultSecondsPerByte);
   std::vector<PlanPeer> peers;
   for (const LivePeer& p : *live_peers) peers.push_back(p.peer);
 
@@ -175,6 +178,7 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
   j["args"] = fmt::format("--local-experts-mb {}B --streams {} --tokens-per-step {}{}{}", local_bytes, o.streams,
                           o.tokens_per_step, spans_allowed ? "" : " --no-spans", costs);
   j["activation_tokens"] = act.tokens;
+  j["measured_speeds"] = measured;
   if (Status st = evaluate_plan(*pm, peers, o, &live); !st.is_ok()) {
     j["error"] = "the live layout: " + st.message();
     return j;
@@ -211,6 +215,7 @@ nlohmann::json replan_json(const Model& model, const RemoteExecutor* remote, con
     rows.push_back({{"name", peers[i].name},
                     {"role", r.lane_of >= 0 ? "lane" : role_name(r.kind)},
                     {"what", what},
+                    {"speed", peers[i].speed},
                     {"changes", r.kind != live.roles[i].kind || what != now}});
   }
   j["peers"] = rows;
@@ -367,6 +372,12 @@ nlohmann::json plan_card_json(const SchedulerStats& sched, const RemoteExecutor*
              {"name", "label", "state", "experts", "layers", "address", "warmup_rtt_ms", "slab_bytes",
               "replica_budget_bytes", "mem_available_bytes", "offer_bytes", "peer_rtt_ms", "loads_blocks"})
           key += "|" + (w.contains(f) ? w[f].dump() : std::string());
+        // Its measured compute per pair (worker) or step (span peer), in steps of about 19 %: a peer
+        // that slows down or speeds up is priced anew (plan/live.h), jitter does not re-plan.
+        const double took = w.value("compute_seconds", 0.0);
+        const double n =
+            static_cast<double>(w.value("compute_pairs", uint64_t{0}) + w.value("compute_steps", uint64_t{0}));
+        key += took > 0 && n > 0 ? fmt::format("|{}", std::lround(4 * std::log2(took / n))) : std::string("|-");
       }
     }
     uint64_t counted = 0;

@@ -192,8 +192,8 @@ TEST(RemoteFailures, ReplicasLetGoOfLeaveThePlacementButNeverTheLastHolder) {
   // (measured ones could make d "far" on a loaded host: no pair, and no failure to notice).
   RemoteOptions o;
   o.worker_costs = {0.001, 0.001, 0.001, 0.001};
-  auto exec = RemoteExecutor::connect(
-      *su.backbone, {(*a)->address(), (*b)->address(), (*c)->address(), (*d)->address()}, o);
+  auto exec =
+      RemoteExecutor::connect(*su.backbone, {(*a)->address(), (*b)->address(), (*c)->address(), (*d)->address()}, o);
   ASSERT_TRUE(exec.is_ok()) << exec.status().to_string();
   std::shared_ptr<RemoteExecutor> remote(std::move(*exec));
   auto holders = [&](int l, int e) {

@@ -155,5 +155,66 @@ TEST(LivePlan, ActivationCountsAreSmoothedAndAMalformedHeatmapIsNamed) {
   EXPECT_NE(bad.message().find("heatmap.layers[0].share[2]"), std::string::npos) << bad.message();
 }
 
+// Measured compute speeds (apply_measured_speeds): a worker's pairs and a span peer's steps
+// against what the model's costs predict for them.
+TEST(LivePlan, PeersArePricedAtTheirMeasuredComputeSpeed) {
+  PlanModel m;
+  m.n_expert = 8;
+  m.n_expert_used = 2;
+  m.row_share = 0.5;
+  for (int l = 0; l < 4; ++l) m.layers.push_back(PlanLayer{.moe = true, .dense_s = 1e-3, .expert_s = 1e-4});
+  nlohmann::json a = worker("a", "up"), b = worker("b", "up"), c = worker("c", "up"), d = worker("d", "up");
+  // a: 100 pairs in 10 ms, as the costs say (speed 1); b: 12 % slower (jitter); c: 4x slower;
+  // d: too few pairs to tell.
+  a["compute_pairs"] = 100, a["compute_seconds"] = 0.010;
+  b["compute_pairs"] = 100, b["compute_seconds"] = 0.0112;
+  c["compute_pairs"] = 200, c["compute_seconds"] = 0.080;
+  d["compute_pairs"] = kMinMeasuredPairs - 1, d["compute_seconds"] = 1.0;
+  nlohmann::json st{{"workers", {a, b, c, d}}};
+  // A span peer of blocks 1-2: a row costs 2 x (1 ms + 2 x 0.1 ms) = 2.4 ms at speed 1; 10 steps
+  // of 30 rows are 10 + 0.5 x 20 = 20 rows' worth, 48 ms; it took 24 ms: twice as fast.
+  st["spans"] = {{{"layers", "1-2"},
+                  {"label", "s"},
+                  {"state", "up"},
+                  {"address", "127.0.0.1:9"},
+                  {"compute_seconds", 0.024},
+                  {"compute_steps", 10},
+                  {"compute_rows", 30}}};
+  auto peers = peers_from_status(st);
+  ASSERT_TRUE(peers.is_ok()) << peers.status().to_string();
+  ASSERT_EQ(peers->size(), 5u);
+  EXPECT_EQ((*peers)[4].steps, 10u);
+  EXPECT_EQ((*peers)[4].rows, 30u);
+
+  // Costs measured or given for these machines: the ratios are the speeds.
+  std::vector<LivePeer> abs = *peers;
+  EXPECT_EQ(apply_measured_speeds(m, &abs, true), 4);
+  EXPECT_NEAR(abs[0].peer.speed, 1.0, 1e-9);
+  EXPECT_NEAR(abs[1].peer.speed, 1 / 1.12, 1e-9);
+  EXPECT_NEAR(abs[2].peer.speed, 0.25, 1e-9);
+  EXPECT_EQ(abs[3].peer.speed, 1.0);  // not measured enough
+  EXPECT_NEAR(abs[4].peer.speed, 2.0, 1e-9);
+
+  // Default costs (a guess): relative to the median measured peer (a, at ratio 1); b's 12 % is
+  // jitter and stays 1.
+  std::vector<LivePeer> rel = *peers;
+  EXPECT_EQ(apply_measured_speeds(m, &rel, false), 4);
+  EXPECT_EQ(rel[0].peer.speed, 1.0);
+  EXPECT_EQ(rel[1].peer.speed, 1.0);
+  EXPECT_NEAR(rel[2].peer.speed, 0.25, 1e-9);
+  EXPECT_EQ(rel[3].peer.speed, 1.0);
+  EXPECT_NEAR(rel[4].peer.speed, 2.0, 1e-9);
+
+  // Nothing measured: nothing changes; an absurd figure is clamped.
+  std::vector<LivePeer> none = *peers;
+  for (LivePeer& p : none) p.pairs = p.steps = 0;
+  EXPECT_EQ(apply_measured_speeds(m, &none, true), 0);
+  for (const LivePeer& p : none) EXPECT_EQ(p.peer.speed, 1.0);
+  std::vector<LivePeer> odd = *peers;
+  odd[0].pair_seconds = 1e-12;
+  apply_measured_speeds(m, &odd, true);
+  EXPECT_EQ(odd[0].peer.speed, kMaxSpeed);
+}
+
 }  // namespace
 }  // namespace moesh

@@ -268,6 +268,39 @@ TEST(AutoReplan, ManyStreamsMakeAnIdleSpanPeerALane) {
       << cheap["args"];
   EXPECT_EQ(many["args"].get<std::string>().find("--row-share"), std::string::npos) << many["args"];
   EXPECT_LT(cheap["live_step_ms"].get<double>(), many["live_step_ms"].get<double>());
+
+  // Measured compute (/swarm/status compute_*): with the costs given for these machines, a span
+  // peer whose steps took 20x what they say is priced at speed 1/20, and the plan moves its blocks
+  // to the idle peer (unmeasured: speed 1), leaving it at most a lane.
+  json slow = status;
+  const PlanCosts given{.seconds_per_byte = 1e-10, .row_share = 1};
+  const json fast = replan_json(**model, nullptr, slow, json(), ReplanLoad{1, 1, given});
+  ASSERT_FALSE(fast.contains("error")) << fast.dump();
+  EXPECT_EQ(fast["measured_speeds"], 0);
+  const double one_step_ms = fast["live_step_ms"].get<double>();
+  slow["spans"][0]["compute_steps"] = 100;
+  slow["spans"][0]["compute_rows"] = 100;
+  slow["spans"][0]["compute_seconds"] = 0.0;  // the compute the model predicts, times 20: below
+  auto pm = plan_model_from_gguf((*model)->file(), 0, given.seconds_per_byte);
+  ASSERT_TRUE(pm.is_ok());
+  double row_s = 0;
+  for (const PlanLayer& L : pm->layers) row_s += L.dense_s + (L.moe ? pm->n_expert_used * L.expert_s : 0.0);
+  slow["spans"][0]["compute_seconds"] = 20 * 100 * row_s;
+  const json measured = replan_json(**model, nullptr, slow, json(), ReplanLoad{1, 1, given});
+  ASSERT_FALSE(measured.contains("error")) << measured.dump();
+  EXPECT_EQ(measured["measured_speeds"], 1);
+  EXPECT_GT(measured["live_step_ms"].get<double>(), one_step_ms);
+  bool moved = false;
+  for (const json& r : measured["peers"]) {
+    if (r.value("name", "") == "s0") EXPECT_NEAR(r["speed"].get<double>(), 1.0 / 20, 1e-6) << r.dump();
+    if (r.value("name", "") == "s1") moved = r.value("what", "") == "layers 0-3" && r.value("role", "") == "span";
+  }
+  EXPECT_TRUE(moved) << measured["peers"].dump();
+  EXPECT_TRUE(decide_auto_replan(measured).apply) << measured.dump();
+  // Default costs: one measured peer has no other to be compared with, and stays speed 1.
+  const json guess = replan_json(**model, nullptr, slow, json(), ReplanLoad{1, 1});
+  ASSERT_FALSE(guess.contains("error")) << guess.dump();
+  for (const json& r : guess["peers"]) EXPECT_EQ(r["speed"].get<double>(), 1.0) << r.dump();
   std::filesystem::remove_all(dir);
 }
 

@@ -20,6 +20,7 @@
 #include "moesh/serve/scheduler.h"
 #include "moesh/text/chat.h"
 #include "moesh/text/tokenizer.h"
+#include "plan_cli.h"
 #include "swarm_cli.h"
 
 namespace moesh::cli {
@@ -40,7 +41,8 @@ struct ServeArgs {
   std::string admin_key;
   double auto_replan_s = 0;
   double seconds_per_byte = 0;  // 0: the planner's default
-  double row_share = 1;
+  double row_share = 0;         // 0: --calibrate's, else 1 (linear)
+  bool calibrate = false;
   std::string alias;
   int http_threads = 0;
   size_t max_body = 4u << 20;
@@ -126,7 +128,26 @@ int run_serve(const ServeArgs& a) {
   ho.admin_key = a.admin_key;
   ho.auto_replan_s = a.auto_replan_s;
   if (a.seconds_per_byte > 0) ho.plan_costs.seconds_per_byte = a.seconds_per_byte;
-  ho.plan_costs.row_share = a.row_share;
+  ho.plan_costs.row_share = a.row_share > 0 ? a.row_share : 1.0;
+  if (a.calibrate && (a.seconds_per_byte <= 0 || a.row_share <= 0)) {
+    // This machine's own costs (its dense parts when the file is a backbone slice), so the plan
+    // prices the backbone as measured and its peers at their measured speeds (plan/live.h).
+    auto f = gguf::File::open(a.model);
+    if (!f) return fail(f.status().with_context("--calibrate"));
+    auto pm = plan_model_from_gguf(**f, 0, kDefaultSecondsPerByte);
+    if (!pm) return fail(pm.status().with_context("--calibrate"));
+    const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    auto cal = cli::calibrate_costs(a.model, threads, *pm, 8);
+    if (!cal) return fail(cal.status().with_context("--calibrate"));
+    if (a.seconds_per_byte <= 0) ho.plan_costs.seconds_per_byte = cal->seconds_per_byte;
+    if (a.row_share <= 0) ho.plan_costs.row_share = cal->row_share;
+    std::fprintf(stderr,
+                 "moesh serve: calibrated here%s: %.3f ns per byte (a step of 1 row %.3f ms, of %d rows %.3f ms: each "
+                 "more row adds %.2f of one); the plan prices %.3f ns per byte, row share %.2f\n",
+                 cal->dense_only ? " (the backbone's dense parts)" : "", cal->seconds_per_byte * 1e9,
+                 cal->one_row_s * 1e3, cal->batch, cal->batch_s * 1e3, cal->row_share,
+                 ho.plan_costs.seconds_per_byte * 1e9, ho.plan_costs.row_share);
+  }
   ho.http_threads = a.http_threads;
   ho.max_body_bytes = a.max_body;
   ho.test_hooks = a.test_hooks;
@@ -214,9 +235,12 @@ const CommandRegistrar kRegisterServe{Command{
           ->check(CLI::Range(1e-15, 1e-3));
       sub->add_option("--row-share", a->row_share,
                       "Of one row's compute, what each more row of a step adds in the plan card and the re-plan "
-                      "(`swarm plan --calibrate` measures it; 1: linear)")
-          ->check(CLI::Range(0.01, 2.0))
-          ->capture_default_str();
+                      "(default: --calibrate's, else 1: linear)")
+          ->check(CLI::Range(0.01, 2.0));
+      sub->add_flag("--calibrate", a->calibrate,
+                    "Measure this machine's compute cost per byte and row share at start (its dense parts when "
+                    "the file is a backbone slice) and price the plan card and re-plans with them; peers are then "
+                    "priced at their measured speeds in absolute terms");
       sub->add_option("--alias", a->alias, "Model name reported by the API (default: file name)");
       sub->add_option("--http-threads", a->http_threads,
                       "HTTP threads = most concurrent connections (default: max(64, 4*parallel+16))");

@@ -334,6 +334,13 @@ int run_plan(const PlanCliArgs& a) {
   }
   auto setup = resolve_plan_setup(args);
   if (!setup) return fail(setup.status());
+  if (setup->measured_speeds > 0) {
+    std::string speeds;
+    for (const CliPeer& p : setup->peers)
+      if (p.peer.speed != 1) speeds += fmt::format(" {}={:.2f}", p.peer.name, p.peer.speed);
+    std::fprintf(stderr, "moesh swarm plan: %d peer(s) priced at their measured compute speed%s%s\n",
+                 setup->measured_speeds, speeds.empty() ? " (all alike)" : ":", speeds.c_str());
+  }
   if (setup->peers.empty())
     return fail(make_error(StatusCode::kInvalidArgument, "no --peer given (nor a --status gateway with workers up)"));
   auto plan = plan_for_layout(*setup, a.layout);
@@ -400,7 +407,9 @@ int run_plan(const PlanCliArgs& a) {
   }
   std::printf("model %s: %d layers, %d experts top-%d; %.3f ns per byte (%s); %d token(s) per step\n", m.name.c_str(),
               m.n_layer(), m.n_expert, m.n_expert_used, setup->seconds_per_byte * 1e9,
-              setup->calibrated ? "measured here" : (a.seconds_per_byte > 0 ? "given" : "default"),
+              setup->calibrated
+                  ? (setup->calibration.dense_only ? "measured here, of the backbone's dense parts" : "measured here")
+                  : (a.seconds_per_byte > 0 ? "given" : "default"),
               setup->opts.tokens_per_step);
   if (setup->calibrated)
     std::printf(

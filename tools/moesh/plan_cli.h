@@ -269,19 +269,47 @@ inline Status parse_peer_rtts(const std::vector<std::string>& values, const std:
 // Decodes a few tokens of the model here, all local, and divides the time by the bytes a token
 // reads: the cost per byte the plan's compute terms use. Then as many steps of `batch` sequences
 // decoded together (one token each): what each more row of a step adds, as a share of one row's
-// step (PlanModel::row_share; clamped to [0.05, 1]).
+// step (PlanModel::row_share; clamped to [0.05, 1]). A backbone slice (no routed experts: a
+// gateway's file) times its dense parts alone, the routed sums standing in as zeros: its own cost
+// per byte, which is what `moesh serve --calibrate` prices the backbone at.
 struct Calibration {
   double seconds_per_byte = 0;
   double row_share = 1;
   double one_row_s = 0, batch_s = 0;  // a step of one row, of `batch` rows
   int batch = 0;
+  bool dense_only = false;  // a backbone slice: the dense parts were timed
 };
+
+// The routed sums of a backbone slice's calibration: zeros (the time is the dense parts').
+class ZeroExperts final : public ExpertExecutor {
+ public:
+  explicit ZeroExperts(int64_t n_embd) : n_embd_(n_embd) {}
+  Ticket submit(int, const float*, int64_t n_tokens, const RoutingPlan&) override {
+    out_.emplace_back(static_cast<size_t>(n_tokens * n_embd_), 0.0f);
+    if (out_.size() > 8) out_.erase(out_.begin());  // several may be pending; none for long
+    return next_++;
+  }
+  Result<std::span<const float>> wait(Ticket t) override {
+    const uint64_t back = next_ - 1 - t;
+    if (back >= out_.size()) return make_error(StatusCode::kInternal, "calibration: ticket {} is gone", t);
+    const std::vector<float>& v = out_[out_.size() - 1 - back];
+    return std::span<const float>(v.data(), v.size());
+  }
+
+ private:
+  int64_t n_embd_;
+  std::vector<std::vector<float>> out_;
+  Ticket next_ = 0;
+};
+
 inline Result<Calibration> calibrate_costs(const std::string& path, int threads, const PlanModel& pm, int batch) {
   auto model = Model::load(path, LoadOptions{});
   if (!model) return model.status();
   ContextParams cp;
   cp.n_threads = threads;
   cp.n_ctx = 64;
+  const bool dense_only = swarm::slice_kind((*model)->file()) == swarm::kKindBackbone;
+  if (dense_only) cp.executor = std::make_shared<ZeroExperts>((*model)->hparams().n_embd);
   Context ctx(**model, cp);
   constexpr int kSteps = 16;
   Calibration c;
@@ -302,7 +330,11 @@ inline Result<Calibration> calibrate_costs(const std::string& path, int threads,
   };
   MOESH_ASSIGN_OR_RETURN(c.one_row_s, time_steps(1));
   MOESH_ASSIGN_OR_RETURN(c.batch_s, time_steps(c.batch));
-  c.seconds_per_byte = c.one_row_s / static_cast<double>(plan_bytes_per_token(pm) + pm.global_bytes / 2);
+  uint64_t bytes = pm.global_bytes / 2;  // the embedding row is one read; the head is all of it
+  for (const PlanLayer& L : pm.layers)
+    bytes += L.dense_bytes + (L.moe && !dense_only ? L.expert_bytes * pm.n_expert_used : 0);
+  c.dense_only = dense_only;
+  c.seconds_per_byte = c.one_row_s / static_cast<double>(bytes);
   c.row_share = std::clamp((c.batch_s / c.one_row_s - 1.0) / (c.batch - 1), 0.05, 1.0);
   return c;
 }
@@ -318,6 +350,7 @@ struct PlanSetup {
   double seconds_per_byte = 0;
   bool calibrated = false;
   Calibration calibration;  // when calibrated
+  int measured_speeds = 0;  // live peers priced at their measured compute speed
 };
 
 inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
@@ -332,12 +365,6 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
     if (!m) return m.status();
     s.model = std::move(*m);
     if (a.calibrate) {
-      if (swarm::slice_kind(**f) == swarm::kKindBackbone) {
-        return make_error(StatusCode::kInvalidArgument,
-                          "--calibrate decodes here and {} is a backbone slice (no routed experts): calibrate with "
-                          "the full file, or give --seconds-per-byte",
-                          a.model);
-      }
       // The batch it is fitted at: the step's rows when that is several, else 8.
       const int rows = a.tokens_per_step > 0 ? a.tokens_per_step : a.streams * (1 + a.draft);
       auto cal = calibrate_costs(a.model, a.calibrate_threads, s.model, rows > 1 ? std::min(rows, 64) : 8);
@@ -382,7 +409,11 @@ inline Result<PlanSetup> resolve_plan_setup(const PlanCliArgs& a) {
     if (!p) return p.status();
     s.peers.push_back(std::move(*p));
   }
-  for (const CliPeer& lp : a.live_peers) {
+  // A gateway's peers at their measured compute speeds: absolute when this machine's costs are
+  // measured or given, else relative to each other (plan/live.h).
+  std::vector<CliPeer> live = a.live_peers;
+  s.measured_speeds = apply_measured_speeds(s.model, &live, a.seconds_per_byte > 0 || s.calibrated);
+  for (const CliPeer& lp : live) {
     bool named = false;
     for (const CliPeer& p : s.peers) named = named || p.peer.name == lp.peer.name;
     if (!named) s.peers.push_back(lp);

@@ -26,6 +26,13 @@ struct LivePeer {
   bool span_peer = false;     // a `moesh span` peer (running a span now or idle) or a worker on the full model:
                               // it can be given blocks
   bool lane = false;          // first..last are a span it runs as a lane (beside the span's own peer)
+  // Its compute as measured (the status's compute_* figures; 0: none): the seconds its COMBINEs
+  // reported over the (token, expert) pairs they answered, and its SPAN_RESULTs' over the span
+  // steps and the rows they ran (of the span first..last).
+  double pair_seconds = 0;
+  uint64_t pairs = 0;
+  double step_seconds = 0;
+  uint64_t steps = 0, rows = 0;
 };
 
 // What a live worker may hold, from its INFO_REPLY figures: what it offers (`moesh worker
@@ -45,6 +52,22 @@ uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t avail
 // the full model) is a span_peer too, and a span entry at a worker's address is that worker (its
 // blocks set on it), not a second peer.
 Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& status);
+
+// Measured compute speeds: each measured peer's PlanPeer::speed becomes what the model's costs
+// predict for the compute it reported (its pairs, or its span steps of their rows) over what it
+// took, so a slow machine (a phone) is priced slow and a fast one fast. Only from enough samples
+// (kMinMeasuredPairs pairs, kMinMeasuredSteps span steps; the span figure when it has both); the
+// others keep speed 1.
+//  - `absolute`: the model's seconds_per_byte was measured or given for these machines, so the
+//    ratio is the speed (clamped to [kMinSpeed, kMaxSpeed]).
+//  - otherwise the costs are a default guess, and only the peers' speeds relative to each other
+//    are known: each is its ratio over the median measured peer's, and one within kSameSpeed of
+//    that median (host jitter) stays 1. A swarm of like machines is priced as before.
+// Returns how many peers were priced from measurement.
+constexpr uint64_t kMinMeasuredPairs = 32;
+constexpr uint64_t kMinMeasuredSteps = 8;
+constexpr double kMinSpeed = 1.0 / 64, kMaxSpeed = 64, kSameSpeed = 1.25;
+int apply_measured_speeds(const PlanModel& m, std::vector<LivePeer>* peers, bool absolute);
 
 // The peer-to-peer round trips live workers measured, seconds ([i][j]; -1: unknown): a pair
 // measured both ways takes the smaller figure; empty when nothing is measured.

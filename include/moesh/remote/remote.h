@@ -256,6 +256,10 @@ struct WorkerStatus {
   double mean_latency_ms = 0;  // mean of all requests
   double last_heard_s = -1;    // seconds since its connection last delivered a frame (-1: never)
   uint64_t requests = 0, errors = 0, rejoins = 0, failovers = 0;
+  // The compute time its COMBINEs reported, and the (token, expert) pairs they answered: its
+  // measured compute speed, which re-plans price it at (plan/live.h: measured_speeds).
+  double compute_seconds = 0;
+  uint64_t compute_pairs = 0;
   // With alternative paths ("A|B"): what each measured at the last connect, and which is used.
   struct Path {
     std::string address;

@@ -156,6 +156,10 @@ struct SpanPeerView {
   uint64_t trips = 0;           // SPAN_STEP round trips to the current peer
   double trip_seconds = 0;      // their total time (network and the peer's compute)
   double min_trip_seconds = 0;  // the fastest of them (0: none yet)
+  // The compute time its SPAN_RESULTs reported, the steps and the rows they ran: its measured
+  // compute speed, which re-plans price it at (plan/live.h: measured_speeds).
+  double compute_seconds = 0;
+  uint64_t compute_steps = 0, compute_rows = 0;
   // What the peer said of its machine at connect (INFO_REPLY; 0: not reported): the routed-expert
   // bytes of its blocks, memory, and what it offers (`--offer-mb`), for re-plans.
   std::string address;

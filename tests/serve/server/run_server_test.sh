@@ -1322,6 +1322,13 @@ expect_eq "$(js 'j.auto_replan.experts.done + " " + j.auto_replan.experts.failed
 expect_eq "$(js 'j.workers.filter(w => w.name == "near")[0].experts' <"$TMP/xr_status2.json")" "0-3:0-7" \
   "experts re-plan: the near worker holds every expert now"
 grep -q "experts for .*near.*copied" "$TMP/xr.log.err" || fail "experts re-plan: the copies are not logged"
+# Each worker's measured compute (what re-plans price its speed at, plan/live.h): the seconds its
+# COMBINEs reported and the pairs they answered; the re-plan says the speed it priced each peer at.
+expect_eq "$(js 'j.workers.every(w => w.compute_pairs > 0 && w.compute_seconds > 0)' <"$TMP/xr_status2.json")" "true" \
+  "experts re-plan: /swarm/status has each worker's measured compute"
+curl -sS "$BASE/swarm/dashboard.json" >"$TMP/xr_dash.json"
+expect_eq "$(js 'j.plan.replan.peers.every(p => p.speed > 0) && j.plan.replan.measured_speeds >= 0' <"$TMP/xr_dash.json")" "true" \
+  "experts re-plan: the re-plan prices each peer at a speed ($(js 'JSON.stringify(j.plan.replan.peers)' <"$TMP/xr_dash.json"))"
 # The other way (`swarm move --drop-experts`, UNSTORE): the near worker lets go of its replicas of
 # layers 1-3 (the far one holds them: pairs go back to it); its own 0:0 is kept (not a replica). Its
 # replica files are deleted, its budget is free, and the text stays the local server's.
@@ -1364,6 +1371,12 @@ start_server costs -m "$MODEL" --parallel 1 -c 512 --threads 1 --seconds-per-byt
 curl -sS "$BASE/swarm/dashboard.json" >"$TMP/costs.json"
 expect_eq "$(js 'j.plan.row_share + " " + j.plan.seconds_per_byte' <"$TMP/costs.json")" "0.6 1e-10" \
   "serve --row-share / --seconds-per-byte: the plan card prices them"
+# --calibrate: this machine's costs measured at start, priced instead of the defaults.
+start_server calib -m "$MODEL" --parallel 1 -c 512 --threads 1 --calibrate
+grep -q "calibrated here: .* ns per byte" "$TMP/calib.log.err" || fail "serve --calibrate: $(cat "$TMP/calib.log.err")"
+curl -sS "$BASE/swarm/dashboard.json" >"$TMP/calib.json"
+expect_eq "$(js 'j.plan.seconds_per_byte > 0 && j.plan.seconds_per_byte != 2.5e-10 && j.plan.row_share > 0 && j.plan.row_share <= 1' \
+  <"$TMP/calib.json")" "true" "serve --calibrate: the plan card prices the measured costs ($(js 'j.plan.seconds_per_byte + " " + j.plan.row_share' <"$TMP/calib.json"))"
 if "$MOESH" serve -m "$MODEL" --port 0 --row-share 3 >/dev/null 2>"$TMP/costs_bad.err"; then
   fail "serve --row-share 3 started"
 fi
