@@ -98,6 +98,14 @@ struct Worker::Impl {
   std::atomic<bool> stop_flag{false};  // lock-free, so a signal handler may set it
   WorkerStats stats;
 
+  // --emulate-speed F: a pass that took `us` here takes us / F on the machine emulated.
+  void emulate_slower(uint64_t us) const {
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(us * (1 / opts.emulate_speed - 1))));
+  }
+  uint32_t slower_us(uint32_t us) const {
+    return static_cast<uint32_t>(std::min<double>(us / opts.emulate_speed, UINT32_MAX));
+  }
+
   struct Peer {
     std::unique_ptr<net::ByteStream> raw;  // not yet a connection: TLS (if any) is set up by serve()
     bool accepted = false;                 // from the listener: TCP or WebSocket, told by its first bytes
@@ -235,6 +243,12 @@ void Worker::Impl::run_pass(std::unique_lock<std::mutex>& lk) {
     }
     stats.computes.fetch_add(1);
     if (run.size() > 1) stats.batched.fetch_add(run.size());
+    if (opts.emulate_speed < 1) {
+      uint64_t us = 0;  // the pass's time (a batch's requests each carry their share)
+      for (detail::ComputeOutcome& o : outs) us += o.combine.compute_us;
+      emulate_slower(us);
+      for (detail::ComputeOutcome& o : outs) o.combine.compute_us = slower_us(o.combine.compute_us);
+    }
     const auto end = net::Clock::now();
     for (size_t i = 0; i < run.size(); ++i) {
       Job* j = run[i];
@@ -578,6 +592,10 @@ void Worker::Impl::handle_span(net::Connection& conn, const wire::Frame& f, cons
   const std::string owner = forwarded ? req->origin : session.peer.name;
   if (forwarded) stats.span_forwarded.fetch_add(1);
   auto res = opts.span->step(owner, *req);
+  if (res && opts.emulate_speed < 1) {
+    emulate_slower(res->compute_us);
+    res->compute_us = slower_us(res->compute_us);
+  }
   if (res && res->need.empty() && !req->next.empty()) {
     // Pass the rows on before answering: the next span's compute is the critical path.
     auto hop = make_hop_step(*req, owner, *res);

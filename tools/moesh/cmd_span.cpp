@@ -39,6 +39,7 @@ struct SpanArgs {
   std::string layers;
   std::string listen = "127.0.0.1:0";
   int threads = 0;
+  double emulate_speed = 1;  // --emulate-speed
   std::string name;
   std::string tls_cert, tls_key;  // --tls-cert, --tls-key
   int64_t ctx = 0;
@@ -175,6 +176,7 @@ int run_span(const SpanArgs& a) {
   o.host = where->host;
   o.port = where->port;
   o.n_threads = a.threads;
+  o.emulate_speed = a.emulate_speed;
   o.congestion = a.swarm.congestion;
   o.poll_us = a.swarm.poll_us;
   o.name = !a.name.empty() ? a.name : span ? fmt::format("span-{}-{}", span->first, span->last) : "span-peer";
@@ -311,6 +313,10 @@ const CommandRegistrar kRegisterSpan{Command{
                       "chooses this peer's role");
       sub->add_option("--listen", a->listen, "HOST:PORT to listen on (port 0: any free port)")->capture_default_str();
       sub->add_option("-t,--threads", a->threads, "Compute threads (0: all cores)");
+      sub->add_option("--emulate-speed", a->emulate_speed,
+                      "Compute as a machine this fast relative to this one, (0, 1]: each step waits out the "
+                      "difference (benchmarks and tests of a mixed swarm on one host)")
+          ->check(CLI::Range(0.001, 1.0));
       sub->add_option("--name", a->name, "Name announced in the handshake (default span-FIRST-LAST)");
       sub->add_option("-c,--ctx-size", a->ctx, "Cells per sequence (0: the model's context length)");
       sub->add_option("--max-seqs", a->max_seqs,

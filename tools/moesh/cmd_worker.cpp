@@ -33,6 +33,7 @@ struct WorkerArgs {
   std::string replica_dir;                                  // --replica-dir
   double replica_mb = 0;                                    // --replica-mb
   double offer_mb = 0;                                      // --offer-mb
+  double emulate_speed = 1;                                 // --emulate-speed
   LoadOptions::Memory memory = LoadOptions::Memory::kAuto;  // --mmap / --no-mmap
   bool no_blocks = false;                                   // --no-blocks
   std::string fetch_blocks;                                 // --fetch-blocks URL (a worker on a slice)
@@ -126,6 +127,7 @@ int run_worker(const WorkerArgs& a) {
   if (a.offer_mb < 0)
     return fail(make_error(StatusCode::kInvalidArgument, "--offer-mb must be >= 0, got {}", a.offer_mb));
   o.offer_bytes = static_cast<uint64_t>(a.offer_mb * 1048576.0);
+  o.emulate_speed = a.emulate_speed;
   if (!a.swarm_key.empty()) {
     auto key = net::SwarmKey::load(a.swarm_key);
     if (!key) return fail(key.status());
@@ -283,6 +285,10 @@ const CommandRegistrar kRegisterWorker{
               sub->add_option("--offer-mb", a->offer_mb,
                               "Memory this machine offers the swarm for model weights and state, MiB: what `moesh "
                               "swarm plan --status` may give it (default: what it holds plus half the free memory)");
+              sub->add_option("--emulate-speed", a->emulate_speed,
+                              "Compute as a machine this fast relative to this one, (0, 1]: each compute pass "
+                              "waits out the difference (benchmarks and tests of a mixed swarm on one host)")
+                  ->check(CLI::Range(0.001, 1.0));
               sub->add_option("--congestion", a->congestion, "TCP congestion control (\"\": system default)");
               add_poll_flag(sub, &a->poll_us, "the next request");
               add_memory_flags(sub, &a->memory);

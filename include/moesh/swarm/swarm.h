@@ -284,6 +284,11 @@ struct WorkerOptions {
   std::string congestion = "cubic";  // TCP_CONGESTION, set before listen()
   int poll_us = 0;                   // busy-poll receives this long before sleeping (net::TcpOptions)
   uint64_t offer_bytes = 0;          // memory offered to the swarm's planner (INFO_REPLY); 0: not said
+  // Computes as a machine this fast relative to this one (`--emulate-speed`, (0, 1]; 1: off): after
+  // each compute pass (a DISPATCH batch, a span step) it waits (1/F - 1) x that pass's time before
+  // answering and reports the whole as its compute time. For benchmarks and tests of a mixed swarm
+  // (a phone beside a desktop) on one host; the bits are unchanged.
+  double emulate_speed = 1.0;
   uint32_t max_frame_bytes = wire::kDefaultMaxFrameBytes;
   // Every backbone must prove it holds this key before anything is served (net/auth.h); null:
   // open to any backbone of the same model.

@@ -1365,6 +1365,31 @@ grep -qF -- "--experts '1-3:0-7@$NEAR'" "$TMP/xr_plan.txt" ||
   fail "swarm plan --from live: no live copy command for the near worker: $(cat "$TMP/xr_plan.txt")"
 ok "swarm plan --from live: the live copy command for the near worker"
 
+# A mixed swarm: one worker computes as a machine 4x slower (`--emulate-speed 0.25`: each pass
+# waits out the difference, the bits unchanged). Its measured compute prices it at about a quarter
+# of the other's speed in the re-plan and in `swarm plan --status`; the text is the local server's.
+"$MOESH" worker -m "$MODEL" --experts '*:0-3' --listen 127.0.0.1:0 -t 1 --name quick >"$TMP/quick.log" \
+  2>"$TMP/quick.log.err" &
+PIDS+=("$!")
+QUICK="127.0.0.1:$(wait_port "$TMP/quick.log" "$!")"
+"$MOESH" worker -m "$MODEL" --experts '*:4-7' --listen 127.0.0.1:0 -t 1 --name slow --emulate-speed 0.25 \
+  >"$TMP/slow.log" 2>"$TMP/slow.log.err" &
+PIDS+=("$!")
+SLOW="127.0.0.1:$(wait_port "$TMP/slow.log" "$!")"
+want_mixed=$(BASE=$LOCAL_BASE greedy "${PROMPTS[0]}" 32)
+start_server mixed -m "$MODEL" --worker "$QUICK" --worker "$SLOW" --parallel 1 -c 512 --threads 1
+expect_eq "$(greedy "${PROMPTS[0]}" 32)" "$want_mixed" "mixed swarm: greedy text is the local server's"
+curl -sS "$BASE/swarm/dashboard.json" >"$TMP/mixed.json"
+expect_eq "$(js 'j.plan.replan.measured_speeds == 2 && j.plan.replan.peers.find(p => p.name == "quick").speed == 1 &&
+  j.plan.replan.peers.find(p => p.name == "slow").speed > 0.1 && j.plan.replan.peers.find(p => p.name == "slow").speed < 0.5' \
+  <"$TMP/mixed.json")" "true" \
+  "mixed swarm: the re-plan prices the slow worker at its measured speed ($(js 'JSON.stringify(j.plan.replan.peers)' <"$TMP/mixed.json"))"
+"$MOESH" swarm plan -m "$MODEL" --status "$BASE" >"$TMP/mixed_plan.txt" 2>&1 ||
+  fail "swarm plan --status (mixed swarm): $(cat "$TMP/mixed_plan.txt")"
+grep -q "2 peer(s) priced at their measured compute speed: slow=0\.[1-4]" "$TMP/mixed_plan.txt" ||
+  fail "swarm plan --status (mixed swarm): no measured speeds: $(cat "$TMP/mixed_plan.txt")"
+ok "mixed swarm: swarm plan --status prices the slow worker at its measured speed"
+
 # The costs the plan card and the re-plan price (`--seconds-per-byte`, `--row-share`, e.g. from
 # `swarm plan --calibrate` on a peer): shown on the dashboard; a value out of range is refused.
 start_server costs -m "$MODEL" --parallel 1 -c 512 --threads 1 --seconds-per-byte 1e-10 --row-share 0.6
