@@ -216,11 +216,7 @@ Status RemoteExecutor::Impl::drop_replicas(int32_t w, const std::vector<wire::Ex
       // NOT_HELD: gone already (another backbone had it let go of). A lost answer leaves it out of
       // the placement all the same: a copy it may still hold is only memory, never a wrong sum.
       if (!done && done.status().code() != StatusCode::kNotFound) return done.status();
-      std::vector<wire::ExpertRange> left;
-      for (const wire::ExpertRange& a : announced[wi])
-        for (uint32_t x = a.first; x < a.first + a.count; ++x)
-          if (a.layer != r.layer || x != static_cast<uint32_t>(e)) left.push_back({a.layer, x, 1});
-      announced[wi] = swarm::canonicalize(std::move(left)).ranges;
+      forget_held(wi, l, e);
       if (done) {
         std::lock_guard<std::mutex> lk(worker_mu);
         if (replica_use.size() <= wi) replica_use.resize(wi + 1);

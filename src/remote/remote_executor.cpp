@@ -995,6 +995,7 @@ Status RemoteExecutor::Impl::gather(Job& job, size_t first) {
     auto fail = [&](Status st) {
       note_error(r.worker);
       r.failed = true;
+      r.error = st;
       failures.emplace_back(static_cast<size_t>(r.worker), std::move(st));
     };
     if (!rep.frame) return fail(rep.frame.status().with_context(where(job, r)));
@@ -1143,24 +1144,68 @@ Result<std::span<const float>> RemoteExecutor::wait(Ticket t) {
   return std::span<const float>(job->out.data(), job->out.size());
 }
 
+namespace {
+
+// The expert a NOT_HELD names: the worker's text starts "layer L expert E" (docs/PROTOCOL.md).
+// False for any other text: the caller then fails the whole worker over.
+bool not_held_expert(const Status& st, int* layer, int* expert) {
+  if (st.code() != StatusCode::kNotFound) return false;
+  const std::string& m = st.message();
+  const size_t at = m.rfind(": layer ");
+  if (at == std::string::npos) return false;
+  int n = 0;
+  return std::sscanf(m.c_str() + at + 2, "layer %d expert %d is not held%n", layer, expert, &n) == 2 && n > 0 &&
+         *layer >= 0 && *expert >= 0;
+}
+
+}  // namespace
+
+void RemoteExecutor::Impl::forget_held(size_t w, int l, int e) {
+  Placement next = planner.placement();
+  next.remove_holder(l, e, static_cast<int>(w));
+  planner.set_placement(next);
+  std::lock_guard<std::mutex> lk(worker_mu);  // worker_status() reads what it announced
+  std::vector<wire::ExpertRange> left;
+  for (const wire::ExpertRange& a : announced[w])
+    for (uint32_t x = a.first; x < a.first + a.count; ++x)
+      if (a.layer != static_cast<uint32_t>(l) || x != static_cast<uint32_t>(e)) left.push_back({a.layer, x, 1});
+  announced[w] = swarm::canonicalize(std::move(left)).ranges;
+}
+
 Status RemoteExecutor::Impl::recover(Job& job, const Status& why) {
   const RoutingPlan& plan = *job.plan;
   replan_mask.assign(job.assign.size(), 0);
-  std::vector<int> down;
+  std::vector<int> down, lacking;  // failed workers; workers that only lack an expert (NOT_HELD)
   for (size_t q = 0; q < job.n_reqs; ++q) {
     Request& r = job.reqs[q];
     if (!r.failed || r.slots.empty()) continue;
-    if (std::find(down.begin(), down.end(), r.worker) == down.end()) down.push_back(r.worker);
+    // NOT_HELD naming an expert of this layer it was sent (another backbone had it let go of that
+    // replica): only that expert leaves its holders; the worker stays up for the rest.
+    int l = -1, e = -1;
+    const size_t wi = static_cast<size_t>(r.worker);
+    if (not_held_expert(r.error, &l, &e) && l == job.layer && !health[wi].evicted &&
+        std::any_of(r.msg.pairs.begin(), r.msg.pairs.end(),
+                    [&](const wire::ExpertPair& p) { return static_cast<int>(p.expert) == e; })) {
+      forget_held(wi, l, e);
+      ++fo.lacking;
+      spdlog::warn("remote executor: {} no longer holds layer {} expert {}; it stays up for its other experts",
+                   fan->link(wi).label, l, e);
+      if (std::find(lacking.begin(), lacking.end(), r.worker) == lacking.end()) lacking.push_back(r.worker);
+    } else if (std::find(down.begin(), down.end(), r.worker) == down.end()) {
+      down.push_back(r.worker);
+    }
     for (const int32_t s : r.slots) replan_mask[static_cast<size_t>(s)] = 1;
     r.slots.clear();  // recomputed elsewhere; this request's rows are not used
   }
-  if (down.empty()) return why;
+  if (down.empty() && lacking.empty()) return why;
   for (const int w : down) {
     if (!health[static_cast<size_t>(w)].evicted) ++fo.failures;
     mark_down(w);
   }
   // As if the failed workers had been excluded from the start: their slots go to replicas or
-  // the backbone's copies, every other slot keeps its holder (and its result).
+  // the backbone's copies, every other slot keeps its holder (and its result). A worker that only
+  // lacked an expert is left out of this call's retry of its pairs, not of later calls.
+  down.insert(down.end(), lacking.begin(), lacking.end());
   for (const int w : down) {
     Status st = planner.reassign(job.layer, plan, w, &job.assign);
     if (!st.is_ok()) {

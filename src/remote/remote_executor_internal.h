@@ -101,6 +101,7 @@ struct RemoteExecutor::Impl {
     std::vector<int32_t> tokens;  // batch index of each dispatched token
     std::vector<int32_t> slots;   // token*k + rank of each pair, in pair order
     std::vector<float> rows;      // decoded COMBINE rows
+    Status error;                 // why it failed (failed)
     // An EXACT call's request whose every token carries ranks 0..j of that token: sent as PARTIAL,
     // so the worker answers one rank-order sum per token (the bits the backbone's own sum has after
     // rank j) instead of j+1 raw rows (RemoteOptions::exact_prefix_sums).
@@ -260,6 +261,9 @@ struct RemoteExecutor::Impl {
   // let go of) when each of those has another live holder or a copy here: it leaves the placement
   // for them; experts it announces beyond that (replicas kept on its disk) are added. Error: why not.
   Status take_announced(size_t w, const swarm::ExpertSet& held);
+  // Worker w no longer holds layer l expert e (it said NOT_HELD, or let go of it): out of the
+  // placement and of what it announced; it stays up for the rest.
+  void forget_held(size_t w, int l, int e);
   // Sends `slab` to worker w (STORE) and waits for its STORED.
   Result<wire::StoredMsg> store_on(size_t w, wire::SlabMsg slab);
   // Asks worker w to let go of its replica of (l, e) (UNSTORE) and waits for its UNSTORED.

@@ -338,6 +338,9 @@ class RemoteExecutor final : public ExpertExecutor {
   // workers that rejoined; and whether each worker is down now (left out, being re-dialled).
   struct FailoverStats {
     uint64_t failures = 0, saved_calls = 0, replanned_pairs = 0, rejoins = 0;
+    // NOT_HELD naming an expert a worker was sent (another backbone had it let go of a replica):
+    // that expert left its holders, the worker stayed up for its others.
+    uint64_t lacking = 0;
     uint64_t path_switches = 0;  // links moved to a preferred path while up (RemoteOptions::path_recheck)
     uint64_t verified = 0, unverifiable = 0, mismatches = 0, evictions = 0;  // verify_rate
   };
