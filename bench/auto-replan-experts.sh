@@ -15,7 +15,7 @@ N=${3:-32}
 R=${4:-3}
 M="$B/bin/moesh"; T=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
 "$M" make-model --out "$T/m.gguf" --n-layer 8 --type q8_0 --n-ctx 4096 > /dev/null
-port() { while ! grep -q "^listening on" "$1" 2>/dev/null; do sleep 0.1; done; sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$1"; }
+source "$(dirname "$0")/replan_lib.sh"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$(dirname "$0")/.." rev-parse --short HEAD), far worker ${D} ms each way, $N tokens"
 echo "round,before_ms_per_token,after_ms_per_token,before_over_after,copies,same_text"
 for r in $(seq 1 "$R"); do
@@ -29,16 +29,13 @@ for r in $(seq 1 "$R"); do
   "$M" serve -m "$T/m.gguf" --worker "127.0.0.1:$PF" --worker "127.0.0.1:$NR" --auto-replan 15 -c 4096 -t 1 \
     --port 0 > "$T/gw" 2> "$T/gw.err" &
   G="http://127.0.0.1:$(port "$T/gw")"
-  req="{\"prompt\":\"Once upon a time\",\"max_tokens\":$N,\"temperature\":0,\"ignore_eos\":true}"
-  complete() { curl -sS -o "$1" -w '%{time_total}' -H 'Content-Type: application/json' --data-binary "$req" "$G/v1/completions"; }
-  status() { curl -sS "$G/swarm/status" | python3 -c "import json,sys; print(json.load(sys.stdin)['auto_replan']$1)"; }
   complete "$T/warm" > /dev/null
   before=$(complete "$T/before")
-  while [ "$(status "['applied']")" = 0 ]; do sleep 0.5; done
+  while [ "$(auto_status "['applied']")" = 0 ]; do sleep 0.5; done
   complete "$T/warm2" > /dev/null  # the copies are made at its first forward pass
   after=$(complete "$T/after")
-  copies=$(status "['experts']['copies']")
-  same=$(python3 -c "import json; a=json.load(open('$T/before')); b=json.load(open('$T/after')); print(a['choices'][0]['text'] == b['choices'][0]['text'])")
+  copies=$(auto_status "['experts']['copies']")
+  same=$(same_text "$T/before" "$T/after")
   python3 -c "print(f'$r,{1e3*$before/$N:.1f},{1e3*$after/$N:.1f},{$before/$after:.2f},$copies,$same')"
   kill $(jobs -p) 2>/dev/null || true
   wait 2>/dev/null || true

@@ -17,7 +17,7 @@ R=${4:-3}
 M="$B/bin/moesh"; T=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
 "$M" make-model --out "$T/m.gguf" --n-layer 8 --type q8_0 --n-ctx 4096 --n-embd 1024 --n-ff-exp 512 \
   --n-head 8 --head-dim 128 --n-expert 16 --n-expert-used 2 > /dev/null
-port() { while ! grep -q "^listening on" "$1" 2>/dev/null; do sleep 0.1; done; sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$1"; }
+source "$(dirname "$0")/replan_lib.sh"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$(dirname "$0")/.." rev-parse --short HEAD), slow worker at speed $S, $N tokens"
 echo "round,before_ms_per_token,after_ms_per_token,before_over_after,replanned,slow_priced_at,predicted_gain,copies,same_text,why"
 for r in $(seq 1 "$R"); do
@@ -30,23 +30,20 @@ for r in $(seq 1 "$R"); do
   "$M" serve -m "$T/m.gguf" --worker "127.0.0.1:$Q" --worker "127.0.0.1:$SL" --auto-replan 15 -c 4096 -t 1 \
     --port 0 > "$T/gw" 2> "$T/gw.err" &
   G="http://127.0.0.1:$(port "$T/gw")"
-  req="{\"prompt\":\"Once upon a time\",\"max_tokens\":$N,\"temperature\":0,\"ignore_eos\":true}"
-  complete() { curl -sS -o "$1" -w '%{time_total}' -H 'Content-Type: application/json' --data-binary "$req" "$G/v1/completions"; }
-  status() { curl -sS "$G/swarm/status" | python3 -c "import json,sys; print(json.load(sys.stdin)['auto_replan']$1)"; }
   complete "$T/warm" > /dev/null
   before=$(complete "$T/before")
   # What the re-plan priced the slow worker at (the dashboard's plan.replan), then its check (at
   # most 20 s more): applied, with the gain it predicted for the experts-only plan, or why not.
   curl -sS "$G/swarm/dashboard.json" > "$T/dash"
   priced=$(python3 -c "import json; r=json.load(open('$T/dash'))['plan']['replan']; print(f\"{[p['speed'] for p in r['peers'] if p['name']=='slow'][0]:.2f}\")")
-  for _ in $(seq 1 40); do [ "$(status "['checks']")" = 0 ] || break; sleep 0.5; done
-  applied=$(status "['applied']")
-  gain=$(status ".get('last', {}).get('gain', 0)")
-  why=$(status "['last_why']" | tr ',' ';')
+  for _ in $(seq 1 40); do [ "$(auto_status "['checks']")" = 0 ] || break; sleep 0.5; done
+  applied=$(auto_status "['applied']")
+  gain=$(auto_status ".get('last', {}).get('gain', 0)")
+  why=$(auto_status "['last_why']" | tr ',' ';')
   complete "$T/warm2" > /dev/null  # the copies are made at its first forward pass
   after=$(complete "$T/after")
-  copies=$(status "['experts']['copies']")
-  same=$(python3 -c "import json; a=json.load(open('$T/before')); b=json.load(open('$T/after')); print(a['choices'][0]['text'] == b['choices'][0]['text'])")
+  copies=$(auto_status "['experts']['copies']")
+  same=$(same_text "$T/before" "$T/after")
   python3 -c "print(f'$r,{1e3*$before/$N:.1f},{1e3*$after/$N:.1f},{$before/$after:.2f},$applied,$priced,{$gain:.2f},$copies,$same,$why')"
   kill $(jobs -p) 2>/dev/null || true
   wait 2>/dev/null || true

@@ -13,7 +13,7 @@ N=${3:-32}
 R=${4:-3}
 M="$B/bin/moesh"; T=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
 "$M" make-model --out "$T/m.gguf" --n-layer 8 --type q8_0 --n-ctx 4096 > /dev/null
-port() { while ! grep -q "^listening on" "$1" 2>/dev/null; do sleep 0.1; done; sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$1"; }
+source "$(dirname "$0")/replan_lib.sh"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) commit $(git -C "$(dirname "$0")/.." rev-parse --short HEAD), delay ${D} ms each way, $N tokens"
 echo "round,before_ms_per_token,after_ms_per_token,before_over_after,spans_after,same_text"
 for r in $(seq 1 "$R"); do
@@ -27,17 +27,15 @@ for r in $(seq 1 "$R"); do
   "$M" serve -m "$T/m.gguf" --span "0-3@127.0.0.1:$PA" --span "4-7@127.0.0.1:$PB" --auto-replan 15 -c 4096 -t 1 \
     --port 0 > "$T/gw" 2> "$T/gw.err" &
   G="http://127.0.0.1:$(port "$T/gw")"
-  req="{\"prompt\":\"Once upon a time\",\"max_tokens\":$N,\"temperature\":0,\"ignore_eos\":true}"
-  complete() { curl -sS -o "$1" -w '%{time_total}' -H 'Content-Type: application/json' --data-binary "$req" "$G/v1/completions"; }
   complete "$T/warm" > /dev/null
   before=$(complete "$T/before")
-  while [ "$(curl -sS "$G/swarm/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["auto_replan"]["applied"])')" = 0 ]; do
+  while [ "$(auto_status "['applied']")" = 0 ]; do
     sleep 0.5
   done
   complete "$T/warm2" > /dev/null
   after=$(complete "$T/after")
   spans=$(curl -sS "$G/swarm/status" | python3 -c 'import json,sys; print(" ".join(s["layers"] for s in json.load(sys.stdin)["spans"] if s["state"] == "up"))')
-  same=$(python3 -c "import json; a=json.load(open('$T/before')); b=json.load(open('$T/after')); print(a['choices'][0]['text'] == b['choices'][0]['text'])")
+  same=$(same_text "$T/before" "$T/after")
   python3 -c "print(f'$r,{1e3*$before/$N:.1f},{1e3*$after/$N:.1f},{$before/$after:.2f},$spans,$same')"
   kill $(jobs -p) 2>/dev/null || true
   wait 2>/dev/null || true
