@@ -14,7 +14,22 @@ uint64_t live_peer_memory(uint64_t slab, uint64_t replica_budget, uint64_t avail
   return slab + std::max(replica_budget, available / 2);
 }
 
+namespace {
+Result<std::vector<LivePeer>> read_status_peers(const nlohmann::json& j);
+}  // namespace
+
 Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
+  // A field of the wrong type (a string where a number goes) throws in nlohmann's value(): the
+  // document is malformed, said as such rather than taking the process down.
+  try {
+    return read_status_peers(j);
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(StatusCode::kCorrupt, "/swarm/status: a field has the wrong type ({})", e.what());
+  }
+}
+
+namespace {
+Result<std::vector<LivePeer>> read_status_peers(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
     return make_error(StatusCode::kCorrupt, "/swarm/status has no workers array");
   std::vector<LivePeer> out;
@@ -96,6 +111,7 @@ Result<std::vector<LivePeer>> peers_from_status(const nlohmann::json& j) {
   }
   return out;
 }
+}  // namespace
 
 int apply_measured_speeds(const PlanModel& m, std::vector<LivePeer>* peers, bool absolute) {
   // A (token, expert) pair at speed 1: the mean of the MoE layers' (a worker's pairs spread over them).

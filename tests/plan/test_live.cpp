@@ -54,6 +54,13 @@ TEST(LivePlan, UpWorkersBecomePeersAndOneThatSlowedDownCostsItsRecentTrips) {
   EXPECT_EQ(rtt[0][2], -1.0);
 
   EXPECT_EQ(peers_from_status(nlohmann::json{{"workers", 3}}).status().code(), StatusCode::kCorrupt);
+  // A field of the wrong type (a hostile or broken gateway): an error naming the document.
+  nlohmann::json odd = st;
+  odd["workers"][0]["compute_pairs"] = "many";
+  auto bad = peers_from_status(odd);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(bad.status().message().find("/swarm/status"), std::string::npos) << bad.status().to_string();
 }
 
 // Span peers follow the workers: the blocks they run, the same memory rule, the warm-up RTT; one
